@@ -1,0 +1,140 @@
+/*
+ * kvtier C client library.
+ *
+ * A client talks to one kvtier server over ZeroMQ (tcp:// or ipc://). When
+ * the server runs on the same host and offers its shared-memory pool, the
+ * client maps the pool and moves bulk bytes through it (zero copy on the
+ * wire); otherwise bytes travel inline in ZeroMQ frames. The choice is
+ * automatic (kvt_client_shm_active tells which); set KVTIER_NO_SHM=1 or
+ * opts.no_shm to force the inline path.
+ *
+ * Errors: every function returns 0 or a negative code (include
+ * kvtier/error.h): -errno, or KVT_E_* for protocol and server errors. After
+ * an error reply, kvt_client_last_error() returns the server's message.
+ *
+ * Thread rules: a kvt_client is not thread-safe; use one per thread.
+ * Pointers returned in views stay valid until the view is ended.
+ *
+ * Keys: a batch of chunk hashes sharing (model, kv_rank, group, salt).
+ * kvt_chunk_hashes() computes LMCache-style prefix-chained hashes from
+ * tokens; see docs/protocol.md for the definition and test vectors.
+ */
+#ifndef KVTIER_CLIENT_H
+#define KVTIER_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_client kvt_client;
+
+typedef struct kvt_keys {
+    const char *model;     /* required; no '@', no "." or ".." path components */
+    uint32_t kv_rank;      /* (world<<24)|(rank<<16)|(local_world<<8)|local_rank */
+    uint32_t group;        /* object group id */
+    const char *salt;      /* cache salt (tenant), may be NULL */
+    const uint8_t *hashes; /* n * hash_len bytes */
+    size_t hash_len;       /* 1..32 */
+    size_t n;
+} kvt_keys;
+
+/* Optional element type and shape, stored with each object. */
+typedef struct kvt_meta {
+    const char *dtype; /* "float16", "bfloat16", "float32", "float8_e4m3", "uint8", "raw" */
+    uint8_t ndim;
+    uint32_t shape[6];
+} kvt_meta;
+
+typedef struct kvt_client_opts {
+    int timeout_ms; /* per request; 0 = 30000 */
+    bool no_shm;    /* never use the shared-memory path */
+} kvt_client_opts;
+
+/* Connect and exchange "hello". opts may be NULL. */
+int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **out);
+void kvt_client_close(kvt_client *c);
+const char *kvt_client_last_error(const kvt_client *c);
+bool kvt_client_shm_active(const kvt_client *c);
+int kvt_client_chunk_size(const kvt_client *c);
+
+/* Store n objects. *accepted: keys now held by the server (including keys
+ * it already had). Per-key failures (e.g. L1 full) lower *accepted; the
+ * call itself fails only for request errors. */
+int kvt_store(kvt_client *c, const kvt_keys *keys, const void *const *bufs, const size_t *lens,
+              const kvt_meta *meta, size_t *accepted);
+/* Return once every store acknowledged before this call reached every L2
+ * adapter (or failed there). */
+int kvt_flush(kvt_client *c);
+/* Number of leading keys available (L2 hits are pulled into L1). The server
+ * holds read locks on them until the next retrieve of these keys or
+ * kvt_free_locks (or the read TTL). */
+int kvt_lookup(kvt_client *c, const kvt_keys *keys, size_t *hits);
+int kvt_free_locks(kvt_client *c);
+
+typedef struct kvt_blob {
+    void *data;
+    size_t len;
+    char dtype[16];
+    uint8_t ndim;
+    uint32_t shape[6];
+    void *priv_;
+} kvt_blob;
+
+/* Retrieve the longest available prefix of keys: *n blobs (owned by the
+ * caller, free with kvt_blobs_free). Bytes are identical to what was stored.*/
+int kvt_retrieve(kvt_client *c, const kvt_keys *keys, kvt_blob **out, size_t *n);
+void kvt_blobs_free(kvt_blob *b, size_t n);
+
+/* ---- zero-copy views (shared-memory path only: KVT_E_UNSUPPORTED else) ---- */
+
+typedef struct kvt_wview {
+    size_t n;
+    void **ptrs;   /* where to write object i; NULL when the server already has it */
+    size_t *sizes;
+    uint64_t lease_;
+} kvt_wview;
+
+/* Reserve n slots in the pool; write into ptrs[i], then commit. */
+int kvt_store_begin(kvt_client *c, const kvt_keys *keys, const size_t *sizes, const kvt_meta *meta,
+                    kvt_wview **out);
+/* Publish what was written (written: one flag per key, NULL = all). */
+int kvt_store_commit(kvt_client *c, kvt_wview *v, const bool *written, size_t *accepted);
+/* Give the slots back without publishing. */
+void kvt_store_abort(kvt_client *c, kvt_wview *v);
+
+typedef struct kvt_rview {
+    size_t n;
+    const void **ptrs;
+    size_t *lens;
+    kvt_blob *meta; /* dtype/shape per object (data fields unused) */
+    uint64_t lease_;
+} kvt_rview;
+
+/* Reference the longest available prefix in the pool for reading. */
+int kvt_retrieve_begin(kvt_client *c, const kvt_keys *keys, kvt_rview **out);
+/* Release the view. KVT_E_EXPIRED: the read lease ran out while reading and
+ * the bytes may have changed: discard them. */
+int kvt_retrieve_end(kvt_client *c, kvt_rview *v);
+
+/* ---- administration ---- */
+
+/* Server status as a JSON document (free with free()). */
+int kvt_status_json(kvt_client *c, char **json);
+int kvt_ping(kvt_client *c);
+/* Delete keys from every tier; *removed = objects removed from L2 (sum). */
+int kvt_delete(kvt_client *c, const kvt_keys *keys, size_t *removed);
+
+/* Prefix-chained SHA-256 chunk hashes of tokens (32 bytes each, full chunks
+ * only); returns the number of hashes written to out. */
+size_t kvt_chunk_hashes(const uint32_t *tokens, size_t n_tokens, size_t chunk_size, uint8_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,486 @@
+"""kvtier Python client: a thin ctypes binding over libkvtier_client.so.
+
+    import kvtier
+    c = kvtier.Client("tcp://127.0.0.1:5555")
+    keys = kvtier.chunk_keys("my-model", tokens, chunk_size=256)
+    c.store(keys, payloads)        # bytes-like, one per key -> number accepted
+    c.flush()                      # every earlier store reached every L2 adapter
+    n = c.lookup(keys)             # leading chunks available (L2 hits pulled into L1)
+    data = c.retrieve(keys[:n])    # list of bytes, identical to what was stored
+    c.status()                     # dict
+
+Only the standard library is used. On the same host the client maps the
+server's shared-memory pool and moves bytes through it; store_view() and
+retrieve_view() expose the pool as memoryviews so numpy/torch tensors can be
+copied in and out without extra copies.
+"""
+
+import ctypes
+import ctypes.util
+import hashlib
+import json
+import os
+import sys
+from array import array
+
+__all__ = [
+    "Client",
+    "Keys",
+    "KvtierError",
+    "chunk_hashes",
+    "chunk_keys",
+    "kv_rank",
+]
+
+HASH_LEN = 32
+
+
+# --------------------------------------------------------------------- keys
+
+
+def chunk_hashes(tokens, chunk_size=256):
+    """Prefix-chained SHA-256 hashes, one per full chunk of tokens.
+
+    h_0 = SHA256(32 zero bytes || tokens[0:C] as big-endian u32)
+    h_i = SHA256(h_{i-1}      || tokens[iC:(i+1)C] as big-endian u32)
+    """
+    if chunk_size <= 0:
+        raise ValueError("chunk_size must be > 0")
+    toks = array("I", tokens)
+    if toks.itemsize != 4:
+        raise RuntimeError("array('I') is not 32-bit on this platform")
+    if sys.byteorder == "little":
+        toks.byteswap()
+    raw = toks.tobytes()
+    step = chunk_size * 4
+    prev = bytes(32)
+    out = []
+    for i in range(len(toks) // chunk_size):
+        prev = hashlib.sha256(prev + raw[i * step:(i + 1) * step]).digest()
+        out.append(prev)
+    return out
+
+
+def kv_rank(world_size=1, global_rank=0, local_world_size=1, local_rank=0):
+    """LMCache's kv_rank encoding."""
+    return (world_size << 24) | (global_rank << 16) | (local_world_size << 8) | local_rank
+
+
+class Keys:
+    """A batch of chunk keys sharing (model, kv_rank, group, salt)."""
+
+    __slots__ = ("model", "kv_rank", "group", "salt", "hashes")
+
+    def __init__(self, model, hashes, kv_rank=0, group=0, salt=""):
+        if not isinstance(model, str) or not model:
+            raise ValueError("model must be a non-empty string")
+        self.model = model
+        self.kv_rank = int(kv_rank)
+        self.group = int(group)
+        self.salt = salt or ""
+        self.hashes = [bytes(h) for h in hashes]
+        for h in self.hashes:
+            if not 1 <= len(h) <= 32 or len(h) != len(self.hashes[0]):
+                raise ValueError("hashes must all have the same length, 1..32 bytes")
+
+    def __len__(self):
+        return len(self.hashes)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Keys(self.model, self.hashes[i], self.kv_rank, self.group, self.salt)
+        return Keys(self.model, [self.hashes[i]], self.kv_rank, self.group, self.salt)
+
+    def __iter__(self):
+        for i in range(len(self.hashes)):
+            yield self[i]
+
+    def __repr__(self):
+        return "Keys(%r, n=%d, kv_rank=%#x, group=%d, salt=%r)" % (
+            self.model, len(self), self.kv_rank, self.group, self.salt)
+
+
+def chunk_keys(model, tokens, chunk_size=256, kv_rank=0, group=0, salt=""):
+    """One key per full chunk of tokens, with prefix-chained hashes."""
+    return Keys(model, chunk_hashes(tokens, chunk_size), kv_rank, group, salt)
+
+
+# ------------------------------------------------------------------ library
+
+
+class _CKeys(ctypes.Structure):
+    _fields_ = [
+        ("model", ctypes.c_char_p),
+        ("kv_rank", ctypes.c_uint32),
+        ("group", ctypes.c_uint32),
+        ("salt", ctypes.c_char_p),
+        ("hashes", ctypes.c_char_p),
+        ("hash_len", ctypes.c_size_t),
+        ("n", ctypes.c_size_t),
+    ]
+
+
+class _CMeta(ctypes.Structure):
+    _fields_ = [
+        ("dtype", ctypes.c_char_p),
+        ("ndim", ctypes.c_uint8),
+        ("shape", ctypes.c_uint32 * 6),
+    ]
+
+
+class _CBlob(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("len", ctypes.c_size_t),
+        ("dtype", ctypes.c_char * 16),
+        ("ndim", ctypes.c_uint8),
+        ("shape", ctypes.c_uint32 * 6),
+        ("priv", ctypes.c_void_p),
+    ]
+
+
+class _CWView(ctypes.Structure):
+    _fields_ = [
+        ("n", ctypes.c_size_t),
+        ("ptrs", ctypes.POINTER(ctypes.c_void_p)),
+        ("sizes", ctypes.POINTER(ctypes.c_size_t)),
+        ("lease", ctypes.c_uint64),
+    ]
+
+
+class _CRView(ctypes.Structure):
+    _fields_ = [
+        ("n", ctypes.c_size_t),
+        ("ptrs", ctypes.POINTER(ctypes.c_void_p)),
+        ("lens", ctypes.POINTER(ctypes.c_size_t)),
+        ("meta", ctypes.POINTER(_CBlob)),
+        ("lease", ctypes.c_uint64),
+    ]
+
+
+class _COpts(ctypes.Structure):
+    _fields_ = [("timeout_ms", ctypes.c_int), ("no_shm", ctypes.c_bool)]
+
+
+def _find_library():
+    env = os.environ.get("KVTIER_LIB")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (
+        os.path.join(here, "libkvtier_client.so"),
+        os.path.join(here, "..", "..", "build", "libkvtier_client.so"),
+    ):
+        if os.path.exists(cand):
+            return os.path.abspath(cand)
+    found = ctypes.util.find_library("kvtier_client")
+    if found:
+        return found
+    raise ImportError("libkvtier_client.so not found: run `make` or set KVTIER_LIB")
+
+
+_lib = None
+
+
+def _L():
+    global _lib
+    if _lib is not None:
+        return _lib
+    lib = ctypes.CDLL(_find_library())
+    P = ctypes.POINTER
+    vp = ctypes.c_void_p
+    sz = ctypes.c_size_t
+    lib.kvt_client_open.argtypes = [ctypes.c_char_p, P(_COpts), P(vp)]
+    lib.kvt_client_close.argtypes = [vp]
+    lib.kvt_client_last_error.argtypes = [vp]
+    lib.kvt_client_last_error.restype = ctypes.c_char_p
+    lib.kvt_client_shm_active.argtypes = [vp]
+    lib.kvt_client_shm_active.restype = ctypes.c_bool
+    lib.kvt_client_chunk_size.argtypes = [vp]
+    lib.kvt_store.argtypes = [vp, P(_CKeys), P(vp), P(sz), P(_CMeta), P(sz)]
+    lib.kvt_flush.argtypes = [vp]
+    lib.kvt_ping.argtypes = [vp]
+    lib.kvt_lookup.argtypes = [vp, P(_CKeys), P(sz)]
+    lib.kvt_free_locks.argtypes = [vp]
+    lib.kvt_retrieve.argtypes = [vp, P(_CKeys), P(P(_CBlob)), P(sz)]
+    lib.kvt_blobs_free.argtypes = [P(_CBlob), sz]
+    lib.kvt_store_begin.argtypes = [vp, P(_CKeys), P(sz), P(_CMeta), P(P(_CWView))]
+    lib.kvt_store_commit.argtypes = [vp, P(_CWView), P(ctypes.c_bool), P(sz)]
+    lib.kvt_store_abort.argtypes = [vp, P(_CWView)]
+    lib.kvt_retrieve_begin.argtypes = [vp, P(_CKeys), P(P(_CRView))]
+    lib.kvt_retrieve_end.argtypes = [vp, P(_CRView)]
+    lib.kvt_status_json.argtypes = [vp, P(ctypes.c_char_p)]
+    lib.kvt_delete.argtypes = [vp, P(_CKeys), P(sz)]
+    lib.kvt_strerror.argtypes = [ctypes.c_int]
+    lib.kvt_strerror.restype = ctypes.c_char_p
+    lib.kvt_errname.argtypes = [ctypes.c_int]
+    lib.kvt_errname.restype = ctypes.c_char_p
+    _lib = lib
+    return lib
+
+
+_libc = ctypes.CDLL(None)
+_libc.free.argtypes = [ctypes.c_void_p]
+
+
+class KvtierError(Exception):
+    """A kvtier call failed; .code is the negative error code, .name its symbol."""
+
+    def __init__(self, code, message):
+        self.code = code
+        self.name = _L().kvt_errname(code).decode()
+        super().__init__("%s (%d): %s" % (self.name, code, message))
+
+
+# ------------------------------------------------------------------- client
+
+
+def _ckeys(keys):
+    if not isinstance(keys, Keys):
+        raise TypeError("keys must be kvtier.Keys (see kvtier.chunk_keys)")
+    hl = len(keys.hashes[0]) if keys.hashes else HASH_LEN
+    k = _CKeys(
+        keys.model.encode(), keys.kv_rank, keys.group, keys.salt.encode(),
+        b"".join(keys.hashes), hl, len(keys.hashes))
+    return k
+
+
+def _cmeta(dtype, shape):
+    if dtype is None and not shape:
+        return None
+    m = _CMeta()
+    m.dtype = dtype.encode() if dtype else None
+    shape = list(shape or [])
+    if len(shape) > 6:
+        raise ValueError("shape has at most 6 dimensions")
+    m.ndim = len(shape)
+    for i, d in enumerate(shape):
+        m.shape[i] = int(d)
+    return m
+
+
+def _buffer_ptr(obj, keep):
+    """Address and length of a bytes-like object, without copying it."""
+    if isinstance(obj, bytes):
+        keep.append(obj)
+        return ctypes.cast(ctypes.c_char_p(obj), ctypes.c_void_p).value, len(obj)
+    mv = memoryview(obj)
+    if not mv.c_contiguous:
+        raise ValueError("payloads must be C-contiguous")
+    mv = mv.cast("B")
+    if mv.readonly:
+        b = mv.tobytes()
+        keep.append(b)
+        return ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value, len(b)
+    arr = (ctypes.c_char * len(mv)).from_buffer(mv)
+    keep.append((mv, arr))
+    return ctypes.addressof(arr), len(mv)
+
+
+class _StoreView:
+    def __init__(self, client, view):
+        self._c = client
+        self._v = view
+        n = view.contents.n
+        self.views = []
+        for i in range(n):
+            p = view.contents.ptrs[i]
+            if p:
+                size = view.contents.sizes[i]
+                self.views.append(memoryview((ctypes.c_char * size).from_address(p)).cast("B"))
+            else:
+                self.views.append(None)  # the server already has this key
+
+    def __enter__(self):
+        return self.views
+
+    def __exit__(self, exc_type, exc, tb):
+        v, self._v = self._v, None
+        self.views = []
+        if v is None:
+            return False
+        if exc_type is not None:
+            _L().kvt_store_abort(self._c._h, v)
+            return False
+        acc = ctypes.c_size_t()
+        self._c._check(_L().kvt_store_commit(self._c._h, v, None, ctypes.byref(acc)))
+        self.accepted = acc.value
+        return False
+
+
+class _RetrieveView:
+    def __init__(self, client, view):
+        self._c = client
+        self._v = view
+        self.views = []
+        self.metas = []
+        for i in range(view.contents.n):
+            p = view.contents.ptrs[i]
+            size = view.contents.lens[i]
+            mv = memoryview((ctypes.c_char * size).from_address(p)).cast("B").toreadonly()
+            self.views.append(mv)
+            m = view.contents.meta[i]
+            self.metas.append((m.dtype.decode(), tuple(m.shape[: m.ndim])))
+
+    def __enter__(self):
+        return self.views
+
+    def __exit__(self, exc_type, exc, tb):
+        v, self._v = self._v, None
+        for mv in self.views:
+            mv.release()
+        self.views = []
+        if v is not None:
+            rc = _L().kvt_retrieve_end(self._c._h, v)
+            if rc and exc_type is None:
+                self._c._check(rc)
+        return False
+
+
+class Client:
+    """A connection to one kvtier server. Not thread-safe: one per thread."""
+
+    def __init__(self, url="tcp://127.0.0.1:5555", timeout_ms=30000, shm=True):
+        lib = _L()
+        self._h = None
+        h = ctypes.c_void_p()
+        opts = _COpts(timeout_ms, not shm)
+        rc = lib.kvt_client_open(url.encode(), ctypes.byref(opts), ctypes.byref(h))
+        if rc:
+            raise KvtierError(rc, "cannot connect to %s: %s" % (url, lib.kvt_strerror(rc).decode()))
+        self._h = h
+        self.url = url
+
+    def _check(self, rc):
+        if rc:
+            raise KvtierError(rc, _L().kvt_client_last_error(self._h).decode(errors="replace"))
+
+    @property
+    def shm_active(self):
+        """True when bytes move through the server's shared-memory pool."""
+        return bool(_L().kvt_client_shm_active(self._h))
+
+    @property
+    def chunk_size(self):
+        return _L().kvt_client_chunk_size(self._h)
+
+    def close(self):
+        if self._h:
+            _L().kvt_client_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def store(self, keys, payloads, dtype=None, shape=None):
+        """Store one payload per key; returns how many keys the server holds now."""
+        payloads = list(payloads)
+        if len(payloads) != len(keys):
+            raise ValueError("one payload per key (%d keys, %d payloads)" % (len(keys), len(payloads)))
+        keep = []
+        n = len(payloads)
+        ptrs = (ctypes.c_void_p * max(n, 1))()
+        lens = (ctypes.c_size_t * max(n, 1))()
+        for i, p in enumerate(payloads):
+            ptrs[i], lens[i] = _buffer_ptr(p, keep)
+        acc = ctypes.c_size_t()
+        ck = _ckeys(keys)
+        meta = _cmeta(dtype, shape)
+        self._check(_L().kvt_store(self._h, ctypes.byref(ck), ptrs, lens,
+                                   ctypes.byref(meta) if meta else None, ctypes.byref(acc)))
+        return acc.value
+
+    def flush(self):
+        """Return once every earlier store reached every L2 adapter (or failed)."""
+        self._check(_L().kvt_flush(self._h))
+
+    def ping(self):
+        self._check(_L().kvt_ping(self._h))
+
+    def lookup(self, keys):
+        """Number of leading keys available; read locks are held until retrieve."""
+        n = ctypes.c_size_t()
+        ck = _ckeys(keys)
+        self._check(_L().kvt_lookup(self._h, ctypes.byref(ck), ctypes.byref(n)))
+        return n.value
+
+    def free_locks(self):
+        self._check(_L().kvt_free_locks(self._h))
+
+    def retrieve(self, keys, with_meta=False):
+        """Bytes of the longest available prefix of keys (a list, maybe shorter)."""
+        lib = _L()
+        ck = _ckeys(keys)
+        out = ctypes.POINTER(_CBlob)()
+        n = ctypes.c_size_t()
+        self._check(lib.kvt_retrieve(self._h, ctypes.byref(ck), ctypes.byref(out), ctypes.byref(n)))
+        try:
+            res = []
+            for i in range(n.value):
+                b = out[i]
+                data = ctypes.string_at(b.data, b.len) if b.len else b""
+                if with_meta:
+                    res.append((data, b.dtype.decode(), tuple(b.shape[: b.ndim])))
+                else:
+                    res.append(data)
+            return res
+        finally:
+            lib.kvt_blobs_free(out, n.value)
+
+    def store_view(self, keys, sizes, dtype=None, shape=None):
+        """Context manager: writable memoryviews into the pool, committed on exit.
+
+        with c.store_view(keys, [nbytes] * len(keys)) as views:
+            for v, t in zip(views, tensors):
+                if v is not None:          # None: the server already has this key
+                    v[:] = memoryview(t).cast("B")
+        """
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != len(keys):
+            raise ValueError("one size per key")
+        csz = (ctypes.c_size_t * max(len(sizes), 1))(*sizes)
+        ck = _ckeys(keys)
+        meta = _cmeta(dtype, shape)
+        v = ctypes.POINTER(_CWView)()
+        self._check(_L().kvt_store_begin(self._h, ctypes.byref(ck), csz,
+                                         ctypes.byref(meta) if meta else None, ctypes.byref(v)))
+        return _StoreView(self, v)
+
+    def retrieve_view(self, keys):
+        """Context manager: read-only memoryviews of the available prefix in the pool.
+
+        Raises KvtierError(E_EXPIRED) on exit if the read lease expired while
+        reading: then the bytes may have changed and must be discarded.
+        """
+        ck = _ckeys(keys)
+        v = ctypes.POINTER(_CRView)()
+        self._check(_L().kvt_retrieve_begin(self._h, ctypes.byref(ck), ctypes.byref(v)))
+        return _RetrieveView(self, v)
+
+    def status(self):
+        """Server status as a dict (L1, per-adapter usage, counters, health)."""
+        s = ctypes.c_char_p()
+        # the returned string is malloc'd by the library: read it, then free it
+        p = ctypes.c_void_p()
+        self._check(_L().kvt_status_json(self._h, ctypes.cast(ctypes.byref(p), ctypes.POINTER(ctypes.c_char_p))))
+        try:
+            return json.loads(ctypes.string_at(p.value).decode())
+        finally:
+            _libc.free(p.value)
+        del s
+
+    def delete(self, keys):
+        """Delete keys from every tier; returns the objects removed from L2."""
+        n = ctypes.c_size_t()
+        ck = _ckeys(keys)
+        self._check(_L().kvt_delete(self._h, ctypes.byref(ck), ctypes.byref(n)))
+        return n.value

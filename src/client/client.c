@@ -1,0 +1,878 @@
+/* kvtier C client: one DEALER socket, request/reply with ids, shm mapping. */
+#include "kvtier/client.h"
+#include "common/util.h"
+#include "key/key.h"
+#include "proto/wire.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+struct kvt_client {
+    void *ctx, *sock;
+    char url[512];
+    int timeout_ms;
+    uint64_t next_rid;
+    char err[512];
+    int chunk_size;
+    uint64_t max_object;
+    /* shared memory */
+    char *shm;
+    uint64_t shm_size;
+    /* the lease of the last lookup and the keys it covers */
+    uint64_t lease;
+    size_t lease_n, lease_hash_len;
+    uint8_t *lease_hashes;
+    char *lease_model, *lease_salt;
+    uint32_t lease_rank, lease_group;
+    /* zero-copy sends in flight (freed by ZeroMQ's I/O thread) */
+    pthread_mutex_t zc_lock;
+    pthread_cond_t zc_cond;
+    int zc_pending;
+};
+
+/* A decoded reply. */
+struct rep {
+    int32_t status;
+    zmq_msg_t body; /* the decoded objects point into it */
+    msgpack_unpacked up;
+    zmq_msg_t *frames;
+    uint32_t nframes;
+};
+
+static void rep_free(struct rep *r)
+{
+    msgpack_unpacked_destroy(&r->up);
+    zmq_msg_close(&r->body);
+    for (uint32_t i = 0; i < r->nframes; i++)
+        zmq_msg_close(&r->frames[i]);
+    free(r->frames);
+    r->frames = NULL;
+    r->nframes = 0;
+}
+
+static int seterr(kvt_client *c, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof(c->err), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+const char *kvt_client_last_error(const kvt_client *c)
+{
+    return c->err;
+}
+
+bool kvt_client_shm_active(const kvt_client *c)
+{
+    return c->shm != NULL;
+}
+
+int kvt_client_chunk_size(const kvt_client *c)
+{
+    return c->chunk_size;
+}
+
+static int new_socket(kvt_client *c)
+{
+    if (c->sock)
+        zmq_close(c->sock);
+    c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
+    if (!c->sock)
+        return -errno;
+    int linger = 0, zero = 0;
+    zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(c->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
+    if (zmq_connect(c->sock, c->url) < 0)
+        return seterr(c, -errno, "cannot connect to %s: %s", c->url, zmq_strerror(errno));
+    return 0;
+}
+
+static void zc_free(void *data, void *hint)
+{
+    (void)data;
+    kvt_client *c = hint;
+    pthread_mutex_lock(&c->zc_lock);
+    if (--c->zc_pending == 0)
+        pthread_cond_broadcast(&c->zc_cond);
+    pthread_mutex_unlock(&c->zc_lock);
+}
+
+/* Wait until ZeroMQ released every zero-copy buffer we handed it. */
+static void zc_wait(kvt_client *c)
+{
+    pthread_mutex_lock(&c->zc_lock);
+    while (c->zc_pending)
+        pthread_cond_wait(&c->zc_cond, &c->zc_lock);
+    pthread_mutex_unlock(&c->zc_lock);
+}
+
+/* Send a request and wait for its reply. Data frames are sent zero-copy:
+ * the caller's buffers must stay valid until this returns (it returns only
+ * after ZeroMQ released them). */
+static int call(kvt_client *c, const char *op, const msgpack_sbuffer *body,
+                const void *const *bufs, const size_t *lens, size_t nbufs, struct rep *out)
+{
+    memset(out, 0, sizeof(*out));
+    msgpack_unpacked_init(&out->up);
+    zmq_msg_init(&out->body);
+    uint64_t rid = ++c->next_rid;
+    c->err[0] = 0;
+    bool more = true;
+    if (zmq_send(c->sock, &rid, sizeof(rid), ZMQ_SNDMORE) < 0 ||
+        zmq_send(c->sock, op, strlen(op), ZMQ_SNDMORE) < 0 ||
+        zmq_send(c->sock, body ? body->data : "\x80", body ? body->size : 1,
+                 nbufs ? ZMQ_SNDMORE : 0) < 0)
+        return seterr(c, -errno, "send failed: %s", zmq_strerror(errno));
+    for (size_t i = 0; i < nbufs; i++) {
+        zmq_msg_t m;
+        pthread_mutex_lock(&c->zc_lock);
+        c->zc_pending++;
+        pthread_mutex_unlock(&c->zc_lock);
+        zmq_msg_init_data(&m, (void *)bufs[i], lens[i], zc_free, c);
+        if (zmq_msg_send(&m, c->sock, i + 1 < nbufs ? ZMQ_SNDMORE : 0) < 0) {
+            zmq_msg_close(&m);
+            zc_wait(c);
+            return seterr(c, -errno, "send failed: %s", zmq_strerror(errno));
+        }
+    }
+    uint64_t deadline = kvt_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    for (;;) {
+        uint64_t now = kvt_now_ns();
+        if (now >= deadline) {
+            /* drop the connection: a late reply must not be taken for the
+             * next request's, and queued frames must be released */
+            new_socket(c);
+            zc_wait(c);
+            return seterr(c, KVT_E_TIMEOUT, "no reply to %s within %d ms from %s", op,
+                          c->timeout_ms, c->url);
+        }
+        zmq_pollitem_t it = {.socket = c->sock, .events = ZMQ_POLLIN};
+        int pr = zmq_poll(&it, 1, (long)((deadline - now) / 1000000ull) + 1);
+        if (pr < 0 && errno != EINTR)
+            return seterr(c, -errno, "poll failed: %s", zmq_strerror(errno));
+        if (pr <= 0)
+            continue;
+        /* read one whole reply */
+        zmq_msg_t parts[3];
+        uint32_t np = 0;
+        zmq_msg_t *frames = NULL;
+        uint32_t nf = 0, capf = 0;
+        more = true;
+        while (more) {
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, c->sock, 0) < 0) {
+                zmq_msg_close(&m);
+                break;
+            }
+            more = zmq_msg_more(&m);
+            if (np < 3) {
+                memcpy(&parts[np++], &m, sizeof(m));
+            } else {
+                if (nf == capf) {
+                    capf = capf ? capf * 2 : 8;
+                    frames = kvt_xrealloc(frames, capf * sizeof(zmq_msg_t));
+                }
+                memcpy(&frames[nf++], &m, sizeof(m));
+            }
+        }
+        bool mine = np == 3 && zmq_msg_size(&parts[0]) == sizeof(rid) &&
+                    memcmp(zmq_msg_data(&parts[0]), &rid, sizeof(rid)) == 0 &&
+                    zmq_msg_size(&parts[1]) == 4;
+        if (!mine) { /* a stale reply (e.g. to a fire-and-forget free_locks) */
+            for (uint32_t i = 0; i < np; i++)
+                zmq_msg_close(&parts[i]);
+            for (uint32_t i = 0; i < nf; i++)
+                zmq_msg_close(&frames[i]);
+            free(frames);
+            continue;
+        }
+        out->status = kvt_wire_get_status(zmq_msg_data(&parts[1]));
+        zmq_msg_close(&parts[0]);
+        zmq_msg_close(&parts[1]);
+        zmq_msg_close(&out->body);
+        /* move first, parse after: small messages keep their bytes inside the
+         * zmq_msg_t, and the decoded objects point into them */
+        memcpy(&out->body, &parts[2], sizeof(zmq_msg_t));
+        size_t off = 0;
+        int ur = msgpack_unpack_next(&out->up, zmq_msg_data(&out->body),
+                                     zmq_msg_size(&out->body), &off);
+        out->frames = frames;
+        out->nframes = nf;
+        zc_wait(c);
+        if (ur != MSGPACK_UNPACK_SUCCESS) {
+            rep_free(out);
+            return seterr(c, KVT_E_PROTO, "malformed reply body");
+        }
+        if (out->status) {
+            const char *msg = "";
+            size_t ml = 0;
+            kvt_mp_str(&out->up.data, "message", false, &msg, &ml, NULL);
+            seterr(c, out->status, "%s: %.*s", kvt_errname(out->status), (int)ml, msg);
+            int st = out->status;
+            rep_free(out);
+            return st;
+        }
+        return 0;
+    }
+}
+
+/* Fire and forget (reply discarded later by rid mismatch). */
+static void cast(kvt_client *c, const char *op, const msgpack_sbuffer *body)
+{
+    uint64_t rid = ++c->next_rid;
+    zmq_send(c->sock, &rid, sizeof(rid), ZMQ_SNDMORE);
+    zmq_send(c->sock, op, strlen(op), ZMQ_SNDMORE);
+    zmq_send(c->sock, body->data, body->size, 0);
+}
+
+/* --------------------------------------------------------------- open */
+
+static void try_shm(kvt_client *c, const msgpack_object *hello)
+{
+    const msgpack_object *shm = kvt_mp_get(hello, "shm");
+    if (!shm || shm->type != MSGPACK_OBJECT_MAP)
+        return;
+    uint64_t pid = 0, fd = 0, size = 0, dev = 0, ino = 0;
+    const char *boot = NULL;
+    size_t bl = 0;
+    if (kvt_mp_u64(shm, "pid", true, &pid, NULL) || kvt_mp_u64(shm, "fd", true, &fd, NULL) ||
+        kvt_mp_u64(shm, "size", true, &size, NULL) || kvt_mp_u64(shm, "dev", true, &dev, NULL) ||
+        kvt_mp_u64(shm, "ino", true, &ino, NULL) ||
+        kvt_mp_str(shm, "boot_id", true, &boot, &bl, NULL))
+        return;
+    char mine[64] = "";
+    int bfd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (bfd >= 0) {
+        ssize_t n = read(bfd, mine, sizeof(mine) - 1);
+        close(bfd);
+        if (n > 0)
+            mine[n] = 0;
+        char *nl = strchr(mine, '\n');
+        if (nl)
+            *nl = 0;
+    }
+    if (bl != strlen(mine) || memcmp(mine, boot, bl) != 0)
+        return; /* another host */
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%llu/fd/%llu", (unsigned long long)pid,
+             (unsigned long long)fd);
+    int f = open(path, O_RDWR | O_CLOEXEC);
+    if (f < 0)
+        return; /* another pid namespace or user */
+    struct stat st;
+    if (fstat(f, &st) < 0 || (uint64_t)st.st_dev != dev || (uint64_t)st.st_ino != ino) {
+        close(f); /* not the server's pool (pid reused) */
+        return;
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, f, 0);
+    close(f);
+    if (p == MAP_FAILED)
+        return;
+    c->shm = p;
+    c->shm_size = size;
+}
+
+int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **out)
+{
+    kvt_client *c = kvt_xcalloc(1, sizeof(*c));
+    snprintf(c->url, sizeof(c->url), "%s", url);
+    c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
+    pthread_mutex_init(&c->zc_lock, NULL);
+    pthread_cond_init(&c->zc_cond, NULL);
+    c->ctx = zmq_ctx_new();
+    int rc = new_socket(c);
+    if (rc) {
+        kvt_client_close(c);
+        return rc;
+    }
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 2);
+    kvt_mp_str0(&pk, "version");
+    msgpack_pack_int(&pk, KVT_PROTO_VERSION);
+    kvt_mp_str0(&pk, "client");
+    kvt_mp_str0(&pk, "libkvtier_client");
+    struct rep r;
+    rc = call(c, "hello", &sb, NULL, NULL, 0, &r);
+    msgpack_sbuffer_destroy(&sb);
+    if (rc) {
+        /* keep the message for the caller: print it, since c goes away */
+        fprintf(stderr, "kvtier client: %s\n", c->err);
+        kvt_client_close(c);
+        return rc;
+    }
+    uint64_t cs = 0, mo = 0;
+    kvt_mp_u64(&r.up.data, "chunk_size", false, &cs, NULL);
+    kvt_mp_u64(&r.up.data, "max_object_bytes", false, &mo, NULL);
+    c->chunk_size = (int)cs;
+    c->max_object = mo;
+    const char *no = getenv("KVTIER_NO_SHM");
+    if (!(opts && opts->no_shm) && !(no && *no && strcmp(no, "0")))
+        try_shm(c, &r.up.data);
+    rep_free(&r);
+    *out = c;
+    return 0;
+}
+
+static void lease_forget(kvt_client *c)
+{
+    c->lease = 0;
+    free(c->lease_hashes);
+    free(c->lease_model);
+    free(c->lease_salt);
+    c->lease_hashes = NULL;
+    c->lease_model = c->lease_salt = NULL;
+    c->lease_n = 0;
+}
+
+void kvt_client_close(kvt_client *c)
+{
+    if (!c)
+        return;
+    if (c->sock && c->lease)
+        kvt_free_locks(c);
+    lease_forget(c);
+    if (c->sock)
+        zmq_close(c->sock);
+    if (c->ctx)
+        zmq_ctx_term(c->ctx);
+    if (c->shm)
+        munmap(c->shm, c->shm_size);
+    pthread_mutex_destroy(&c->zc_lock);
+    pthread_cond_destroy(&c->zc_cond);
+    free(c);
+}
+
+/* ------------------------------------------------------------ helpers */
+
+static void body_init(msgpack_sbuffer *sb, msgpack_packer *pk, size_t nfields)
+{
+    msgpack_sbuffer_init(sb);
+    msgpack_packer_init(pk, sb, msgpack_sbuffer_write);
+    msgpack_pack_map(pk, nfields);
+}
+
+static void pack_keys(msgpack_packer *pk, const kvt_keys *k)
+{
+    kvt_mp_str0(pk, "keys");
+    kvt_wire_keys_encode(pk, k->model ? k->model : "", k->kv_rank, k->group, k->salt,
+                         k->hashes, k->hash_len, (uint32_t)k->n);
+}
+
+static size_t meta_fields(const kvt_meta *m)
+{
+    return m ? (m->dtype ? 1 : 0) + (m->ndim ? 1 : 0) : 0;
+}
+
+static void pack_meta(msgpack_packer *pk, const kvt_meta *m)
+{
+    if (!m)
+        return;
+    if (m->dtype) {
+        kvt_mp_str0(pk, "dtype");
+        kvt_mp_str0(pk, m->dtype);
+    }
+    if (m->ndim) {
+        kvt_mp_str0(pk, "shape");
+        msgpack_pack_array(pk, m->ndim);
+        for (int i = 0; i < m->ndim && i < 6; i++)
+            msgpack_pack_uint32(pk, m->shape[i]);
+    }
+}
+
+static int check_keys(kvt_client *c, const kvt_keys *k)
+{
+    if (!k || !k->model || (k->n && !k->hashes) || (k->n && (k->hash_len < 1 || k->hash_len > 32)))
+        return seterr(c, KVT_E_BADKEY, "keys need a model and hashes of 1..32 bytes");
+    if (k->n > KVT_MAX_BATCH)
+        return seterr(c, KVT_E_BADREQ, "at most %u keys per request", KVT_MAX_BATCH);
+    return 0;
+}
+
+/* Decode [len, dtype, [shape]] into a blob's metadata. */
+static void decode_meta(const msgpack_object *m, kvt_blob *b)
+{
+    b->dtype[0] = 0;
+    b->ndim = 0;
+    if (!m || m->type != MSGPACK_OBJECT_ARRAY || m->via.array.size < 3)
+        return;
+    const msgpack_object *dt = &m->via.array.ptr[1], *sh = &m->via.array.ptr[2];
+    if (dt->type == MSGPACK_OBJECT_STR)
+        snprintf(b->dtype, sizeof(b->dtype), "%.*s", (int)dt->via.str.size, dt->via.str.ptr);
+    if (sh->type == MSGPACK_OBJECT_ARRAY)
+        for (uint32_t i = 0; i < sh->via.array.size && i < 6; i++) {
+            b->shape[i] = (uint32_t)sh->via.array.ptr[i].via.u64;
+            b->ndim = (uint8_t)(i + 1);
+        }
+}
+
+static uint64_t meta_len(const msgpack_object *m)
+{
+    if (!m || m->type != MSGPACK_OBJECT_ARRAY || m->via.array.size < 1 ||
+        m->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return UINT64_MAX;
+    return m->via.array.ptr[0].via.u64;
+}
+
+/* -------------------------------------------------------------- store */
+
+static int store_inline(kvt_client *c, const kvt_keys *keys, const void *const *bufs,
+                        const size_t *lens, const kvt_meta *meta, size_t *accepted)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    body_init(&sb, &pk, 1 + meta_fields(meta));
+    pack_keys(&pk, keys);
+    pack_meta(&pk, meta);
+    struct rep r;
+    int rc = call(c, "store", &sb, bufs, lens, keys->n, &r);
+    msgpack_sbuffer_destroy(&sb);
+    if (rc)
+        return rc;
+    uint64_t acc = 0;
+    kvt_mp_u64(&r.up.data, "accepted", false, &acc, NULL);
+    rep_free(&r);
+    if (accepted)
+        *accepted = acc;
+    return 0;
+}
+
+int kvt_store(kvt_client *c, const kvt_keys *keys, const void *const *bufs, const size_t *lens,
+              const kvt_meta *meta, size_t *accepted)
+{
+    int rc = check_keys(c, keys);
+    if (rc)
+        return rc;
+    if (!c->shm)
+        return store_inline(c, keys, bufs, lens, meta, accepted);
+    kvt_wview *v;
+    rc = kvt_store_begin(c, keys, lens, meta, &v);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < v->n; i++)
+        if (v->ptrs[i])
+            memcpy(v->ptrs[i], bufs[i], lens[i]);
+    return kvt_store_commit(c, v, NULL, accepted);
+}
+
+int kvt_store_begin(kvt_client *c, const kvt_keys *keys, const size_t *sizes, const kvt_meta *meta,
+                    kvt_wview **out)
+{
+    if (!c->shm)
+        return seterr(c, KVT_E_UNSUPPORTED, "the shared-memory path is not available");
+    int rc = check_keys(c, keys);
+    if (rc)
+        return rc;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    body_init(&sb, &pk, 2 + meta_fields(meta));
+    pack_keys(&pk, keys);
+    kvt_mp_str0(&pk, "sizes");
+    msgpack_pack_array(&pk, keys->n);
+    for (size_t i = 0; i < keys->n; i++)
+        msgpack_pack_uint64(&pk, sizes[i]);
+    pack_meta(&pk, meta);
+    struct rep r;
+    rc = call(c, "prepare_store", &sb, NULL, NULL, 0, &r);
+    msgpack_sbuffer_destroy(&sb);
+    if (rc)
+        return rc;
+    const msgpack_object *offs = kvt_mp_get(&r.up.data, "offsets");
+    uint64_t lease = 0;
+    kvt_mp_u64(&r.up.data, "lease", false, &lease, NULL);
+    if (!offs || offs->type != MSGPACK_OBJECT_ARRAY || offs->via.array.size != keys->n) {
+        rep_free(&r);
+        return seterr(c, KVT_E_PROTO, "prepare_store: bad reply");
+    }
+    kvt_wview *v = kvt_xcalloc(1, sizeof(*v));
+    v->n = keys->n;
+    v->ptrs = kvt_xcalloc(v->n ? v->n : 1, sizeof(void *));
+    v->sizes = kvt_xcalloc(v->n ? v->n : 1, sizeof(size_t));
+    v->lease_ = lease;
+    for (size_t i = 0; i < v->n; i++) {
+        const msgpack_object *o = &offs->via.array.ptr[i];
+        v->sizes[i] = sizes[i];
+        if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 + sizes[i] <= c->shm_size)
+            v->ptrs[i] = c->shm + o->via.u64;
+    }
+    rep_free(&r);
+    *out = v;
+    return 0;
+}
+
+static void wview_free(kvt_wview *v)
+{
+    free(v->ptrs);
+    free(v->sizes);
+    free(v);
+}
+
+int kvt_store_commit(kvt_client *c, kvt_wview *v, const bool *written, size_t *accepted)
+{
+    size_t present = 0, slots = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        if (v->ptrs[i])
+            slots++;
+        else
+            present++;
+    }
+    if (!v->lease_) {
+        if (accepted)
+            *accepted = present;
+        wview_free(v);
+        return 0;
+    }
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    body_init(&sb, &pk, written ? 2 : 1);
+    kvt_mp_str0(&pk, "lease");
+    msgpack_pack_uint64(&pk, v->lease_);
+    if (written) {
+        /* bit j = j-th reserved slot */
+        size_t nb = (slots + 7) / 8;
+        uint8_t *bits = kvt_xcalloc(nb ? nb : 1, 1);
+        size_t j = 0;
+        for (size_t i = 0; i < v->n; i++)
+            if (v->ptrs[i]) {
+                if (written[i])
+                    bits[j / 8] |= (uint8_t)(1u << (j % 8));
+                j++;
+            }
+        kvt_mp_str0(&pk, "written");
+        msgpack_pack_bin(&pk, nb);
+        msgpack_pack_bin_body(&pk, bits, nb);
+        free(bits);
+    }
+    struct rep r;
+    int rc = call(c, "commit_store", &sb, NULL, NULL, 0, &r);
+    msgpack_sbuffer_destroy(&sb);
+    wview_free(v);
+    if (rc)
+        return rc;
+    uint64_t acc = 0;
+    kvt_mp_u64(&r.up.data, "accepted", false, &acc, NULL);
+    rep_free(&r);
+    if (accepted)
+        *accepted = acc + present;
+    return 0;
+}
+
+void kvt_store_abort(kvt_client *c, kvt_wview *v)
+{
+    bool *none = kvt_xcalloc(v->n ? v->n : 1, sizeof(bool));
+    kvt_store_commit(c, v, none, NULL);
+    free(none);
+}
+
+int kvt_flush(kvt_client *c)
+{
+    struct rep r;
+    int rc = call(c, "flush", NULL, NULL, NULL, 0, &r);
+    if (!rc)
+        rep_free(&r);
+    return rc;
+}
+
+int kvt_ping(kvt_client *c)
+{
+    struct rep r;
+    int rc = call(c, "ping", NULL, NULL, NULL, 0, &r);
+    if (!rc)
+        rep_free(&r);
+    return rc;
+}
+
+/* ------------------------------------------------------------- lookup */
+
+int kvt_free_locks(kvt_client *c)
+{
+    if (!c->lease)
+        return 0;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    body_init(&sb, &pk, 1);
+    kvt_mp_str0(&pk, "lease");
+    msgpack_pack_uint64(&pk, c->lease);
+    cast(c, "free_locks", &sb);
+    msgpack_sbuffer_destroy(&sb);
+    lease_forget(c);
+    return 0;
+}
+
+static bool same_batch_prefix(const kvt_client *c, const kvt_keys *k)
+{
+    return c->lease && k->n <= c->lease_n && k->hash_len == c->lease_hash_len &&
+           k->kv_rank == c->lease_rank && k->group == c->lease_group &&
+           strcmp(k->model, c->lease_model) == 0 &&
+           strcmp(k->salt ? k->salt : "", c->lease_salt) == 0 &&
+           memcmp(k->hashes, c->lease_hashes, k->n * k->hash_len) == 0;
+}
+
+int kvt_lookup(kvt_client *c, const kvt_keys *keys, size_t *hits)
+{
+    int rc = check_keys(c, keys);
+    if (rc)
+        return rc;
+    kvt_free_locks(c); /* an unused earlier lookup's locks */
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    body_init(&sb, &pk, 1);
+    pack_keys(&pk, keys);
+    struct rep r;
+    rc = call(c, "lookup", &sb, NULL, NULL, 0, &r);
+    msgpack_sbuffer_destroy(&sb);
+    if (rc)
+        return rc;
+    uint64_t h = 0, lease = 0;
+    kvt_mp_u64(&r.up.data, "hits", false, &h, NULL);
+    kvt_mp_u64(&r.up.data, "lease", false, &lease, NULL);
+    rep_free(&r);
+    if (lease && h) {
+        c->lease = lease;
+        c->lease_n = h;
+        c->lease_hash_len = keys->hash_len;
+        c->lease_hashes = kvt_xmalloc(h * keys->hash_len);
+        memcpy(c->lease_hashes, keys->hashes, h * keys->hash_len);
+        c->lease_model = kvt_xstrdup(keys->model);
+        c->lease_salt = kvt_xstrdup(keys->salt ? keys->salt : "");
+        c->lease_rank = keys->kv_rank;
+        c->lease_group = keys->group;
+    }
+    *hits = h;
+    return 0;
+}
+
+/* ----------------------------------------------------------- retrieve */
+
+static size_t fetch_body(kvt_client *c, const kvt_keys *keys, msgpack_sbuffer *sb)
+{
+    msgpack_packer pk;
+    uint64_t lease = same_batch_prefix(c, keys) ? c->lease : 0;
+    body_init(sb, &pk, lease ? 2 : 1);
+    pack_keys(&pk, keys);
+    if (lease) {
+        kvt_mp_str0(&pk, "lease");
+        msgpack_pack_uint64(&pk, lease);
+        lease_forget(c); /* the server ends it with this request */
+    }
+    return 0;
+}
+
+void kvt_blobs_free(kvt_blob *b, size_t n)
+{
+    if (!b)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (b[i].priv_) {
+            zmq_msg_close(b[i].priv_);
+            free(b[i].priv_);
+        } else {
+            free(b[i].data);
+        }
+    }
+    free(b);
+}
+
+int kvt_retrieve(kvt_client *c, const kvt_keys *keys, kvt_blob **out, size_t *n)
+{
+    int rc = check_keys(c, keys);
+    if (rc)
+        return rc;
+    *out = NULL;
+    *n = 0;
+    if (c->shm) {
+        kvt_rview *v;
+        rc = kvt_retrieve_begin(c, keys, &v);
+        if (rc)
+            return rc;
+        kvt_blob *b = kvt_xcalloc(v->n ? v->n : 1, sizeof(*b));
+        for (size_t i = 0; i < v->n; i++) {
+            b[i] = v->meta[i];
+            b[i].data = kvt_xmalloc(v->lens[i] ? v->lens[i] : 1);
+            b[i].len = v->lens[i];
+            memcpy(b[i].data, v->ptrs[i], v->lens[i]);
+        }
+        size_t cnt = v->n;
+        rc = kvt_retrieve_end(c, v);
+        if (rc) {
+            kvt_blobs_free(b, cnt);
+            return rc;
+        }
+        *out = b;
+        *n = cnt;
+        return 0;
+    }
+    msgpack_sbuffer sb;
+    fetch_body(c, keys, &sb);
+    struct rep r;
+    rc = call(c, "retrieve", &sb, NULL, NULL, 0, &r);
+    msgpack_sbuffer_destroy(&sb);
+    if (rc)
+        return rc;
+    uint64_t cnt = 0;
+    kvt_mp_u64(&r.up.data, "n", false, &cnt, NULL);
+    const msgpack_object *metas = kvt_mp_get(&r.up.data, "metas");
+    if (cnt != r.nframes || cnt > keys->n || !metas || metas->type != MSGPACK_OBJECT_ARRAY ||
+        metas->via.array.size != cnt) {
+        rep_free(&r);
+        return seterr(c, KVT_E_PROTO, "retrieve: reply frames do not match its header");
+    }
+    kvt_blob *b = kvt_xcalloc(cnt ? cnt : 1, sizeof(*b));
+    for (uint32_t i = 0; i < cnt; i++) {
+        /* the blob owns the received frame: no copy */
+        zmq_msg_t *m = kvt_xmalloc(sizeof(*m));
+        memcpy(m, &r.frames[i], sizeof(*m));
+        b[i].priv_ = m;
+        b[i].data = zmq_msg_data(m);
+        b[i].len = zmq_msg_size(m);
+        decode_meta(&metas->via.array.ptr[i], &b[i]);
+        if (meta_len(&metas->via.array.ptr[i]) != b[i].len) {
+            r.nframes = 0;
+            for (uint32_t k = i + 1; k < cnt; k++)
+                zmq_msg_close(&r.frames[k]);
+            kvt_blobs_free(b, i + 1);
+            rep_free(&r);
+            return seterr(c, KVT_E_PROTO, "retrieve: frame %u length differs from its header",
+                          i);
+        }
+    }
+    r.nframes = 0; /* frames moved into blobs */
+    rep_free(&r);
+    *out = b;
+    *n = cnt;
+    return 0;
+}
+
+static void rview_free(kvt_rview *v)
+{
+    free(v->ptrs);
+    free(v->lens);
+    free(v->meta);
+    free(v);
+}
+
+int kvt_retrieve_begin(kvt_client *c, const kvt_keys *keys, kvt_rview **out)
+{
+    if (!c->shm)
+        return seterr(c, KVT_E_UNSUPPORTED, "the shared-memory path is not available");
+    int rc = check_keys(c, keys);
+    if (rc)
+        return rc;
+    msgpack_sbuffer sb;
+    fetch_body(c, keys, &sb);
+    struct rep r;
+    rc = call(c, "prepare_retrieve", &sb, NULL, NULL, 0, &r);
+    msgpack_sbuffer_destroy(&sb);
+    if (rc)
+        return rc;
+    uint64_t lease = 0, cnt = 0;
+    kvt_mp_u64(&r.up.data, "lease", false, &lease, NULL);
+    kvt_mp_u64(&r.up.data, "n", false, &cnt, NULL);
+    const msgpack_object *ents = kvt_mp_get(&r.up.data, "entries");
+    if (!ents || ents->type != MSGPACK_OBJECT_ARRAY || ents->via.array.size != cnt ||
+        cnt > keys->n) {
+        rep_free(&r);
+        return seterr(c, KVT_E_PROTO, "prepare_retrieve: bad reply");
+    }
+    kvt_rview *v = kvt_xcalloc(1, sizeof(*v));
+    v->n = cnt;
+    v->lease_ = lease;
+    v->ptrs = kvt_xcalloc(cnt ? cnt : 1, sizeof(void *));
+    v->lens = kvt_xcalloc(cnt ? cnt : 1, sizeof(size_t));
+    v->meta = kvt_xcalloc(cnt ? cnt : 1, sizeof(kvt_blob));
+    for (uint32_t i = 0; i < cnt; i++) {
+        const msgpack_object *e = &ents->via.array.ptr[i];
+        if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2 ||
+            e->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+            rep_free(&r);
+            rview_free(v);
+            return seterr(c, KVT_E_PROTO, "prepare_retrieve: bad entry");
+        }
+        uint64_t off = e->via.array.ptr[0].via.u64, len = meta_len(&e->via.array.ptr[1]);
+        if (len == UINT64_MAX || off + len > c->shm_size) {
+            rep_free(&r);
+            rview_free(v);
+            return seterr(c, KVT_E_PROTO, "prepare_retrieve: entry outside the pool");
+        }
+        v->ptrs[i] = c->shm + off;
+        v->lens[i] = len;
+        decode_meta(&e->via.array.ptr[1], &v->meta[i]);
+        v->meta[i].len = len;
+    }
+    rep_free(&r);
+    *out = v;
+    return 0;
+}
+
+int kvt_retrieve_end(kvt_client *c, kvt_rview *v)
+{
+    int rc = 0;
+    if (v->lease_) {
+        msgpack_sbuffer sb;
+        msgpack_packer pk;
+        body_init(&sb, &pk, 1);
+        kvt_mp_str0(&pk, "lease");
+        msgpack_pack_uint64(&pk, v->lease_);
+        struct rep r;
+        rc = call(c, "commit_retrieve", &sb, NULL, NULL, 0, &r);
+        msgpack_sbuffer_destroy(&sb);
+        if (!rc)
+            rep_free(&r);
+    }
+    rview_free(v);
+    return rc;
+}
+
+/* ------------------------------------------------------------- admin */
+
+int kvt_status_json(kvt_client *c, char **json)
+{
+    struct rep r;
+    int rc = call(c, "status", NULL, NULL, NULL, 0, &r);
+    if (rc)
+        return rc;
+    json_t *j = kvt_mp_to_json(&r.up.data);
+    *json = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(j);
+    rep_free(&r);
+    return *json ? 0 : -ENOMEM;
+}
+
+int kvt_delete(kvt_client *c, const kvt_keys *keys, size_t *removed)
+{
+    int rc = check_keys(c, keys);
+    if (rc)
+        return rc;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    body_init(&sb, &pk, 1);
+    pack_keys(&pk, keys);
+    struct rep r;
+    rc = call(c, "delete", &sb, NULL, NULL, 0, &r);
+    msgpack_sbuffer_destroy(&sb);
+    if (rc)
+        return rc;
+    size_t total = 0;
+    const msgpack_object *l2 = kvt_mp_get(&r.up.data, "removed_l2");
+    if (l2 && l2->type == MSGPACK_OBJECT_ARRAY)
+        for (uint32_t i = 0; i < l2->via.array.size; i++)
+            total += l2->via.array.ptr[i].via.u64;
+    rep_free(&r);
+    if (removed)
+        *removed = total;
+    return 0;
+}

@@ -1,0 +1,203 @@
+#include "common/util.h"
+#include "common/log.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+void *kvt_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        kvt_error("out of memory allocating %zu bytes", n);
+        abort();
+    }
+    return p;
+}
+
+void *kvt_xcalloc(size_t n, size_t sz)
+{
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) {
+        kvt_error("out of memory allocating %zu x %zu bytes", n, sz);
+        abort();
+    }
+    return p;
+}
+
+void *kvt_xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) {
+        kvt_error("out of memory reallocating %zu bytes", n);
+        abort();
+    }
+    return q;
+}
+
+char *kvt_xstrdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = kvt_xmalloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+size_t kvt_bm_count(const uint64_t *bm, size_t n)
+{
+    size_t c = 0;
+    for (size_t w = 0; w < n / 64; w++)
+        c += (size_t)__builtin_popcountll(bm[w]);
+    for (size_t i = n / 64 * 64; i < n; i++)
+        c += kvt_bm_test(bm, i);
+    return c;
+}
+
+size_t kvt_bm_prefix(const uint64_t *bm, size_t n)
+{
+    size_t i = 0;
+    while (i + 64 <= n && bm[i / 64] == ~0ull)
+        i += 64;
+    while (i < n && kvt_bm_test(bm, i))
+        i++;
+    return i;
+}
+
+void kvt_hex(const uint8_t *in, size_t n, char *out)
+{
+    static const char d[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = d[in[i] >> 4];
+        out[2 * i + 1] = d[in[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+int kvt_unhex(const char *in, size_t hexlen, uint8_t *out)
+{
+    if (hexlen % 2)
+        return -EINVAL;
+    for (size_t i = 0; i < hexlen / 2; i++) {
+        int hi = hexval(in[2 * i]), lo = hexval(in[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return -EINVAL;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+int kvt_parse_size(const char *s, uint64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !isfinite(v) || v < 0)
+        return -EINVAL;
+    while (*end == ' ')
+        end++;
+    double mul = 1;
+    if (*end) {
+        static const struct {
+            const char *sfx;
+            double mul;
+        } sfx[] = {{"b", 1},           {"k", 1024},       {"kb", 1e3},        {"kib", 1024},
+                   {"m", 1048576.0},   {"mb", 1e6},       {"mib", 1048576.0}, {"g", KVT_GIB},
+                   {"gb", 1e9},        {"gib", KVT_GIB},  {"t", KVT_GIB * 1024}, {"tb", 1e12},
+                   {"tib", KVT_GIB * 1024}};
+        size_t i;
+        for (i = 0; i < KVT_ARRAY_LEN(sfx); i++)
+            if (strcasecmp(end, sfx[i].sfx) == 0)
+                break;
+        if (i == KVT_ARRAY_LEN(sfx))
+            return -EINVAL;
+        mul = sfx[i].mul;
+    }
+    double r = v * mul;
+    if (r > 1.8e19)
+        return -EINVAL;
+    *out = (uint64_t)r;
+    return 0;
+}
+
+uint64_t kvt_proc_starttime(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    /* comm may contain spaces and ')': skip to the last ')' */
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return 0;
+    p++;
+    /* fields after comm: state(3) ... starttime is field 22 overall, i.e. the
+     * 20th after ')' */
+    for (int field = 0; field < 19 && p; field++) {
+        p = strchr(p + 1, ' ');
+    }
+    if (!p)
+        return 0;
+    return strtoull(p + 1, NULL, 10);
+}
+
+int kvt_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t w = pwrite(fd, p, len, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (w == 0)
+            return -EIO;
+        p += w;
+        len -= (size_t)w;
+        off += (uint64_t)w;
+    }
+    return 0;
+}
+
+int kvt_pread_all(int fd, void *buf, size_t len, uint64_t off, size_t *got)
+{
+    char *p = buf;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t r = pread(fd, p + done, len - done, (off_t)(off + done));
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (r == 0)
+            break;
+        done += (size_t)r;
+    }
+    if (got)
+        *got = done;
+    return done == len ? 0 : -EIO;
+}

@@ -1,0 +1,85 @@
+/*
+ * Eviction policies and watermark controllers.
+ *
+ * A policy orders objects of one tier by how much they are worth keeping.
+ * It sees objects only as 32-bit handles (an index position of the tier), so
+ * it adds a few bytes per object instead of a second key map: LRU keeps two
+ * u32 links per handle.
+ *
+ * Policies are a vtable (like Valkey's dictType): LRU, noop, and the
+ * value-aware policy plug in here; the next ones (S3-FIFO, ARC) drop in the
+ * same way.
+ *
+ * Thread rules: a policy has no lock of its own. Every call is made with the
+ * owning tier's lock held (l2->lock or the L1 lock).
+ */
+#ifndef KVT_POLICY_H
+#define KVT_POLICY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+struct kvt_policy;
+
+/* Extra facts a value-aware policy may use; others ignore them. */
+struct kvt_policy_hint {
+    uint32_t prefix_pos; /* position of the chunk in its request (0 = head) */
+    uint32_t bytes;      /* storage cost */
+};
+
+struct kvt_policy_ops {
+    const char *name;
+    /* New object. cold: place it as the least valuable (recovery). */
+    void (*insert)(struct kvt_policy *p, uint32_t h, bool cold, const struct kvt_policy_hint *hint);
+    void (*access)(struct kvt_policy *p, uint32_t h);
+    void (*remove)(struct kvt_policy *p, uint32_t h);
+    /* Visit handles from least to most valuable until visit returns false. */
+    void (*walk)(struct kvt_policy *p, bool (*visit)(uint32_t h, void *arg), void *arg);
+    /* Grow per-handle state so that handles < n are valid. */
+    void (*reserve)(struct kvt_policy *p, uint32_t n);
+    void (*destroy)(struct kvt_policy *p);
+};
+
+struct kvt_policy {
+    const struct kvt_policy_ops *ops;
+    double trigger_watermark; /* evict when usage fraction >= this */
+    double eviction_ratio;    /* then free this fraction of what is used */
+    uint32_t nhandles;        /* handles below this may be used */
+};
+
+/* Constructors of the built-in policies (used by kvt_policy_create). */
+struct kvt_policy *kvt_lru_create(void);
+
+/* Create a policy by name ("LRU", "noop", "value"); NULL if unknown. */
+struct kvt_policy *kvt_policy_create(const char *name, double watermark, double ratio);
+void kvt_policy_destroy(struct kvt_policy *p);
+/* Names accepted by kvt_policy_create, for error messages. */
+const char *kvt_policy_names(void);
+
+/* Parse an adapter's "eviction" object. On error returns KVT_E_CONFIG and
+ * writes a message naming the field into err. */
+int kvt_policy_from_json(const json_t *ev, struct kvt_policy **out, char *err, size_t errcap);
+
+/* Grow per-handle arrays so that handles < n are valid. */
+void kvt_policy_reserve(struct kvt_policy *p, uint32_t n);
+
+static inline void kvt_policy_insert(struct kvt_policy *p, uint32_t h, bool cold,
+                                     const struct kvt_policy_hint *hint)
+{
+    if (p)
+        p->ops->insert(p, h, cold, hint);
+}
+static inline void kvt_policy_access(struct kvt_policy *p, uint32_t h)
+{
+    if (p)
+        p->ops->access(p, h);
+}
+static inline void kvt_policy_remove(struct kvt_policy *p, uint32_t h)
+{
+    if (p)
+        p->ops->remove(p, h);
+}
+
+#endif

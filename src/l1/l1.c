@@ -1,0 +1,834 @@
+/* L1 memory tier: pool, object table, references, leases, eviction. */
+#include "l1/l1.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "evict/policy.h"
+#include "key/kindex.h"
+#include "kvtier/error.h"
+#include "l1/palloc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/memfd.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define NIL UINT32_MAX
+
+enum { ST_FREE = 0, ST_WRITING, ST_READY, ST_DEAD };
+enum { F_TEMP = 1, F_TRACKED = 2, F_QUARANTINE = 4 };
+
+struct l1_obj {
+    kvt_key key;
+    uint64_t off;
+    uint32_t npages;
+    uint32_t refs;
+    kvt_objmeta meta;
+    uint8_t state;
+    uint8_t flags;
+    uint32_t next_free; /* free-list link when ST_FREE */
+};
+
+struct lease {
+    uint64_t id; /* gen << 32 | slot; 0 = free slot */
+    uint8_t kind;
+    uint64_t expire_ns;
+    uint32_t n;
+    uint32_t *hs;
+    uint32_t prev, next; /* expiry FIFO of its kind, or free list (next) */
+};
+
+struct quarantined {
+    uint32_t page, npages;
+    uint64_t until_ns;
+};
+
+struct kvt_l1 {
+    pthread_mutex_t lock; /* guards everything below */
+    /* pool */
+    int fd;
+    char *base;
+    uint64_t map_size, cur_size, dev, ino;
+    uint32_t align;
+    bool lazy, huge;
+    struct kvt_palloc pa;
+    /* objects */
+    struct l1_obj *objs;
+    uint32_t cap_objs, hwm, free_obj, nready, nwriting;
+    struct kvt_kindex map;
+    struct kvt_policy *policy;
+    /* leases */
+    struct lease *leases;
+    uint32_t cap_leases, nleases_used, free_lease;
+    uint32_t fifo_head[2], fifo_tail[2];
+    uint64_t ttl_ns[2];
+    uint32_t live_leases[2];
+    uint32_t gen;
+    /* quarantine (FIFO by time) */
+    struct quarantined *q;
+    uint32_t q_head, q_tail, q_cap; /* positions modulo q_cap */
+    uint64_t q_pages;
+    /* stats */
+    struct kvt_l1_counters c;
+    uint64_t size_bytes;
+    double watermark, ratio;
+};
+
+/* ------------------------------------------------------------ pool */
+
+static int pool_resize_locked(struct kvt_l1 *l1, uint64_t bytes)
+{
+    if (bytes > l1->map_size)
+        bytes = l1->map_size;
+    if (bytes <= l1->cur_size)
+        return 0;
+    if (ftruncate(l1->fd, (off_t)bytes) < 0)
+        return -errno;
+    l1->cur_size = bytes;
+    kvt_palloc_grow(&l1->pa, bytes / l1->align);
+    return 0;
+}
+
+/* Double the backed size of a lazy pool (up to the configured size). */
+static bool pool_grow_locked(struct kvt_l1 *l1)
+{
+    if (!l1->lazy || l1->cur_size >= l1->map_size)
+        return false;
+    uint64_t next = KVT_MAX(l1->cur_size * 2, l1->cur_size + 64ull * 1024 * 1024);
+    next = KVT_ALIGN_UP(next, l1->huge ? 2ull * 1024 * 1024 : l1->align);
+    int rc = pool_resize_locked(l1, next);
+    if (rc) {
+        kvt_warn("L1: cannot grow the pool to %llu bytes: %s", (unsigned long long)next,
+                 strerror(-rc));
+        return false;
+    }
+    kvt_debug("L1: pool grown to %llu bytes", (unsigned long long)l1->cur_size);
+    return true;
+}
+
+int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, size_t errcap)
+{
+    if (o->align == 0 || (o->align & (o->align - 1)) || o->align < 512) {
+        snprintf(err, errcap, "--l1-align-bytes must be a power of two >= 512 (got %u)", o->align);
+        return KVT_E_CONFIG;
+    }
+    uint64_t gran = o->hugepages ? 2ull * 1024 * 1024 : o->align;
+    gran = KVT_MAX(gran, o->align);
+    uint64_t size = KVT_ALIGN_UP(o->size_bytes, gran);
+    if (size == 0 || size / o->align >= UINT32_MAX) {
+        snprintf(err, errcap, "--l1-size-gb out of range");
+        return KVT_E_CONFIG;
+    }
+    struct kvt_l1 *l1 = kvt_xcalloc(1, sizeof(*l1));
+    pthread_mutex_init(&l1->lock, NULL);
+    l1->fd = -1;
+    l1->align = o->align;
+    l1->lazy = o->lazy;
+    l1->huge = o->hugepages;
+    l1->map_size = size;
+    l1->size_bytes = size;
+    l1->watermark = o->watermark;
+    l1->ratio = o->ratio;
+    l1->ttl_ns[KVT_LEASE_READ] = o->read_ttl_ns;
+    l1->ttl_ns[KVT_LEASE_WRITE] = o->write_ttl_ns;
+    l1->free_obj = NIL;
+    l1->free_lease = NIL;
+    for (int k = 0; k < 2; k++)
+        l1->fifo_head[k] = l1->fifo_tail[k] = NIL;
+    kvt_palloc_init(&l1->pa);
+    kvt_kindex_init(&l1->map, sizeof(struct l1_obj), offsetof(struct l1_obj, key));
+    int rc = 0;
+    l1->fd = memfd_create("kvtier-l1", MFD_CLOEXEC | (o->hugepages ? MFD_HUGETLB : 0));
+    if (l1->fd < 0) {
+        rc = -errno;
+        snprintf(err, errcap, "cannot create the L1 shared memory%s: %s",
+                 o->hugepages ? " with huge pages (is vm.nr_hugepages set?)" : "",
+                 strerror(errno));
+        goto fail;
+    }
+    fchmod(l1->fd, 0600);
+    l1->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, l1->fd, 0);
+    if (l1->base == MAP_FAILED) {
+        rc = -errno;
+        l1->base = NULL;
+        snprintf(err, errcap, "cannot map %llu bytes of L1: %s", (unsigned long long)size,
+                 strerror(errno));
+        goto fail;
+    }
+    uint64_t init = o->lazy ? KVT_MIN(KVT_ALIGN_UP(KVT_MAX(o->init_bytes, gran), gran), size)
+                            : size;
+    rc = pool_resize_locked(l1, init);
+    if (!rc && !o->lazy && fallocate(l1->fd, 0, 0, (off_t)size) < 0)
+        rc = -errno;
+    if (rc) {
+        snprintf(err, errcap, "cannot allocate %llu bytes of L1 memory: %s",
+                 (unsigned long long)init, strerror(-rc));
+        goto fail;
+    }
+    struct stat st;
+    fstat(l1->fd, &st);
+    l1->dev = st.st_dev;
+    l1->ino = st.st_ino;
+    l1->policy = kvt_policy_create(o->policy ? o->policy : "LRU", o->watermark, o->ratio);
+    if (!l1->policy) {
+        snprintf(err, errcap, "--eviction-policy: unknown policy \"%s\" (known: %s)", o->policy,
+                 kvt_policy_names());
+        rc = KVT_E_CONFIG;
+        goto fail;
+    }
+    *out = l1;
+    return 0;
+fail:
+    kvt_l1_destroy(l1);
+    return rc ? rc : KVT_E_CONFIG;
+}
+
+void kvt_l1_destroy(struct kvt_l1 *l1)
+{
+    if (!l1)
+        return;
+    if (l1->base)
+        munmap(l1->base, l1->map_size);
+    if (l1->fd >= 0)
+        close(l1->fd);
+    for (uint32_t i = 0; i < l1->nleases_used; i++)
+        free(l1->leases[i].hs);
+    free(l1->leases);
+    free(l1->objs);
+    free(l1->q);
+    kvt_kindex_free(&l1->map);
+    kvt_palloc_destroy(&l1->pa);
+    kvt_policy_destroy(l1->policy);
+    pthread_mutex_destroy(&l1->lock);
+    free(l1);
+}
+
+void kvt_l1_shm(struct kvt_l1 *l1, struct kvt_l1_shm *s)
+{
+    pthread_mutex_lock(&l1->lock);
+    s->fd = l1->fd;
+    s->base = l1->base;
+    s->map_size = l1->map_size;
+    s->cur_size = l1->cur_size;
+    s->dev = l1->dev;
+    s->ino = l1->ino;
+    s->align = l1->align;
+    pthread_mutex_unlock(&l1->lock);
+}
+
+/* --------------------------------------------------------- objects */
+
+static struct l1_obj *obj(struct kvt_l1 *l1, uint32_t h)
+{
+    return &l1->objs[h];
+}
+
+static uint32_t obj_new_locked(struct kvt_l1 *l1)
+{
+    uint32_t h;
+    if (l1->free_obj != NIL) {
+        h = l1->free_obj;
+        l1->free_obj = l1->objs[h].next_free;
+    } else {
+        if (l1->hwm == l1->cap_objs) {
+            l1->cap_objs = l1->cap_objs ? l1->cap_objs * 2 : 1024;
+            l1->objs = kvt_xrealloc(l1->objs, (size_t)l1->cap_objs * sizeof(struct l1_obj));
+            l1->map.base = (const char *)l1->objs;
+            kvt_policy_reserve(l1->policy, l1->cap_objs);
+        }
+        h = l1->hwm++;
+    }
+    memset(&l1->objs[h], 0, sizeof(struct l1_obj));
+    return h;
+}
+
+static void quarantine_push_locked(struct kvt_l1 *l1, uint32_t page, uint32_t npages)
+{
+    if (l1->q_tail - l1->q_head == l1->q_cap) {
+        uint32_t ncap = l1->q_cap ? l1->q_cap * 2 : 64;
+        struct quarantined *nq = kvt_xmalloc(ncap * sizeof(*nq));
+        for (uint32_t i = l1->q_head; i != l1->q_tail; i++)
+            nq[i - l1->q_head] = l1->q[i % l1->q_cap];
+        free(l1->q);
+        l1->q = nq;
+        l1->q_tail -= l1->q_head;
+        l1->q_head = 0;
+        l1->q_cap = ncap;
+    }
+    uint64_t ttl = KVT_MAX(l1->ttl_ns[0], l1->ttl_ns[1]);
+    l1->q[l1->q_tail++ % l1->q_cap] = (struct quarantined){page, npages, kvt_now_ns() + ttl};
+    l1->q_pages += npages;
+    l1->c.quarantined_bytes += (uint64_t)npages * l1->align;
+}
+
+static void quarantine_release_locked(struct kvt_l1 *l1, uint64_t now)
+{
+    while (l1->q_head != l1->q_tail) {
+        struct quarantined *q = &l1->q[l1->q_head % l1->q_cap];
+        if (q->until_ns > now)
+            break;
+        kvt_palloc_free(&l1->pa, q->page, q->npages);
+        l1->q_pages -= q->npages;
+        l1->q_head++;
+    }
+}
+
+/* Return an unreferenced object's memory and slot. */
+static void obj_free_locked(struct kvt_l1 *l1, uint32_t h)
+{
+    struct l1_obj *o = obj(l1, h);
+    KVT_ASSERT(o->refs == 0);
+    uint32_t page = (uint32_t)(o->off / l1->align);
+    if (o->flags & F_QUARANTINE)
+        quarantine_push_locked(l1, page, o->npages);
+    else
+        kvt_palloc_free(&l1->pa, page, o->npages);
+    o->state = ST_FREE;
+    o->next_free = l1->free_obj;
+    l1->free_obj = h;
+}
+
+/* Take an object out of the table (it becomes DEAD or is freed now). */
+static void obj_unlink_locked(struct kvt_l1 *l1, uint32_t h)
+{
+    struct l1_obj *o = obj(l1, h);
+    if (o->state != ST_WRITING && o->state != ST_READY)
+        return;
+    if (o->state == ST_READY)
+        l1->nready--;
+    else
+        l1->nwriting--;
+    kvt_kindex_del(&l1->map, h);
+    if (o->flags & F_TRACKED) {
+        kvt_policy_remove(l1->policy, h);
+        o->flags &= (uint8_t)~F_TRACKED;
+    }
+    o->state = ST_DEAD;
+    if (o->refs == 0)
+        obj_free_locked(l1, h);
+}
+
+static void put_locked(struct kvt_l1 *l1, uint32_t h)
+{
+    struct l1_obj *o = obj(l1, h);
+    KVT_ASSERT(o->refs > 0);
+    if (--o->refs)
+        return;
+    if (o->state == ST_DEAD)
+        obj_free_locked(l1, h);
+    else if (o->state == ST_READY && (o->flags & F_TEMP))
+        obj_unlink_locked(l1, h);
+}
+
+struct victims {
+    struct kvt_l1 *l1;
+    uint32_t hs[64];
+    uint32_t n;
+};
+
+static bool pick_victim(uint32_t h, void *arg)
+{
+    struct victims *v = arg;
+    struct l1_obj *o = obj(v->l1, h);
+    if (o->state == ST_READY && o->refs == 0)
+        v->hs[v->n++] = h;
+    return v->n < KVT_ARRAY_LEN(v->hs);
+}
+
+/* Evict up to 64 unreferenced objects in policy order; returns pages freed. */
+static uint64_t evict_batch_locked(struct kvt_l1 *l1, uint64_t want_pages)
+{
+    struct victims v = {.l1 = l1};
+    l1->policy->ops->walk(l1->policy, pick_victim, &v);
+    uint64_t freed = 0;
+    for (uint32_t i = 0; i < v.n && freed < want_pages; i++) {
+        struct l1_obj *o = obj(l1, v.hs[i]);
+        freed += o->npages;
+        l1->c.evictions++;
+        l1->c.evicted_bytes += o->meta.len;
+        obj_unlink_locked(l1, v.hs[i]);
+    }
+    return freed;
+}
+
+int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
+                   struct kvt_l1_ref *out)
+{
+    uint64_t pages = KVT_MAX(1, KVT_ALIGN_UP((uint64_t)meta->len, l1->align) / l1->align);
+    if ((uint64_t)meta->len > KVT_MAX_OBJECT || pages * l1->align > l1->map_size)
+        return KVT_E_TOOBIG;
+    pthread_mutex_lock(&l1->lock);
+    if (kvt_kindex_find(&l1->map, k) != KVT_NOHANDLE) {
+        pthread_mutex_unlock(&l1->lock);
+        return -EEXIST;
+    }
+    uint32_t page;
+    int rc;
+    for (;;) {
+        rc = kvt_palloc_alloc(&l1->pa, (uint32_t)pages, &page);
+        if (rc == 0)
+            break;
+        if (pool_grow_locked(l1))
+            continue;
+        quarantine_release_locked(l1, kvt_now_ns());
+        if (kvt_palloc_alloc(&l1->pa, (uint32_t)pages, &page) == 0) {
+            rc = 0;
+            break;
+        }
+        if (evict_batch_locked(l1, UINT64_MAX) == 0)
+            break; /* nothing evictable left */
+    }
+    if (rc) {
+        l1->c.store_full++;
+        pthread_mutex_unlock(&l1->lock);
+        return KVT_E_FULL;
+    }
+    uint32_t h = obj_new_locked(l1);
+    struct l1_obj *o = obj(l1, h);
+    o->key = *k;
+    o->off = (uint64_t)page * l1->align;
+    o->npages = (uint32_t)pages;
+    o->meta = *meta;
+    o->refs = 1;
+    o->state = ST_WRITING;
+    kvt_kindex_put(&l1->map, h);
+    l1->nwriting++;
+    out->h = h;
+    out->off = o->off;
+    out->ptr = l1->base + o->off;
+    out->meta = o->meta;
+    pthread_mutex_unlock(&l1->lock);
+    return 0;
+}
+
+void kvt_l1_commit(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n, unsigned flags)
+{
+    pthread_mutex_lock(&l1->lock);
+    for (uint32_t i = n; i-- > 0;) {
+        struct l1_obj *o = obj(l1, hs[i]);
+        if (o->state != ST_WRITING)
+            continue;
+        o->state = ST_READY;
+        l1->nwriting--;
+        l1->nready++;
+        l1->c.stores++;
+        if (flags & KVT_L1_TEMP) {
+            o->flags |= F_TEMP;
+        } else {
+            struct kvt_policy_hint hint = {.prefix_pos = i, .bytes = o->meta.len};
+            kvt_policy_insert(l1->policy, hs[i], false, &hint);
+            o->flags |= F_TRACKED;
+        }
+    }
+    pthread_mutex_unlock(&l1->lock);
+}
+
+void kvt_l1_set_meta(struct kvt_l1 *l1, uint32_t h, const kvt_objmeta *meta)
+{
+    pthread_mutex_lock(&l1->lock);
+    struct l1_obj *o = obj(l1, h);
+    if (o->state == ST_WRITING && meta->len == o->meta.len)
+        o->meta = *meta;
+    pthread_mutex_unlock(&l1->lock);
+}
+
+void kvt_l1_abort(struct kvt_l1 *l1, uint32_t h)
+{
+    pthread_mutex_lock(&l1->lock);
+    if (obj(l1, h)->state == ST_WRITING)
+        obj_unlink_locked(l1, h);
+    pthread_mutex_unlock(&l1->lock);
+}
+
+static void fill_ref(struct kvt_l1 *l1, uint32_t h, struct kvt_l1_ref *r)
+{
+    struct l1_obj *o = obj(l1, h);
+    r->h = h;
+    r->off = o->off;
+    r->ptr = l1->base + o->off;
+    r->meta = o->meta;
+}
+
+int kvt_l1_get(struct kvt_l1 *l1, const kvt_key *k, struct kvt_l1_ref *out)
+{
+    pthread_mutex_lock(&l1->lock);
+    uint32_t h = kvt_kindex_find(&l1->map, k);
+    if (h == KVT_NOHANDLE || obj(l1, h)->state != ST_READY) {
+        l1->c.misses++;
+        pthread_mutex_unlock(&l1->lock);
+        return -ENOENT;
+    }
+    l1->c.hits++;
+    obj(l1, h)->refs++;
+    fill_ref(l1, h, out);
+    pthread_mutex_unlock(&l1->lock);
+    return 0;
+}
+
+void kvt_l1_describe(struct kvt_l1 *l1, uint32_t h, struct kvt_l1_ref *r, kvt_key *key)
+{
+    pthread_mutex_lock(&l1->lock);
+    fill_ref(l1, h, r);
+    if (key)
+        *key = obj(l1, h)->key;
+    pthread_mutex_unlock(&l1->lock);
+}
+
+int kvt_l1_get_handle(struct kvt_l1 *l1, uint32_t h, const kvt_key *key, struct kvt_l1_ref *out)
+{
+    int rc = -ENOENT;
+    pthread_mutex_lock(&l1->lock);
+    if (h < l1->hwm && obj(l1, h)->state == ST_READY && kvt_key_eq(&obj(l1, h)->key, key)) {
+        obj(l1, h)->refs++;
+        fill_ref(l1, h, out);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&l1->lock);
+    return rc;
+}
+
+void kvt_l1_ref(struct kvt_l1 *l1, uint32_t h)
+{
+    pthread_mutex_lock(&l1->lock);
+    obj(l1, h)->refs++;
+    pthread_mutex_unlock(&l1->lock);
+}
+
+void kvt_l1_put(struct kvt_l1 *l1, uint32_t h)
+{
+    pthread_mutex_lock(&l1->lock);
+    put_locked(l1, h);
+    pthread_mutex_unlock(&l1->lock);
+}
+
+uint32_t kvt_l1_get_prefix(struct kvt_l1 *l1, const kvt_key *keys, uint32_t n,
+                           struct kvt_l1_ref *refs)
+{
+    pthread_mutex_lock(&l1->lock);
+    uint32_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t h = kvt_kindex_find(&l1->map, &keys[i]);
+        if (h == KVT_NOHANDLE || obj(l1, h)->state != ST_READY)
+            break;
+        if (refs) {
+            obj(l1, h)->refs++;
+            fill_ref(l1, h, &refs[i]);
+        }
+    }
+    l1->c.hits += i;
+    l1->c.misses += n - i;
+    pthread_mutex_unlock(&l1->lock);
+    return i;
+}
+
+bool kvt_l1_contains(struct kvt_l1 *l1, const kvt_key *k)
+{
+    pthread_mutex_lock(&l1->lock);
+    uint32_t h = kvt_kindex_find(&l1->map, k);
+    bool r = h != KVT_NOHANDLE && obj(l1, h)->state == ST_READY;
+    pthread_mutex_unlock(&l1->lock);
+    return r;
+}
+
+void kvt_l1_touch(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n)
+{
+    pthread_mutex_lock(&l1->lock);
+    for (uint32_t i = n; i-- > 0;)
+        if (obj(l1, hs[i])->flags & F_TRACKED)
+            kvt_policy_access(l1->policy, hs[i]);
+    pthread_mutex_unlock(&l1->lock);
+}
+
+void kvt_l1_drop(struct kvt_l1 *l1, uint32_t h)
+{
+    pthread_mutex_lock(&l1->lock);
+    obj_unlink_locked(l1, h);
+    pthread_mutex_unlock(&l1->lock);
+}
+
+bool kvt_l1_delete(struct kvt_l1 *l1, const kvt_key *k)
+{
+    pthread_mutex_lock(&l1->lock);
+    uint32_t h = kvt_kindex_find(&l1->map, k);
+    bool found = h != KVT_NOHANDLE && obj(l1, h)->state == ST_READY;
+    if (found)
+        obj_unlink_locked(l1, h);
+    pthread_mutex_unlock(&l1->lock);
+    return found;
+}
+
+/* ---------------------------------------------------------- leases */
+
+static void fifo_unlink_locked(struct kvt_l1 *l1, uint32_t s)
+{
+    struct lease *L = &l1->leases[s];
+    int k = L->kind;
+    if (L->prev != NIL)
+        l1->leases[L->prev].next = L->next;
+    else
+        l1->fifo_head[k] = L->next;
+    if (L->next != NIL)
+        l1->leases[L->next].prev = L->prev;
+    else
+        l1->fifo_tail[k] = L->prev;
+}
+
+uint64_t kvt_l1_lease_new(struct kvt_l1 *l1, enum kvt_lease_kind kind, const uint32_t *hs,
+                          uint32_t n)
+{
+    pthread_mutex_lock(&l1->lock);
+    uint32_t s;
+    if (l1->free_lease != NIL) {
+        s = l1->free_lease;
+        l1->free_lease = l1->leases[s].next;
+    } else {
+        if (l1->nleases_used == l1->cap_leases) {
+            l1->cap_leases = l1->cap_leases ? l1->cap_leases * 2 : 64;
+            l1->leases = kvt_xrealloc(l1->leases, l1->cap_leases * sizeof(struct lease));
+        }
+        s = l1->nleases_used++;
+        l1->leases[s].hs = NULL;
+    }
+    struct lease *L = &l1->leases[s];
+    uint32_t gen = ++l1->gen;
+    if (gen == 0)
+        gen = ++l1->gen;
+    L->id = (uint64_t)gen << 32 | s;
+    L->kind = (uint8_t)kind;
+    L->expire_ns = kvt_now_ns() + l1->ttl_ns[kind];
+    L->n = n;
+    L->hs = kvt_xrealloc(L->hs, (n ? n : 1) * sizeof(uint32_t));
+    memcpy(L->hs, hs, n * sizeof(uint32_t));
+    /* append to the kind's FIFO: constant TTL, so FIFO order = expiry order */
+    L->next = NIL;
+    L->prev = l1->fifo_tail[kind];
+    if (L->prev != NIL)
+        l1->leases[L->prev].next = s;
+    else
+        l1->fifo_head[kind] = s;
+    l1->fifo_tail[kind] = s;
+    l1->live_leases[kind]++;
+    uint64_t id = L->id;
+    pthread_mutex_unlock(&l1->lock);
+    return id;
+}
+
+static struct lease *lease_find_locked(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind)
+{
+    uint32_t s = (uint32_t)id;
+    if (id == 0 || s >= l1->nleases_used)
+        return NULL;
+    struct lease *L = &l1->leases[s];
+    if (L->id != id || L->kind != kind)
+        return NULL;
+    return L;
+}
+
+static void lease_free_locked(struct kvt_l1 *l1, struct lease *L)
+{
+    uint32_t s = (uint32_t)L->id;
+    fifo_unlink_locked(l1, s);
+    l1->live_leases[L->kind]--;
+    L->id = 0;
+    L->next = l1->free_lease;
+    l1->free_lease = s;
+}
+
+int kvt_l1_lease_handles(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind, uint32_t *hs,
+                         uint32_t cap)
+{
+    pthread_mutex_lock(&l1->lock);
+    struct lease *L = lease_find_locked(l1, id, kind);
+    int n = L ? (int)L->n : KVT_E_EXPIRED;
+    if (L && cap)
+        memcpy(hs, L->hs, (size_t)KVT_MIN(L->n, cap) * sizeof(uint32_t));
+    pthread_mutex_unlock(&l1->lock);
+    return n;
+}
+
+int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
+                     const uint64_t *written, uint32_t *keep, uint32_t keep_cap)
+{
+    pthread_mutex_lock(&l1->lock);
+    struct lease *L = lease_find_locked(l1, id, kind);
+    if (!L) {
+        pthread_mutex_unlock(&l1->lock);
+        return KVT_E_EXPIRED;
+    }
+    int committed = 0;
+    if (kind == KVT_LEASE_WRITE) {
+        for (uint32_t i = L->n; i-- > 0;) {
+            uint32_t h = L->hs[i];
+            struct l1_obj *o = obj(l1, h);
+            if (o->state != ST_WRITING)
+                continue;
+            if (written && !kvt_bm_test(written, i)) {
+                obj_unlink_locked(l1, h);
+                continue;
+            }
+            o->state = ST_READY;
+            l1->nwriting--;
+            l1->nready++;
+            l1->c.stores++;
+            struct kvt_policy_hint hint = {.prefix_pos = i, .bytes = o->meta.len};
+            kvt_policy_insert(l1->policy, h, false, &hint);
+            o->flags |= F_TRACKED;
+            committed++;
+        }
+        /* hand references to the caller in request order */
+        uint32_t kept = 0;
+        for (uint32_t i = 0; i < L->n; i++) {
+            struct l1_obj *o = obj(l1, L->hs[i]);
+            if (keep && kept < keep_cap && o->state == ST_READY &&
+                (!written || kvt_bm_test(written, i))) {
+                keep[kept++] = L->hs[i]; /* the lease's reference moves to the caller */
+                continue;
+            }
+            put_locked(l1, L->hs[i]);
+        }
+    } else {
+        for (uint32_t i = 0; i < L->n; i++)
+            put_locked(l1, L->hs[i]);
+    }
+    lease_free_locked(l1, L);
+    pthread_mutex_unlock(&l1->lock);
+    return committed;
+}
+
+uint32_t kvt_l1_expire(struct kvt_l1 *l1)
+{
+    uint64_t now = kvt_now_ns();
+    uint32_t n = 0;
+    pthread_mutex_lock(&l1->lock);
+    for (int k = 0; k < 2; k++) {
+        while (l1->fifo_head[k] != NIL && l1->leases[l1->fifo_head[k]].expire_ns <= now) {
+            struct lease *L = &l1->leases[l1->fifo_head[k]];
+            for (uint32_t i = 0; i < L->n; i++) {
+                struct l1_obj *o = obj(l1, L->hs[i]);
+                /* the holder may still touch this memory: quarantine it */
+                o->flags |= F_QUARANTINE;
+                if (k == KVT_LEASE_WRITE && o->state == ST_WRITING)
+                    obj_unlink_locked(l1, L->hs[i]);
+                put_locked(l1, L->hs[i]);
+            }
+            if (k == KVT_LEASE_READ)
+                l1->c.leases_expired_read++;
+            else
+                l1->c.leases_expired_write++;
+            lease_free_locked(l1, L);
+            n++;
+        }
+    }
+    quarantine_release_locked(l1, now);
+    pthread_mutex_unlock(&l1->lock);
+    if (n)
+        kvt_info("L1: %u lease(s) expired; their memory is quarantined for one TTL", n);
+    return n;
+}
+
+/* -------------------------------------------------------- eviction */
+
+/* Pages allocated to objects or quarantined (backed pages not free). */
+static uint64_t used_pages_locked(struct kvt_l1 *l1)
+{
+    return l1->pa.total - l1->pa.free_pages;
+}
+
+uint64_t kvt_l1_evict_to(struct kvt_l1 *l1, uint64_t target)
+{
+    uint64_t freed = 0;
+    pthread_mutex_lock(&l1->lock);
+    for (;;) {
+        uint64_t used = used_pages_locked(l1) * l1->align;
+        if (used <= target)
+            break;
+        uint64_t want = KVT_ALIGN_UP(used - target, l1->align) / l1->align;
+        uint64_t got = evict_batch_locked(l1, want);
+        if (!got)
+            break; /* the rest is referenced: retry next cycle */
+        freed += got * l1->align;
+    }
+    pthread_mutex_unlock(&l1->lock);
+    return freed;
+}
+
+uint64_t kvt_l1_evict_cycle(struct kvt_l1 *l1)
+{
+    struct kvt_l1_usage u;
+    kvt_l1_usage(l1, &u);
+    if (u.fraction < l1->watermark || u.used_bytes == 0)
+        return 0;
+    return kvt_l1_evict_to(l1, (uint64_t)((double)u.used_bytes * (1.0 - l1->ratio)));
+}
+
+void kvt_l1_usage(struct kvt_l1 *l1, struct kvt_l1_usage *u)
+{
+    pthread_mutex_lock(&l1->lock);
+    u->used_bytes = used_pages_locked(l1) * l1->align;
+    u->cap_bytes = l1->size_bytes;
+    u->backed_bytes = l1->cur_size;
+    u->objects = l1->nready;
+    u->objects_writing = l1->nwriting;
+    u->fragmentation = kvt_palloc_fragmentation(&l1->pa);
+    pthread_mutex_unlock(&l1->lock);
+    u->fraction = u->cap_bytes ? (double)u->used_bytes / (double)u->cap_bytes : 0;
+}
+
+void kvt_l1_counters(struct kvt_l1 *l1, struct kvt_l1_counters *c)
+{
+    pthread_mutex_lock(&l1->lock);
+    *c = l1->c;
+    pthread_mutex_unlock(&l1->lock);
+}
+
+json_t *kvt_l1_status(struct kvt_l1 *l1)
+{
+    struct kvt_l1_usage u;
+    struct kvt_l1_counters c;
+    kvt_l1_usage(l1, &u);
+    kvt_l1_counters(l1, &c);
+    pthread_mutex_lock(&l1->lock);
+    uint32_t lr = l1->live_leases[0], lw = l1->live_leases[1];
+    uint64_t qb = l1->q_pages * l1->align;
+    uint64_t largest = kvt_palloc_largest(&l1->pa) * l1->align;
+    uint32_t runs = l1->pa.live_runs;
+    const char *pol = l1->policy->ops->name;
+    pthread_mutex_unlock(&l1->lock);
+    json_t *o = json_object();
+    json_object_set_new(o, "used_bytes", json_integer((json_int_t)u.used_bytes));
+    json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)u.cap_bytes));
+    json_object_set_new(o, "backed_bytes", json_integer((json_int_t)u.backed_bytes));
+    json_object_set_new(o, "usage_fraction", json_real(u.fraction));
+    json_object_set_new(o, "objects", json_integer((json_int_t)u.objects));
+    json_object_set_new(o, "objects_writing", json_integer((json_int_t)u.objects_writing));
+    json_object_set_new(o, "fragmentation", json_real(u.fragmentation));
+    json_object_set_new(o, "largest_free_bytes", json_integer((json_int_t)largest));
+    json_object_set_new(o, "free_runs", json_integer(runs));
+    json_object_set_new(o, "quarantined_bytes", json_integer((json_int_t)qb));
+    json_object_set_new(o, "align_bytes", json_integer(l1->align));
+    json_object_set_new(o, "lazy", json_boolean(l1->lazy));
+    json_object_set_new(o, "hugepages", json_boolean(l1->huge));
+    json_object_set_new(o, "eviction_policy", json_string(pol));
+    json_object_set_new(o, "trigger_watermark", json_real(l1->watermark));
+    json_object_set_new(o, "eviction_ratio", json_real(l1->ratio));
+    json_object_set_new(o, "read_leases", json_integer(lr));
+    json_object_set_new(o, "write_leases", json_integer(lw));
+    json_t *cn = json_object();
+    json_object_set_new(cn, "hits", json_integer((json_int_t)c.hits));
+    json_object_set_new(cn, "misses", json_integer((json_int_t)c.misses));
+    json_object_set_new(cn, "stores", json_integer((json_int_t)c.stores));
+    json_object_set_new(cn, "store_full", json_integer((json_int_t)c.store_full));
+    json_object_set_new(cn, "evictions", json_integer((json_int_t)c.evictions));
+    json_object_set_new(cn, "evicted_bytes", json_integer((json_int_t)c.evicted_bytes));
+    json_object_set_new(cn, "leases_expired_read", json_integer((json_int_t)c.leases_expired_read));
+    json_object_set_new(cn, "leases_expired_write",
+                        json_integer((json_int_t)c.leases_expired_write));
+    json_object_set_new(o, "counters", cn);
+    return o;
+}

@@ -1,0 +1,169 @@
+/*
+ * L1: the shared-memory tier.
+ *
+ * One memfd-backed pool (owner-only; clients on the same host map it through
+ * /proc/<server pid>/fd/<fd>), divided into --l1-align-bytes pages by palloc.
+ * Every object is a run of pages, so every object starts aligned.
+ *
+ * Object states:
+ *   WRITING  reserved, being filled; in the table (a second writer gets
+ *            -EEXIST) but invisible to readers.
+ *   READY    visible; evictable when no reference is held.
+ *   DEAD     removed from the table while still referenced; its memory
+ *            returns to the allocator when the last reference goes.
+ *
+ * References: kvt_l1_get/kvt_l1_put count holders (the store controller while
+ * an object travels to L2, an inline reply while ZeroMQ sends from the pool,
+ * a client lease). Memory is never freed while a reference is held.
+ *
+ * Leases are references that a client holds across requests (lookup ->
+ * retrieve, prepare -> commit). They expire: read leases after
+ * --l1-read-ttl-seconds, write leases after --l1-write-ttl-seconds. An
+ * expired lease drops its references; memory that becomes free that way is
+ * quarantined for one more TTL before reuse, because a slow client may still
+ * be reading or writing it. The client learns of the expiry at commit
+ * (KVT_E_EXPIRED) and discards what it read; a write that expired is never
+ * made visible.
+ *
+ * Temporary objects (prefetched for one reader) are freed when their last
+ * reference goes.
+ *
+ * Thread rules: every function takes l1->lock internally; the lock is never
+ * held across I/O or a bulk copy. Pointers returned stay valid while the
+ * caller holds the reference.
+ */
+#ifndef KVT_L1_H
+#define KVT_L1_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "key/key.h"
+#include "l2/l2.h" /* kvt_objmeta */
+
+struct kvt_l1;
+
+struct kvt_l1_opts {
+    uint64_t size_bytes;
+    uint64_t init_bytes; /* lazy: initial pool size */
+    bool lazy;
+    bool hugepages;
+    uint32_t align;
+    uint64_t write_ttl_ns, read_ttl_ns;
+    const char *policy; /* "LRU" or "noop" */
+    double watermark, ratio;
+};
+
+struct kvt_l1_shm {
+    int fd;
+    void *base;
+    uint64_t map_size; /* bytes to map (the full configured size) */
+    uint64_t cur_size; /* bytes backed now (lazy growth) */
+    uint64_t dev, ino;
+    uint32_t align;
+};
+
+/* A referenced object. */
+struct kvt_l1_ref {
+    uint32_t h;
+    uint64_t off; /* byte offset in the pool */
+    void *ptr;
+    kvt_objmeta meta; /* meta.len = payload bytes */
+};
+
+int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, size_t errcap);
+void kvt_l1_destroy(struct kvt_l1 *l1);
+void kvt_l1_shm(struct kvt_l1 *l1, struct kvt_l1_shm *s);
+
+/* ---- writing ---- */
+
+/* Reserve a WRITING object for key with meta->len bytes. Evicts unreferenced
+ * objects (policy order) and grows a lazy pool when needed. Returns 0 and a
+ * reference in *out; -EEXIST if the key is present (READY or WRITING);
+ * KVT_E_TOOBIG if it can never fit; KVT_E_FULL if no memory now. */
+int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
+                   struct kvt_l1_ref *out);
+
+enum { KVT_L1_TEMP = 1 }; /* commit flag: free when the last reference goes */
+
+/* WRITING -> READY for n objects; the caller keeps its references. The
+ * policy learns them in reverse order (the head of a prefix is the most
+ * recent). */
+void kvt_l1_commit(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n, unsigned flags);
+/* Replace the metadata of a WRITING object (length must not change). */
+void kvt_l1_set_meta(struct kvt_l1 *l1, uint32_t h, const kvt_objmeta *meta);
+/* Drop a WRITING object (its memory is freed when unreferenced). */
+void kvt_l1_abort(struct kvt_l1 *l1, uint32_t h);
+
+/* ---- reading ---- */
+
+/* Reference a READY object. Returns 0, or -ENOENT. Counts a hit or miss. */
+int kvt_l1_get(struct kvt_l1 *l1, const kvt_key *k, struct kvt_l1_ref *out);
+/* Describe an object the caller holds a reference on. */
+void kvt_l1_describe(struct kvt_l1 *l1, uint32_t h, struct kvt_l1_ref *r, kvt_key *key);
+/* Reference handle h if it is READY and holds key (a lease's handle checked
+ * against the request); 0 or -ENOENT. */
+int kvt_l1_get_handle(struct kvt_l1 *l1, uint32_t h, const kvt_key *key, struct kvt_l1_ref *out);
+/* Take another reference on an object already referenced. */
+void kvt_l1_ref(struct kvt_l1 *l1, uint32_t h);
+void kvt_l1_put(struct kvt_l1 *l1, uint32_t h);
+/* Reference the longest prefix of keys that is READY; returns its length.
+ * hs/refs (optional) receive the references; counts hits and misses. */
+uint32_t kvt_l1_get_prefix(struct kvt_l1 *l1, const kvt_key *keys, uint32_t n,
+                           struct kvt_l1_ref *refs);
+/* Is the key READY (no reference taken)? */
+bool kvt_l1_contains(struct kvt_l1 *l1, const kvt_key *k);
+/* Tell the policy the objects were read (reverse order). */
+void kvt_l1_touch(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n);
+/* Remove from the table (skip_l1, delete); memory goes when unreferenced. */
+void kvt_l1_drop(struct kvt_l1 *l1, uint32_t h);
+/* Remove a key if present; returns true if it was. */
+bool kvt_l1_delete(struct kvt_l1 *l1, const kvt_key *k);
+
+/* ---- leases ---- */
+
+enum kvt_lease_kind { KVT_LEASE_READ = 0, KVT_LEASE_WRITE = 1 };
+
+/* Move n references (already held by the caller) into a new lease. */
+uint64_t kvt_l1_lease_new(struct kvt_l1 *l1, enum kvt_lease_kind kind, const uint32_t *hs,
+                          uint32_t n);
+/* Size of a live lease, copying up to cap handles into hs (hs may be NULL
+ * when cap is 0). Returns the lease's size or KVT_E_EXPIRED. */
+int kvt_l1_lease_handles(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind, uint32_t *hs,
+                         uint32_t cap);
+/* End a lease. READ: drop its references. WRITE: commit objects whose bit is
+ * set in written (may be NULL = all), abort the rest; references dropped.
+ * keep (optional): for a WRITE lease, receives the committed handles with a
+ * reference each, for the store controller. Returns the number committed
+ * (WRITE) or 0 (READ), or KVT_E_EXPIRED if the lease is unknown/expired. */
+int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
+                     const uint64_t *written, uint32_t *keep, uint32_t keep_cap);
+/* Expire leases whose TTL passed; returns how many. */
+uint32_t kvt_l1_expire(struct kvt_l1 *l1);
+
+/* ---- eviction, usage, status ---- */
+
+/* Evict unreferenced READY objects in policy order until used <= target. */
+uint64_t kvt_l1_evict_to(struct kvt_l1 *l1, uint64_t target);
+/* Run one watermark cycle: if usage >= watermark, evict down to
+ * used * (1 - ratio). Returns bytes freed. */
+uint64_t kvt_l1_evict_cycle(struct kvt_l1 *l1);
+
+struct kvt_l1_usage {
+    uint64_t used_bytes, cap_bytes, backed_bytes;
+    uint64_t objects, objects_writing;
+    double fraction, fragmentation;
+};
+void kvt_l1_usage(struct kvt_l1 *l1, struct kvt_l1_usage *u);
+json_t *kvt_l1_status(struct kvt_l1 *l1);
+
+struct kvt_l1_counters {
+    uint64_t hits, misses, stores, store_full, evictions, evicted_bytes;
+    uint64_t leases_expired_read, leases_expired_write, quarantined_bytes;
+};
+void kvt_l1_counters(struct kvt_l1 *l1, struct kvt_l1_counters *c);
+
+#endif

@@ -1,0 +1,67 @@
+/*
+ * Adapter registry: turns one --l2-adapter JSON into a running adapter.
+ *
+ * Parsing and opening are separate so that --dry-run validates every field
+ * (and prints the resolved config) without touching storage.
+ */
+#ifndef KVT_ADAPTERS_H
+#define KVT_ADAPTERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "l2/cfg.h"
+#include "l2/l2.h"
+
+struct kvt_policy;
+
+/* A parsed adapter spec: type, resolved config, eviction policy. */
+struct kvt_l2_spec {
+    int index;
+    char type[32];
+    json_t *json;          /* the user's object (owned) */
+    json_t *resolved;      /* every field with its default (owned) */
+    bool persist_enabled;
+    bool has_eviction;
+    char eviction_policy[16];
+    double trigger_watermark, eviction_ratio;
+};
+
+/* Parse one --l2-adapter argument. On error returns KVT_E_CONFIG (or
+ * KVT_E_UNSUPPORTED for what this build cannot serve) with a message that
+ * names the adapter index, type and field. */
+int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *spec, char *err,
+                      size_t errcap);
+void kvt_l2_spec_free(struct kvt_l2_spec *spec);
+/* Create and start the adapter described by a parsed spec. */
+int kvt_l2_open(const struct kvt_l2_spec *spec, kvt_l2 **out, char *err, size_t errcap);
+/* Known adapter types, for messages. */
+const char *kvt_l2_types(void);
+
+/* ---- fs / fs_native ---- */
+struct kvt_fs_opts {
+    const char *base_path;
+    const char *relative_tmp_dir;
+    uint64_t read_ahead_size;
+    bool use_odirect;
+    int num_workers;
+    uint64_t max_capacity_bytes;
+    bool durable;
+};
+int kvt_fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native);
+int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_opts *o,
+                char *err, size_t errcap);
+
+/* ---- mock ---- */
+struct kvt_mock_opts {
+    uint64_t max_size_bytes;
+    double bandwidth_bytes_per_s;
+};
+int kvt_mock_parse(struct kvt_cfg *c, struct kvt_mock_opts *o);
+int kvt_mock_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_mock_opts *o,
+                  char *err, size_t errcap);
+
+#endif

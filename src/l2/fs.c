@@ -1,0 +1,960 @@
+/*
+ * fs adapter: one file per object under base_path, named by the LMCache fs
+ * codec ("model@0x00000000@0@<hash hex>[@salt].data").
+ *
+ * File = object header (objfmt.h, 512 bytes, or one block with O_DIRECT)
+ *        + payload.
+ *
+ * Store:  reserve capacity -> write "<name>.tmp.<pid>-<start>-<seq>" (O_EXCL,
+ *         O_DIRECT when usable) -> optional fdatasync -> renameat2 with
+ *         RENAME_NOREPLACE (first publisher wins) -> READY.
+ * Lookup: index, then a secondary check on disk (files written after start-up
+ *         by another host or process sharing the directory).
+ * Load:   one preadv of header + payload into the destination, then verify
+ *         header, identity, sizes and the payload checksum. Any mismatch is a
+ *         miss, counted as corrupt, and the bad file is removed.
+ * Start-up: a background thread scans the directory and restores accounting
+ *         and LRU order (by mtime); stores wait until it is done so the cap
+ *         holds, lookups and loads are served meanwhile.
+ *
+ * The fs_native type runs on this engine too (it adds num_workers as the
+ * real queue depth and the O_DIRECT alignment rules of its seed section).
+ *
+ * Threads: num_workers I/O threads (tpool "fs<i>"), one scan thread at
+ * start-up. Locks: l2->lock (base) is taken for index updates only, never
+ * across I/O; e->park_lock guards the parked store list.
+ */
+#include "l2/adapters.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "io/tpool.h"
+#include "kvtier/error.h"
+#include "l2/cfg.h"
+#include "l2/l2.h"
+#include "l2/objfmt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
+
+enum fs_op { OP_STORE, OP_LOOKUP, OP_LOAD };
+
+struct fs_batch;
+
+struct fs_job {
+    struct kvt_job job;
+    struct fs_batch *b;
+    uint32_t i;
+    struct fs_job *park_next; /* guarded by e->park_lock */
+};
+
+struct fs_batch {
+    kvt_l2 *l2;
+    kvt_l2_task *t;
+    enum fs_op op;
+    _Atomic uint32_t left;
+    struct fs_job jobs[];
+};
+
+struct fs_engine {
+    char *base;
+    char *tmp_rel; /* relative_tmp_dir or "" */
+    int dirfd, tmpfd;
+    bool odirect;               /* asked for */
+    _Atomic bool odirect_refused; /* the file system said EINVAL */
+    _Atomic bool warned_refused, warned_len, warned_align;
+    uint32_t blksz;
+    uint64_t read_ahead;
+    bool durable;
+    int nworkers;
+    struct kvt_tpool *pool;
+    pid_t pid;
+    uint64_t starttime;
+    _Atomic uint64_t seq;
+
+    pthread_t scan_thr;
+    bool scan_started;
+    _Atomic bool stop;
+
+    pthread_mutex_t park_lock;
+    struct fs_job *parked; /* store jobs waiting for recovery */
+    bool parking;          /* guarded by park_lock */
+
+    _Atomic uint64_t tmp_removed;
+};
+
+/* Per worker: an aligned header buffer for O_DIRECT transfers. */
+static void *worker_ctx_new(int i, void *arg)
+{
+    (void)i;
+    struct fs_engine *e = arg;
+    void *p = NULL;
+    if (posix_memalign(&p, KVT_MAX(4096u, e->blksz), KVT_MAX(4096u, e->blksz)))
+        return NULL;
+    return p;
+}
+
+static void worker_ctx_free(void *ctx)
+{
+    free(ctx);
+}
+
+static uint16_t hdr_len_for(struct fs_engine *e, bool direct)
+{
+    return direct ? (uint16_t)e->blksz : KVT_OBJHDR_MIN;
+}
+
+static void batch_job_done(struct fs_batch *b)
+{
+    if (atomic_fetch_sub_explicit(&b->left, 1, memory_order_acq_rel) == 1) {
+        kvt_l2_task_finish(b->l2, b->t);
+        free(b);
+    }
+}
+
+/* ------------------------------------------------------------- store */
+
+/* Whether this transfer can use O_DIRECT; counts and warns once otherwise. */
+static bool direct_ok(kvt_l2 *l2, struct fs_engine *e, const void *buf, uint64_t len)
+{
+    if (!e->odirect)
+        return false;
+    if (atomic_load(&e->odirect_refused)) {
+        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
+        return false;
+    }
+    if (len % e->blksz) {
+        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
+        kvt_warn_once(&e->warned_len,
+                      "%s: O_DIRECT not used for an object of %llu bytes: length is not a "
+                      "multiple of the block size %u (choose a chunk size whose bytes are a "
+                      "multiple of it); such transfers are buffered and counted in "
+                      "odirect_fallbacks",
+                      l2->name, (unsigned long long)len, e->blksz);
+        return false;
+    }
+    if ((uintptr_t)buf % e->blksz) {
+        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
+        kvt_warn_once(&e->warned_align,
+                      "%s: O_DIRECT not used: buffer %p is not aligned to %u bytes "
+                      "(raise --l1-align-bytes); transfer buffered",
+                      l2->name, buf, e->blksz);
+        return false;
+    }
+    return true;
+}
+
+static int open_tmp(kvt_l2 *l2, struct fs_engine *e, const char *tmpname, bool *direct)
+{
+    int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
+    if (*direct) {
+        int fd = openat(e->tmpfd, tmpname, flags | O_DIRECT, 0644);
+        if (fd >= 0)
+            return fd;
+        if (errno != EINVAL)
+            return -errno;
+        atomic_store(&e->odirect_refused, true);
+        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
+        kvt_warn_once(&e->warned_refused,
+                      "%s: O_DIRECT refused by the file system under %s (open: EINVAL, "
+                      "Invalid argument); all transfers are buffered from now on and counted "
+                      "in odirect_fallbacks",
+                      l2->name, e->base);
+        *direct = false;
+    }
+    int fd = openat(e->tmpfd, tmpname, flags, 0644);
+    return fd >= 0 ? fd : -errno;
+}
+
+static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const kvt_key *key,
+                        const kvt_objmeta *meta, const kvt_buf *src, uint16_t *hdr_out)
+{
+    char name[KVT_NAME_MAX + 1], tmp[KVT_NAME_MAX + 64];
+    int rc = kvt_key_encode(KVT_CODEC_FS, key, name);
+    if (rc < 0)
+        return rc;
+    bool direct = direct_ok(l2, e, src->ptr, src->len);
+    uint16_t hl = hdr_len_for(e, direct);
+    kvt_objmeta m = *meta;
+    m.len = (uint32_t)src->len;
+    rc = kvt_objhdr_encode(hdrbuf, hl, key, &m, 0, src->len, kvt_payload_hash(src->ptr, src->len));
+    if (rc)
+        return rc;
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%x-%llx-%llx", name, (unsigned)e->pid,
+             (unsigned long long)e->starttime,
+             (unsigned long long)atomic_fetch_add(&e->seq, 1));
+    int fd = open_tmp(l2, e, tmp, &direct);
+    if (fd < 0)
+        return fd;
+    if (!direct && hl != KVT_OBJHDR_MIN) { /* O_DIRECT fell back at open */
+        hl = KVT_OBJHDR_MIN;
+        kvt_objhdr_encode(hdrbuf, hl, key, &m, 0, src->len, kvt_payload_hash(src->ptr, src->len));
+    }
+    struct iovec iov[2] = {{hdrbuf, hl}, {src->ptr, src->len}};
+    uint64_t total = hl + src->len, done = 0;
+    while (done < total) {
+        ssize_t w = pwritev(fd, iov, 2, (off_t)done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            rc = w < 0 ? -errno : -EIO;
+            goto fail;
+        }
+        done += (uint64_t)w;
+        /* advance the iovecs past what was written (short write) */
+        size_t adv = (size_t)w;
+        for (int k = 0; k < 2 && adv; k++) {
+            size_t take = KVT_MIN(adv, iov[k].iov_len);
+            iov[k].iov_base = (char *)iov[k].iov_base + take;
+            iov[k].iov_len -= take;
+            adv -= take;
+        }
+        if (direct && done < total) {
+            /* a short O_DIRECT write leaves an unaligned remainder */
+            rc = -EIO;
+            goto fail;
+        }
+    }
+    if (e->durable && fdatasync(fd) < 0) {
+        rc = -errno;
+        goto fail;
+    }
+    if (close(fd) < 0) {
+        fd = -1;
+        rc = -errno;
+        goto fail;
+    }
+    fd = -1;
+    if (renameat2(e->tmpfd, tmp, e->dirfd, name, RENAME_NOREPLACE) < 0) {
+        rc = -errno;
+        goto fail;
+    }
+    if (e->durable)
+        fsync(e->dirfd);
+    *hdr_out = hl;
+    return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    unlinkat(e->tmpfd, tmp, 0);
+    return rc;
+}
+
+static void run_store(struct fs_job *j, void *hdrbuf)
+{
+    struct fs_batch *b = j->b;
+    kvt_l2 *l2 = b->l2;
+    struct fs_engine *e = l2->engine;
+    kvt_l2_task *t = b->t;
+    uint32_t i = j->i;
+    const kvt_buf *src = &t->bufs[i];
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[i], &ck);
+    if (!hdrbuf) {
+        kvt_l2_task_fail(t, i, -ENOMEM);
+        atomic_fetch_add(&l2->counters.store_failed, 1);
+        return;
+    }
+    if (src->len > KVT_MAX_OBJECT) {
+        kvt_l2_task_fail(t, i, KVT_E_TOOBIG);
+        atomic_fetch_add(&l2->counters.store_failed, 1);
+        return;
+    }
+    /* the reservation uses the header size the write will most likely use;
+     * it is corrected after the write if O_DIRECT fell back */
+    bool likely_direct = e->odirect && !atomic_load(&e->odirect_refused) &&
+                         src->len % e->blksz == 0 && (uintptr_t)src->ptr % e->blksz == 0;
+    uint16_t hl = hdr_len_for(e, likely_direct);
+    int rc = kvt_l2_reserve(l2, &ck, (uint32_t)(hl + src->len), (uint32_t)src->len, hl, 0);
+    if (rc == -EEXIST) {
+        atomic_fetch_add(&l2->counters.store_skipped, 1);
+        kvt_l2_task_ok(t, i, 0);
+        return;
+    }
+    if (rc) {
+        kvt_l2_task_fail(t, i, rc);
+        atomic_fetch_add(&l2->counters.store_failed, 1);
+        return;
+    }
+    uint16_t used_hl = hl;
+    rc = write_object(l2, e, hdrbuf, &t->keys[i], &t->meta[i], src, &used_hl);
+    if (rc == -EEXIST) {
+        /* another writer published this name first: adopt its file */
+        kvt_l2_unreserve(l2, &ck);
+        char name[KVT_NAME_MAX + 1];
+        struct stat st;
+        if (kvt_key_encode(KVT_CODEC_FS, &t->keys[i], name) > 0 &&
+            fstatat(e->dirfd, name, &st, 0) == 0) {
+            kvt_l2_adopt(l2, &ck, (uint32_t)KVT_MIN(st.st_size, UINT32_MAX), 0, 0, 0, false,
+                         false);
+        }
+        atomic_fetch_add(&l2->counters.store_skipped, 1);
+        kvt_l2_task_ok(t, i, 0);
+        return;
+    }
+    if (rc) {
+        kvt_l2_unreserve(l2, &ck);
+        kvt_l2_task_fail(t, i, rc);
+        atomic_fetch_add(&l2->counters.store_failed, 1);
+        char ks[400];
+        kvt_debug("%s: store %s failed: %s", l2->name, kvt_key_str(&t->keys[i], ks, sizeof(ks)),
+                  kvt_strerror(rc));
+        return;
+    }
+    if (used_hl != hl) {
+        /* header size changed (O_DIRECT fell back at open): fix accounting */
+        pthread_mutex_lock(&l2->lock);
+        struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
+        if (o) {
+            l2->used_bytes = l2->used_bytes - o->stored + used_hl + src->len;
+            o->stored = (uint32_t)(used_hl + src->len);
+            o->aux = used_hl;
+        }
+        pthread_mutex_unlock(&l2->lock);
+    }
+    kvt_l2_publish(l2, &ck);
+    atomic_fetch_add(&l2->counters.store_ok, 1);
+    kvt_l2_task_ok(t, i, used_hl + src->len);
+}
+
+/* ------------------------------------------------------------ lookup */
+
+/* Read and verify just the header of a file; fills h. */
+static int read_header(struct fs_engine *e, const char *name, const kvt_key *want,
+                       struct kvt_objhdr *h, struct stat *st, const char **why)
+{
+    int fd = openat(e->dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    uint8_t buf[KVT_OBJHDR_MIN];
+    size_t got = 0;
+    int rc = fstat(fd, st) < 0 ? -errno : 0;
+    if (!rc)
+        rc = kvt_pread_all(fd, buf, sizeof(buf), 0, &got);
+    close(fd);
+    if (rc == -EIO) {
+        *why = "file shorter than a header";
+        return KVT_E_CORRUPT;
+    }
+    if (rc)
+        return rc;
+    rc = kvt_objhdr_decode(buf, got, h, why);
+    if (rc)
+        return rc;
+    if (!kvt_objhdr_matches(h, KVT_CODEC_FS, want)) {
+        *why = "header names another key";
+        return KVT_E_CORRUPT;
+    }
+    if ((uint64_t)st->st_size != h->hdr_len + h->payload_len) {
+        *why = "file size does not match the header (torn or extended file)";
+        return KVT_E_CORRUPT;
+    }
+    return 0;
+}
+
+static void report_corrupt(kvt_l2 *l2, struct fs_engine *e, const kvt_key *k, const char *name,
+                           const char *why)
+{
+    char ks[400];
+    atomic_fetch_add(&l2->counters.corrupt, 1);
+    kvt_warn("%s: corrupt object %s (%s): removed, treated as a miss", l2->name,
+             kvt_key_str(k, ks, sizeof(ks)), why);
+    unlinkat(e->dirfd, name, 0);
+}
+
+static void run_lookup(struct fs_job *j)
+{
+    struct fs_batch *b = j->b;
+    kvt_l2 *l2 = b->l2;
+    struct fs_engine *e = l2->engine;
+    kvt_l2_task *t = b->t;
+    uint32_t i = j->i;
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[i], &ck);
+    struct kvt_l2_obj o;
+    char name[KVT_NAME_MAX + 1];
+    if (kvt_key_encode(KVT_CODEC_FS, &t->keys[i], name) < 0)
+        return;
+    bool pinned = kvt_l2_pin(l2, &ck, &o);
+    if (pinned && o.aux) {
+        t->meta[i].len = o.len;
+        kvt_l2_task_ok(t, i, 0);
+        return;
+    }
+    /* not indexed, or indexed by the start-up scan without its header read */
+    struct kvt_objhdr h;
+    struct stat st;
+    const char *why = NULL;
+    int rc = read_header(e, name, &t->keys[i], &h, &st, &why);
+    if (rc) {
+        if (rc == KVT_E_CORRUPT)
+            report_corrupt(l2, e, &t->keys[i], name, why);
+        if (pinned)
+            kvt_l2_forget(l2, &ck);
+        return;
+    }
+    if (pinned) {
+        pthread_mutex_lock(&l2->lock);
+        struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
+        if (p) {
+            p->aux = h.hdr_len;
+            p->len = (uint32_t)h.logical_len;
+        }
+        pthread_mutex_unlock(&l2->lock);
+    } else {
+        kvt_l2_adopt(l2, &ck, (uint32_t)st.st_size, (uint32_t)h.logical_len, h.hdr_len, 0, true,
+                     false);
+        atomic_fetch_add(&l2->counters.secondary_hits, 1);
+    }
+    t->meta[i] = h.meta;
+    kvt_l2_task_ok(t, i, 0);
+}
+
+/* -------------------------------------------------------------- load */
+
+static void run_load(struct fs_job *j, void *hdrbuf)
+{
+    struct fs_batch *b = j->b;
+    kvt_l2 *l2 = b->l2;
+    struct fs_engine *e = l2->engine;
+    kvt_l2_task *t = b->t;
+    uint32_t i = j->i;
+    kvt_buf *dst = &t->bufs[i];
+    char name[KVT_NAME_MAX + 1];
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[i], &ck);
+    if (!hdrbuf || kvt_key_encode(KVT_CODEC_FS, &t->keys[i], name) < 0)
+        return;
+    uint16_t hl = 0;
+    pthread_mutex_lock(&l2->lock);
+    struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
+    if (o)
+        hl = (uint16_t)o->aux;
+    pthread_mutex_unlock(&l2->lock);
+    if (hl == 0 || hl > KVT_MAX(4096u, e->blksz)) {
+        struct kvt_objhdr h;
+        struct stat st;
+        const char *why;
+        int rc = read_header(e, name, &t->keys[i], &h, &st, &why);
+        if (rc) {
+            if (rc == KVT_E_CORRUPT)
+                report_corrupt(l2, e, &t->keys[i], name, why);
+            kvt_l2_task_fail(t, i, rc);
+            return;
+        }
+        hl = h.hdr_len;
+        if (hl > KVT_MAX(4096u, e->blksz)) {
+            kvt_l2_task_fail(t, i, KVT_E_CORRUPT);
+            return;
+        }
+    }
+    bool direct = hl == e->blksz && direct_ok(l2, e, dst->ptr, dst->len);
+    int fd = -1;
+    if (direct) {
+        fd = openat(e->dirfd, name, O_RDONLY | O_CLOEXEC | O_DIRECT);
+        if (fd < 0 && errno == EINVAL) {
+            atomic_store(&e->odirect_refused, true);
+            direct = false;
+        }
+    }
+    if (fd < 0)
+        fd = openat(e->dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int rc = -errno;
+        if (rc == -ENOENT) /* deleted behind our back (purge, another host) */
+            kvt_l2_forget(l2, &ck);
+        kvt_l2_task_fail(t, i, rc);
+        return;
+    }
+    if (e->read_ahead)
+        posix_fadvise(fd, 0, (off_t)KVT_MIN(e->read_ahead, hl + dst->len), POSIX_FADV_WILLNEED);
+    struct stat st;
+    struct iovec iov[2] = {{hdrbuf, hl}, {dst->ptr, dst->len}};
+    uint64_t total = hl + dst->len, done = 0;
+    int rc = 0;
+    if (fstat(fd, &st) < 0)
+        rc = -errno;
+    else if ((uint64_t)st.st_size != total)
+        rc = KVT_E_CORRUPT; /* never a partial or an overrun: sizes must match */
+    while (!rc && done < total) {
+        ssize_t r = preadv(fd, iov, 2, (off_t)done);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = r < 0 ? -errno : KVT_E_CORRUPT;
+            break;
+        }
+        done += (uint64_t)r;
+        size_t adv = (size_t)r;
+        for (int k = 0; k < 2 && adv; k++) {
+            size_t take = KVT_MIN(adv, iov[k].iov_len);
+            iov[k].iov_base = (char *)iov[k].iov_base + take;
+            iov[k].iov_len -= take;
+            adv -= take;
+        }
+    }
+    close(fd);
+    const char *why = "file size does not match the destination";
+    struct kvt_objhdr h;
+    if (!rc) {
+        rc = kvt_objhdr_decode(hdrbuf, hl, &h, &why);
+        if (!rc && !kvt_objhdr_matches(&h, KVT_CODEC_FS, &t->keys[i])) {
+            why = "header names another key";
+            rc = KVT_E_CORRUPT;
+        }
+        if (!rc && (h.payload_len != dst->len || h.flags != 0)) {
+            why = "stored length differs from the destination";
+            rc = KVT_E_CORRUPT;
+        }
+        if (!rc && kvt_payload_hash(dst->ptr, dst->len) != h.payload_xxh3) {
+            why = "payload checksum mismatch";
+            rc = KVT_E_CORRUPT;
+        }
+    }
+    if (rc == KVT_E_CORRUPT) {
+        report_corrupt(l2, e, &t->keys[i], name, why);
+        kvt_l2_forget(l2, &ck);
+    }
+    if (rc) {
+        kvt_l2_task_fail(t, i, rc);
+        return;
+    }
+    t->meta[i] = h.meta;
+    kvt_l2_task_ok(t, i, total);
+}
+
+/* ------------------------------------------------------------ submit */
+
+static void job_fn(struct kvt_job *job, void *ctx)
+{
+    struct fs_job *j = (struct fs_job *)job;
+    struct fs_batch *b = j->b;
+    struct fs_engine *e = b->l2->engine;
+    if (b->op == OP_STORE) {
+        /* stores wait for the start-up scan so the cap counts old files */
+        pthread_mutex_lock(&e->park_lock);
+        if (e->parking) {
+            j->park_next = e->parked;
+            e->parked = j;
+            pthread_mutex_unlock(&e->park_lock);
+            return;
+        }
+        pthread_mutex_unlock(&e->park_lock);
+        run_store(j, ctx);
+    } else if (b->op == OP_LOOKUP) {
+        run_lookup(j);
+    } else {
+        run_load(j, ctx);
+    }
+    batch_job_done(b);
+}
+
+static void fs_submit(kvt_l2 *l2, kvt_l2_task *t)
+{
+    struct fs_engine *e = l2->engine;
+    enum fs_op op = t->kind == KVT_L2_STORE ? OP_STORE : t->kind == KVT_L2_LOOKUP ? OP_LOOKUP : OP_LOAD;
+    if (op == OP_LOOKUP) {
+        /* fast path: every key indexed with a known header: no thread hop */
+        uint32_t hits = 0;
+        kvt_key ck;
+        struct kvt_l2_obj o;
+        pthread_mutex_lock(&l2->lock);
+        for (uint32_t i = 0; i < t->n; i++) {
+            kvt_l2_canon(l2, &t->keys[i], &ck);
+            struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
+            if (p && (p->state & 0x7f) == KVT_OBJ_READY && p->aux && p->pins < UINT16_MAX)
+                hits++;
+            else
+                break;
+        }
+        if (hits == t->n) {
+            for (uint32_t i = 0; i < t->n; i++) {
+                kvt_l2_canon(l2, &t->keys[i], &ck);
+                struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
+                p->pins++;
+                o = *p;
+                t->meta[i].len = o.len;
+                kvt_bm_set(t->ok, i);
+            }
+        }
+        pthread_mutex_unlock(&l2->lock);
+        if (hits == t->n) {
+            kvt_l2_task_finish(l2, t);
+            return;
+        }
+    }
+    struct fs_batch *b = kvt_xcalloc(1, sizeof(*b) + t->n * sizeof(struct fs_job));
+    b->l2 = l2;
+    b->t = t;
+    b->op = op;
+    atomic_store(&b->left, t->n);
+    for (uint32_t i = 0; i < t->n; i++) {
+        b->jobs[i].b = b;
+        b->jobs[i].i = i;
+        b->jobs[i].job.fn = job_fn;
+    }
+    for (uint32_t i = 0; i < t->n; i++)
+        kvt_tpool_push(e->pool, &b->jobs[i].job);
+}
+
+static int fs_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
+{
+    struct fs_engine *e = l2->engine;
+    char name[KVT_NAME_MAX + 1];
+    int rc = kvt_key_encode(KVT_CODEC_FS, &o->key, name);
+    if (rc < 0)
+        return rc;
+    return unlinkat(e->dirfd, name, 0) < 0 ? -errno : 0;
+}
+
+/* ------------------------------------------------------ recovery scan */
+
+struct scan_ent {
+    kvt_key key;
+    uint32_t size;
+    int64_t mtime_ns;
+};
+
+static int by_mtime_desc(const void *a, const void *b)
+{
+    const struct scan_ent *x = a, *y = b;
+    return (x->mtime_ns < y->mtime_ns) - (x->mtime_ns > y->mtime_ns);
+}
+
+/* A tmp file "<name>.tmp.<pid>-<start>-<seq>" whose writer is gone. */
+static bool tmp_writer_dead(const char *name, struct fs_engine *e)
+{
+    const char *p = strstr(name, ".tmp.");
+    if (!p)
+        return false;
+    unsigned pid;
+    unsigned long long start, seq;
+    if (sscanf(p + 5, "%x-%llx-%llx", &pid, &start, &seq) != 3)
+        return false;
+    if ((pid_t)pid == e->pid && start == e->starttime)
+        return false; /* ours, in flight */
+    uint64_t now_start = kvt_proc_starttime((int)pid);
+    return now_start == 0 || now_start != start;
+}
+
+static void sweep_tmp(kvt_l2 *l2, struct fs_engine *e, int dfd)
+{
+    int fd = dup(dfd);
+    if (fd < 0)
+        return;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (strstr(de->d_name, ".tmp.") && tmp_writer_dead(de->d_name, e)) {
+            if (unlinkat(dfd, de->d_name, 0) == 0)
+                atomic_fetch_add(&e->tmp_removed, 1);
+        }
+    }
+    closedir(d);
+    (void)l2;
+}
+
+static void *scan_main(void *arg)
+{
+    kvt_l2 *l2 = arg;
+    struct fs_engine *e = l2->engine;
+    pthread_setname_np(pthread_self(), "fs-scan");
+    uint64_t t0 = kvt_now_ns();
+    size_t cap = 4096, n = 0;
+    struct scan_ent *v = kvt_xmalloc(cap * sizeof(*v));
+    int fd = dup(e->dirfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        kvt_error("%s: cannot scan %s: %s", l2->name, e->base, strerror(errno));
+    }
+    struct dirent *de;
+    while (d && !atomic_load(&e->stop) && (de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len < 6 || strcmp(de->d_name + len - 5, ".data") != 0)
+            continue;
+        kvt_key k;
+        if (kvt_key_decode(KVT_CODEC_FS, de->d_name, len, &k))
+            continue;
+        struct stat st;
+        if (fstatat(e->dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (st.st_size < KVT_OBJHDR_MIN || (uint64_t)st.st_size > UINT32_MAX)
+            continue;
+        if (n == cap) {
+            cap *= 2;
+            v = kvt_xrealloc(v, cap * sizeof(*v));
+        }
+        kvt_key_canon(KVT_CODEC_FS, &k, &v[n].key);
+        v[n].size = (uint32_t)st.st_size;
+        v[n].mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        n++;
+    }
+    if (d)
+        closedir(d);
+    sweep_tmp(l2, e, e->dirfd);
+    if (e->tmpfd != e->dirfd)
+        sweep_tmp(l2, e, e->tmpfd);
+    /* newest first, each at the cold end: the oldest ends up coldest */
+    qsort(v, n, sizeof(*v), by_mtime_desc);
+    uint64_t objs = 0, bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (kvt_l2_adopt(l2, &v[i].key, v[i].size, 0, 0, 0, false, true)) {
+            objs++;
+            bytes += v[i].size;
+        }
+    }
+    free(v);
+    double secs = (double)(kvt_now_ns() - t0) / 1e9;
+    pthread_mutex_lock(&l2->lock);
+    l2->recovered_objs = objs;
+    l2->recovered_bytes = bytes;
+    l2->recovery_seconds = secs;
+    l2->recovering = false;
+    pthread_mutex_unlock(&l2->lock);
+    kvt_info("%s: recovered %llu objects, %llu bytes from %s in %.3f s", l2->name,
+             (unsigned long long)objs, (unsigned long long)bytes, e->base, secs);
+    if (atomic_load(&e->tmp_removed))
+        kvt_info("%s: removed %llu tmp files left by dead writers", l2->name,
+                 (unsigned long long)atomic_load(&e->tmp_removed));
+    /* release the stores that waited for the scan */
+    pthread_mutex_lock(&e->park_lock);
+    e->parking = false;
+    struct fs_job *p = e->parked;
+    e->parked = NULL;
+    pthread_mutex_unlock(&e->park_lock);
+    /* parked in LIFO order: reverse to keep submission order */
+    struct fs_job *rev = NULL;
+    while (p) {
+        struct fs_job *nx = p->park_next;
+        p->park_next = rev;
+        rev = p;
+        p = nx;
+    }
+    while (rev) {
+        struct fs_job *nx = rev->park_next;
+        kvt_tpool_push(e->pool, &rev->job);
+        rev = nx;
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------- status/close */
+
+static void fs_status(kvt_l2 *l2, json_t *out)
+{
+    struct fs_engine *e = l2->engine;
+    json_object_set_new(out, "base_path", json_string(e->base));
+    json_object_set_new(out, "num_workers", json_integer(e->nworkers));
+    json_object_set_new(out, "queued_jobs", json_integer((json_int_t)kvt_tpool_queued(e->pool)));
+    const char *od = !e->odirect                         ? "off"
+                     : atomic_load(&e->odirect_refused) ? "refused by file system (buffered)"
+                                                         : "on";
+    json_object_set_new(out, "odirect", json_string(od));
+    json_object_set_new(out, "block_size", json_integer(e->blksz));
+    json_object_set_new(out, "durable", json_boolean(e->durable));
+    json_object_set_new(out, "tmp_removed_at_start",
+                        json_integer((json_int_t)atomic_load(&e->tmp_removed)));
+}
+
+static bool fs_healthy(kvt_l2 *l2, char *msg, size_t cap)
+{
+    struct fs_engine *e = l2->engine;
+    struct stat st;
+    if (fstat(e->dirfd, &st) < 0 || st.st_nlink == 0) {
+        snprintf(msg, cap, "base_path %s is gone", e->base);
+        return false;
+    }
+    if (e->odirect && atomic_load(&e->odirect_refused)) {
+        snprintf(msg, cap, "ok (O_DIRECT refused by the file system: buffered I/O)");
+        return true;
+    }
+    snprintf(msg, cap, "ok");
+    return true;
+}
+
+static void delete_all_indexed(kvt_l2 *l2)
+{
+    struct fs_engine *e = l2->engine;
+    pthread_mutex_lock(&l2->lock);
+    uint64_t n = 0;
+    for (uint32_t h = 0; h < l2->idx.hwm; h++) {
+        struct kvt_l2_obj *o = &l2->idx.objs[h];
+        if ((o->state & 0x7f) == KVT_OBJ_FREE)
+            continue;
+        char name[KVT_NAME_MAX + 1];
+        if (kvt_key_encode(KVT_CODEC_FS, &o->key, name) > 0 && unlinkat(e->dirfd, name, 0) == 0)
+            n++;
+    }
+    pthread_mutex_unlock(&l2->lock);
+    kvt_info("%s: persist_enabled is false: removed %llu files", l2->name, (unsigned long long)n);
+}
+
+static void fs_close(kvt_l2 *l2)
+{
+    struct fs_engine *e = l2->engine;
+    atomic_store(&e->stop, true);
+    if (e->scan_started)
+        pthread_join(e->scan_thr, NULL);
+    kvt_tpool_destroy(e->pool); /* runs what is queued: pending writes drain */
+    if (!l2->persist_enabled)
+        delete_all_indexed(l2);
+    sweep_tmp(l2, e, e->tmpfd);
+    if (e->tmpfd != e->dirfd)
+        close(e->tmpfd);
+    close(e->dirfd);
+    free(e->base);
+    free(e->tmp_rel);
+    pthread_mutex_destroy(&e->park_lock);
+    free(e);
+    l2->engine = NULL;
+}
+
+static const struct kvt_l2_ops fs_ops = {
+    .submit = fs_submit,
+    .remove = fs_remove,
+    .status = fs_status,
+    .healthy = fs_healthy,
+    .close = fs_close,
+};
+
+/* ---------------------------------------------------------- creation */
+
+static int open_dir(const char *path, int *out, char *err, size_t errcap, const char *what)
+{
+    if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+        snprintf(err, errcap, "cannot create %s %s: %s", what, path, strerror(errno));
+        return -errno;
+    }
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errcap, "cannot open %s %s: %s", what, path, strerror(errno));
+        return -errno;
+    }
+    *out = fd;
+    return 0;
+}
+
+int kvt_fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native)
+{
+    memset(o, 0, sizeof(*o));
+    kvt_cfg_str(c, "base_path", true, NULL, &o->base_path);
+    kvt_cfg_str(c, "relative_tmp_dir", false, "", &o->relative_tmp_dir);
+    int64_t ra = 0, nw = 4;
+    if (kvt_cfg_has(c, "read_ahead_size"))
+        kvt_cfg_int(c, "read_ahead_size", false, 0, 1, INT64_MAX, &ra);
+    o->read_ahead_size = (uint64_t)ra;
+    kvt_cfg_bool(c, "use_odirect", false, &o->use_odirect);
+    kvt_cfg_int(c, "num_workers", false, 4, 1, 1024, &nw);
+    o->num_workers = (int)nw;
+    double cap = 0;
+    kvt_cfg_num(c, "max_capacity_gb", false, 0, 0, 1e9, &cap);
+    o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
+    kvt_cfg_bool(c, "durable", false, &o->durable);
+    (void)native;
+    if (c->rc)
+        return c->rc;
+    if (o->relative_tmp_dir[0]) {
+        const char *r = o->relative_tmp_dir;
+        if (r[0] == '/' || strstr(r, "..") || strchr(r, '/'))
+            return kvt_cfg_fail(c, "relative_tmp_dir",
+                                "must be a single directory name inside base_path (got \"%s\")",
+                                r);
+    }
+    if (!o->base_path[0])
+        return kvt_cfg_fail(c, "base_path", "must not be empty");
+    return 0;
+}
+
+int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_opts *o,
+                char *err, size_t errcap)
+{
+    int rc = kvt_l2_base_init(l2, &fs_ops, spec, KVT_CODEC_FS, o->max_capacity_bytes);
+    if (rc) {
+        snprintf(err, errcap, "eventfd: %s", strerror(-rc));
+        return rc;
+    }
+    struct fs_engine *e = kvt_xcalloc(1, sizeof(*e));
+    e->dirfd = e->tmpfd = -1;
+    pthread_mutex_init(&e->park_lock, NULL);
+    char abs[PATH_MAX];
+    if (o->base_path[0] != '/' && getcwd(abs, sizeof(abs)))
+        snprintf(abs + strlen(abs), sizeof(abs) - strlen(abs), "/%s", o->base_path);
+    else
+        snprintf(abs, sizeof(abs), "%s", o->base_path);
+    e->base = kvt_xstrdup(abs);
+    e->tmp_rel = kvt_xstrdup(o->relative_tmp_dir);
+    e->odirect = o->use_odirect;
+    e->read_ahead = o->read_ahead_size;
+    e->durable = o->durable;
+    e->nworkers = o->num_workers;
+    e->pid = getpid();
+    e->starttime = kvt_proc_starttime(e->pid);
+    l2->engine = e;
+    rc = open_dir(e->base, &e->dirfd, err, errcap, "base_path");
+    if (rc)
+        goto fail;
+    if (e->tmp_rel[0]) {
+        char tp[PATH_MAX];
+        snprintf(tp, sizeof(tp), "%s/%s", e->base, e->tmp_rel);
+        rc = open_dir(tp, &e->tmpfd, err, errcap, "relative_tmp_dir");
+        if (rc)
+            goto fail;
+    } else {
+        e->tmpfd = e->dirfd;
+    }
+    struct stat st;
+    fstat(e->dirfd, &st);
+    e->blksz = (uint32_t)KVT_MIN(KVT_MAX(st.st_blksize, 512), 32768);
+    if (e->blksz & (e->blksz - 1))
+        e->blksz = 4096;
+    if (access(e->base, W_OK) < 0) {
+        snprintf(err, errcap, "base_path %s is not writable: %s", e->base, strerror(errno));
+        rc = -errno;
+        goto fail;
+    }
+    rc = kvt_tpool_create(&e->pool, "fs", e->nworkers, worker_ctx_new, worker_ctx_free, e);
+    if (rc) {
+        snprintf(err, errcap, "cannot start I/O threads: %s", strerror(-rc));
+        goto fail;
+    }
+    e->parking = true;
+    l2->recovering = true;
+    rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
+    if (rc) {
+        snprintf(err, errcap, "cannot start scan thread: %s", strerror(rc));
+        rc = -rc;
+        goto fail;
+    }
+    e->scan_started = true;
+    return 0;
+fail:
+    if (e->pool)
+        kvt_tpool_destroy(e->pool);
+    if (e->tmpfd >= 0 && e->tmpfd != e->dirfd)
+        close(e->tmpfd);
+    if (e->dirfd >= 0)
+        close(e->dirfd);
+    free(e->base);
+    free(e->tmp_rel);
+    free(e);
+    l2->engine = NULL;
+    kvt_l2_base_destroy(l2);
+    return rc ? rc : KVT_E_CONFIG;
+}

@@ -1,0 +1,724 @@
+/*
+ * L2 base: object index, accounting, done queues, delete and eviction.
+ * Engines (fs.c, mock.c, ...) call the helpers here; controllers call the
+ * contract functions. See l2.h for the rules.
+ */
+#include "l2/l2.h"
+#include "l2/adapters.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "evict/policy.h"
+#include "kvtier/error.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define NOHANDLE UINT32_MAX
+#define ST_MASK 0x7f
+#define ST_TRACKED 0x80 /* the policy knows this handle */
+
+static const char *const dtype_names[] = {"raw", "float16", "bfloat16", "float32", "float8_e4m3",
+                                          "uint8"};
+
+const char *kvt_dtype_name(unsigned d)
+{
+    return d <= KVT_DTYPE_MAX ? dtype_names[d] : "unknown";
+}
+
+int kvt_dtype_parse(const char *s)
+{
+    static const struct {
+        const char *n;
+        int v;
+    } alias[] = {{"fp16", KVT_DTYPE_FP16}, {"half", KVT_DTYPE_FP16}, {"bf16", KVT_DTYPE_BF16},
+                 {"fp32", KVT_DTYPE_FP32}, {"float", KVT_DTYPE_FP32}, {"fp8", KVT_DTYPE_FP8_E4M3},
+                 {"bytes", KVT_DTYPE_RAW}};
+    for (unsigned i = 0; i <= KVT_DTYPE_MAX; i++)
+        if (strcasecmp(s, dtype_names[i]) == 0)
+            return (int)i;
+    for (size_t i = 0; i < KVT_ARRAY_LEN(alias); i++)
+        if (strcasecmp(s, alias[i].n) == 0)
+            return alias[i].v;
+    return -1;
+}
+
+/* ------------------------------------------------------------- tasks */
+
+kvt_l2_task *kvt_l2_task_new(enum kvt_l2_kind kind, uint32_t n)
+{
+    kvt_l2_task *t = kvt_xcalloc(1, sizeof(*t));
+    t->kind = kind;
+    t->n = n;
+    t->keys = kvt_xcalloc(n, sizeof(kvt_key));
+    t->meta = kvt_xcalloc(n, sizeof(kvt_objmeta));
+    t->ok = kvt_xcalloc(kvt_bm_words(n), sizeof(uint64_t));
+    if (kind != KVT_L2_LOOKUP)
+        t->bufs = kvt_xcalloc(n, sizeof(kvt_buf));
+    return t;
+}
+
+void kvt_l2_task_free(kvt_l2_task *t)
+{
+    if (!t)
+        return;
+    free(t->keys);
+    free(t->meta);
+    free(t->ok);
+    free(t->bufs);
+    free(t);
+}
+
+void kvt_l2_task_ok(kvt_l2_task *t, uint32_t i, uint64_t bytes)
+{
+    kvt_bm_set_atomic(t->ok, i);
+    if (bytes)
+        atomic_fetch_add_explicit(&t->bytes, bytes, memory_order_relaxed);
+}
+
+void kvt_l2_task_fail(kvt_l2_task *t, uint32_t i, int err)
+{
+    (void)i;
+    int zero = 0;
+    atomic_compare_exchange_strong(&t->err, &zero, err);
+}
+
+/* ------------------------------------------------------------- index */
+
+static uint32_t idx_find(const struct kvt_l2_index *x, const kvt_key *k)
+{
+    return kvt_kindex_find(&x->map, k);
+}
+
+/* Insert a new entry (key must be absent); returns its handle. */
+static uint32_t idx_insert(kvt_l2 *l2, const kvt_key *k)
+{
+    struct kvt_l2_index *x = &l2->idx;
+    uint32_t h;
+    if (x->free_head != NOHANDLE) {
+        h = x->free_head;
+        x->free_head = x->objs[h].aux;
+    } else {
+        if (x->hwm == x->cap_objs) {
+            uint32_t ncap = x->cap_objs ? x->cap_objs * 2 : 1024;
+            x->objs = kvt_xrealloc(x->objs, (size_t)ncap * sizeof(*x->objs));
+            x->map.base = (const char *)x->objs;
+            x->cap_objs = ncap;
+            kvt_policy_reserve(l2->policy, ncap);
+        }
+        h = x->hwm++;
+    }
+    memset(&x->objs[h], 0, sizeof(x->objs[h]));
+    x->objs[h].key = *k;
+    x->nobjs++;
+    kvt_kindex_put(&x->map, h);
+    return h;
+}
+
+static void idx_remove(struct kvt_l2_index *x, uint32_t h)
+{
+    kvt_kindex_del(&x->map, h);
+    x->objs[h].state = KVT_OBJ_FREE;
+    x->objs[h].aux = x->free_head;
+    x->free_head = h;
+    x->nobjs--;
+}
+
+struct kvt_l2_obj *kvt_l2_find_locked(kvt_l2 *l2, const kvt_key *ck)
+{
+    uint32_t h = idx_find(&l2->idx, ck);
+    return h == NOHANDLE ? NULL : &l2->idx.objs[h];
+}
+
+uint32_t kvt_l2_handle_locked(kvt_l2 *l2, const struct kvt_l2_obj *o)
+{
+    return (uint32_t)(o - l2->idx.objs);
+}
+
+static uint8_t st(const struct kvt_l2_obj *o)
+{
+    return o->state & ST_MASK;
+}
+
+/* -------------------------------------------------- accounting (locked) */
+
+static void ns_add_locked(kvt_l2 *l2, uint32_t ns, int64_t delta)
+{
+    if (ns >= l2->ns_bytes_cap) {
+        uint32_t ncap = l2->ns_bytes_cap ? l2->ns_bytes_cap : 64;
+        while (ncap <= ns)
+            ncap *= 2;
+        l2->ns_bytes = kvt_xrealloc(l2->ns_bytes, ncap * sizeof(uint64_t));
+        memset(l2->ns_bytes + l2->ns_bytes_cap, 0, (ncap - l2->ns_bytes_cap) * sizeof(uint64_t));
+        l2->ns_bytes_cap = ncap;
+    }
+    l2->ns_bytes[ns] = (uint64_t)((int64_t)l2->ns_bytes[ns] + delta);
+}
+
+static void account_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, int sign)
+{
+    int64_t d = sign * (int64_t)o->stored;
+    l2->used_bytes = (uint64_t)((int64_t)l2->used_bytes + d);
+    ns_add_locked(l2, o->key.ns, d);
+}
+
+/* Drop an entry: policy, accounting, index. */
+static void drop_locked(kvt_l2 *l2, uint32_t h)
+{
+    struct kvt_l2_obj *o = &l2->idx.objs[h];
+    if (o->state & ST_TRACKED)
+        kvt_policy_remove(l2->policy, h);
+    account_locked(l2, o, -1);
+    idx_remove(&l2->idx, h);
+}
+
+/* ------------------------------------------------------------ base */
+
+int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_l2_spec *spec,
+                     enum kvt_codec codec, uint64_t cap_bytes)
+{
+    memset(l2, 0, sizeof(*l2));
+    l2->ops = ops;
+    snprintf(l2->type, sizeof(l2->type), "%s", spec->type);
+    snprintf(l2->name, sizeof(l2->name), "%s[%d]", spec->type, spec->index);
+    l2->index = spec->index;
+    l2->codec = codec;
+    l2->cap_bytes = cap_bytes;
+    l2->persist_enabled = spec->persist_enabled;
+    if (spec->has_eviction)
+        l2->policy =
+            kvt_policy_create(spec->eviction_policy, spec->trigger_watermark, spec->eviction_ratio);
+    l2->idx.free_head = NOHANDLE;
+    kvt_kindex_init(&l2->idx.map, sizeof(struct kvt_l2_obj), offsetof(struct kvt_l2_obj, key));
+    for (int i = 0; i < 3; i++)
+        l2->efd[i] = -1;
+    for (int i = 0; i < 3; i++) {
+        l2->efd[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (l2->efd[i] < 0) {
+            int e = -errno;
+            kvt_l2_base_destroy(l2);
+            return e;
+        }
+    }
+    pthread_mutex_init(&l2->lock, NULL);
+    return 0;
+}
+
+void kvt_l2_base_destroy(kvt_l2 *l2)
+{
+    for (int i = 0; i < 3; i++)
+        if (l2->efd[i] >= 0)
+            close(l2->efd[i]);
+    for (int k = 0; k < 3; k++) {
+        kvt_l2_task *t = l2->done_head[k];
+        while (t) {
+            kvt_l2_task *n = t->next;
+            kvt_l2_task_free(t);
+            t = n;
+        }
+    }
+    free(l2->idx.objs);
+    kvt_kindex_free(&l2->idx.map);
+    free(l2->ns_bytes);
+    kvt_policy_destroy(l2->policy);
+    l2->policy = NULL;
+}
+
+/* ------------------------------------------------------------ contract */
+
+void kvt_l2_submit(kvt_l2 *l2, kvt_l2_task *t)
+{
+    t->submit_ns = kvt_now_ns();
+    memset(t->ok, 0, kvt_bm_words(t->n) * sizeof(uint64_t));
+    atomic_store(&t->bytes, 0);
+    atomic_store(&t->err, 0);
+    if (t->n == 0) {
+        kvt_l2_task_finish(l2, t);
+        return;
+    }
+    l2->ops->submit(l2, t);
+}
+
+/* Post-completion bookkeeping, under the lock: the policy learns stored keys
+ * and accessed keys in reverse request order, so that the head of a prefix is
+ * the most recent and its tail is evicted first. */
+static void finish_policy_locked(kvt_l2 *l2, kvt_l2_task *t)
+{
+    if (!l2->policy || t->kind == KVT_L2_LOOKUP)
+        return;
+    for (uint32_t i = t->n; i-- > 0;) {
+        if (!kvt_bm_test(t->ok, i))
+            continue;
+        kvt_key ck;
+        kvt_l2_canon(l2, &t->keys[i], &ck);
+        uint32_t h = idx_find(&l2->idx, &ck);
+        if (h == NOHANDLE)
+            continue;
+        struct kvt_l2_obj *o = &l2->idx.objs[h];
+        if (st(o) != KVT_OBJ_READY)
+            continue;
+        if (o->state & ST_TRACKED) {
+            kvt_policy_access(l2->policy, h);
+        } else {
+            struct kvt_policy_hint hint = {.prefix_pos = i, .bytes = o->stored};
+            kvt_policy_insert(l2->policy, h, false, &hint);
+            o->state |= ST_TRACKED;
+        }
+    }
+}
+
+void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
+{
+    uint32_t hits = (uint32_t)kvt_bm_count(t->ok, t->n);
+    struct kvt_l2_counters *c = &l2->counters;
+    switch (t->kind) {
+    case KVT_L2_STORE:
+        atomic_fetch_add(&c->bytes_written, atomic_load(&t->bytes));
+        break;
+    case KVT_L2_LOOKUP:
+        atomic_fetch_add(&c->lookups, t->n);
+        atomic_fetch_add(&c->lookup_hits, hits);
+        atomic_fetch_add(&c->lookup_misses, t->n - hits);
+        break;
+    case KVT_L2_LOAD:
+        atomic_fetch_add(&c->load_ok, hits);
+        atomic_fetch_add(&c->load_failed, t->n - hits);
+        atomic_fetch_add(&c->bytes_read, atomic_load(&t->bytes));
+        break;
+    }
+    pthread_mutex_lock(&l2->lock);
+    finish_policy_locked(l2, t);
+    t->next = NULL;
+    int k = t->kind;
+    if (l2->done_tail[k])
+        l2->done_tail[k]->next = t;
+    else
+        l2->done_head[k] = t;
+    l2->done_tail[k] = t;
+    pthread_mutex_unlock(&l2->lock);
+    /* the mutex is the release that publishes the task's results; the
+     * controller takes the same mutex in pop_done */
+    uint64_t one = 1;
+    ssize_t w = write(l2->efd[k], &one, sizeof(one));
+    (void)w; /* EAGAIN only if the counter is saturated: already readable */
+}
+
+void kvt_l2_task_job_done(kvt_l2 *l2, kvt_l2_task *t)
+{
+    /* acq_rel: the last job sees every other job's writes before finishing */
+    if (atomic_fetch_sub_explicit(&t->pending, 1, memory_order_acq_rel) == 1)
+        kvt_l2_task_finish(l2, t);
+}
+
+size_t kvt_l2_pop_done(kvt_l2 *l2, enum kvt_l2_kind kind, kvt_l2_task **out, size_t max)
+{
+    uint64_t v;
+    ssize_t r = read(l2->efd[kind], &v, sizeof(v));
+    (void)r;
+    size_t n = 0;
+    pthread_mutex_lock(&l2->lock);
+    while (n < max && l2->done_head[kind]) {
+        kvt_l2_task *t = l2->done_head[kind];
+        l2->done_head[kind] = t->next;
+        if (!t->next)
+            l2->done_tail[kind] = NULL;
+        t->next = NULL;
+        out[n++] = t;
+    }
+    bool more = l2->done_head[kind] != NULL;
+    pthread_mutex_unlock(&l2->lock);
+    if (more) { /* keep the fd readable for what we left behind */
+        uint64_t one = 1;
+        ssize_t w = write(l2->efd[kind], &one, sizeof(one));
+        (void)w;
+    }
+    return n;
+}
+
+void kvt_l2_unlock(kvt_l2 *l2, const kvt_key *keys, uint32_t n)
+{
+    pthread_mutex_lock(&l2->lock);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_key ck;
+        kvt_l2_canon(l2, &keys[i], &ck);
+        uint32_t h = idx_find(&l2->idx, &ck);
+        if (h != NOHANDLE && l2->idx.objs[h].pins > 0)
+            l2->idx.objs[h].pins--;
+    }
+    pthread_mutex_unlock(&l2->lock);
+}
+
+/*
+ * Remove entries already marked DELETING: the engine removes the bytes
+ * without the lock (an unlink must not stall lookups), then the entry goes.
+ * If the engine fails to remove, the entry is forgotten anyway only when the
+ * object is gone (ENOENT); otherwise it returns to READY.
+ */
+static uint64_t remove_marked(kvt_l2 *l2, uint32_t *hs, struct kvt_l2_obj *copies, uint32_t n,
+                              uint64_t *removed_bits, const uint32_t *bit_of, bool eviction,
+                              uint32_t *nremoved)
+{
+    uint32_t cnt = 0;
+    int *rcs = kvt_xcalloc(n, sizeof(int));
+    for (uint32_t i = 0; i < n; i++)
+        rcs[i] = l2->ops->remove ? l2->ops->remove(l2, &copies[i]) : 0;
+    uint64_t freed = 0;
+    pthread_mutex_lock(&l2->lock);
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvt_l2_obj *o = &l2->idx.objs[hs[i]];
+        if (rcs[i] == 0 || rcs[i] == -ENOENT) {
+            freed += o->stored;
+            cnt++;
+            drop_locked(l2, hs[i]);
+            atomic_fetch_add(&l2->counters.deleted, 1);
+            if (eviction) {
+                atomic_fetch_add(&l2->counters.evictions, 1);
+                atomic_fetch_add(&l2->counters.reclaimed_bytes, copies[i].stored);
+            }
+            if (removed_bits && bit_of)
+                kvt_bm_set(removed_bits, bit_of[i]);
+        } else {
+            o->state = (uint8_t)((o->state & ST_TRACKED) | KVT_OBJ_READY);
+            char ks[400];
+            kvt_warn("%s: could not remove %s: %s", l2->name,
+                     kvt_key_str(&copies[i].key, ks, sizeof(ks)), kvt_strerror(rcs[i]));
+        }
+    }
+    pthread_mutex_unlock(&l2->lock);
+    free(rcs);
+    if (nremoved)
+        *nremoved = cnt;
+    return freed;
+}
+
+uint32_t kvt_l2_delete(kvt_l2 *l2, const kvt_key *keys, uint32_t n, uint64_t *removed)
+{
+    uint32_t *hs = kvt_xcalloc(n ? n : 1, sizeof(uint32_t));
+    uint32_t *bit = kvt_xcalloc(n ? n : 1, sizeof(uint32_t));
+    struct kvt_l2_obj *copies = kvt_xcalloc(n ? n : 1, sizeof(*copies));
+    uint32_t m = 0;
+    pthread_mutex_lock(&l2->lock);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_key ck;
+        kvt_l2_canon(l2, &keys[i], &ck);
+        uint32_t h = idx_find(&l2->idx, &ck);
+        if (h == NOHANDLE)
+            continue;
+        struct kvt_l2_obj *o = &l2->idx.objs[h];
+        if (st(o) != KVT_OBJ_READY || o->pins)
+            continue;
+        o->state = (uint8_t)((o->state & ST_TRACKED) | KVT_OBJ_DELETING);
+        hs[m] = h;
+        bit[m] = i;
+        copies[m++] = *o;
+    }
+    pthread_mutex_unlock(&l2->lock);
+    uint32_t count = 0;
+    remove_marked(l2, hs, copies, m, removed, bit, false, &count);
+    free(hs);
+    free(bit);
+    free(copies);
+    return count;
+}
+
+struct victim_ctx {
+    kvt_l2 *l2;
+    uint32_t *hs;
+    struct kvt_l2_obj *copies;
+    uint32_t n, max;
+    uint64_t need; /* bytes still to free */
+};
+
+static bool victim_visit(uint32_t h, void *arg)
+{
+    struct victim_ctx *v = arg;
+    struct kvt_l2_obj *o = &v->l2->idx.objs[h];
+    if (st(o) == KVT_OBJ_READY && o->pins == 0) {
+        o->state = (uint8_t)((o->state & ST_TRACKED) | KVT_OBJ_DELETING);
+        v->hs[v->n] = h;
+        v->copies[v->n++] = *o;
+        v->need = v->need > o->stored ? v->need - o->stored : 0;
+    }
+    return v->n < v->max && v->need > 0;
+}
+
+uint64_t kvt_l2_evict_to(kvt_l2 *l2, uint64_t target, uint32_t batch)
+{
+    if (!l2->policy || batch == 0)
+        return 0;
+    uint64_t total = 0;
+    uint32_t *hs = kvt_xcalloc(batch, sizeof(uint32_t));
+    struct kvt_l2_obj *copies = kvt_xcalloc(batch, sizeof(*copies));
+    for (;;) {
+        struct victim_ctx v = {.l2 = l2, .hs = hs, .copies = copies, .max = batch};
+        pthread_mutex_lock(&l2->lock);
+        if (l2->used_bytes <= target || l2->closing) {
+            pthread_mutex_unlock(&l2->lock);
+            break;
+        }
+        v.need = l2->used_bytes - target;
+        l2->policy->ops->walk(l2->policy, victim_visit, &v);
+        pthread_mutex_unlock(&l2->lock);
+        if (v.n == 0)
+            break; /* everything left is pinned or in flight: retry next wake */
+        uint64_t freed = remove_marked(l2, hs, copies, v.n, NULL, NULL, true, NULL);
+        total += freed;
+        if (freed == 0)
+            break;
+    }
+    free(hs);
+    free(copies);
+    return total;
+}
+
+void kvt_l2_usage(kvt_l2 *l2, struct kvt_l2_usage *u)
+{
+    pthread_mutex_lock(&l2->lock);
+    u->used_bytes = l2->used_bytes;
+    u->cap_bytes = l2->cap_bytes;
+    u->objects = l2->idx.nobjs;
+    pthread_mutex_unlock(&l2->lock);
+    u->fraction = u->cap_bytes ? (double)u->used_bytes / (double)u->cap_bytes : -1.0;
+}
+
+bool kvt_l2_healthy(kvt_l2 *l2, char *msg, size_t cap)
+{
+    if (l2->ops->healthy)
+        return l2->ops->healthy(l2, msg, cap);
+    snprintf(msg, cap, "ok");
+    return true;
+}
+
+#define C(name) json_integer((json_int_t)atomic_load(&l2->counters.name))
+
+json_t *kvt_l2_status(kvt_l2 *l2)
+{
+    struct kvt_l2_usage u;
+    kvt_l2_usage(l2, &u);
+    char msg[256];
+    bool ok = kvt_l2_healthy(l2, msg, sizeof(msg));
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(l2->name));
+    json_object_set_new(o, "type", json_string(l2->type));
+    json_object_set_new(o, "index", json_integer(l2->index));
+    json_object_set_new(o, "is_healthy", json_boolean(ok));
+    json_object_set_new(o, "health", json_string(msg));
+    json_object_set_new(o, "used_bytes", json_integer((json_int_t)u.used_bytes));
+    json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)u.cap_bytes));
+    json_object_set_new(o, "free_bytes",
+                        u.cap_bytes ? json_integer((json_int_t)(u.cap_bytes > u.used_bytes
+                                                                    ? u.cap_bytes - u.used_bytes
+                                                                    : 0))
+                                    : json_null());
+    json_object_set_new(o, "usage_fraction", json_real(u.fraction));
+    json_object_set_new(o, "objects", json_integer((json_int_t)u.objects));
+    json_object_set_new(o, "persist_enabled", json_boolean(l2->persist_enabled));
+
+    json_t *per_ns = json_object(), *per_salt = json_object();
+    uint32_t pinned = 0;
+    pthread_mutex_lock(&l2->lock);
+    for (uint32_t ns = 1; ns < l2->ns_bytes_cap; ns++) {
+        if (!l2->ns_bytes[ns])
+            continue;
+        const char *name = kvt_ns_name(ns), *salt = kvt_ns_salt(ns);
+        json_t *cur = json_object_get(per_ns, name);
+        json_int_t v = (json_int_t)l2->ns_bytes[ns];
+        json_object_set_new(per_ns, name, json_integer(v + (cur ? json_integer_value(cur) : 0)));
+        cur = json_object_get(per_salt, salt);
+        json_object_set_new(per_salt, salt, json_integer(v + (cur ? json_integer_value(cur) : 0)));
+    }
+    for (uint32_t h = 0; h < l2->idx.hwm; h++)
+        if (st(&l2->idx.objs[h]) != KVT_OBJ_FREE && l2->idx.objs[h].pins)
+            pinned++;
+    bool recovering = l2->recovering;
+    uint64_t robjs = l2->recovered_objs, rbytes = l2->recovered_bytes;
+    double rsec = l2->recovery_seconds;
+    const char *pname = l2->policy ? l2->policy->ops->name : NULL;
+    double wm = l2->policy ? l2->policy->trigger_watermark : 0,
+           ratio = l2->policy ? l2->policy->eviction_ratio : 0;
+    pthread_mutex_unlock(&l2->lock);
+    json_object_set_new(o, "per_namespace_bytes", per_ns);
+    json_object_set_new(o, "bytes_by_cache_salt", per_salt);
+    json_object_set_new(o, "pinned_objects", json_integer(pinned));
+
+    json_t *rec = json_object();
+    json_object_set_new(rec, "state", json_string(recovering ? "running" : "done"));
+    json_object_set_new(rec, "objects", json_integer((json_int_t)robjs));
+    json_object_set_new(rec, "bytes", json_integer((json_int_t)rbytes));
+    json_object_set_new(rec, "seconds", json_real(rsec));
+    json_object_set_new(o, "recovery", rec);
+
+    json_t *ev = json_object();
+    json_object_set_new(ev, "policy", pname ? json_string(pname) : json_null());
+    if (pname) {
+        json_object_set_new(ev, "trigger_watermark", json_real(wm));
+        json_object_set_new(ev, "eviction_ratio", json_real(ratio));
+    }
+    json_object_set_new(o, "eviction", ev);
+
+    json_t *c = json_object();
+    json_object_set_new(c, "store_ok", C(store_ok));
+    json_object_set_new(c, "store_failed", C(store_failed));
+    json_object_set_new(c, "store_skipped", C(store_skipped));
+    json_object_set_new(c, "rejected_writes", C(rejected_writes));
+    json_object_set_new(c, "lookups", C(lookups));
+    json_object_set_new(c, "lookup_hits", C(lookup_hits));
+    json_object_set_new(c, "lookup_misses", C(lookup_misses));
+    json_object_set_new(c, "secondary_hits", C(secondary_hits));
+    json_object_set_new(c, "load_ok", C(load_ok));
+    json_object_set_new(c, "load_failed", C(load_failed));
+    json_object_set_new(c, "corrupt", C(corrupt));
+    json_object_set_new(c, "bytes_written", C(bytes_written));
+    json_object_set_new(c, "bytes_read", C(bytes_read));
+    json_object_set_new(c, "deleted", C(deleted));
+    json_object_set_new(c, "evictions", C(evictions));
+    json_object_set_new(c, "reclaimed_bytes", C(reclaimed_bytes));
+    json_object_set_new(c, "odirect_fallbacks", C(odirect_fallbacks));
+    json_object_set_new(o, "counters", c);
+    if (l2->ops->status)
+        l2->ops->status(l2, o);
+    return o;
+}
+
+void kvt_l2_close(kvt_l2 *l2)
+{
+    pthread_mutex_lock(&l2->lock);
+    l2->closing = true;
+    pthread_mutex_unlock(&l2->lock);
+    if (l2->ops->close)
+        l2->ops->close(l2);
+    kvt_l2_base_destroy(l2);
+}
+
+/* ------------------------------------------------------ engine helpers */
+
+int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
+                   uint8_t flags)
+{
+    int rc = 0;
+    pthread_mutex_lock(&l2->lock);
+    if (l2->closing) {
+        rc = -ESHUTDOWN;
+    } else if (idx_find(&l2->idx, ck) != NOHANDLE) {
+        rc = -EEXIST;
+    } else if (l2->cap_bytes && l2->used_bytes + stored > l2->cap_bytes) {
+        rc = KVT_E_FULL;
+        atomic_fetch_add(&l2->counters.rejected_writes, 1);
+    } else {
+        uint32_t h = idx_insert(l2, ck);
+        struct kvt_l2_obj *o = &l2->idx.objs[h];
+        o->stored = stored;
+        o->len = len;
+        o->aux = aux;
+        o->flags = flags;
+        o->state = KVT_OBJ_WRITING;
+        account_locked(l2, o, +1);
+    }
+    pthread_mutex_unlock(&l2->lock);
+    return rc;
+}
+
+void kvt_l2_publish(kvt_l2 *l2, const kvt_key *ck)
+{
+    pthread_mutex_lock(&l2->lock);
+    uint32_t h = idx_find(&l2->idx, ck);
+    if (h != NOHANDLE && st(&l2->idx.objs[h]) == KVT_OBJ_WRITING)
+        l2->idx.objs[h].state = KVT_OBJ_READY;
+    pthread_mutex_unlock(&l2->lock);
+}
+
+void kvt_l2_unreserve(kvt_l2 *l2, const kvt_key *ck)
+{
+    pthread_mutex_lock(&l2->lock);
+    uint32_t h = idx_find(&l2->idx, ck);
+    if (h != NOHANDLE && st(&l2->idx.objs[h]) == KVT_OBJ_WRITING)
+        drop_locked(l2, h);
+    pthread_mutex_unlock(&l2->lock);
+}
+
+bool kvt_l2_pin(kvt_l2 *l2, const kvt_key *ck, struct kvt_l2_obj *out)
+{
+    bool hit = false;
+    pthread_mutex_lock(&l2->lock);
+    uint32_t h = idx_find(&l2->idx, ck);
+    if (h != NOHANDLE) {
+        struct kvt_l2_obj *o = &l2->idx.objs[h];
+        if (st(o) == KVT_OBJ_READY && o->pins < UINT16_MAX) {
+            o->pins++;
+            if (out)
+                *out = *o;
+            hit = true;
+        }
+    }
+    pthread_mutex_unlock(&l2->lock);
+    return hit;
+}
+
+bool kvt_l2_adopt(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
+                  uint8_t flags, bool pin, bool at_cold_end)
+{
+    bool inserted = false;
+    pthread_mutex_lock(&l2->lock);
+    uint32_t h = idx_find(&l2->idx, ck);
+    if (h == NOHANDLE) {
+        h = idx_insert(l2, ck);
+        struct kvt_l2_obj *o = &l2->idx.objs[h];
+        o->stored = stored;
+        o->len = len;
+        o->aux = aux;
+        o->flags = flags;
+        o->state = KVT_OBJ_READY;
+        account_locked(l2, o, +1);
+        if (l2->policy) {
+            struct kvt_policy_hint hint = {.prefix_pos = 0, .bytes = stored};
+            kvt_policy_insert(l2->policy, h, at_cold_end, &hint);
+            o->state |= ST_TRACKED;
+        }
+        inserted = true;
+    }
+    struct kvt_l2_obj *o = &l2->idx.objs[h];
+    if (pin && st(o) == KVT_OBJ_READY && o->pins < UINT16_MAX)
+        o->pins++;
+    pthread_mutex_unlock(&l2->lock);
+    return inserted;
+}
+
+void kvt_l2_forget(kvt_l2 *l2, const kvt_key *ck)
+{
+    pthread_mutex_lock(&l2->lock);
+    uint32_t h = idx_find(&l2->idx, ck);
+    if (h != NOHANDLE) {
+        struct kvt_l2_obj *o = &l2->idx.objs[h];
+        if (st(o) == KVT_OBJ_READY) {
+            if (o->pins)
+                o->pins--; /* the caller's own pin */
+            if (o->pins == 0)
+                drop_locked(l2, h);
+        }
+    }
+    pthread_mutex_unlock(&l2->lock);
+}
+
+void kvt_l2_touch(kvt_l2 *l2, const kvt_key *ck, uint32_t n)
+{
+    if (!l2->policy)
+        return;
+    pthread_mutex_lock(&l2->lock);
+    for (uint32_t i = n; i-- > 0;) {
+        uint32_t h = idx_find(&l2->idx, &ck[i]);
+        if (h != NOHANDLE && (l2->idx.objs[h].state & ST_TRACKED))
+            kvt_policy_access(l2->policy, h);
+    }
+    pthread_mutex_unlock(&l2->lock);
+}
+
+void kvt_l2_set_recovering(kvt_l2 *l2, bool on)
+{
+    pthread_mutex_lock(&l2->lock);
+    l2->recovering = on;
+    pthread_mutex_unlock(&l2->lock);
+}

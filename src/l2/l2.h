@@ -1,0 +1,264 @@
+/*
+ * L2 adapter interface.
+ *
+ * An L2 adapter is an engine that keeps objects in one persistent or remote
+ * tier. It knows nothing of L1, the server or other adapters. The contract
+ * (LMCache's L2AdapterInterface, in C):
+ *
+ *   kvt_l2_submit(l2, task)   start a STORE, LOOKUP (lookup-and-lock) or LOAD
+ *                             task; never blocks on I/O. The task comes back
+ *                             exactly once from kvt_l2_pop_done() after the
+ *                             adapter signalled the kind's eventfd.
+ *   kvt_l2_unlock(l2, keys)   drop pins taken by a lookup; unknown keys and
+ *                             underflow are no-ops; always succeeds.
+ *   kvt_l2_delete(l2, keys)   synchronous; skips pinned keys; reports only
+ *                             the keys it removed.
+ *   kvt_l2_usage / kvt_l2_status / kvt_l2_close.
+ *
+ * Three eventfds per adapter (store, lookup, load), distinct across adapters.
+ * A completed task is put on the kind's done queue under l2->lock, then the
+ * eventfd is written; one wake may cover several completions.
+ *
+ * The base (this file, l2.c) owns what every adapter shares: the object index
+ * (key -> sizes, pins, state), byte accounting with a hard cap, per-namespace
+ * usage, counters, the eviction-policy hooks, recovery bookkeeping and the
+ * done queues. An engine implements struct kvt_l2_ops.
+ *
+ * Task results (written by the adapter, read by the controller after pop):
+ *   ok       bitmap: STORE key stored (or already present), LOOKUP key found
+ *            and pinned, LOAD key's bytes are in bufs[i] and verified.
+ *   meta[i]  LOOKUP: the object's logical length (meta[i].len) for hits;
+ *            LOAD: the object's metadata as stored.
+ *   bytes    bytes moved to/from the backend.
+ *
+ * Thread rules: submit/unlock/delete/usage/status may be called from any
+ * thread. close must be called once, after the last submit, from one thread.
+ */
+#ifndef KVT_L2_H
+#define KVT_L2_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "key/key.h"
+#include "key/kindex.h"
+
+#define KVT_MAX_OBJECT (1u << 30) /* largest object any tier accepts: 1 GiB */
+#define KVT_MAX_DIMS 6
+
+enum kvt_l2_kind { KVT_L2_STORE = 0, KVT_L2_LOOKUP = 1, KVT_L2_LOAD = 2 };
+
+/* Per-object metadata carried into the object header. */
+typedef struct kvt_objmeta {
+    uint32_t len;   /* logical payload bytes */
+    uint16_t dtype; /* enum kvt_dtype, 0 = raw bytes */
+    uint8_t ndim;
+    uint8_t pad;
+    uint32_t shape[KVT_MAX_DIMS];
+} kvt_objmeta;
+
+/* Element types a client may declare (protocol field "dtype"). */
+enum kvt_dtype {
+    KVT_DTYPE_RAW = 0,
+    KVT_DTYPE_FP16 = 1,
+    KVT_DTYPE_BF16 = 2,
+    KVT_DTYPE_FP32 = 3,
+    KVT_DTYPE_FP8_E4M3 = 4,
+    KVT_DTYPE_U8 = 5,
+    KVT_DTYPE_MAX = 5,
+};
+const char *kvt_dtype_name(unsigned dtype);
+int kvt_dtype_parse(const char *s);
+
+typedef struct kvt_buf {
+    void *ptr;
+    uint64_t len;
+} kvt_buf;
+
+typedef struct kvt_l2_task {
+    struct kvt_l2_task *next; /* done-queue link, guarded by l2->lock */
+    enum kvt_l2_kind kind;
+    uint32_t n;
+    kvt_key *keys;       /* n keys (owned by the task) */
+    kvt_buf *bufs;       /* STORE: sources; LOAD: destinations (arrays owned) */
+    kvt_objmeta *meta;   /* n entries; STORE: in; LOOKUP/LOAD: out */
+    uint64_t *ok;        /* result bitmap, n bits */
+    _Atomic uint64_t bytes;
+    _Atomic uint32_t pending; /* engine's outstanding jobs */
+    _Atomic int err;          /* first error seen, 0 if none */
+    void *udata;              /* the submitter's cookie */
+    uint64_t submit_ns;
+} kvt_l2_task;
+
+/* Allocate a task for n keys with zeroed arrays (bufs only for STORE/LOAD). */
+kvt_l2_task *kvt_l2_task_new(enum kvt_l2_kind kind, uint32_t n);
+void kvt_l2_task_free(kvt_l2_task *t);
+
+/* ---- the object index ---------------------------------------------- */
+
+enum kvt_l2_state { KVT_OBJ_FREE = 0, KVT_OBJ_WRITING, KVT_OBJ_READY, KVT_OBJ_DELETING };
+
+/* One indexed object: 64 bytes. */
+struct kvt_l2_obj {
+    kvt_key key;
+    uint32_t stored; /* bytes occupied on the backend (header + payload, or slot) */
+    uint32_t len;    /* logical payload bytes */
+    uint32_t aux;    /* engine-owned (slot number, header size, ...) */
+    uint16_t pins;   /* lookup pins */
+    uint8_t state;   /* enum kvt_l2_state */
+    uint8_t flags;   /* engine-owned */
+};
+_Static_assert(sizeof(struct kvt_l2_obj) == 64, "index entry size");
+
+struct kvt_l2_index {
+    struct kvt_l2_obj *objs; /* slab; handle = position */
+    uint32_t cap_objs;
+    uint32_t nobjs;     /* live entries */
+    uint32_t free_head; /* free list threaded through objs[].aux, UINT32_MAX = empty */
+    uint32_t hwm;       /* entries ever used (handles below this were allocated) */
+    struct kvt_kindex map; /* key -> handle */
+};
+
+/* ---- eviction-policy hooks (implemented in evict/) ----------------- */
+
+struct kvt_policy;
+
+/* ---- adapters -------------------------------------------------------- */
+
+typedef struct kvt_l2 kvt_l2;
+
+struct kvt_l2_ops {
+    /* Start a task. Must not block on I/O. Must end with kvt_l2_task_finish. */
+    void (*submit)(kvt_l2 *l2, kvt_l2_task *t);
+    /* Remove the object's bytes from the backend; called without l2->lock
+     * for an entry the base has marked DELETING. Return 0 or -errno. */
+    int (*remove)(kvt_l2 *l2, const struct kvt_l2_obj *o);
+    /* Add engine-specific fields to the status object (may take l2->lock). */
+    void (*status)(kvt_l2 *l2, json_t *out);
+    /* Health: fill msg (<= 200 bytes) and return false when unhealthy. */
+    bool (*healthy)(kvt_l2 *l2, char *msg, size_t cap);
+    /* Stop engine threads after in-flight work completed; free the engine. */
+    void (*close)(kvt_l2 *l2);
+};
+
+struct kvt_l2_counters {
+    _Atomic uint64_t store_ok, store_failed, store_skipped, rejected_writes;
+    _Atomic uint64_t lookups, lookup_hits, lookup_misses, secondary_hits;
+    _Atomic uint64_t load_ok, load_failed, corrupt;
+    _Atomic uint64_t bytes_written, bytes_read;
+    _Atomic uint64_t deleted, evictions, reclaimed_bytes;
+    _Atomic uint64_t odirect_fallbacks;
+};
+
+struct kvt_l2 {
+    const struct kvt_l2_ops *ops;
+    char type[32];
+    char name[48]; /* "fs[0]" */
+    int index;
+    int efd[3]; /* eventfds, one per enum kvt_l2_kind */
+    enum kvt_codec codec;
+
+    pthread_mutex_t lock; /* guards everything below up to 'counters' */
+    struct kvt_l2_index idx;
+    uint64_t cap_bytes;      /* hard cap; 0 = unlimited */
+    uint64_t used_bytes;     /* READY + WRITING + DELETING entries */
+    uint64_t *ns_bytes;      /* per namespace id */
+    uint32_t ns_bytes_cap;
+    kvt_l2_task *done_head[3], *done_tail[3];
+    struct kvt_policy *policy; /* may be NULL: no eviction */
+    bool recovering;           /* start-up scan still running */
+    uint64_t recovered_objs, recovered_bytes;
+    double recovery_seconds;
+    bool closing;
+
+    struct kvt_l2_counters counters;
+    bool persist_enabled;
+    void *engine; /* engine state */
+};
+
+struct kvt_l2_spec;
+
+/* Base setup for an engine's constructor: name, eventfds, lock, index, and
+ * the spec's common keys (persist_enabled, eviction policy). Call it before
+ * starting any engine thread. */
+int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_l2_spec *spec,
+                     enum kvt_codec codec, uint64_t cap_bytes);
+void kvt_l2_base_destroy(kvt_l2 *l2);
+
+/* ---- the contract, used by controllers ------------------------------ */
+
+void kvt_l2_submit(kvt_l2 *l2, kvt_l2_task *t);
+/* Pop up to max finished tasks of a kind; returns how many. Call after the
+ * kind's eventfd became readable (it is drained here). */
+size_t kvt_l2_pop_done(kvt_l2 *l2, enum kvt_l2_kind kind, kvt_l2_task **out, size_t max);
+void kvt_l2_unlock(kvt_l2 *l2, const kvt_key *keys, uint32_t n);
+/* Delete unpinned keys; sets bit i in removed (may be NULL) for each removed
+ * key and returns how many were removed. */
+uint32_t kvt_l2_delete(kvt_l2 *l2, const kvt_key *keys, uint32_t n, uint64_t *removed);
+
+struct kvt_l2_usage {
+    uint64_t used_bytes;
+    uint64_t cap_bytes;
+    double fraction; /* used / cap, or -1 when cap is 0 */
+    uint64_t objects;
+};
+void kvt_l2_usage(kvt_l2 *l2, struct kvt_l2_usage *u);
+/* Full status object (jansson, caller decrefs). */
+json_t *kvt_l2_status(kvt_l2 *l2);
+bool kvt_l2_healthy(kvt_l2 *l2, char *msg, size_t cap);
+void kvt_l2_close(kvt_l2 *l2);
+
+/* ---- helpers for engines --------------------------------------------- */
+
+/* Canonical form of a key for this adapter's names. */
+static inline void kvt_l2_canon(const kvt_l2 *l2, const kvt_key *in, kvt_key *out)
+{
+    kvt_key_canon(l2->codec, in, out);
+}
+
+/* Mark the task finished (release) and queue it for the controller. */
+void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t);
+/* Record one key's result; called from any engine thread. */
+void kvt_l2_task_ok(kvt_l2_task *t, uint32_t i, uint64_t bytes);
+void kvt_l2_task_fail(kvt_l2_task *t, uint32_t i, int err);
+/* Decrement t->pending; finish the task when it reaches zero. */
+void kvt_l2_task_job_done(kvt_l2 *l2, kvt_l2_task *t);
+
+/* Reserve room for a new object before writing it. Returns 0 (entry is now
+ * WRITING and counted), -EEXIST (already indexed or being written: skip),
+ * KVT_E_FULL (over the cap: refused and counted), or -ESHUTDOWN. */
+int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
+                   uint8_t flags);
+/* The write succeeded: WRITING -> READY, the policy learns the key. */
+void kvt_l2_publish(kvt_l2 *l2, const kvt_key *ck);
+/* The write failed: drop the reservation. */
+void kvt_l2_unreserve(kvt_l2 *l2, const kvt_key *ck);
+
+/* Lookup-and-pin a canonical key; copies the entry to *out when found. */
+bool kvt_l2_pin(kvt_l2 *l2, const kvt_key *ck, struct kvt_l2_obj *out);
+/* Insert an object found on the backend (recovery scan or secondary lookup).
+ * pin: also pin it. at_cold_end: the policy sees it as least recently used
+ * (recovery inserts newest first, so the oldest ends up coldest).
+ * Returns true if inserted (false: already indexed). */
+bool kvt_l2_adopt(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
+                  uint8_t flags, bool pin, bool at_cold_end);
+/* An indexed object turned out missing or corrupt on the backend: forget it
+ * (if unpinned by others) so the bytes are no longer counted. */
+void kvt_l2_forget(kvt_l2 *l2, const kvt_key *ck);
+/* Tell the policy these keys were read. */
+void kvt_l2_touch(kvt_l2 *l2, const kvt_key *ck, uint32_t n);
+void kvt_l2_set_recovering(kvt_l2 *l2, bool on);
+
+/* Evict until used_bytes <= target, policy order, skipping pinned keys.
+ * Returns bytes reclaimed. Used by the eviction controller. */
+uint64_t kvt_l2_evict_to(kvt_l2 *l2, uint64_t target, uint32_t batch);
+
+/* Index primitives: call with l2->lock held. */
+struct kvt_l2_obj *kvt_l2_find_locked(kvt_l2 *l2, const kvt_key *ck);
+uint32_t kvt_l2_handle_locked(kvt_l2 *l2, const struct kvt_l2_obj *o);
+
+#endif

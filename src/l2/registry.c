@@ -1,0 +1,189 @@
+/* --l2-adapter JSON -> spec -> adapter. One table of types. */
+#include "l2/adapters.h"
+#include "common/util.h"
+#include "evict/policy.h"
+#include "kvtier/error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int (*parse_fn)(struct kvt_cfg *c, void *opts);
+typedef int (*open_fn)(kvt_l2 *l2, const struct kvt_l2_spec *spec, void *opts, char *err,
+                       size_t errcap);
+
+static int parse_fs(struct kvt_cfg *c, void *o)
+{
+    return kvt_fs_parse(c, o, false);
+}
+static int parse_fs_native(struct kvt_cfg *c, void *o)
+{
+    return kvt_fs_parse(c, o, true);
+}
+static int open_fs(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
+{
+    return kvt_fs_open(l2, s, o, err, cap);
+}
+static int parse_mock(struct kvt_cfg *c, void *o)
+{
+    return kvt_mock_parse(c, o);
+}
+static int open_mock(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
+{
+    return kvt_mock_open(l2, s, o, err, cap);
+}
+
+union any_opts {
+    struct kvt_fs_opts fs;
+    struct kvt_mock_opts mock;
+};
+
+static const struct type_ent {
+    const char *type;
+    parse_fn parse;
+    open_fn open;
+} types[] = {
+    {"fs", parse_fs, open_fs},
+    {"fs_native", parse_fs_native, open_fs},
+    {"mock", parse_mock, open_mock},
+};
+
+const char *kvt_l2_types(void)
+{
+    static char buf[256];
+    if (!buf[0])
+        for (size_t i = 0; i < KVT_ARRAY_LEN(types); i++) {
+            size_t l = strlen(buf);
+            snprintf(buf + l, sizeof(buf) - l, "%s%s", i ? ", " : "", types[i].type);
+        }
+    return buf;
+}
+
+static const struct type_ent *find_type(const char *t)
+{
+    for (size_t i = 0; i < KVT_ARRAY_LEN(types); i++)
+        if (strcmp(types[i].type, t) == 0)
+            return &types[i];
+    return NULL;
+}
+
+void kvt_l2_spec_free(struct kvt_l2_spec *s)
+{
+    json_decref(s->json);
+    json_decref(s->resolved);
+    s->json = s->resolved = NULL;
+}
+
+/* Common keys: persist_enabled, eviction, serde. */
+static int parse_common(struct kvt_cfg *c, struct kvt_l2_spec *s)
+{
+    kvt_cfg_bool(c, "persist_enabled", true, &s->persist_enabled);
+    const json_t *ev = kvt_cfg_raw(c, "eviction");
+    if (!c->rc && ev && !json_is_null(ev)) {
+        struct kvt_policy *p = NULL;
+        char msg[256];
+        if (kvt_policy_from_json(ev, &p, msg, sizeof(msg)))
+            return kvt_cfg_fail(c, "eviction", "is invalid: %s", msg);
+        s->has_eviction = true;
+        snprintf(s->eviction_policy, sizeof(s->eviction_policy), "%s", p->ops->name);
+        s->trigger_watermark = p->trigger_watermark;
+        s->eviction_ratio = p->eviction_ratio;
+        kvt_policy_destroy(p);
+        json_t *r = json_object();
+        json_object_set_new(r, "eviction_policy", json_string(s->eviction_policy));
+        json_object_set_new(r, "trigger_watermark", json_real(s->trigger_watermark));
+        json_object_set_new(r, "eviction_ratio", json_real(s->eviction_ratio));
+        json_object_set_new(c->resolved, "eviction", r);
+    }
+    const json_t *serde = kvt_cfg_raw(c, "serde");
+    if (!c->rc && serde && !json_is_null(serde)) {
+        c->rc = KVT_E_UNSUPPORTED;
+        snprintf(c->err, c->errcap,
+                 "--l2-adapter #%d (%s): \"serde\" is not supported by this build yet", c->index,
+                 c->type);
+    }
+    return c->rc;
+}
+
+int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *err,
+                      size_t errcap)
+{
+    memset(s, 0, sizeof(*s));
+    s->index = index;
+    json_error_t je;
+    json_t *j = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    if (!j) {
+        snprintf(err, errcap, "--l2-adapter #%d: invalid JSON: %s (line %d, column %d)", index,
+                 je.text, je.line, je.column);
+        return KVT_E_CONFIG;
+    }
+    if (!json_is_object(j)) {
+        snprintf(err, errcap, "--l2-adapter #%d: must be a JSON object", index);
+        json_decref(j);
+        return KVT_E_CONFIG;
+    }
+    const json_t *ty = json_object_get(j, "type");
+    if (!ty || !json_is_string(ty)) {
+        snprintf(err, errcap, "--l2-adapter #%d: \"type\" is %s (known types: %s)", index,
+                 ty ? "not a string" : "missing", kvt_l2_types());
+        json_decref(j);
+        return KVT_E_CONFIG;
+    }
+    const struct type_ent *te = find_type(json_string_value(ty));
+    if (!te) {
+        snprintf(err, errcap, "--l2-adapter #%d: unknown type \"%s\" (known types: %s)", index,
+                 json_string_value(ty), kvt_l2_types());
+        json_decref(j);
+        return KVT_E_CONFIG;
+    }
+    snprintf(s->type, sizeof(s->type), "%s", te->type);
+    s->json = j;
+    struct kvt_cfg c;
+    kvt_cfg_init(&c, j, index, te->type, err, errcap);
+    kvt_cfg_ignore(&c, "type");
+    union any_opts o;
+    parse_common(&c, s);
+    if (!c.rc)
+        te->parse(&c, &o);
+    if (!c.rc)
+        kvt_cfg_finish(&c);
+    int rc = c.rc;
+    if (!rc) {
+        s->resolved = json_object();
+        json_object_set_new(s->resolved, "type", json_string(te->type));
+        json_object_update(s->resolved, c.resolved);
+    }
+    kvt_cfg_free(&c);
+    if (rc) {
+        kvt_l2_spec_free(s);
+    }
+    return rc;
+}
+
+int kvt_l2_open(const struct kvt_l2_spec *s, kvt_l2 **out, char *err, size_t errcap)
+{
+    const struct type_ent *te = find_type(s->type);
+    if (!te)
+        return KVT_E_CONFIG;
+    struct kvt_cfg c;
+    char perr[512];
+    kvt_cfg_init(&c, s->json, s->index, te->type, perr, sizeof(perr));
+    union any_opts o;
+    int rc = te->parse(&c, &o); /* strings in o point into s->json: keep c until open */
+    if (rc) {
+        snprintf(err, errcap, "%s", perr);
+        kvt_cfg_free(&c);
+        return rc;
+    }
+    kvt_l2 *l2 = kvt_xcalloc(1, sizeof(*l2));
+    char oerr[512] = "";
+    rc = te->open(l2, s, &o, oerr, sizeof(oerr));
+    kvt_cfg_free(&c);
+    if (rc) {
+        snprintf(err, errcap, "--l2-adapter #%d (%s): %s", s->index, s->type, oerr);
+        free(l2);
+        return rc;
+    }
+    *out = l2;
+    return 0;
+}

@@ -1,0 +1,429 @@
+#include <stdio.h>
+
+#include "server/config.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "evict/policy.h"
+#include "kvtier/error.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+enum {
+    O_HOST = 256,
+    O_PORT,
+    O_BIND,
+    O_CHUNK,
+    O_WORKERS,
+    O_L1_SIZE,
+    O_L1_INIT,
+    O_L1_LAZY,
+    O_NO_L1_LAZY,
+    O_L1_HUGE,
+    O_L1_ALIGN,
+    O_L1_WTTL,
+    O_L1_RTTL,
+    O_EV_POLICY,
+    O_EV_WM,
+    O_EV_RATIO,
+    O_EV_INTERVAL,
+    O_L2,
+    O_STORE_POLICY,
+    O_PREFETCH_POLICY,
+    O_PREFETCH_MAX,
+    O_HTTP_HOST,
+    O_HTTP_PORT,
+    O_DATA_DIR,
+    O_MAX_OBJECT,
+    O_NO_SHM,
+    O_DRY_RUN,
+    O_LOG_LEVEL,
+    O_HELP,
+};
+
+static const struct option opts[] = {
+    {"host", required_argument, NULL, O_HOST},
+    {"port", required_argument, NULL, O_PORT},
+    {"bind", required_argument, NULL, O_BIND},
+    {"chunk-size", required_argument, NULL, O_CHUNK},
+    {"max-workers", required_argument, NULL, O_WORKERS},
+    {"l1-size-gb", required_argument, NULL, O_L1_SIZE},
+    {"l1-init-size-gb", required_argument, NULL, O_L1_INIT},
+    {"l1-use-lazy", no_argument, NULL, O_L1_LAZY},
+    {"no-l1-use-lazy", no_argument, NULL, O_NO_L1_LAZY},
+    {"l1-use-hugepages", no_argument, NULL, O_L1_HUGE},
+    {"l1-align-bytes", required_argument, NULL, O_L1_ALIGN},
+    {"l1-write-ttl-seconds", required_argument, NULL, O_L1_WTTL},
+    {"l1-read-ttl-seconds", required_argument, NULL, O_L1_RTTL},
+    {"eviction-policy", required_argument, NULL, O_EV_POLICY},
+    {"eviction-trigger-watermark", required_argument, NULL, O_EV_WM},
+    {"eviction-ratio", required_argument, NULL, O_EV_RATIO},
+    {"eviction-interval-ms", required_argument, NULL, O_EV_INTERVAL},
+    {"l2-adapter", required_argument, NULL, O_L2},
+    {"l2-store-policy", required_argument, NULL, O_STORE_POLICY},
+    {"l2-prefetch-policy", required_argument, NULL, O_PREFETCH_POLICY},
+    {"l2-prefetch-max-in-flight", required_argument, NULL, O_PREFETCH_MAX},
+    {"http-host", required_argument, NULL, O_HTTP_HOST},
+    {"http-port", required_argument, NULL, O_HTTP_PORT},
+    {"data-dir", required_argument, NULL, O_DATA_DIR},
+    {"max-object-mb", required_argument, NULL, O_MAX_OBJECT},
+    {"no-shm", no_argument, NULL, O_NO_SHM},
+    {"dry-run", no_argument, NULL, O_DRY_RUN},
+    {"log-level", required_argument, NULL, O_LOG_LEVEL},
+    {"help", no_argument, NULL, O_HELP},
+    {NULL, 0, NULL, 0},
+};
+
+void kvt_server_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvtier server [options]\n"
+            "\n"
+            "Listening\n"
+            "  --host HOST                   bind address (127.0.0.1)\n"
+            "  --port N                      port (5555)\n"
+            "  --bind URL                    ZeroMQ endpoint instead of host/port "
+            "(tcp://..., ipc://...)\n"
+            "  --http-host HOST              HTTP address for /healthz /status /metrics "
+            "(127.0.0.1)\n"
+            "  --http-port N                 HTTP port (8080; 0 = off)\n"
+            "  --max-workers N               handler threads (4)\n"
+            "  --chunk-size N                tokens per chunk, reported to clients (256)\n"
+            "  --max-object-mb N             largest object accepted (1024)\n"
+            "  --no-shm                      do not offer the shared-memory data path\n"
+            "L1 (shared memory)\n"
+            "  --l1-size-gb G                pool size (1.0)\n"
+            "  --l1-init-size-gb G           initial size with lazy growth (20, capped)\n"
+            "  --l1-use-lazy | --no-l1-use-lazy   grow on demand (default: lazy)\n"
+            "  --l1-align-bytes N            object alignment (4096)\n"
+            "  --l1-use-hugepages            back the pool with huge pages\n"
+            "  --l1-write-ttl-seconds S      write reservation TTL (600)\n"
+            "  --l1-read-ttl-seconds S       read lock TTL (300)\n"
+            "  --eviction-policy LRU|noop    L1 policy (LRU)\n"
+            "  --eviction-trigger-watermark F  (0.8)\n"
+            "  --eviction-ratio F            (0.2)\n"
+            "  --eviction-interval-ms N      eviction controller period (1000)\n"
+            "L2\n"
+            "  --l2-adapter JSON             repeatable; order = adapter index. Without it: fs "
+            "under --data-dir\n"
+            "  --data-dir DIR                embedded default L2 directory (./kvtier-data)\n"
+            "  --l2-store-policy default|skip_l1\n"
+            "  --l2-prefetch-policy default|retain\n"
+            "  --l2-prefetch-max-in-flight N (8)\n"
+            "Other\n"
+            "  --dry-run                     validate, print the resolved config, exit\n"
+            "  --log-level debug|info|warn|error (info)\n");
+}
+
+static int fail(const char *flag, const char *fmt, const char *val)
+{
+    fprintf(stderr, "kvtier server: --%s: ", flag);
+    fprintf(stderr, fmt, val);
+    fprintf(stderr, "\n");
+    return 2;
+}
+
+static int num(const char *flag, const char *s, double min, double max, double *out)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(d))
+        return fail(flag, "expected a number, got '%s'", s);
+    if (d < min || d > max) {
+        fprintf(stderr, "kvtier server: --%s: %g is out of range [%g, %g]\n", flag, d, min, max);
+        return 2;
+    }
+    *out = d;
+    return 0;
+}
+
+static int integer(const char *flag, const char *s, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno)
+        return fail(flag, "expected an integer, got '%s'", s);
+    if (v < min || v > max) {
+        fprintf(stderr, "kvtier server: --%s: %ld is out of range [%ld, %ld]\n", flag, v, min,
+                max);
+        return 2;
+    }
+    *out = v;
+    return 0;
+}
+
+static const char *flag_name(int code)
+{
+    for (const struct option *o = opts; o->name; o++)
+        if (o->val == code)
+            return o->name;
+    return "?";
+}
+
+int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
+{
+    memset(c, 0, sizeof(*c));
+    snprintf(c->host, sizeof(c->host), "127.0.0.1");
+    c->port = 5555;
+    c->chunk_size = 256;
+    c->max_workers = 4;
+    c->l1_size_gb = 1.0;
+    c->l1_init_size_gb = 20.0;
+    c->l1_lazy = true;
+    c->l1_align = 4096;
+    c->l1_write_ttl_s = 600;
+    c->l1_read_ttl_s = 300;
+    snprintf(c->eviction_policy, sizeof(c->eviction_policy), "LRU");
+    c->eviction_watermark = 0.8;
+    c->eviction_ratio = 0.2;
+    c->eviction_interval_ms = 1000;
+    c->prefetch_max_in_flight = 8;
+    snprintf(c->http_host, sizeof(c->http_host), "127.0.0.1");
+    c->http_port = 8080;
+    c->max_object_bytes = KVT_MAX_OBJECT;
+    c->shm = true;
+    c->log_level = kvt_log_level_current;
+    snprintf(c->data_dir, sizeof(c->data_dir), "./kvtier-data");
+
+    const char *l2_args[KVT_MAX_ADAPTERS];
+    int nl2 = 0;
+    int ch, rc = 0;
+    double d;
+    long l;
+    optind = 1;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        const char *f = flag_name(ch);
+        switch (ch) {
+        case O_HOST:
+            snprintf(c->host, sizeof(c->host), "%s", optarg);
+            break;
+        case O_PORT:
+            rc = integer(f, optarg, 1, 65535, &l);
+            c->port = (int)l;
+            break;
+        case O_BIND:
+            if (strncmp(optarg, "tcp://", 6) && strncmp(optarg, "ipc://", 6))
+                return fail(f, "expected tcp://HOST:PORT or ipc://PATH, got '%s'", optarg);
+            snprintf(c->bind, sizeof(c->bind), "%s", optarg);
+            break;
+        case O_CHUNK:
+            rc = integer(f, optarg, 1, 1 << 20, &l);
+            c->chunk_size = (int)l;
+            break;
+        case O_WORKERS:
+            rc = integer(f, optarg, 1, 1024, &l);
+            c->max_workers = (int)l;
+            break;
+        case O_L1_SIZE:
+            rc = num(f, optarg, 0.001, 65536, &c->l1_size_gb);
+            break;
+        case O_L1_INIT:
+            rc = num(f, optarg, 0.001, 65536, &c->l1_init_size_gb);
+            break;
+        case O_L1_LAZY:
+            c->l1_lazy = true;
+            break;
+        case O_NO_L1_LAZY:
+            c->l1_lazy = false;
+            break;
+        case O_L1_HUGE:
+            c->l1_hugepages = true;
+            break;
+        case O_L1_ALIGN:
+            rc = integer(f, optarg, 512, 1 << 24, &l);
+            if (!rc && (l & (l - 1)))
+                return fail(f, "must be a power of two, got '%s'", optarg);
+            c->l1_align = (uint32_t)l;
+            break;
+        case O_L1_WTTL:
+            rc = num(f, optarg, 0.001, 1e7, &c->l1_write_ttl_s);
+            break;
+        case O_L1_RTTL:
+            rc = num(f, optarg, 0.001, 1e7, &c->l1_read_ttl_s);
+            break;
+        case O_EV_POLICY: {
+            struct kvt_policy *p = kvt_policy_create(optarg, 0.8, 0.2);
+            if (!p || strcasecmp(optarg, "value") == 0) {
+                kvt_policy_destroy(p);
+                fprintf(stderr, "kvtier server: --eviction-policy: unknown policy '%s' (L1 "
+                                "policies: LRU, noop)\n",
+                        optarg);
+                return 2;
+            }
+            snprintf(c->eviction_policy, sizeof(c->eviction_policy), "%s", p->ops->name);
+            kvt_policy_destroy(p);
+            break;
+        }
+        case O_EV_WM:
+            rc = num(f, optarg, 0, 1, &c->eviction_watermark);
+            break;
+        case O_EV_RATIO:
+            rc = num(f, optarg, 0, 1, &c->eviction_ratio);
+            break;
+        case O_EV_INTERVAL:
+            rc = integer(f, optarg, 1, 3600000, &l);
+            c->eviction_interval_ms = (int)l;
+            break;
+        case O_L2:
+            if (nl2 == KVT_MAX_ADAPTERS) {
+                fprintf(stderr, "kvtier server: --l2-adapter: at most %d adapters\n",
+                        KVT_MAX_ADAPTERS);
+                return 2;
+            }
+            l2_args[nl2++] = optarg;
+            break;
+        case O_STORE_POLICY:
+            if (strcmp(optarg, "default") == 0)
+                c->store_policy = KVT_STORE_DEFAULT;
+            else if (strcmp(optarg, "skip_l1") == 0)
+                c->store_policy = KVT_STORE_SKIP_L1;
+            else
+                return fail(f, "expected default or skip_l1, got '%s'", optarg);
+            break;
+        case O_PREFETCH_POLICY:
+            if (strcmp(optarg, "default") == 0)
+                c->prefetch_policy = KVT_PREFETCH_DEFAULT;
+            else if (strcmp(optarg, "retain") == 0)
+                c->prefetch_policy = KVT_PREFETCH_RETAIN;
+            else
+                return fail(f, "expected default or retain, got '%s'", optarg);
+            break;
+        case O_PREFETCH_MAX:
+            rc = integer(f, optarg, 1, 4096, &l);
+            c->prefetch_max_in_flight = (int)l;
+            break;
+        case O_HTTP_HOST:
+            snprintf(c->http_host, sizeof(c->http_host), "%s", optarg);
+            break;
+        case O_HTTP_PORT:
+            rc = integer(f, optarg, 0, 65535, &l);
+            c->http_port = (int)l;
+            break;
+        case O_DATA_DIR:
+            if (!optarg[0])
+                return fail(f, "must not be empty%s", "");
+            snprintf(c->data_dir, sizeof(c->data_dir), "%s", optarg);
+            break;
+        case O_MAX_OBJECT:
+            rc = num(f, optarg, 0.001, (double)KVT_MAX_OBJECT / 1048576.0, &d);
+            c->max_object_bytes = (uint64_t)(d * 1048576.0);
+            break;
+        case O_NO_SHM:
+            c->shm = false;
+            break;
+        case O_DRY_RUN:
+            c->dry_run = true;
+            break;
+        case O_LOG_LEVEL: {
+            int lv = kvt_log_parse_level(optarg);
+            if (lv < 0)
+                return fail(f, "expected debug, info, warn or error, got '%s'", optarg);
+            c->log_level = lv;
+            break;
+        }
+        case O_HELP:
+            kvt_server_usage(stdout);
+            return 1;
+        default:
+            if (optopt && optopt >= O_HOST)
+                fprintf(stderr, "kvtier server: --%s needs a value\n", flag_name(optopt));
+            else
+                fprintf(stderr, "kvtier server: unknown option '%s' (see kvtier server --help)\n",
+                        argv[optind - 1]);
+            return 2;
+        }
+        if (rc)
+            return rc;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvtier server: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (c->l1_align > c->l1_size_gb * KVT_GIB) {
+        fprintf(stderr, "kvtier server: --l1-align-bytes larger than --l1-size-gb\n");
+        return 2;
+    }
+    if (!c->bind[0])
+        snprintf(c->bind, sizeof(c->bind), "tcp://%s:%d", c->host, c->port);
+    char err[1024];
+    if (nl2 == 0) {
+        /* embedded default: one fs adapter under data_dir */
+        json_t *j = json_object();
+        json_object_set_new(j, "type", json_string("fs"));
+        json_object_set_new(j, "base_path", json_string(c->data_dir));
+        char *text = json_dumps(j, JSON_COMPACT);
+        json_decref(j);
+        rc = kvt_l2_spec_parse(text, 0, &c->adapters[0], err, sizeof(err));
+        free(text);
+        if (rc) {
+            fprintf(stderr, "kvtier server: --data-dir: %s\n", err);
+            return 2;
+        }
+        c->nadapters = 1;
+        c->default_adapter = true;
+        return 0;
+    }
+    for (int i = 0; i < nl2; i++) {
+        rc = kvt_l2_spec_parse(l2_args[i], i, &c->adapters[i], err, sizeof(err));
+        if (rc) {
+            fprintf(stderr, "kvtier server: %s\n", err);
+            kvt_server_cfg_free(c);
+            return 2;
+        }
+        c->nadapters = i + 1;
+    }
+    return 0;
+}
+
+void kvt_server_cfg_free(struct kvt_server_cfg *c)
+{
+    for (int i = 0; i < c->nadapters; i++)
+        kvt_l2_spec_free(&c->adapters[i]);
+    c->nadapters = 0;
+}
+
+json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "bind", json_string(c->bind));
+    json_object_set_new(o, "chunk_size", json_integer(c->chunk_size));
+    json_object_set_new(o, "max_workers", json_integer(c->max_workers));
+    json_object_set_new(o, "max_object_bytes", json_integer((json_int_t)c->max_object_bytes));
+    json_object_set_new(o, "shm", json_boolean(c->shm));
+    json_t *l1 = json_object();
+    json_object_set_new(l1, "size_gb", json_real(c->l1_size_gb));
+    json_object_set_new(l1, "init_size_gb", json_real(c->l1_init_size_gb));
+    json_object_set_new(l1, "use_lazy", json_boolean(c->l1_lazy));
+    json_object_set_new(l1, "use_hugepages", json_boolean(c->l1_hugepages));
+    json_object_set_new(l1, "align_bytes", json_integer(c->l1_align));
+    json_object_set_new(l1, "write_ttl_seconds", json_real(c->l1_write_ttl_s));
+    json_object_set_new(l1, "read_ttl_seconds", json_real(c->l1_read_ttl_s));
+    json_object_set_new(l1, "eviction_policy", json_string(c->eviction_policy));
+    json_object_set_new(l1, "eviction_trigger_watermark", json_real(c->eviction_watermark));
+    json_object_set_new(l1, "eviction_ratio", json_real(c->eviction_ratio));
+    json_object_set_new(o, "l1", l1);
+    json_t *l2 = json_array();
+    for (int i = 0; i < c->nadapters; i++)
+        json_array_append(l2, c->adapters[i].resolved);
+    json_object_set_new(o, "l2_adapters", l2);
+    json_object_set_new(o, "l2_store_policy",
+                        json_string(c->store_policy == KVT_STORE_SKIP_L1 ? "skip_l1" : "default"));
+    json_object_set_new(
+        o, "l2_prefetch_policy",
+        json_string(c->prefetch_policy == KVT_PREFETCH_RETAIN ? "retain" : "default"));
+    json_object_set_new(o, "l2_prefetch_max_in_flight", json_integer(c->prefetch_max_in_flight));
+    json_t *http = json_object();
+    json_object_set_new(http, "host", json_string(c->http_host));
+    json_object_set_new(http, "port", json_integer(c->http_port));
+    json_object_set_new(o, "http", http);
+    return o;
+}

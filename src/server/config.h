@@ -1,0 +1,61 @@
+/*
+ * kvtier server configuration: command-line flags (LMCache names and
+ * defaults where they exist) and --l2-adapter specs.
+ */
+#ifndef KVT_SERVER_CONFIG_H
+#define KVT_SERVER_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "ctrl/prefetch_ctrl.h"
+#include "ctrl/store_ctrl.h"
+#include "l2/adapters.h"
+
+#define KVT_MAX_ADAPTERS 16
+
+struct kvt_server_cfg {
+    char host[128];
+    int port;
+    char bind[300]; /* ZeroMQ endpoint; derived from host/port unless --bind */
+    int chunk_size;
+    int max_workers;
+
+    double l1_size_gb, l1_init_size_gb;
+    bool l1_lazy, l1_hugepages;
+    uint32_t l1_align;
+    double l1_write_ttl_s, l1_read_ttl_s;
+    char eviction_policy[16];
+    double eviction_watermark, eviction_ratio;
+    int eviction_interval_ms;
+
+    int nadapters;
+    struct kvt_l2_spec adapters[KVT_MAX_ADAPTERS];
+    bool default_adapter; /* no --l2-adapter: fs under data_dir */
+    char data_dir[1024];
+
+    enum kvt_store_policy store_policy;
+    enum kvt_prefetch_policy prefetch_policy;
+    int prefetch_max_in_flight;
+
+    char http_host[128];
+    int http_port; /* 0 = off */
+
+    uint64_t max_object_bytes;
+    bool shm; /* offer the zero-copy path */
+    bool dry_run;
+    int log_level;
+};
+
+/* Parse argv (after the "server" word). On error prints a message naming the
+ * flag or adapter key to stderr and returns 2; returns 1 for --help (printed);
+ * 0 on success. */
+int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv);
+void kvt_server_cfg_free(struct kvt_server_cfg *c);
+/* The resolved configuration (every value, defaults included). */
+json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c);
+void kvt_server_usage(FILE *f);
+
+#endif

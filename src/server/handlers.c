@@ -1,0 +1,686 @@
+/*
+ * Operation handlers. Each handler ends with exactly one reply: sent on the
+ * rpc thread, or posted from a worker / controller thread. Request schemas
+ * are in docs/protocol.md.
+ */
+#include "common/log.h"
+#include "common/util.h"
+#include "kvtier/error.h"
+#include "server/internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define INLINE_STORE_BYTES (64u << 10) /* smaller stores are copied on the rpc thread */
+
+/* --------------------------------------------------------------- helpers */
+
+static void reply_now(struct kvt_server *s, struct reply *r, bool on_rpc)
+{
+    if (on_rpc)
+        kvt_reply_send(s, r);
+    else
+        kvt_reply_post(s, r);
+}
+
+static void pack_meta(msgpack_packer *pk, const kvt_objmeta *m)
+{
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint32(pk, m->len);
+    kvt_mp_str0(pk, kvt_dtype_name(m->dtype));
+    msgpack_pack_array(pk, m->ndim);
+    for (int d = 0; d < m->ndim; d++)
+        msgpack_pack_uint32(pk, m->shape[d]);
+}
+
+/* Optional "dtype" and "shape" of a request into meta. */
+static int parse_meta(const msgpack_object *body, kvt_objmeta *m, const char **why)
+{
+    memset(m, 0, sizeof(*m));
+    const char *dt = NULL;
+    size_t dl = 0;
+    int rc = kvt_mp_str(body, "dtype", false, &dt, &dl, why);
+    if (rc)
+        return rc;
+    if (dt) {
+        char buf[32];
+        if (dl >= sizeof(buf)) {
+            *why = "unknown dtype";
+            return KVT_E_BADREQ;
+        }
+        memcpy(buf, dt, dl);
+        buf[dl] = 0;
+        int d = kvt_dtype_parse(buf);
+        if (d < 0) {
+            *why = "unknown dtype (raw, float16, bfloat16, float32, float8_e4m3, uint8)";
+            return KVT_E_BADREQ;
+        }
+        m->dtype = (uint16_t)d;
+    }
+    const msgpack_object *sh = kvt_mp_get(body, "shape");
+    if (sh && sh->type != MSGPACK_OBJECT_NIL) {
+        if (sh->type != MSGPACK_OBJECT_ARRAY || sh->via.array.size > KVT_MAX_DIMS) {
+            *why = "shape must be an array of at most 6 non-negative integers";
+            return KVT_E_BADREQ;
+        }
+        for (uint32_t d = 0; d < sh->via.array.size; d++) {
+            const msgpack_object *v = &sh->via.array.ptr[d];
+            if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 > UINT32_MAX) {
+                *why = "shape must be an array of at most 6 non-negative integers";
+                return KVT_E_BADREQ;
+            }
+            m->shape[d] = (uint32_t)v->via.u64;
+        }
+        m->ndim = (uint8_t)sh->via.array.size;
+    }
+    return 0;
+}
+
+static int get_keys(struct request *q, kvt_key **keys, uint32_t *n)
+{
+    const char *why = "invalid keys";
+    int rc = kvt_wire_keys_decode(&q->body, keys, n, &why);
+    if (rc)
+        kvt_reply_error(q->r, rc, "%s", why);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- hello */
+
+static void h_hello(struct kvt_server *s, struct request *q)
+{
+    struct reply *r = q->r;
+    uint64_t v = KVT_PROTO_VERSION;
+    const char *why;
+    if (kvt_mp_u64(&q->body, "version", false, &v, &why)) {
+        kvt_reply_error(r, KVT_E_BADREQ, "%s", why);
+        return;
+    }
+    if (v != KVT_PROTO_VERSION) {
+        kvt_reply_error(r, KVT_E_PROTO, "client speaks protocol %llu, server speaks %d",
+                        (unsigned long long)v, KVT_PROTO_VERSION);
+        return;
+    }
+    msgpack_packer *pk = &r->pk;
+    msgpack_pack_map(pk, 7);
+    kvt_mp_str0(pk, "version");
+    msgpack_pack_int(pk, KVT_PROTO_VERSION);
+    kvt_mp_str0(pk, "server");
+    kvt_mp_str0(pk, "kvtier " KVT_VERSION);
+    kvt_mp_str0(pk, "chunk_size");
+    msgpack_pack_int(pk, s->cfg->chunk_size);
+    kvt_mp_str0(pk, "max_object_bytes");
+    msgpack_pack_uint64(pk, s->cfg->max_object_bytes);
+    kvt_mp_str0(pk, "max_batch");
+    msgpack_pack_uint32(pk, KVT_MAX_BATCH);
+    kvt_mp_str0(pk, "l2_adapters");
+    msgpack_pack_int(pk, s->nl2);
+    kvt_mp_str0(pk, "shm");
+    if (!s->cfg->shm) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    struct kvt_l1_shm shm;
+    kvt_l1_shm(s->l1, &shm);
+    msgpack_pack_map(pk, 7);
+    kvt_mp_str0(pk, "pid");
+    msgpack_pack_int(pk, (int)getpid());
+    kvt_mp_str0(pk, "fd");
+    msgpack_pack_int(pk, shm.fd);
+    kvt_mp_str0(pk, "size");
+    msgpack_pack_uint64(pk, shm.map_size);
+    kvt_mp_str0(pk, "align");
+    msgpack_pack_uint32(pk, shm.align);
+    kvt_mp_str0(pk, "dev");
+    msgpack_pack_uint64(pk, shm.dev);
+    kvt_mp_str0(pk, "ino");
+    msgpack_pack_uint64(pk, shm.ino);
+    kvt_mp_str0(pk, "boot_id");
+    kvt_mp_str0(pk, s->boot_id);
+}
+
+/* ---------------------------------------------------------------- store */
+
+struct store_job {
+    struct kvt_job job;
+    struct kvt_server *s;
+    struct reply *r;
+    kvt_key *keys;
+    uint32_t n;
+    zmq_msg_t *frames;
+    kvt_objmeta meta;
+};
+
+static void do_store(struct store_job *j)
+{
+    struct kvt_server *s = j->s;
+    struct kvt_l1_ref *refs = kvt_xmalloc((j->n ? j->n : 1) * sizeof(*refs));
+    kvt_key *keys = kvt_xmalloc((j->n ? j->n : 1) * sizeof(kvt_key));
+    uint32_t *hs = kvt_xmalloc((j->n ? j->n : 1) * sizeof(uint32_t));
+    int32_t *codes = kvt_xcalloc(j->n ? j->n : 1, sizeof(int32_t));
+    uint32_t k = 0, accepted = 0, nfail = 0;
+    for (uint32_t i = 0; i < j->n; i++) {
+        kvt_objmeta m = j->meta;
+        m.len = (uint32_t)zmq_msg_size(&j->frames[i]);
+        int rc = kvt_l1_reserve(s->l1, &j->keys[i], &m, &refs[k]);
+        if (rc == -EEXIST) {
+            accepted++; /* already stored (content-addressed): nothing to do */
+            continue;
+        }
+        if (rc) {
+            codes[i] = rc;
+            nfail++;
+            continue;
+        }
+        memcpy(refs[k].ptr, zmq_msg_data(&j->frames[i]), m.len);
+        keys[k] = j->keys[i];
+        hs[k] = refs[k].h;
+        k++;
+        accepted++;
+    }
+    kvt_l1_commit(s->l1, hs, k, 0);
+    if (k)
+        kvt_store_ctrl_submit(s->sc, refs, keys, k); /* references move to the controller */
+    msgpack_packer *pk = &j->r->pk;
+    msgpack_pack_map(pk, 2);
+    kvt_mp_str0(pk, "accepted");
+    msgpack_pack_uint32(pk, accepted);
+    kvt_mp_str0(pk, "failed");
+    msgpack_pack_array(pk, nfail);
+    for (uint32_t i = 0; i < j->n; i++)
+        if (codes[i]) {
+            msgpack_pack_array(pk, 2);
+            msgpack_pack_uint32(pk, i);
+            msgpack_pack_int32(pk, codes[i]);
+        }
+    free(refs);
+    free(keys);
+    free(hs);
+    free(codes);
+    for (uint32_t i = 0; i < j->n; i++)
+        zmq_msg_close(&j->frames[i]);
+}
+
+static void store_job_fn(struct kvt_job *job, void *ctx)
+{
+    (void)ctx;
+    struct store_job *j = (struct store_job *)job;
+    do_store(j);
+    kvt_reply_post(j->s, j->r);
+    free(j->frames);
+    free(j->keys);
+    free(j);
+}
+
+static void h_store(struct kvt_server *s, struct request *q)
+{
+    kvt_key *keys;
+    uint32_t n;
+    if (get_keys(q, &keys, &n))
+        return;
+    const char *why;
+    kvt_objmeta meta;
+    int rc = parse_meta(&q->body, &meta, &why);
+    if (rc) {
+        kvt_reply_error(q->r, rc, "%s", why);
+        free(keys);
+        return;
+    }
+    if (q->nframes != n) {
+        kvt_reply_error(q->r, KVT_E_BADREQ, "store has %u keys but %u data frames", n,
+                        q->nframes);
+        free(keys);
+        return;
+    }
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t len = zmq_msg_size(&q->frames[i]);
+        if (len > s->cfg->max_object_bytes) {
+            kvt_reply_error(q->r, KVT_E_TOOBIG,
+                            "object %u is %zu bytes; the server accepts at most %llu", i, len,
+                            (unsigned long long)s->cfg->max_object_bytes);
+            free(keys);
+            return;
+        }
+        total += len;
+    }
+    struct store_job *j = kvt_xcalloc(1, sizeof(*j));
+    j->s = s;
+    j->r = q->r;
+    j->keys = keys;
+    j->n = n;
+    j->meta = meta;
+    j->frames = kvt_xmalloc((n ? n : 1) * sizeof(zmq_msg_t));
+    memcpy(j->frames, q->frames, n * sizeof(zmq_msg_t)); /* move ownership */
+    q->nframes = 0;
+    q->r = NULL;
+    if (total <= INLINE_STORE_BYTES) {
+        do_store(j);
+        kvt_reply_send(s, j->r);
+        free(j->frames);
+        free(j->keys);
+        free(j);
+        return;
+    }
+    j->job.fn = store_job_fn;
+    kvt_tpool_push(s->workers, &j->job);
+}
+
+/* ---------------------------------------------------------------- flush */
+
+static void h_flush(struct kvt_server *s, struct request *q)
+{
+    uint64_t target = kvt_store_ctrl_last_seq(s->sc);
+    if (kvt_store_ctrl_done_seq(s->sc) >= target) {
+        msgpack_pack_map(&q->r->pk, 0);
+        return;
+    }
+    struct flush_wait *f = kvt_xcalloc(1, sizeof(*f));
+    f->seq = target;
+    f->r = q->r;
+    msgpack_pack_map(&f->r->pk, 0);
+    q->r = NULL;
+    if (s->fw_tail)
+        s->fw_tail->next = f;
+    else
+        s->fw_head = f;
+    s->fw_tail = f;
+}
+
+void kvt_flush_progress(struct kvt_server *s)
+{
+    uint64_t done = kvt_store_ctrl_done_seq(s->sc);
+    /* flush targets never decrease in arrival order: pop from the front */
+    while (s->fw_head && s->fw_head->seq <= done) {
+        struct flush_wait *f = s->fw_head;
+        s->fw_head = f->next;
+        if (!s->fw_head)
+            s->fw_tail = NULL;
+        kvt_reply_send(s, f->r);
+        free(f);
+    }
+}
+
+/* ------------------------------------------------- lookup and retrieve */
+
+struct fetch {
+    struct kvt_server *s;
+    struct reply *r;
+    enum kvt_op op;
+    kvt_key *keys;
+    uint32_t n, m; /* m: served from L1 before prefetching */
+    struct kvt_l1_ref *refs;
+};
+
+static void finish_fetch(struct fetch *f, uint32_t total, bool on_rpc)
+{
+    struct kvt_server *s = f->s;
+    struct reply *r = f->r;
+    uint32_t *hs = kvt_xmalloc((total ? total : 1) * sizeof(uint32_t));
+    for (uint32_t i = 0; i < total; i++)
+        hs[i] = f->refs[i].h;
+    kvt_l1_touch(s->l1, hs, total);
+    msgpack_packer *pk = &r->pk;
+    if (f->op == OP_RETRIEVE) {
+        msgpack_pack_map(pk, 2);
+        kvt_mp_str0(pk, "n");
+        msgpack_pack_uint32(pk, total);
+        kvt_mp_str0(pk, "metas");
+        msgpack_pack_array(pk, total);
+        for (uint32_t i = 0; i < total; i++)
+            pack_meta(pk, &f->refs[i].meta);
+        r->frames = f->refs; /* references travel with the frames */
+        r->nframes = total;
+        f->refs = NULL;
+    } else {
+        uint64_t lease = total ? kvt_l1_lease_new(s->l1, KVT_LEASE_READ, hs, total) : 0;
+        if (f->op == OP_LOOKUP) {
+            msgpack_pack_map(pk, 2);
+            kvt_mp_str0(pk, "hits");
+            msgpack_pack_uint32(pk, total);
+            kvt_mp_str0(pk, "lease");
+            msgpack_pack_uint64(pk, lease);
+        } else { /* prepare_retrieve */
+            msgpack_pack_map(pk, 3);
+            kvt_mp_str0(pk, "lease");
+            msgpack_pack_uint64(pk, lease);
+            kvt_mp_str0(pk, "n");
+            msgpack_pack_uint32(pk, total);
+            kvt_mp_str0(pk, "entries");
+            msgpack_pack_array(pk, total);
+            for (uint32_t i = 0; i < total; i++) {
+                msgpack_pack_array(pk, 2);
+                msgpack_pack_uint64(pk, f->refs[i].off);
+                pack_meta(pk, &f->refs[i].meta);
+            }
+        }
+    }
+    free(hs);
+    free(f->refs);
+    free(f->keys);
+    reply_now(s, r, on_rpc);
+    free(f);
+}
+
+static void on_prefetched(void *arg, uint32_t k, struct kvt_l1_ref *refs)
+{
+    struct fetch *f = arg;
+    memcpy(f->refs + f->m, refs, k * sizeof(*refs));
+    free(refs);
+    finish_fetch(f, f->m + k, false);
+}
+
+/* Serve the request's keys from a lease taken by an earlier lookup: the
+ * handles must still hold the same keys. Returns how many were referenced,
+ * or -1 when the lease is gone (then the caller looks up again). */
+static int from_lease(struct kvt_server *s, uint64_t lease, struct fetch *f)
+{
+    uint32_t *hs = kvt_xmalloc((f->n ? f->n : 1) * sizeof(uint32_t));
+    int nl = kvt_l1_lease_handles(s->l1, lease, KVT_LEASE_READ, hs, f->n);
+    if (nl < 0) {
+        free(hs);
+        return -1;
+    }
+    uint32_t k = 0, lim = KVT_MIN((uint32_t)nl, f->n);
+    while (k < lim && kvt_l1_get_handle(s->l1, hs[k], &f->keys[k], &f->refs[k]) == 0)
+        k++;
+    kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, NULL, NULL, 0);
+    free(hs);
+    return (int)k;
+}
+
+static void h_fetch(struct kvt_server *s, struct request *q, enum kvt_op op)
+{
+    struct fetch *f = kvt_xcalloc(1, sizeof(*f));
+    f->s = s;
+    f->op = op;
+    if (get_keys(q, &f->keys, &f->n)) {
+        free(f);
+        return;
+    }
+    f->refs = kvt_xcalloc(f->n ? f->n : 1, sizeof(*f->refs));
+    uint64_t lease = 0;
+    const char *why;
+    if (op != OP_LOOKUP && kvt_mp_u64(&q->body, "lease", false, &lease, &why)) {
+        kvt_reply_error(q->r, KVT_E_BADREQ, "%s", why);
+        free(f->keys);
+        free(f->refs);
+        free(f);
+        return;
+    }
+    f->r = q->r;
+    q->r = NULL;
+    if (lease) {
+        int k = from_lease(s, lease, f);
+        if (k >= 0) {
+            finish_fetch(f, (uint32_t)k, true);
+            return;
+        }
+    }
+    f->m = kvt_l1_get_prefix(s->l1, f->keys, f->n, f->refs);
+    if (f->m == f->n || s->nl2 == 0) {
+        finish_fetch(f, f->m, true);
+        return;
+    }
+    kvt_prefetch_submit(s->pc, f->keys + f->m, f->n - f->m, on_prefetched, f);
+}
+
+static void h_free_locks(struct kvt_server *s, struct request *q)
+{
+    uint64_t lease = 0;
+    const char *why;
+    if (kvt_mp_u64(&q->body, "lease", true, &lease, &why)) {
+        kvt_reply_error(q->r, KVT_E_BADREQ, "%s", why);
+        return;
+    }
+    int rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, NULL, NULL, 0);
+    msgpack_pack_map(&q->r->pk, 1);
+    kvt_mp_str0(&q->r->pk, "released");
+    if (rc < 0)
+        msgpack_pack_false(&q->r->pk);
+    else
+        msgpack_pack_true(&q->r->pk);
+}
+
+static void h_commit_retrieve(struct kvt_server *s, struct request *q)
+{
+    uint64_t lease = 0;
+    const char *why;
+    if (kvt_mp_u64(&q->body, "lease", true, &lease, &why)) {
+        kvt_reply_error(q->r, KVT_E_BADREQ, "%s", why);
+        return;
+    }
+    int rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, NULL, NULL, 0);
+    if (rc < 0) {
+        kvt_reply_error(q->r, KVT_E_EXPIRED,
+                        "read lease %llu expired or unknown: discard what was read",
+                        (unsigned long long)lease);
+        return;
+    }
+    msgpack_pack_map(&q->r->pk, 1);
+    kvt_mp_str0(&q->r->pk, "valid");
+    msgpack_pack_true(&q->r->pk);
+}
+
+/* ------------------------------------------------ zero-copy store path */
+
+static void h_prepare_store(struct kvt_server *s, struct request *q)
+{
+    kvt_key *keys;
+    uint32_t n;
+    if (get_keys(q, &keys, &n))
+        return;
+    const char *why;
+    kvt_objmeta meta;
+    int rc = parse_meta(&q->body, &meta, &why);
+    const msgpack_object *sizes = kvt_mp_get(&q->body, "sizes");
+    if (!rc && (!sizes || sizes->type != MSGPACK_OBJECT_ARRAY || sizes->via.array.size != n)) {
+        why = "\"sizes\" must be an array with one size per key";
+        rc = KVT_E_BADREQ;
+    }
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        const msgpack_object *v = &sizes->via.array.ptr[i];
+        if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+            why = "each size must be a non-negative integer";
+            rc = KVT_E_BADREQ;
+        } else if (v->via.u64 > s->cfg->max_object_bytes) {
+            why = "an object is larger than the server accepts";
+            rc = KVT_E_TOOBIG;
+        }
+    }
+    if (rc) {
+        kvt_reply_error(q->r, rc, "%s", why);
+        free(keys);
+        return;
+    }
+    uint32_t *hs = kvt_xmalloc((n ? n : 1) * sizeof(uint32_t));
+    int64_t *offs = kvt_xmalloc((n ? n : 1) * sizeof(int64_t));
+    int32_t *codes = kvt_xcalloc(n ? n : 1, sizeof(int32_t));
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_objmeta m = meta;
+        m.len = (uint32_t)sizes->via.array.ptr[i].via.u64;
+        struct kvt_l1_ref ref;
+        rc = kvt_l1_reserve(s->l1, &keys[i], &m, &ref);
+        if (rc == 0) {
+            hs[k++] = ref.h;
+            offs[i] = (int64_t)ref.off;
+        } else {
+            offs[i] = -1;
+            codes[i] = rc == -EEXIST ? 0 : rc; /* present: nothing to write */
+        }
+    }
+    uint64_t lease = k ? kvt_l1_lease_new(s->l1, KVT_LEASE_WRITE, hs, k) : 0;
+    msgpack_packer *pk = &q->r->pk;
+    msgpack_pack_map(pk, 3);
+    kvt_mp_str0(pk, "lease");
+    msgpack_pack_uint64(pk, lease);
+    kvt_mp_str0(pk, "offsets");
+    msgpack_pack_array(pk, n);
+    for (uint32_t i = 0; i < n; i++)
+        msgpack_pack_int64(pk, offs[i]);
+    kvt_mp_str0(pk, "codes");
+    msgpack_pack_array(pk, n);
+    for (uint32_t i = 0; i < n; i++)
+        msgpack_pack_int32(pk, codes[i]);
+    free(hs);
+    free(offs);
+    free(codes);
+    free(keys);
+}
+
+static void h_commit_store(struct kvt_server *s, struct request *q)
+{
+    uint64_t lease = 0;
+    const char *why;
+    if (kvt_mp_u64(&q->body, "lease", true, &lease, &why)) {
+        kvt_reply_error(q->r, KVT_E_BADREQ, "%s", why);
+        return;
+    }
+    const msgpack_object *w = kvt_mp_get(&q->body, "written");
+    int nl = kvt_l1_lease_handles(s->l1, lease, KVT_LEASE_WRITE, NULL, 0);
+    if (nl < 0) {
+        kvt_reply_error(q->r, KVT_E_EXPIRED,
+                        "write lease %llu expired or unknown: nothing was stored",
+                        (unsigned long long)lease);
+        return;
+    }
+    uint32_t total = (uint32_t)nl;
+    uint64_t *bits = NULL;
+    if (w && w->type != MSGPACK_OBJECT_NIL) {
+        if (w->type != MSGPACK_OBJECT_BIN || w->via.bin.size * 8 < total) {
+            kvt_reply_error(q->r, KVT_E_BADREQ,
+                            "\"written\" must be a bitmap (bin) with one bit per reserved slot");
+            return;
+        }
+        bits = kvt_xcalloc(kvt_bm_words(total ? total : 1), sizeof(uint64_t));
+        memcpy(bits, w->via.bin.ptr, KVT_MIN(w->via.bin.size, kvt_bm_words(total) * 8));
+    }
+    uint32_t *keep = kvt_xmalloc((total ? total : 1) * sizeof(uint32_t));
+    int committed = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_WRITE, bits, keep, total);
+    free(bits);
+    if (committed < 0) {
+        free(keep);
+        kvt_reply_error(q->r, KVT_E_EXPIRED, "write lease %llu expired: nothing was stored",
+                        (unsigned long long)lease);
+        return;
+    }
+    struct kvt_l1_ref *refs = kvt_xmalloc(((uint32_t)committed ? (uint32_t)committed : 1) *
+                                          sizeof(*refs));
+    kvt_key *keys = kvt_xmalloc(((uint32_t)committed ? (uint32_t)committed : 1) * sizeof(kvt_key));
+    for (int i = 0; i < committed; i++)
+        kvt_l1_describe(s->l1, keep[i], &refs[i], &keys[i]);
+    if (committed)
+        kvt_store_ctrl_submit(s->sc, refs, keys, (uint32_t)committed);
+    free(refs);
+    free(keys);
+    free(keep);
+    msgpack_pack_map(&q->r->pk, 1);
+    kvt_mp_str0(&q->r->pk, "accepted");
+    msgpack_pack_int(&q->r->pk, committed);
+}
+
+/* ------------------------------------------------------- status, delete */
+
+static void h_status(struct kvt_server *s, struct request *q)
+{
+    json_t *st = kvt_server_status(s);
+    kvt_mp_pack_json(&q->r->pk, st);
+    json_decref(st);
+}
+
+struct delete_job {
+    struct kvt_job job;
+    struct kvt_server *s;
+    struct reply *r;
+    kvt_key *keys;
+    uint32_t n;
+};
+
+static void delete_job_fn(struct kvt_job *job, void *ctx)
+{
+    (void)ctx;
+    struct delete_job *j = (struct delete_job *)job;
+    struct kvt_server *s = j->s;
+    uint32_t l1n = 0;
+    for (uint32_t i = 0; i < j->n; i++)
+        l1n += kvt_l1_delete(s->l1, &j->keys[i]);
+    msgpack_packer *pk = &j->r->pk;
+    msgpack_pack_map(pk, 2);
+    kvt_mp_str0(pk, "removed_l1");
+    msgpack_pack_uint32(pk, l1n);
+    kvt_mp_str0(pk, "removed_l2");
+    msgpack_pack_array(pk, s->nl2);
+    for (int a = 0; a < s->nl2; a++)
+        msgpack_pack_uint32(pk, kvt_l2_delete(s->l2s[a], j->keys, j->n, NULL));
+    kvt_reply_post(s, j->r);
+    free(j->keys);
+    free(j);
+}
+
+static void h_delete(struct kvt_server *s, struct request *q)
+{
+    struct delete_job *j = kvt_xcalloc(1, sizeof(*j));
+    if (get_keys(q, &j->keys, &j->n)) {
+        free(j);
+        return;
+    }
+    j->s = s;
+    j->r = q->r;
+    q->r = NULL;
+    j->job.fn = delete_job_fn;
+    kvt_tpool_push(s->workers, &j->job);
+}
+
+/* ------------------------------------------------------------- dispatch */
+
+void kvt_handle(struct kvt_server *s, enum kvt_op op, struct request *q)
+{
+    switch (op) {
+    case OP_HELLO:
+        h_hello(s, q);
+        break;
+    case OP_PING:
+        msgpack_pack_map(&q->r->pk, 0);
+        break;
+    case OP_STORE:
+        h_store(s, q);
+        break;
+    case OP_FLUSH:
+        h_flush(s, q);
+        break;
+    case OP_LOOKUP:
+    case OP_RETRIEVE:
+    case OP_PREPARE_RETRIEVE:
+        h_fetch(s, q, op);
+        break;
+    case OP_FREE_LOCKS:
+        h_free_locks(s, q);
+        break;
+    case OP_PREPARE_STORE:
+        h_prepare_store(s, q);
+        break;
+    case OP_COMMIT_STORE:
+        h_commit_store(s, q);
+        break;
+    case OP_COMMIT_RETRIEVE:
+        h_commit_retrieve(s, q);
+        break;
+    case OP_STATUS:
+        h_status(s, q);
+        break;
+    case OP_DELETE:
+        h_delete(s, q);
+        break;
+    default:
+        kvt_reply_error(q->r, KVT_E_BADOP, "unknown operation");
+    }
+    if (q->r) { /* handled synchronously: reply now */
+        if (q->r->status)
+            atomic_fetch_add(&s->bad_requests, 1);
+        kvt_reply_send(s, q->r);
+        q->r = NULL;
+    }
+}

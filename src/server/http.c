@@ -1,0 +1,83 @@
+/* HTTP endpoints on libmicrohttpd (its own thread): /healthz /status /metrics. */
+#include "common/log.h"
+#include "server/internal.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, char *body, size_t len,
+                               const char *ctype)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(r, "Content-Type", ctype);
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls)
+{
+    (void)version, (void)upload, (void)upload_size, (void)con_cls;
+    struct kvt_server *s = cls;
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+        return respond(c, MHD_HTTP_METHOD_NOT_ALLOWED, strdup("method not allowed\n"), 19,
+                       "text/plain");
+    if (strcmp(url, "/healthz") == 0) {
+        char why[1024];
+        bool ok = kvt_server_health(s, why, sizeof(why));
+        char *body;
+        int n = asprintf(&body, "%s\n", why);
+        return respond(c, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, body, (size_t)n,
+                       "text/plain");
+    }
+    if (strcmp(url, "/status") == 0) {
+        json_t *st = kvt_server_status(s);
+        char *body = json_dumps(st, JSON_INDENT(2) | JSON_SORT_KEYS);
+        json_decref(st);
+        return respond(c, MHD_HTTP_OK, body, strlen(body), "application/json");
+    }
+    if (strcmp(url, "/metrics") == 0) {
+        size_t len;
+        char *body = kvt_server_metrics(s, &len);
+        return respond(c, MHD_HTTP_OK, body, len, "text/plain; version=0.0.4");
+    }
+    return respond(c, MHD_HTTP_NOT_FOUND, strdup("not found: try /healthz /status /metrics\n"), 41,
+                   "text/plain");
+}
+
+int kvt_http_start(struct kvt_server *s, char *err, size_t cap)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg->http_port)};
+    if (inet_pton(AF_INET, s->cfg->http_host, &sa.sin_addr) != 1) {
+        struct addrinfo hints = {.ai_family = AF_INET}, *res = NULL;
+        if (getaddrinfo(s->cfg->http_host, NULL, &hints, &res) || !res) {
+            snprintf(err, cap, "--http-host: cannot resolve '%s'", s->cfg->http_host);
+            return -1;
+        }
+        sa.sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+        freeaddrinfo(res);
+    }
+    s->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+                               (uint16_t)s->cfg->http_port, NULL, NULL, on_request, s,
+                               MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT,
+                               (unsigned)10, MHD_OPTION_END);
+    if (!s->http) {
+        snprintf(err, cap, "cannot listen on http://%s:%d (port in use? use --http-port)",
+                 s->cfg->http_host, s->cfg->http_port);
+        return -1;
+    }
+    return 0;
+}
+
+void kvt_http_stop(struct kvt_server *s)
+{
+    if (s->http)
+        MHD_stop_daemon(s->http);
+    s->http = NULL;
+}

@@ -1,0 +1,135 @@
+/*
+ * Server internals shared by server.c (setup, rpc loop), handlers.c (ops),
+ * status.c (status/metrics) and http.c. Not a public header.
+ *
+ * Threads (see docs/threads.md):
+ *   rpc (main)   owns the ROUTER socket, decodes requests, runs fast
+ *                handlers inline, sends every reply.
+ *   rpc-worker   --max-workers threads: bulk copies of inline stores.
+ *   store-ctrl, prefetch, evict-*, adapter I/O threads, http (libmicrohttpd).
+ * Replies produced off the rpc thread go through srv->reply queue
+ * (reply_lock) and reply_efd; the rpc thread sends them.
+ */
+#ifndef KVT_SERVER_INTERNAL_H
+#define KVT_SERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <msgpack.h>
+#include <zmq.h>
+
+#include "ctrl/prefetch_ctrl.h"
+#include "ctrl/store_ctrl.h"
+#include "evict/controller.h"
+#include "io/tpool.h"
+#include "l1/l1.h"
+#include "l2/l2.h"
+#include "proto/wire.h"
+#include "server/config.h"
+
+enum kvt_op {
+    OP_HELLO,
+    OP_PING,
+    OP_STORE,
+    OP_FLUSH,
+    OP_LOOKUP,
+    OP_RETRIEVE,
+    OP_FREE_LOCKS,
+    OP_PREPARE_STORE,
+    OP_COMMIT_STORE,
+    OP_PREPARE_RETRIEVE,
+    OP_COMMIT_RETRIEVE,
+    OP_STATUS,
+    OP_DELETE,
+    OP_UNKNOWN,
+    OP_COUNT
+};
+extern const char *const kvt_op_names[OP_COUNT];
+
+#define KVT_LAT_BUCKETS 16
+extern const double kvt_lat_bounds[KVT_LAT_BUCKETS]; /* seconds; last = +Inf */
+
+struct op_stats {
+    _Atomic uint64_t count, errors, sum_ns;
+    _Atomic uint64_t bucket[KVT_LAT_BUCKETS];
+};
+
+struct reply {
+    struct reply *next;
+    zmq_msg_t ident;
+    uint8_t rid[KVT_MAX_RID];
+    size_t rid_len;
+    int32_t status;
+    msgpack_sbuffer body;
+    msgpack_packer pk;
+    uint32_t nframes;
+    struct kvt_l1_ref *frames; /* data frames sent zero-copy from L1, one ref each */
+    enum kvt_op op;
+    uint64_t t0;
+};
+
+struct flush_wait {
+    struct flush_wait *next;
+    uint64_t seq;
+    struct reply *r;
+};
+
+struct kvt_server {
+    struct kvt_server_cfg *cfg;
+    void *zctx, *sock;
+    struct kvt_l1 *l1;
+    kvt_l2 *l2s[KVT_MAX_ADAPTERS];
+    int nl2;
+    struct kvt_store_ctrl *sc;
+    struct kvt_prefetch_ctrl *pc;
+    struct kvt_evictor *ev_l1, *ev_l2[KVT_MAX_ADAPTERS];
+    struct kvt_tpool *workers;
+
+    pthread_mutex_t reply_lock; /* guards rq_head/rq_tail */
+    struct reply *rq_head, *rq_tail;
+    int reply_efd, progress_efd, sig_fd;
+
+    struct flush_wait *fw_head, *fw_tail; /* rpc thread only */
+
+    struct op_stats ops[OP_COUNT];
+    _Atomic uint64_t bytes_in, bytes_out, bad_requests;
+    uint64_t start_ns;
+    char boot_id[64];
+    void *http; /* struct MHD_Daemon */
+    volatile int stop;
+};
+
+/* replies (server.c) */
+struct reply *kvt_reply_new(const zmq_msg_t *ident, const void *rid, size_t rid_len,
+                            enum kvt_op op, uint64_t t0);
+/* Turn r into an error reply (status + {code, error, message}). */
+void kvt_reply_error(struct reply *r, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Send now (rpc thread only) or queue for the rpc thread (any thread). */
+void kvt_reply_send(struct kvt_server *s, struct reply *r);
+void kvt_reply_post(struct kvt_server *s, struct reply *r);
+void kvt_reply_free(struct reply *r);
+
+/* a decoded request (handlers.c) */
+struct request {
+    struct reply *r; /* pre-built reply carrying ident and rid */
+    msgpack_object body;
+    zmq_msg_t *frames; /* data frames */
+    uint32_t nframes;
+};
+void kvt_handle(struct kvt_server *s, enum kvt_op op, struct request *q);
+void kvt_flush_progress(struct kvt_server *s);
+
+/* status.c */
+json_t *kvt_server_status(struct kvt_server *s);
+/* true if healthy; otherwise fills why with the failing parts */
+bool kvt_server_health(struct kvt_server *s, char *why, size_t cap);
+char *kvt_server_metrics(struct kvt_server *s, size_t *len);
+
+/* http.c */
+int kvt_http_start(struct kvt_server *s, char *err, size_t cap);
+void kvt_http_stop(struct kvt_server *s);
+
+#endif

@@ -1,0 +1,70 @@
+/* kvtier: one binary, subcommands. */
+#include "common/log.h"
+#include "common/util.h"
+#include "kvtier/client.h"
+#include "server/config.h"
+#include "server/server.h"
+
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvt_cmd_status(int argc, char **argv);
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvtier <command> [options]\n"
+               "\n"
+               "commands:\n"
+               "  server     run the cache server (kvtier server --help)\n"
+               "  status     show what a running server holds (kvtier status --help)\n"
+               "  version    print the version\n");
+}
+
+static int cmd_server(int argc, char **argv)
+{
+    struct kvt_server_cfg cfg;
+    int rc = kvt_server_cfg_parse(&cfg, argc, argv);
+    if (rc == 1)
+        return 0; /* --help */
+    if (rc)
+        return rc;
+    if (cfg.dry_run) {
+        json_t *j = kvt_server_cfg_json(&cfg);
+        char *s = json_dumps(j, JSON_INDENT(2));
+        printf("%s\n", s);
+        free(s);
+        json_decref(j);
+        kvt_server_cfg_free(&cfg);
+        return 0;
+    }
+    rc = kvt_server_run(&cfg);
+    kvt_server_cfg_free(&cfg);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "server") == 0)
+        return cmd_server(argc - 1, argv + 1);
+    if (strcmp(cmd, "status") == 0)
+        return kvt_cmd_status(argc - 1, argv + 1);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("kvtier %s\n", KVT_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "kvtier: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,553 @@
+/*
+ * kvtier server: component setup, the rpc loop, replies, shutdown.
+ *
+ * Start-up order: L2 adapters (their recovery scans start in the
+ * background), L1, controllers, eviction threads, handler pool, HTTP, then
+ * the ROUTER socket binds. Shutdown (SIGTERM/SIGINT) reverses it: stop
+ * receiving, finish handler jobs, stop prefetching, drain every pending L2
+ * write, close adapters, exit 0.
+ */
+#include "server/server.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "kvtier/error.h"
+#include "server/internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+const char *const kvt_op_names[OP_COUNT] = {
+    "hello",        "ping",           "store",          "flush",
+    "lookup",       "retrieve",       "free_locks",     "prepare_store",
+    "commit_store", "prepare_retrieve", "commit_retrieve", "status",
+    "delete",       "unknown",
+};
+
+const double kvt_lat_bounds[KVT_LAT_BUCKETS] = {
+    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
+    25e-3, 50e-3,  100e-3, 250e-3, 500e-3, 1.0,  5.0,  1e300,
+};
+
+static struct kvt_l1 *g_l1; /* for ZeroMQ free callbacks of zero-copy frames */
+
+/* ------------------------------------------------------------ replies */
+
+struct reply *kvt_reply_new(const zmq_msg_t *ident, const void *rid, size_t rid_len,
+                            enum kvt_op op, uint64_t t0)
+{
+    struct reply *r = kvt_xcalloc(1, sizeof(*r));
+    zmq_msg_init(&r->ident);
+    if (ident)
+        zmq_msg_copy(&r->ident, (zmq_msg_t *)ident);
+    r->rid_len = KVT_MIN(rid_len, sizeof(r->rid));
+    if (rid_len)
+        memcpy(r->rid, rid, r->rid_len);
+    msgpack_sbuffer_init(&r->body);
+    msgpack_packer_init(&r->pk, &r->body, msgpack_sbuffer_write);
+    r->op = op;
+    r->t0 = t0;
+    return r;
+}
+
+void kvt_reply_free(struct reply *r)
+{
+    if (!r)
+        return;
+    zmq_msg_close(&r->ident);
+    msgpack_sbuffer_destroy(&r->body);
+    for (uint32_t i = 0; i < r->nframes; i++)
+        kvt_l1_put(g_l1, r->frames[i].h);
+    free(r->frames);
+    free(r);
+}
+
+void kvt_reply_error(struct reply *r, int code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    msgpack_sbuffer_clear(&r->body);
+    for (uint32_t i = 0; i < r->nframes; i++)
+        kvt_l1_put(g_l1, r->frames[i].h);
+    r->nframes = 0;
+    r->status = code ? code : KVT_E_BADREQ;
+    msgpack_pack_map(&r->pk, 3);
+    kvt_mp_str0(&r->pk, "code");
+    msgpack_pack_int32(&r->pk, r->status);
+    kvt_mp_str0(&r->pk, "error");
+    kvt_mp_str0(&r->pk, kvt_errname(r->status));
+    kvt_mp_str0(&r->pk, "message");
+    kvt_mp_str0(&r->pk, msg);
+}
+
+static void free_body(void *data, void *hint)
+{
+    (void)hint;
+    free(data);
+}
+
+static void free_l1_frame(void *data, void *hint)
+{
+    (void)data;
+    kvt_l1_put(g_l1, (uint32_t)(uintptr_t)hint);
+}
+
+static void record(struct kvt_server *s, struct reply *r)
+{
+    struct op_stats *st = &s->ops[r->op];
+    uint64_t dt = kvt_now_ns() - r->t0;
+    atomic_fetch_add_explicit(&st->count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->sum_ns, dt, memory_order_relaxed);
+    if (r->status)
+        atomic_fetch_add_explicit(&st->errors, 1, memory_order_relaxed);
+    double sec = (double)dt / 1e9;
+    int b = 0;
+    while (b < KVT_LAT_BUCKETS - 1 && sec > kvt_lat_bounds[b])
+        b++;
+    atomic_fetch_add_explicit(&st->bucket[b], 1, memory_order_relaxed);
+}
+
+void kvt_reply_send(struct kvt_server *s, struct reply *r)
+{
+    record(s, r);
+    void *sock = s->sock;
+    zmq_msg_send(&r->ident, sock, ZMQ_SNDMORE);
+    zmq_send(sock, r->rid, r->rid_len, ZMQ_SNDMORE);
+    uint8_t st[4];
+    kvt_wire_put_status(st, r->status);
+    zmq_send(sock, st, 4, ZMQ_SNDMORE);
+    size_t blen = r->body.size;
+    char *body = msgpack_sbuffer_release(&r->body);
+    zmq_msg_t m;
+    if (!body) {
+        body = kvt_xmalloc(1);
+        body[0] = (char)0x80; /* empty map */
+        blen = 1;
+    }
+    zmq_msg_init_data(&m, body, blen, free_body, NULL);
+    zmq_msg_send(&m, sock, r->nframes ? ZMQ_SNDMORE : 0);
+    for (uint32_t i = 0; i < r->nframes; i++) {
+        struct kvt_l1_ref *f = &r->frames[i];
+        /* zero copy: ZeroMQ sends from the pool; the reference keeps the
+         * object in place until its I/O thread calls free_l1_frame */
+        zmq_msg_init_data(&m, f->ptr, f->meta.len, free_l1_frame, (void *)(uintptr_t)f->h);
+        atomic_fetch_add_explicit(&s->bytes_out, f->meta.len, memory_order_relaxed);
+        zmq_msg_send(&m, sock, i + 1 < r->nframes ? ZMQ_SNDMORE : 0);
+    }
+    r->nframes = 0; /* references now belong to the sent frames */
+    kvt_reply_free(r);
+}
+
+void kvt_reply_post(struct kvt_server *s, struct reply *r)
+{
+    r->next = NULL;
+    pthread_mutex_lock(&s->reply_lock);
+    if (s->rq_tail)
+        s->rq_tail->next = r;
+    else
+        s->rq_head = r;
+    s->rq_tail = r;
+    pthread_mutex_unlock(&s->reply_lock);
+    uint64_t one = 1;
+    ssize_t w = write(s->reply_efd, &one, sizeof(one));
+    (void)w;
+}
+
+static void drain_replies(struct kvt_server *s)
+{
+    uint64_t v;
+    ssize_t n = read(s->reply_efd, &v, sizeof(v));
+    (void)n;
+    pthread_mutex_lock(&s->reply_lock);
+    struct reply *r = s->rq_head;
+    s->rq_head = s->rq_tail = NULL;
+    pthread_mutex_unlock(&s->reply_lock);
+    while (r) {
+        struct reply *nx = r->next;
+        kvt_reply_send(s, r);
+        r = nx;
+    }
+}
+
+static void on_store_progress(void *arg)
+{
+    struct kvt_server *s = arg;
+    uint64_t one = 1;
+    ssize_t w = write(s->progress_efd, &one, sizeof(one));
+    (void)w;
+}
+
+/* ------------------------------------------------------------ receive */
+
+static enum kvt_op op_of(const zmq_msg_t *m)
+{
+    size_t n = zmq_msg_size((zmq_msg_t *)m);
+    const char *p = zmq_msg_data((zmq_msg_t *)m);
+    for (int i = 0; i < OP_UNKNOWN; i++)
+        if (strlen(kvt_op_names[i]) == n && memcmp(kvt_op_names[i], p, n) == 0)
+            return (enum kvt_op)i;
+    return OP_UNKNOWN;
+}
+
+#define MAX_PARTS (KVT_MAX_BATCH + 8)
+
+/* Receive one whole multipart message (ZeroMQ delivers all parts or none). */
+static int recv_message(void *sock, zmq_msg_t **parts_out, uint32_t *n_out, bool *truncated)
+{
+    uint32_t cap = 8, n = 0;
+    zmq_msg_t *parts = kvt_xmalloc(cap * sizeof(zmq_msg_t));
+    *truncated = false;
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            int e = errno;
+            zmq_msg_close(&m);
+            if (n == 0) {
+                free(parts);
+                return -e;
+            }
+            break;
+        }
+        bool more = zmq_msg_more(&m);
+        if (n < MAX_PARTS) {
+            if (n == cap) {
+                cap *= 2;
+                parts = kvt_xrealloc(parts, cap * sizeof(zmq_msg_t));
+            }
+            memcpy(&parts[n++], &m, sizeof(m)); /* moves ownership */
+        } else {
+            *truncated = true;
+            zmq_msg_close(&m);
+        }
+        if (!more)
+            break;
+    }
+    *parts_out = parts;
+    *n_out = n;
+    return 0;
+}
+
+static void close_parts(zmq_msg_t *parts, uint32_t from, uint32_t n)
+{
+    for (uint32_t i = from; i < n; i++)
+        zmq_msg_close(&parts[i]);
+}
+
+static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated)
+{
+    uint64_t t0 = kvt_now_ns();
+    /* parts[0] = routing id (ROUTER), [1] = request id, [2] = op, [3] = body */
+    const void *rid = n > 1 ? zmq_msg_data(&parts[1]) : NULL;
+    size_t rid_len = n > 1 ? zmq_msg_size(&parts[1]) : 0;
+    enum kvt_op op = n > 2 ? op_of(&parts[2]) : OP_UNKNOWN;
+    struct reply *r = kvt_reply_new(&parts[0], rid, rid_len, op, t0);
+    if (n < 3 || rid_len > KVT_MAX_RID) {
+        atomic_fetch_add(&s->bad_requests, 1);
+        kvt_reply_error(r, KVT_E_BADREQ,
+                        n < 3 ? "a request needs frames [request id][op][body]"
+                              : "request id longer than 32 bytes");
+        kvt_reply_send(s, r);
+        close_parts(parts, 0, n);
+        return;
+    }
+    if (op == OP_UNKNOWN) {
+        atomic_fetch_add(&s->bad_requests, 1);
+        size_t l = zmq_msg_size(&parts[2]);
+        kvt_reply_error(r, KVT_E_BADOP, "unknown operation '%.*s'", (int)KVT_MIN(l, 64),
+                        (const char *)zmq_msg_data(&parts[2]));
+        kvt_reply_send(s, r);
+        close_parts(parts, 0, n);
+        return;
+    }
+    if (truncated) {
+        atomic_fetch_add(&s->bad_requests, 1);
+        kvt_reply_error(r, KVT_E_BADREQ, "too many frames (max %u)", MAX_PARTS);
+        kvt_reply_send(s, r);
+        close_parts(parts, 0, n);
+        return;
+    }
+    struct request q = {.r = r};
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    if (n > 3 && zmq_msg_size(&parts[3]) > 0) {
+        size_t blen = zmq_msg_size(&parts[3]), off = 0;
+        msgpack_unpack_return ur =
+            blen > KVT_MAX_BODY
+                ? MSGPACK_UNPACK_NOMEM_ERROR
+                : msgpack_unpack_next(&up, zmq_msg_data(&parts[3]), blen, &off);
+        if (ur != MSGPACK_UNPACK_SUCCESS || off != blen || up.data.type != MSGPACK_OBJECT_MAP) {
+            atomic_fetch_add(&s->bad_requests, 1);
+            kvt_reply_error(r, KVT_E_BADREQ,
+                            ur == MSGPACK_UNPACK_SUCCESS && off == blen
+                                ? "body must be a msgpack map"
+                            : blen > KVT_MAX_BODY ? "body larger than 16 MiB"
+                                                  : "body is not valid msgpack (truncated?)");
+            kvt_reply_send(s, r);
+            msgpack_unpacked_destroy(&up);
+            close_parts(parts, 0, n);
+            return;
+        }
+        q.body = up.data;
+    } else {
+        q.body.type = MSGPACK_OBJECT_MAP;
+        q.body.via.map.size = 0;
+        q.body.via.map.ptr = NULL;
+    }
+    q.frames = n > 4 ? &parts[4] : NULL;
+    q.nframes = n > 4 ? n - 4 : 0;
+    for (uint32_t i = 0; i < q.nframes; i++)
+        atomic_fetch_add_explicit(&s->bytes_in, zmq_msg_size(&q.frames[i]),
+                                  memory_order_relaxed);
+    kvt_handle(s, op, &q);
+    /* handlers that keep data frames move them out and zero q.nframes */
+    msgpack_unpacked_destroy(&up);
+    close_parts(parts, 0, KVT_MIN(n, 4));
+    if (q.frames)
+        close_parts(q.frames, 0, q.nframes);
+}
+
+static void rpc_loop(struct kvt_server *s)
+{
+    zmq_pollitem_t items[4] = {
+        {.socket = s->sock, .events = ZMQ_POLLIN},
+        {.fd = s->reply_efd, .events = ZMQ_POLLIN},
+        {.fd = s->progress_efd, .events = ZMQ_POLLIN},
+        {.fd = s->sig_fd, .events = ZMQ_POLLIN},
+    };
+    while (!s->stop) {
+        int n = zmq_poll(items, 4, -1);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            kvt_error("rpc: zmq_poll: %s", zmq_strerror(errno));
+            break;
+        }
+        if (items[3].revents & ZMQ_POLLIN) {
+            struct signalfd_siginfo si;
+            if (read(s->sig_fd, &si, sizeof(si)) == sizeof(si))
+                kvt_info("received %s: stopping", strsignal((int)si.ssi_signo));
+            s->stop = 1;
+            break;
+        }
+        if (items[1].revents & ZMQ_POLLIN)
+            drain_replies(s);
+        if (items[2].revents & ZMQ_POLLIN) {
+            uint64_t v;
+            ssize_t rr = read(s->progress_efd, &v, sizeof(v));
+            (void)rr;
+            kvt_flush_progress(s);
+        }
+        if (items[0].revents & ZMQ_POLLIN) {
+            /* bounded batch per wake so replies from workers are not starved */
+            for (int i = 0; i < 64; i++) {
+                zmq_msg_t *parts = NULL;
+                uint32_t np = 0;
+                bool trunc = false;
+                if (recv_message(s->sock, &parts, &np, &trunc))
+                    break;
+                handle_message(s, parts, np, trunc);
+                free(parts);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------ setup */
+
+static void read_boot_id(char *out, size_t cap)
+{
+    out[0] = 0;
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, out, cap - 1);
+    close(fd);
+    if (n > 0) {
+        out[n] = 0;
+        char *nl = strchr(out, '\n');
+        if (nl)
+            *nl = 0;
+    }
+}
+
+static void shutdown_all(struct kvt_server *s)
+{
+    if (s->http)
+        kvt_http_stop(s);
+    if (s->workers) {
+        kvt_tpool_destroy(s->workers); /* finishes queued handler jobs */
+        s->workers = NULL;
+    }
+    if (s->pc) {
+        kvt_prefetch_ctrl_stop(s->pc);
+        s->pc = NULL;
+    }
+    drain_replies(s);
+    if (s->sc) {
+        uint64_t pend = kvt_store_ctrl_last_seq(s->sc) - kvt_store_ctrl_done_seq(s->sc);
+        if (pend)
+            kvt_info("draining %llu pending L2 store batch(es)", (unsigned long long)pend);
+        kvt_store_ctrl_stop(s->sc);
+        s->sc = NULL;
+    }
+    /* pending flushes can now be answered */
+    struct flush_wait *f = s->fw_head;
+    while (f) {
+        struct flush_wait *nx = f->next;
+        kvt_reply_send(s, f->r);
+        free(f);
+        f = nx;
+    }
+    s->fw_head = s->fw_tail = NULL;
+    if (s->ev_l1)
+        kvt_evictor_stop(s->ev_l1);
+    for (int i = 0; i < s->nl2; i++)
+        if (s->ev_l2[i])
+            kvt_evictor_stop(s->ev_l2[i]);
+    if (s->sock) {
+        int linger = 2000;
+        zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof(linger));
+        zmq_close(s->sock);
+    }
+    if (s->zctx)
+        zmq_ctx_term(s->zctx); /* waits for zero-copy frames to be released */
+    for (int i = 0; i < s->nl2; i++)
+        kvt_l2_close(s->l2s[i]), free(s->l2s[i]);
+    kvt_l1_destroy(s->l1);
+    g_l1 = NULL;
+    close(s->reply_efd);
+    close(s->progress_efd);
+    if (s->sig_fd >= 0)
+        close(s->sig_fd);
+    pthread_mutex_destroy(&s->reply_lock);
+}
+
+static int start(struct kvt_server *s)
+{
+    struct kvt_server_cfg *c = s->cfg;
+    char err[1024];
+    int rc;
+    s->start_ns = kvt_now_ns();
+    read_boot_id(s->boot_id, sizeof(s->boot_id));
+    pthread_mutex_init(&s->reply_lock, NULL);
+    s->reply_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    s->progress_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+
+    /* signals: blocked in every thread, read by the rpc loop */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    s->sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    signal(SIGPIPE, SIG_IGN);
+
+    for (int i = 0; i < c->nadapters; i++) {
+        rc = kvt_l2_open(&c->adapters[i], &s->l2s[i], err, sizeof(err));
+        if (rc) {
+            kvt_error("%s", err);
+            return rc;
+        }
+        s->nl2 = i + 1;
+    }
+    struct kvt_l1_opts lo = {
+        .size_bytes = (uint64_t)(c->l1_size_gb * KVT_GIB),
+        .init_bytes = (uint64_t)(c->l1_init_size_gb * KVT_GIB),
+        .lazy = c->l1_lazy,
+        .hugepages = c->l1_hugepages,
+        .align = c->l1_align,
+        .write_ttl_ns = (uint64_t)(c->l1_write_ttl_s * 1e9),
+        .read_ttl_ns = (uint64_t)(c->l1_read_ttl_s * 1e9),
+        .policy = c->eviction_policy,
+        .watermark = c->eviction_watermark,
+        .ratio = c->eviction_ratio,
+    };
+    rc = kvt_l1_create(&lo, &s->l1, err, sizeof(err));
+    if (rc) {
+        kvt_error("L1: %s", err);
+        return rc;
+    }
+    g_l1 = s->l1;
+    rc = kvt_store_ctrl_start(&s->sc, s->l1, s->l2s, s->nl2, c->store_policy, on_store_progress,
+                              s);
+    if (!rc)
+        rc = kvt_prefetch_ctrl_start(&s->pc, s->l1, s->l2s, s->nl2, c->prefetch_policy,
+                                     c->prefetch_max_in_flight);
+    if (!rc)
+        rc = kvt_evictor_start_l1(&s->ev_l1, s->l1, c->eviction_interval_ms);
+    for (int i = 0; !rc && i < s->nl2; i++)
+        rc = kvt_evictor_start_l2(&s->ev_l2[i], s->l2s[i], c->eviction_interval_ms);
+    if (!rc)
+        rc = kvt_tpool_create(&s->workers, "rpc-worker", c->max_workers, NULL, NULL, NULL);
+    if (rc) {
+        kvt_error("cannot start server threads: %s", kvt_strerror(rc));
+        return rc;
+    }
+    if (c->http_port) {
+        rc = kvt_http_start(s, err, sizeof(err));
+        if (rc) {
+            kvt_error("http: %s", err);
+            return rc;
+        }
+    }
+    s->zctx = zmq_ctx_new();
+    s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
+    int64_t maxmsg = (int64_t)c->max_object_bytes + (1 << 20);
+    int zero = 0;
+    zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+    zmq_setsockopt(s->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
+    if (zmq_bind(s->sock, c->bind) < 0) {
+        kvt_error("cannot listen on %s: %s", c->bind, zmq_strerror(errno));
+        return -errno;
+    }
+    return 0;
+}
+
+static void banner(struct kvt_server *s)
+{
+    struct kvt_server_cfg *c = s->cfg;
+    struct kvt_l1_shm shm;
+    kvt_l1_shm(s->l1, &shm);
+    kvt_info("kvtier %s listening on %s (pid %d)", KVT_VERSION, c->bind, (int)getpid());
+    if (c->http_port)
+        kvt_info("http: http://%s:%d/healthz /status /metrics", c->http_host, c->http_port);
+    kvt_info("L1: %.3g GiB shared memory (%s, align %u, policy %s)%s", c->l1_size_gb,
+             c->l1_lazy ? "lazy" : "preallocated", c->l1_align, c->eviction_policy,
+             c->shm ? "; zero-copy path offered to local clients" : "");
+    for (int i = 0; i < s->nl2; i++) {
+        json_t *st = kvt_l2_status(s->l2s[i]);
+        const json_t *bp = json_object_get(st, "base_path");
+        kvt_info("L2 #%d: %s%s%s%s", i, s->l2s[i]->type, bp ? " at " : "",
+                 bp ? json_string_value(bp) : "", c->default_adapter ? " (embedded default)" : "");
+        json_decref(st);
+    }
+}
+
+int kvt_server_run(struct kvt_server_cfg *cfg)
+{
+    kvt_log_set_level(cfg->log_level);
+    struct kvt_server *s = kvt_xcalloc(1, sizeof(*s));
+    s->cfg = cfg;
+    s->sig_fd = -1;
+    int rc = start(s);
+    if (rc == 0) {
+        banner(s);
+        rpc_loop(s);
+    }
+    shutdown_all(s);
+    free(s);
+    if (rc == 0)
+        kvt_info("stopped");
+    return rc == 0 ? 0 : 1;
+}

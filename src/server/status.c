@@ -1,0 +1,208 @@
+/* The status document (rpc "status", GET /status), health and metrics. */
+#include "common/util.h"
+#include "server/internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+bool kvt_server_health(struct kvt_server *s, char *why, size_t cap)
+{
+    bool ok = true;
+    why[0] = 0;
+    for (int i = 0; i < s->nl2; i++) {
+        char msg[256];
+        if (!kvt_l2_healthy(s->l2s[i], msg, sizeof(msg))) {
+            size_t l = strlen(why);
+            snprintf(why + l, cap - l, "%sl2 %s: %s", ok ? "" : "; ", s->l2s[i]->name, msg);
+            ok = false;
+        }
+    }
+    if (ok)
+        snprintf(why, cap, "ok");
+    return ok;
+}
+
+json_t *kvt_server_status(struct kvt_server *s)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "server", json_string("kvtier " KVT_VERSION));
+    json_object_set_new(o, "pid", json_integer(getpid()));
+    json_object_set_new(o, "listen", json_string(s->cfg->bind));
+    json_object_set_new(o, "uptime_seconds",
+                        json_real((double)(kvt_now_ns() - s->start_ns) / 1e9));
+    char why[1024];
+    bool ok = kvt_server_health(s, why, sizeof(why));
+    json_t *h = json_object();
+    json_object_set_new(h, "is_healthy", json_boolean(ok));
+    json_object_set_new(h, "detail", json_string(why));
+    json_object_set_new(o, "health", h);
+    json_object_set_new(o, "l1", kvt_l1_status(s->l1));
+    json_t *l2 = json_array();
+    for (int i = 0; i < s->nl2; i++)
+        json_array_append_new(l2, kvt_l2_status(s->l2s[i]));
+    json_object_set_new(o, "l2", l2);
+    json_object_set_new(o, "store", kvt_store_ctrl_status(s->sc));
+    json_object_set_new(o, "prefetch", kvt_prefetch_ctrl_status(s->pc));
+    json_t *rpc = json_object();
+    json_t *ops = json_object();
+    for (int i = 0; i < OP_COUNT; i++) {
+        uint64_t c = atomic_load(&s->ops[i].count);
+        if (!c)
+            continue;
+        json_t *op = json_object();
+        json_object_set_new(op, "count", json_integer((json_int_t)c));
+        json_object_set_new(op, "errors", json_integer((json_int_t)atomic_load(&s->ops[i].errors)));
+        json_object_set_new(op, "mean_us",
+                            json_real((double)atomic_load(&s->ops[i].sum_ns) / (double)c / 1e3));
+        json_object_set_new(ops, kvt_op_names[i], op);
+    }
+    json_object_set_new(rpc, "ops", ops);
+    json_object_set_new(rpc, "bad_requests",
+                        json_integer((json_int_t)atomic_load(&s->bad_requests)));
+    json_object_set_new(rpc, "bytes_in", json_integer((json_int_t)atomic_load(&s->bytes_in)));
+    json_object_set_new(rpc, "bytes_out", json_integer((json_int_t)atomic_load(&s->bytes_out)));
+    json_object_set_new(rpc, "workers_queued",
+                        json_integer((json_int_t)kvt_tpool_queued(s->workers)));
+    json_object_set_new(o, "rpc", rpc);
+    return o;
+}
+
+/* ---- Prometheus text format ---- */
+
+struct sb {
+    char *p;
+    size_t len, cap;
+};
+
+__attribute__((format(printf, 2, 3))) static void sbf(struct sb *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n >= 0 && (size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        b->cap = b->cap * 2 + (size_t)(n > 0 ? n : 0) + 256;
+        b->p = kvt_xrealloc(b->p, b->cap);
+    }
+}
+
+static void metric(struct sb *b, const char *name, const char *type, const char *help)
+{
+    sbf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static uint64_t jint(const json_t *o, const char *path1, const char *path2)
+{
+    const json_t *v = json_object_get(o, path1);
+    if (path2)
+        v = json_object_get(v, path2);
+    return json_is_integer(v) ? (uint64_t)json_integer_value(v) : 0;
+}
+
+char *kvt_server_metrics(struct kvt_server *s, size_t *len)
+{
+    struct sb b = {.p = kvt_xmalloc(8192), .cap = 8192};
+    struct kvt_l1_usage u;
+    struct kvt_l1_counters c;
+    kvt_l1_usage(s->l1, &u);
+    kvt_l1_counters(s->l1, &c);
+    metric(&b, "kvtier_hits_total", "counter", "Lookup hits per tier (keys).");
+    sbf(&b, "kvtier_hits_total{tier=\"l1\"} %llu\n", (unsigned long long)c.hits);
+    json_t **st = kvt_xcalloc((size_t)s->nl2 + 1, sizeof(json_t *));
+    for (int i = 0; i < s->nl2; i++)
+        st[i] = kvt_l2_status(s->l2s[i]);
+    for (int i = 0; i < s->nl2; i++)
+        sbf(&b, "kvtier_hits_total{tier=\"l2\",adapter=\"%s\"} %llu\n", s->l2s[i]->name,
+            (unsigned long long)jint(st[i], "counters", "lookup_hits"));
+    metric(&b, "kvtier_misses_total", "counter", "Lookup misses per tier (keys).");
+    sbf(&b, "kvtier_misses_total{tier=\"l1\"} %llu\n", (unsigned long long)c.misses);
+    for (int i = 0; i < s->nl2; i++)
+        sbf(&b, "kvtier_misses_total{tier=\"l2\",adapter=\"%s\"} %llu\n", s->l2s[i]->name,
+            (unsigned long long)jint(st[i], "counters", "lookup_misses"));
+    metric(&b, "kvtier_used_bytes", "gauge", "Bytes in use per tier.");
+    sbf(&b, "kvtier_used_bytes{tier=\"l1\"} %llu\n", (unsigned long long)u.used_bytes);
+    for (int i = 0; i < s->nl2; i++)
+        sbf(&b, "kvtier_used_bytes{tier=\"l2\",adapter=\"%s\"} %llu\n", s->l2s[i]->name,
+            (unsigned long long)jint(st[i], "used_bytes", NULL));
+    metric(&b, "kvtier_capacity_bytes", "gauge", "Capacity per tier (0 = unlimited).");
+    sbf(&b, "kvtier_capacity_bytes{tier=\"l1\"} %llu\n", (unsigned long long)u.cap_bytes);
+    for (int i = 0; i < s->nl2; i++)
+        sbf(&b, "kvtier_capacity_bytes{tier=\"l2\",adapter=\"%s\"} %llu\n", s->l2s[i]->name,
+            (unsigned long long)jint(st[i], "capacity_bytes", NULL));
+    metric(&b, "kvtier_objects", "gauge", "Objects held per tier.");
+    sbf(&b, "kvtier_objects{tier=\"l1\"} %llu\n", (unsigned long long)u.objects);
+    for (int i = 0; i < s->nl2; i++)
+        sbf(&b, "kvtier_objects{tier=\"l2\",adapter=\"%s\"} %llu\n", s->l2s[i]->name,
+            (unsigned long long)jint(st[i], "objects", NULL));
+    metric(&b, "kvtier_l1_fragmentation", "gauge", "1 - largest free run / free bytes.");
+    sbf(&b, "kvtier_l1_fragmentation %.6f\n", u.fragmentation);
+    metric(&b, "kvtier_evictions_total", "counter", "Objects evicted per tier.");
+    sbf(&b, "kvtier_evictions_total{tier=\"l1\"} %llu\n", (unsigned long long)c.evictions);
+    for (int i = 0; i < s->nl2; i++)
+        sbf(&b, "kvtier_evictions_total{tier=\"l2\",adapter=\"%s\"} %llu\n", s->l2s[i]->name,
+            (unsigned long long)jint(st[i], "counters", "evictions"));
+    static const struct {
+        const char *metric, *field, *help;
+    } l2c[] = {
+        {"kvtier_l2_bytes_written_total", "bytes_written", "Bytes written to the adapter."},
+        {"kvtier_l2_bytes_read_total", "bytes_read", "Bytes read from the adapter."},
+        {"kvtier_l2_stores_total", "store_ok", "Objects stored."},
+        {"kvtier_l2_store_failures_total", "store_failed", "Objects that failed to store."},
+        {"kvtier_l2_rejected_writes_total", "rejected_writes", "Writes refused by the cap."},
+        {"kvtier_l2_corrupt_objects_total", "corrupt", "Objects that failed verification."},
+        {"kvtier_l2_odirect_fallbacks_total", "odirect_fallbacks",
+         "Transfers that could not use O_DIRECT."},
+    };
+    for (size_t m = 0; m < KVT_ARRAY_LEN(l2c); m++) {
+        metric(&b, l2c[m].metric, "counter", l2c[m].help);
+        for (int i = 0; i < s->nl2; i++)
+            sbf(&b, "%s{adapter=\"%s\"} %llu\n", l2c[m].metric, s->l2s[i]->name,
+                (unsigned long long)jint(st[i], "counters", l2c[m].field));
+    }
+    metric(&b, "kvtier_l2_healthy", "gauge", "1 if the adapter is healthy.");
+    for (int i = 0; i < s->nl2; i++)
+        sbf(&b, "kvtier_l2_healthy{adapter=\"%s\"} %d\n", s->l2s[i]->name,
+            json_is_true(json_object_get(st[i], "is_healthy")) ? 1 : 0);
+    for (int i = 0; i < s->nl2; i++)
+        json_decref(st[i]);
+    free(st);
+    metric(&b, "kvtier_rpc_requests_total", "counter", "Requests per operation.");
+    for (int i = 0; i < OP_COUNT; i++)
+        sbf(&b, "kvtier_rpc_requests_total{op=\"%s\"} %llu\n", kvt_op_names[i],
+            (unsigned long long)atomic_load(&s->ops[i].count));
+    metric(&b, "kvtier_rpc_errors_total", "counter", "Error replies per operation.");
+    for (int i = 0; i < OP_COUNT; i++)
+        sbf(&b, "kvtier_rpc_errors_total{op=\"%s\"} %llu\n", kvt_op_names[i],
+            (unsigned long long)atomic_load(&s->ops[i].errors));
+    metric(&b, "kvtier_rpc_latency_seconds", "histogram",
+           "Time from request receipt to reply per operation.");
+    for (int i = 0; i < OP_COUNT; i++) {
+        uint64_t cum = 0;
+        for (int k = 0; k < KVT_LAT_BUCKETS; k++) {
+            cum += atomic_load(&s->ops[i].bucket[k]);
+            if (k == KVT_LAT_BUCKETS - 1)
+                sbf(&b, "kvtier_rpc_latency_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n",
+                    kvt_op_names[i], (unsigned long long)cum);
+            else
+                sbf(&b, "kvtier_rpc_latency_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n",
+                    kvt_op_names[i], kvt_lat_bounds[k], (unsigned long long)cum);
+        }
+        sbf(&b, "kvtier_rpc_latency_seconds_sum{op=\"%s\"} %.9f\n", kvt_op_names[i],
+            (double)atomic_load(&s->ops[i].sum_ns) / 1e9);
+        sbf(&b, "kvtier_rpc_latency_seconds_count{op=\"%s\"} %llu\n", kvt_op_names[i],
+            (unsigned long long)atomic_load(&s->ops[i].count));
+    }
+    metric(&b, "kvtier_rpc_bytes_total", "counter", "Payload bytes received and sent inline.");
+    sbf(&b, "kvtier_rpc_bytes_total{dir=\"in\"} %llu\n",
+        (unsigned long long)atomic_load(&s->bytes_in));
+    sbf(&b, "kvtier_rpc_bytes_total{dir=\"out\"} %llu\n",
+        (unsigned long long)atomic_load(&s->bytes_out));
+    *len = b.len;
+    return b.p;
+}

@@ -1,0 +1,174 @@
+/* Description: L1 pool: reserve/commit/get, leases, eviction, temp objects. */
+#include "test.h"
+
+#include "kvtier/error.h"
+#include "l1/l1.h"
+
+#include <errno.h>
+#include <string.h>
+
+static struct kvt_l1 *mk(uint64_t size, const char *policy)
+{
+    struct kvt_l1_opts o = {.size_bytes = size, .init_bytes = size, .lazy = true, .align = 4096,
+                            .write_ttl_ns = 600e9, .read_ttl_ns = 300e9, .policy = policy,
+                            .watermark = 0.8, .ratio = 0.2};
+    struct kvt_l1 *l1 = NULL;
+    char err[256];
+    TEST_ASSERT(kvt_l1_create(&o, &l1, err, sizeof(err)) == 0);
+    return l1;
+}
+
+static kvt_key key(int i)
+{
+    uint32_t ns;
+    TEST_ASSERT(kvt_ns_intern("m", 1, "", 0, &ns, NULL) == 0);
+    uint8_t h[32] = {0};
+    memcpy(h, &i, sizeof(i));
+    kvt_key k;
+    TEST_ASSERT(kvt_key_make(&k, ns, h, 32, 0, 0) == 0);
+    return k;
+}
+
+static void test_basic(void)
+{
+    struct kvt_l1 *l1 = mk(64 << 20, "LRU");
+    for (int i = 0; i < 100; i++) {
+        kvt_key k = key(i);
+        kvt_objmeta m = {.len = 10000 + (uint32_t)i};
+        struct kvt_l1_ref r;
+        TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &r) == 0);
+        TEST_ASSERT(r.off % 4096 == 0);
+        memset(r.ptr, i, m.len);
+        /* invisible while written */
+        struct kvt_l1_ref g;
+        TEST_ASSERT(kvt_l1_get(l1, &k, &g) == -ENOENT);
+        TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &g) == -EEXIST);
+        kvt_l1_commit(l1, &r.h, 1, 0);
+        kvt_l1_put(l1, r.h);
+    }
+    for (int i = 0; i < 100; i++) {
+        kvt_key k = key(i);
+        struct kvt_l1_ref g;
+        TEST_ASSERT(kvt_l1_get(l1, &k, &g) == 0);
+        TEST_ASSERT(g.meta.len == 10000u + (uint32_t)i);
+        TEST_ASSERT(((unsigned char *)g.ptr)[g.meta.len - 1] == (unsigned char)i);
+        kvt_l1_put(l1, g.h);
+    }
+    kvt_key ks[100];
+    for (int i = 0; i < 100; i++)
+        ks[i] = key(i);
+    TEST_ASSERT(kvt_l1_get_prefix(l1, ks, 100, NULL) == 100);
+    kvt_l1_destroy(l1);
+}
+
+static void test_eviction_and_full(void)
+{
+    /* 16 pages of 4 KiB; objects of 2 pages: 8 fit */
+    struct kvt_l1 *l1 = mk(16 * 4096, "LRU");
+    uint32_t held = 0;
+    for (int i = 0; i < 20; i++) {
+        kvt_key k = key(1000 + i);
+        kvt_objmeta m = {.len = 8192};
+        struct kvt_l1_ref r;
+        TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &r) == 0); /* evicts LRU when full */
+        kvt_l1_commit(l1, &r.h, 1, 0);
+        if (i == 0)
+            held = r.h; /* keep a reference: never evicted */
+        else
+            kvt_l1_put(l1, r.h);
+    }
+    kvt_key k0 = key(1000);
+    TEST_ASSERT(kvt_l1_contains(l1, &k0));
+    kvt_key k1 = key(1001);
+    TEST_ASSERT(!kvt_l1_contains(l1, &k1));
+    kvt_key k19 = key(1019);
+    TEST_ASSERT(kvt_l1_contains(l1, &k19));
+    struct kvt_l1_usage u;
+    kvt_l1_usage(l1, &u);
+    TEST_ASSERT(u.used_bytes <= u.cap_bytes);
+    kvt_l1_put(l1, held);
+    kvt_l1_destroy(l1);
+
+    /* noop policy: full means full */
+    l1 = mk(4 * 4096, "noop");
+    for (int i = 0; i < 4; i++) {
+        kvt_key k = key(2000 + i);
+        kvt_objmeta m = {.len = 4096};
+        struct kvt_l1_ref r;
+        TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &r) == 0);
+        kvt_l1_commit(l1, &r.h, 1, 0);
+        kvt_l1_put(l1, r.h);
+    }
+    kvt_key k = key(2004);
+    kvt_objmeta m = {.len = 1};
+    struct kvt_l1_ref r;
+    TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &r) == KVT_E_FULL);
+    kvt_l1_destroy(l1);
+}
+
+static void test_temp_and_leases(void)
+{
+    struct kvt_l1 *l1 = mk(1 << 20, "LRU");
+    kvt_key k = key(3000);
+    kvt_objmeta m = {.len = 100};
+    struct kvt_l1_ref r;
+    TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &r) == 0);
+    kvt_l1_commit(l1, &r.h, 1, KVT_L1_TEMP);
+    uint64_t lease = kvt_l1_lease_new(l1, KVT_LEASE_READ, &r.h, 1);
+    TEST_ASSERT(kvt_l1_contains(l1, &k));
+    TEST_ASSERT(kvt_l1_lease_end(l1, lease, KVT_LEASE_READ, NULL, NULL, 0) == 0);
+    TEST_ASSERT(!kvt_l1_contains(l1, &k)); /* temp: gone with its last reader */
+    TEST_ASSERT(kvt_l1_lease_end(l1, lease, KVT_LEASE_READ, NULL, NULL, 0) == KVT_E_EXPIRED);
+
+    /* write lease: commit only what was written */
+    kvt_key a = key(3001), b = key(3002);
+    struct kvt_l1_ref ra, rb;
+    TEST_ASSERT(kvt_l1_reserve(l1, &a, &m, &ra) == 0);
+    TEST_ASSERT(kvt_l1_reserve(l1, &b, &m, &rb) == 0);
+    uint32_t hs[2] = {ra.h, rb.h}, keep[2];
+    uint64_t wl = kvt_l1_lease_new(l1, KVT_LEASE_WRITE, hs, 2);
+    uint64_t bits = 1; /* only a */
+    TEST_ASSERT(kvt_l1_lease_end(l1, wl, KVT_LEASE_WRITE, &bits, keep, 2) == 1);
+    TEST_ASSERT(keep[0] == ra.h);
+    TEST_ASSERT(kvt_l1_contains(l1, &a) && !kvt_l1_contains(l1, &b));
+    kvt_l1_put(l1, keep[0]);
+    kvt_l1_destroy(l1);
+}
+
+static void test_expiry(void)
+{
+    struct kvt_l1_opts o = {.size_bytes = 1 << 20, .init_bytes = 1 << 20, .lazy = false,
+                            .align = 4096, .write_ttl_ns = 1, .read_ttl_ns = 1, .policy = "LRU",
+                            .watermark = 0.8, .ratio = 0.2};
+    struct kvt_l1 *l1;
+    char err[256];
+    TEST_ASSERT(kvt_l1_create(&o, &l1, err, sizeof(err)) == 0);
+    kvt_key k = key(4000);
+    kvt_objmeta m = {.len = 4096};
+    struct kvt_l1_ref r;
+    TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &r) == 0);
+    uint64_t wl = kvt_l1_lease_new(l1, KVT_LEASE_WRITE, &r.h, 1);
+    struct kvt_l1_usage u;
+    kvt_l1_usage(l1, &u);
+    TEST_ASSERT(u.used_bytes == 4096);
+    usleep(1000);
+    TEST_ASSERT(kvt_l1_expire(l1) == 1);
+    TEST_ASSERT(kvt_l1_lease_end(l1, wl, KVT_LEASE_WRITE, NULL, NULL, 0) == KVT_E_EXPIRED);
+    TEST_ASSERT(!kvt_l1_contains(l1, &k));
+    kvt_l1_usage(l1, &u);
+    TEST_ASSERT(u.used_bytes == 4096); /* quarantined for one TTL */
+    usleep(1000);
+    kvt_l1_expire(l1);
+    kvt_l1_usage(l1, &u);
+    TEST_ASSERT(u.used_bytes == 0);
+    kvt_l1_destroy(l1);
+}
+
+int main(void)
+{
+    RUN(test_basic);
+    RUN(test_eviction_and_full);
+    RUN(test_temp_and_leases);
+    RUN(test_expiry);
+    return TEST_RESULT();
+}
