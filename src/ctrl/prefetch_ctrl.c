@@ -232,7 +232,8 @@ static void on_load(struct kvt_prefetch_ctrl *pc, int a, kvt_l2_task *t)
     kvt_l2_unlock(pc->l2s[a], t->keys, t->n);
     for (uint32_t j = 0; j < t->n; j++) {
         uint32_t i = lm->idx[j];
-        if (kvt_bm_test(t->ok, j)) {
+        if (kvt_bm_test(t->ok, j) && t->bufs[j].len == r->refs[i].meta.len &&
+            t->meta[j].len == r->refs[i].meta.len) {
             kvt_objmeta m = t->meta[j];
             m.len = r->refs[i].meta.len;
             kvt_l1_set_meta(pc->l1, r->refs[i].h, &m);

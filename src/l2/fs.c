@@ -186,9 +186,9 @@ static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const kvt
         return rc;
     bool direct = direct_ok(l2, e, src->ptr, src->len);
     uint16_t hl = hdr_len_for(e, direct);
-    kvt_objmeta m = *meta;
-    m.len = (uint32_t)src->len;
-    rc = kvt_objhdr_encode(hdrbuf, hl, key, &m, 0, src->len, kvt_payload_hash(src->ptr, src->len));
+    const kvt_objmeta *m = meta;
+    uint64_t sum = kvt_payload_hash(src->ptr, src->len);
+    rc = kvt_objhdr_encode(hdrbuf, hl, key, m, m->serde, src->len, sum);
     if (rc)
         return rc;
     snprintf(tmp, sizeof(tmp), "%s.tmp.%x-%llx-%llx", name, (unsigned)e->pid,
@@ -199,7 +199,7 @@ static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const kvt
         return fd;
     if (!direct && hl != KVT_OBJHDR_MIN) { /* O_DIRECT fell back at open */
         hl = KVT_OBJHDR_MIN;
-        kvt_objhdr_encode(hdrbuf, hl, key, &m, 0, src->len, kvt_payload_hash(src->ptr, src->len));
+        kvt_objhdr_encode(hdrbuf, hl, key, m, m->serde, src->len, sum);
     }
     struct iovec iov[2] = {{hdrbuf, hl}, {src->ptr, src->len}};
     uint64_t total = hl + src->len, done = 0;
@@ -276,7 +276,9 @@ static void run_store(struct fs_job *j, void *hdrbuf)
     bool likely_direct = e->odirect && !atomic_load(&e->odirect_refused) &&
                          src->len % e->blksz == 0 && (uintptr_t)src->ptr % e->blksz == 0;
     uint16_t hl = hdr_len_for(e, likely_direct);
-    int rc = kvt_l2_reserve(l2, &ck, (uint32_t)(hl + src->len), (uint32_t)src->len, hl, 0);
+    uint32_t logical = t->meta[i].len ? t->meta[i].len : (uint32_t)src->len;
+    t->meta[i].len = logical;
+    int rc = kvt_l2_reserve(l2, &ck, (uint32_t)(hl + src->len), logical, hl, 0);
     if (rc == -EEXIST) {
         atomic_fetch_add(&l2->counters.store_skipped, 1);
         kvt_l2_task_ok(t, i, 0);
@@ -480,13 +482,18 @@ static void run_load(struct fs_job *j, void *hdrbuf)
     if (e->read_ahead)
         posix_fadvise(fd, 0, (off_t)KVT_MIN(e->read_ahead, hl + dst->len), POSIX_FADV_WILLNEED);
     struct stat st;
-    struct iovec iov[2] = {{hdrbuf, hl}, {dst->ptr, dst->len}};
-    uint64_t total = hl + dst->len, done = 0;
     int rc = 0;
+    uint64_t plen = 0;
     if (fstat(fd, &st) < 0)
         rc = -errno;
-    else if ((uint64_t)st.st_size != total)
-        rc = KVT_E_CORRUPT; /* never a partial or an overrun: sizes must match */
+    else if ((uint64_t)st.st_size < hl || (uint64_t)st.st_size - hl > dst->len)
+        rc = KVT_E_CORRUPT; /* shorter than a header, or larger than the destination */
+    else
+        plen = (uint64_t)st.st_size - hl;
+    if (!rc && direct && plen % e->blksz)
+        direct = false; /* cannot happen for files we wrote with O_DIRECT */
+    struct iovec iov[2] = {{hdrbuf, hl}, {dst->ptr, plen}};
+    uint64_t total = hl + plen, done = 0;
     while (!rc && done < total) {
         ssize_t r = preadv(fd, iov, 2, (off_t)done);
         if (r < 0 && errno == EINTR)
@@ -513,11 +520,11 @@ static void run_load(struct fs_job *j, void *hdrbuf)
             why = "header names another key";
             rc = KVT_E_CORRUPT;
         }
-        if (!rc && (h.payload_len != dst->len || h.flags != 0)) {
-            why = "stored length differs from the destination";
+        if (!rc && h.payload_len != plen) {
+            why = "file size does not match the header (torn or extended file)";
             rc = KVT_E_CORRUPT;
         }
-        if (!rc && kvt_payload_hash(dst->ptr, dst->len) != h.payload_xxh3) {
+        if (!rc && kvt_payload_hash(dst->ptr, plen) != h.payload_xxh3) {
             why = "payload checksum mismatch";
             rc = KVT_E_CORRUPT;
         }
@@ -531,6 +538,7 @@ static void run_load(struct fs_job *j, void *hdrbuf)
         return;
     }
     t->meta[i] = h.meta;
+    dst->len = plen;
     kvt_l2_task_ok(t, i, total);
 }
 
@@ -650,7 +658,7 @@ static bool tmp_writer_dead(const char *name, struct fs_engine *e)
 
 static void sweep_tmp(kvt_l2 *l2, struct fs_engine *e, int dfd)
 {
-    int fd = dup(dfd);
+    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* not dup: a dup shares the read offset */
     if (fd < 0)
         return;
     DIR *d = fdopendir(fd);
@@ -677,7 +685,7 @@ static void *scan_main(void *arg)
     uint64_t t0 = kvt_now_ns();
     size_t cap = 4096, n = 0;
     struct scan_ent *v = kvt_xmalloc(cap * sizeof(*v));
-    int fd = dup(e->dirfd);
+    int fd = openat(e->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
         if (fd >= 0)

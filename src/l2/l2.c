@@ -285,6 +285,14 @@ void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
         atomic_fetch_add(&c->lookup_misses, t->n - hits);
         break;
     case KVT_L2_LOAD:
+        /* a raw object's bytes must be exactly its logical length */
+        for (uint32_t i = 0; i < t->n; i++)
+            if (kvt_bm_test(t->ok, i) && t->meta[i].serde == 0 &&
+                t->bufs[i].len != t->meta[i].len) {
+                t->ok[i / 64] &= ~(1ull << (i % 64));
+                atomic_fetch_add(&c->corrupt, 1);
+                hits--;
+            }
         atomic_fetch_add(&c->load_ok, hits);
         atomic_fetch_add(&c->load_failed, t->n - hits);
         atomic_fetch_add(&c->bytes_read, atomic_load(&t->bytes));

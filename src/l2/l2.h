@@ -24,6 +24,18 @@
  * usage, counters, the eviction-policy hooks, recovery bookkeeping and the
  * done queues. An engine implements struct kvt_l2_ops.
  *
+ * Engine convention for lengths (a serde stage may sit in front of the
+ * engine, so stored bytes and logical bytes differ):
+ *   STORE  store bufs[i].len bytes from bufs[i].ptr; meta[i] describes the
+ *          object: meta[i].len is the LOGICAL length (index `len`, header
+ *          logical_len), meta[i].serde goes into the header flags.
+ *   LOOKUP report meta[i].len = the logical length.
+ *   LOAD   bufs[i].len is the CAPACITY of bufs[i].ptr. Read the stored payload
+ *          only if it fits (never an overrun), verify it, then set
+ *          bufs[i].len to the payload bytes read and meta[i] from the header
+ *          (len, dtype, shape, serde). The base and the controllers check the
+ *          lengths against what they expect: a mismatch is a miss.
+ *
  * Task results (written by the adapter, read by the controller after pop):
  *   ok       bitmap: STORE key stored (or already present), LOOKUP key found
  *            and pinned, LOAD key's bytes are in bufs[i] and verified.
@@ -54,11 +66,12 @@ enum kvt_l2_kind { KVT_L2_STORE = 0, KVT_L2_LOOKUP = 1, KVT_L2_LOAD = 2 };
 
 /* Per-object metadata carried into the object header. */
 typedef struct kvt_objmeta {
-    uint32_t len;   /* logical payload bytes */
+    uint32_t len;   /* logical payload bytes (what the client stored) */
     uint16_t dtype; /* enum kvt_dtype, 0 = raw bytes */
     uint8_t ndim;
     uint8_t pad;
     uint32_t shape[KVT_MAX_DIMS];
+    uint32_t serde; /* serde chain that produced the stored bytes; 0 = raw */
 } kvt_objmeta;
 
 /* Element types a client may declare (protocol field "dtype"). */

@@ -25,6 +25,7 @@
 
 struct mock_obj {
     void *data;
+    uint32_t stored_len;
     kvt_objmeta meta;
     kvt_key key;
     uint64_t seq; /* insertion order, for FIFO */
@@ -152,7 +153,8 @@ static void do_store(kvt_l2 *l2, struct mock_engine *m, kvt_l2_task *t, uint32_t
     pthread_mutex_lock(&m->lock);
     uint32_t id = slot_alloc(m);
     pthread_mutex_unlock(&m->lock);
-    int rc = kvt_l2_reserve(l2, &ck, (uint32_t)len, (uint32_t)len, id, 0);
+    uint32_t logical = t->meta[i].len ? t->meta[i].len : (uint32_t)len;
+    int rc = kvt_l2_reserve(l2, &ck, (uint32_t)len, logical, id, 0);
     if (rc) {
         pthread_mutex_lock(&m->lock);
         m->free_ids[m->nfree++] = id;
@@ -173,7 +175,8 @@ static void do_store(kvt_l2 *l2, struct mock_engine *m, kvt_l2_task *t, uint32_t
     struct mock_obj *o = &m->slots[id];
     o->data = copy;
     o->meta = t->meta[i];
-    o->meta.len = (uint32_t)len;
+    o->meta.len = logical;
+    o->stored_len = (uint32_t)len;
     o->key = ck;
     o->seq = m->seq++;
     o->used = true;
@@ -215,10 +218,11 @@ static void do_load(kvt_l2 *l2, struct mock_engine *m, kvt_l2_task *t, uint32_t 
     int rc = 0;
     if (!mo->used || !kvt_key_eq(&mo->key, &ck))
         rc = KVT_E_NOTFOUND;
-    else if (mo->meta.len != t->bufs[i].len)
+    else if (mo->stored_len > t->bufs[i].len)
         rc = KVT_E_CORRUPT; /* never an overrun */
     else {
-        memcpy(t->bufs[i].ptr, mo->data, mo->meta.len);
+        memcpy(t->bufs[i].ptr, mo->data, mo->stored_len);
+        t->bufs[i].len = mo->stored_len;
         t->meta[i] = mo->meta;
     }
     pthread_mutex_unlock(&m->lock);

@@ -131,6 +131,7 @@ int kvt_objhdr_decode(const void *buf, size_t len, struct kvt_objhdr *h, const c
     }
     for (int i = 0; i < KVT_MAX_DIMS; i++)
         h->meta.shape[i] = get32(p + 88 + 4 * i);
+    h->meta.serde = h->flags;
     return 0;
 bad:
     if (why)

@@ -8,7 +8,7 @@
  *   8   version (1)            u16
  *  10   hdr_len                u16   header area incl. padding (512 or the
  *                                    O_DIRECT block size)
- *  12   flags                  u32   serde chain bits (0 = raw payload)
+ *  12   flags                  u32   serde chain id (kvt_objmeta.serde; 0 = raw)
  *  16   payload_len            u64   bytes after the header as stored
  *  24   logical_len            u64   bytes the client stored (before serde)
  *  32   payload_xxh3           u64   XXH3-64 of the stored payload
@@ -49,7 +49,8 @@ struct kvt_objhdr {
     kvt_objmeta meta;
 };
 
-/* Encode a header for key/meta into buf (hdr_len bytes, >= KVT_OBJHDR_MIN). */
+/* Encode a header for key/meta into buf (hdr_len bytes, >= KVT_OBJHDR_MIN).
+ * meta->len is the logical length; payload_len the stored bytes. */
 int kvt_objhdr_encode(void *buf, uint16_t hdr_len, const kvt_key *key, const kvt_objmeta *meta,
                       uint32_t flags, uint64_t payload_len, uint64_t payload_xxh3);
 
