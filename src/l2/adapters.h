@@ -64,4 +64,25 @@ int kvt_mock_parse(struct kvt_cfg *c, struct kvt_mock_opts *o);
 int kvt_mock_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_mock_opts *o,
                   char *err, size_t errcap);
 
+/* ---- nixl_store_dynamic / nixl_store (nixl_dynamic.c, nixl_store.c) ---- */
+struct kvt_nixl_opts {
+    const char *backend; /* POSIX or HF3FS (others are refused at parse) */
+    const char *file_path;
+    bool use_direct_io;
+    uint64_t max_capacity_bytes; /* dynamic */
+    bool shard_dirs;             /* dynamic */
+    uint32_t pool_size;          /* static pool */
+    uint64_t file_size;          /* static pool */
+    uint32_t page_size;          /* static pool */
+    int io_engine;               /* enum kvt_ioeng_kind */
+    int queue_depth;             /* io_uring */
+    int num_workers;
+    bool durable;
+};
+int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic);
+int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
+                          const struct kvt_nixl_opts *o, char *err, size_t errcap);
+int kvt_nixl_store_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_nixl_opts *o,
+                        char *err, size_t errcap);
+
 #endif

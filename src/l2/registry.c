@@ -33,9 +33,29 @@ static int open_mock(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err
     return kvt_mock_open(l2, s, o, err, cap);
 }
 
+static int parse_nixl_dynamic(struct kvt_cfg *c, void *o)
+{
+    return kvt_nixl_parse(c, o, true);
+}
+static int open_nixl_dynamic(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err,
+                             size_t cap)
+{
+    return kvt_nixl_dynamic_open(l2, s, o, err, cap);
+}
+static int parse_nixl_store(struct kvt_cfg *c, void *o)
+{
+    return kvt_nixl_parse(c, o, false);
+}
+static int open_nixl_store(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err,
+                           size_t cap)
+{
+    return kvt_nixl_store_open(l2, s, o, err, cap);
+}
+
 union any_opts {
     struct kvt_fs_opts fs;
     struct kvt_mock_opts mock;
+    struct kvt_nixl_opts nixl;
 };
 
 static const struct type_ent {
@@ -46,6 +66,8 @@ static const struct type_ent {
     {"fs", parse_fs, open_fs},
     {"fs_native", parse_fs_native, open_fs},
     {"mock", parse_mock, open_mock},
+    {"nixl_store_dynamic", parse_nixl_dynamic, open_nixl_dynamic},
+    {"nixl_store", parse_nixl_store, open_nixl_store},
 };
 
 const char *kvt_l2_types(void)

@@ -1,0 +1,1169 @@
+/*
+ * nixl_store_dynamic adapter: one file per object with deterministic names,
+ * LMCache's NIXL "dynamic" file mode served natively (backends POSIX and
+ * HF3FS, the latter as a shared file system path).
+ *
+ * Name:  {model with / -> --}_{kv_rank:08x}_{group:x}_{chunk_hex}[@salt].bin
+ *        under file_path, or under file_path/hex[0:2]/hex[2:4]/ with
+ *        shard_dirs. File = object header (objfmt.h: 512 bytes, or one block
+ *        with O_DIRECT) + payload.
+ *
+ * Store:  reserve capacity (the hard cap holds before any byte is written)
+ *         -> header + checksum -> open "<final>.tmp.<pid>-<start>-<seq>"
+ *         (O_EXCL, O_DIRECT when usable) -> one write of header + payload on
+ *         the I/O engine -> optional fdatasync -> renameat2(RENAME_NOREPLACE)
+ *         -> READY. Keys already indexed or in flight are skipped.
+ * Lookup: the index, then a secondary lookup on disk (files published by
+ *         another process sharing the directory): header read and verified.
+ * Load:   one read of header + payload into the destination on the engine,
+ *         then header, identity, size and checksum verified: any mismatch is
+ *         a miss, counted as corrupt, and the bad file is removed.
+ * Start-up: an eager background scan (flat and sharded layouts) restores
+ *         usage and LRU order and removes tmp files of dead writers; stores
+ *         wait for it (so the cap holds right after a restart), lookups and
+ *         loads are served meanwhile.
+ * Close:  persist_enabled keeps the files, otherwise indexed files are
+ *         removed; tmp leftovers are always removed (ours, dead writers',
+ *         and foreign-format ones older than 15 minutes).
+ *
+ * The pipeline per key: a metadata worker (tpool "nixlm<i>", num_workers
+ * threads) prepares and opens, the I/O engine (posix threads or io_uring)
+ * moves the bytes, and the finishing step (close, rename, verify) runs on
+ * the engine thread when it may block (posix) or back on a metadata worker
+ * (io_uring).
+ *
+ * Locks: l2->lock (base) for index updates, never across I/O;
+ * e->park_lock guards the parked-store list; e->drain_lock the live count.
+ */
+#include "common/log.h"
+#include "common/util.h"
+#include "io/engine.h"
+#include "io/tpool.h"
+#include "kvtier/error.h"
+#include "l2/adapters.h"
+#include "l2/cfg.h"
+#include "l2/l2.h"
+#include "l2/objfmt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
+
+#define ND_HDR_MAX 4096u
+#define ND_PATH_MAX (KVT_NAME_MAX + 96)
+#define ND_FOREIGN_TMP_AGE_S (15 * 60)
+
+enum nd_stage { ST_STORE, ST_STORE_FIN, ST_LOOKUP, ST_LOAD, ST_LOAD_FIN };
+
+struct nd_batch;
+
+struct nd_op {
+    struct kvt_job job; /* metadata-pool job */
+    struct kvt_io io;   /* the data transfer */
+    struct nd_batch *b;
+    struct nd_op *park_next; /* guarded by e->park_lock */
+    uint32_t i;
+    uint8_t stage;
+    bool direct;
+    uint16_t hl;
+    int fd;
+    uint64_t plen;
+    char rel[ND_PATH_MAX];
+    char tmp[ND_PATH_MAX + 64];
+};
+
+struct nd_batch {
+    kvt_l2 *l2;
+    kvt_l2_task *t;
+    uint8_t *hdrs; /* n x ND_HDR_MAX, 4096-aligned (STORE, LOAD) */
+    _Atomic uint32_t left;
+    struct nd_op ops[];
+};
+
+struct nd_engine {
+    char *base;
+    int dirfd;
+    const char *backend;
+    bool shard;
+    bool odirect;                 /* asked for */
+    _Atomic bool odirect_refused; /* the file system said EINVAL */
+    _Atomic bool warned_refused, warned_len, warned_align;
+    uint32_t blksz;
+    bool durable;
+    int nworkers;
+    struct kvt_tpool *meta;
+    struct kvt_ioeng *io;
+    pid_t pid;
+    uint64_t starttime;
+    _Atomic uint64_t seq;
+    _Atomic uint64_t shard_made[65536 / 64]; /* "xx/yy" created, by first two bytes */
+
+    pthread_t scan_thr;
+    bool scan_started;
+    _Atomic bool stop;
+
+    pthread_mutex_t park_lock;
+    struct nd_op *parked; /* store ops waiting for the scan (LIFO) */
+    bool parking;         /* guarded by park_lock */
+    uint64_t parked_n;    /* guarded by park_lock */
+
+    pthread_mutex_t drain_lock;
+    pthread_cond_t drain_cond;
+    uint64_t live_batches; /* guarded by drain_lock */
+
+    _Atomic uint64_t tmp_removed, misaligned;
+};
+
+/* ------------------------------------------------------------ helpers */
+
+static bool cb_inline(struct nd_engine *e)
+{
+    return kvt_ioeng_cb_may_block(e->io);
+}
+
+/* Relative path of a key's file: [xx/yy/]name. */
+static int relpath(struct nd_engine *e, const kvt_key *k, char *out)
+{
+    char name[KVT_NAME_MAX + 1];
+    int rc = kvt_key_encode(KVT_CODEC_NIXL, k, name);
+    if (rc < 0)
+        return rc;
+    if (!e->shard) {
+        memcpy(out, name, (size_t)rc + 1);
+        return 0;
+    }
+    char hex[5];
+    kvt_hex(k->hash, k->hash_len >= 2 ? 2 : 1, hex);
+    if (k->hash_len < 2)
+        snprintf(hex + 2, 3, "00");
+    snprintf(out, ND_PATH_MAX, "%.2s/%.2s/%s", hex, hex + 2, name);
+    return 0;
+}
+
+/* Create the shard directories of a key once per process (cached). */
+static int ensure_shard(struct nd_engine *e, const kvt_key *k)
+{
+    if (!e->shard)
+        return 0;
+    uint32_t id = (uint32_t)k->hash[0] << 8 | (k->hash_len >= 2 ? k->hash[1] : 0);
+    uint64_t bit = 1ull << (id % 64);
+    if (atomic_load_explicit(&e->shard_made[id / 64], memory_order_relaxed) & bit)
+        return 0;
+    char d1[3], d2[6];
+    snprintf(d1, sizeof(d1), "%02x", id >> 8);
+    snprintf(d2, sizeof(d2), "%02x/%02x", id >> 8, id & 0xff);
+    if (mkdirat(e->dirfd, d1, 0755) < 0 && errno != EEXIST)
+        return -errno;
+    if (mkdirat(e->dirfd, d2, 0755) < 0 && errno != EEXIST)
+        return -errno;
+    atomic_fetch_or_explicit(&e->shard_made[id / 64], bit, memory_order_relaxed);
+    return 0;
+}
+
+/* Whether this transfer can use O_DIRECT; counts and warns once otherwise.
+ * The seed's rules: a length that is not a multiple of the block size is
+ * buffered for that operation; so is a misaligned buffer (never an EINVAL
+ * surfacing as a failed store). */
+static bool direct_ok(kvt_l2 *l2, struct nd_engine *e, const void *buf, uint64_t len)
+{
+    if (!e->odirect)
+        return false;
+    if (atomic_load(&e->odirect_refused)) {
+        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
+        return false;
+    }
+    if (len % e->blksz) {
+        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
+        kvt_warn_once(&e->warned_len,
+                      "%s: O_DIRECT not used for an object of %llu bytes: length is not a "
+                      "multiple of the block size %u; such transfers are buffered and counted "
+                      "in odirect_fallbacks",
+                      l2->name, (unsigned long long)len, e->blksz);
+        return false;
+    }
+    if ((uintptr_t)buf % e->blksz) {
+        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
+        atomic_fetch_add(&e->misaligned, 1);
+        kvt_warn_once(&e->warned_align,
+                      "%s: O_DIRECT not used: buffer %p is not aligned to %u bytes (raise "
+                      "--l1-align-bytes); transfer buffered",
+                      l2->name, buf, e->blksz);
+        return false;
+    }
+    return true;
+}
+
+static void batch_op_done(struct nd_batch *b)
+{
+    if (atomic_fetch_sub_explicit(&b->left, 1, memory_order_acq_rel) != 1)
+        return;
+    kvt_l2 *l2 = b->l2;
+    struct nd_engine *e = l2->engine;
+    kvt_l2_task_finish(l2, b->t);
+    free(b->hdrs);
+    free(b);
+    pthread_mutex_lock(&e->drain_lock);
+    if (--e->live_batches == 0)
+        pthread_cond_broadcast(&e->drain_cond);
+    pthread_mutex_unlock(&e->drain_lock);
+}
+
+static void store_fail(kvt_l2 *l2, kvt_l2_task *t, uint32_t i, int rc)
+{
+    kvt_l2_task_fail(t, i, rc);
+    atomic_fetch_add(&l2->counters.store_failed, 1);
+}
+
+/* ------------------------------------------------------------- store */
+
+static void io_done(struct kvt_io *io);
+
+static int open_tmp(kvt_l2 *l2, struct nd_engine *e, const char *tmp, bool *direct)
+{
+    int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
+    if (*direct) {
+        int fd = openat(e->dirfd, tmp, flags | O_DIRECT, 0644);
+        if (fd >= 0)
+            return fd;
+        if (errno != EINVAL)
+            return -errno;
+        atomic_store(&e->odirect_refused, true);
+        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
+        kvt_warn_once(&e->warned_refused,
+                      "%s: O_DIRECT refused by the file system under %s (open: EINVAL); all "
+                      "transfers are buffered from now on and counted in odirect_fallbacks",
+                      l2->name, e->base);
+        *direct = false;
+    }
+    int fd = openat(e->dirfd, tmp, flags, 0644);
+    return fd >= 0 ? fd : -errno;
+}
+
+/* First half of a store, on a metadata worker: reserve, header, open the
+ * tmp file, hand the write to the engine. Returns true when the op went to
+ * the engine (it finishes later), false when it is finished here. */
+static bool store_prep(struct nd_op *op)
+{
+    struct nd_batch *b = op->b;
+    kvt_l2 *l2 = b->l2;
+    struct nd_engine *e = l2->engine;
+    kvt_l2_task *t = b->t;
+    uint32_t i = op->i;
+    const kvt_buf *src = &t->bufs[i];
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[i], &ck);
+    if (src->len > KVT_MAX_OBJECT) {
+        store_fail(l2, t, i, KVT_E_TOOBIG);
+        return false;
+    }
+    op->direct = direct_ok(l2, e, src->ptr, src->len);
+    op->hl = op->direct ? (uint16_t)e->blksz : KVT_OBJHDR_MIN;
+    uint32_t logical = t->meta[i].len ? t->meta[i].len : (uint32_t)src->len;
+    t->meta[i].len = logical;
+    int rc = kvt_l2_reserve(l2, &ck, (uint32_t)(op->hl + src->len), logical, op->hl, 0);
+    if (rc == -EEXIST) {
+        atomic_fetch_add(&l2->counters.store_skipped, 1);
+        kvt_l2_task_ok(t, i, 0);
+        return false;
+    }
+    if (rc) {
+        store_fail(l2, t, i, rc);
+        return false;
+    }
+    rc = relpath(e, &t->keys[i], op->rel);
+    if (!rc)
+        rc = ensure_shard(e, &t->keys[i]);
+    if (rc)
+        goto fail;
+    void *hdr = b->hdrs + (size_t)i * ND_HDR_MAX;
+    uint64_t sum = kvt_payload_hash(src->ptr, src->len);
+    rc = kvt_objhdr_encode(hdr, op->hl, &t->keys[i], &t->meta[i], t->meta[i].serde, src->len,
+                           sum);
+    if (rc)
+        goto fail;
+    snprintf(op->tmp, sizeof(op->tmp), "%s.tmp.%x-%llx-%llx", op->rel, (unsigned)e->pid,
+             (unsigned long long)e->starttime,
+             (unsigned long long)atomic_fetch_add(&e->seq, 1));
+    bool direct = op->direct;
+    op->fd = open_tmp(l2, e, op->tmp, &direct);
+    if (op->fd < 0) {
+        rc = op->fd;
+        op->fd = -1;
+        goto fail;
+    }
+    if (direct != op->direct) { /* O_DIRECT refused at open: small header */
+        op->direct = false;
+        uint16_t nhl = KVT_OBJHDR_MIN;
+        kvt_objhdr_encode(hdr, nhl, &t->keys[i], &t->meta[i], t->meta[i].serde, src->len, sum);
+        pthread_mutex_lock(&l2->lock);
+        struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
+        if (o) {
+            l2->used_bytes = l2->used_bytes - o->stored + nhl + src->len;
+            o->stored = (uint32_t)(nhl + src->len);
+            o->aux = nhl;
+        }
+        pthread_mutex_unlock(&l2->lock);
+        op->hl = nhl;
+    }
+    op->stage = ST_STORE_FIN;
+    kvt_io_prep(&op->io, KVT_IO_WRITE, op->fd, 0, io_done, op);
+    kvt_io_add(&op->io, hdr, op->hl);
+    kvt_io_add(&op->io, src->ptr, src->len);
+    kvt_ioeng_submit(e->io, &op->io);
+    return true;
+fail:
+    kvt_l2_unreserve(l2, &ck);
+    store_fail(l2, t, i, rc);
+    char ks[400];
+    kvt_debug("%s: store %s failed: %s", l2->name, kvt_key_str(&t->keys[i], ks, sizeof(ks)),
+              kvt_strerror(rc));
+    return false;
+}
+
+/* Second half of a store: check the write, publish by rename. */
+static void store_fin(struct nd_op *op)
+{
+    struct nd_batch *b = op->b;
+    kvt_l2 *l2 = b->l2;
+    struct nd_engine *e = l2->engine;
+    kvt_l2_task *t = b->t;
+    uint32_t i = op->i;
+    const kvt_buf *src = &t->bufs[i];
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[i], &ck);
+    int rc = op->io.res < 0 ? op->io.res : (uint64_t)op->io.res == op->io.len ? 0 : -EIO;
+    if (!rc && e->durable && fdatasync(op->fd) < 0)
+        rc = -errno;
+    if (close(op->fd) < 0 && !rc)
+        rc = -errno;
+    op->fd = -1;
+    if (!rc && renameat2(e->dirfd, op->tmp, e->dirfd, op->rel, RENAME_NOREPLACE) < 0)
+        rc = -errno;
+    if (rc) {
+        unlinkat(e->dirfd, op->tmp, 0);
+        kvt_l2_unreserve(l2, &ck);
+        if (rc == -EEXIST) {
+            /* another process published this name first: adopt its file */
+            struct stat st;
+            if (fstatat(e->dirfd, op->rel, &st, 0) == 0)
+                kvt_l2_adopt(l2, &ck, (uint32_t)KVT_MIN(st.st_size, UINT32_MAX), 0, 0, 0, false,
+                             false);
+            atomic_fetch_add(&l2->counters.store_skipped, 1);
+            kvt_l2_task_ok(t, i, 0);
+        } else {
+            store_fail(l2, t, i, rc);
+            char ks[400];
+            kvt_warn("%s: store %s failed: %s", l2->name,
+                     kvt_key_str(&t->keys[i], ks, sizeof(ks)), kvt_strerror(rc));
+        }
+        return;
+    }
+    if (e->durable)
+        fsync(e->dirfd);
+    kvt_l2_publish(l2, &ck);
+    atomic_fetch_add(&l2->counters.store_ok, 1);
+    kvt_l2_task_ok(t, i, op->hl + src->len);
+}
+
+/* ------------------------------------------------------------ lookup */
+
+/* Read and verify a file's header; fills h and st. */
+static int read_header(struct nd_engine *e, const char *rel, const kvt_key *want,
+                       struct kvt_objhdr *h, struct stat *st, const char **why)
+{
+    int fd = openat(e->dirfd, rel, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    uint8_t buf[KVT_OBJHDR_MIN];
+    size_t got = 0;
+    int rc = fstat(fd, st) < 0 ? -errno : 0;
+    if (!rc)
+        rc = kvt_pread_all(fd, buf, sizeof(buf), 0, &got);
+    close(fd);
+    if (rc == -EIO) {
+        *why = "file shorter than a header";
+        return KVT_E_CORRUPT;
+    }
+    if (rc)
+        return rc;
+    rc = kvt_objhdr_decode(buf, got, h, why);
+    if (rc)
+        return rc;
+    if (!kvt_objhdr_matches(h, KVT_CODEC_NIXL, want)) {
+        *why = "header names another key";
+        return KVT_E_CORRUPT;
+    }
+    if ((uint64_t)st->st_size != h->hdr_len + h->payload_len) {
+        *why = "file size does not match the header (torn or extended file)";
+        return KVT_E_CORRUPT;
+    }
+    return 0;
+}
+
+static void report_corrupt(kvt_l2 *l2, struct nd_engine *e, const kvt_key *k, const char *rel,
+                           const char *why)
+{
+    char ks[400];
+    atomic_fetch_add(&l2->counters.corrupt, 1);
+    kvt_warn("%s: corrupt object %s (%s): removed, treated as a miss", l2->name,
+             kvt_key_str(k, ks, sizeof(ks)), why);
+    unlinkat(e->dirfd, rel, 0);
+}
+
+static void run_lookup(struct nd_op *op)
+{
+    struct nd_batch *b = op->b;
+    kvt_l2 *l2 = b->l2;
+    struct nd_engine *e = l2->engine;
+    kvt_l2_task *t = b->t;
+    uint32_t i = op->i;
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[i], &ck);
+    struct kvt_l2_obj o;
+    if (relpath(e, &t->keys[i], op->rel) < 0)
+        return;
+    bool pinned = kvt_l2_pin(l2, &ck, &o);
+    if (pinned && o.aux) {
+        t->meta[i].len = o.len;
+        kvt_l2_task_ok(t, i, 0);
+        return;
+    }
+    /* not indexed (secondary lookup), or indexed by the scan without a header */
+    struct kvt_objhdr h;
+    struct stat st;
+    const char *why = NULL;
+    int rc = read_header(e, op->rel, &t->keys[i], &h, &st, &why);
+    if (rc) {
+        if (rc == KVT_E_CORRUPT)
+            report_corrupt(l2, e, &t->keys[i], op->rel, why);
+        if (pinned)
+            kvt_l2_forget(l2, &ck);
+        return;
+    }
+    if (pinned) {
+        pthread_mutex_lock(&l2->lock);
+        struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
+        if (p) {
+            p->aux = h.hdr_len;
+            p->len = (uint32_t)h.logical_len;
+        }
+        pthread_mutex_unlock(&l2->lock);
+    } else {
+        kvt_l2_adopt(l2, &ck, (uint32_t)st.st_size, (uint32_t)h.logical_len, h.hdr_len, 0, true,
+                     false);
+        atomic_fetch_add(&l2->counters.secondary_hits, 1);
+    }
+    t->meta[i] = h.meta;
+    kvt_l2_task_ok(t, i, 0);
+}
+
+/* -------------------------------------------------------------- load */
+
+static bool load_prep(struct nd_op *op)
+{
+    struct nd_batch *b = op->b;
+    kvt_l2 *l2 = b->l2;
+    struct nd_engine *e = l2->engine;
+    kvt_l2_task *t = b->t;
+    uint32_t i = op->i;
+    kvt_buf *dst = &t->bufs[i];
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[i], &ck);
+    if (relpath(e, &t->keys[i], op->rel) < 0)
+        return false;
+    uint16_t hl = 0;
+    pthread_mutex_lock(&l2->lock);
+    struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
+    if (o)
+        hl = (uint16_t)o->aux;
+    pthread_mutex_unlock(&l2->lock);
+    if (hl == 0 || hl > ND_HDR_MAX) {
+        struct kvt_objhdr h;
+        struct stat st;
+        const char *why = NULL;
+        int rc = read_header(e, op->rel, &t->keys[i], &h, &st, &why);
+        if (rc) {
+            if (rc == KVT_E_CORRUPT)
+                report_corrupt(l2, e, &t->keys[i], op->rel, why);
+            kvt_l2_task_fail(t, i, rc);
+            return false;
+        }
+        hl = h.hdr_len;
+        if (hl > ND_HDR_MAX) {
+            kvt_l2_task_fail(t, i, KVT_E_CORRUPT);
+            return false;
+        }
+    }
+    op->hl = hl;
+    op->direct = hl == e->blksz && direct_ok(l2, e, dst->ptr, dst->len);
+    op->fd = -1;
+    if (op->direct) {
+        op->fd = openat(e->dirfd, op->rel, O_RDONLY | O_CLOEXEC | O_DIRECT);
+        if (op->fd < 0 && errno == EINVAL) {
+            atomic_store(&e->odirect_refused, true);
+            op->direct = false;
+        }
+    }
+    if (op->fd < 0)
+        op->fd = openat(e->dirfd, op->rel, O_RDONLY | O_CLOEXEC);
+    if (op->fd < 0) {
+        int rc = -errno;
+        if (rc == -ENOENT) /* deleted behind our back (purge, another host) */
+            kvt_l2_forget(l2, &ck);
+        kvt_l2_task_fail(t, i, rc);
+        return false;
+    }
+    struct stat st;
+    int rc = 0;
+    if (fstat(op->fd, &st) < 0)
+        rc = -errno;
+    else if ((uint64_t)st.st_size < hl || (uint64_t)st.st_size - hl > dst->len)
+        rc = KVT_E_CORRUPT; /* shorter than a header, or larger than the destination */
+    if (rc) {
+        close(op->fd);
+        op->fd = -1;
+        kvt_l2_task_fail(t, i, rc);
+        return false;
+    }
+    op->plen = (uint64_t)st.st_size - hl;
+    if (op->direct && op->plen % e->blksz) {
+        /* cannot happen for files we wrote with O_DIRECT; reopen buffered */
+        close(op->fd);
+        op->direct = false;
+        op->fd = openat(e->dirfd, op->rel, O_RDONLY | O_CLOEXEC);
+        if (op->fd < 0) {
+            kvt_l2_task_fail(t, i, -errno);
+            return false;
+        }
+    }
+    if (e->odirect && !op->direct)
+        posix_fadvise(op->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    op->stage = ST_LOAD_FIN;
+    kvt_io_prep(&op->io, KVT_IO_READ, op->fd, 0, io_done, op);
+    kvt_io_add(&op->io, b->hdrs + (size_t)i * ND_HDR_MAX, hl);
+    kvt_io_add(&op->io, dst->ptr, op->plen);
+    kvt_ioeng_submit(e->io, &op->io);
+    return true;
+}
+
+static void load_fin(struct nd_op *op)
+{
+    struct nd_batch *b = op->b;
+    kvt_l2 *l2 = b->l2;
+    struct nd_engine *e = l2->engine;
+    kvt_l2_task *t = b->t;
+    uint32_t i = op->i;
+    kvt_buf *dst = &t->bufs[i];
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[i], &ck);
+    close(op->fd);
+    op->fd = -1;
+    int rc = op->io.res < 0 ? op->io.res : 0;
+    const char *why = "file shorter than its size at open (truncated while reading)";
+    if (!rc && (uint64_t)op->io.res != op->io.len)
+        rc = KVT_E_CORRUPT;
+    struct kvt_objhdr h;
+    if (!rc) {
+        rc = kvt_objhdr_decode(b->hdrs + (size_t)i * ND_HDR_MAX, op->hl, &h, &why);
+        if (!rc && !kvt_objhdr_matches(&h, KVT_CODEC_NIXL, &t->keys[i])) {
+            why = "header names another key";
+            rc = KVT_E_CORRUPT;
+        }
+        if (!rc && (h.payload_len != op->plen || h.hdr_len != op->hl)) {
+            why = "file size does not match the header (torn or extended file)";
+            rc = KVT_E_CORRUPT;
+        }
+        if (!rc && kvt_payload_hash(dst->ptr, op->plen) != h.payload_xxh3) {
+            why = "payload checksum mismatch";
+            rc = KVT_E_CORRUPT;
+        }
+    }
+    if (rc == KVT_E_CORRUPT) {
+        report_corrupt(l2, e, &t->keys[i], op->rel, why);
+        kvt_l2_forget(l2, &ck);
+    }
+    if (rc) {
+        kvt_l2_task_fail(t, i, rc);
+        return;
+    }
+    t->meta[i] = h.meta;
+    dst->len = op->plen;
+    kvt_l2_task_ok(t, i, op->hl + op->plen);
+}
+
+/* ---------------------------------------------------------- dispatch */
+
+/* Run one stage of an op; finishes the op unless it went to the engine. */
+static void run_stage(struct nd_op *op)
+{
+    bool pending = false;
+    switch (op->stage) {
+    case ST_STORE:
+        pending = store_prep(op);
+        break;
+    case ST_STORE_FIN:
+        store_fin(op);
+        break;
+    case ST_LOOKUP:
+        run_lookup(op);
+        break;
+    case ST_LOAD:
+        pending = load_prep(op);
+        break;
+    case ST_LOAD_FIN:
+        load_fin(op);
+        break;
+    }
+    if (!pending)
+        batch_op_done(op->b);
+}
+
+static void job_fn(struct kvt_job *job, void *ctx)
+{
+    (void)ctx;
+    struct nd_op *op = (struct nd_op *)job;
+    struct nd_engine *e = op->b->l2->engine;
+    if (op->stage == ST_STORE) {
+        /* stores wait for the start-up scan so the cap counts old files */
+        pthread_mutex_lock(&e->park_lock);
+        if (e->parking) {
+            op->park_next = e->parked;
+            e->parked = op;
+            e->parked_n++;
+            pthread_mutex_unlock(&e->park_lock);
+            return;
+        }
+        pthread_mutex_unlock(&e->park_lock);
+    }
+    run_stage(op);
+}
+
+/* Engine completion: finish here when the engine thread may block,
+ * otherwise hand the finishing step back to a metadata worker. */
+static void io_done(struct kvt_io *io)
+{
+    struct nd_op *op = io->udata;
+    struct nd_engine *e = op->b->l2->engine;
+    if (cb_inline(e))
+        run_stage(op);
+    else
+        kvt_tpool_push(e->meta, &op->job);
+}
+
+static void nd_submit(kvt_l2 *l2, kvt_l2_task *t)
+{
+    struct nd_engine *e = l2->engine;
+    if (t->kind == KVT_L2_LOOKUP) {
+        /* fast path: every key indexed with a known header: no thread hop */
+        uint32_t hits = 0;
+        kvt_key ck;
+        pthread_mutex_lock(&l2->lock);
+        for (uint32_t i = 0; i < t->n; i++) {
+            kvt_l2_canon(l2, &t->keys[i], &ck);
+            struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
+            if (!(p && (p->state & 0x7f) == KVT_OBJ_READY && p->aux && p->pins < UINT16_MAX))
+                break;
+            hits++;
+        }
+        if (hits == t->n) {
+            for (uint32_t i = 0; i < t->n; i++) {
+                kvt_l2_canon(l2, &t->keys[i], &ck);
+                struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
+                p->pins++;
+                t->meta[i].len = p->len;
+                kvt_bm_set(t->ok, i);
+            }
+        }
+        pthread_mutex_unlock(&l2->lock);
+        if (hits == t->n) {
+            kvt_l2_task_finish(l2, t);
+            return;
+        }
+    }
+    struct nd_batch *b = kvt_xcalloc(1, sizeof(*b) + t->n * sizeof(struct nd_op));
+    b->l2 = l2;
+    b->t = t;
+    if (t->kind != KVT_L2_LOOKUP) {
+        void *p = NULL;
+        if (posix_memalign(&p, 4096, (size_t)t->n * ND_HDR_MAX)) {
+            free(b);
+            for (uint32_t i = 0; i < t->n; i++)
+                kvt_l2_task_fail(t, i, -ENOMEM);
+            kvt_l2_task_finish(l2, t);
+            return;
+        }
+        b->hdrs = p;
+    }
+    atomic_store(&b->left, t->n);
+    uint8_t stage = t->kind == KVT_L2_STORE ? ST_STORE : t->kind == KVT_L2_LOOKUP ? ST_LOOKUP
+                                                                                  : ST_LOAD;
+    pthread_mutex_lock(&e->drain_lock);
+    e->live_batches++;
+    pthread_mutex_unlock(&e->drain_lock);
+    for (uint32_t i = 0; i < t->n; i++) {
+        struct nd_op *op = &b->ops[i];
+        op->b = b;
+        op->i = i;
+        op->fd = -1;
+        op->stage = stage;
+        op->job.fn = job_fn;
+    }
+    for (uint32_t i = 0; i < t->n; i++)
+        kvt_tpool_push(e->meta, &b->ops[i].job);
+}
+
+static int nd_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
+{
+    struct nd_engine *e = l2->engine;
+    char rel[ND_PATH_MAX];
+    int rc = relpath(e, &o->key, rel);
+    if (rc < 0)
+        return rc;
+    return unlinkat(e->dirfd, rel, 0) < 0 ? -errno : 0;
+}
+
+/* ------------------------------------------------------ recovery scan */
+
+struct scan_ent {
+    kvt_key key;
+    uint32_t size;
+    int64_t mtime_ns;
+};
+
+struct scan_vec {
+    struct scan_ent *v;
+    size_t n, cap;
+};
+
+static int by_mtime_desc(const void *a, const void *b)
+{
+    const struct scan_ent *x = a, *y = b;
+    return (x->mtime_ns < y->mtime_ns) - (x->mtime_ns > y->mtime_ns);
+}
+
+/* A tmp file "<name>.tmp.<pid>-<start>-<seq>": is its writer gone? Names of
+ * another format (LMCache's "<name>.tmp.<uuid>") count as dead only when
+ * older than 15 minutes, and only if `foreign_ok`. */
+static bool tmp_removable(struct nd_engine *e, int dfd, const char *name, bool foreign_ok)
+{
+    const char *p = strstr(name, ".tmp.");
+    if (!p)
+        return false;
+    unsigned pid;
+    unsigned long long start, seq;
+    char tail;
+    if (sscanf(p + 5, "%x-%llx-%llx%c", &pid, &start, &seq, &tail) == 3) {
+        if ((pid_t)pid == e->pid && start == e->starttime)
+            return foreign_ok; /* ours: only at close, when nothing is in flight */
+        uint64_t now_start = kvt_proc_starttime((int)pid);
+        return now_start == 0 || now_start != start;
+    }
+    if (!foreign_ok)
+        return false;
+    struct stat st;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+        return false;
+    return time(NULL) - st.st_mtim.tv_sec > ND_FOREIGN_TMP_AGE_S;
+}
+
+static bool is_hex2(const char *s)
+{
+    return strlen(s) == 2 && strspn(s, "0123456789abcdef") == 2;
+}
+
+/* Scan one directory: collect object files, remove dead writers' tmp
+ * files, descend into shard directories (two levels of two hex digits). */
+static void scan_dir(kvt_l2 *l2, struct nd_engine *e, int dfd, int depth, bool closing,
+                     struct scan_vec *sv)
+{
+    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    struct dirent *de;
+    while (!(atomic_load(&e->stop) && !closing) && (de = readdir(d))) {
+        const char *nm = de->d_name;
+        if (nm[0] == '.')
+            continue;
+        if (strstr(nm, ".tmp.")) {
+            if (tmp_removable(e, dfd, nm, closing) && unlinkat(dfd, nm, 0) == 0)
+                atomic_fetch_add(&e->tmp_removed, 1);
+            continue;
+        }
+        if (depth < 2 && is_hex2(nm)) {
+            int sub = openat(dfd, nm, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+            if (sub >= 0) {
+                scan_dir(l2, e, sub, depth + 1, closing, sv);
+                close(sub);
+            }
+            continue;
+        }
+        if (!sv)
+            continue;
+        size_t len = strlen(nm);
+        if (len < 5 || strcmp(nm + len - 4, ".bin") != 0)
+            continue;
+        kvt_key k;
+        if (kvt_key_decode(KVT_CODEC_NIXL, nm, len, &k))
+            continue;
+        /* a sharded file must sit in its own shard directory and vice versa:
+         * the lookup path is derived from the key, so anything else is junk */
+        if ((depth == 2) != e->shard)
+            continue;
+        struct stat st;
+        if (fstatat(dfd, nm, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (st.st_size < KVT_OBJHDR_MIN || (uint64_t)st.st_size > UINT32_MAX)
+            continue;
+        if (sv->n == sv->cap) {
+            sv->cap = sv->cap ? sv->cap * 2 : 4096;
+            sv->v = kvt_xrealloc(sv->v, sv->cap * sizeof(*sv->v));
+        }
+        kvt_key_canon(KVT_CODEC_NIXL, &k, &sv->v[sv->n].key);
+        sv->v[sv->n].size = (uint32_t)st.st_size;
+        sv->v[sv->n].mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        sv->n++;
+    }
+    closedir(d);
+}
+
+static void release_parked(struct nd_engine *e)
+{
+    pthread_mutex_lock(&e->park_lock);
+    e->parking = false;
+    struct nd_op *p = e->parked;
+    e->parked = NULL;
+    e->parked_n = 0;
+    pthread_mutex_unlock(&e->park_lock);
+    struct nd_op *rev = NULL; /* parked LIFO: reverse to keep submission order */
+    while (p) {
+        struct nd_op *nx = p->park_next;
+        p->park_next = rev;
+        rev = p;
+        p = nx;
+    }
+    while (rev) {
+        struct nd_op *nx = rev->park_next;
+        kvt_tpool_push(e->meta, &rev->job);
+        rev = nx;
+    }
+}
+
+static void *scan_main(void *arg)
+{
+    kvt_l2 *l2 = arg;
+    struct nd_engine *e = l2->engine;
+    pthread_setname_np(pthread_self(), "nixl-scan");
+    uint64_t t0 = kvt_now_ns();
+    struct scan_vec sv = {0};
+    scan_dir(l2, e, e->dirfd, 0, false, &sv);
+    /* newest first, each at the cold end: the oldest ends up coldest */
+    qsort(sv.v, sv.n, sizeof(*sv.v), by_mtime_desc);
+    uint64_t objs = 0, bytes = 0;
+    for (size_t i = 0; i < sv.n; i++) {
+        if (kvt_l2_adopt(l2, &sv.v[i].key, sv.v[i].size, 0, 0, 0, false, true)) {
+            objs++;
+            bytes += sv.v[i].size;
+        }
+    }
+    free(sv.v);
+    double secs = (double)(kvt_now_ns() - t0) / 1e9;
+    pthread_mutex_lock(&l2->lock);
+    l2->recovered_objs = objs;
+    l2->recovered_bytes = bytes;
+    l2->recovery_seconds = secs;
+    l2->recovering = false;
+    pthread_mutex_unlock(&l2->lock);
+    kvt_info("%s: recovered %llu objects, %llu bytes from %s in %.3f s", l2->name,
+             (unsigned long long)objs, (unsigned long long)bytes, e->base, secs);
+    if (atomic_load(&e->tmp_removed))
+        kvt_info("%s: removed %llu tmp files left by dead writers", l2->name,
+                 (unsigned long long)atomic_load(&e->tmp_removed));
+    release_parked(e);
+    return NULL;
+}
+
+/* ------------------------------------------------------- status/close */
+
+static void nd_status(kvt_l2 *l2, json_t *out)
+{
+    struct nd_engine *e = l2->engine;
+    json_object_set_new(out, "file_path", json_string(e->base));
+    json_object_set_new(out, "backend", json_string(e->backend));
+    json_object_set_new(out, "shard_dirs", json_boolean(e->shard));
+    json_object_set_new(out, "num_workers", json_integer(e->nworkers));
+    json_object_set_new(out, "io", kvt_ioeng_status(e->io));
+    const char *od = !e->odirect                         ? "off"
+                     : atomic_load(&e->odirect_refused) ? "refused by file system (buffered)"
+                                                         : "on";
+    json_object_set_new(out, "odirect", json_string(od));
+    json_object_set_new(out, "block_size", json_integer(e->blksz));
+    json_object_set_new(out, "durable", json_boolean(e->durable));
+    json_object_set_new(out, "tmp_removed", json_integer((json_int_t)atomic_load(&e->tmp_removed)));
+    pthread_mutex_lock(&e->park_lock);
+    json_object_set_new(out, "parked_stores", json_integer((json_int_t)e->parked_n));
+    pthread_mutex_unlock(&e->park_lock);
+}
+
+static bool nd_healthy(kvt_l2 *l2, char *msg, size_t cap)
+{
+    struct nd_engine *e = l2->engine;
+    struct stat st;
+    if (fstat(e->dirfd, &st) < 0 || st.st_nlink == 0) {
+        snprintf(msg, cap, "file_path %s is gone", e->base);
+        return false;
+    }
+    if (e->odirect && atomic_load(&e->odirect_refused)) {
+        snprintf(msg, cap, "ok (O_DIRECT refused by the file system: buffered I/O)");
+        return true;
+    }
+    snprintf(msg, cap, "ok");
+    return true;
+}
+
+static void delete_all_indexed(kvt_l2 *l2)
+{
+    struct nd_engine *e = l2->engine;
+    uint64_t n = 0;
+    pthread_mutex_lock(&l2->lock);
+    for (uint32_t h = 0; h < l2->idx.hwm; h++) {
+        struct kvt_l2_obj *o = &l2->idx.objs[h];
+        if ((o->state & 0x7f) == KVT_OBJ_FREE)
+            continue;
+        char rel[ND_PATH_MAX];
+        if (relpath(e, &o->key, rel) == 0 && unlinkat(e->dirfd, rel, 0) == 0)
+            n++;
+    }
+    pthread_mutex_unlock(&l2->lock);
+    kvt_info("%s: persist_enabled is false: removed %llu files", l2->name, (unsigned long long)n);
+}
+
+static void engine_free(struct nd_engine *e)
+{
+    if (e->dirfd >= 0)
+        close(e->dirfd);
+    free(e->base);
+    pthread_mutex_destroy(&e->park_lock);
+    pthread_mutex_destroy(&e->drain_lock);
+    pthread_cond_destroy(&e->drain_cond);
+    free(e);
+}
+
+static void nd_close(kvt_l2 *l2)
+{
+    struct nd_engine *e = l2->engine;
+    atomic_store(&e->stop, true);
+    if (e->scan_started)
+        pthread_join(e->scan_thr, NULL);
+    /* parked stores are released, then every live batch drains: both pools
+     * keep running until nothing can push to the other any more */
+    release_parked(e);
+    pthread_mutex_lock(&e->drain_lock);
+    while (e->live_batches)
+        pthread_cond_wait(&e->drain_cond, &e->drain_lock);
+    pthread_mutex_unlock(&e->drain_lock);
+    kvt_tpool_destroy(e->meta);
+    kvt_ioeng_destroy(e->io);
+    if (!l2->persist_enabled)
+        delete_all_indexed(l2);
+    scan_dir(l2, e, e->dirfd, 0, true, NULL); /* tmp leftovers: always removed */
+    engine_free(e);
+    l2->engine = NULL;
+}
+
+static const struct kvt_l2_ops nd_ops = {
+    .submit = nd_submit,
+    .remove = nd_remove,
+    .status = nd_status,
+    .healthy = nd_healthy,
+    .close = nd_close,
+};
+
+/* ------------------------------------------------------ configuration */
+
+static const char *const backends[] = {"POSIX", "GDS", "GDS_MT", "HF3FS", "OBJ", "AZURE_BLOB",
+                                       NULL};
+
+/* Refuse what this build cannot serve, with what to use instead. */
+static int refuse_backend(struct kvt_cfg *c, const char *b, bool dynamic)
+{
+    char msg[512];
+    if (strcmp(b, "GDS") == 0 || strcmp(b, "GDS_MT") == 0)
+        snprintf(msg, sizeof(msg),
+                 "\"backend\" %s needs NVIDIA GPUDirect Storage (cuFile) and a GPU, which this "
+                 "build does not have; use \"backend\": \"POSIX\" with the same backend_params "
+                 "(\"use_direct_io\": \"true\" gives direct I/O to the same NVMe)",
+                 b);
+    else if (dynamic)
+        snprintf(msg, sizeof(msg),
+                 "\"backend\" %s is an object store: nixl_store_dynamic serves file backends "
+                 "only (POSIX, HF3FS); for object storage use the s3 adapter "
+                 "({\"type\": \"s3\", \"s3_endpoint\": ..., \"s3_region\": ...})",
+                 b);
+    else
+        snprintf(msg, sizeof(msg),
+                 "\"backend\" %s is a NIXL object-store plugin, not in this build; for object "
+                 "storage use the s3 adapter ({\"type\": \"s3\", \"s3_endpoint\": ..., "
+                 "\"s3_region\": ...}), for local files \"backend\": \"POSIX\"",
+                 b);
+    snprintf(c->err, c->errcap, "--l2-adapter #%d (%s): %s", c->index, c->type, msg);
+    c->rc = KVT_E_UNSUPPORTED;
+    return c->rc;
+}
+
+int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic)
+{
+    memset(o, 0, sizeof(*o));
+    if (kvt_cfg_enum(c, "backend", true, NULL, backends, false, &o->backend))
+        return c->rc;
+    if (strcmp(o->backend, "POSIX") != 0 && strcmp(o->backend, "HF3FS") != 0)
+        return refuse_backend(c, o->backend, dynamic);
+    struct kvt_cfg bp;
+    if (kvt_cfg_sub(c, "backend_params", true, &bp)) {
+        kvt_cfg_free(&bp);
+        return c->rc;
+    }
+    kvt_cfg_str(&bp, "file_path", true, NULL, &o->file_path);
+    kvt_cfg_bool(&bp, "use_direct_io", false, &o->use_direct_io);
+    if (dynamic) {
+        double cap = 0;
+        kvt_cfg_num(&bp, "max_capacity_gb", true, 0, 0, 1e9, &cap);
+        if (!bp.rc && cap <= 0)
+            kvt_cfg_fail(&bp, "max_capacity_gb",
+                         "must be > 0: nixl_store_dynamic refuses stores beyond it (got %g)",
+                         cap);
+        o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
+        kvt_cfg_bool(&bp, "shard_dirs", false, &o->shard_dirs);
+    } else {
+        int64_t page = 4096, fsz = 0;
+        kvt_cfg_int(&bp, "page_size", false, 4096, 512, 32768, &page);
+        if (!bp.rc && (page & (page - 1)))
+            kvt_cfg_fail(&bp, "page_size", "must be a power of two (got %lld)",
+                         (long long)page);
+        o->page_size = (uint32_t)page;
+        kvt_cfg_int(&bp, "file_size", false, 64ll << 20, 1, 1ll << 40, &fsz);
+        if (!bp.rc && fsz % page)
+            kvt_cfg_fail(&bp, "file_size", "must be a multiple of page_size %lld (got %lld)",
+                         (long long)page, (long long)fsz);
+        o->file_size = (uint64_t)fsz;
+    }
+    if (!bp.rc && o->file_path && !o->file_path[0])
+        kvt_cfg_fail(&bp, "file_path", "must not be empty");
+    if (!bp.rc)
+        kvt_cfg_finish(&bp);
+    kvt_cfg_sub_done(c, "backend_params", &bp);
+    if (c->rc)
+        return c->rc;
+    if (!dynamic) {
+        int64_t ps = 0;
+        kvt_cfg_int(c, "pool_size", true, 0, 1, 1 << 24, &ps);
+        o->pool_size = (uint32_t)ps;
+    }
+    static const char *const engines[] = {"posix", "io_uring", NULL};
+    const char *eng = "posix";
+    kvt_cfg_enum(c, "io_engine", false, "posix", engines, false, &eng);
+    o->io_engine = kvt_ioeng_kind_parse(eng);
+    int64_t qd = 64, nw = 4;
+    kvt_cfg_int(c, "iouring_queue_depth", false, 64, 1, 4096, &qd);
+    kvt_cfg_int(c, "num_workers", false, 4, 1, 1024, &nw);
+    o->queue_depth = (int)qd;
+    o->num_workers = (int)nw;
+    kvt_cfg_bool(c, "durable", false, &o->durable);
+    return c->rc;
+}
+
+/* ---------------------------------------------------------- creation */
+
+int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
+                          const struct kvt_nixl_opts *o, char *err, size_t errcap)
+{
+    int rc = kvt_l2_base_init(l2, &nd_ops, spec, KVT_CODEC_NIXL, o->max_capacity_bytes);
+    if (rc) {
+        snprintf(err, errcap, "eventfd: %s", strerror(-rc));
+        return rc;
+    }
+    struct nd_engine *e = kvt_xcalloc(1, sizeof(*e));
+    e->dirfd = -1;
+    pthread_mutex_init(&e->park_lock, NULL);
+    pthread_mutex_init(&e->drain_lock, NULL);
+    pthread_cond_init(&e->drain_cond, NULL);
+    char abs[PATH_MAX];
+    if (o->file_path[0] != '/' && getcwd(abs, sizeof(abs)))
+        snprintf(abs + strlen(abs), sizeof(abs) - strlen(abs), "/%s", o->file_path);
+    else
+        snprintf(abs, sizeof(abs), "%s", o->file_path);
+    e->base = kvt_xstrdup(abs);
+    e->backend = strcmp(o->backend, "HF3FS") == 0 ? "HF3FS" : "POSIX";
+    e->shard = o->shard_dirs;
+    e->odirect = o->use_direct_io;
+    e->durable = o->durable;
+    e->nworkers = o->num_workers;
+    e->pid = getpid();
+    e->starttime = kvt_proc_starttime(e->pid);
+    l2->engine = e;
+    if (mkdir(e->base, 0755) < 0 && errno != EEXIST) {
+        rc = -errno;
+        snprintf(err, errcap, "cannot create file_path %s: %s", e->base, strerror(errno));
+        goto fail;
+    }
+    e->dirfd = open(e->base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (e->dirfd < 0) {
+        rc = -errno;
+        snprintf(err, errcap, "cannot open file_path %s: %s", e->base, strerror(errno));
+        goto fail;
+    }
+    if (access(e->base, W_OK) < 0) {
+        rc = -errno;
+        snprintf(err, errcap, "file_path %s is not writable: %s", e->base, strerror(errno));
+        goto fail;
+    }
+    struct stat st;
+    fstat(e->dirfd, &st);
+    e->blksz = (uint32_t)KVT_MIN(KVT_MAX(st.st_blksize, 512), ND_HDR_MAX);
+    if (e->blksz & (e->blksz - 1))
+        e->blksz = 4096;
+    char nm[16];
+    snprintf(nm, sizeof(nm), "nixlio%d", spec->index);
+    int depth = o->io_engine == KVT_IOENG_URING ? o->queue_depth : o->num_workers;
+    rc = kvt_ioeng_create(&e->io, (enum kvt_ioeng_kind)o->io_engine, nm, depth, err, errcap);
+    if (rc)
+        goto fail;
+    snprintf(nm, sizeof(nm), "nixlm%d", spec->index);
+    rc = kvt_tpool_create(&e->meta, nm, o->num_workers, NULL, NULL, NULL);
+    if (rc) {
+        snprintf(err, errcap, "cannot start worker threads: %s", strerror(-rc));
+        goto fail;
+    }
+    e->parking = true;
+    l2->recovering = true;
+    rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
+    if (rc) {
+        snprintf(err, errcap, "cannot start the scan thread: %s", strerror(rc));
+        rc = -rc;
+        goto fail;
+    }
+    e->scan_started = true;
+    return 0;
+fail:
+    if (e->meta)
+        kvt_tpool_destroy(e->meta);
+    kvt_ioeng_destroy(e->io);
+    engine_free(e);
+    l2->engine = NULL;
+    kvt_l2_base_destroy(l2);
+    return rc ? rc : KVT_E_CONFIG;
+}
