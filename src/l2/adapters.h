@@ -85,4 +85,19 @@ int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
 int kvt_nixl_store_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_nixl_opts *o,
                         char *err, size_t errcap);
 
+/* ---- raw_block (raw_block.c) ---- */
+struct kvt_raw_block_opts {
+    const char *device_path;
+    uint64_t slot_bytes, capacity_bytes, meta_total_bytes, max_xfer;
+    uint32_t block_align, header_bytes, meta_version;
+    const char *meta_magic;
+    uint32_t ckpt_interval_s, idle_quiet_ms;
+    bool use_odirect, periodic, load_checkpoint, verify_on_load, zero_copy, durable;
+    int io_engine, queue_depth;
+    int num_store_workers, num_lookup_workers, num_load_workers;
+};
+int kvt_raw_block_parse(struct kvt_cfg *c, struct kvt_raw_block_opts *o);
+int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
+                       const struct kvt_raw_block_opts *o, char *err, size_t errcap);
+
 #endif

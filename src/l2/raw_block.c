@@ -1,0 +1,1605 @@
+/*
+ * raw_block adapter: fixed-size slots on a block device or a pre-sized
+ * file, with a checkpointed and journaled index (formats in raw_block.h).
+ *
+ * Store:  reserve (usage counts whole slots) -> take a free slot and a new
+ *         generation -> one write of [object header + trailer | payload]
+ *         into the slot on the I/O engine -> append a PUT record to the
+ *         journal -> acknowledge once the journal block holding it is on
+ *         the device. A store acknowledged before a SIGKILL is therefore
+ *         found after restart (LMCache loses everything after the last
+ *         checkpoint).
+ * Delete: append a DEL record and wait for it; only then is the slot free
+ *         for reuse, so recovery can never pair an old index entry with new
+ *         bytes.
+ * Lookup: memory index (inline). Load: one read of header + payload,
+ *         verified against the index (identity, generation, instance,
+ *         length, checksum): any mismatch is a miss.
+ * Journal: records are packed into blocks; one block write is in flight at
+ *         a time and records arriving meanwhile share the next block (group
+ *         commit). The ring is reclaimed by checkpoints.
+ * Checkpoint: the slot table as PUT records in the older of two copies
+ *         (payload, fdatasync, header); taken when the journal is half
+ *         full, periodically when idle (meta_checkpoint_interval_sec after
+ *         meta_idle_quiet_ms without changes), and at close. One that does
+ *         not fit its copy is an error in status (is_healthy false); if the
+ *         journal then fills, stores fail until a checkpoint fits again.
+ * Start-up: checkpoint headers are checked in open (a foreign format or
+ *         another geometry is a clear error, never reformatted silently);
+ *         payload, journal replay and slot-header verification run in the
+ *         background while stores wait.
+ * O_DIRECT: header, offsets and lengths are block aligned; the payload is
+ *         written from the caller's buffer when aligned (enable_zero_copy),
+ *         its last partial block and misaligned buffers go through an
+ *         aligned bounce buffer (counted), never an EINVAL.
+ *
+ * Threads: store workers ("rbs<i>"), load workers ("rbl<i>"), the I/O
+ * engine, a checkpoint thread, a one-shot recovery thread.
+ * Locks: e->jlock guards the slot table, the free list, generations, the
+ * journal and checkpoint state. l2->lock (base) is never held with it.
+ * Neither is held across I/O except that block writes are *submitted*
+ * under jlock (submission never blocks).
+ */
+#include "common/log.h"
+#include "common/util.h"
+#include "io/engine.h"
+#include "io/tpool.h"
+#include "kvtier/error.h"
+#include "l2/adapters.h"
+#include "l2/l2.h"
+#include "l2/objfmt.h"
+#include "l2/raw_block.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------ types */
+
+struct rb_jw { /* a journal waiter: called once its record is durable */
+    struct rb_jw *next;
+    void (*fn)(struct rb_jw *w, int rc);
+};
+
+struct rb_jblock {
+    struct rb_jblock *next;
+    uint8_t *buf;
+    uint32_t used, nrec;
+    uint64_t bseq;
+    struct rb_jw *wh, *wt;
+    struct kvt_io io;
+    struct rb_engine *e;
+};
+
+enum rb_stage { ST_STORE, ST_LOAD, ST_LOAD_VERIFY };
+
+struct rb_batch;
+
+struct rb_op {
+    struct kvt_job job;
+    struct rb_jw jw;
+    struct rb_batch *b;
+    struct rb_op *park_next; /* guarded by e->park_lock */
+    uint32_t i;
+    uint8_t stage;
+    uint32_t slot;
+    uint64_t gen, xxh3;
+    uint32_t plen;
+    uint64_t direct_part; /* payload bytes moved straight from/to the caller */
+    uint8_t *hdr;         /* header_bytes, aligned */
+    uint8_t *bounce;      /* aligned copy of (part of) the payload */
+    struct kvt_io *ios;
+    uint32_t nios;
+    _Atomic uint32_t ios_left;
+    _Atomic int err;
+};
+
+struct rb_batch {
+    kvt_l2 *l2;
+    kvt_l2_task *t;
+    _Atomic uint32_t left;
+    struct rb_op ops[];
+};
+
+struct rb_engine {
+    char *path;
+    int fd;
+    bool odirect, odirect_refused, zero_copy, verify, periodic, durable;
+    uint32_t interval_s, quiet_ms;
+    char magic[9];
+    uint32_t version;
+    uint64_t max_xfer; /* 0: no split */
+    uint64_t dev_size, usable;
+    bool blockdev;
+    struct rb_geom g;
+    struct kvt_ioeng *io;
+    struct kvt_tpool *spool, *lpool;
+    int nstore, nlookup, nload;
+
+    pthread_mutex_t jlock; /* guards everything from here to the next comment */
+    struct rb_slot *slots;
+    uint32_t *freev, nfree;
+    uint64_t next_gen, instance;
+    struct rb_jblock *cur, *sq_head, *sq_tail, *inflight;
+    uint64_t jnext; /* bseq of the next block to seal */
+    uint64_t jtail; /* first live block: jstart of the latest durable checkpoint */
+    bool jblocked;  /* the ring is full: waiting for a checkpoint */
+    uint64_t recs_since_ckpt, jwrites, jrecs;
+    uint64_t last_change_ns, last_ckpt_ns;
+    uint64_t ckpt_seq, ckpts, ckpt_bytes_last;
+    uint32_t ckpt_nrec_last;
+    char ckpt_err[256];
+    bool fatal;
+    char fatal_msg[256];
+    bool ckpt_stop;
+    pthread_cond_t ckpt_cond;
+    pthread_cond_t rm_cond; /* deletes waiting for their DEL record */
+
+    pthread_t ckpt_thr, rec_thr;
+    bool ckpt_started, rec_started;
+    _Atomic bool stop;
+    bool fresh;
+    char recovered_from[160];
+    _Atomic uint64_t verify_dropped, bounced, verify_failed;
+
+    pthread_mutex_t park_lock;
+    struct rb_op *parked; /* guarded by park_lock */
+    bool parking;         /* guarded by park_lock */
+
+    pthread_mutex_t drain_lock;
+    pthread_cond_t drain_cond;
+    uint64_t live; /* batches in flight, guarded by drain_lock */
+};
+
+static void *xmemalign(size_t align, size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, align, n ? n : align)) {
+        kvt_error("out of memory allocating %zu aligned bytes", n);
+        abort();
+    }
+    memset(p, 0, n ? n : align);
+    return p;
+}
+
+static uint64_t now_ns(void)
+{
+    return kvt_now_ns();
+}
+
+/* ----------------------------------------------------------- journal */
+
+static void jwrite_done(struct kvt_io *io);
+
+static struct rb_jblock *jblock_new(struct rb_engine *e)
+{
+    struct rb_jblock *b = kvt_xcalloc(1, sizeof(*b));
+    b->buf = xmemalign(e->g.block, e->g.block);
+    b->e = e;
+    return b;
+}
+
+static void jblock_free(struct rb_jblock *b)
+{
+    free(b->buf);
+    free(b);
+}
+
+/* call with jlock held */
+static void seal_cur_locked(struct rb_engine *e)
+{
+    struct rb_jblock *b = e->cur;
+    e->cur = NULL;
+    b->bseq = e->jnext++;
+    rb_jblk_seal(b->buf, e->g.block, e->instance, b->bseq, b->nrec, b->used);
+    b->next = NULL;
+    if (e->sq_tail)
+        e->sq_tail->next = b;
+    else
+        e->sq_head = b;
+    e->sq_tail = b;
+}
+
+/* Start the next block write if none is in flight. call with jlock held */
+static void jkick_locked(struct rb_engine *e)
+{
+    if (e->inflight || e->fatal)
+        return;
+    if (!e->sq_head && e->cur && e->cur->nrec)
+        seal_cur_locked(e);
+    struct rb_jblock *b = e->sq_head;
+    if (!b)
+        return;
+    if (b->bseq - e->jtail >= e->g.jrnl_blocks) {
+        /* the ring is full: the block would overwrite one a recovery still
+         * needs; wait for a checkpoint to move the tail */
+        if (!e->jblocked) {
+            e->jblocked = true;
+            pthread_cond_signal(&e->ckpt_cond);
+        }
+        return;
+    }
+    e->sq_head = b->next;
+    if (!e->sq_head)
+        e->sq_tail = NULL;
+    b->next = NULL;
+    e->inflight = b;
+    e->jblocked = false;
+    uint64_t off = e->g.jrnl_off + (b->bseq % e->g.jrnl_blocks) * (uint64_t)e->g.block;
+    kvt_io_prep(&b->io, KVT_IO_WRITE, e->fd, off, jwrite_done, b);
+    kvt_io_add(&b->io, b->buf, e->g.block);
+    kvt_ioeng_submit(e->io, &b->io);
+    /* nudge the checkpoint thread when the ring passes half full */
+    if ((e->jnext - e->jtail) * 2 >= e->g.jrnl_blocks)
+        pthread_cond_signal(&e->ckpt_cond);
+}
+
+/*
+ * Append a record and its waiter, and apply the record to the slot table
+ * (under the same lock, so a checkpoint snapshot and the journal position
+ * it notes always agree). call with jlock held.
+ */
+static void jappend_locked(struct rb_engine *e, const struct rb_rec *r, struct rb_jw *w)
+{
+    size_t sz = rb_rec_size(r);
+    if (e->cur && RB_JBLK_HDR + e->cur->used + sz > e->g.block)
+        seal_cur_locked(e);
+    if (!e->cur)
+        e->cur = jblock_new(e);
+    struct rb_jblock *b = e->cur;
+    rb_rec_encode(r, b->buf + RB_JBLK_HDR + b->used);
+    b->used += (uint32_t)sz;
+    b->nrec++;
+    w->next = NULL;
+    if (b->wt)
+        b->wt->next = w;
+    else
+        b->wh = w;
+    b->wt = w;
+    rb_apply(e->slots, e->g.nslots, r);
+    e->recs_since_ckpt++;
+    e->jrecs++;
+    e->last_change_ns = now_ns();
+    jkick_locked(e);
+}
+
+static void call_waiters(struct rb_jw *w, int rc)
+{
+    while (w) {
+        struct rb_jw *nx = w->next;
+        w->fn(w, rc);
+        w = nx;
+    }
+}
+
+/* Take every block not yet written (sealed and current) off the journal,
+ * returning their waiters; the block sequence restarts at the first of
+ * them so the on-device journal stays gap-free. call with jlock held */
+static struct rb_jw *drop_pending_locked(struct rb_engine *e)
+{
+    struct rb_jw *all = NULL, **tail = &all;
+    if (e->sq_head)
+        e->jnext = e->sq_head->bseq;
+    struct rb_jblock *b = e->sq_head;
+    e->sq_head = e->sq_tail = NULL;
+    if (e->cur) {
+        e->cur->next = NULL;
+        if (b) {
+            struct rb_jblock *x = b;
+            while (x->next)
+                x = x->next;
+            x->next = e->cur;
+        } else {
+            b = e->cur;
+        }
+        e->cur = NULL;
+    }
+    while (b) {
+        struct rb_jblock *nx = b->next;
+        if (b->wh) {
+            *tail = b->wh;
+            tail = &b->wt->next;
+        }
+        jblock_free(b);
+        b = nx;
+    }
+    e->jblocked = false;
+    return all;
+}
+
+static void set_fatal_locked(struct rb_engine *e, const char *fmt, int rc)
+{
+    if (e->fatal)
+        return;
+    e->fatal = true;
+    snprintf(e->fatal_msg, sizeof(e->fatal_msg), fmt, kvt_strerror(rc));
+    kvt_error("raw_block %s: %s", e->path, e->fatal_msg);
+}
+
+static void jwrite_done(struct kvt_io *io)
+{
+    struct rb_jblock *b = io->udata;
+    struct rb_engine *e = b->e;
+    int rc = io->res < 0 ? io->res : (uint64_t)io->res == io->len ? 0 : -EIO;
+    if (!rc && e->durable && io->op == KVT_IO_WRITE) {
+        /* power-fail durability: fdatasync before anyone is told */
+        kvt_io_prep(&b->io, KVT_IO_FSYNC, e->fd, 0, jwrite_done, b);
+        kvt_ioeng_submit(e->io, &b->io);
+        return;
+    }
+    struct rb_jw *failed = NULL;
+    pthread_mutex_lock(&e->jlock);
+    e->inflight = NULL;
+    if (rc) {
+        set_fatal_locked(e, "journal write failed (%s): the adapter refuses stores from now on",
+                         rc);
+        failed = drop_pending_locked(e);
+    } else {
+        e->jwrites++;
+        jkick_locked(e);
+    }
+    pthread_mutex_unlock(&e->jlock);
+    call_waiters(b->wh, rc);
+    jblock_free(b);
+    call_waiters(failed, KVT_E_FATAL);
+}
+
+/* -------------------------------------------------------- checkpoint */
+
+/*
+ * Take one checkpoint. call with jlock held; drops it during the write.
+ * The snapshot is the slot table now and P = the next block sequence:
+ * every record appended so far is in the snapshot, and replay from P
+ * covers every record appended later (replaying a record the snapshot
+ * already reflects is harmless: records apply in order per slot).
+ */
+static int checkpoint_locked(struct rb_engine *e)
+{
+    uint64_t P = e->jnext;
+    uint64_t recs_at = e->recs_since_ckpt;
+    uint8_t *payload = NULL;
+    uint32_t nrec = 0;
+    uint64_t len = rb_serialize(e->slots, e->g.nslots, e->g.block, &payload, &nrec);
+    struct rb_ckpt_hdr h = {
+        .version = e->version,
+        .seq = e->ckpt_seq + 1,
+        .instance = e->instance,
+        .payload_len = len,
+        .payload_crc = len == UINT64_MAX ? 0 : rb_crc32(0, payload, len),
+        .nrec = nrec,
+        .jstart = P,
+        .next_gen = e->next_gen,
+        .block = e->g.block,
+        .header_bytes = e->g.header_bytes,
+        .slot_bytes = e->g.slot_bytes,
+        .meta_total = e->g.meta_total,
+        .data_off = e->g.data_off,
+        .nslots = e->g.nslots,
+    };
+    memcpy(h.magic, e->magic, 8);
+    pthread_mutex_unlock(&e->jlock);
+    int rc = len == UINT64_MAX ? -ENOMEM
+                               : rb_write_checkpoint(e->fd, &e->g, &h, payload, len,
+                                                     (int)(h.seq % 2));
+    free(payload);
+    pthread_mutex_lock(&e->jlock);
+    if (rc == 0) {
+        e->jtail = P;
+        e->ckpt_seq = h.seq;
+        e->ckpts++;
+        e->recs_since_ckpt -= recs_at;
+        e->last_ckpt_ns = now_ns();
+        e->ckpt_bytes_last = len;
+        e->ckpt_nrec_last = nrec;
+        if (e->ckpt_err[0])
+            kvt_info("raw_block %s: checkpoint %llu written: the earlier error is cleared",
+                     e->path, (unsigned long long)h.seq);
+        e->ckpt_err[0] = 0;
+        jkick_locked(e);
+    } else {
+        if (rc == -EFBIG)
+            snprintf(e->ckpt_err, sizeof(e->ckpt_err),
+                     "checkpoint of %u objects needs %llu bytes but each copy holds %llu: raise "
+                     "meta_total_bytes (stores fail once the journal is full)",
+                     nrec, (unsigned long long)len,
+                     (unsigned long long)(e->g.ckpt_bytes - e->g.block));
+        else
+            snprintf(e->ckpt_err, sizeof(e->ckpt_err), "checkpoint write failed: %s",
+                     kvt_strerror(rc));
+        kvt_error("raw_block %s: %s", e->path, e->ckpt_err);
+    }
+    return rc;
+}
+
+static void *ckpt_main(void *arg)
+{
+    struct rb_engine *e = arg;
+    pthread_setname_np(pthread_self(), "rb-ckpt");
+    pthread_mutex_lock(&e->jlock);
+    for (;;) {
+        uint64_t now = now_ns();
+        bool half = (e->jnext - e->jtail) * 2 >= e->g.jrnl_blocks;
+        bool urgent = e->jblocked || half;
+        bool quiet = now - e->last_change_ns >= (uint64_t)e->quiet_ms * 1000000ull;
+        bool due = e->periodic && e->recs_since_ckpt &&
+                   now - e->last_ckpt_ns >= (uint64_t)e->interval_s * 1000000000ull;
+        if (e->ckpt_stop) {
+            if (e->recs_since_ckpt && !e->fatal)
+                checkpoint_locked(e); /* the final one, at close */
+            break;
+        }
+        if (!e->fatal && (urgent || (due && quiet))) {
+            int rc = checkpoint_locked(e);
+            if (rc && e->jblocked) {
+                /* the ring is full and cannot be reclaimed: fail what
+                 * waits instead of blocking stores forever */
+                struct rb_jw *w = drop_pending_locked(e);
+                pthread_mutex_unlock(&e->jlock);
+                call_waiters(w, KVT_E_FULL);
+                pthread_mutex_lock(&e->jlock);
+            }
+            if (rc) { /* retry later, not in a tight loop */
+                struct timespec ts;
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                ts.tv_sec += 1;
+                pthread_cond_timedwait(&e->ckpt_cond, &e->jlock, &ts);
+            }
+            continue;
+        }
+        /* sleep until the next reason to look again */
+        uint64_t wait = 3600ull * 1000000000ull;
+        if (e->periodic && e->recs_since_ckpt) {
+            uint64_t t_int = e->last_ckpt_ns + (uint64_t)e->interval_s * 1000000000ull;
+            uint64_t t_q = e->last_change_ns + (uint64_t)e->quiet_ms * 1000000ull;
+            uint64_t at = KVT_MAX(t_int, t_q);
+            wait = at > now ? at - now : 1000000ull;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + wait % 1000000000ull;
+        ts.tv_sec += (time_t)(wait / 1000000000ull + ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_cond_timedwait(&e->ckpt_cond, &e->jlock, &ts);
+    }
+    pthread_mutex_unlock(&e->jlock);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ batches */
+
+static void batch_op_done(struct rb_batch *b)
+{
+    if (atomic_fetch_sub_explicit(&b->left, 1, memory_order_acq_rel) != 1)
+        return;
+    kvt_l2 *l2 = b->l2;
+    struct rb_engine *e = l2->engine;
+    for (uint32_t i = 0; i < b->t->n; i++) {
+        free(b->ops[i].hdr);
+        free(b->ops[i].bounce);
+        free(b->ops[i].ios);
+    }
+    kvt_l2_task_finish(l2, b->t);
+    free(b);
+    pthread_mutex_lock(&e->drain_lock);
+    if (--e->live == 0)
+        pthread_cond_broadcast(&e->drain_cond);
+    pthread_mutex_unlock(&e->drain_lock);
+}
+
+/* Split a byte stream of up to 3 segments into requests of at most
+ * e->max_xfer bytes (block multiples), all at consecutive device offsets. */
+static void build_ios(struct rb_engine *e, struct rb_op *op, enum kvt_io_op kind, uint64_t off,
+                      struct iovec *seg, int nseg, void (*cb)(struct kvt_io *))
+{
+    uint64_t total = 0;
+    for (int k = 0; k < nseg; k++)
+        total += seg[k].iov_len;
+    uint64_t chunk = e->max_xfer ? e->max_xfer : total;
+    uint32_t n = (uint32_t)((total + chunk - 1) / chunk);
+    op->ios = kvt_xcalloc(n, sizeof(struct kvt_io));
+    op->nios = n;
+    int k = 0;
+    uint64_t in_seg = 0, at = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvt_io *io = &op->ios[i];
+        kvt_io_prep(io, kind, e->fd, off + at, cb, op);
+        uint64_t want = KVT_MIN(chunk, total - at);
+        while (want && k < nseg) {
+            uint64_t take = KVT_MIN(want, seg[k].iov_len - in_seg);
+            kvt_io_add(io, (char *)seg[k].iov_base + in_seg, take);
+            want -= take;
+            at += take;
+            in_seg += take;
+            if (in_seg == seg[k].iov_len) {
+                k++;
+                in_seg = 0;
+            }
+        }
+    }
+    atomic_store(&op->ios_left, n);
+}
+
+/* ------------------------------------------------------------- store */
+
+static void slot_free(struct rb_engine *e, uint32_t s)
+{
+    pthread_mutex_lock(&e->jlock);
+    e->freev[e->nfree++] = s;
+    pthread_mutex_unlock(&e->jlock);
+}
+
+static void store_fail(kvt_l2 *l2, struct rb_op *op, int rc)
+{
+    kvt_l2_task_fail(op->b->t, op->i, rc);
+    atomic_fetch_add(&l2->counters.store_failed, 1);
+}
+
+/* The PUT record is durable (rc 0) or will never be. */
+static void store_journaled(struct rb_jw *w, int rc)
+{
+    struct rb_op *op = (struct rb_op *)((char *)w - offsetof(struct rb_op, jw));
+    kvt_l2 *l2 = op->b->l2;
+    struct rb_engine *e = l2->engine;
+    kvt_l2_task *t = op->b->t;
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[op->i], &ck);
+    if (rc == 0) {
+        kvt_l2_publish(l2, &ck);
+        atomic_fetch_add(&l2->counters.store_ok, 1);
+        kvt_l2_task_ok(t, op->i, e->g.header_bytes + op->plen);
+    } else {
+        pthread_mutex_lock(&e->jlock);
+        struct rb_slot *s = &e->slots[op->slot];
+        if (s->used && s->gen == op->gen)
+            s->used = 0;
+        e->freev[e->nfree++] = op->slot;
+        pthread_mutex_unlock(&e->jlock);
+        kvt_l2_unreserve(l2, &ck);
+        store_fail(l2, op, rc);
+    }
+    batch_op_done(op->b);
+}
+
+static void store_io_cb(struct kvt_io *io)
+{
+    struct rb_op *op = io->udata;
+    if (io->res < 0 || (uint64_t)io->res != io->len) {
+        int zero = 0;
+        atomic_compare_exchange_strong(&op->err, &zero, io->res < 0 ? io->res : -EIO);
+    }
+    if (atomic_fetch_sub_explicit(&op->ios_left, 1, memory_order_acq_rel) != 1)
+        return;
+    kvt_l2 *l2 = op->b->l2;
+    struct rb_engine *e = l2->engine;
+    kvt_l2_task *t = op->b->t;
+    int err = atomic_load(&op->err);
+    if (err) {
+        /* nothing journaled: the slot simply goes back */
+        kvt_key ck;
+        kvt_l2_canon(l2, &t->keys[op->i], &ck);
+        slot_free(e, op->slot);
+        kvt_l2_unreserve(l2, &ck);
+        store_fail(l2, op, err);
+        char ks[400];
+        kvt_warn("%s: store %s failed: %s", l2->name, kvt_key_str(&t->keys[op->i], ks, sizeof(ks)),
+                 kvt_strerror(err));
+        batch_op_done(op->b);
+        return;
+    }
+    struct rb_rec r = {.op = RB_PUT,
+                       .slot = op->slot,
+                       .gen = op->gen,
+                       .len = t->meta[op->i].len,
+                       .plen = op->plen,
+                       .xxh3 = op->xxh3,
+                       .key = t->keys[op->i]};
+    kvt_l2_canon(l2, &t->keys[op->i], &r.key);
+    op->jw.fn = store_journaled;
+    pthread_mutex_lock(&e->jlock);
+    if (e->fatal) {
+        pthread_mutex_unlock(&e->jlock);
+        store_journaled(&op->jw, KVT_E_FATAL);
+        return;
+    }
+    jappend_locked(e, &r, &op->jw);
+    pthread_mutex_unlock(&e->jlock);
+}
+
+/* Lay out the transfer of header + payload for O_DIRECT or buffered I/O:
+ * segments [hdr][caller's aligned part][bounce]. For a load, `into` marks
+ * the bounce as the destination of the unaligned rest. */
+static int plan_segments(kvt_l2 *l2, struct rb_engine *e, struct rb_op *op, uint8_t *user,
+                         uint64_t len, bool is_store, struct iovec seg[3])
+{
+    int n = 0;
+    seg[n++] = (struct iovec){op->hdr, e->g.header_bytes};
+    if (!e->odirect || e->odirect_refused) {
+        if (len)
+            seg[n++] = (struct iovec){user, len};
+        op->direct_part = len;
+        return n;
+    }
+    uint32_t blk = e->g.block;
+    uint64_t direct = 0;
+    if (e->zero_copy && (uintptr_t)user % blk == 0)
+        direct = len / blk * blk;
+    else
+        atomic_fetch_add(&e->bounced, 1);
+    op->direct_part = direct;
+    if (direct)
+        seg[n++] = (struct iovec){user, direct};
+    uint64_t rest = len - direct;
+    if (rest) {
+        uint64_t padded = KVT_ALIGN_UP(rest, blk);
+        op->bounce = xmemalign(blk, padded);
+        if (is_store)
+            memcpy(op->bounce, user + direct, rest);
+        seg[n++] = (struct iovec){op->bounce, padded};
+    }
+    (void)l2;
+    return n;
+}
+
+static void store_prep(struct rb_op *op)
+{
+    struct rb_batch *b = op->b;
+    kvt_l2 *l2 = b->l2;
+    struct rb_engine *e = l2->engine;
+    kvt_l2_task *t = b->t;
+    uint32_t i = op->i;
+    const kvt_buf *src = &t->bufs[i];
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[i], &ck);
+    if (src->len > e->g.slot_bytes - e->g.header_bytes || src->len > KVT_MAX_OBJECT) {
+        store_fail(l2, op, KVT_E_TOOBIG);
+        batch_op_done(b);
+        return;
+    }
+    uint32_t logical = t->meta[i].len ? t->meta[i].len : (uint32_t)src->len;
+    t->meta[i].len = logical;
+    int rc = kvt_l2_reserve(l2, &ck, (uint32_t)KVT_MIN(e->g.slot_bytes, UINT32_MAX), logical,
+                            UINT32_MAX, 0);
+    if (rc == -EEXIST) {
+        atomic_fetch_add(&l2->counters.store_skipped, 1);
+        kvt_l2_task_ok(t, i, 0);
+        batch_op_done(b);
+        return;
+    }
+    if (rc) {
+        store_fail(l2, op, rc);
+        batch_op_done(b);
+        return;
+    }
+    pthread_mutex_lock(&e->jlock);
+    bool fatal = e->fatal;
+    bool have = !fatal && e->nfree > 0;
+    if (have) {
+        op->slot = e->freev[--e->nfree];
+        op->gen = e->next_gen++;
+    }
+    pthread_mutex_unlock(&e->jlock);
+    if (!have) {
+        kvt_l2_unreserve(l2, &ck);
+        store_fail(l2, op, fatal ? KVT_E_FATAL : KVT_E_FULL);
+        batch_op_done(b);
+        return;
+    }
+    pthread_mutex_lock(&l2->lock);
+    struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
+    if (o)
+        o->aux = op->slot;
+    pthread_mutex_unlock(&l2->lock);
+    op->plen = (uint32_t)src->len;
+    op->xxh3 = kvt_payload_hash(src->ptr, src->len);
+    op->hdr = xmemalign(e->g.block, e->g.header_bytes);
+    kvt_objhdr_encode(op->hdr, KVT_OBJHDR_MIN, &ck, &t->meta[i], t->meta[i].serde, src->len,
+                      op->xxh3);
+    struct rb_trailer tr = {.slot = op->slot,
+                            .gen = op->gen,
+                            .plen = src->len,
+                            .xxh3 = op->xxh3,
+                            .instance = e->instance};
+    rb_trailer_encode(&tr, op->hdr + e->g.header_bytes - RB_TRAILER);
+    struct iovec seg[3];
+    int nseg = plan_segments(l2, e, op, src->ptr, src->len, true, seg);
+    build_ios(e, op, KVT_IO_WRITE, rb_slot_off(&e->g, op->slot), seg, nseg, store_io_cb);
+    struct kvt_io *pp[64];
+    uint32_t k = 0;
+    while (k < op->nios) {
+        uint32_t m = 0;
+        while (m < 64 && k < op->nios)
+            pp[m++] = &op->ios[k++];
+        kvt_ioeng_submitv(e->io, pp, m);
+    }
+}
+
+/* -------------------------------------------------------------- load */
+
+static void load_verify(struct rb_op *op)
+{
+    kvt_l2 *l2 = op->b->l2;
+    struct rb_engine *e = l2->engine;
+    kvt_l2_task *t = op->b->t;
+    kvt_buf *dst = &t->bufs[op->i];
+    int rc = atomic_load(&op->err);
+    const char *why = NULL;
+    struct kvt_objhdr h;
+    if (!rc) {
+        struct rb_trailer tr;
+        rc = kvt_objhdr_decode(op->hdr, KVT_OBJHDR_MIN, &h, &why);
+        if (!rc && !kvt_objhdr_matches(&h, KVT_CODEC_OBJ, &t->keys[op->i])) {
+            why = "slot header names another key";
+            rc = KVT_E_CORRUPT;
+        }
+        if (!rc && rb_trailer_decode(op->hdr + e->g.header_bytes - RB_TRAILER, &tr)) {
+            why = "slot trailer damaged";
+            rc = KVT_E_CORRUPT;
+        }
+        if (!rc && (tr.slot != op->slot || tr.gen != op->gen || tr.instance != e->instance ||
+                    tr.plen != op->plen || tr.xxh3 != op->xxh3 || h.payload_len != op->plen)) {
+            why = "slot holds another generation than the index";
+            rc = KVT_E_CORRUPT;
+        }
+        if (!rc && op->bounce)
+            memcpy((uint8_t *)dst->ptr + op->direct_part, op->bounce, op->plen - op->direct_part);
+        if (!rc && kvt_payload_hash(dst->ptr, op->plen) != op->xxh3) {
+            why = "payload checksum mismatch";
+            rc = KVT_E_CORRUPT;
+        }
+        if (rc == KVT_E_CORRUPT) {
+            char ks[400];
+            atomic_fetch_add(&l2->counters.corrupt, 1);
+            atomic_fetch_add(&e->verify_failed, 1);
+            kvt_warn("%s: slot %u for %s failed verification (%s): treated as a miss", l2->name,
+                     op->slot, kvt_key_str(&t->keys[op->i], ks, sizeof(ks)), why);
+        }
+    }
+    if (rc) {
+        kvt_l2_task_fail(t, op->i, rc);
+    } else {
+        t->meta[op->i] = h.meta;
+        dst->len = op->plen;
+        kvt_l2_task_ok(t, op->i, e->g.header_bytes + op->plen);
+    }
+    batch_op_done(op->b);
+}
+
+static void load_io_cb(struct kvt_io *io)
+{
+    struct rb_op *op = io->udata;
+    if (io->res < 0 || (uint64_t)io->res != io->len) {
+        int zero = 0;
+        atomic_compare_exchange_strong(&op->err, &zero, io->res < 0 ? io->res : KVT_E_CORRUPT);
+    }
+    if (atomic_fetch_sub_explicit(&op->ios_left, 1, memory_order_acq_rel) != 1)
+        return;
+    struct rb_engine *e = op->b->l2->engine;
+    if (kvt_ioeng_cb_may_block(e->io)) {
+        load_verify(op);
+    } else { /* checksum work off the ring thread */
+        op->stage = ST_LOAD_VERIFY;
+        kvt_tpool_push(e->lpool, &op->job);
+    }
+}
+
+static void load_prep(struct rb_op *op)
+{
+    struct rb_batch *b = op->b;
+    kvt_l2 *l2 = b->l2;
+    struct rb_engine *e = l2->engine;
+    kvt_l2_task *t = b->t;
+    uint32_t i = op->i;
+    kvt_buf *dst = &t->bufs[i];
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[i], &ck);
+    uint32_t slot = UINT32_MAX;
+    pthread_mutex_lock(&l2->lock);
+    struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
+    if (o && (o->state & 0x7f) == KVT_OBJ_READY)
+        slot = o->aux;
+    pthread_mutex_unlock(&l2->lock);
+    bool ok = false;
+    pthread_mutex_lock(&e->jlock);
+    if (slot < e->g.nslots && e->slots[slot].used && kvt_key_eq(&e->slots[slot].key, &ck)) {
+        op->slot = slot;
+        op->gen = e->slots[slot].gen;
+        op->plen = e->slots[slot].plen;
+        op->xxh3 = e->slots[slot].xxh3;
+        ok = true;
+    }
+    pthread_mutex_unlock(&e->jlock);
+    if (!ok) {
+        kvt_l2_task_fail(t, i, KVT_E_NOTFOUND);
+        batch_op_done(b);
+        return;
+    }
+    if (op->plen > dst->len) {
+        kvt_l2_task_fail(t, i, KVT_E_TOOBIG); /* never an overrun */
+        batch_op_done(b);
+        return;
+    }
+    op->hdr = xmemalign(e->g.block, e->g.header_bytes);
+    struct iovec seg[3];
+    int nseg = plan_segments(l2, e, op, dst->ptr, op->plen, false, seg);
+    build_ios(e, op, KVT_IO_READ, rb_slot_off(&e->g, op->slot), seg, nseg, load_io_cb);
+    struct kvt_io *pp[64];
+    uint32_t k = 0;
+    while (k < op->nios) {
+        uint32_t m = 0;
+        while (m < 64 && k < op->nios)
+            pp[m++] = &op->ios[k++];
+        kvt_ioeng_submitv(e->io, pp, m);
+    }
+}
+
+/* ---------------------------------------------------------- dispatch */
+
+static void job_fn(struct kvt_job *job, void *ctx)
+{
+    (void)ctx;
+    struct rb_op *op = (struct rb_op *)job;
+    struct rb_engine *e = op->b->l2->engine;
+    switch (op->stage) {
+    case ST_STORE:
+        pthread_mutex_lock(&e->park_lock);
+        if (e->parking) { /* stores wait for recovery: slots and the cap */
+            op->park_next = e->parked;
+            e->parked = op;
+            pthread_mutex_unlock(&e->park_lock);
+            return;
+        }
+        pthread_mutex_unlock(&e->park_lock);
+        store_prep(op);
+        break;
+    case ST_LOAD:
+        load_prep(op);
+        break;
+    default:
+        load_verify(op);
+        break;
+    }
+}
+
+static void rb_submit(kvt_l2 *l2, kvt_l2_task *t)
+{
+    struct rb_engine *e = l2->engine;
+    if (t->kind == KVT_L2_LOOKUP) { /* the index is complete: no I/O */
+        for (uint32_t i = 0; i < t->n; i++) {
+            kvt_key ck;
+            struct kvt_l2_obj o;
+            kvt_l2_canon(l2, &t->keys[i], &ck);
+            if (kvt_l2_pin(l2, &ck, &o)) {
+                t->meta[i].len = o.len;
+                kvt_bm_set(t->ok, i);
+            }
+        }
+        kvt_l2_task_finish(l2, t);
+        return;
+    }
+    struct rb_batch *b = kvt_xcalloc(1, sizeof(*b) + t->n * sizeof(struct rb_op));
+    b->l2 = l2;
+    b->t = t;
+    atomic_store(&b->left, t->n);
+    pthread_mutex_lock(&e->drain_lock);
+    e->live++;
+    pthread_mutex_unlock(&e->drain_lock);
+    bool store = t->kind == KVT_L2_STORE;
+    for (uint32_t i = 0; i < t->n; i++) {
+        b->ops[i].b = b;
+        b->ops[i].i = i;
+        b->ops[i].stage = store ? ST_STORE : ST_LOAD;
+        b->ops[i].job.fn = job_fn;
+    }
+    for (uint32_t i = 0; i < t->n; i++)
+        kvt_tpool_push(store ? e->spool : e->lpool, &b->ops[i].job);
+}
+
+/* ------------------------------------------------------------ delete */
+
+struct rm_wait {
+    struct rb_jw jw;
+    struct rb_engine *e;
+    bool done;
+    int rc;
+};
+
+static void rm_journaled(struct rb_jw *w, int rc)
+{
+    struct rm_wait *rw = (struct rm_wait *)w;
+    pthread_mutex_lock(&rw->e->jlock);
+    rw->rc = rc;
+    rw->done = true;
+    pthread_cond_broadcast(&rw->e->rm_cond);
+    pthread_mutex_unlock(&rw->e->jlock);
+}
+
+/* Delete or evict: journal a DEL and wait for it, then free the slot. */
+static int rb_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
+{
+    struct rb_engine *e = l2->engine;
+    uint32_t s = o->aux;
+    struct rm_wait rw = {.jw.fn = rm_journaled, .e = e};
+    pthread_mutex_lock(&e->jlock);
+    if (e->fatal) {
+        pthread_mutex_unlock(&e->jlock);
+        return KVT_E_FATAL;
+    }
+    if (s >= e->g.nslots || !e->slots[s].used || !kvt_key_eq(&e->slots[s].key, &o->key)) {
+        pthread_mutex_unlock(&e->jlock);
+        return -ENOENT; /* not on the device: forget the entry */
+    }
+    struct rb_slot saved = e->slots[s];
+    struct rb_rec r = {.op = RB_DEL, .slot = s, .gen = saved.gen};
+    jappend_locked(e, &r, &rw.jw);
+    while (!rw.done)
+        pthread_cond_wait(&e->rm_cond, &e->jlock);
+    if (rw.rc == 0) {
+        e->freev[e->nfree++] = s;
+    } else if (!e->slots[s].used) {
+        e->slots[s] = saved; /* not journaled: the object stays */
+    }
+    pthread_mutex_unlock(&e->jlock);
+    return rw.rc;
+}
+
+/* ---------------------------------------------------------- recovery */
+
+struct adopt_ent {
+    uint64_t gen;
+    uint32_t slot;
+};
+
+static int by_gen_desc(const void *a, const void *b)
+{
+    const struct adopt_ent *x = a, *y = b;
+    return (x->gen < y->gen) - (x->gen > y->gen);
+}
+
+/* Read each used slot's header area and drop entries that do not match. */
+static void verify_slots(kvt_l2 *l2, struct rb_engine *e)
+{
+    uint8_t *buf = xmemalign(e->g.block, e->g.header_bytes);
+    for (uint32_t s = 0; s < e->g.nslots && !atomic_load(&e->stop); s++) {
+        struct rb_slot *sl = &e->slots[s];
+        if (!sl->used)
+            continue;
+        const char *why = NULL;
+        struct kvt_objhdr h;
+        struct rb_trailer tr;
+        bool ok = kvt_pread_all(e->fd, buf, e->g.header_bytes, rb_slot_off(&e->g, s), NULL) == 0 &&
+                  kvt_objhdr_decode(buf, KVT_OBJHDR_MIN, &h, &why) == 0 &&
+                  kvt_objhdr_matches(&h, KVT_CODEC_OBJ, &sl->key) &&
+                  rb_trailer_decode(buf + e->g.header_bytes - RB_TRAILER, &tr) == 0 &&
+                  tr.slot == s && tr.gen == sl->gen && tr.plen == sl->plen &&
+                  tr.xxh3 == sl->xxh3 && tr.instance == e->instance;
+        if (!ok) {
+            sl->used = 0;
+            atomic_fetch_add(&e->verify_dropped, 1);
+        }
+    }
+    free(buf);
+    if (atomic_load(&e->verify_dropped))
+        kvt_warn("%s: %llu index entries did not match their slot headers: dropped", l2->name,
+                 (unsigned long long)atomic_load(&e->verify_dropped));
+}
+
+static void release_parked(struct rb_engine *e)
+{
+    pthread_mutex_lock(&e->park_lock);
+    e->parking = false;
+    struct rb_op *p = e->parked;
+    e->parked = NULL;
+    pthread_mutex_unlock(&e->park_lock);
+    struct rb_op *rev = NULL;
+    while (p) {
+        struct rb_op *nx = p->park_next;
+        p->park_next = rev;
+        rev = p;
+        p = nx;
+    }
+    while (rev) {
+        struct rb_op *nx = rev->park_next;
+        kvt_tpool_push(e->spool, &rev->job);
+        rev = nx;
+    }
+}
+
+/*
+ * Background start-up: checkpoint payload, journal replay, slot-header
+ * verification, then the free list and the base index (oldest generation
+ * coldest). The slot table is not shared yet: no store runs before
+ * release_parked, loads find nothing in the base index until adoption.
+ */
+static void *recover_main(void *arg)
+{
+    kvt_l2 *l2 = arg;
+    struct rb_engine *e = l2->engine;
+    pthread_setname_np(pthread_self(), "rb-recover");
+    uint64_t t0 = now_ns();
+    if (!e->fresh) {
+        struct rb_ckpt_hdr h;
+        int copy = -1;
+        int rc = rb_read_checkpoint(e->fd, &e->g, e->magic, e->version, e->slots, &h, &copy);
+        uint64_t next_bseq = 0, nrecs = 0, maxgen = 0;
+        if (rc == 0)
+            rc = rb_replay_journal(e->fd, &e->g, h.instance, h.jstart, e->slots, &next_bseq,
+                                   &nrecs, &maxgen);
+        pthread_mutex_lock(&e->jlock);
+        if (rc) {
+            set_fatal_locked(e, "cannot read the metadata checkpoint (%s): set "
+                                "\"load_checkpoint_on_init\": false to start empty",
+                             rc);
+            memset(e->slots, 0, (size_t)e->g.nslots * sizeof(*e->slots));
+        } else {
+            e->instance = h.instance;
+            e->next_gen = KVT_MAX(h.next_gen, maxgen + 1);
+            e->jtail = h.jstart;
+            e->jnext = next_bseq;
+            e->ckpt_seq = h.seq;
+            snprintf(e->recovered_from, sizeof(e->recovered_from),
+                     "checkpoint %llu (copy %d, %u objects) + %llu journal records",
+                     (unsigned long long)h.seq, copy, h.nrec, (unsigned long long)nrecs);
+        }
+        pthread_mutex_unlock(&e->jlock);
+        if (!rc && e->verify)
+            verify_slots(l2, e);
+    }
+    /* free list (lowest slot first) and adoption */
+    uint32_t nused = 0;
+    for (uint32_t s = 0; s < e->g.nslots; s++)
+        nused += e->slots[s].used;
+    struct adopt_ent *v = kvt_xcalloc(nused ? nused : 1, sizeof(*v));
+    uint32_t k = 0;
+    pthread_mutex_lock(&e->jlock);
+    e->nfree = 0;
+    for (uint32_t s = e->g.nslots; s-- > 0;) {
+        if (e->slots[s].used)
+            v[k++] = (struct adopt_ent){e->slots[s].gen, s};
+        else
+            e->freev[e->nfree++] = s;
+    }
+    pthread_mutex_unlock(&e->jlock);
+    qsort(v, nused, sizeof(*v), by_gen_desc);
+    uint64_t objs = 0, bytes = 0;
+    for (uint32_t i = 0; i < nused; i++) {
+        struct rb_slot *sl = &e->slots[v[i].slot];
+        if (kvt_l2_adopt(l2, &sl->key, (uint32_t)KVT_MIN(e->g.slot_bytes, UINT32_MAX), sl->len,
+                         v[i].slot, 0, false, true)) {
+            objs++;
+            bytes += e->g.slot_bytes;
+        } else { /* two slots for one key (cannot happen): keep the newer */
+            pthread_mutex_lock(&e->jlock);
+            sl->used = 0;
+            e->freev[e->nfree++] = v[i].slot;
+            pthread_mutex_unlock(&e->jlock);
+        }
+    }
+    free(v);
+    double secs = (double)(now_ns() - t0) / 1e9;
+    pthread_mutex_lock(&l2->lock);
+    l2->recovered_objs = objs;
+    l2->recovered_bytes = bytes;
+    l2->recovery_seconds = secs;
+    l2->recovering = false;
+    pthread_mutex_unlock(&l2->lock);
+    kvt_info("%s: recovered %llu objects (%s) from %s in %.3f s", l2->name,
+             (unsigned long long)objs, e->fresh ? "fresh device" : e->recovered_from, e->path,
+             secs);
+    release_parked(e);
+    return NULL;
+}
+
+/* ------------------------------------------------------- status/close */
+
+static void rb_status(kvt_l2 *l2, json_t *out)
+{
+    struct rb_engine *e = l2->engine;
+    json_object_set_new(out, "device_path", json_string(e->path));
+    json_object_set_new(out, "device_bytes", json_integer((json_int_t)e->dev_size));
+    json_object_set_new(out, "block_device", json_boolean(e->blockdev));
+    json_object_set_new(out, "slot_bytes", json_integer((json_int_t)e->g.slot_bytes));
+    json_object_set_new(out, "header_bytes", json_integer(e->g.header_bytes));
+    json_object_set_new(out, "block_align", json_integer(e->g.block));
+    json_object_set_new(out, "slots", json_integer(e->g.nslots));
+    json_object_set_new(out, "data_offset", json_integer((json_int_t)e->g.data_off));
+    json_object_set_new(out, "odirect",
+                        json_string(!e->odirect        ? "off"
+                                    : e->odirect_refused ? "refused by file system (buffered)"
+                                                         : "on"));
+    json_object_set_new(out, "zero_copy", json_boolean(e->zero_copy));
+    json_object_set_new(out, "bounced_transfers",
+                        json_integer((json_int_t)atomic_load(&e->bounced)));
+    json_object_set_new(out, "verify_failed",
+                        json_integer((json_int_t)atomic_load(&e->verify_failed)));
+    json_object_set_new(out, "io", kvt_ioeng_status(e->io));
+    json_object_set_new(out, "num_store_workers", json_integer(e->nstore));
+    json_object_set_new(out, "num_lookup_workers", json_integer(e->nlookup));
+    json_object_set_new(out, "num_load_workers", json_integer(e->nload));
+    json_t *m = json_object();
+    pthread_mutex_lock(&e->jlock);
+    json_object_set_new(out, "free_slots", json_integer(e->nfree));
+    json_object_set_new(m, "checkpoint_seq", json_integer((json_int_t)e->ckpt_seq));
+    json_object_set_new(m, "checkpoints_written", json_integer((json_int_t)e->ckpts));
+    json_object_set_new(m, "checkpoint_bytes", json_integer((json_int_t)e->ckpt_bytes_last));
+    json_object_set_new(m, "checkpoint_objects", json_integer(e->ckpt_nrec_last));
+    json_object_set_new(m, "checkpoint_capacity_bytes",
+                        json_integer((json_int_t)(e->g.ckpt_bytes - e->g.block)));
+    json_object_set_new(m, "checkpoint_error", e->ckpt_err[0] ? json_string(e->ckpt_err)
+                                                              : json_null());
+    json_object_set_new(m, "journal_blocks", json_integer(e->g.jrnl_blocks));
+    json_object_set_new(m, "journal_used_blocks", json_integer((json_int_t)(e->jnext - e->jtail)));
+    json_object_set_new(m, "journal_writes", json_integer((json_int_t)e->jwrites));
+    json_object_set_new(m, "journal_records", json_integer((json_int_t)e->jrecs));
+    json_object_set_new(m, "records_since_checkpoint",
+                        json_integer((json_int_t)e->recs_since_ckpt));
+    json_object_set_new(m, "journal_blocked", json_boolean(e->jblocked));
+    json_object_set_new(m, "recovered_from",
+                        json_string(e->fresh ? "fresh device" : e->recovered_from));
+    json_object_set_new(m, "verify_dropped",
+                        json_integer((json_int_t)atomic_load(&e->verify_dropped)));
+    json_object_set_new(m, "fatal", e->fatal ? json_string(e->fatal_msg) : json_null());
+    pthread_mutex_unlock(&e->jlock);
+    json_object_set_new(out, "meta", m);
+}
+
+static bool rb_healthy(kvt_l2 *l2, char *msg, size_t cap)
+{
+    struct rb_engine *e = l2->engine;
+    bool ok = true;
+    pthread_mutex_lock(&e->jlock);
+    if (e->fatal) {
+        snprintf(msg, cap, "%s", e->fatal_msg);
+        ok = false;
+    } else if (e->ckpt_err[0]) {
+        snprintf(msg, cap, "%s", e->ckpt_err);
+        ok = false;
+    } else if (e->odirect && e->odirect_refused) {
+        snprintf(msg, cap, "ok (O_DIRECT refused by the file system: buffered I/O)");
+    } else {
+        snprintf(msg, cap, "ok");
+    }
+    pthread_mutex_unlock(&e->jlock);
+    return ok;
+}
+
+static void engine_free(struct rb_engine *e)
+{
+    if (e->fd >= 0)
+        close(e->fd);
+    free(e->path);
+    free(e->slots);
+    free(e->freev);
+    if (e->cur)
+        jblock_free(e->cur);
+    pthread_mutex_destroy(&e->jlock);
+    pthread_cond_destroy(&e->ckpt_cond);
+    pthread_cond_destroy(&e->rm_cond);
+    pthread_mutex_destroy(&e->park_lock);
+    pthread_mutex_destroy(&e->drain_lock);
+    pthread_cond_destroy(&e->drain_cond);
+    free(e);
+}
+
+static void rb_close(kvt_l2 *l2)
+{
+    struct rb_engine *e = l2->engine;
+    atomic_store(&e->stop, true);
+    if (e->rec_started)
+        pthread_join(e->rec_thr, NULL);
+    release_parked(e);
+    pthread_mutex_lock(&e->drain_lock);
+    while (e->live)
+        pthread_cond_wait(&e->drain_cond, &e->drain_lock);
+    pthread_mutex_unlock(&e->drain_lock);
+    kvt_tpool_destroy(e->spool);
+    kvt_tpool_destroy(e->lpool);
+    if (e->ckpt_started) { /* takes the final checkpoint */
+        pthread_mutex_lock(&e->jlock);
+        e->ckpt_stop = true;
+        pthread_cond_signal(&e->ckpt_cond);
+        pthread_mutex_unlock(&e->jlock);
+        pthread_join(e->ckpt_thr, NULL);
+    }
+    kvt_ioeng_destroy(e->io);
+    engine_free(e);
+    l2->engine = NULL;
+}
+
+static const struct kvt_l2_ops rb_ops = {
+    .submit = rb_submit,
+    .remove = rb_remove,
+    .status = rb_status,
+    .healthy = rb_healthy,
+    .close = rb_close,
+};
+
+/* ------------------------------------------------------ configuration */
+
+int kvt_raw_block_parse(struct kvt_cfg *c, struct kvt_raw_block_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    bool pe = true;
+    kvt_cfg_bool(c, "persist_enabled", true, &pe);
+    if (!c->rc && !pe)
+        return kvt_cfg_fail(c, "persist_enabled",
+                            "must stay true: raw_block always persists (its slots and index "
+                            "live on the device)");
+    if (!c->rc && kvt_cfg_has(c, "per_tp_device_paths"))
+        return kvt_cfg_fail(c, "per_tp_device_paths",
+                            "is not supported: raw_block is one server-owned device (use one "
+                            "device_path)");
+    kvt_cfg_str(c, "device_path", true, NULL, &o->device_path);
+    if (!c->rc && !o->device_path[0])
+        return kvt_cfg_fail(c, "device_path", "must not be empty");
+    int64_t v = 0;
+    kvt_cfg_int(c, "slot_bytes", true, 0, 1, INT64_MAX, &v);
+    o->slot_bytes = (uint64_t)v;
+    kvt_cfg_int(c, "capacity_bytes", false, 0, 0, INT64_MAX, &v);
+    o->capacity_bytes = (uint64_t)v;
+    kvt_cfg_bool(c, "use_odirect", true, &o->use_odirect);
+    kvt_cfg_int(c, "block_align", false, 4096, 1, 1 << 20, &v);
+    o->block_align = (uint32_t)v;
+    kvt_cfg_int(c, "header_bytes", false, 4096, 1, 1 << 20, &v);
+    o->header_bytes = (uint32_t)v;
+    kvt_cfg_int(c, "meta_total_bytes", false, 256ll << 20, 1, INT64_MAX, &v);
+    o->meta_total_bytes = (uint64_t)v;
+    kvt_cfg_str(c, "meta_magic", false, "LMCIDX01", &o->meta_magic);
+    if (!c->rc && strlen(o->meta_magic) != 8)
+        return kvt_cfg_fail(c, "meta_magic", "must be exactly 8 ASCII characters (got \"%s\")",
+                            o->meta_magic);
+    for (const char *p = o->meta_magic; !c->rc && *p; p++)
+        if (*p < 0x20 || *p > 0x7e)
+            return kvt_cfg_fail(c, "meta_magic", "must be printable ASCII");
+    kvt_cfg_int(c, "meta_version", false, 1, 0, UINT32_MAX, &v);
+    o->meta_version = (uint32_t)v;
+    kvt_cfg_int(c, "meta_checkpoint_interval_sec", false, 60, 1, 86400 * 365, &v);
+    o->ckpt_interval_s = (uint32_t)v;
+    kvt_cfg_int(c, "meta_idle_quiet_ms", false, 100, 0, 86400000, &v);
+    o->idle_quiet_ms = (uint32_t)v;
+    kvt_cfg_bool(c, "meta_enable_periodic", true, &o->periodic);
+    kvt_cfg_bool(c, "load_checkpoint_on_init", true, &o->load_checkpoint);
+    kvt_cfg_bool(c, "meta_verify_on_load", true, &o->verify_on_load);
+    kvt_cfg_bool(c, "enable_zero_copy", true, &o->zero_copy);
+    static const char *const engines[] = {"posix", "io_uring", NULL};
+    const char *eng = "posix";
+    bool use_iouring = false, use_uring = false;
+    kvt_cfg_enum(c, "io_engine", false, "posix", engines, true, &eng);
+    kvt_cfg_bool(c, "use_iouring", false, &use_iouring);
+    kvt_cfg_bool(c, "use_uring", false, &use_uring);
+    o->io_engine = (use_iouring || use_uring) ? KVT_IOENG_URING : kvt_ioeng_kind_parse(eng);
+    kvt_cfg_int(c, "iouring_queue_depth", false, 256, 1, 4096, &v);
+    o->queue_depth = (int)v;
+    bool uring_cmd = false;
+    kvt_cfg_bool(c, "use_uring_cmd", false, &uring_cmd);
+    kvt_cfg_int(c, "max_data_transfer_size", false, 0, INT64_MIN, INT64_MAX, &v);
+    o->max_xfer = v > 0 ? (uint64_t)v : 0;
+    int64_t ns = 2, nl = 1, nd = 4;
+    kvt_cfg_int(c, "num_store_workers", false, 2, 1, 1024, &ns);
+    kvt_cfg_int(c, "num_lookup_workers", false, 1, 1, 1024, &nl);
+    kvt_cfg_int(c, "num_load_workers", false, 4, 1, 1024, &nd);
+    o->num_store_workers = (int)ns;
+    o->num_lookup_workers = (int)nl;
+    o->num_load_workers = (int)nd;
+    kvt_cfg_bool(c, "durable", false, &o->durable);
+    if (c->rc)
+        return c->rc;
+    uint32_t ba = o->block_align;
+    if (ba & (ba - 1))
+        return kvt_cfg_fail(c, "block_align", "must be a power of two (got %u)", ba);
+    if (o->slot_bytes % ba)
+        return kvt_cfg_fail(c, "slot_bytes", "must be a multiple of block_align %u (got %llu)",
+                            ba, (unsigned long long)o->slot_bytes);
+    if (o->header_bytes % ba)
+        return kvt_cfg_fail(c, "header_bytes", "must be a multiple of block_align %u (got %u)",
+                            ba, o->header_bytes);
+    if (o->header_bytes < RB_MIN_HEADER)
+        return kvt_cfg_fail(c, "header_bytes",
+                            "must be at least %u: the slot header holds the object header "
+                            "(512 bytes) and a slot trailer (got %u)",
+                            RB_MIN_HEADER, o->header_bytes);
+    if (o->meta_total_bytes % ba)
+        return kvt_cfg_fail(c, "meta_total_bytes",
+                            "must be a multiple of block_align %u (got %llu)", ba,
+                            (unsigned long long)o->meta_total_bytes);
+    if (o->slot_bytes < (uint64_t)o->header_bytes + 1)
+        return kvt_cfg_fail(c, "slot_bytes", "must be >= header_bytes + 1 (%u) (got %llu)",
+                            o->header_bytes + 1, (unsigned long long)o->slot_bytes);
+    if (o->capacity_bytes && o->capacity_bytes <= o->meta_total_bytes)
+        return kvt_cfg_fail(c, "capacity_bytes",
+                            "must leave space for at least one slot after meta_total_bytes "
+                            "%llu (got %llu)",
+                            (unsigned long long)o->meta_total_bytes,
+                            (unsigned long long)o->capacity_bytes);
+    if (o->meta_total_bytes / ba < 16)
+        return kvt_cfg_fail(c, "meta_total_bytes",
+                            "must hold at least 16 blocks of block_align (two checkpoint copies "
+                            "and a journal): at least %u (got %llu)",
+                            16 * ba, (unsigned long long)o->meta_total_bytes);
+    if (uring_cmd && o->io_engine != KVT_IOENG_URING)
+        return kvt_cfg_fail(c, "use_uring_cmd", "requires \"io_engine\": \"io_uring\"");
+    if (uring_cmd) {
+        snprintf(c->err, c->errcap,
+                 "--l2-adapter #%d (%s): \"use_uring_cmd\" (NVMe passthrough) is not in this "
+                 "build; remove it: \"io_engine\": \"io_uring\" alone drives the same device",
+                 c->index, c->type);
+        c->rc = KVT_E_UNSUPPORTED;
+        return c->rc;
+    }
+    if (o->max_xfer && o->max_xfer % ba)
+        o->max_xfer = KVT_MAX(o->max_xfer / ba * ba, ba);
+    return 0;
+}
+
+/* Open the device or file; size it; lock it against a second server. */
+static int open_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, char *err,
+                       size_t errcap)
+{
+    struct stat st;
+    if (stat(e->path, &st) < 0) {
+        if (errno != ENOENT || !o->capacity_bytes) {
+            snprintf(err, errcap,
+                     "device_path %s: %s (give a block device or a pre-sized file: fallocate "
+                     "-l SIZE %s, or set capacity_bytes to create one)",
+                     e->path, strerror(errno), e->path);
+            return -errno;
+        }
+        int fd = open(e->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0 || posix_fallocate(fd, 0, (off_t)o->capacity_bytes) != 0) {
+            int rc = fd < 0 ? -errno : -ENOSPC;
+            snprintf(err, errcap, "cannot create %s with %llu bytes: %s", e->path,
+                     (unsigned long long)o->capacity_bytes, strerror(-rc));
+            if (fd >= 0) {
+                close(fd);
+                unlink(e->path);
+            }
+            return rc;
+        }
+        close(fd);
+        stat(e->path, &st);
+    }
+    if (!S_ISBLK(st.st_mode) && !S_ISREG(st.st_mode)) {
+        snprintf(err, errcap, "device_path %s is neither a block device nor a regular file",
+                 e->path);
+        return -EINVAL;
+    }
+    e->blockdev = S_ISBLK(st.st_mode);
+    int flags = O_RDWR | O_CLOEXEC;
+    e->fd = open(e->path, flags | (e->odirect ? O_DIRECT : 0));
+    if (e->fd < 0 && e->odirect && errno == EINVAL) {
+        e->odirect_refused = true;
+        kvt_warn("raw_block %s: O_DIRECT refused by the file system: buffered I/O", e->path);
+        e->fd = open(e->path, flags);
+    }
+    if (e->fd < 0) {
+        snprintf(err, errcap, "cannot open device_path %s: %s", e->path, strerror(errno));
+        return -errno;
+    }
+    if (flock(e->fd, LOCK_EX | LOCK_NB) < 0) {
+        snprintf(err, errcap, "device_path %s is in use by another process", e->path);
+        return -EBUSY;
+    }
+    if (e->blockdev) {
+        uint64_t sz = 0;
+        if (ioctl(e->fd, BLKGETSIZE64, &sz) < 0) {
+            snprintf(err, errcap, "BLKGETSIZE64 on %s: %s", e->path, strerror(errno));
+            return -errno;
+        }
+        e->dev_size = sz;
+        int lbs = 0;
+        if (e->odirect && ioctl(e->fd, BLKSSZGET, &lbs) == 0 && (uint32_t)lbs > o->block_align) {
+            snprintf(err, errcap,
+                     "block_align %u is smaller than the logical block size %d of %s: O_DIRECT "
+                     "would fail; set block_align to %d",
+                     o->block_align, lbs, e->path, lbs);
+            return -EINVAL;
+        }
+    } else {
+        e->dev_size = (uint64_t)st.st_size;
+    }
+    e->usable = o->capacity_bytes ? KVT_MIN(o->capacity_bytes, e->dev_size) : e->dev_size;
+    return 0;
+}
+
+/* A device with no checkpoint of our magic: a new instance and two empty
+ * checkpoint copies (both, so an older format's copy can never win). */
+static int format_fresh(struct rb_engine *e)
+{
+    if (getrandom(&e->instance, sizeof(e->instance), 0) != sizeof(e->instance))
+        e->instance = now_ns() ^ ((uint64_t)getpid() << 32);
+    e->next_gen = 1;
+    e->jnext = e->jtail = 0;
+    struct rb_ckpt_hdr h = {.version = e->version,
+                            .instance = e->instance,
+                            .next_gen = 1,
+                            .block = e->g.block,
+                            .header_bytes = e->g.header_bytes,
+                            .slot_bytes = e->g.slot_bytes,
+                            .meta_total = e->g.meta_total,
+                            .data_off = e->g.data_off,
+                            .nslots = e->g.nslots};
+    memcpy(h.magic, e->magic, 8);
+    for (uint64_t seq = 1; seq <= 2; seq++) {
+        h.seq = seq;
+        int rc = rb_write_checkpoint(e->fd, &e->g, &h, NULL, 0, (int)(seq % 2));
+        if (rc)
+            return rc;
+    }
+    e->ckpt_seq = 2;
+    return 0;
+}
+
+int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
+                       const struct kvt_raw_block_opts *o, char *err, size_t errcap)
+{
+    struct rb_engine *e = kvt_xcalloc(1, sizeof(*e));
+    e->fd = -1;
+    pthread_mutex_init(&e->jlock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->ckpt_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&e->rm_cond, NULL);
+    pthread_mutex_init(&e->park_lock, NULL);
+    pthread_mutex_init(&e->drain_lock, NULL);
+    pthread_cond_init(&e->drain_cond, NULL);
+    e->path = kvt_xstrdup(o->device_path);
+    e->odirect = o->use_odirect;
+    e->zero_copy = o->zero_copy;
+    e->verify = o->verify_on_load;
+    e->periodic = o->periodic;
+    e->durable = o->durable;
+    e->interval_s = o->ckpt_interval_s;
+    e->quiet_ms = o->idle_quiet_ms;
+    memcpy(e->magic, o->meta_magic, 8);
+    e->version = o->meta_version;
+    e->max_xfer = o->max_xfer;
+    e->nstore = o->num_store_workers;
+    e->nlookup = o->num_lookup_workers;
+    e->nload = o->num_load_workers;
+    int rc = open_device(e, o, err, errcap);
+    if (rc)
+        goto fail;
+    rc = rb_geom_init(&e->g, e->usable, o->block_align, o->header_bytes, o->slot_bytes,
+                      o->meta_total_bytes, err, errcap);
+    if (rc)
+        goto fail;
+    e->slots = kvt_xcalloc(e->g.nslots, sizeof(*e->slots));
+    e->freev = kvt_xcalloc(e->g.nslots, sizeof(uint32_t));
+    /* probe the checkpoint headers now: what cannot be recovered is an
+     * error at start, never a silent reformat */
+    e->fresh = !o->load_checkpoint;
+    if (o->load_checkpoint) {
+        uint8_t *blk = xmemalign(e->g.block, e->g.block);
+        int found = 0, proto = 0, bad = 0;
+        struct rb_ckpt_hdr h;
+        for (int c = 0; c < 2; c++) {
+            int r = kvt_pread_all(e->fd, blk, e->g.block, (uint64_t)c * e->g.ckpt_bytes, NULL);
+            if (r == -EIO) /* shorter than the meta area: cannot be ours */
+                continue;
+            if (r) {
+                free(blk);
+                snprintf(err, errcap, "cannot read %s: %s", e->path, strerror(-r));
+                rc = r;
+                goto fail;
+            }
+            r = rb_ckpt_hdr_decode(blk, e->g.block, e->magic, e->version, &h);
+            if (r == 0 && !rb_ckpt_geom_matches(&h, &e->g)) {
+                free(blk);
+                snprintf(err, errcap,
+                         "%s holds a raw_block index for another layout (slot_bytes %llu, "
+                         "header_bytes %u, block_align %u, meta_total_bytes %llu, %u slots): "
+                         "refusing to reinterpret it; use the same settings, or set "
+                         "\"load_checkpoint_on_init\": false to start empty",
+                         e->path, (unsigned long long)h.slot_bytes, h.header_bytes, h.block,
+                         (unsigned long long)h.meta_total, h.nslots);
+                rc = KVT_E_CONFIG;
+                goto fail;
+            }
+            found += r == 0;
+            proto += r == -EPROTO;
+            bad += r == -EBADMSG;
+        }
+        free(blk);
+        if (!found && proto) {
+            snprintf(err, errcap,
+                     "%s carries meta_magic \"%s\" in another format or meta_version (not "
+                     "%u): refusing to overwrite it; set \"load_checkpoint_on_init\": false "
+                     "to start empty",
+                     e->path, e->magic, e->version);
+            rc = KVT_E_CONFIG;
+            goto fail;
+        }
+        if (!found && bad) {
+            snprintf(err, errcap,
+                     "both metadata checkpoint headers on %s are damaged; set "
+                     "\"load_checkpoint_on_init\": false to start empty",
+                     e->path);
+            rc = KVT_E_CORRUPT;
+            goto fail;
+        }
+        e->fresh = !found;
+    }
+    if (e->fresh) {
+        rc = format_fresh(e);
+        if (rc) {
+            snprintf(err, errcap, "cannot write the metadata area of %s: %s", e->path,
+                     strerror(-rc));
+            goto fail;
+        }
+    }
+    e->last_ckpt_ns = e->last_change_ns = now_ns();
+    rc = kvt_l2_base_init(l2, &rb_ops, spec, KVT_CODEC_OBJ, (uint64_t)e->g.nslots * e->g.slot_bytes);
+    if (rc) {
+        snprintf(err, errcap, "eventfd: %s", strerror(-rc));
+        goto fail;
+    }
+    l2->engine = e;
+    char nm[16];
+    snprintf(nm, sizeof(nm), "rbio%d", spec->index);
+    int depth = o->io_engine == KVT_IOENG_URING ? o->queue_depth
+                                                : o->num_store_workers + o->num_load_workers;
+    rc = kvt_ioeng_create(&e->io, (enum kvt_ioeng_kind)o->io_engine, nm, depth, err, errcap);
+    if (rc)
+        goto fail_base;
+    snprintf(nm, sizeof(nm), "rbs%d", spec->index);
+    rc = kvt_tpool_create(&e->spool, nm, o->num_store_workers, NULL, NULL, NULL);
+    snprintf(nm, sizeof(nm), "rbl%d", spec->index);
+    if (!rc)
+        rc = kvt_tpool_create(&e->lpool, nm, o->num_load_workers, NULL, NULL, NULL);
+    if (rc) {
+        snprintf(err, errcap, "cannot start worker threads: %s", strerror(-rc));
+        goto fail_base;
+    }
+    rc = pthread_create(&e->ckpt_thr, NULL, ckpt_main, e);
+    if (rc) {
+        snprintf(err, errcap, "cannot start the checkpoint thread: %s", strerror(rc));
+        rc = -rc;
+        goto fail_base;
+    }
+    e->ckpt_started = true;
+    e->parking = true;
+    l2->recovering = true;
+    rc = pthread_create(&e->rec_thr, NULL, recover_main, l2);
+    if (rc) {
+        snprintf(err, errcap, "cannot start the recovery thread: %s", strerror(rc));
+        rc = -rc;
+        goto fail_base;
+    }
+    e->rec_started = true;
+    kvt_info("%s: %s: %u slots of %llu bytes, meta %llu bytes (2 x %llu checkpoint, %u journal "
+             "blocks), %s, %s engine",
+             l2->name, e->path, e->g.nslots, (unsigned long long)e->g.slot_bytes,
+             (unsigned long long)e->g.meta_total, (unsigned long long)e->g.ckpt_bytes,
+             e->g.jrnl_blocks, e->odirect && !e->odirect_refused ? "O_DIRECT" : "buffered",
+             kvt_ioeng_kind_name((enum kvt_ioeng_kind)o->io_engine));
+    return 0;
+fail_base:
+    if (e->ckpt_started) {
+        pthread_mutex_lock(&e->jlock);
+        e->ckpt_stop = true;
+        e->recs_since_ckpt = 0;
+        pthread_cond_signal(&e->ckpt_cond);
+        pthread_mutex_unlock(&e->jlock);
+        pthread_join(e->ckpt_thr, NULL);
+    }
+    kvt_tpool_destroy(e->spool);
+    kvt_tpool_destroy(e->lpool);
+    kvt_ioeng_destroy(e->io);
+    l2->engine = NULL;
+    kvt_l2_base_destroy(l2);
+    engine_free(e);
+    return rc;
+fail:
+    engine_free(e);
+    return rc ? rc : KVT_E_CONFIG;
+}
