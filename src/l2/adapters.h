@@ -100,4 +100,15 @@ int kvt_raw_block_parse(struct kvt_cfg *c, struct kvt_raw_block_opts *o);
 int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
                        const struct kvt_raw_block_opts *o, char *err, size_t errcap);
 
+/* ---- dax (dax.c) ---- */
+struct kvt_dax_opts {
+    const char *device_path;
+    uint64_t size_bytes, slot_bytes;
+    int num_store_workers, num_lookup_workers, num_load_workers;
+    bool durable;
+};
+int kvt_dax_parse(struct kvt_cfg *c, struct kvt_dax_opts *o);
+int kvt_dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_dax_opts *o,
+                 char *err, size_t errcap);
+
 #endif

@@ -61,11 +61,21 @@ static int open_raw_block(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char
     return kvt_raw_block_open(l2, s, o, err, cap);
 }
 
+static int parse_dax(struct kvt_cfg *c, void *o)
+{
+    return kvt_dax_parse(c, o);
+}
+static int open_dax(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
+{
+    return kvt_dax_open(l2, s, o, err, cap);
+}
+
 union any_opts {
     struct kvt_fs_opts fs;
     struct kvt_mock_opts mock;
     struct kvt_nixl_opts nixl;
     struct kvt_raw_block_opts raw_block;
+    struct kvt_dax_opts dax;
 };
 
 static const struct type_ent {
@@ -79,6 +89,7 @@ static const struct type_ent {
     {"nixl_store_dynamic", parse_nixl_dynamic, open_nixl_dynamic},
     {"nixl_store", parse_nixl_store, open_nixl_store},
     {"raw_block", parse_raw_block, open_raw_block},
+    {"dax", parse_dax, open_dax},
 };
 
 const char *kvt_l2_types(void)
