@@ -50,6 +50,7 @@ struct kvt_fs_opts {
     int num_workers;
     uint64_t max_capacity_bytes;
     bool durable;
+    bool native; /* fs_native: O_DIRECT on a misaligned buffer is an error */
 };
 int kvt_fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native);
 int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_opts *o,

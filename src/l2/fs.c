@@ -17,8 +17,12 @@
  *         and LRU order (by mtime); stores wait until it is done so the cap
  *         holds, lookups and loads are served meanwhile.
  *
- * The fs_native type runs on this engine too (it adds num_workers as the
- * real queue depth and the O_DIRECT alignment rules of its seed section).
+ * The fs_native type runs on this engine too: num_workers I/O threads are
+ * its real queue depth, and its O_DIRECT rules are the seed's: a length
+ * that is not a multiple of the block size is buffered for that operation
+ * (counted in odirect_fallbacks); a misaligned buffer is refused with
+ * EINVAL and a message naming --l1-align-bytes (counted in
+ * odirect_misaligned), never a crash and never a silent fallback.
  *
  * Threads: num_workers I/O threads (tpool "fs<i>"), one scan thread at
  * start-up. Locks: l2->lock (base) is taken for index updates only, never
@@ -77,6 +81,8 @@ struct fs_engine {
     uint32_t blksz;
     uint64_t read_ahead;
     bool durable;
+    bool native;                /* fs_native */
+    _Atomic uint64_t misaligned; /* fs_native: O_DIRECT refused for the buffer */
     int nworkers;
     struct kvt_tpool *pool;
     pid_t pid;
@@ -155,6 +161,23 @@ static bool direct_ok(kvt_l2 *l2, struct fs_engine *e, const void *buf, uint64_t
     return true;
 }
 
+/* fs_native with O_DIRECT: a transfer whose length qualifies for O_DIRECT
+ * but whose buffer is not block aligned is an error (its seed section),
+ * where fs falls back to buffered I/O. Returns 0 or -EINVAL. */
+static int misaligned_native(kvt_l2 *l2, struct fs_engine *e, const void *buf, uint64_t len)
+{
+    if (!e->native || !e->odirect || atomic_load(&e->odirect_refused) || len % e->blksz ||
+        (uintptr_t)buf % e->blksz == 0)
+        return 0;
+    atomic_fetch_add(&e->misaligned, 1);
+    kvt_warn_once(&e->warned_align,
+                  "%s: buffer %p is not aligned to the block size %u that O_DIRECT requires: "
+                  "transfer refused with EINVAL (raise --l1-align-bytes to a multiple of %u, "
+                  "or set use_odirect false); counted in odirect_misaligned",
+                  l2->name, buf, e->blksz, e->blksz);
+    return -EINVAL;
+}
+
 static int open_tmp(kvt_l2 *l2, struct fs_engine *e, const char *tmpname, bool *direct)
 {
     int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
@@ -183,6 +206,9 @@ static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const kvt
     char name[KVT_NAME_MAX + 1], tmp[KVT_NAME_MAX + 64];
     int rc = kvt_key_encode(KVT_CODEC_FS, key, name);
     if (rc < 0)
+        return rc;
+    rc = misaligned_native(l2, e, src->ptr, src->len);
+    if (rc)
         return rc;
     bool direct = direct_ok(l2, e, src->ptr, src->len);
     uint16_t hl = hdr_len_for(e, direct);
@@ -460,6 +486,10 @@ static void run_load(struct fs_job *j, void *hdrbuf)
             kvt_l2_task_fail(t, i, KVT_E_CORRUPT);
             return;
         }
+    }
+    if (hl == e->blksz && misaligned_native(l2, e, dst->ptr, dst->len)) {
+        kvt_l2_task_fail(t, i, -EINVAL);
+        return;
     }
     bool direct = hl == e->blksz && direct_ok(l2, e, dst->ptr, dst->len);
     int fd = -1;
@@ -777,6 +807,9 @@ static void fs_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "odirect", json_string(od));
     json_object_set_new(out, "block_size", json_integer(e->blksz));
     json_object_set_new(out, "durable", json_boolean(e->durable));
+    if (e->native)
+        json_object_set_new(out, "odirect_misaligned",
+                            json_integer((json_int_t)atomic_load(&e->misaligned)));
     json_object_set_new(out, "tmp_removed_at_start",
                         json_integer((json_int_t)atomic_load(&e->tmp_removed)));
 }
@@ -875,7 +908,7 @@ int kvt_fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native)
     kvt_cfg_num(c, "max_capacity_gb", false, 0, 0, 1e9, &cap);
     o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
     kvt_cfg_bool(c, "durable", false, &o->durable);
-    (void)native;
+    o->native = native;
     if (c->rc)
         return c->rc;
     if (o->relative_tmp_dir[0]) {
@@ -911,6 +944,7 @@ int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_
     e->odirect = o->use_odirect;
     e->read_ahead = o->read_ahead_size;
     e->durable = o->durable;
+    e->native = o->native;
     e->nworkers = o->num_workers;
     e->pid = getpid();
     e->starttime = kvt_proc_starttime(e->pid);

@@ -9,9 +9,9 @@
  *         the device. A store acknowledged before a SIGKILL is therefore
  *         found after restart (LMCache loses everything after the last
  *         checkpoint).
- * Delete: append a DEL record and wait for it; only then is the slot free
- *         for reuse, so recovery can never pair an old index entry with new
- *         bytes.
+ * Delete: append a DEL record; the slot is free for reuse only once the
+ *         record is durable, so recovery can never pair an old index entry
+ *         with new bytes.
  * Lookup: memory index (inline). Load: one read of header + payload,
  *         verified against the index (identity, generation, instance,
  *         length, checksum): any mismatch is a miss.
@@ -22,8 +22,9 @@
  *         (payload, fdatasync, header); taken when the journal is half
  *         full, periodically when idle (meta_checkpoint_interval_sec after
  *         meta_idle_quiet_ms without changes), and at close. One that does
- *         not fit its copy is an error in status (is_healthy false); if the
- *         journal then fills, stores fail until a checkpoint fits again.
+ *         not fit its copy is an error in status (is_healthy false); when
+ *         the journal is then 3/4 full, new stores are refused (deletes and
+ *         evictions still go through) until a checkpoint fits again.
  * Start-up: checkpoint headers are checked in open (a foreign format or
  *         another geometry is a clear error, never reformatted silently);
  *         payload, journal replay and slot-header verification run in the
@@ -142,7 +143,6 @@ struct rb_engine {
     char fatal_msg[256];
     bool ckpt_stop;
     pthread_cond_t ckpt_cond;
-    pthread_cond_t rm_cond; /* deletes waiting for their DEL record */
 
     pthread_t ckpt_thr, rec_thr;
     bool ckpt_started, rec_started;
@@ -406,16 +406,18 @@ static int checkpoint_locked(struct rb_engine *e)
         e->ckpt_err[0] = 0;
         jkick_locked(e);
     } else {
+        bool first = !e->ckpt_err[0];
         if (rc == -EFBIG)
             snprintf(e->ckpt_err, sizeof(e->ckpt_err),
                      "checkpoint of %u objects needs %llu bytes but each copy holds %llu: raise "
-                     "meta_total_bytes (stores fail once the journal is full)",
+                     "meta_total_bytes (new stores are refused once the journal is 3/4 full)",
                      nrec, (unsigned long long)len,
                      (unsigned long long)(e->g.ckpt_bytes - e->g.block));
         else
             snprintf(e->ckpt_err, sizeof(e->ckpt_err), "checkpoint write failed: %s",
                      kvt_strerror(rc));
-        kvt_error("raw_block %s: %s", e->path, e->ckpt_err);
+        if (first) /* retried every second: log the transition, status has the rest */
+            kvt_error("raw_block %s: %s", e->path, e->ckpt_err);
     }
     return rc;
 }
@@ -439,15 +441,7 @@ static void *ckpt_main(void *arg)
         }
         if (!e->fatal && (urgent || (due && quiet))) {
             int rc = checkpoint_locked(e);
-            if (rc && e->jblocked) {
-                /* the ring is full and cannot be reclaimed: fail what
-                 * waits instead of blocking stores forever */
-                struct rb_jw *w = drop_pending_locked(e);
-                pthread_mutex_unlock(&e->jlock);
-                call_waiters(w, KVT_E_FULL);
-                pthread_mutex_lock(&e->jlock);
-            }
-            if (rc) { /* retry later, not in a tight loop */
+            if (rc) { /* retry after a second or the next delete, not in a tight loop */
                 struct timespec ts;
                 clock_gettime(CLOCK_MONOTONIC, &ts);
                 ts.tv_sec += 1;
@@ -608,6 +602,15 @@ static void store_io_cb(struct kvt_io *io)
     if (e->fatal) {
         pthread_mutex_unlock(&e->jlock);
         store_journaled(&op->jw, KVT_E_FATAL);
+        return;
+    }
+    if (e->ckpt_err[0] && (e->jnext - e->jtail) * 4 >= (uint64_t)e->g.jrnl_blocks * 3) {
+        /* checkpoints fail and the journal is 3/4 full: keep the rest of
+         * the ring for deletes (which shrink the index until a checkpoint
+         * fits again) and refuse new objects */
+        pthread_mutex_unlock(&e->jlock);
+        atomic_fetch_add(&l2->counters.rejected_writes, 1);
+        store_journaled(&op->jw, KVT_E_FULL);
         return;
     }
     jappend_locked(e, &r, &op->jw);
@@ -905,29 +908,38 @@ static void rb_submit(kvt_l2 *l2, kvt_l2_task *t)
 
 /* ------------------------------------------------------------ delete */
 
-struct rm_wait {
+struct del_wait {
     struct rb_jw jw;
     struct rb_engine *e;
-    bool done;
-    int rc;
+    uint32_t slot;
 };
 
-static void rm_journaled(struct rb_jw *w, int rc)
+/* The DEL record is durable: only now may the slot be reused, so that no
+ * recovery can pair the old index entry with new bytes. */
+static void del_journaled(struct rb_jw *w, int rc)
 {
-    struct rm_wait *rw = (struct rm_wait *)w;
-    pthread_mutex_lock(&rw->e->jlock);
-    rw->rc = rc;
-    rw->done = true;
-    pthread_cond_broadcast(&rw->e->rm_cond);
-    pthread_mutex_unlock(&rw->e->jlock);
+    struct del_wait *dw = (struct del_wait *)w;
+    struct rb_engine *e = dw->e;
+    if (rc == 0) {
+        pthread_mutex_lock(&e->jlock);
+        e->freev[e->nfree++] = dw->slot;
+        pthread_mutex_unlock(&e->jlock);
+    } /* else: fatal journal error; the slot stays out of use */
+    free(dw);
 }
 
-/* Delete or evict: journal a DEL and wait for it, then free the slot. */
+/*
+ * Delete or evict: append a DEL record (applied to the slot table at once,
+ * so the next checkpoint no longer carries the object) and return; the
+ * slot is freed when the record is durable. Deletes never wait, so they
+ * can always shrink an index whose checkpoint does not fit. A delete whose
+ * record was not yet written when the process died leaves the object
+ * (intact) after restart.
+ */
 static int rb_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 {
     struct rb_engine *e = l2->engine;
     uint32_t s = o->aux;
-    struct rm_wait rw = {.jw.fn = rm_journaled, .e = e};
     pthread_mutex_lock(&e->jlock);
     if (e->fatal) {
         pthread_mutex_unlock(&e->jlock);
@@ -937,18 +949,16 @@ static int rb_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
         pthread_mutex_unlock(&e->jlock);
         return -ENOENT; /* not on the device: forget the entry */
     }
-    struct rb_slot saved = e->slots[s];
-    struct rb_rec r = {.op = RB_DEL, .slot = s, .gen = saved.gen};
-    jappend_locked(e, &r, &rw.jw);
-    while (!rw.done)
-        pthread_cond_wait(&e->rm_cond, &e->jlock);
-    if (rw.rc == 0) {
-        e->freev[e->nfree++] = s;
-    } else if (!e->slots[s].used) {
-        e->slots[s] = saved; /* not journaled: the object stays */
-    }
+    struct del_wait *dw = kvt_xcalloc(1, sizeof(*dw));
+    dw->jw.fn = del_journaled;
+    dw->e = e;
+    dw->slot = s;
+    struct rb_rec r = {.op = RB_DEL, .slot = s, .gen = e->slots[s].gen};
+    jappend_locked(e, &r, &dw->jw);
+    if (e->ckpt_err[0]) /* a smaller index may fit now */
+        pthread_cond_signal(&e->ckpt_cond);
     pthread_mutex_unlock(&e->jlock);
-    return rw.rc;
+    return 0;
 }
 
 /* ---------------------------------------------------------- recovery */
@@ -1182,7 +1192,6 @@ static void engine_free(struct rb_engine *e)
         jblock_free(e->cur);
     pthread_mutex_destroy(&e->jlock);
     pthread_cond_destroy(&e->ckpt_cond);
-    pthread_cond_destroy(&e->rm_cond);
     pthread_mutex_destroy(&e->park_lock);
     pthread_mutex_destroy(&e->drain_lock);
     pthread_cond_destroy(&e->drain_cond);
@@ -1448,7 +1457,6 @@ int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&e->ckpt_cond, &ca);
     pthread_condattr_destroy(&ca);
-    pthread_cond_init(&e->rm_cond, NULL);
     pthread_mutex_init(&e->park_lock, NULL);
     pthread_mutex_init(&e->drain_lock, NULL);
     pthread_cond_init(&e->drain_cond, NULL);

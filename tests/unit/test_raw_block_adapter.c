@@ -1,0 +1,252 @@
+/*
+ * Description: the raw_block adapter through the kvt_l2 contract on a
+ * pre-sized file: round trips with both engines and O_DIRECT on and off
+ * (unaligned lengths and buffers bounce), delete and slot usage, restart
+ * from the final checkpoint, a process that dies right after its stores
+ * were acknowledged (journal replay), a damaged slot read as a miss, a
+ * checkpoint that does not fit (an error in status, journal-full stores
+ * fail, cleared after deletes), and refusals to reinterpret a device.
+ */
+#include "l2_harness.h"
+#include "test.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dev[256];
+
+static void make_dev(uint64_t size)
+{
+    unlink(dev);
+    int fd = open(dev, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    TEST_ASSERT(fd >= 0);
+    TEST_ASSERT(posix_fallocate(fd, 0, (off_t)size) == 0);
+    close(fd);
+}
+
+static kvt_l2 *open_rb(const char *extra)
+{
+    char js[1024];
+    snprintf(js, sizeof(js),
+             "{\"type\": \"raw_block\", \"device_path\": \"%s\", \"slot_bytes\": 262144, "
+             "\"meta_total_bytes\": 1048576%s}",
+             dev, extra);
+    kvt_l2 *l2 = h_open(js);
+    TEST_ASSERT(l2 != NULL);
+    h_wait_recovered(l2);
+    return l2;
+}
+
+static void round_trip(const char *extra)
+{
+    fprintf(stderr, "   config:%s\n", extra);
+    make_dev(16 << 20);
+    kvt_l2 *l2 = open_rb(extra);
+    /* 100000 bytes: not a block multiple, so the tail goes through a bounce */
+    TEST_ASSERT(h_store(l2, "rb/model", 0, 20, 100000) == 20);
+    TEST_ASSERT(h_check(l2, "rb/model", 0, 20, 100000) == 20);
+    TEST_ASSERT(h_store(l2, "rb/model", 0, 20, 100000) == 20); /* already there: skipped */
+    TEST_ASSERT(h_delete(l2, "rb/model", 0, 5) == 5);
+    struct kvt_l2_usage u;
+    kvt_l2_usage(l2, &u);
+    TEST_ASSERT(u.objects == 15 && u.used_bytes == 15 * 262144ull);
+    TEST_ASSERT(h_check(l2, "rb/model", 0, 5, 100000) == 0);
+    kvt_l2_close(l2);
+    l2 = open_rb(extra); /* the final checkpoint at close */
+    kvt_l2_usage(l2, &u);
+    TEST_ASSERT(u.objects == 15 && u.used_bytes == 15 * 262144ull);
+    TEST_ASSERT(h_check(l2, "rb/model", 5, 15, 100000) == 15);
+    TEST_ASSERT(h_check(l2, "rb/model", 0, 5, 100000) == 0);
+    TEST_ASSERT(h_status_int(l2, "meta", "records_since_checkpoint") == 0);
+    kvt_l2_close(l2);
+}
+
+static void test_round_trips(void)
+{
+    round_trip("");
+    round_trip(", \"io_engine\": \"io_uring\", \"iouring_queue_depth\": 8");
+    round_trip(", \"use_odirect\": false");
+    round_trip(", \"enable_zero_copy\": false, \"max_data_transfer_size\": 65536");
+}
+
+/* A misaligned caller buffer under O_DIRECT is bounced, not an EINVAL. */
+static void test_misaligned_buffer(void)
+{
+    make_dev(16 << 20);
+    kvt_l2 *l2 = open_rb("");
+    kvt_l2_task *t = kvt_l2_task_new(KVT_L2_STORE, 1);
+    h_key(&t->keys[0], "rb/mis", 1);
+    uint8_t *raw = h_payload(65536 + 64, 9);
+    t->bufs[0].ptr = raw + 1;
+    t->bufs[0].len = 65536;
+    h_run(l2, t);
+    TEST_ASSERT(kvt_bm_test(t->ok, 0));
+    kvt_l2_task *ld = kvt_l2_task_new(KVT_L2_LOAD, 1);
+    ld->keys[0] = t->keys[0];
+    uint8_t *out = h_payload(65536 + 64, 0);
+    ld->bufs[0].ptr = out + 3;
+    ld->bufs[0].len = 65536;
+    h_run(l2, ld);
+    TEST_ASSERT(kvt_bm_test(ld->ok, 0) && memcmp(out + 3, raw + 1, 65536) == 0);
+    TEST_ASSERT(h_status_int(l2, "bounced_transfers", NULL) >= 2);
+    free(raw);
+    free(out);
+    kvt_l2_task_free(t);
+    kvt_l2_task_free(ld);
+    kvt_l2_close(l2);
+}
+
+/* Stores acknowledged by a process that then dies without closing. */
+static void test_acknowledged_survives_death(void)
+{
+    make_dev(32 << 20);
+    pid_t pid = fork();
+    TEST_ASSERT(pid >= 0);
+    if (pid == 0) {
+        kvt_l2 *l2 = open_rb(", \"meta_enable_periodic\": false");
+        uint32_t ok = h_store(l2, "rb/crash", 0, 40, 50000);
+        uint32_t del = h_delete(l2, "rb/crash", 0, 4);
+        _exit(ok == 40 && del == 4 ? 0 : 3); /* no close: no final checkpoint */
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    TEST_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    kvt_l2 *l2 = open_rb("");
+    struct kvt_l2_usage u;
+    kvt_l2_usage(l2, &u);
+    TEST_ASSERT(u.objects == 36);
+    TEST_ASSERT(h_check(l2, "rb/crash", 4, 36, 50000) == 36);
+    TEST_ASSERT(h_check(l2, "rb/crash", 0, 4, 50000) == 0);
+    json_t *s = kvt_l2_status(l2);
+    const char *from = json_string_value(json_object_get(json_object_get(s, "meta"),
+                                                         "recovered_from"));
+    TEST_ASSERT(from && strstr(from, "44 journal records"));
+    json_decref(s);
+    kvt_l2_close(l2);
+}
+
+static void test_damaged_slot_is_a_miss(void)
+{
+    make_dev(16 << 20);
+    kvt_l2 *l2 = open_rb(", \"use_odirect\": false");
+    TEST_ASSERT(h_store(l2, "rb/dmg", 0, 3, 30000) == 3);
+    /* slot 0 holds the first store: flip one payload byte on the device */
+    int fd = open(dev, O_RDWR);
+    uint8_t b;
+    uint64_t off = (1 << 20) + 4096 + 777;
+    TEST_ASSERT(pread(fd, &b, 1, (off_t)off) == 1);
+    b ^= 0x40;
+    TEST_ASSERT(pwrite(fd, &b, 1, (off_t)off) == 1);
+    close(fd);
+    TEST_ASSERT(h_check(l2, "rb/dmg", 0, 3, 30000) == 2);
+    TEST_ASSERT(h_status_int(l2, "verify_failed", NULL) == 1);
+    kvt_l2_close(l2);
+}
+
+static bool healthy(kvt_l2 *l2)
+{
+    char msg[256];
+    return kvt_l2_healthy(l2, msg, sizeof(msg));
+}
+
+/* A meta area of 16 blocks: 4 journal blocks, checkpoint copies of 6
+ * blocks (about 250 records). 400 objects cannot be checkpointed. */
+static void test_checkpoint_too_big(void)
+{
+    make_dev(5 << 20);
+    char js[512];
+    snprintf(js, sizeof(js),
+             "{\"type\": \"raw_block\", \"device_path\": \"%s\", \"slot_bytes\": 8192, "
+             "\"meta_total_bytes\": 65536, \"use_odirect\": false}",
+             dev);
+    kvt_l2 *l2 = h_open(js);
+    TEST_ASSERT(l2);
+    h_wait_recovered(l2);
+    uint32_t stored = 0, failed_batches = 0;
+    for (uint32_t i = 0; i < 600 && failed_batches < 3; i += 10) {
+        uint32_t ok = h_store(l2, "rb/ck", i, 10, 1000);
+        stored += ok;
+        if (ok < 10)
+            failed_batches++;
+    }
+    json_t *s = kvt_l2_status(l2);
+    const char *ce = json_string_value(json_object_get(json_object_get(s, "meta"),
+                                                       "checkpoint_error"));
+    TEST_ASSERT(ce && strstr(ce, "raise meta_total_bytes"));
+    json_decref(s);
+    TEST_ASSERT(!healthy(l2));
+    TEST_ASSERT(failed_batches > 0); /* the journal filled: stores refused */
+    fprintf(stderr, "   stored %u before the journal filled\n", stored);
+    TEST_ASSERT(stored > 250 && stored < 600);
+    TEST_ASSERT(h_status_int(l2, "counters", "rejected_writes") > 0);
+    /* what was acknowledged is still there */
+    TEST_ASSERT(h_check(l2, "rb/ck", 0, 100, 1000) == 100);
+    /* make room: the next checkpoint fits and the error clears */
+    kvt_key *k = calloc(600, sizeof(*k));
+    for (uint32_t i = 0; i < 600; i++)
+        h_key(&k[i], "rb/ck", i);
+    uint32_t removed = kvt_l2_delete(l2, k, 600, NULL);
+    free(k);
+    TEST_ASSERT(removed > 0);
+    for (int w = 0; w < 500 && !healthy(l2); w++) {
+        h_store(l2, "rb/ck2", (uint32_t)w * 3, 3, 1000); /* activity triggers checkpoints */
+        usleep(10000);
+    }
+    TEST_ASSERT(healthy(l2));
+    kvt_l2_close(l2);
+}
+
+static void test_refusals(void)
+{
+    char err[1024], js[512];
+    make_dev(16 << 20);
+    kvt_l2 *l2 = open_rb("");
+    TEST_ASSERT(h_store(l2, "rb/ref", 0, 2, 1000) == 2);
+    kvt_l2_close(l2);
+    /* another slot size on the same device */
+    snprintf(js, sizeof(js),
+             "{\"type\": \"raw_block\", \"device_path\": \"%s\", \"slot_bytes\": 524288, "
+             "\"meta_total_bytes\": 1048576}",
+             dev);
+    TEST_ASSERT(h_open_err(js, err, sizeof(err)) == KVT_E_CONFIG);
+    TEST_ASSERT(strstr(err, "another layout") && strstr(err, "load_checkpoint_on_init"));
+    /* another meta_version */
+    snprintf(js, sizeof(js),
+             "{\"type\": \"raw_block\", \"device_path\": \"%s\", \"slot_bytes\": 262144, "
+             "\"meta_total_bytes\": 1048576, \"meta_version\": 2}",
+             dev);
+    TEST_ASSERT(h_open_err(js, err, sizeof(err)) == KVT_E_CONFIG);
+    TEST_ASSERT(strstr(err, "another format or meta_version"));
+    /* starting empty on purpose */
+    l2 = open_rb(", \"load_checkpoint_on_init\": false");
+    struct kvt_l2_usage u;
+    kvt_l2_usage(l2, &u);
+    TEST_ASSERT(u.objects == 0);
+    kvt_l2_close(l2);
+    /* and the old index never comes back afterwards */
+    l2 = open_rb("");
+    kvt_l2_usage(l2, &u);
+    TEST_ASSERT(u.objects == 0);
+    TEST_ASSERT(h_check(l2, "rb/ref", 0, 2, 1000) == 0);
+    kvt_l2_close(l2);
+    /* a missing device without capacity_bytes */
+    unlink(dev);
+    snprintf(js, sizeof(js),
+             "{\"type\": \"raw_block\", \"device_path\": \"%s\", \"slot_bytes\": 262144}", dev);
+    TEST_ASSERT(h_open_err(js, err, sizeof(err)) != 0 && strstr(err, "fallocate"));
+}
+
+int main(void)
+{
+    snprintf(dev, sizeof(dev), "/tmp/kvt-test-rb-%d.img", (int)getpid());
+    RUN(test_round_trips);
+    RUN(test_misaligned_buffer);
+    RUN(test_acknowledged_survives_death);
+    RUN(test_damaged_slot_is_a_miss);
+    RUN(test_checkpoint_too_big);
+    RUN(test_refusals);
+    unlink(dev);
+    return TEST_RESULT();
+}
