@@ -321,14 +321,18 @@ static void dax_submit(kvt_l2 *l2, kvt_l2_task *t)
     e->live++;
     pthread_mutex_unlock(&e->drain_lock);
     bool store = t->kind == KVT_L2_STORE;
-    for (uint32_t i = 0; i < t->n; i++) {
+    uint32_t n = t->n;
+    for (uint32_t i = 0; i < n; i++) {
         b->ops[i].b = b;
         b->ops[i].i = i;
         b->ops[i].store = store;
         b->ops[i].job.fn = job_fn;
     }
-    for (uint32_t i = 0; i < t->n; i++)
-        kvt_tpool_push(store ? e->spool : e->lpool, &b->ops[i].job);
+    /* b and t may be freed once the last op is queued: read nothing after */
+    struct dax_op *ops = b->ops;
+    struct kvt_tpool *pool = store ? e->spool : e->lpool;
+    for (uint32_t i = 0; i < n; i++)
+        kvt_tpool_push(pool, &ops[i].job);
 }
 
 static int dax_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)

@@ -719,8 +719,11 @@ static void nd_submit(kvt_l2 *l2, kvt_l2_task *t)
         op->stage = stage;
         op->job.fn = job_fn;
     }
-    for (uint32_t i = 0; i < t->n; i++)
-        kvt_tpool_push(e->meta, &b->ops[i].job);
+    /* the batch (and t) may be finished and freed as soon as its last op
+     * is queued: nothing of them is read after that */
+    struct nd_op *ops = b->ops;
+    for (uint32_t i = 0, n = t->n; i < n; i++)
+        kvt_tpool_push(e->meta, &ops[i].job);
 }
 
 static int nd_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
@@ -872,7 +875,8 @@ static void *scan_main(void *arg)
     struct scan_vec sv = {0};
     scan_dir(l2, e, e->dirfd, 0, false, &sv);
     /* newest first, each at the cold end: the oldest ends up coldest */
-    qsort(sv.v, sv.n, sizeof(*sv.v), by_mtime_desc);
+    if (sv.n)
+        qsort(sv.v, sv.n, sizeof(*sv.v), by_mtime_desc);
     uint64_t objs = 0, bytes = 0;
     for (size_t i = 0; i < sv.n; i++) {
         if (kvt_l2_adopt(l2, &sv.v[i].key, sv.v[i].size, 0, 0, 0, false, true)) {

@@ -516,13 +516,19 @@ static void submit_store(kvt_l2 *l2, struct ns_engine *e, struct ns_task *nt)
     nt->iov = kvt_xcalloc(nios, sizeof(struct kvt_io *));
     atomic_store(&nt->objs_left, active);
     atomic_store(&nt->prep_left, active);
+    /* nt may be freed once the last job is queued: collect them first */
+    struct kvt_job **jobs = kvt_xcalloc(active, sizeof(*jobs));
+    uint32_t m = 0;
     for (uint32_t i = 0; i < t->n; i++) {
         struct ns_obj *ob = &nt->objs[i];
         if (!ob->active)
             continue;
         ob->job.fn = store_prep_job;
-        kvt_tpool_push(e->work, &ob->job);
+        jobs[m++] = &ob->job;
     }
+    for (uint32_t k = 0; k < m; k++)
+        kvt_tpool_push(e->work, jobs[k]);
+    free(jobs);
 }
 
 /* -------------------------------------------------------------- load */

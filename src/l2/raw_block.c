@@ -90,6 +90,7 @@ struct rb_op {
     struct rb_jw jw;
     struct rb_batch *b;
     struct rb_op *park_next; /* guarded by e->park_lock */
+    struct rb_op *putq_next; /* guarded by e->jlock */
     uint32_t i;
     uint8_t stage;
     uint32_t slot;
@@ -143,6 +144,9 @@ struct rb_engine {
     char fatal_msg[256];
     bool ckpt_stop;
     pthread_cond_t ckpt_cond;
+    pthread_cond_t jcond;            /* journal progress: block written */
+    struct rb_op *putq_head, *putq_tail; /* PUTs waiting for journal room */
+    uint64_t putq_n;
 
     pthread_t ckpt_thr, rec_thr;
     bool ckpt_started, rec_started;
@@ -219,7 +223,10 @@ static void jkick_locked(struct rb_engine *e)
     struct rb_jblock *b = e->sq_head;
     if (!b)
         return;
-    if (b->bseq - e->jtail >= e->g.jrnl_blocks) {
+    /* a block sealed before the latest checkpoint (bseq < jtail) is below
+     * the replay start: writing it is harmless (its records are in the
+     * checkpoint) and its ring position cannot hold a newer block */
+    if (b->bseq >= e->jtail && b->bseq - e->jtail >= e->g.jrnl_blocks) {
         /* the ring is full: the block would overwrite one a recovery still
          * needs; wait for a checkpoint to move the tail */
         if (!e->jblocked) {
@@ -288,7 +295,7 @@ static struct rb_jw *drop_pending_locked(struct rb_engine *e)
 {
     struct rb_jw *all = NULL, **tail = &all;
     if (e->sq_head)
-        e->jnext = e->sq_head->bseq;
+        e->jnext = KVT_MAX(e->sq_head->bseq, e->jtail);
     struct rb_jblock *b = e->sq_head;
     e->sq_head = e->sq_tail = NULL;
     if (e->cur) {
@@ -347,10 +354,34 @@ static void jwrite_done(struct kvt_io *io)
         e->jwrites++;
         jkick_locked(e);
     }
+    pthread_cond_broadcast(&e->jcond);
     pthread_mutex_unlock(&e->jlock);
     call_waiters(b->wh, rc);
     jblock_free(b);
     call_waiters(failed, KVT_E_FATAL);
+}
+
+/* Is the ring 3/4 full? New objects then wait for a checkpoint (or are
+ * refused while checkpoints fail); the last quarter is for deletes.
+ * call with jlock held */
+static bool ring_tight_locked(struct rb_engine *e)
+{
+    return (e->jnext - e->jtail) * 4 >= (uint64_t)e->g.jrnl_blocks * 3;
+}
+
+static void put_append_locked(struct rb_engine *e, struct rb_op *op);
+
+/* Append the PUTs that waited for room, while there is room. */
+static void putq_drain_locked(struct rb_engine *e)
+{
+    while (e->putq_head && !ring_tight_locked(e)) {
+        struct rb_op *op = e->putq_head;
+        e->putq_head = op->putq_next;
+        if (!e->putq_head)
+            e->putq_tail = NULL;
+        e->putq_n--;
+        put_append_locked(e, op);
+    }
 }
 
 /* -------------------------------------------------------- checkpoint */
@@ -405,6 +436,7 @@ static int checkpoint_locked(struct rb_engine *e)
                      e->path, (unsigned long long)h.seq);
         e->ckpt_err[0] = 0;
         jkick_locked(e);
+        putq_drain_locked(e);
     } else {
         bool first = !e->ckpt_err[0];
         if (rc == -EFBIG)
@@ -441,6 +473,20 @@ static void *ckpt_main(void *arg)
         }
         if (!e->fatal && (urgent || (due && quiet))) {
             int rc = checkpoint_locked(e);
+            if (rc && e->putq_head) {
+                /* no room will come soon: refuse the stores that wait */
+                struct rb_op *q = e->putq_head;
+                e->putq_head = e->putq_tail = NULL;
+                e->putq_n = 0;
+                pthread_mutex_unlock(&e->jlock);
+                while (q) {
+                    struct rb_op *nx = q->putq_next;
+                    atomic_fetch_add(&q->b->l2->counters.rejected_writes, 1);
+                    q->jw.fn(&q->jw, KVT_E_FULL);
+                    q = nx;
+                }
+                pthread_mutex_lock(&e->jlock);
+            }
             if (rc) { /* retry after a second or the next delete, not in a tight loop */
                 struct timespec ts;
                 clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -522,6 +568,21 @@ static void build_ios(struct rb_engine *e, struct rb_op *op, enum kvt_io_op kind
     atomic_store(&op->ios_left, n);
 }
 
+/* Submit an op's requests; the op may complete (and be freed) as soon as
+ * its last request is submitted, so nothing of it is read after that. */
+static void submit_all(struct rb_engine *e, struct rb_op *op)
+{
+    struct kvt_io *ios = op->ios;
+    uint32_t n = op->nios, k = 0;
+    struct kvt_io *pp[64];
+    while (k < n) {
+        uint32_t m = 0;
+        while (m < 64 && k < n)
+            pp[m++] = &ios[k++];
+        kvt_ioeng_submitv(e->io, pp, m);
+    }
+}
+
 /* ------------------------------------------------------------- store */
 
 static void slot_free(struct rb_engine *e, uint32_t s)
@@ -589,14 +650,6 @@ static void store_io_cb(struct kvt_io *io)
         batch_op_done(op->b);
         return;
     }
-    struct rb_rec r = {.op = RB_PUT,
-                       .slot = op->slot,
-                       .gen = op->gen,
-                       .len = t->meta[op->i].len,
-                       .plen = op->plen,
-                       .xxh3 = op->xxh3,
-                       .key = t->keys[op->i]};
-    kvt_l2_canon(l2, &t->keys[op->i], &r.key);
     op->jw.fn = store_journaled;
     pthread_mutex_lock(&e->jlock);
     if (e->fatal) {
@@ -604,17 +657,43 @@ static void store_io_cb(struct kvt_io *io)
         store_journaled(&op->jw, KVT_E_FATAL);
         return;
     }
-    if (e->ckpt_err[0] && (e->jnext - e->jtail) * 4 >= (uint64_t)e->g.jrnl_blocks * 3) {
-        /* checkpoints fail and the journal is 3/4 full: keep the rest of
-         * the ring for deletes (which shrink the index until a checkpoint
-         * fits again) and refuse new objects */
+    if (ring_tight_locked(e) || e->putq_head) {
+        if (e->ckpt_err[0]) {
+            /* checkpoints fail: refuse new objects; deletes still shrink
+             * the index until one fits again */
+            pthread_mutex_unlock(&e->jlock);
+            atomic_fetch_add(&l2->counters.rejected_writes, 1);
+            store_journaled(&op->jw, KVT_E_FULL);
+            return;
+        }
+        op->putq_next = NULL; /* wait for the checkpoint that makes room */
+        if (e->putq_tail)
+            e->putq_tail->putq_next = op;
+        else
+            e->putq_head = op;
+        e->putq_tail = op;
+        e->putq_n++;
+        pthread_cond_signal(&e->ckpt_cond);
         pthread_mutex_unlock(&e->jlock);
-        atomic_fetch_add(&l2->counters.rejected_writes, 1);
-        store_journaled(&op->jw, KVT_E_FULL);
         return;
     }
-    jappend_locked(e, &r, &op->jw);
+    put_append_locked(e, op);
     pthread_mutex_unlock(&e->jlock);
+}
+
+/* The PUT record of a written slot. call with jlock held */
+static void put_append_locked(struct rb_engine *e, struct rb_op *op)
+{
+    kvt_l2 *l2 = op->b->l2;
+    kvt_l2_task *t = op->b->t;
+    struct rb_rec r = {.op = RB_PUT,
+                       .slot = op->slot,
+                       .gen = op->gen,
+                       .len = t->meta[op->i].len,
+                       .plen = op->plen,
+                       .xxh3 = op->xxh3};
+    kvt_l2_canon(l2, &t->keys[op->i], &r.key);
+    jappend_locked(e, &r, &op->jw);
 }
 
 /* Lay out the transfer of header + payload for O_DIRECT or buffered I/O:
@@ -715,14 +794,7 @@ static void store_prep(struct rb_op *op)
     struct iovec seg[3];
     int nseg = plan_segments(l2, e, op, src->ptr, src->len, true, seg);
     build_ios(e, op, KVT_IO_WRITE, rb_slot_off(&e->g, op->slot), seg, nseg, store_io_cb);
-    struct kvt_io *pp[64];
-    uint32_t k = 0;
-    while (k < op->nios) {
-        uint32_t m = 0;
-        while (m < 64 && k < op->nios)
-            pp[m++] = &op->ios[k++];
-        kvt_ioeng_submitv(e->io, pp, m);
-    }
+    submit_all(e, op);
 }
 
 /* -------------------------------------------------------------- load */
@@ -834,14 +906,7 @@ static void load_prep(struct rb_op *op)
     struct iovec seg[3];
     int nseg = plan_segments(l2, e, op, dst->ptr, op->plen, false, seg);
     build_ios(e, op, KVT_IO_READ, rb_slot_off(&e->g, op->slot), seg, nseg, load_io_cb);
-    struct kvt_io *pp[64];
-    uint32_t k = 0;
-    while (k < op->nios) {
-        uint32_t m = 0;
-        while (m < 64 && k < op->nios)
-            pp[m++] = &op->ios[k++];
-        kvt_ioeng_submitv(e->io, pp, m);
-    }
+    submit_all(e, op);
 }
 
 /* ---------------------------------------------------------- dispatch */
@@ -896,14 +961,18 @@ static void rb_submit(kvt_l2 *l2, kvt_l2_task *t)
     e->live++;
     pthread_mutex_unlock(&e->drain_lock);
     bool store = t->kind == KVT_L2_STORE;
-    for (uint32_t i = 0; i < t->n; i++) {
+    uint32_t n = t->n;
+    for (uint32_t i = 0; i < n; i++) {
         b->ops[i].b = b;
         b->ops[i].i = i;
         b->ops[i].stage = store ? ST_STORE : ST_LOAD;
         b->ops[i].job.fn = job_fn;
     }
-    for (uint32_t i = 0; i < t->n; i++)
-        kvt_tpool_push(store ? e->spool : e->lpool, &b->ops[i].job);
+    /* b and t may be freed once the last op is queued: read nothing after */
+    struct rb_op *ops = b->ops;
+    struct kvt_tpool *pool = store ? e->spool : e->lpool;
+    for (uint32_t i = 0; i < n; i++)
+        kvt_tpool_push(pool, &ops[i].job);
 }
 
 /* ------------------------------------------------------------ delete */
@@ -912,6 +981,8 @@ struct del_wait {
     struct rb_jw jw;
     struct rb_engine *e;
     uint32_t slot;
+    int refs;  /* guarded by jlock: the journal, and the waiting remover */
+    bool done; /* guarded by jlock */
 };
 
 /* The DEL record is durable: only now may the slot be reused, so that no
@@ -920,21 +991,26 @@ static void del_journaled(struct rb_jw *w, int rc)
 {
     struct del_wait *dw = (struct del_wait *)w;
     struct rb_engine *e = dw->e;
-    if (rc == 0) {
-        pthread_mutex_lock(&e->jlock);
+    pthread_mutex_lock(&e->jlock);
+    if (rc == 0)
         e->freev[e->nfree++] = dw->slot;
-        pthread_mutex_unlock(&e->jlock);
-    } /* else: fatal journal error; the slot stays out of use */
-    free(dw);
+    /* else: fatal journal error; the slot stays out of use */
+    dw->done = true;
+    pthread_cond_broadcast(&e->jcond);
+    bool last = --dw->refs == 0;
+    pthread_mutex_unlock(&e->jlock);
+    if (last)
+        free(dw);
 }
 
 /*
  * Delete or evict: append a DEL record (applied to the slot table at once,
- * so the next checkpoint no longer carries the object) and return; the
- * slot is freed when the record is durable. Deletes never wait, so they
- * can always shrink an index whose checkpoint does not fit. A delete whose
- * record was not yet written when the process died leaves the object
- * (intact) after restart.
+ * so the next checkpoint no longer carries the object) and wait, up to two
+ * seconds, until it is durable; the slot is freed then. While checkpoints
+ * fail a delete does not wait at all: deletes must always be able to
+ * shrink an index whose checkpoint does not fit. A delete whose record was
+ * not yet written when the process died leaves the object (intact) after
+ * restart.
  */
 static int rb_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 {
@@ -953,12 +1029,47 @@ static int rb_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
     dw->jw.fn = del_journaled;
     dw->e = e;
     dw->slot = s;
+    dw->refs = 2;
     struct rb_rec r = {.op = RB_DEL, .slot = s, .gen = e->slots[s].gen};
     jappend_locked(e, &r, &dw->jw);
-    if (e->ckpt_err[0]) /* a smaller index may fit now */
+    if (e->ckpt_err[0]) { /* a smaller index may fit now */
         pthread_cond_signal(&e->ckpt_cond);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += 2;
+        while (!dw->done && !e->fatal &&
+               pthread_cond_timedwait(&e->jcond, &e->jlock, &ts) != ETIMEDOUT)
+            ;
+    }
+    bool last = --dw->refs == 0;
     pthread_mutex_unlock(&e->jlock);
+    if (last)
+        free(dw);
     return 0;
+}
+
+/* Close: wait (bounded) until every appended record is on the device. */
+static void journal_drain(struct rb_engine *e)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += 10;
+    pthread_mutex_lock(&e->jlock);
+    while (!e->fatal && (e->inflight || e->sq_head || (e->cur && e->cur->nrec))) {
+        jkick_locked(e);
+        if (e->jblocked)
+            pthread_cond_signal(&e->ckpt_cond);
+        if (pthread_cond_timedwait(&e->jcond, &e->jlock, &ts) == ETIMEDOUT) {
+            kvt_warn("raw_block %s: journal not drained at close (checkpoint failing?): "
+                     "the last deletes may come back after restart",
+                     e->path);
+            break;
+        }
+    }
+    struct rb_jw *w = drop_pending_locked(e);
+    pthread_mutex_unlock(&e->jlock);
+    call_waiters(w, KVT_E_CLOSED);
 }
 
 /* ---------------------------------------------------------- recovery */
@@ -1192,6 +1303,7 @@ static void engine_free(struct rb_engine *e)
         jblock_free(e->cur);
     pthread_mutex_destroy(&e->jlock);
     pthread_cond_destroy(&e->ckpt_cond);
+    pthread_cond_destroy(&e->jcond);
     pthread_mutex_destroy(&e->park_lock);
     pthread_mutex_destroy(&e->drain_lock);
     pthread_cond_destroy(&e->drain_cond);
@@ -1211,6 +1323,7 @@ static void rb_close(kvt_l2 *l2)
     pthread_mutex_unlock(&e->drain_lock);
     kvt_tpool_destroy(e->spool);
     kvt_tpool_destroy(e->lpool);
+    journal_drain(e);
     if (e->ckpt_started) { /* takes the final checkpoint */
         pthread_mutex_lock(&e->jlock);
         e->ckpt_stop = true;
@@ -1456,6 +1569,7 @@ int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&e->ckpt_cond, &ca);
+    pthread_cond_init(&e->jcond, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&e->park_lock, NULL);
     pthread_mutex_init(&e->drain_lock, NULL);

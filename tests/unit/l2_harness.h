@@ -33,6 +33,12 @@ __attribute__((unused)) static kvt_l2 *h_open(const char *json)
     return l2;
 }
 
+static void h_close(kvt_l2 *l2)
+{
+    kvt_l2_close(l2);
+    free(l2);
+}
+
 /* Error text of a failed open, for tests that expect one. */
 __attribute__((unused)) static int h_open_err(const char *json, char *err, size_t cap)
 {
@@ -43,8 +49,10 @@ __attribute__((unused)) static int h_open_err(const char *json, char *err, size_
     kvt_l2 *l2 = NULL;
     rc = kvt_l2_open(&spec, &l2, err, cap);
     kvt_l2_spec_free(&spec);
-    if (!rc)
+    if (!rc) {
         kvt_l2_close(l2);
+        free(l2);
+    }
     return rc;
 }
 

@@ -63,7 +63,7 @@ static void nixl_store_pool(const char *engine)
     struct kvt_l2_usage u;
     kvt_l2_usage(l2, &u);
     TEST_ASSERT(u.cap_bytes == 2 << 20 && u.used_bytes == (uint64_t)(512 - h_status_int(l2, "pool_free_pages", NULL)) * 4096);
-    kvt_l2_close(l2);
+    h_close(l2);
 }
 
 static void test_nixl_store(void)
@@ -99,7 +99,7 @@ static void test_nixl_dynamic_engines(void)
         struct kvt_l2_usage u;
         kvt_l2_usage(l2, &u);
         TEST_ASSERT(u.used_bytes <= u.cap_bytes);
-        kvt_l2_close(l2);
+        h_close(l2);
         l2 = h_open(js); /* restart: the scan restores usage before any lookup */
         TEST_ASSERT(l2);
         h_wait_recovered(l2);
@@ -108,7 +108,7 @@ static void test_nixl_dynamic_engines(void)
         TEST_ASSERT(u2.used_bytes == u.used_bytes && u2.objects == u.objects);
         TEST_ASSERT(h_store(l2, "nd/m", 300, 8, 256 * 1024) == 0); /* still full */
         TEST_ASSERT(h_check(l2, "nd/m", 0, 12, 256 * 1024) == 12);
-        kvt_l2_close(l2);
+        h_close(l2);
     }
 }
 
@@ -132,7 +132,7 @@ static void test_dax(void)
     TEST_ASSERT(h_store(l2, "dax/m", 50, 1, 131073) == 0);  /* one byte too many */
     TEST_ASSERT(h_check(l2, "dax/m", 0, 20, 131072) == 20);
     TEST_ASSERT(h_delete(l2, "dax/m", 0, 2) == 2);
-    kvt_l2_close(l2);
+    h_close(l2);
     /* a process dies right after its stores were acknowledged */
     pid_t pid = fork();
     TEST_ASSERT(pid >= 0);
@@ -158,7 +158,7 @@ static void test_dax(void)
     /* fill it: the cap counts slots */
     uint32_t more = h_store(l2, "dax/fill", 0, (uint32_t)slots, 1000);
     TEST_ASSERT(more == (uint32_t)slots - 28);
-    kvt_l2_close(l2);
+    h_close(l2);
     /* persist_enabled false: the headers are wiped at close */
     char js2[1100];
     snprintf(js2, sizeof(js2), "%.*s, \"persist_enabled\": \"false\"}", (int)strlen(js) - 1, js);
@@ -167,12 +167,12 @@ static void test_dax(void)
     h_wait_recovered(l2);
     kvt_l2_usage(l2, &u);
     TEST_ASSERT(u.objects == (uint64_t)slots);
-    kvt_l2_close(l2);
+    h_close(l2);
     l2 = h_open(js);
     h_wait_recovered(l2);
     kvt_l2_usage(l2, &u);
     TEST_ASSERT(u.objects == 0);
-    kvt_l2_close(l2);
+    h_close(l2);
 }
 
 /* ------------------------------------------------------------ fs_native */
@@ -216,7 +216,7 @@ static void misaligned_store(const char *type, bool expect_ok)
     }
     free(raw);
     kvt_l2_task_free(t);
-    kvt_l2_close(l2);
+    h_close(l2);
 }
 
 static void test_fs_native_alignment(void)
@@ -259,7 +259,7 @@ static void test_mock_shared_bandwidth(void)
         free(t[k]->bufs[0].ptr);
         kvt_l2_task_free(t[k]);
     }
-    kvt_l2_close(l2);
+    h_close(l2);
 }
 
 int main(void)
