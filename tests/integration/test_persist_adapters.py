@@ -1,0 +1,273 @@
+"""The persistent adapters through the real server: store, lookup-and-lock,
+load, delete, usage and status; restart (SIGKILL) keeps the data where
+persistence is promised and restores accounting before any lookup;
+concurrent writers never push usage over the cap (checked with du);
+fs_native's queue depth and O_DIRECT alignment rule; raw_block on a loop
+device when the sandbox allows one."""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+
+import pytest
+
+import kvtier
+from conftest import adapter_json, du_bytes, keys_for, random_payloads
+
+MiB = 1 << 20
+N = 16
+SIZE = 200000  # not a multiple of 4096: exercises buffered tails and bounces
+
+
+def make_file(path, size):
+    with open(path, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, size)
+    return str(path)
+
+
+def specs(tmp_path):
+    """type label -> (adapter json, persistent, bytes one object occupies)"""
+    return {
+        "nixl_store_dynamic": (adapter_json(
+            type="nixl_store_dynamic", backend="POSIX",
+            backend_params={"file_path": str(tmp_path / "nd"), "use_direct_io": "true",
+                            "max_capacity_gb": "1"}), True, 512 + SIZE),  # buffered: length
+        "nixl_store_dynamic-uring-shards": (adapter_json(
+            type="nixl_store_dynamic", backend="HF3FS", io_engine="io_uring",
+            backend_params={"file_path": str(tmp_path / "nd2"), "use_direct_io": "false",
+                            "max_capacity_gb": "1", "shard_dirs": "true"}), True, 512 + SIZE),
+        "nixl_store": (adapter_json(
+            type="nixl_store", backend="POSIX", pool_size=4,
+            backend_params={"file_path": str(tmp_path / "ns"), "use_direct_io": "true",
+                            "file_size": 8 * MiB}), False, 4096 * (1 + -(-SIZE // 4096))),
+        "fs_native": (adapter_json(
+            type="fs_native", base_path=str(tmp_path / "fsn"), num_workers=8,
+            max_capacity_gb=1), True, 512 + SIZE),
+        "raw_block": (adapter_json(
+            type="raw_block", device_path=make_file(tmp_path / "rb.img", 40 * MiB),
+            slot_bytes=256 * 1024, meta_total_bytes=MiB), True, 256 * 1024),
+        "raw_block-uring": (adapter_json(
+            type="raw_block", device_path=make_file(tmp_path / "rb2.img", 40 * MiB),
+            slot_bytes=256 * 1024, meta_total_bytes=MiB, io_engine="io_uring",
+            iouring_queue_depth=16), True, 256 * 1024),
+        "dax": (adapter_json(
+            type="dax", device_path=str(tmp_path / "dax.img"), max_dax_size_gb=0.02,
+            slot_bytes=256 * 1024), True, 256 * 1024),
+    }
+
+
+LABELS = ["nixl_store_dynamic", "nixl_store_dynamic-uring-shards", "nixl_store", "fs_native",
+          "raw_block", "raw_block-uring", "dax"]
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_adapter_contract_and_restart(make_server, tmp_path, label):
+    spec, persistent, per_obj = specs(tmp_path)[label]
+    s = make_server(["--l2-adapter", spec])
+    keys = keys_for("persist/" + label, N, seed=3)
+    pay = random_payloads(N, SIZE, seed=11)
+    with s.client() as c:
+        assert c.store(keys, pay) == N
+        c.flush()
+        st = c.status()["l2"][0]
+        assert st["is_healthy"], st["health"]
+        assert st["objects"] == N and st["used_bytes"] == N * per_obj
+        assert st["counters"]["store_ok"] == N
+        assert st["per_namespace_bytes"] == {"persist--" + label: N * per_obj}
+        # delete 4 (L1 and L2), then the L2 copy is what serves the rest
+        assert c.delete(keys[:4]) == 4
+        st = c.status()["l2"][0]
+        assert st["objects"] == N - 4 and st["used_bytes"] == (N - 4) * per_obj
+    s.kill(signal.SIGKILL)
+    s.start()
+    st = s.wait_recovered()["l2"][0]
+    with s.client() as c:
+        if persistent:
+            # accounting restored by the start-up scan, before any lookup
+            assert st["counters"]["lookups"] == 0
+            assert st["objects"] == N - 4 and st["used_bytes"] == (N - 4) * per_obj
+            assert st["recovery"]["objects"] == N - 4
+            assert c.lookup(keys[4:]) == N - 4
+            assert c.retrieve(keys[4:]) == pay[4:]
+            assert c.lookup(keys[:4]) == 0
+            st = c.status()["l2"][0]
+            assert st["counters"]["load_ok"] >= N - 4 and st["counters"]["corrupt"] == 0
+        else:
+            assert st["objects"] == 0 and st["persist_enabled"] is False
+            assert c.lookup(keys) == 0
+            # the pool is reused: it works after the restart
+            assert c.store(keys, pay) == N
+            c.flush()
+            assert c.status()["l2"][0]["objects"] == N
+
+
+@pytest.mark.parametrize("engine", ["posix", "io_uring"])
+def test_concurrent_writers_never_exceed_the_cap(make_server, tmp_path, engine):
+    """nixl_store_dynamic: 4 writers race for a cap of ~24 objects; usage (and
+    du of the directory) stays under it, also after a restart and more
+    writes (the seed's required fill -> restart -> write -> bounded test)."""
+    d = tmp_path / "cap"
+    obj = 4096 + 256 * 1024
+    cap_gb = 24.5 * obj / 2**30
+    spec = adapter_json(type="nixl_store_dynamic", backend="POSIX", io_engine=engine,
+                        backend_params={"file_path": str(d), "use_direct_io": "true",
+                                        "max_capacity_gb": cap_gb})
+    s = make_server(["--l2-adapter", spec])
+
+    def writer(w, n):
+        with s.client() as c:
+            for i in range(n):
+                k = keys_for("cap%d" % w, 1, seed=1000 * w + i)
+                c.store(k, random_payloads(1, 256 * 1024, seed=w * 100 + i))
+            c.flush()
+
+    for rnd in range(2):
+        ts = [threading.Thread(target=writer, args=(w + 4 * rnd, 12)) for w in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        with s.client() as c:
+            c.flush()
+            st = c.status()["l2"][0]
+        assert st["used_bytes"] <= st["capacity_bytes"]
+        assert st["objects"] == 24
+        assert st["counters"]["rejected_writes"] > 0
+        assert du_bytes(d) == st["used_bytes"] <= cap_gb * 2**30
+        s.kill(signal.SIGKILL)
+        s.start()
+        st = s.wait_recovered()["l2"][0]
+        assert st["used_bytes"] == du_bytes(d) and st["objects"] == 24
+
+
+def test_raw_block_cap_counts_slots(make_server, tmp_path):
+    dev = make_file(tmp_path / "rbcap.img", 9 * MiB)  # 1 MiB meta + 8 slots of 1 MiB
+    s = make_server(["--l2-adapter", adapter_json(type="raw_block", device_path=dev,
+                                                  slot_bytes=MiB, meta_total_bytes=MiB)])
+    keys = keys_for("rbcap", 12)
+    with s.client() as c:
+        for i in range(12):
+            c.store(keys[i:i + 1], random_payloads(1, 1000, seed=i))
+        c.flush()
+        st = c.status()["l2"][0]
+    assert st["objects"] == 8 and st["used_bytes"] == st["capacity_bytes"] == 8 * MiB
+    assert st["free_slots"] == 0 and st["counters"]["rejected_writes"] == 4
+
+
+def test_fs_native_queue_depth_is_num_workers(make_server, tmp_path):
+    s = make_server(["--l2-adapter", adapter_json(type="fs_native", base_path=str(tmp_path / "q"),
+                                                  num_workers=6)])
+    names = []
+    for tid in os.listdir("/proc/%d/task" % s.proc.pid):
+        with open("/proc/%d/task/%s/comm" % (s.proc.pid, tid)) as f:
+            names.append(f.read().strip())
+    assert sorted(n for n in names if n.startswith("fs-")) == ["fs-%d" % i for i in range(6)]
+    with s.client() as c:
+        assert c.status()["l2"][0]["num_workers"] == 6
+
+
+def test_fs_native_misaligned_buffer_is_an_error_not_a_crash(make_server, tmp_path):
+    """With --l1-align-bytes 512, L1 objects are 512-aligned: an O_DIRECT
+    transfer from one that is not 4096-aligned is refused (EINVAL, counted,
+    logged with the fix), the server keeps serving."""
+    d = tmp_path / "mis"
+    s = make_server(["--l1-align-bytes", "512", "--l2-adapter",
+                     adapter_json(type="fs_native", base_path=str(d), use_odirect=True)])
+    st = None
+    with s.client() as c:
+        c.store(keys_for("mis", 1, seed=1), [b"y" * 512])   # takes the first 512 bytes of L1
+        c.store(keys_for("mis", 4, seed=2), random_payloads(4, 64 * 1024, seed=2))
+        c.flush()
+        st = c.status()["l2"][0]
+        c.ping()
+    if st["odirect"] != "on":
+        pytest.skip("O_DIRECT not supported under %s" % d)
+    assert st["odirect_misaligned"] >= 1
+    assert st["counters"]["store_failed"] == st["odirect_misaligned"]
+    assert st["counters"]["odirect_fallbacks"] >= 1  # the 512-byte object: length rule
+    assert "raise --l1-align-bytes" in s.read_log()
+
+
+def test_nixl_store_dynamic_secondary_lookup_and_tmp_cleanup(make_server, tmp_path):
+    """A file published by another process sharing the directory is found by
+    lookup (secondary lookup); a dead writer's tmp file is removed at start,
+    a foreign-format tmp file (LMCache's uuid suffix) only when stale."""
+    d = tmp_path / "shared"
+    spec = adapter_json(type="nixl_store_dynamic", backend="POSIX",
+                        backend_params={"file_path": str(d), "use_direct_io": "false",
+                                        "max_capacity_gb": 1})
+    a = make_server(["--l2-adapter", spec])
+    keys = keys_for("shared", 3, seed=5)
+    pay = random_payloads(3, 50000, seed=5)
+    with a.client() as c:
+        assert c.store(keys, pay) == 3
+        c.flush()
+    a.kill()
+    files = sorted(f for f in os.listdir(d) if f.endswith(".bin"))
+    assert len(files) == 3 and all(f.startswith("shared_00000000_0_") for f in files)
+    hidden = d / "elsewhere"
+    hidden.mkdir()
+    # server B starts without the files; they appear afterwards (another host)
+    for f in files:
+        os.rename(d / f, hidden / f)
+    dead_tmp = d / (files[0] + ".tmp.%x-%x-0" % (999999, 12345))
+    dead_tmp.write_bytes(b"partial")
+    fresh_uuid_tmp = d / (files[1] + ".tmp.0123456789abcdef0123456789abcdef")
+    fresh_uuid_tmp.write_bytes(b"lmcache in flight")
+    b = make_server(["--l2-adapter", spec])
+    st = b.wait_recovered()["l2"][0]
+    assert st["objects"] == 0 and not dead_tmp.exists() and fresh_uuid_tmp.exists()
+    for f in files:
+        os.rename(hidden / f, d / f)
+    with b.client() as c:
+        assert c.lookup(keys) == 3
+        assert c.retrieve(keys) == pay
+        st = c.status()["l2"][0]
+    assert st["counters"]["secondary_hits"] == 3 and st["objects"] == 3
+    # persist_enabled false: files go at close, tmp leftovers always
+    assert b.stop() == 0
+    np_spec = json.loads(spec)
+    np_spec["persist_enabled"] = "false"
+    os.utime(fresh_uuid_tmp, (1, 1))  # stale now
+    c2 = make_server(["--l2-adapter", json.dumps(np_spec)])
+    c2.wait_recovered()
+    assert c2.stop() == 0
+    assert sorted(os.listdir(d)) == ["elsewhere"]
+
+
+def losetup(path):
+    try:
+        r = subprocess.run(["losetup", "--find", "--show", path], capture_output=True, text=True,
+                           timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    dev = r.stdout.strip()
+    return dev if r.returncode == 0 and dev.startswith("/dev/loop") else None
+
+
+def test_raw_block_on_a_loop_device(make_server, tmp_path):
+    img = make_file(tmp_path / "loop.img", 24 * MiB)
+    dev = losetup(img)
+    if not dev:
+        pytest.skip("no loop device in this sandbox (losetup not permitted)")
+    try:
+        spec = adapter_json(type="raw_block", device_path=dev, slot_bytes=MiB,
+                            meta_total_bytes=MiB, io_engine="io_uring")
+        s = make_server(["--l2-adapter", spec])
+        keys = keys_for("loop", 10)
+        pay = random_payloads(10, 300000, seed=8)
+        with s.client() as c:
+            assert c.store(keys, pay) == 10
+            c.flush()
+            st = c.status()["l2"][0]
+            assert st["block_device"] is True and st["slots"] == 23 and st["odirect"] == "on"
+        s.kill(signal.SIGKILL)
+        s.start()
+        s.wait_recovered()
+        with s.client() as c:
+            assert c.retrieve(keys) == pay
+        s.stop()
+    finally:
+        subprocess.run(["losetup", "-d", dev], timeout=20)
