@@ -50,6 +50,7 @@
 #include "l2/l2.h"
 #include "l2/objfmt.h"
 #include "l2/raw_block.h"
+#include "l2/raw_block_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -63,456 +64,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-/* ------------------------------------------------------------ types */
-
-struct rb_jw { /* a journal waiter: called once its record is durable */
-    struct rb_jw *next;
-    void (*fn)(struct rb_jw *w, int rc);
-};
-
-struct rb_jblock {
-    struct rb_jblock *next;
-    uint8_t *buf;
-    uint32_t used, nrec;
-    uint64_t bseq;
-    struct rb_jw *wh, *wt;
-    struct kvt_io io;
-    struct rb_engine *e;
-};
-
-enum rb_stage { ST_STORE, ST_LOAD, ST_LOAD_VERIFY };
-
-struct rb_batch;
-
-struct rb_op {
-    struct kvt_job job;
-    struct rb_jw jw;
-    struct rb_batch *b;
-    struct rb_op *park_next; /* guarded by e->park_lock */
-    struct rb_op *putq_next; /* guarded by e->jlock */
-    uint32_t i;
-    uint8_t stage;
-    uint32_t slot;
-    uint64_t gen, xxh3;
-    uint32_t plen;
-    uint64_t direct_part; /* payload bytes moved straight from/to the caller */
-    uint8_t *hdr;         /* header_bytes, aligned */
-    uint8_t *bounce;      /* aligned copy of (part of) the payload */
-    struct kvt_io *ios;
-    uint32_t nios;
-    _Atomic uint32_t ios_left;
-    _Atomic int err;
-};
-
-struct rb_batch {
-    kvt_l2 *l2;
-    kvt_l2_task *t;
-    _Atomic uint32_t left;
-    struct rb_op ops[];
-};
-
-struct rb_engine {
-    char *path;
-    int fd;
-    bool odirect, odirect_refused, zero_copy, verify, periodic, durable;
-    uint32_t interval_s, quiet_ms;
-    char magic[9];
-    uint32_t version;
-    uint64_t max_xfer; /* 0: no split */
-    uint64_t dev_size, usable;
-    bool blockdev;
-    struct rb_geom g;
-    struct kvt_ioeng *io;
-    struct kvt_tpool *spool, *lpool;
-    int nstore, nlookup, nload;
-
-    pthread_mutex_t jlock; /* guards everything from here to the next comment */
-    struct rb_slot *slots;
-    uint32_t *freev, nfree;
-    uint64_t next_gen, instance;
-    struct rb_jblock *cur, *sq_head, *sq_tail, *inflight;
-    uint64_t jnext; /* bseq of the next block to seal */
-    uint64_t jtail; /* first live block: jstart of the latest durable checkpoint */
-    bool jblocked;  /* the ring is full: waiting for a checkpoint */
-    uint64_t recs_since_ckpt, jwrites, jrecs;
-    uint64_t last_change_ns, last_ckpt_ns;
-    uint64_t ckpt_seq, ckpts, ckpt_bytes_last;
-    uint32_t ckpt_nrec_last;
-    char ckpt_err[256];
-    bool fatal;
-    char fatal_msg[256];
-    bool ckpt_stop;
-    pthread_cond_t ckpt_cond;
-    pthread_cond_t jcond;            /* journal progress: block written */
-    struct rb_op *putq_head, *putq_tail; /* PUTs waiting for journal room */
-    uint64_t putq_n;
-
-    pthread_t ckpt_thr, rec_thr;
-    bool ckpt_started, rec_started;
-    _Atomic bool stop;
-    bool fresh;
-    char recovered_from[160];
-    _Atomic uint64_t verify_dropped, bounced, verify_failed;
-
-    pthread_mutex_t park_lock;
-    struct rb_op *parked; /* guarded by park_lock */
-    bool parking;         /* guarded by park_lock */
-
-    pthread_mutex_t drain_lock;
-    pthread_cond_t drain_cond;
-    uint64_t live; /* batches in flight, guarded by drain_lock */
-};
-
-static void *xmemalign(size_t align, size_t n)
-{
-    void *p = NULL;
-    if (posix_memalign(&p, align, n ? n : align)) {
-        kvt_error("out of memory allocating %zu aligned bytes", n);
-        abort();
-    }
-    memset(p, 0, n ? n : align);
-    return p;
-}
-
-static uint64_t now_ns(void)
-{
-    return kvt_now_ns();
-}
-
-/* ----------------------------------------------------------- journal */
-
-static void jwrite_done(struct kvt_io *io);
-
-static struct rb_jblock *jblock_new(struct rb_engine *e)
-{
-    struct rb_jblock *b = kvt_xcalloc(1, sizeof(*b));
-    b->buf = xmemalign(e->g.block, e->g.block);
-    b->e = e;
-    return b;
-}
-
-static void jblock_free(struct rb_jblock *b)
-{
-    free(b->buf);
-    free(b);
-}
-
-/* call with jlock held */
-static void seal_cur_locked(struct rb_engine *e)
-{
-    struct rb_jblock *b = e->cur;
-    e->cur = NULL;
-    b->bseq = e->jnext++;
-    rb_jblk_seal(b->buf, e->g.block, e->instance, b->bseq, b->nrec, b->used);
-    b->next = NULL;
-    if (e->sq_tail)
-        e->sq_tail->next = b;
-    else
-        e->sq_head = b;
-    e->sq_tail = b;
-}
-
-/* Start the next block write if none is in flight. call with jlock held */
-static void jkick_locked(struct rb_engine *e)
-{
-    if (e->inflight || e->fatal)
-        return;
-    if (!e->sq_head && e->cur && e->cur->nrec)
-        seal_cur_locked(e);
-    struct rb_jblock *b = e->sq_head;
-    if (!b)
-        return;
-    /* a block sealed before the latest checkpoint (bseq < jtail) is below
-     * the replay start: writing it is harmless (its records are in the
-     * checkpoint) and its ring position cannot hold a newer block */
-    if (b->bseq >= e->jtail && b->bseq - e->jtail >= e->g.jrnl_blocks) {
-        /* the ring is full: the block would overwrite one a recovery still
-         * needs; wait for a checkpoint to move the tail */
-        if (!e->jblocked) {
-            e->jblocked = true;
-            pthread_cond_signal(&e->ckpt_cond);
-        }
-        return;
-    }
-    e->sq_head = b->next;
-    if (!e->sq_head)
-        e->sq_tail = NULL;
-    b->next = NULL;
-    e->inflight = b;
-    e->jblocked = false;
-    uint64_t off = e->g.jrnl_off + (b->bseq % e->g.jrnl_blocks) * (uint64_t)e->g.block;
-    kvt_io_prep(&b->io, KVT_IO_WRITE, e->fd, off, jwrite_done, b);
-    kvt_io_add(&b->io, b->buf, e->g.block);
-    kvt_ioeng_submit(e->io, &b->io);
-    /* nudge the checkpoint thread when the ring passes half full */
-    if ((e->jnext - e->jtail) * 2 >= e->g.jrnl_blocks)
-        pthread_cond_signal(&e->ckpt_cond);
-}
-
-/*
- * Append a record and its waiter, and apply the record to the slot table
- * (under the same lock, so a checkpoint snapshot and the journal position
- * it notes always agree). call with jlock held.
- */
-static void jappend_locked(struct rb_engine *e, const struct rb_rec *r, struct rb_jw *w)
-{
-    size_t sz = rb_rec_size(r);
-    if (e->cur && RB_JBLK_HDR + e->cur->used + sz > e->g.block)
-        seal_cur_locked(e);
-    if (!e->cur)
-        e->cur = jblock_new(e);
-    struct rb_jblock *b = e->cur;
-    rb_rec_encode(r, b->buf + RB_JBLK_HDR + b->used);
-    b->used += (uint32_t)sz;
-    b->nrec++;
-    w->next = NULL;
-    if (b->wt)
-        b->wt->next = w;
-    else
-        b->wh = w;
-    b->wt = w;
-    rb_apply(e->slots, e->g.nslots, r);
-    e->recs_since_ckpt++;
-    e->jrecs++;
-    e->last_change_ns = now_ns();
-    jkick_locked(e);
-}
-
-static void call_waiters(struct rb_jw *w, int rc)
-{
-    while (w) {
-        struct rb_jw *nx = w->next;
-        w->fn(w, rc);
-        w = nx;
-    }
-}
-
-/* Take every block not yet written (sealed and current) off the journal,
- * returning their waiters; the block sequence restarts at the first of
- * them so the on-device journal stays gap-free. call with jlock held */
-static struct rb_jw *drop_pending_locked(struct rb_engine *e)
-{
-    struct rb_jw *all = NULL, **tail = &all;
-    if (e->sq_head)
-        e->jnext = KVT_MAX(e->sq_head->bseq, e->jtail);
-    struct rb_jblock *b = e->sq_head;
-    e->sq_head = e->sq_tail = NULL;
-    if (e->cur) {
-        e->cur->next = NULL;
-        if (b) {
-            struct rb_jblock *x = b;
-            while (x->next)
-                x = x->next;
-            x->next = e->cur;
-        } else {
-            b = e->cur;
-        }
-        e->cur = NULL;
-    }
-    while (b) {
-        struct rb_jblock *nx = b->next;
-        if (b->wh) {
-            *tail = b->wh;
-            tail = &b->wt->next;
-        }
-        jblock_free(b);
-        b = nx;
-    }
-    e->jblocked = false;
-    return all;
-}
-
-static void set_fatal_locked(struct rb_engine *e, const char *fmt, int rc)
-{
-    if (e->fatal)
-        return;
-    e->fatal = true;
-    snprintf(e->fatal_msg, sizeof(e->fatal_msg), fmt, kvt_strerror(rc));
-    kvt_error("raw_block %s: %s", e->path, e->fatal_msg);
-}
-
-static void jwrite_done(struct kvt_io *io)
-{
-    struct rb_jblock *b = io->udata;
-    struct rb_engine *e = b->e;
-    int rc = io->res < 0 ? io->res : (uint64_t)io->res == io->len ? 0 : -EIO;
-    if (!rc && e->durable && io->op == KVT_IO_WRITE) {
-        /* power-fail durability: fdatasync before anyone is told */
-        kvt_io_prep(&b->io, KVT_IO_FSYNC, e->fd, 0, jwrite_done, b);
-        kvt_ioeng_submit(e->io, &b->io);
-        return;
-    }
-    struct rb_jw *failed = NULL;
-    pthread_mutex_lock(&e->jlock);
-    e->inflight = NULL;
-    if (rc) {
-        set_fatal_locked(e, "journal write failed (%s): the adapter refuses stores from now on",
-                         rc);
-        failed = drop_pending_locked(e);
-    } else {
-        e->jwrites++;
-        jkick_locked(e);
-    }
-    pthread_cond_broadcast(&e->jcond);
-    pthread_mutex_unlock(&e->jlock);
-    call_waiters(b->wh, rc);
-    jblock_free(b);
-    call_waiters(failed, KVT_E_FATAL);
-}
-
-/* Is the ring 3/4 full? New objects then wait for a checkpoint (or are
- * refused while checkpoints fail); the last quarter is for deletes.
- * call with jlock held */
-static bool ring_tight_locked(struct rb_engine *e)
-{
-    return (e->jnext - e->jtail) * 4 >= (uint64_t)e->g.jrnl_blocks * 3;
-}
-
-static void put_append_locked(struct rb_engine *e, struct rb_op *op);
-
-/* Append the PUTs that waited for room, while there is room. */
-static void putq_drain_locked(struct rb_engine *e)
-{
-    while (e->putq_head && !ring_tight_locked(e)) {
-        struct rb_op *op = e->putq_head;
-        e->putq_head = op->putq_next;
-        if (!e->putq_head)
-            e->putq_tail = NULL;
-        e->putq_n--;
-        put_append_locked(e, op);
-    }
-}
-
-/* -------------------------------------------------------- checkpoint */
-
-/*
- * Take one checkpoint. call with jlock held; drops it during the write.
- * The snapshot is the slot table now and P = the next block sequence:
- * every record appended so far is in the snapshot, and replay from P
- * covers every record appended later (replaying a record the snapshot
- * already reflects is harmless: records apply in order per slot).
- */
-static int checkpoint_locked(struct rb_engine *e)
-{
-    uint64_t P = e->jnext;
-    uint64_t recs_at = e->recs_since_ckpt;
-    uint8_t *payload = NULL;
-    uint32_t nrec = 0;
-    uint64_t len = rb_serialize(e->slots, e->g.nslots, e->g.block, &payload, &nrec);
-    struct rb_ckpt_hdr h = {
-        .version = e->version,
-        .seq = e->ckpt_seq + 1,
-        .instance = e->instance,
-        .payload_len = len,
-        .payload_crc = len == UINT64_MAX ? 0 : rb_crc32(0, payload, len),
-        .nrec = nrec,
-        .jstart = P,
-        .next_gen = e->next_gen,
-        .block = e->g.block,
-        .header_bytes = e->g.header_bytes,
-        .slot_bytes = e->g.slot_bytes,
-        .meta_total = e->g.meta_total,
-        .data_off = e->g.data_off,
-        .nslots = e->g.nslots,
-    };
-    memcpy(h.magic, e->magic, 8);
-    pthread_mutex_unlock(&e->jlock);
-    int rc = len == UINT64_MAX ? -ENOMEM
-                               : rb_write_checkpoint(e->fd, &e->g, &h, payload, len,
-                                                     (int)(h.seq % 2));
-    free(payload);
-    pthread_mutex_lock(&e->jlock);
-    if (rc == 0) {
-        e->jtail = P;
-        e->ckpt_seq = h.seq;
-        e->ckpts++;
-        e->recs_since_ckpt -= recs_at;
-        e->last_ckpt_ns = now_ns();
-        e->ckpt_bytes_last = len;
-        e->ckpt_nrec_last = nrec;
-        if (e->ckpt_err[0])
-            kvt_info("raw_block %s: checkpoint %llu written: the earlier error is cleared",
-                     e->path, (unsigned long long)h.seq);
-        e->ckpt_err[0] = 0;
-        jkick_locked(e);
-        putq_drain_locked(e);
-    } else {
-        bool first = !e->ckpt_err[0];
-        if (rc == -EFBIG)
-            snprintf(e->ckpt_err, sizeof(e->ckpt_err),
-                     "checkpoint of %u objects needs %llu bytes but each copy holds %llu: raise "
-                     "meta_total_bytes (new stores are refused once the journal is 3/4 full)",
-                     nrec, (unsigned long long)len,
-                     (unsigned long long)(e->g.ckpt_bytes - e->g.block));
-        else
-            snprintf(e->ckpt_err, sizeof(e->ckpt_err), "checkpoint write failed: %s",
-                     kvt_strerror(rc));
-        if (first) /* retried every second: log the transition, status has the rest */
-            kvt_error("raw_block %s: %s", e->path, e->ckpt_err);
-    }
-    return rc;
-}
-
-static void *ckpt_main(void *arg)
-{
-    struct rb_engine *e = arg;
-    pthread_setname_np(pthread_self(), "rb-ckpt");
-    pthread_mutex_lock(&e->jlock);
-    for (;;) {
-        uint64_t now = now_ns();
-        bool half = (e->jnext - e->jtail) * 2 >= e->g.jrnl_blocks;
-        bool urgent = e->jblocked || half;
-        bool quiet = now - e->last_change_ns >= (uint64_t)e->quiet_ms * 1000000ull;
-        bool due = e->periodic && e->recs_since_ckpt &&
-                   now - e->last_ckpt_ns >= (uint64_t)e->interval_s * 1000000000ull;
-        if (e->ckpt_stop) {
-            if (e->recs_since_ckpt && !e->fatal)
-                checkpoint_locked(e); /* the final one, at close */
-            break;
-        }
-        if (!e->fatal && (urgent || (due && quiet))) {
-            int rc = checkpoint_locked(e);
-            if (rc && e->putq_head) {
-                /* no room will come soon: refuse the stores that wait */
-                struct rb_op *q = e->putq_head;
-                e->putq_head = e->putq_tail = NULL;
-                e->putq_n = 0;
-                pthread_mutex_unlock(&e->jlock);
-                while (q) {
-                    struct rb_op *nx = q->putq_next;
-                    atomic_fetch_add(&q->b->l2->counters.rejected_writes, 1);
-                    q->jw.fn(&q->jw, KVT_E_FULL);
-                    q = nx;
-                }
-                pthread_mutex_lock(&e->jlock);
-            }
-            if (rc) { /* retry after a second or the next delete, not in a tight loop */
-                struct timespec ts;
-                clock_gettime(CLOCK_MONOTONIC, &ts);
-                ts.tv_sec += 1;
-                pthread_cond_timedwait(&e->ckpt_cond, &e->jlock, &ts);
-            }
-            continue;
-        }
-        /* sleep until the next reason to look again */
-        uint64_t wait = 3600ull * 1000000000ull;
-        if (e->periodic && e->recs_since_ckpt) {
-            uint64_t t_int = e->last_ckpt_ns + (uint64_t)e->interval_s * 1000000000ull;
-            uint64_t t_q = e->last_change_ns + (uint64_t)e->quiet_ms * 1000000ull;
-            uint64_t at = KVT_MAX(t_int, t_q);
-            wait = at > now ? at - now : 1000000ull;
-        }
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + wait % 1000000000ull;
-        ts.tv_sec += (time_t)(wait / 1000000000ull + ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
-        pthread_cond_timedwait(&e->ckpt_cond, &e->jlock, &ts);
-    }
-    pthread_mutex_unlock(&e->jlock);
-    return NULL;
-}
 
 /* ------------------------------------------------------------ batches */
 
@@ -657,7 +208,7 @@ static void store_io_cb(struct kvt_io *io)
         store_journaled(&op->jw, KVT_E_FATAL);
         return;
     }
-    if (ring_tight_locked(e) || e->putq_head) {
+    if (rb_ring_tight_locked(e) || e->putq_head) {
         if (e->ckpt_err[0]) {
             /* checkpoints fail: refuse new objects; deletes still shrink
              * the index until one fits again */
@@ -677,12 +228,12 @@ static void store_io_cb(struct kvt_io *io)
         pthread_mutex_unlock(&e->jlock);
         return;
     }
-    put_append_locked(e, op);
+    rb_put_append_locked(e, op);
     pthread_mutex_unlock(&e->jlock);
 }
 
 /* The PUT record of a written slot. call with jlock held */
-static void put_append_locked(struct rb_engine *e, struct rb_op *op)
+void rb_put_append_locked(struct rb_engine *e, struct rb_op *op)
 {
     kvt_l2 *l2 = op->b->l2;
     kvt_l2_task *t = op->b->t;
@@ -693,7 +244,7 @@ static void put_append_locked(struct rb_engine *e, struct rb_op *op)
                        .plen = op->plen,
                        .xxh3 = op->xxh3};
     kvt_l2_canon(l2, &t->keys[op->i], &r.key);
-    jappend_locked(e, &r, &op->jw);
+    rb_jappend_locked(e, &r, &op->jw);
 }
 
 /* Lay out the transfer of header + payload for O_DIRECT or buffered I/O:
@@ -722,7 +273,7 @@ static int plan_segments(kvt_l2 *l2, struct rb_engine *e, struct rb_op *op, uint
     uint64_t rest = len - direct;
     if (rest) {
         uint64_t padded = KVT_ALIGN_UP(rest, blk);
-        op->bounce = xmemalign(blk, padded);
+        op->bounce = rb_xmemalign(blk, padded);
         if (is_store)
             memcpy(op->bounce, user + direct, rest);
         seg[n++] = (struct iovec){op->bounce, padded};
@@ -782,7 +333,7 @@ static void store_prep(struct rb_op *op)
     pthread_mutex_unlock(&l2->lock);
     op->plen = (uint32_t)src->len;
     op->xxh3 = kvt_payload_hash(src->ptr, src->len);
-    op->hdr = xmemalign(e->g.block, e->g.header_bytes);
+    op->hdr = rb_xmemalign(e->g.block, e->g.header_bytes);
     kvt_objhdr_encode(op->hdr, KVT_OBJHDR_MIN, &ck, &t->meta[i], t->meta[i].serde, src->len,
                       op->xxh3);
     struct rb_trailer tr = {.slot = op->slot,
@@ -902,7 +453,7 @@ static void load_prep(struct rb_op *op)
         batch_op_done(b);
         return;
     }
-    op->hdr = xmemalign(e->g.block, e->g.header_bytes);
+    op->hdr = rb_xmemalign(e->g.block, e->g.header_bytes);
     struct iovec seg[3];
     int nseg = plan_segments(l2, e, op, dst->ptr, op->plen, false, seg);
     build_ios(e, op, KVT_IO_READ, rb_slot_off(&e->g, op->slot), seg, nseg, load_io_cb);
@@ -1031,7 +582,7 @@ static int rb_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
     dw->slot = s;
     dw->refs = 2;
     struct rb_rec r = {.op = RB_DEL, .slot = s, .gen = e->slots[s].gen};
-    jappend_locked(e, &r, &dw->jw);
+    rb_jappend_locked(e, &r, &dw->jw);
     if (e->ckpt_err[0]) { /* a smaller index may fit now */
         pthread_cond_signal(&e->ckpt_cond);
     } else {
@@ -1047,29 +598,6 @@ static int rb_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
     if (last)
         free(dw);
     return 0;
-}
-
-/* Close: wait (bounded) until every appended record is on the device. */
-static void journal_drain(struct rb_engine *e)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += 10;
-    pthread_mutex_lock(&e->jlock);
-    while (!e->fatal && (e->inflight || e->sq_head || (e->cur && e->cur->nrec))) {
-        jkick_locked(e);
-        if (e->jblocked)
-            pthread_cond_signal(&e->ckpt_cond);
-        if (pthread_cond_timedwait(&e->jcond, &e->jlock, &ts) == ETIMEDOUT) {
-            kvt_warn("raw_block %s: journal not drained at close (checkpoint failing?): "
-                     "the last deletes may come back after restart",
-                     e->path);
-            break;
-        }
-    }
-    struct rb_jw *w = drop_pending_locked(e);
-    pthread_mutex_unlock(&e->jlock);
-    call_waiters(w, KVT_E_CLOSED);
 }
 
 /* ---------------------------------------------------------- recovery */
@@ -1088,7 +616,7 @@ static int by_gen_desc(const void *a, const void *b)
 /* Read each used slot's header area and drop entries that do not match. */
 static void verify_slots(kvt_l2 *l2, struct rb_engine *e)
 {
-    uint8_t *buf = xmemalign(e->g.block, e->g.header_bytes);
+    uint8_t *buf = rb_xmemalign(e->g.block, e->g.header_bytes);
     for (uint32_t s = 0; s < e->g.nslots && !atomic_load(&e->stop); s++) {
         struct rb_slot *sl = &e->slots[s];
         if (!sl->used)
@@ -1145,7 +673,7 @@ static void *recover_main(void *arg)
     kvt_l2 *l2 = arg;
     struct rb_engine *e = l2->engine;
     pthread_setname_np(pthread_self(), "rb-recover");
-    uint64_t t0 = now_ns();
+    uint64_t t0 = kvt_now_ns();
     if (!e->fresh) {
         struct rb_ckpt_hdr h;
         int copy = -1;
@@ -1156,7 +684,7 @@ static void *recover_main(void *arg)
                                    &nrecs, &maxgen);
         pthread_mutex_lock(&e->jlock);
         if (rc) {
-            set_fatal_locked(e, "cannot read the metadata checkpoint (%s): set "
+            rb_set_fatal_locked(e, "cannot read the metadata checkpoint (%s): set "
                                 "\"load_checkpoint_on_init\": false to start empty",
                              rc);
             memset(e->slots, 0, (size_t)e->g.nslots * sizeof(*e->slots));
@@ -1205,7 +733,7 @@ static void *recover_main(void *arg)
         }
     }
     free(v);
-    double secs = (double)(now_ns() - t0) / 1e9;
+    double secs = (double)(kvt_now_ns() - t0) / 1e9;
     pthread_mutex_lock(&l2->lock);
     l2->recovered_objs = objs;
     l2->recovered_bytes = bytes;
@@ -1300,7 +828,7 @@ static void engine_free(struct rb_engine *e)
     free(e->slots);
     free(e->freev);
     if (e->cur)
-        jblock_free(e->cur);
+        rb_jblock_free(e->cur);
     pthread_mutex_destroy(&e->jlock);
     pthread_cond_destroy(&e->ckpt_cond);
     pthread_cond_destroy(&e->jcond);
@@ -1323,7 +851,7 @@ static void rb_close(kvt_l2 *l2)
     pthread_mutex_unlock(&e->drain_lock);
     kvt_tpool_destroy(e->spool);
     kvt_tpool_destroy(e->lpool);
-    journal_drain(e);
+    rb_journal_drain(e);
     if (e->ckpt_started) { /* takes the final checkpoint */
         pthread_mutex_lock(&e->jlock);
         e->ckpt_stop = true;
@@ -1343,123 +871,6 @@ static const struct kvt_l2_ops rb_ops = {
     .healthy = rb_healthy,
     .close = rb_close,
 };
-
-/* ------------------------------------------------------ configuration */
-
-int kvt_raw_block_parse(struct kvt_cfg *c, struct kvt_raw_block_opts *o)
-{
-    memset(o, 0, sizeof(*o));
-    bool pe = true;
-    kvt_cfg_bool(c, "persist_enabled", true, &pe);
-    if (!c->rc && !pe)
-        return kvt_cfg_fail(c, "persist_enabled",
-                            "must stay true: raw_block always persists (its slots and index "
-                            "live on the device)");
-    if (!c->rc && kvt_cfg_has(c, "per_tp_device_paths"))
-        return kvt_cfg_fail(c, "per_tp_device_paths",
-                            "is not supported: raw_block is one server-owned device (use one "
-                            "device_path)");
-    kvt_cfg_str(c, "device_path", true, NULL, &o->device_path);
-    if (!c->rc && !o->device_path[0])
-        return kvt_cfg_fail(c, "device_path", "must not be empty");
-    int64_t v = 0;
-    kvt_cfg_int(c, "slot_bytes", true, 0, 1, INT64_MAX, &v);
-    o->slot_bytes = (uint64_t)v;
-    kvt_cfg_int(c, "capacity_bytes", false, 0, 0, INT64_MAX, &v);
-    o->capacity_bytes = (uint64_t)v;
-    kvt_cfg_bool(c, "use_odirect", true, &o->use_odirect);
-    kvt_cfg_int(c, "block_align", false, 4096, 1, 1 << 20, &v);
-    o->block_align = (uint32_t)v;
-    kvt_cfg_int(c, "header_bytes", false, 4096, 1, 1 << 20, &v);
-    o->header_bytes = (uint32_t)v;
-    kvt_cfg_int(c, "meta_total_bytes", false, 256ll << 20, 1, INT64_MAX, &v);
-    o->meta_total_bytes = (uint64_t)v;
-    kvt_cfg_str(c, "meta_magic", false, "LMCIDX01", &o->meta_magic);
-    if (!c->rc && strlen(o->meta_magic) != 8)
-        return kvt_cfg_fail(c, "meta_magic", "must be exactly 8 ASCII characters (got \"%s\")",
-                            o->meta_magic);
-    for (const char *p = o->meta_magic; !c->rc && *p; p++)
-        if (*p < 0x20 || *p > 0x7e)
-            return kvt_cfg_fail(c, "meta_magic", "must be printable ASCII");
-    kvt_cfg_int(c, "meta_version", false, 1, 0, UINT32_MAX, &v);
-    o->meta_version = (uint32_t)v;
-    kvt_cfg_int(c, "meta_checkpoint_interval_sec", false, 60, 1, 86400 * 365, &v);
-    o->ckpt_interval_s = (uint32_t)v;
-    kvt_cfg_int(c, "meta_idle_quiet_ms", false, 100, 0, 86400000, &v);
-    o->idle_quiet_ms = (uint32_t)v;
-    kvt_cfg_bool(c, "meta_enable_periodic", true, &o->periodic);
-    kvt_cfg_bool(c, "load_checkpoint_on_init", true, &o->load_checkpoint);
-    kvt_cfg_bool(c, "meta_verify_on_load", true, &o->verify_on_load);
-    kvt_cfg_bool(c, "enable_zero_copy", true, &o->zero_copy);
-    static const char *const engines[] = {"posix", "io_uring", NULL};
-    const char *eng = "posix";
-    bool use_iouring = false, use_uring = false;
-    kvt_cfg_enum(c, "io_engine", false, "posix", engines, true, &eng);
-    kvt_cfg_bool(c, "use_iouring", false, &use_iouring);
-    kvt_cfg_bool(c, "use_uring", false, &use_uring);
-    o->io_engine = (use_iouring || use_uring) ? KVT_IOENG_URING : kvt_ioeng_kind_parse(eng);
-    kvt_cfg_int(c, "iouring_queue_depth", false, 256, 1, 4096, &v);
-    o->queue_depth = (int)v;
-    bool uring_cmd = false;
-    kvt_cfg_bool(c, "use_uring_cmd", false, &uring_cmd);
-    kvt_cfg_int(c, "max_data_transfer_size", false, 0, INT64_MIN, INT64_MAX, &v);
-    o->max_xfer = v > 0 ? (uint64_t)v : 0;
-    int64_t ns = 2, nl = 1, nd = 4;
-    kvt_cfg_int(c, "num_store_workers", false, 2, 1, 1024, &ns);
-    kvt_cfg_int(c, "num_lookup_workers", false, 1, 1, 1024, &nl);
-    kvt_cfg_int(c, "num_load_workers", false, 4, 1, 1024, &nd);
-    o->num_store_workers = (int)ns;
-    o->num_lookup_workers = (int)nl;
-    o->num_load_workers = (int)nd;
-    kvt_cfg_bool(c, "durable", false, &o->durable);
-    if (c->rc)
-        return c->rc;
-    uint32_t ba = o->block_align;
-    if (ba & (ba - 1))
-        return kvt_cfg_fail(c, "block_align", "must be a power of two (got %u)", ba);
-    if (o->slot_bytes % ba)
-        return kvt_cfg_fail(c, "slot_bytes", "must be a multiple of block_align %u (got %llu)",
-                            ba, (unsigned long long)o->slot_bytes);
-    if (o->header_bytes % ba)
-        return kvt_cfg_fail(c, "header_bytes", "must be a multiple of block_align %u (got %u)",
-                            ba, o->header_bytes);
-    if (o->header_bytes < RB_MIN_HEADER)
-        return kvt_cfg_fail(c, "header_bytes",
-                            "must be at least %u: the slot header holds the object header "
-                            "(512 bytes) and a slot trailer (got %u)",
-                            RB_MIN_HEADER, o->header_bytes);
-    if (o->meta_total_bytes % ba)
-        return kvt_cfg_fail(c, "meta_total_bytes",
-                            "must be a multiple of block_align %u (got %llu)", ba,
-                            (unsigned long long)o->meta_total_bytes);
-    if (o->slot_bytes < (uint64_t)o->header_bytes + 1)
-        return kvt_cfg_fail(c, "slot_bytes", "must be >= header_bytes + 1 (%u) (got %llu)",
-                            o->header_bytes + 1, (unsigned long long)o->slot_bytes);
-    if (o->capacity_bytes && o->capacity_bytes <= o->meta_total_bytes)
-        return kvt_cfg_fail(c, "capacity_bytes",
-                            "must leave space for at least one slot after meta_total_bytes "
-                            "%llu (got %llu)",
-                            (unsigned long long)o->meta_total_bytes,
-                            (unsigned long long)o->capacity_bytes);
-    if (o->meta_total_bytes / ba < 16)
-        return kvt_cfg_fail(c, "meta_total_bytes",
-                            "must hold at least 16 blocks of block_align (two checkpoint copies "
-                            "and a journal): at least %u (got %llu)",
-                            16 * ba, (unsigned long long)o->meta_total_bytes);
-    if (uring_cmd && o->io_engine != KVT_IOENG_URING)
-        return kvt_cfg_fail(c, "use_uring_cmd", "requires \"io_engine\": \"io_uring\"");
-    if (uring_cmd) {
-        snprintf(c->err, c->errcap,
-                 "--l2-adapter #%d (%s): \"use_uring_cmd\" (NVMe passthrough) is not in this "
-                 "build; remove it: \"io_engine\": \"io_uring\" alone drives the same device",
-                 c->index, c->type);
-        c->rc = KVT_E_UNSUPPORTED;
-        return c->rc;
-    }
-    if (o->max_xfer && o->max_xfer % ba)
-        o->max_xfer = KVT_MAX(o->max_xfer / ba * ba, ba);
-    return 0;
-}
 
 /* Open the device or file; size it; lock it against a second server. */
 static int open_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, char *err,
@@ -1536,7 +947,7 @@ static int open_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, 
 static int format_fresh(struct rb_engine *e)
 {
     if (getrandom(&e->instance, sizeof(e->instance), 0) != sizeof(e->instance))
-        e->instance = now_ns() ^ ((uint64_t)getpid() << 32);
+        e->instance = kvt_now_ns() ^ ((uint64_t)getpid() << 32);
     e->next_gen = 1;
     e->jnext = e->jtail = 0;
     struct rb_ckpt_hdr h = {.version = e->version,
@@ -1601,7 +1012,7 @@ int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
      * error at start, never a silent reformat */
     e->fresh = !o->load_checkpoint;
     if (o->load_checkpoint) {
-        uint8_t *blk = xmemalign(e->g.block, e->g.block);
+        uint8_t *blk = rb_xmemalign(e->g.block, e->g.block);
         int found = 0, proto = 0, bad = 0;
         struct rb_ckpt_hdr h;
         for (int c = 0; c < 2; c++) {
@@ -1659,7 +1070,7 @@ int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
             goto fail;
         }
     }
-    e->last_ckpt_ns = e->last_change_ns = now_ns();
+    e->last_ckpt_ns = e->last_change_ns = kvt_now_ns();
     rc = kvt_l2_base_init(l2, &rb_ops, spec, KVT_CODEC_OBJ, (uint64_t)e->g.nslots * e->g.slot_bytes);
     if (rc) {
         snprintf(err, errcap, "eventfd: %s", strerror(-rc));
@@ -1682,7 +1093,7 @@ int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
         snprintf(err, errcap, "cannot start worker threads: %s", strerror(-rc));
         goto fail_base;
     }
-    rc = pthread_create(&e->ckpt_thr, NULL, ckpt_main, e);
+    rc = pthread_create(&e->ckpt_thr, NULL, rb_ckpt_main, e);
     if (rc) {
         snprintf(err, errcap, "cannot start the checkpoint thread: %s", strerror(rc));
         rc = -rc;
