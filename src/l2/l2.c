@@ -22,31 +22,6 @@
 #define ST_MASK 0x7f
 #define ST_TRACKED 0x80 /* the policy knows this handle */
 
-static const char *const dtype_names[] = {"raw", "float16", "bfloat16", "float32", "float8_e4m3",
-                                          "uint8"};
-
-const char *kvt_dtype_name(unsigned d)
-{
-    return d <= KVT_DTYPE_MAX ? dtype_names[d] : "unknown";
-}
-
-int kvt_dtype_parse(const char *s)
-{
-    static const struct {
-        const char *n;
-        int v;
-    } alias[] = {{"fp16", KVT_DTYPE_FP16}, {"half", KVT_DTYPE_FP16}, {"bf16", KVT_DTYPE_BF16},
-                 {"fp32", KVT_DTYPE_FP32}, {"float", KVT_DTYPE_FP32}, {"fp8", KVT_DTYPE_FP8_E4M3},
-                 {"bytes", KVT_DTYPE_RAW}};
-    for (unsigned i = 0; i <= KVT_DTYPE_MAX; i++)
-        if (strcasecmp(s, dtype_names[i]) == 0)
-            return (int)i;
-    for (size_t i = 0; i < KVT_ARRAY_LEN(alias); i++)
-        if (strcasecmp(s, alias[i].n) == 0)
-            return alias[i].v;
-    return -1;
-}
-
 /* ------------------------------------------------------------- tasks */
 
 kvt_l2_task *kvt_l2_task_new(enum kvt_l2_kind kind, uint32_t n)
@@ -273,6 +248,8 @@ static void finish_policy_locked(kvt_l2 *l2, kvt_l2_task *t)
 
 void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
 {
+    if (l2->finish_hook)
+        l2->finish_hook(l2, t);
     uint32_t hits = (uint32_t)kvt_bm_count(t->ok, t->n);
     struct kvt_l2_counters *c = &l2->counters;
     switch (t->kind) {
@@ -589,6 +566,8 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(o, "counters", c);
     if (l2->ops->status)
         l2->ops->status(l2, o);
+    if (l2->hook_status)
+        l2->hook_status(l2, o);
     return o;
 }
 
@@ -599,6 +578,8 @@ void kvt_l2_close(kvt_l2 *l2)
     pthread_mutex_unlock(&l2->lock);
     if (l2->ops->close)
         l2->ops->close(l2);
+    free(l2->hook_ctx);
+    l2->hook_ctx = NULL;
     kvt_l2_base_destroy(l2);
 }
 

@@ -70,12 +70,22 @@ static int open_dax(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err,
     return kvt_dax_open(l2, s, o, err, cap);
 }
 
+static int parse_fault(struct kvt_cfg *c, void *o)
+{
+    return kvt_fault_parse(c, o);
+}
+static int open_fault(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
+{
+    return kvt_fault_open(l2, s, o, err, cap);
+}
+
 union any_opts {
     struct kvt_fs_opts fs;
     struct kvt_mock_opts mock;
     struct kvt_nixl_opts nixl;
     struct kvt_raw_block_opts raw_block;
     struct kvt_dax_opts dax;
+    struct kvt_fault_opts fault;
 };
 
 static const struct type_ent {
@@ -90,6 +100,7 @@ static const struct type_ent {
     {"nixl_store", parse_nixl_store, open_nixl_store},
     {"raw_block", parse_raw_block, open_raw_block},
     {"dax", parse_dax, open_dax},
+    {"fault_inject", parse_fault, open_fault},
 };
 
 const char *kvt_l2_types(void)
@@ -204,7 +215,7 @@ int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *
     return rc;
 }
 
-int kvt_l2_open(const struct kvt_l2_spec *s, kvt_l2 **out, char *err, size_t errcap)
+int kvt_l2_open_into(const struct kvt_l2_spec *s, kvt_l2 *l2, char *err, size_t errcap)
 {
     const struct type_ent *te = find_type(s->type);
     if (!te)
@@ -219,12 +230,19 @@ int kvt_l2_open(const struct kvt_l2_spec *s, kvt_l2 **out, char *err, size_t err
         kvt_cfg_free(&c);
         return rc;
     }
-    kvt_l2 *l2 = kvt_xcalloc(1, sizeof(*l2));
     char oerr[512] = "";
     rc = te->open(l2, s, &o, oerr, sizeof(oerr));
     kvt_cfg_free(&c);
-    if (rc) {
+    if (rc)
         snprintf(err, errcap, "--l2-adapter #%d (%s): %s", s->index, s->type, oerr);
+    return rc;
+}
+
+int kvt_l2_open(const struct kvt_l2_spec *s, kvt_l2 **out, char *err, size_t errcap)
+{
+    kvt_l2 *l2 = kvt_xcalloc(1, sizeof(*l2));
+    int rc = kvt_l2_open_into(s, l2, err, errcap);
+    if (rc) {
         free(l2);
         return rc;
     }

@@ -1,5 +1,5 @@
 /*
- * persist_bench: store and load GB/s (1e9 bytes/s) of 4 MiB objects for each
+ * bench_persist: store and load GB/s (1e9 bytes/s) of 4 MiB objects for each
  * persistent adapter and I/O engine, measured through the kvt_l2 contract
  * (the adapter, not the network), side by side in one run with the
  * physical limit on the same directory: fio with the same block size
@@ -9,7 +9,7 @@
  * Sides alternate every round; the table shows the medians of each side
  * and the median of the per-round ratios (adapter / peer).
  *
- *   build/bench/persist_bench [--dir D] [--objects N] [--rounds R] [--qd Q]
+ *   build/bench/bench_persist [--dir D] [--objects N] [--rounds R] [--qd Q]
  *                             [--only LABEL]
  *
  * The adapters store with checksums (xxh3) and headers and verify on load;
@@ -360,7 +360,7 @@ int main(int argc, char **argv)
             only = argv[++i];
         else {
             fprintf(stderr,
-                    "usage: persist_bench [--dir D] [--objects N] [--rounds R] [--qd Q] "
+                    "usage: bench_persist [--dir D] [--objects N] [--rounds R] [--qd Q] "
                     "[--only LABEL]\n");
             return 2;
         }
@@ -384,7 +384,7 @@ int main(int argc, char **argv)
         }
         memset(dst[j], 0, OBJ);
     }
-    printf("persist_bench: %u objects of 4 MiB (%.0f MiB) per run, %d rounds, queue depth %d, "
+    printf("bench_persist: %u objects of 4 MiB (%.0f MiB) per run, %d rounds, queue depth %d, "
            "dir %s\n",
            nobj, nobj * 4.0, rounds, qd, dir);
     printf("%-20s %-9s %9s %9s %6s   %9s %9s %6s   %s\n", "adapter", "engine", "store", "peer",
