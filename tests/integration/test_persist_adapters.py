@@ -94,6 +94,7 @@ def test_adapter_contract_and_restart(make_server, tmp_path, label):
             assert c.lookup(keys[:4]) == 0
             st = c.status()["l2"][0]
             assert st["counters"]["load_ok"] >= N - 4 and st["counters"]["corrupt"] == 0
+            assert st["pinned_objects"] == 0  # retrieve unlocked what lookup pinned
         else:
             assert st["objects"] == 0 and st["persist_enabled"] is False
             assert c.lookup(keys) == 0
