@@ -41,6 +41,7 @@ static uint32_t nobj = 24;
 static int rounds = 7;
 static int qd = 4;
 static const char *only;
+static bool no_peer; /* --no-peer: adapter side only (profiling) */
 
 struct cfg {
     const char *label;
@@ -358,10 +359,12 @@ int main(int argc, char **argv)
             qd = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
+        else if (!strcmp(argv[i], "--no-peer"))
+            no_peer = true;
         else {
             fprintf(stderr,
                     "usage: bench_persist [--dir D] [--objects N] [--rounds R] [--qd Q] "
-                    "[--only LABEL]\n");
+                    "[--only LABEL] [--no-peer]\n");
             return 2;
         }
     }
@@ -400,6 +403,8 @@ int main(int argc, char **argv)
                 bool adapter = (side == 0) == (r % 2 == 0);
                 if (adapter)
                     bench_adapter(cf, &as[r], &al[r]);
+                else if (no_peer)
+                    ps[r] = pl[r] = 1;
                 else if (!strcmp(cf->engine, "memcpy"))
                     bench_memcpy(&ps[r], &pl[r]);
                 else

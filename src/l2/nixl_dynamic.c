@@ -316,6 +316,18 @@ static bool store_prep(struct nd_op *op)
         pthread_mutex_unlock(&l2->lock);
         op->hl = nhl;
     }
+    if (op->direct && kvt_ioeng_kind_of(e->io) == KVT_IOENG_URING) {
+        /* allocate the blocks here, on the worker: an O_DIRECT write into
+         * a hole must allocate, which io_uring cannot do without blocking,
+         * so the kernel would hand every such write to an io-wq thread */
+        if (fallocate(op->fd, 0, 0, (off_t)(op->hl + src->len)) < 0 && errno == ENOSPC) {
+            rc = -ENOSPC;
+            close(op->fd);
+            op->fd = -1;
+            unlinkat(e->dirfd, op->tmp, 0);
+            goto fail;
+        }
+    }
     op->stage = ST_STORE_FIN;
     kvt_io_prep(&op->io, KVT_IO_WRITE, op->fd, 0, io_done, op);
     kvt_io_add(&op->io, hdr, op->hl);
