@@ -309,14 +309,19 @@ void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
         atomic_fetch_add(&c->lookup_misses, t->n - hits);
         break;
     case KVT_L2_LOAD:
-        /* a raw object's bytes must be exactly its logical length */
-        for (uint32_t i = 0; i < t->n; i++)
-            if (kvt_bm_test(t->ok, i) && t->meta[i].serde == 0 &&
-                t->bufs[i].len != t->meta[i].len) {
+        /* a raw object's bytes must be exactly its logical length, and an
+         * adapter without serde cannot serve an encoded object (written by
+         * an adapter with a chain on the same storage) */
+        for (uint32_t i = 0; i < t->n; i++) {
+            if (!kvt_bm_test(t->ok, i))
+                continue;
+            bool foreign = t->meta[i].serde != 0;
+            if (foreign || t->bufs[i].len != t->meta[i].len) {
                 t->ok[i / 64] &= ~(1ull << (i % 64));
-                atomic_fetch_add(&c->corrupt, 1);
+                atomic_fetch_add(foreign ? &c->serde_mismatches : &c->corrupt, 1);
                 hits--;
             }
+        }
         atomic_fetch_add(&c->load_ok, hits);
         atomic_fetch_add(&c->load_failed, t->n - hits);
         if (!t->staged)
@@ -631,6 +636,7 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(c, "evictions", C(evictions));
     json_object_set_new(c, "reclaimed_bytes", C(reclaimed_bytes));
     json_object_set_new(c, "odirect_fallbacks", C(odirect_fallbacks));
+    json_object_set_new(c, "serde_mismatches", C(serde_mismatches));
     json_object_set_new(o, "counters", c);
     if (l2->serde)
         kvt_serde_stage_status(l2, o);

@@ -173,6 +173,7 @@ struct kvt_l2_counters {
     _Atomic uint64_t bytes_written, bytes_read;
     _Atomic uint64_t deleted, evictions, reclaimed_bytes;
     _Atomic uint64_t odirect_fallbacks;
+    _Atomic uint64_t serde_mismatches; /* a serde-encoded object read without its chain */
 };
 
 struct kvt_l2 {

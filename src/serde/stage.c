@@ -55,9 +55,17 @@ struct stage_job {
     uint32_t i; /* STORE: outer index; LOAD: inner index */
 };
 
+/*
+ * One outer task's state. Two references once an inner task exists: the
+ * thread that submits it to the engine (an engine may still read the task
+ * in its submit function after the completion ran on another thread) and
+ * the completion path; the last one frees the op and the inner task.
+ */
 struct stage_op {
     kvt_l2 *l2;
     kvt_l2_task *outer, *inner;
+    uint32_t n; /* outer keys (the outer task may be gone before the op) */
+    _Atomic int refs;
     void **tmp;      /* per outer key: encoded bytes (STORE) or read buffer (LOAD) */
     size_t *tmplen;  /* STORE: encoded length; LOAD: capacity */
     uint32_t *map;   /* inner index -> outer index */
@@ -102,15 +110,20 @@ static struct stage_op *op_new(kvt_l2 *l2, kvt_l2_task *t)
     struct stage_op *op = kvt_xcalloc(1, sizeof(*op) + t->n * sizeof(struct stage_job));
     op->l2 = l2;
     op->outer = t;
+    op->n = t->n;
+    atomic_init(&op->refs, 1);
     op->tmp = kvt_xcalloc(t->n, sizeof(void *));
     op->tmplen = kvt_xcalloc(t->n, sizeof(size_t));
     op->map = kvt_xcalloc(t->n, sizeof(uint32_t));
     return op;
 }
 
-static void op_free(struct stage_op *op)
+static void op_put(struct stage_op *op)
 {
-    for (uint32_t i = 0; i < op->outer->n; i++)
+    /* acq_rel: the last owner sees the other's writes before freeing */
+    if (atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    for (uint32_t i = 0; i < op->n; i++)
         free(op->tmp[i]);
     free(op->tmp);
     free(op->tmplen);
@@ -119,13 +132,23 @@ static void op_free(struct stage_op *op)
     free(op);
 }
 
-/* Finish the outer task: free the op first, the controller may free t. */
+/* Finish the outer task; the op must not touch it afterwards (the
+ * controller may free it as soon as it is queued). */
 static void op_finish(struct stage_op *op)
 {
     kvt_l2 *l2 = op->l2;
     kvt_l2_task *t = op->outer;
-    op_free(op);
+    op->outer = NULL;
+    op_put(op);
     kvt_l2_task_finish(l2, t);
+}
+
+/* Hand the inner task to the engine; keeps a reference across the call. */
+static void engine_submit(kvt_l2 *l2, struct stage_op *op)
+{
+    atomic_fetch_add_explicit(&op->refs, 1, memory_order_relaxed);
+    l2->ops->submit(l2, op->inner);
+    op_put(op);
 }
 
 /* An inner task over the outer keys that have tmp buffers. */
@@ -177,7 +200,7 @@ static void store_dispatch(struct stage_op *op)
     if (!op->inner)
         op_finish(op);
     else
-        l2->ops->submit(l2, op->inner); /* op may be gone when this returns */
+        engine_submit(l2, op); /* op may be gone when this returns */
     /* after the engine has the task, so that close's quiesce + engine drain
      * covers it */
     encoding_done(st);
@@ -267,7 +290,7 @@ static void load_submit(kvt_l2 *l2, struct stage_op *op)
         op_finish(op);
         return;
     }
-    l2->ops->submit(l2, op->inner);
+    engine_submit(l2, op);
 }
 
 static void decode_job(struct kvt_job *job, void *ctx)
