@@ -179,6 +179,11 @@ static void drain_replies(struct kvt_server *s)
     }
 }
 
+static void kick_l1(void *ev)
+{
+    kvt_evictor_kick(ev);
+}
+
 static void on_store_progress(void *arg)
 {
     struct kvt_server *s = arg;
@@ -410,6 +415,8 @@ static void shutdown_all(struct kvt_server *s)
         f = nx;
     }
     s->fw_head = s->fw_tail = NULL;
+    if (s->l1)
+        kvt_l1_set_pressure_hook(s->l1, NULL, NULL);
     if (s->ev_l1)
         kvt_evictor_stop(s->ev_l1);
     for (int i = 0; i < s->nl2; i++)
@@ -486,6 +493,8 @@ static int start(struct kvt_server *s)
                                      c->prefetch_max_in_flight);
     if (!rc)
         rc = kvt_evictor_start_l1(&s->ev_l1, s->l1, c->eviction_interval_ms);
+    if (!rc)
+        kvt_l1_set_pressure_hook(s->l1, kick_l1, s->ev_l1);
     for (int i = 0; !rc && i < s->nl2; i++)
         rc = kvt_evictor_start_l2(&s->ev_l2[i], s->l2s[i], c->eviction_interval_ms);
     if (!rc)
