@@ -62,8 +62,8 @@ enum kvt_serde_fail {
 struct kvt_serde_stats {
     _Atomic uint64_t encoded, encode_failed, decoded, decode_failed;
     _Atomic uint64_t format_errors, checksum_mismatches, decrypt_failures, length_mismatches;
-    _Atomic uint64_t chain_mismatches; /* object written by another chain (or raw) */
-    _Atomic uint64_t fp8_passthrough;  /* fp8 left an object as is (dtype, length, inf/nan) */
+    _Atomic uint64_t chain_mismatches;       /* object written by another chain (or raw) */
+    _Atomic uint64_t fp8_passthrough;        /* fp8 left an object as is (dtype, length, inf/nan) */
     _Atomic uint64_t logical_in, stored_out; /* bytes before and after encode */
     _Atomic uint64_t encode_ns, decode_ns;
 };
@@ -108,8 +108,7 @@ void kvt_serde_wctx_free(struct kvt_serde_wctx *w);
  * *outlen bytes. Errors: -ENOMEM, KVT_E_TOOBIG, -EIO (a codec refused).
  */
 int kvt_serde_encode(struct kvt_serde *s, struct kvt_serde_wctx *w, const kvt_key *ck,
-                     const kvt_objmeta *m, const void *src, size_t len, void **out,
-                     size_t *outlen);
+                     const kvt_objmeta *m, const void *src, size_t len, void **out, size_t *outlen);
 
 /*
  * Decode len stored bytes at src into dst, which must receive exactly cap

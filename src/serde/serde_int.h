@@ -18,13 +18,13 @@
 
 /* What one encode/decode call knows about the object. */
 struct kvt_sd_obj {
-    const kvt_key *ck;  /* canonical key */
+    const kvt_key *ck; /* canonical key */
     const kvt_objmeta *meta;
-    const uint8_t *id;  /* identity bytes */
+    const uint8_t *id; /* identity bytes */
     size_t idlen;
-    uint64_t seed;      /* XXH3-64 of the identity */
-    uint16_t dtype;     /* encode: element type of the stream entering this serde;
-                           a serde updates it for the next one */
+    uint64_t seed;            /* XXH3-64 of the identity */
+    uint16_t dtype;           /* encode: element type of the stream entering this serde;
+                                 a serde updates it for the next one */
     enum kvt_serde_fail fail; /* decode: why it failed */
     struct kvt_serde_stats *stats;
 };
@@ -58,11 +58,11 @@ struct kvt_sd {
 
 /* Per-thread scratch. Grown on demand, kept for the thread's life. */
 struct kvt_serde_wctx {
-    uint8_t *buf[3];  /* [0], [1]: chain ping-pong; [2]: a serde's own (byte split) */
+    uint8_t *buf[3]; /* [0], [1]: chain ping-pong; [2]: a serde's own (byte split) */
     size_t cap[3];
-    void *zc, *zd;    /* ZSTD_CCtx, ZSTD_DCtx */
-    void *lz4;        /* LZ4 compression state */
-    void *evp;        /* EVP_CIPHER_CTX */
+    void *zc, *zd;             /* ZSTD_CCtx, ZSTD_DCtx */
+    void *lz4;                 /* LZ4 compression state */
+    void *evp;                 /* EVP_CIPHER_CTX */
     uint16_t *fp8_lut[2][256]; /* [fp16|bf16][scale exponent + 128] -> 256 outputs */
 };
 

@@ -66,9 +66,9 @@ struct stage_op {
     kvt_l2_task *outer, *inner;
     uint32_t n; /* outer keys (the outer task may be gone before the op) */
     _Atomic int refs;
-    void **tmp;      /* per outer key: encoded bytes (STORE) or read buffer (LOAD) */
-    size_t *tmplen;  /* STORE: encoded length; LOAD: capacity */
-    uint32_t *map;   /* inner index -> outer index */
+    void **tmp;     /* per outer key: encoded bytes (STORE) or read buffer (LOAD) */
+    size_t *tmplen; /* STORE: encoded length; LOAD: capacity */
+    uint32_t *map;  /* inner index -> outer index */
     _Atomic uint32_t left;
     struct stage_job jobs[];
 };
@@ -91,8 +91,8 @@ int kvt_serde_stage_attach(kvt_l2 *l2, struct kvt_serde *s, char *err, size_t er
     pthread_mutex_init(&st->lock, NULL);
     pthread_cond_init(&st->idle, NULL);
     st->chain = kvt_serde_ref(s);
-    int rc = kvt_tpool_create(&st->pool, "serde", kvt_serde_max_workers(s), wctx_new, wctx_free,
-                              NULL);
+    int rc =
+        kvt_tpool_create(&st->pool, "serde", kvt_serde_max_workers(s), wctx_new, wctx_free, NULL);
     if (rc) {
         snprintf(err, errcap, "cannot start serde workers: %s", kvt_strerror(rc));
         kvt_serde_unref(st->chain);
@@ -121,8 +121,7 @@ static struct stage_op *op_new(kvt_l2 *l2, kvt_l2_task *t)
 static void op_put(struct stage_op *op)
 {
     /* acq_rel: the last owner sees the other's writes before freeing */
-    if (atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel) != 1)
-        return;
+    if (atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel) != 1) return;
     for (uint32_t i = 0; i < op->n; i++)
         free(op->tmp[i]);
     free(op->tmp);
@@ -157,15 +156,12 @@ static kvt_l2_task *inner_new(struct stage_op *op, enum kvt_l2_kind kind, uint32
     kvt_l2_task *t = op->outer;
     uint32_t m = 0;
     for (uint32_t i = 0; i < t->n; i++)
-        if (op->tmp[i])
-            m++;
-    if (m == 0)
-        return NULL;
+        if (op->tmp[i]) m++;
+    if (m == 0) return NULL;
     kvt_l2_task *in = kvt_l2_task_new(kind, m);
     uint32_t j = 0;
     for (uint32_t i = 0; i < t->n; i++) {
-        if (!op->tmp[i])
-            continue;
+        if (!op->tmp[i]) continue;
         in->keys[j] = t->keys[i];
         in->bufs[j].ptr = op->tmp[i];
         in->bufs[j].len = op->tmplen[i];
@@ -186,8 +182,7 @@ static kvt_l2_task *inner_new(struct stage_op *op, enum kvt_l2_kind kind, uint32
 static void encoding_done(struct kvt_serde_stage *st)
 {
     pthread_mutex_lock(&st->lock);
-    if (--st->encoding == 0)
-        pthread_cond_broadcast(&st->idle);
+    if (--st->encoding == 0) pthread_cond_broadcast(&st->idle);
     pthread_mutex_unlock(&st->lock);
 }
 
@@ -251,20 +246,17 @@ static void encode_job(struct kvt_job *job, void *ctx)
         }
     }
     /* acq_rel: the last job sees every other job's tmp[] before dispatching */
-    if (atomic_fetch_sub_explicit(&op->left, 1, memory_order_acq_rel) == 1)
-        store_dispatch(op);
+    if (atomic_fetch_sub_explicit(&op->left, 1, memory_order_acq_rel) == 1) store_dispatch(op);
 }
 
 static void store_engine_done(struct stage_op *op)
 {
     kvt_l2_task *in = op->inner, *t = op->outer;
     for (uint32_t j = 0; j < in->n; j++)
-        if (kvt_bm_test(in->ok, j))
-            kvt_l2_task_ok(t, op->map[j], 0);
+        if (kvt_bm_test(in->ok, j)) kvt_l2_task_ok(t, op->map[j], 0);
     atomic_fetch_add(&t->bytes, atomic_load(&in->bytes));
     int e = atomic_load(&in->err);
-    if (e)
-        kvt_l2_task_fail(t, 0, e);
+    if (e) kvt_l2_task_fail(t, 0, e);
     op_finish(op);
 }
 
@@ -282,8 +274,7 @@ static void load_submit(kvt_l2 *l2, struct stage_op *op)
         }
         op->tmp[i] = malloc(cap ? cap : 1);
         op->tmplen[i] = cap;
-        if (!op->tmp[i])
-            kvt_l2_task_fail(t, i, -ENOMEM);
+        if (!op->tmp[i]) kvt_l2_task_fail(t, i, -ENOMEM);
     }
     op->inner = inner_new(op, KVT_L2_LOAD, 0);
     if (!op->inner) {
@@ -321,9 +312,8 @@ static void decode_job(struct kvt_job *job, void *ctx)
         } else if (!ctx) {
             rc = -ENOMEM;
         } else {
-            rc = kvt_serde_decode(st->chain, ctx, &ck, m, in->bufs[k].ptr,
-                                  (size_t)in->bufs[k].len, t->bufs[i].ptr,
-                                  (size_t)t->bufs[i].len, &why);
+            rc = kvt_serde_decode(st->chain, ctx, &ck, m, in->bufs[k].ptr, (size_t)in->bufs[k].len,
+                                  t->bufs[i].ptr, (size_t)t->bufs[i].len, &why);
             if (rc) {
                 char ks[400];
                 kvt_warn("%s: %s: %s: treated as a miss", l2->name,
@@ -338,8 +328,7 @@ static void decode_job(struct kvt_job *job, void *ctx)
             kvt_l2_task_ok(t, i, 0);
         }
     }
-    if (atomic_fetch_sub_explicit(&op->left, 1, memory_order_acq_rel) == 1)
-        op_finish(op);
+    if (atomic_fetch_sub_explicit(&op->left, 1, memory_order_acq_rel) == 1) op_finish(op);
 }
 
 static void load_engine_done(kvt_l2 *l2, struct stage_op *op)
@@ -348,8 +337,7 @@ static void load_engine_done(kvt_l2 *l2, struct stage_op *op)
     kvt_l2_task *in = op->inner, *t = op->outer;
     atomic_fetch_add(&t->bytes, atomic_load(&in->bytes));
     int e = atomic_load(&in->err);
-    if (e)
-        kvt_l2_task_fail(t, 0, e);
+    if (e) kvt_l2_task_fail(t, 0, e);
     atomic_store(&op->left, in->n);
     for (uint32_t k = 0; k < in->n; k++) {
         op->jobs[k].op = op;
@@ -410,8 +398,7 @@ void kvt_serde_stage_quiesce(kvt_l2 *l2)
 void kvt_serde_stage_detach(kvt_l2 *l2)
 {
     struct kvt_serde_stage *st = l2->serde;
-    if (!st)
-        return;
+    if (!st) return;
     kvt_tpool_destroy(st->pool); /* runs the decode jobs still queued */
     kvt_serde_unref(st->chain);
     pthread_mutex_destroy(&st->lock);

@@ -6,6 +6,7 @@
 #include "kvtier/error.h"
 #include "common/util.h"
 #include "l2/adapters.h"
+#include "l2/objfmt.h"
 #include "serde/serde.h"
 
 #include <errno.h>
@@ -29,10 +30,8 @@ static struct kvt_serde *mk_err(const char *serde_json, char *err, size_t cap, i
              serde_json);
     struct kvt_l2_spec s;
     int rc = kvt_l2_spec_parse(spec, 0, &s, err, cap);
-    if (rc_out)
-        *rc_out = rc;
-    if (rc)
-        return NULL;
+    if (rc_out) *rc_out = rc;
+    if (rc) return NULL;
     struct kvt_serde *c = kvt_serde_ref(s.serde);
     kvt_l2_spec_free(&s);
     return c;
@@ -42,8 +41,7 @@ static struct kvt_serde *mk(const char *serde_json)
 {
     char err[1024] = "";
     struct kvt_serde *c = mk_err(serde_json, err, sizeof(err), NULL);
-    if (!c)
-        fprintf(stderr, "config refused: %s\n", err);
+    if (!c) fprintf(stderr, "config refused: %s\n", err);
     TEST_ASSERT(c != NULL);
     return c;
 }
@@ -87,8 +85,7 @@ static int round_trip(struct kvt_serde *c, struct kvt_serde_wctx *w, const kvt_k
     size_t elen = 0;
     TEST_ASSERT(kvt_serde_encode(c, w, k, &m, src, n, &enc, &elen) == 0);
     TEST_ASSERT(elen <= kvt_serde_bound(c, n));
-    if (stored)
-        *stored = elen;
+    if (stored) *stored = elen;
     int rc = kvt_serde_decode(c, w, k, &m, enc, elen, dec, n, why);
     free(enc);
     return rc;
@@ -139,8 +136,7 @@ static void test_lossless_round_trips(void)
                     fill_bytes(src, n, si * 31 + d);
                 else
                     sd_kv_tensor((uint16_t *)src, n / 2, si + d, 0, 1.0);
-                if (n % 2)
-                    src[n - 1] = 0xab;
+                if (n % 2) src[n - 1] = 0xab;
                 memset(dec, 0xee, n);
                 size_t stored = 0;
                 enum kvt_serde_fail why;
@@ -234,8 +230,7 @@ static void test_tamper_and_identity(void)
             TEST_ASSERT(rc == KVT_E_CORRUPT);
             /* a flip in a frame header in front of the checked bytes may be
              * caught as a malformed frame first */
-            TEST_ASSERT(why == cases[c].want || why == KVT_SERDE_FORMAT ||
-                        why == KVT_SERDE_LENGTH);
+            TEST_ASSERT(why == cases[c].want || why == KVT_SERDE_FORMAT || why == KVT_SERDE_LENGTH);
         }
         for (size_t o = 0; o < KVT_ARRAY_LEN(others); o++) {
             TEST_ASSERT(kvt_serde_decode(chn, w, &others[o], &m, enc, elen, dec, n, &why) ==
@@ -248,8 +243,7 @@ static void test_tamper_and_identity(void)
         m2.dtype = KVT_DTYPE_BF16;
         TEST_ASSERT(kvt_serde_decode(chn, w, &k, &m2, enc, elen, dec, n, &why) == KVT_E_CORRUPT);
         /* truncated */
-        TEST_ASSERT(kvt_serde_decode(chn, w, &k, &m, enc, elen - 1, dec, n, &why) ==
-                    KVT_E_CORRUPT);
+        TEST_ASSERT(kvt_serde_decode(chn, w, &k, &m, enc, elen - 1, dec, n, &why) == KVT_E_CORRUPT);
         /* wrong destination size: a miss, never an overrun */
         kvt_objmeta m3 = m;
         m3.len = (uint32_t)n - 2;
@@ -306,12 +300,10 @@ static void test_key_files_and_ids(void)
         const char *msg;
     } bad[] = {
         {"0123456789abcdef0123456789abcde", 31, 0600, "32 raw bytes or 64 hex"},
-        {"zz23456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", 64, 0600,
-         "64 hex"},
+        {"zz23456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", 64, 0600, "64 hex"},
         {"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", 64, 0644,
          "group or others"},
-        {"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", 64, 0640,
-         "chmod 600"},
+        {"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", 64, 0640, "chmod 600"},
     };
     char path[300];
     snprintf(path, sizeof(path), "%s/bad.key", tmpdir);
@@ -336,8 +328,8 @@ static void test_key_files_and_ids(void)
     TEST_ASSERT(strstr(err, "\"serde[1].aes_bits\" must be 128 or 256"));
     TEST_ASSERT(mk_err("[]", err, sizeof(err), &rc) == NULL && strstr(err, "at least one"));
     TEST_ASSERT(mk_err("[1]", err, sizeof(err), &rc) == NULL && strstr(err, "serde[0]"));
-    TEST_ASSERT(mk_err("{\"type\":\"fp8\",\"fp8_dtype\":\"float8_e5m2\"}", err, sizeof(err),
-                       &rc) == NULL);
+    TEST_ASSERT(mk_err("{\"type\":\"fp8\",\"fp8_dtype\":\"float8_e5m2\"}", err, sizeof(err), &rc) ==
+                NULL);
     TEST_ASSERT(strstr(err, "serde.fp8_dtype"));
     /* hex with a trailing newline is accepted; same key, same id */
     const char *hex = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n";
@@ -379,6 +371,9 @@ static void test_key_files_and_ids(void)
     unlink(path);
 }
 
+/* XXH3 of every fp8 output, to compare the SIMD and portable paths. */
+static uint64_t fp8_digest;
+
 struct err_stats {
     double max_abs, max_rel_normal, sum_e2, sum_x2;
     size_t n, violations;
@@ -407,8 +402,8 @@ static void fp8_measure(struct kvt_serde *c, struct kvt_serde_wctx *w, const uin
             double y = bf16 ? sd_b2d(dec[b0 + i]) : sd_h2d(dec[b0 + i]);
             TEST_ASSERT(isfinite(y));
             double err = fabs(y - x);
-            double bound = fabs(x) * (1.0 / 16 + out_ulp) * (1 + 1e-9) + amax * 0x1p-17 +
-                           (bf16 ? 0 : 0x1p-25);
+            double bound =
+                fabs(x) * (1.0 / 16 + out_ulp) * (1 + 1e-9) + amax * 0x1p-17 + (bf16 ? 0 : 0x1p-25);
             if (err > bound) {
                 if (es->violations++ < 5)
                     fprintf(stderr, "bound violated: x=%.9g y=%.9g amax=%.9g\n", x, y, amax);
@@ -421,6 +416,7 @@ static void fp8_measure(struct kvt_serde *c, struct kvt_serde_wctx *w, const uin
         }
     }
     es->n = ne;
+    fp8_digest = fp8_digest * 31 + kvt_payload_hash(dec, ne * 2);
     free(dec);
 }
 
@@ -499,8 +495,12 @@ static void test_garbage_frames(void)
     char e[512], ch[1024];
     enc_json(keyfile, 128, e, sizeof(e));
     snprintf(ch, sizeof(ch), "[{\"type\":\"fp8\"},{\"type\":\"lz4\"},{\"type\":\"zstd\"}]");
-    const char *cfgs[] = {"{\"type\":\"fp8\"}", "{\"type\":\"lz4\"}", "{\"type\":\"zstd\"}",
-                          "{\"type\":\"checksum\"}", e, ch};
+    const char *cfgs[] = {"{\"type\":\"fp8\"}",
+                          "{\"type\":\"lz4\"}",
+                          "{\"type\":\"zstd\"}",
+                          "{\"type\":\"checksum\"}",
+                          e,
+                          ch};
     struct kvt_serde_wctx *w = kvt_serde_wctx_new();
     kvt_key k = key_of("m", "", 7);
     uint64_t s = 42;
@@ -525,8 +525,7 @@ static void test_garbage_frames(void)
                 gl = it % 3 == 1 ? elen : sd_rng(&s) % (n + 64);
                 memcpy(garbage, enc, KVT_MIN(gl, elen));
                 for (size_t i = 0; i < gl; i++)
-                    if (it % 3 == 2 || sd_rng(&s) % 64 == 0)
-                        garbage[i] = (uint8_t)sd_rng(&s);
+                    if (it % 3 == 2 || sd_rng(&s) % 64 == 0) garbage[i] = (uint8_t)sd_rng(&s);
                 if (it % 3 == 2 && gl >= 16)
                     garbage[0] = (uint8_t)(sd_rng(&s) % 3); /* plausible modes */
                 in = garbage;
@@ -545,7 +544,24 @@ static void test_garbage_frames(void)
     kvt_serde_wctx_free(w);
 }
 
-int main(void)
+/* The portable fp8 path (KVT_SERDE_NO_SIMD=1, in a child process since the
+ * choice is made once per process) meets the same bounds and produces the
+ * same bytes as the SIMD path. */
+static void test_fp8_portable_path_matches(void)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "KVT_SERDE_NO_SIMD=1 /proc/%d/exe --fp8-only 2>/dev/null",
+             (int)getpid());
+    FILE *p = popen(cmd, "r");
+    TEST_ASSERT(p != NULL);
+    unsigned long long child = 0;
+    int got = fscanf(p, "fp8 digest %llx", &child);
+    int rc = pclose(p);
+    TEST_ASSERT(got == 1 && rc == 0);
+    TEST_ASSERT(child == fp8_digest);
+}
+
+int main(int argc, char **argv)
 {
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvt-serde-test-XXXXXX");
     TEST_ASSERT(mkdtemp(tmpdir) != NULL);
@@ -556,12 +572,20 @@ int main(void)
     for (int i = 0; i < 32; i++)
         k[i] = (uint8_t)sd_rng(&s);
     write_key(keyfile, k, 32, 0600);
+    if (argc > 1 && strcmp(argv[1], "--fp8-only") == 0) {
+        RUN(test_fp8_error);
+        printf("fp8 digest %016llx\n", (unsigned long long)fp8_digest);
+        unlink(keyfile);
+        rmdir(tmpdir);
+        return TEST_RESULT();
+    }
     RUN(test_lossless_round_trips);
     RUN(test_compression_ratios);
     RUN(test_tamper_and_identity);
     RUN(test_no_plaintext);
     RUN(test_key_files_and_ids);
     RUN(test_fp8_error);
+    RUN(test_fp8_portable_path_matches);
     RUN(test_garbage_frames);
     unlink(keyfile);
     unlink(keyfile2);
