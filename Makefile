@@ -6,7 +6,7 @@ CMAKE_FLAGS ?=
 PYTEST ?= /usr/bin/python3 -m pytest
 
 .PHONY: all deps configure build run test unit integration clean format check-format bench \
-	test-asan test-tsan test-sanitize
+	test-asan test-tsan test-sanitize fuzz
 
 all: build
 
@@ -35,10 +35,29 @@ integration: build
 # UndefinedBehaviorSanitizer and once with ThreadSanitizer.
 test: unit integration
 ifeq ($(CI),true)
-test: test-sanitize
+test: test-sanitize fuzz
 endif
 
 test-sanitize: test-asan test-tsan
+
+# libFuzzer targets (fuzz/fuzz_*.c), built with clang; each runs FUZZ_SECONDS
+# starting from the corpus in fuzz/corpus/<target> (seeds and regressions).
+FUZZ_SECONDS ?= 15
+FUZZ_TARGETS = $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
+build-fuzz/Makefile: CMakeLists.txt
+	CC=clang cmake -S . -B build-fuzz -DKVT_FUZZ=ON -DKVT_SANITIZE=fuzzer -DCMAKE_BUILD_TYPE=Debug >/dev/null
+
+fuzz: deps build-fuzz/Makefile
+	@cmake --build build-fuzz -j $(JOBS)
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus/$$t; \
+	  echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
+	  ./build-fuzz/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=0 \
+	    -artifact_prefix=build-fuzz/ build-fuzz/corpus/$$t fuzz/corpus/$$t 2>&1 | grep -E 'Done|ERROR|SUMMARY' \
+	    || true; \
+	  if ls build-fuzz/crash-* build-fuzz/oom-* build-fuzz/leak-* build-fuzz/timeout-* >/dev/null 2>&1; then \
+	    echo "fuzz_$$t found a failing input:"; ls build-fuzz/crash-* build-fuzz/oom-* build-fuzz/leak-* build-fuzz/timeout-* 2>/dev/null; exit 1; fi; \
+	done
 
 build-asan/Makefile: CMakeLists.txt
 	cmake -S . -B build-asan -DKVT_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug >/dev/null
@@ -74,4 +93,4 @@ check-format:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz
