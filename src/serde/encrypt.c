@@ -127,7 +127,9 @@ static int load_key(struct kvt_cfg *c, const char *path, uint8_t master[32])
     uint8_t buf[258];
     ssize_t n = -1;
     int rc = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    /* O_NONBLOCK: a FIFO or device named here must not hang the start-up;
+     * it is refused as not a regular file below */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0)
         return kvt_cfg_fail(c, "master_key_path", "cannot be read: %s: %s", path, strerror(errno));
     struct stat st;

@@ -320,6 +320,13 @@ static void test_key_files_and_ids(void)
     TEST_ASSERT(strstr(err, "No such file"));
     TEST_ASSERT(mk_err(enc_json(tmpdir, 256, e, sizeof(e)), err, sizeof(err), &rc) == NULL);
     TEST_ASSERT(strstr(err, "regular file") || strstr(err, "group or others"));
+    /* a FIFO must not block the start-up */
+    char fifo[340];
+    snprintf(fifo, sizeof(fifo), "%s/fifo", tmpdir);
+    TEST_ASSERT(mkfifo(fifo, 0600) == 0);
+    TEST_ASSERT(mk_err(enc_json(fifo, 256, e, sizeof(e)), err, sizeof(err), &rc) == NULL);
+    TEST_ASSERT(strstr(err, "not a regular file"));
+    unlink(fifo);
     TEST_ASSERT(mk_err("{\"type\":\"encrypt\"}", err, sizeof(err), &rc) == NULL);
     TEST_ASSERT(strstr(err, "\"serde.master_key_path\" is required"));
     TEST_ASSERT(mk_err("[{\"type\":\"fp8\"},{\"type\":\"encrypt\",\"master_key_path\":\"/x\","
