@@ -262,7 +262,6 @@ static void finish_policy_locked(kvt_l2 *l2, kvt_l2_task *t)
  */
 void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
 {
-    uint32_t hits = (uint32_t)kvt_bm_count(t->ok, t->n);
     struct kvt_l2_counters *c = &l2->counters;
     if (t->stage_op) {
         atomic_fetch_add(t->kind == KVT_L2_STORE ? &c->bytes_written : &c->bytes_read,
@@ -273,6 +272,10 @@ void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
         kvt_serde_stage_engine_done(l2, t);
         return;
     }
+    /* the hook sees what the controller will see: outer tasks only */
+    if (l2->finish_hook)
+        l2->finish_hook(l2, t);
+    uint32_t hits = (uint32_t)kvt_bm_count(t->ok, t->n);
     switch (t->kind) {
     case KVT_L2_STORE:
         if (!t->staged)
@@ -619,6 +622,8 @@ json_t *kvt_l2_status(kvt_l2 *l2)
         json_object_set_new(o, "serde", json_null());
     if (l2->ops->status)
         l2->ops->status(l2, o);
+    if (l2->hook_status)
+        l2->hook_status(l2, o);
     return o;
 }
 
@@ -634,7 +639,9 @@ void kvt_l2_close(kvt_l2 *l2)
         kvt_serde_stage_quiesce(l2);
     if (l2->ops->close)
         l2->ops->close(l2);
-    kvt_serde_stage_detach(l2);
+    kvt_serde_stage_detach(l2); /* its last decodes finish tasks: hooks still set */
+    free(l2->hook_ctx);
+    l2->hook_ctx = NULL;
     kvt_l2_base_destroy(l2);
 }
 

@@ -190,6 +190,11 @@ struct kvt_l2 {
     /* serde stage, or NULL: set by kvt_serde_stage_attach before the first
      * submit, cleared in kvt_l2_close after the engine closed */
     struct kvt_serde_stage *serde;
+    /* Test/diagnostic hook (fault_inject): may clear result bits of a task
+     * just before it is published. Set once before the first submit. */
+    void (*finish_hook)(kvt_l2 *l2, kvt_l2_task *t);
+    void (*hook_status)(kvt_l2 *l2, json_t *out);
+    void *hook_ctx; /* freed by kvt_l2_close */
 };
 
 struct kvt_l2_spec;

@@ -34,9 +34,19 @@ static int open_mock(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err
     return kvt_mock_open(l2, s, o, err, cap);
 }
 
+static int parse_fault(struct kvt_cfg *c, void *o)
+{
+    return kvt_fault_parse(c, o);
+}
+static int open_fault(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
+{
+    return kvt_fault_open(l2, s, o, err, cap);
+}
+
 union any_opts {
     struct kvt_fs_opts fs;
     struct kvt_mock_opts mock;
+    struct kvt_fault_opts fault;
 };
 
 static const struct type_ent {
@@ -47,6 +57,7 @@ static const struct type_ent {
     {"fs", parse_fs, open_fs},
     {"fs_native", parse_fs_native, open_fs},
     {"mock", parse_mock, open_mock},
+    {"fault_inject", parse_fault, open_fault},
 };
 
 const char *kvt_l2_types(void)
@@ -161,7 +172,7 @@ int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *
     return rc;
 }
 
-int kvt_l2_open(const struct kvt_l2_spec *s, kvt_l2 **out, char *err, size_t errcap)
+int kvt_l2_open_into(const struct kvt_l2_spec *s, kvt_l2 *l2, char *err, size_t errcap)
 {
     const struct type_ent *te = find_type(s->type);
     if (!te)
@@ -176,18 +187,35 @@ int kvt_l2_open(const struct kvt_l2_spec *s, kvt_l2 **out, char *err, size_t err
         kvt_cfg_free(&c);
         return rc;
     }
-    kvt_l2 *l2 = kvt_xcalloc(1, sizeof(*l2));
     char oerr[512] = "";
     rc = te->open(l2, s, &o, oerr, sizeof(oerr));
     kvt_cfg_free(&c);
     if (rc) {
         snprintf(err, errcap, "--l2-adapter #%d (%s): %s", s->index, s->type, oerr);
-        free(l2);
         return rc;
     }
-    if (s->serde && (rc = kvt_serde_stage_attach(l2, s->serde, oerr, sizeof(oerr)))) {
-        snprintf(err, errcap, "--l2-adapter #%d (%s): %s", s->index, s->type, oerr);
-        kvt_l2_close(l2);
+    /* the serde stage goes in front of whatever engine was opened (for a
+     * wrapper such as fault_inject: the inner spec's chain, or the outer's) */
+    if (s->serde) {
+        if (l2->serde) {
+            snprintf(oerr, sizeof(oerr), "\"serde\" is given twice (here and in \"inner\")");
+            rc = KVT_E_CONFIG;
+        } else {
+            rc = kvt_serde_stage_attach(l2, s->serde, oerr, sizeof(oerr));
+        }
+        if (rc) {
+            snprintf(err, errcap, "--l2-adapter #%d (%s): %s", s->index, s->type, oerr);
+            kvt_l2_close(l2);
+        }
+    }
+    return rc;
+}
+
+int kvt_l2_open(const struct kvt_l2_spec *s, kvt_l2 **out, char *err, size_t errcap)
+{
+    kvt_l2 *l2 = kvt_xcalloc(1, sizeof(*l2));
+    int rc = kvt_l2_open_into(s, l2, err, errcap);
+    if (rc) {
         free(l2);
         return rc;
     }
