@@ -271,3 +271,29 @@ def test_garbage_and_stalled_connections(server):
         sk.close()
     with server.client(timeout_ms=5000) as c:
         c.ping()
+
+
+def test_trace_replay_no_wrong_bytes(make_server):
+    """kvtier replay drives a server with the Mooncake trace: zero wrong
+    blocks, and the live LRU hit ratio is close to the offline LRU model and
+    below Belady's optimum."""
+    import json as _json
+    from conftest import run_kvtier
+    trace = "/work/shared/data/mooncake_synthetic_trace.jsonl"
+    if not os.path.exists(trace):
+        trace = os.path.join(ROOT, "..", "shared", "data", "mooncake_synthetic_trace.jsonl")
+    if not os.path.exists(trace):
+        pytest.skip("trace not available")
+    budget = 2000
+    block = 4096
+    s = make_server(["--no-l2", "--l1-size-gb", str(budget * block / 2**30),
+                     "--l1-init-size-gb", str(budget * block / 2**30),
+                     "--eviction-trigger-watermark", "1.0"])
+    r = run_kvtier("replay", "--url", s.url, "--trace", trace, "--limit", "600",
+                   "--block-bytes", str(block), "--budget-blocks", str(budget), "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = _json.loads(r.stdout)
+    live, off = out["live"], out["offline"]
+    assert live["wrong_blocks"] == 0 and live["errors"] == 0
+    assert off["belady_prefix_hit_ratio"] >= off["lru_prefix_hit_ratio"]
+    assert abs(live["prefix_hit_ratio"] - off["lru_prefix_hit_ratio"]) < 0.08
