@@ -30,6 +30,7 @@ struct kvt_l2_spec {
     char eviction_policy[16];
     double trigger_watermark, eviction_ratio;
     struct kvt_serde *serde; /* "serde" chain (owned reference) or NULL */
+    char name_prefix[40];    /* adapter name before "[index]"; "" = the type */
 };
 
 /* Parse one --l2-adapter argument. On error returns KVT_E_CONFIG (or

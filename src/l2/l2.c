@@ -160,7 +160,8 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
     memset(l2, 0, sizeof(*l2));
     l2->ops = ops;
     snprintf(l2->type, sizeof(l2->type), "%s", spec->type);
-    snprintf(l2->name, sizeof(l2->name), "%s[%d]", spec->type, spec->index);
+    snprintf(l2->name, sizeof(l2->name), "%s[%d]",
+             spec->name_prefix[0] ? spec->name_prefix : spec->type, spec->index);
     l2->index = spec->index;
     l2->codec = codec;
     l2->cap_bytes = cap_bytes;
