@@ -561,7 +561,7 @@ int kvt_dax_parse(struct kvt_cfg *c, struct kvt_dax_opts *o)
         return kvt_cfg_fail(c, "max_dax_size_gb", "must be a positive number (got %g)", gb);
     o->size_bytes = (uint64_t)(gb * KVT_GIB);
     int64_t v = 0;
-    kvt_cfg_int(c, "slot_bytes", true, 0, 1, INT64_MAX, &v);
+    kvt_cfg_int(c, "slot_bytes", true, 0, 1, UINT32_MAX, &v); /* usage counts it in 32 bits */
     o->slot_bytes = (uint64_t)v;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int64_t ns = 1, nl = 1, nd = KVT_MIN(4, ncpu > 0 ? ncpu : 1);

@@ -26,7 +26,7 @@ int kvt_raw_block_parse(struct kvt_cfg *c, struct kvt_raw_block_opts *o)
     if (!c->rc && !o->device_path[0])
         return kvt_cfg_fail(c, "device_path", "must not be empty");
     int64_t v = 0;
-    kvt_cfg_int(c, "slot_bytes", true, 0, 1, INT64_MAX, &v);
+    kvt_cfg_int(c, "slot_bytes", true, 0, 1, UINT32_MAX, &v); /* usage counts it in 32 bits */
     o->slot_bytes = (uint64_t)v;
     kvt_cfg_int(c, "capacity_bytes", false, 0, 0, INT64_MAX, &v);
     o->capacity_bytes = (uint64_t)v;
