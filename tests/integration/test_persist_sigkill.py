@@ -16,7 +16,8 @@ import kvtier
 from conftest import adapter_json
 
 MiB = 1 << 20
-KILLS = 20
+# 20 kills per adapter; 10 in the (much slower) sanitizer reruns, 100 with KVT_LONG=1
+KILLS = 100 if os.environ.get("KVT_LONG") else (10 if os.environ.get("KVTIER_SANITIZER") else 20)
 BATCH = 8
 MAX_BATCHES_PER_ROUND = 25
 
