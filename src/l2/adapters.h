@@ -64,4 +64,20 @@ int kvt_mock_parse(struct kvt_cfg *c, struct kvt_mock_opts *o);
 int kvt_mock_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_mock_opts *o,
                   char *err, size_t errcap);
 
+/* ---- resp / valkey (resp.c) ---- */
+struct kvt_resp_opts {
+    const char *host; /* points into the JSON, or at node_host */
+    int port;
+    char node_host[256]; /* first startup_nodes entry */
+    int nnodes;
+    const char *username, *password, *key_prefix;
+    int num_workers;
+    double connection_timeout, request_timeout; /* seconds */
+    int database_id;
+    uint64_t max_capacity_bytes;
+};
+int kvt_resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey);
+int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_resp_opts *o,
+                  char *err, size_t errcap);
+
 #endif

@@ -33,9 +33,23 @@ static int open_mock(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err
     return kvt_mock_open(l2, s, o, err, cap);
 }
 
+static int parse_resp(struct kvt_cfg *c, void *o)
+{
+    return kvt_resp_parse(c, o, false);
+}
+static int parse_valkey(struct kvt_cfg *c, void *o)
+{
+    return kvt_resp_parse(c, o, true);
+}
+static int open_resp(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
+{
+    return kvt_resp_open(l2, s, o, err, cap);
+}
+
 union any_opts {
     struct kvt_fs_opts fs;
     struct kvt_mock_opts mock;
+    struct kvt_resp_opts resp;
 };
 
 static const struct type_ent {
@@ -46,6 +60,8 @@ static const struct type_ent {
     {"fs", parse_fs, open_fs},
     {"fs_native", parse_fs_native, open_fs},
     {"mock", parse_mock, open_mock},
+    {"resp", parse_resp, open_resp},
+    {"valkey", parse_valkey, open_resp},
 };
 
 const char *kvt_l2_types(void)
