@@ -47,6 +47,7 @@
 #include "l2/cfg.h"
 #include "l2/l2.h"
 #include "l2/objfmt.h"
+#include "l2/resp_int.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -58,67 +59,11 @@
 
 #include <hiredis/hiredis.h>
 
-#define HDR KVT_OBJHDR_MIN            /* header bytes in front of every value */
-#define RESP_SPLIT_BYTES (4u << 20)  /* spread batches above this over connections */
-#define RBUF_CAP (256u << 10)        /* raw reply reader buffer */
-#define BACKOFF_MIN_NS 100000000ull   /* 0.1 s */
-#define BACKOFF_MAX_NS 5000000000ull  /* 5 s */
-#define F_LEN_KNOWN 0x80              /* index flags: logical length known */
-#define F_GEN 0x7f                    /* index flags: scan generation */
-#define KEY_MAX (KVT_NAME_MAX + 160)
-
-/* One connection with its raw reply reader. Owned by one thread. */
-struct conn {
-    redisContext *c;
-    unsigned epoch; /* e->epoch when connected; older means stale */
-    char *rbuf;
-    size_t rpos, rlen;
-    bool used; /* has completed a command since it was opened */
-};
-
-struct resp_engine {
-    /* configuration (immutable after open) */
-    char host[256];
-    int port;
-    bool unix_sock;
-    char user[128], pass[256];
-    char prefix[129];
-    size_t prefix_len;
-    int db;
-    int nworkers;
-    struct timeval conn_tv, req_tv;
-
-    struct kvt_tpool *pool;
-    pthread_t mon;
-    bool mon_started;
-
-    pthread_mutex_t hlock; /* guards the fields down to 'scan_running' */
-    pthread_cond_t hcond;
-    bool stop;
-    uint64_t backoff_ns, next_probe_ns, down_since_ns;
-    char last_err[256];
-    char run_id[48], version[32];
-    bool scan_needed, sweep_after_scan, first_scan_done, scan_running;
-
-    _Atomic bool up;
-    _Atomic unsigned epoch; /* bumped on every disconnect: workers reopen */
-    _Atomic unsigned gen;   /* scan generation, 1..127 */
-
-    pthread_mutex_t park_lock; /* guards parked_*, parking */
-    kvt_l2_task *parked_head, *parked_tail;
-    bool parking;
-
-    pthread_mutex_t ctl_lock; /* guards ctl */
-    struct conn ctl;
-
-    _Atomic uint64_t round_trips, reconnects, disconnects, foreign, swept, cmd_errors;
-};
-
 static _Thread_local bool in_sweep; /* remove() skips the UNLINK: key is gone */
 
 /* ------------------------------------------------------------ names */
 
-static int wire_key(const struct resp_engine *e, const kvt_key *k, char *out)
+int kvt_resp_wire_key(const struct resp_engine *e, const kvt_key *k, char *out)
 {
     char name[KVT_NAME_MAX + 1];
     int n = kvt_key_encode(KVT_CODEC_OBJ, k, name);
@@ -129,332 +74,6 @@ static int wire_key(const struct resp_engine *e, const kvt_key *k, char *out)
         return n;
     }
     return snprintf(out, KEY_MAX, "%s@%s", e->prefix, name);
-}
-
-/* ------------------------------------------------------------ health */
-
-static void set_err(struct resp_engine *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set_err(struct resp_engine *e, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    pthread_mutex_lock(&e->hlock);
-    vsnprintf(e->last_err, sizeof(e->last_err), fmt, ap);
-    pthread_mutex_unlock(&e->hlock);
-    va_end(ap);
-}
-
-static void fail_parked(kvt_l2 *l2, struct resp_engine *e);
-
-/*
- * A transport error: the server is unreachable or the connection broke and
- * a fresh one failed too. Lookups miss and stores fail from now on, until
- * the monitor thread has reconnected.
- */
-static void mark_down(kvt_l2 *l2, struct resp_engine *e, const char *why)
-{
-    bool was_up = atomic_exchange(&e->up, false);
-    atomic_fetch_add(&e->epoch, 1);
-    pthread_mutex_lock(&e->hlock);
-    snprintf(e->last_err, sizeof(e->last_err), "%s", why);
-    if (was_up) {
-        uint64_t now = kvt_now_ns();
-        e->down_since_ns = now;
-        e->backoff_ns = BACKOFF_MIN_NS;
-        e->next_probe_ns = now + e->backoff_ns;
-        pthread_cond_broadcast(&e->hcond);
-    }
-    pthread_mutex_unlock(&e->hlock);
-    if (was_up) {
-        atomic_fetch_add(&e->disconnects, 1);
-        kvt_warn("%s: lost %s%s%d: %s; lookups miss and stores fail until it is back "
-                 "(reconnecting with backoff)",
-                 l2->name, e->host, e->unix_sock ? "" : ":", e->unix_sock ? 0 : e->port, why);
-        fail_parked(l2, e);
-    }
-}
-
-/* ------------------------------------------------------- connections */
-
-static void conn_close(struct conn *cn)
-{
-    if (cn->c)
-        redisFree(cn->c);
-    cn->c = NULL;
-    cn->rpos = cn->rlen = 0;
-    cn->used = false;
-}
-
-/* Reply of a control command: 0, or -EIO with the error in msg. */
-static int check_reply(redisContext *c, redisReply *r, const char *what, char *msg, size_t cap)
-{
-    if (!r) {
-        snprintf(msg, cap, "%s: %s", what, c->errstr[0] ? c->errstr : "connection lost");
-        return -EIO;
-    }
-    if (r->type == REDIS_REPLY_ERROR) {
-        snprintf(msg, cap, "%s: %s", what, r->str);
-        freeReplyObject(r);
-        return KVT_E_UNHEALTHY;
-    }
-    freeReplyObject(r);
-    return 0;
-}
-
-/*
- * Open a connection: connect with connection_timeout, then request_timeout
- * on the socket (SO_RCVTIMEO/SO_SNDTIMEO: an operation that makes no
- * progress for that long fails), AUTH, SELECT. msg gets the reason on error.
- */
-static int conn_open(struct resp_engine *e, struct conn *cn, char *msg, size_t cap)
-{
-    conn_close(cn);
-    unsigned epoch = atomic_load(&e->epoch);
-    redisContext *c = e->unix_sock ? redisConnectUnixWithTimeout(e->host, e->conn_tv)
-                                   : redisConnectWithTimeout(e->host, e->port, e->conn_tv);
-    if (!c) {
-        snprintf(msg, cap, "connect: out of memory");
-        return -ENOMEM;
-    }
-    if (c->err) {
-        snprintf(msg, cap, "connect: %s", c->errstr);
-        redisFree(c);
-        return -ECONNREFUSED;
-    }
-    redisSetTimeout(c, e->req_tv);
-    if (!e->unix_sock)
-        redisEnableKeepAlive(c);
-    int rc = 0;
-    if (e->pass[0]) {
-        redisReply *r = e->user[0] ? redisCommand(c, "AUTH %s %s", e->user, e->pass)
-                                   : redisCommand(c, "AUTH %s", e->pass);
-        rc = check_reply(c, r, "AUTH", msg, cap);
-    }
-    if (!rc && e->db) {
-        redisReply *r = redisCommand(c, "SELECT %d", e->db);
-        rc = check_reply(c, r, "SELECT", msg, cap);
-    }
-    if (rc) {
-        redisFree(c);
-        return rc;
-    }
-    cn->c = c;
-    cn->epoch = epoch;
-    return 0;
-}
-
-/* Make cn usable: reopen when it is closed, broken or from an old epoch. */
-static int conn_ensure(struct resp_engine *e, struct conn *cn, char *msg, size_t cap)
-{
-    if (cn->c && !cn->c->err && cn->epoch == atomic_load(&e->epoch))
-        return 0;
-    return conn_open(e, cn, msg, cap);
-}
-
-/* ---------------------------------------------- raw protocol writing */
-
-/* Write every byte of iov[0..cnt), retrying short writes. */
-static int wr_all(struct conn *cn, struct iovec *iov, int cnt)
-{
-    while (cnt > 0) {
-        int batch = cnt > IOV_MAX ? IOV_MAX : cnt;
-        ssize_t w = writev(cn->c->fd, iov, batch);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno == EAGAIN ? -ETIMEDOUT : -errno;
-        }
-        size_t adv = (size_t)w;
-        while (cnt > 0 && adv >= iov->iov_len) {
-            adv -= iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            iov->iov_base = (char *)iov->iov_base + adv;
-            iov->iov_len -= adv;
-        }
-    }
-    return 0;
-}
-
-/* Append "*<argc>\r\n" and "$<len>\r\n<arg>\r\n" for small args to buf. */
-struct wbuf {
-    char *p;
-    size_t len, cap;
-};
-
-static void wb_put(struct wbuf *b, const void *s, size_t n)
-{
-    if (b->len + n > b->cap) {
-        size_t nc = b->cap ? b->cap * 2 : 4096;
-        while (nc < b->len + n)
-            nc *= 2;
-        b->p = kvt_xrealloc(b->p, nc);
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-}
-
-static void wb_fmt(struct wbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void wb_fmt(struct wbuf *b, const char *fmt, ...)
-{
-    char tmp[64];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-    va_end(ap);
-    wb_put(b, tmp, (size_t)n);
-}
-
-static void wb_arg(struct wbuf *b, const char *s, size_t n)
-{
-    wb_fmt(b, "$%zu\r\n", n);
-    wb_put(b, s, n);
-    wb_put(b, "\r\n", 2);
-}
-
-/* ---------------------------------------------- raw protocol reading */
-
-static int rd_fill(struct conn *cn)
-{
-    if (cn->rpos == cn->rlen) {
-        cn->rpos = cn->rlen = 0;
-    } else if (cn->rpos > RBUF_CAP / 2) {
-        memmove(cn->rbuf, cn->rbuf + cn->rpos, cn->rlen - cn->rpos);
-        cn->rlen -= cn->rpos;
-        cn->rpos = 0;
-    }
-    if (cn->rlen == RBUF_CAP)
-        return -EPROTO; /* a protocol line longer than the buffer */
-    for (;;) {
-        ssize_t r = read(cn->c->fd, cn->rbuf + cn->rlen, RBUF_CAP - cn->rlen);
-        if (r > 0) {
-            cn->rlen += (size_t)r;
-            return 0;
-        }
-        if (r == 0)
-            return -ECONNRESET;
-        if (errno == EINTR)
-            continue;
-        return errno == EAGAIN ? -ETIMEDOUT : -errno;
-    }
-}
-
-/* One protocol line (without CRLF), valid until the next read. */
-static int rd_line(struct conn *cn, char **line, size_t *len)
-{
-    size_t scanned = 0;
-    for (;;) {
-        char *s = cn->rbuf + cn->rpos;
-        size_t avail = cn->rlen - cn->rpos;
-        char *nl = avail > scanned ? memchr(s + scanned, '\n', avail - scanned) : NULL;
-        if (nl) {
-            size_t l = (size_t)(nl - s);
-            if (l == 0 || s[l - 1] != '\r')
-                return -EPROTO;
-            s[l - 1] = 0;
-            *line = s;
-            *len = l - 1;
-            cn->rpos += l + 1;
-            return 0;
-        }
-        scanned = avail;
-        size_t before = cn->rpos;
-        int rc = rd_fill(cn);
-        if (rc)
-            return rc;
-        (void)before;
-    }
-}
-
-/* Copy n reply bytes to dst (NULL: discard), from the buffer, then directly
- * from the socket into dst: a large payload is never staged. */
-static int rd_bytes(struct conn *cn, void *dst, size_t n)
-{
-    char *d = dst;
-    size_t take = KVT_MIN(n, cn->rlen - cn->rpos);
-    if (d)
-        memcpy(d, cn->rbuf + cn->rpos, take);
-    cn->rpos += take;
-    n -= take;
-    if (d)
-        d += take;
-    while (n > 0) {
-        if (!d || n < 16384) { /* small tails and discards go through the buffer */
-            int rc = rd_fill(cn);
-            if (rc)
-                return rc;
-            take = KVT_MIN(n, cn->rlen - cn->rpos);
-            if (d) {
-                memcpy(d, cn->rbuf + cn->rpos, take);
-                d += take;
-            }
-            cn->rpos += take;
-            n -= take;
-            continue;
-        }
-        ssize_t r = read(cn->c->fd, d, n);
-        if (r > 0) {
-            d += r;
-            n -= (size_t)r;
-        } else if (r == 0) {
-            return -ECONNRESET;
-        } else if (errno != EINTR) {
-            return errno == EAGAIN ? -ETIMEDOUT : -errno;
-        }
-    }
-    return 0;
-}
-
-enum { R_STATUS, R_ERROR, R_INT, R_BULK, R_NIL };
-
-/* Read one reply header. For R_BULK, *num is the length and the body
- * follows (rd_bytes + rd_crlf). err gets an error reply's text. */
-static int rd_reply(struct conn *cn, int *type, long long *num, char *err, size_t errcap)
-{
-    char *l;
-    size_t n;
-    int rc = rd_line(cn, &l, &n);
-    if (rc)
-        return rc;
-    char *end;
-    switch (l[0]) {
-    case '+':
-        *type = R_STATUS;
-        return 0;
-    case '-':
-        *type = R_ERROR;
-        snprintf(err, errcap, "%s", l + 1);
-        return 0;
-    case ':':
-    case '$':
-        errno = 0;
-        *num = strtoll(l + 1, &end, 10);
-        if (errno || *end || end == l + 1)
-            return -EPROTO;
-        *type = l[0] == ':' ? R_INT : *num < 0 ? R_NIL : R_BULK;
-        return 0;
-    default:
-        return -EPROTO; /* arrays never answer our data commands */
-    }
-}
-
-static int rd_crlf(struct conn *cn)
-{
-    char two[2];
-    int rc = rd_bytes(cn, two, 2);
-    if (rc)
-        return rc;
-    return two[0] == '\r' && two[1] == '\n' ? 0 : -EPROTO;
-}
-
-static bool is_transport(int rc)
-{
-    return rc == -ECONNRESET || rc == -ETIMEDOUT || rc == -EPIPE || rc == -EPROTO ||
-           rc == -ECONNREFUSED || rc == -EIO || rc == -ENOTCONN || rc == -EBADF ||
-           rc == -ECONNABORTED || rc == -EHOSTUNREACH || rc == -ENETUNREACH;
 }
 
 /* --------------------------------------------------------- batches */
@@ -499,7 +118,7 @@ static void worker_free(void *p)
     struct worker *w = p;
     if (!w)
         return;
-    conn_close(&w->cn);
+    kvt_resp_conn_close(&w->cn);
     free(w->cn.rbuf);
     free(w->wb.p);
     free(w->hdrs);
@@ -537,18 +156,18 @@ static void unlink_keys(struct resp_engine *e, struct worker *w, const kvt_key *
     w->wb.len = 0;
     char key[KEY_MAX];
     for (uint32_t j = 0; j < n; j++) {
-        int kl = wire_key(e, &keys[which[j]], key);
-        wb_fmt(&w->wb, "*2\r\n$6\r\nUNLINK\r\n");
-        wb_arg(&w->wb, key, (size_t)kl);
+        int kl = kvt_resp_wire_key(e, &keys[which[j]], key);
+        kvt_resp_wb_fmt(&w->wb, "*2\r\n$6\r\nUNLINK\r\n");
+        kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
     }
     struct iovec iov = {w->wb.p, w->wb.len};
-    if (wr_all(&w->cn, &iov, 1))
+    if (kvt_resp_wr_all(&w->cn, &iov, 1))
         return;
     for (uint32_t j = 0; j < n; j++) {
         int ty;
         long long num;
         char err[128];
-        if (rd_reply(&w->cn, &ty, &num, err, sizeof(err)))
+        if (kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err)))
             return;
     }
 }
@@ -579,11 +198,11 @@ static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
         if (st[j] != K_PENDING)
             continue;
         uint32_t i = idx[j];
-        int kl = wire_key(e, &t->keys[i], key);
+        int kl = kvt_resp_wire_key(e, &t->keys[i], key);
         pre_off[k++] = w->wb.len;
-        wb_fmt(&w->wb, "*3\r\n$3\r\nSET\r\n");
-        wb_arg(&w->wb, key, (size_t)kl);
-        wb_fmt(&w->wb, "$%llu\r\n", (unsigned long long)(HDR + t->bufs[i].len));
+        kvt_resp_wb_fmt(&w->wb, "*3\r\n$3\r\nSET\r\n");
+        kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
+        kvt_resp_wb_fmt(&w->wb, "$%llu\r\n", (unsigned long long)(HDR + t->bufs[i].len));
     }
     /* wb.p may have moved while growing: build the iovecs afterwards */
     int cnt = 0;
@@ -600,7 +219,7 @@ static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
         iov[cnt++] = (struct iovec){(void *)"\r\n", 2};
         k++;
     }
-    int rc = wr_all(&w->cn, iov, cnt);
+    int rc = kvt_resp_wr_all(&w->cn, iov, cnt);
     free(iov);
     free(pre_off);
     atomic_fetch_add(&e->round_trips, 1);
@@ -610,7 +229,7 @@ static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
         int ty;
         long long num;
         char err[256];
-        rc = rd_reply(&w->cn, &ty, &num, err, sizeof(err));
+        rc = kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err));
         if (rc)
             break;
         if (ty == R_STATUS) {
@@ -618,7 +237,7 @@ static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
         } else {
             st[j] = K_FAIL;
             atomic_fetch_add(&e->cmd_errors, 1);
-            set_err(e, "SET: %s", ty == R_ERROR ? err : "unexpected reply");
+            kvt_resp_set_err(e, "SET: %s", ty == R_ERROR ? err : "unexpected reply");
             kvt_warn("%s: SET refused by the server: %s", l2->name,
                      ty == R_ERROR ? err : "unexpected reply");
         }
@@ -643,9 +262,9 @@ static int run_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn
         if (!atomic_load(&e->up))
             return KVT_E_UNHEALTHY;
         bool fresh = !(w->cn.c && !w->cn.c->err && w->cn.epoch == atomic_load(&e->epoch));
-        int rc = conn_ensure(e, &w->cn, msg, sizeof(msg));
+        int rc = kvt_resp_conn_ensure(e, &w->cn, msg, sizeof(msg));
         if (rc) {
-            mark_down(l2, e, msg);
+            kvt_resp_mark_down(l2, e, msg);
             return rc;
         }
         bool was_used = w->cn.used && !fresh;
@@ -654,11 +273,11 @@ static int run_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn
             w->cn.used = true;
             return 0;
         }
-        conn_close(&w->cn);
-        if (!is_transport(rc))
+        kvt_resp_conn_close(&w->cn);
+        if (!kvt_resp_is_transport(rc))
             return rc;
         if (!was_used) {
-            mark_down(l2, e, msg);
+            kvt_resp_mark_down(l2, e, msg);
             return rc;
         }
         kvt_debug("%s: %s; retrying on a new connection", l2->name, msg);
@@ -756,20 +375,20 @@ static int lookup_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_
     for (uint32_t j = 0; j < n; j++) {
         if (st[j] != K_PENDING)
             continue;
-        int kl = wire_key(e, &t->keys[idx[j]], key);
+        int kl = kvt_resp_wire_key(e, &t->keys[idx[j]], key);
         if (!lc->known[j]) {
-            wb_fmt(&w->wb, "*4\r\n$8\r\nGETRANGE\r\n");
-            wb_arg(&w->wb, key, (size_t)kl);
-            wb_fmt(&w->wb, "$1\r\n0\r\n$3\r\n%u\r\n", HDR - 1);
+            kvt_resp_wb_fmt(&w->wb, "*4\r\n$8\r\nGETRANGE\r\n");
+            kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
+            kvt_resp_wb_fmt(&w->wb, "$1\r\n0\r\n$3\r\n%u\r\n", HDR - 1);
         }
-        wb_fmt(&w->wb, "*2\r\n$6\r\nSTRLEN\r\n");
-        wb_arg(&w->wb, key, (size_t)kl);
+        kvt_resp_wb_fmt(&w->wb, "*2\r\n$6\r\nSTRLEN\r\n");
+        kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
         live++;
     }
     if (!live)
         return 0;
     struct iovec iov = {w->wb.p, w->wb.len};
-    int rc = wr_all(&w->cn, &iov, 1);
+    int rc = kvt_resp_wr_all(&w->cn, &iov, 1);
     atomic_fetch_add(&e->round_trips, 1);
     for (uint32_t j = 0; j < n && !rc; j++) {
         if (st[j] != K_PENDING)
@@ -779,18 +398,18 @@ static int lookup_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_
         char err[256];
         lc->hlen[j] = 0;
         if (!lc->known[j]) {
-            rc = rd_reply(&w->cn, &ty, &num, err, sizeof(err));
+            rc = kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err));
             if (!rc && ty == R_BULK) {
                 if (num > HDR)
                     rc = -EPROTO;
-                else if (!(rc = rd_bytes(&w->cn, w->hdrs + (size_t)j * HDR, (size_t)num)))
-                    rc = rd_crlf(&w->cn);
+                else if (!(rc = kvt_resp_rd_bytes(&w->cn, w->hdrs + (size_t)j * HDR, (size_t)num)))
+                    rc = kvt_resp_rd_crlf(&w->cn);
                 lc->hlen[j] = (uint32_t)num;
             }
         }
         bool bad = !rc && ty != R_BULK && ty != R_NIL;
         if (!rc)
-            rc = rd_reply(&w->cn, &ty, &num, err, sizeof(err));
+            rc = kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err));
         if (rc)
             break;
         if (bad || ty != R_INT) { /* e.g. WRONGTYPE: the key holds no string */
@@ -807,7 +426,7 @@ static int lookup_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_
 }
 
 /* Decode and check a value's header against the key and the value size. */
-static int check_header(const uint8_t *buf, uint32_t got, uint64_t vlen, const kvt_key *want,
+int kvt_resp_check_header(const uint8_t *buf, uint32_t got, uint64_t vlen, const kvt_key *want,
                         struct kvt_objhdr *h, const char **why)
 {
     if (got < HDR) {
@@ -855,13 +474,14 @@ static bool pin_found(kvt_l2 *l2, const kvt_key *ck, uint64_t vlen, uint32_t log
 
 /* Drop index entries whose objects are gone from the server (removed by
  * another kvtier, or lost); pinned entries stay until their readers finish. */
-static void drop_gone(kvt_l2 *l2, const kvt_key *cks, uint32_t n)
+uint32_t kvt_resp_drop_unpinned(kvt_l2 *l2, const kvt_key *cks, uint32_t n)
 {
     if (!n)
-        return;
+        return 0;
     in_sweep = true;
-    kvt_l2_delete(l2, cks, n, NULL);
+    uint32_t d = kvt_l2_delete(l2, cks, n, NULL);
     in_sweep = false;
+    return d;
 }
 
 static void do_lookup(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
@@ -896,7 +516,7 @@ static void do_lookup(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
             continue; /* absent */
         struct kvt_objhdr h;
         const char *why = NULL;
-        if (check_header(w->hdrs + (size_t)j * HDR, lc.hlen[j], (uint64_t)lc.slen[j], &t->keys[i],
+        if (kvt_resp_check_header(w->hdrs + (size_t)j * HDR, lc.hlen[j], (uint64_t)lc.slen[j], &t->keys[i],
                          &h, &why)) {
             char ks[400];
             atomic_fetch_add(&e->foreign, 1);
@@ -909,7 +529,7 @@ static void do_lookup(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
             kvt_l2_task_ok(t, i, 0);
         }
     }
-    drop_gone(l2, gone, ngone);
+    kvt_resp_drop_unpinned(l2, gone, ngone);
     free(gone);
     free(lc.hlen);
     free(lc.slen);
@@ -940,15 +560,15 @@ static int load_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
     for (uint32_t j = 0; j < n; j++) {
         if (st[j] != K_PENDING)
             continue;
-        int kl = wire_key(e, &t->keys[idx[j]], key);
-        wb_fmt(&w->wb, "*2\r\n$3\r\nGET\r\n");
-        wb_arg(&w->wb, key, (size_t)kl);
+        int kl = kvt_resp_wire_key(e, &t->keys[idx[j]], key);
+        kvt_resp_wb_fmt(&w->wb, "*2\r\n$3\r\nGET\r\n");
+        kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
         live++;
     }
     if (!live)
         return 0;
     struct iovec iov = {w->wb.p, w->wb.len};
-    int rc = wr_all(&w->cn, &iov, 1);
+    int rc = kvt_resp_wr_all(&w->cn, &iov, 1);
     atomic_fetch_add(&e->round_trips, 1);
     for (uint32_t j = 0; j < n && !rc; j++) {
         if (st[j] != K_PENDING)
@@ -957,7 +577,7 @@ static int load_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
         int ty;
         long long num = 0;
         char err[256];
-        rc = rd_reply(&w->cn, &ty, &num, err, sizeof(err));
+        rc = kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err));
         if (rc)
             break;
         if (ty == R_NIL) {
@@ -972,23 +592,23 @@ static int load_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
         uint64_t vlen = (uint64_t)num;
         uint8_t *hb = w->hdrs + (size_t)j * HDR;
         uint32_t hl = (uint32_t)KVT_MIN(vlen, HDR);
-        if ((rc = rd_bytes(&w->cn, hb, hl)))
+        if ((rc = kvt_resp_rd_bytes(&w->cn, hb, hl)))
             break;
         struct kvt_objhdr h;
         const char *why = NULL;
-        if (check_header(hb, hl, vlen, &t->keys[i], &h, &why)) {
+        if (kvt_resp_check_header(hb, hl, vlen, &t->keys[i], &h, &why)) {
             st[j] = K_CORRUPT;
             lc->why[j] = why;
         } else if (h.payload_len > t->bufs[i].len) {
             st[j] = K_FAIL; /* does not fit the destination: never an overrun */
         }
         if (st[j] != K_PENDING) {
-            if (!(rc = rd_bytes(&w->cn, NULL, vlen - hl)))
-                rc = rd_crlf(&w->cn);
+            if (!(rc = kvt_resp_rd_bytes(&w->cn, NULL, vlen - hl)))
+                rc = kvt_resp_rd_crlf(&w->cn);
             continue;
         }
-        if (!(rc = rd_bytes(&w->cn, t->bufs[i].ptr, h.payload_len)))
-            rc = rd_crlf(&w->cn);
+        if (!(rc = kvt_resp_rd_bytes(&w->cn, t->bufs[i].ptr, h.payload_len)))
+            rc = kvt_resp_rd_crlf(&w->cn);
         if (!rc)
             st[j] = K_OK;
     }
@@ -1088,7 +708,7 @@ static void finish_down(kvt_l2 *l2, kvt_l2_task *t)
     kvt_l2_task_finish(l2, t);
 }
 
-static void fail_parked(kvt_l2 *l2, struct resp_engine *e)
+void kvt_resp_fail_parked(kvt_l2 *l2, struct resp_engine *e)
 {
     pthread_mutex_lock(&e->park_lock);
     kvt_l2_task *p = e->parked_head;
@@ -1150,7 +770,7 @@ static void dispatch(kvt_l2 *l2, struct resp_engine *e, kvt_l2_task *t, uint32_t
         kvt_tpool_push(e->pool, &b->jobs[q].job);
 }
 
-static void resp_submit(kvt_l2 *l2, kvt_l2_task *t)
+void kvt_resp_submit(kvt_l2 *l2, kvt_l2_task *t)
 {
     struct resp_engine *e = l2->engine;
     if (!atomic_load(&e->up)) {
@@ -1213,17 +833,17 @@ static redisReply *ctl_command(kvt_l2 *l2, struct resp_engine *e, int argc, cons
 {
     char msg[256];
     for (int attempt = 0; attempt < 2; attempt++) {
-        if (conn_ensure(e, &e->ctl, msg, sizeof(msg))) {
-            mark_down(l2, e, msg);
+        if (kvt_resp_conn_ensure(e, &e->ctl, msg, sizeof(msg))) {
+            kvt_resp_mark_down(l2, e, msg);
             return NULL;
         }
         redisReply *r = redisCommandArgv(e->ctl.c, argc, argv, argvlen);
         if (r)
             return r;
         snprintf(msg, sizeof(msg), "%s: %s", argv[0], e->ctl.c->errstr);
-        conn_close(&e->ctl);
+        kvt_resp_conn_close(&e->ctl);
         if (attempt == 1)
-            mark_down(l2, e, msg);
+            kvt_resp_mark_down(l2, e, msg);
     }
     return NULL;
 }
@@ -1236,7 +856,7 @@ static int resp_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
     if (!atomic_load(&e->up))
         return KVT_E_UNHEALTHY;
     char key[KEY_MAX];
-    int kl = wire_key(e, &o->key, key);
+    int kl = kvt_resp_wire_key(e, &o->key, key);
     if (kl < 0)
         return kl;
     const char *argv[2] = {"UNLINK", key};
@@ -1249,350 +869,6 @@ static int resp_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
     int rc = r->type == REDIS_REPLY_INTEGER ? (r->integer ? 0 : -ENOENT) : -EIO;
     freeReplyObject(r);
     return rc;
-}
-
-/* ----------------------------------------------------- monitor thread */
-
-/* Value of "field:" in an INFO reply, copied to out. */
-static void info_field(const char *info, const char *field, char *out, size_t cap)
-{
-    out[0] = 0;
-    size_t fl = strlen(field);
-    for (const char *p = info; p && *p;) {
-        if (strncmp(p, field, fl) == 0 && p[fl] == ':') {
-            const char *v = p + fl + 1;
-            size_t n = strcspn(v, "\r\n");
-            snprintf(out, cap, "%.*s", (int)KVT_MIN(n, cap - 1), v);
-            return;
-        }
-        p = strchr(p, '\n');
-        if (p)
-            p++;
-    }
-}
-
-/*
- * Probe: connect, authenticate, INFO server. On success the adapter is up;
- * a changed run_id means the server restarted: reconcile with a new scan.
- */
-static int probe(kvt_l2 *l2, struct resp_engine *e, struct conn *mon)
-{
-    char msg[256];
-    int rc = conn_open(e, mon, msg, sizeof(msg));
-    redisReply *r = NULL;
-    if (!rc) {
-        r = redisCommand(mon->c, "INFO server");
-        if (!r || r->type != REDIS_REPLY_STRING) {
-            snprintf(msg, sizeof(msg), "INFO: %s",
-                     r && r->type == REDIS_REPLY_ERROR ? r->str : mon->c->errstr);
-            rc = -EIO;
-        }
-    }
-    uint64_t now = kvt_now_ns();
-    pthread_mutex_lock(&e->hlock);
-    if (rc) {
-        snprintf(e->last_err, sizeof(e->last_err), "%s", msg);
-        e->backoff_ns = KVT_MIN(e->backoff_ns * 2, BACKOFF_MAX_NS);
-        e->next_probe_ns = now + e->backoff_ns;
-        pthread_mutex_unlock(&e->hlock);
-        if (r)
-            freeReplyObject(r);
-        conn_close(mon);
-        return rc;
-    }
-    char run_id[48], ver[32];
-    info_field(r->str, "run_id", run_id, sizeof(run_id));
-    info_field(r->str, "valkey_version", ver, sizeof(ver));
-    if (!ver[0])
-        info_field(r->str, "redis_version", ver, sizeof(ver));
-    freeReplyObject(r);
-    bool restarted = e->run_id[0] && strcmp(run_id, e->run_id) != 0;
-    double down_s = e->down_since_ns ? (double)(now - e->down_since_ns) / 1e9 : 0;
-    bool was_down = e->down_since_ns != 0;
-    snprintf(e->run_id, sizeof(e->run_id), "%s", run_id);
-    snprintf(e->version, sizeof(e->version), "%s", ver);
-    if (restarted) {
-        e->scan_needed = true;
-        e->sweep_after_scan = true;
-    }
-    e->last_err[0] = 0;
-    e->backoff_ns = BACKOFF_MIN_NS;
-    e->down_since_ns = 0;
-    atomic_store(&e->up, true);
-    pthread_mutex_unlock(&e->hlock);
-    if (was_down) {
-        atomic_fetch_add(&e->reconnects, 1);
-        kvt_info("%s: reconnected to %s%s%d after %.1f s%s", l2->name, e->host,
-                 e->unix_sock ? "" : ":", e->unix_sock ? 0 : e->port, down_s,
-                 restarted ? " (server restarted: reconciling the index)" : "");
-    }
-    return 0;
-}
-
-/* Mark an indexed entry as seen by the current scan. */
-static bool mark_seen(kvt_l2 *l2, const kvt_key *ck, unsigned gen, uint32_t logical)
-{
-    bool found = false;
-    pthread_mutex_lock(&l2->lock);
-    struct kvt_l2_obj *o = kvt_l2_find_locked(l2, ck);
-    if (o) {
-        o->flags = (uint8_t)(F_LEN_KNOWN | gen);
-        if ((o->state & 0x7f) == KVT_OBJ_READY)
-            o->len = logical;
-        found = true;
-    }
-    pthread_mutex_unlock(&l2->lock);
-    return found;
-}
-
-/* One SCAN page's keys: STRLEN + header of each, pipelined; adopt the valid
- * ones at the cold end. Returns 0 or -EIO (connection lost). */
-static int scan_page(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, redisReply *keys,
-                     unsigned gen, uint64_t *objs, uint64_t *bytes)
-{
-    redisContext *c = mon->c;
-    size_t n = keys->elements;
-    kvt_key *k = kvt_xcalloc(n ? n : 1, sizeof(kvt_key));
-    bool *ok = kvt_xcalloc(n ? n : 1, sizeof(bool));
-    size_t sent = 0;
-    for (size_t i = 0; i < n; i++) {
-        redisReply *kr = keys->element[i];
-        if (kr->type != REDIS_REPLY_STRING || kr->len <= e->prefix_len + (e->prefix_len ? 1 : 0))
-            continue;
-        size_t skip = e->prefix_len ? e->prefix_len + 1 : 0;
-        if (kvt_key_decode(KVT_CODEC_OBJ, kr->str + skip, kr->len - skip, &k[i]))
-            continue;
-        redisAppendCommand(c, "STRLEN %b", kr->str, kr->len);
-        redisAppendCommand(c, "GETRANGE %b 0 %d", kr->str, kr->len, HDR - 1);
-        ok[i] = true;
-        sent++;
-    }
-    int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++) {
-        if (!ok[i])
-            continue;
-        redisReply *a = NULL, *b = NULL;
-        if (redisGetReply(c, (void **)&a) != REDIS_OK || redisGetReply(c, (void **)&b) != REDIS_OK) {
-            rc = -EIO;
-        } else if (a->type == REDIS_REPLY_INTEGER && b->type == REDIS_REPLY_STRING) {
-            struct kvt_objhdr h;
-            const char *why;
-            kvt_key ck;
-            kvt_key_canon(KVT_CODEC_OBJ, &k[i], &ck);
-            if (check_header((const uint8_t *)b->str, (uint32_t)b->len, (uint64_t)a->integer,
-                             &k[i], &h, &why) == 0) {
-                if (!mark_seen(l2, &ck, gen, (uint32_t)h.logical_len) &&
-                    kvt_l2_adopt(l2, &ck, (uint32_t)a->integer, (uint32_t)h.logical_len, HDR,
-                                 (uint8_t)(F_LEN_KNOWN | gen), false, true)) {
-                    (*objs)++;
-                    *bytes += (uint64_t)a->integer;
-                }
-            } else if (a->integer > 0) {
-                atomic_fetch_add(&e->foreign, 1);
-            }
-        }
-        if (a)
-            freeReplyObject(a);
-        if (b)
-            freeReplyObject(b);
-    }
-    (void)sent;
-    free(k);
-    free(ok);
-    return rc;
-}
-
-/* Drop READY, unpinned entries the last scan did not see (gen differs). */
-static uint64_t sweep_unseen(kvt_l2 *l2, unsigned gen)
-{
-    uint64_t total = 0;
-    for (;;) {
-        kvt_key keys[512];
-        uint32_t n = 0;
-        pthread_mutex_lock(&l2->lock);
-        for (uint32_t h = 0; h < l2->idx.hwm && n < KVT_ARRAY_LEN(keys); h++) {
-            struct kvt_l2_obj *o = &l2->idx.objs[h];
-            if ((o->state & 0x7f) == KVT_OBJ_READY && o->pins == 0 && (o->flags & F_GEN) != gen)
-                keys[n++] = o->key;
-        }
-        pthread_mutex_unlock(&l2->lock);
-        if (n == 0)
-            break;
-        in_sweep = true;
-        uint32_t d = kvt_l2_delete(l2, keys, n, NULL);
-        in_sweep = false;
-        total += d;
-        if (d == 0)
-            break;
-    }
-    return total;
-}
-
-/*
- * SCAN the prefix: restore accounting (first scan) or reconcile it (after a
- * server restart). Runs on the monitor thread with its own connection,
- * while the workers serve.
- */
-static int scan_all(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, bool sweep, char *msg,
-                    size_t cap)
-{
-    char pattern[2 * sizeof(e->prefix) + 8];
-    size_t pl = 0;
-    if (e->prefix_len) {
-        for (size_t i = 0; i < e->prefix_len; i++) {
-            char ch = e->prefix[i];
-            if (strchr("*?[]\\", ch))
-                pattern[pl++] = '\\';
-            pattern[pl++] = ch;
-        }
-        pl += (size_t)snprintf(pattern + pl, sizeof(pattern) - pl, "@*");
-    } else {
-        pl = (size_t)snprintf(pattern, sizeof(pattern), "*@0x*");
-    }
-    unsigned gen = atomic_load(&e->gen) % F_GEN + 1;
-    atomic_store(&e->gen, gen);
-    uint64_t t0 = kvt_now_ns(), objs = 0, bytes = 0;
-    char cursor[32] = "0";
-    int rc = 0;
-    do {
-        pthread_mutex_lock(&e->hlock);
-        bool stop = e->stop;
-        pthread_mutex_unlock(&e->hlock);
-        if (stop || !atomic_load(&e->up)) {
-            rc = -ECANCELED;
-            break;
-        }
-        redisReply *r = redisCommand(mon->c, "SCAN %s MATCH %b COUNT 1000", cursor, pattern, pl);
-        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-            r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
-            snprintf(msg, cap, "SCAN: %s",
-                     r && r->type == REDIS_REPLY_ERROR ? r->str : mon->c->errstr);
-            if (r)
-                freeReplyObject(r);
-            rc = -EIO;
-            break;
-        }
-        snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
-        rc = scan_page(l2, e, mon, r->element[1], gen, &objs, &bytes);
-        if (rc)
-            snprintf(msg, cap, "SCAN: %s", mon->c->errstr[0] ? mon->c->errstr : "connection lost");
-        freeReplyObject(r);
-    } while (!rc && strcmp(cursor, "0") != 0);
-    if (rc) {
-        conn_close(mon);
-        return rc;
-    }
-    uint64_t swept = sweep ? sweep_unseen(l2, gen) : 0;
-    atomic_fetch_add(&e->swept, swept);
-    double secs = (double)(kvt_now_ns() - t0) / 1e9;
-    pthread_mutex_lock(&l2->lock);
-    l2->recovered_objs += objs;
-    l2->recovered_bytes += bytes;
-    l2->recovery_seconds = secs;
-    l2->recovering = false;
-    pthread_mutex_unlock(&l2->lock);
-    if (sweep)
-        kvt_info("%s: reconciled with the restarted server in %.3f s: %llu objects found, "
-                 "%llu no longer there dropped",
-                 l2->name, secs, (unsigned long long)objs, (unsigned long long)swept);
-    else
-        kvt_info("%s: recovered %llu objects, %llu bytes from %s%s%d in %.3f s", l2->name,
-                 (unsigned long long)objs, (unsigned long long)bytes, e->host,
-                 e->unix_sock ? "" : ":", e->unix_sock ? 0 : e->port, secs);
-    return 0;
-}
-
-static void release_parked(kvt_l2 *l2, struct resp_engine *e)
-{
-    pthread_mutex_lock(&e->park_lock);
-    e->parking = false;
-    kvt_l2_task *p = e->parked_head;
-    e->parked_head = e->parked_tail = NULL;
-    pthread_mutex_unlock(&e->park_lock);
-    while (p) {
-        kvt_l2_task *nx = p->next;
-        p->next = NULL;
-        resp_submit(l2, p);
-        p = nx;
-    }
-}
-
-static void *monitor_main(void *arg)
-{
-    kvt_l2 *l2 = arg;
-    struct resp_engine *e = l2->engine;
-    pthread_setname_np(pthread_self(), "resp-mon");
-    struct conn mon = {0};
-    mon.rbuf = NULL;
-    for (;;) {
-        pthread_mutex_lock(&e->hlock);
-        bool do_probe = false, do_scan = false, sweep = false;
-        while (!e->stop) {
-            bool up = atomic_load(&e->up);
-            uint64_t now = kvt_now_ns();
-            if (!up && now >= e->next_probe_ns) {
-                do_probe = true;
-                break;
-            }
-            if (up && e->scan_needed) {
-                do_scan = true;
-                sweep = e->sweep_after_scan;
-                e->scan_running = true;
-                break;
-            }
-            if (!up) {
-                uint64_t until = e->next_probe_ns;
-                struct timespec ts;
-                clock_gettime(CLOCK_MONOTONIC, &ts);
-                uint64_t d = until - now;
-                ts.tv_sec += (time_t)(d / 1000000000ull);
-                ts.tv_nsec += (long)(d % 1000000000ull);
-                if (ts.tv_nsec >= 1000000000L) {
-                    ts.tv_sec++;
-                    ts.tv_nsec -= 1000000000L;
-                }
-                pthread_cond_timedwait(&e->hcond, &e->hlock, &ts);
-            } else {
-                pthread_cond_wait(&e->hcond, &e->hlock);
-            }
-        }
-        bool stop = e->stop;
-        pthread_mutex_unlock(&e->hlock);
-        if (stop)
-            break;
-        if (do_probe) {
-            probe(l2, e, &mon);
-            continue;
-        }
-        if (do_scan) {
-            if (!mon.c || mon.c->err || mon.epoch != atomic_load(&e->epoch)) {
-                char msg[256];
-                if (conn_open(e, &mon, msg, sizeof(msg))) {
-                    mark_down(l2, e, msg);
-                    pthread_mutex_lock(&e->hlock);
-                    e->scan_running = false;
-                    pthread_mutex_unlock(&e->hlock);
-                    continue;
-                }
-            }
-            char msg[256] = "";
-            int rc = scan_all(l2, e, &mon, sweep, msg, sizeof(msg));
-            pthread_mutex_lock(&e->hlock);
-            e->scan_running = false;
-            if (rc == 0) {
-                e->scan_needed = false;
-                e->sweep_after_scan = false;
-                e->first_scan_done = true;
-            }
-            pthread_mutex_unlock(&e->hlock);
-            if (rc == 0)
-                release_parked(l2, e);
-            else if (rc == -EIO)
-                mark_down(l2, e, msg);
-        }
-    }
-    conn_close(&mon);
-    return NULL;
 }
 
 /* ------------------------------------------------------- status/close */
@@ -1664,7 +940,7 @@ static bool resp_healthy(kvt_l2 *l2, char *msg, size_t cap)
 static void delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
 {
     char msg[256];
-    if (!atomic_load(&e->up) || conn_ensure(e, &e->ctl, msg, sizeof(msg))) {
+    if (!atomic_load(&e->up) || kvt_resp_conn_ensure(e, &e->ctl, msg, sizeof(msg))) {
         kvt_warn("%s: persist_enabled is false but the server is unreachable: keys stay", l2->name);
         return;
     }
@@ -1675,7 +951,7 @@ static void delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
         if ((o->state & 0x7f) == KVT_OBJ_FREE)
             continue;
         char key[KEY_MAX];
-        int kl = wire_key(e, &o->key, key);
+        int kl = kvt_resp_wire_key(e, &o->key, key);
         if (kl > 0 && redisAppendCommand(e->ctl.c, "UNLINK %b", key, (size_t)kl) == REDIS_OK)
             sent++;
     }
@@ -1701,11 +977,11 @@ static void resp_close(kvt_l2 *l2)
     pthread_mutex_unlock(&e->hlock);
     if (e->mon_started)
         pthread_join(e->mon, NULL);
-    fail_parked(l2, e);
+    kvt_resp_fail_parked(l2, e);
     kvt_tpool_destroy(e->pool); /* runs what is queued */
     if (!l2->persist_enabled)
         delete_all_indexed(l2, e);
-    conn_close(&e->ctl);
+    kvt_resp_conn_close(&e->ctl);
     free(e->ctl.rbuf);
     pthread_mutex_destroy(&e->hlock);
     pthread_cond_destroy(&e->hcond);
@@ -1716,7 +992,7 @@ static void resp_close(kvt_l2 *l2)
 }
 
 static const struct kvt_l2_ops resp_ops = {
-    .submit = resp_submit,
+    .submit = kvt_resp_submit,
     .remove = resp_remove,
     .status = resp_status,
     .healthy = resp_healthy,
@@ -1900,7 +1176,7 @@ int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_r
     /* first connection now, so a reachable server is usable from the first
      * request; an unreachable one is retried in the background */
     struct conn probe_conn = {0};
-    if (probe(l2, e, &probe_conn) != 0) {
+    if (kvt_resp_probe(l2, e, &probe_conn) != 0) {
         e->down_since_ns = kvt_now_ns();
         e->next_probe_ns = e->down_since_ns + e->backoff_ns;
         kvt_warn("%s: %s%s%d is not reachable (%s): starting unhealthy, lookups miss and "
@@ -1908,14 +1184,14 @@ int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_r
                  l2->name, e->host, e->unix_sock ? "" : ":", e->unix_sock ? 0 : e->port,
                  e->last_err);
     }
-    conn_close(&probe_conn);
+    kvt_resp_conn_close(&probe_conn);
 
     rc = kvt_tpool_create(&e->pool, "resp", e->nworkers, worker_new, worker_free, e);
     if (rc) {
         snprintf(err, errcap, "cannot start I/O threads: %s", strerror(-rc));
         goto fail;
     }
-    rc = pthread_create(&e->mon, NULL, monitor_main, l2);
+    rc = pthread_create(&e->mon, NULL, kvt_resp_monitor_main, l2);
     if (rc) {
         snprintf(err, errcap, "cannot start the monitor thread: %s", strerror(rc));
         rc = -rc;
