@@ -80,4 +80,21 @@ int kvt_resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey);
 int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_resp_opts *o,
                   char *err, size_t errcap);
 
+/* ---- s3 (s3.c, s3_http.c) ---- */
+struct kvt_s3_opts {
+    const char *endpoint, *region, *bucket_opt, *addressing, *key_prefix;
+    const char *key_id, *secret, *token; /* NULL: environment or credentials file */
+    int num_io_threads;                  /* concurrent transfers */
+    bool prefer_http2, disable_tls;
+    double connection_timeout, request_timeout; /* seconds */
+    int breaker_threshold;
+    uint64_t max_capacity_bytes;
+    /* resolved from the above */
+    char scheme[8], host[300], bucket[128];
+    bool path_style;
+};
+int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o);
+int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_opts *o,
+                char *err, size_t errcap);
+
 #endif

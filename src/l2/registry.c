@@ -46,10 +46,20 @@ static int open_resp(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err
     return kvt_resp_open(l2, s, o, err, cap);
 }
 
+static int parse_s3(struct kvt_cfg *c, void *o)
+{
+    return kvt_s3_parse(c, o);
+}
+static int open_s3(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
+{
+    return kvt_s3_open(l2, s, o, err, cap);
+}
+
 union any_opts {
     struct kvt_fs_opts fs;
     struct kvt_mock_opts mock;
     struct kvt_resp_opts resp;
+    struct kvt_s3_opts s3;
 };
 
 static const struct type_ent {
@@ -62,6 +72,7 @@ static const struct type_ent {
     {"mock", parse_mock, open_mock},
     {"resp", parse_resp, open_resp},
     {"valkey", parse_valkey, open_resp},
+    {"s3", parse_s3, open_s3},
 };
 
 const char *kvt_l2_types(void)
