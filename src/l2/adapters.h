@@ -97,4 +97,13 @@ int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o);
 int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_opts *o,
                 char *err, size_t errcap);
 
+/* ---- mooncake_store (mooncake.c): parsed, then refused in this build ---- */
+struct kvt_mooncake_opts {
+    int num_workers;
+    int per_op_workers[4]; /* lookup, retrieve, store, delete; 0 = shared pool */
+};
+int kvt_mooncake_parse(struct kvt_cfg *c, struct kvt_mooncake_opts *o);
+int kvt_mooncake_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
+                      const struct kvt_mooncake_opts *o, char *err, size_t errcap);
+
 #endif

@@ -55,11 +55,21 @@ static int open_s3(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, 
     return kvt_s3_open(l2, s, o, err, cap);
 }
 
+static int parse_mooncake(struct kvt_cfg *c, void *o)
+{
+    return kvt_mooncake_parse(c, o);
+}
+static int open_mooncake(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
+{
+    return kvt_mooncake_open(l2, s, o, err, cap);
+}
+
 union any_opts {
     struct kvt_fs_opts fs;
     struct kvt_mock_opts mock;
     struct kvt_resp_opts resp;
     struct kvt_s3_opts s3;
+    struct kvt_mooncake_opts mooncake;
 };
 
 static const struct type_ent {
@@ -73,6 +83,7 @@ static const struct type_ent {
     {"resp", parse_resp, open_resp},
     {"valkey", parse_valkey, open_resp},
     {"s3", parse_s3, open_s3},
+    {"mooncake_store", parse_mooncake, open_mooncake},
 };
 
 const char *kvt_l2_types(void)

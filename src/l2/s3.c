@@ -790,6 +790,7 @@ static void s3_status(kvt_l2 *l2, json_t *out)
     uint64_t now = kvt_now_ns();
     pthread_mutex_lock(&e->lock);
     json_object_set_new(out, "active_transfers", json_integer(e->active));
+    json_object_set_new(out, "peak_transfers", json_integer(e->peak_active));
     json_object_set_new(out, "queued_requests", json_integer(e->queued));
     json_t *b = json_object();
     static const char *const st[] = {"closed", "open", "probing"};

@@ -545,7 +545,8 @@ static void *io_main(void *arg)
             } else {
                 *tail = r;
                 tail = &r->next;
-                e->active++;
+                if (++e->active > e->peak_active)
+                    e->peak_active = e->active;
             }
         }
         bool probe = e->brk == BRK_OPEN && now >= e->next_probe_ns && !e->stop;
@@ -563,6 +564,7 @@ static void *io_main(void *arg)
             snprintf(pr->path, sizeof(pr->path), "%s/", e->base);
             pr->clen = -1;
             pr->want = -1;
+            atomic_fetch_add(&e->reqs[S3_PROBE], 1);
             *tail = pr;
             tail = &pr->next;
         }

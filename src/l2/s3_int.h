@@ -135,6 +135,7 @@ struct s3_engine {
     char rej_code[64], rej_msg[256];
     uint64_t rej_logged;   /* hash of the last logged refusal */
     uint32_t active;       /* transfers in curl */
+    uint32_t peak_active;  /* most transfers in curl at once */
     struct s3_req probe;   /* the breaker's probe (I/O thread only) */
 
     /* start-up listing */
