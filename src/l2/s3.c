@@ -658,7 +658,8 @@ static int by_mtime_desc(const void *a, const void *b)
  * parked stores go. */
 static void list_finish(kvt_l2 *l2, struct s3_engine *e, struct list_state *ls, bool complete)
 {
-    qsort(ls->v, ls->n, sizeof(*ls->v), by_mtime_desc);
+    if (ls->n)
+        qsort(ls->v, ls->n, sizeof(*ls->v), by_mtime_desc);
     uint64_t objs = 0, bytes = 0;
     for (size_t i = 0; i < ls->n; i++)
         if (kvt_l2_adopt(l2, &ls->v[i].key, ls->v[i].size, 0, S3_HDR, 0, false, true)) {
