@@ -5,7 +5,8 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PYTEST ?= /usr/bin/python3 -m pytest
 
-.PHONY: all deps configure build run test unit integration clean format check-format bench
+.PHONY: all deps configure build run test unit integration clean format check-format bench \
+	test-asan test-tsan test-sanitize fuzz
 
 all: build
 
@@ -30,7 +31,57 @@ integration: build
 	KVTIER_BIN=$(abspath $(BUILD))/kvtier KVTIER_LIB=$(abspath $(BUILD))/libkvtier_client.so \
 	  $(PYTEST) -q tests/integration $(PYTEST_ARGS)
 
+# Under CI (CI=true) the suite also runs once more with AddressSanitizer +
+# UndefinedBehaviorSanitizer and once with ThreadSanitizer.
 test: unit integration
+ifeq ($(CI),true)
+test: test-sanitize fuzz
+endif
+
+test-sanitize: test-asan test-tsan
+
+# libFuzzer targets (fuzz/fuzz_*.c), built with clang; each runs FUZZ_SECONDS
+# starting from the corpus in fuzz/corpus/<target> (seeds and regressions).
+FUZZ_SECONDS ?= 15
+FUZZ_TARGETS = $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
+build-fuzz/Makefile: CMakeLists.txt
+	CC=clang cmake -S . -B build-fuzz -DKVT_FUZZ=ON -DKVT_SANITIZE=fuzzer -DCMAKE_BUILD_TYPE=Debug >/dev/null
+
+fuzz: deps build-fuzz/Makefile
+	@cmake --build build-fuzz -j $(JOBS)
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus/$$t; \
+	  echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
+	  ./build-fuzz/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=0 \
+	    -artifact_prefix=build-fuzz/ build-fuzz/corpus/$$t fuzz/corpus/$$t 2>&1 | grep -E 'Done|ERROR|SUMMARY' \
+	    || true; \
+	  if ls build-fuzz/crash-* build-fuzz/oom-* build-fuzz/leak-* build-fuzz/timeout-* >/dev/null 2>&1; then \
+	    echo "fuzz_$$t found a failing input:"; ls build-fuzz/crash-* build-fuzz/oom-* build-fuzz/leak-* build-fuzz/timeout-* 2>/dev/null; exit 1; fi; \
+	done
+
+build-asan/Makefile: CMakeLists.txt
+	cmake -S . -B build-asan -DKVT_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug >/dev/null
+
+build-tsan/Makefile: CMakeLists.txt
+	cmake -S . -B build-tsan -DKVT_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug >/dev/null
+
+# The Python tests load the normal client library (an instrumented one cannot
+# be loaded into an uninstrumented interpreter); the server is instrumented.
+test-asan: build deps build-asan/Makefile
+	@cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  ctest --output-on-failure -L unit -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	KVTIER_SANITIZER=address KVTIER_BIN=$(abspath build-asan)/kvtier KVTIER_LIB=$(abspath $(BUILD))/libkvtier_client.so \
+	  $(PYTEST) -q tests/integration $(PYTEST_ARGS)
+
+test-tsan: build deps build-tsan/Makefile
+	@cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:suppressions=$(abspath tests/tsan.supp) \
+	  ctest --output-on-failure -L unit -j $(JOBS)
+	TSAN_OPTIONS=halt_on_error=1:suppressions=$(abspath tests/tsan.supp) \
+	KVTIER_SANITIZER=thread KVTIER_BIN=$(abspath build-tsan)/kvtier KVTIER_LIB=$(abspath $(BUILD))/libkvtier_client.so \
+	  $(PYTEST) -q tests/integration $(PYTEST_ARGS)
 
 bench: build
 	./bench/run.sh
@@ -42,4 +93,4 @@ check-format:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

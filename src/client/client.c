@@ -83,6 +83,37 @@ int kvt_client_chunk_size(const kvt_client *c)
     return c->chunk_size;
 }
 
+/* One ZeroMQ context (and so one I/O thread) per process, shared by every
+ * client, as ZeroMQ recommends; terminated when the last client closes. */
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *shared_ctx; /* guarded by ctx_lock */
+static int ctx_users;    /* guarded by ctx_lock */
+
+static void *ctx_get(void)
+{
+    pthread_mutex_lock(&ctx_lock);
+    if (!shared_ctx)
+        shared_ctx = zmq_ctx_new();
+    void *c = shared_ctx;
+    if (c)
+        ctx_users++;
+    pthread_mutex_unlock(&ctx_lock);
+    return c;
+}
+
+static void ctx_put(void)
+{
+    pthread_mutex_lock(&ctx_lock);
+    void *term = NULL;
+    if (--ctx_users == 0) {
+        term = shared_ctx;
+        shared_ctx = NULL;
+    }
+    pthread_mutex_unlock(&ctx_lock);
+    if (term)
+        zmq_ctx_term(term);
+}
+
 static int new_socket(kvt_client *c)
 {
     if (c->sock)
@@ -291,7 +322,11 @@ int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **o
     c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
     pthread_mutex_init(&c->zc_lock, NULL);
     pthread_cond_init(&c->zc_cond, NULL);
-    c->ctx = zmq_ctx_new();
+    c->ctx = ctx_get();
+    if (!c->ctx) {
+        free(c);
+        return -ENOMEM;
+    }
     int rc = new_socket(c);
     if (rc) {
         kvt_client_close(c);
@@ -349,7 +384,7 @@ void kvt_client_close(kvt_client *c)
     if (c->sock)
         zmq_close(c->sock);
     if (c->ctx)
-        zmq_ctx_term(c->ctx);
+        ctx_put();
     if (c->shm)
         munmap(c->shm, c->shm_size);
     pthread_mutex_destroy(&c->zc_lock);

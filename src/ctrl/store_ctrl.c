@@ -206,8 +206,8 @@ uint64_t kvt_store_ctrl_submit(struct kvt_store_ctrl *sc, const struct kvt_l1_re
     atomic_fetch_add(&sc->keys_in, n);
     atomic_fetch_add(&sc->in_flight, 1);
     pthread_mutex_lock(&sc->lock);
-    b->seq = ++sc->next_seq; /* assigned under the queue lock: queue order = seq order */
-    atomic_store(&sc->last_seq, b->seq);
+    uint64_t seq = b->seq = ++sc->next_seq; /* under the queue lock: queue order = seq order */
+    atomic_store(&sc->last_seq, seq);
     if (sc->in_tail)
         sc->in_tail->next = b;
     else
@@ -217,7 +217,7 @@ uint64_t kvt_store_ctrl_submit(struct kvt_store_ctrl *sc, const struct kvt_l1_re
     uint64_t one = 1;
     ssize_t w = write(sc->qfd, &one, sizeof(one));
     (void)w;
-    return b->seq;
+    return seq; /* b belongs to the controller thread now */
 }
 
 uint64_t kvt_store_ctrl_last_seq(struct kvt_store_ctrl *sc)

@@ -187,6 +187,11 @@ static void table_grow_locked(void)
 int kvt_ns_intern(const char *model, size_t ml, const char *salt, size_t sl, uint32_t *ns,
                   const char **why)
 {
+    /* empty strings decoded from the wire may come with NULL pointers */
+    if (!model)
+        model = "", ml = 0;
+    if (!salt)
+        salt = "", sl = 0;
     int rc = kvt_validate_model(model, ml, why);
     if (rc == 0)
         rc = kvt_validate_salt(salt, sl, why);
@@ -377,6 +382,8 @@ int kvt_key_decode(enum kvt_codec codec, const char *name, size_t len, kvt_key *
     size_t sl = strlen(sfx);
     if (len <= sl || len > KVT_NAME_MAX || memcmp(name + len - sl, sfx, sl) != 0)
         return -EINVAL;
+    if (memchr(name, '/', len) || memchr(name, 0, len))
+        return -EINVAL; /* an encoded name never contains these */
     size_t stem = len - sl;
     const char *salt = "";
     size_t salt_len = 0;

@@ -95,6 +95,21 @@ int kvt_key_decode(enum kvt_codec codec, const char *name, size_t len, kvt_key *
  * file-backed adapters store canonical keys. Cheap when nothing changes. */
 void kvt_key_canon(enum kvt_codec codec, const kvt_key *in, kvt_key *out);
 
+/* --- element types ------------------------------------------------------ */
+
+/* Element types a client may declare (protocol field "dtype"). */
+enum kvt_dtype {
+    KVT_DTYPE_RAW = 0,
+    KVT_DTYPE_FP16 = 1,
+    KVT_DTYPE_BF16 = 2,
+    KVT_DTYPE_FP32 = 3,
+    KVT_DTYPE_FP8_E4M3 = 4,
+    KVT_DTYPE_U8 = 5,
+    KVT_DTYPE_MAX = 5,
+};
+const char *kvt_dtype_name(unsigned dtype);
+int kvt_dtype_parse(const char *s);
+
 /* --- token chunk hashing ----------------------------------------------- */
 
 /* Prefix-chained chunk hashes (SHA-256):

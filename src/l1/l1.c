@@ -78,7 +78,11 @@ struct kvt_l1 {
     struct kvt_l1_counters c;
     uint64_t size_bytes;
     double watermark, ratio;
+    void (*pressure_fn)(void *); /* set once before use */
+    void *pressure_arg;
 };
+
+static uint64_t used_pages_locked(struct kvt_l1 *l1);
 
 /* ------------------------------------------------------------ pool */
 
@@ -403,7 +407,10 @@ int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
     out->off = o->off;
     out->ptr = l1->base + o->off;
     out->meta = o->meta;
+    bool pressure = (double)used_pages_locked(l1) * l1->align >= l1->watermark * (double)l1->size_bytes;
     pthread_mutex_unlock(&l1->lock);
+    if (pressure && l1->pressure_fn)
+        l1->pressure_fn(l1->pressure_arg);
     return 0;
 }
 
@@ -561,6 +568,12 @@ bool kvt_l1_delete(struct kvt_l1 *l1, const kvt_key *k)
         obj_unlink_locked(l1, h);
     pthread_mutex_unlock(&l1->lock);
     return found;
+}
+
+void kvt_l1_set_pressure_hook(struct kvt_l1 *l1, void (*fn)(void *), void *arg)
+{
+    l1->pressure_fn = fn;
+    l1->pressure_arg = arg;
 }
 
 /* ---------------------------------------------------------- leases */

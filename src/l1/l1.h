@@ -146,6 +146,10 @@ uint32_t kvt_l1_expire(struct kvt_l1 *l1);
 
 /* ---- eviction, usage, status ---- */
 
+/* Called (without the lock) when a reservation leaves usage at or above the
+ * watermark, so the eviction thread runs now instead of at its next tick. */
+void kvt_l1_set_pressure_hook(struct kvt_l1 *l1, void (*fn)(void *), void *arg);
+
 /* Evict unreferenced READY objects in policy order until used <= target. */
 uint64_t kvt_l1_evict_to(struct kvt_l1 *l1, uint64_t target);
 /* Run one watermark cycle: if usage >= watermark, evict down to

@@ -486,8 +486,10 @@ static void run_load(struct fs_job *j, void *hdrbuf)
     uint64_t plen = 0;
     if (fstat(fd, &st) < 0)
         rc = -errno;
-    else if ((uint64_t)st.st_size < hl || (uint64_t)st.st_size - hl > dst->len)
-        rc = KVT_E_CORRUPT; /* shorter than a header, or larger than the destination */
+    else if ((uint64_t)st.st_size < hl)
+        rc = KVT_E_CORRUPT; /* shorter than its header: torn */
+    else if ((uint64_t)st.st_size - hl > dst->len)
+        rc = -EOVERFLOW; /* larger than the destination: never an overrun */
     else
         plen = (uint64_t)st.st_size - hl;
     if (!rc && direct && plen % e->blksz)

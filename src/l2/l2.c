@@ -22,31 +22,6 @@
 #define ST_MASK 0x7f
 #define ST_TRACKED 0x80 /* the policy knows this handle */
 
-static const char *const dtype_names[] = {"raw", "float16", "bfloat16", "float32", "float8_e4m3",
-                                          "uint8"};
-
-const char *kvt_dtype_name(unsigned d)
-{
-    return d <= KVT_DTYPE_MAX ? dtype_names[d] : "unknown";
-}
-
-int kvt_dtype_parse(const char *s)
-{
-    static const struct {
-        const char *n;
-        int v;
-    } alias[] = {{"fp16", KVT_DTYPE_FP16}, {"half", KVT_DTYPE_FP16}, {"bf16", KVT_DTYPE_BF16},
-                 {"fp32", KVT_DTYPE_FP32}, {"float", KVT_DTYPE_FP32}, {"fp8", KVT_DTYPE_FP8_E4M3},
-                 {"bytes", KVT_DTYPE_RAW}};
-    for (unsigned i = 0; i <= KVT_DTYPE_MAX; i++)
-        if (strcasecmp(s, dtype_names[i]) == 0)
-            return (int)i;
-    for (size_t i = 0; i < KVT_ARRAY_LEN(alias); i++)
-        if (strcasecmp(s, alias[i].n) == 0)
-            return alias[i].v;
-    return -1;
-}
-
 /* ------------------------------------------------------------- tasks */
 
 kvt_l2_task *kvt_l2_task_new(enum kvt_l2_kind kind, uint32_t n)

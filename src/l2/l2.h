@@ -74,19 +74,6 @@ typedef struct kvt_objmeta {
     uint32_t serde; /* serde chain that produced the stored bytes; 0 = raw */
 } kvt_objmeta;
 
-/* Element types a client may declare (protocol field "dtype"). */
-enum kvt_dtype {
-    KVT_DTYPE_RAW = 0,
-    KVT_DTYPE_FP16 = 1,
-    KVT_DTYPE_BF16 = 2,
-    KVT_DTYPE_FP32 = 3,
-    KVT_DTYPE_FP8_E4M3 = 4,
-    KVT_DTYPE_U8 = 5,
-    KVT_DTYPE_MAX = 5,
-};
-const char *kvt_dtype_name(unsigned dtype);
-int kvt_dtype_parse(const char *s);
-
 typedef struct kvt_buf {
     void *ptr;
     uint64_t len;

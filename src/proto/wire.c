@@ -198,7 +198,7 @@ json_t *kvt_mp_to_json(const msgpack_object *o)
     case MSGPACK_OBJECT_FLOAT64:
         return isfinite(o->via.f64) ? json_real(o->via.f64) : json_null();
     case MSGPACK_OBJECT_STR:
-        return json_stringn_nocheck(o->via.str.ptr, o->via.str.size);
+        return json_stringn_nocheck(o->via.str.size ? o->via.str.ptr : "", o->via.str.size);
     case MSGPACK_OBJECT_BIN: {
         char *hex = kvt_xmalloc(o->via.bin.size * 2 + 1);
         kvt_hex((const uint8_t *)o->via.bin.ptr, o->via.bin.size, hex);
@@ -219,7 +219,8 @@ json_t *kvt_mp_to_json(const msgpack_object *o)
             if (k->type != MSGPACK_OBJECT_STR)
                 continue;
             char *ks = kvt_xmalloc(k->via.str.size + 1);
-            memcpy(ks, k->via.str.ptr, k->via.str.size);
+            if (k->via.str.size) /* an empty str may carry a NULL pointer */
+                memcpy(ks, k->via.str.ptr, k->via.str.size);
             ks[k->via.str.size] = 0;
             json_object_set_new(m, ks, kvt_mp_to_json(&o->via.map.ptr[i].val));
             free(ks);
@@ -229,4 +230,149 @@ json_t *kvt_mp_to_json(const msgpack_object *o)
     default:
         return json_null();
     }
+}
+
+int kvt_wire_meta_decode(const msgpack_object *body, kvt_objmeta *m, const char **why)
+{
+    memset(m, 0, sizeof(*m));
+    const char *dt = NULL;
+    size_t dl = 0;
+    int rc = kvt_mp_str(body, "dtype", false, &dt, &dl, why);
+    if (rc)
+        return rc;
+    if (dt) {
+        char buf[32];
+        if (dl >= sizeof(buf)) {
+            *why = "unknown dtype";
+            return KVT_E_BADREQ;
+        }
+        memcpy(buf, dt, dl);
+        buf[dl] = 0;
+        int d = kvt_dtype_parse(buf);
+        if (d < 0) {
+            *why = "unknown dtype (raw, float16, bfloat16, float32, float8_e4m3, uint8)";
+            return KVT_E_BADREQ;
+        }
+        m->dtype = (uint16_t)d;
+    }
+    const msgpack_object *sh = kvt_mp_get(body, "shape");
+    if (sh && sh->type != MSGPACK_OBJECT_NIL) {
+        if (sh->type != MSGPACK_OBJECT_ARRAY || sh->via.array.size > KVT_MAX_DIMS) {
+            *why = "shape must be an array of at most 6 non-negative integers";
+            return KVT_E_BADREQ;
+        }
+        for (uint32_t d = 0; d < sh->via.array.size; d++) {
+            const msgpack_object *v = &sh->via.array.ptr[d];
+            if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 > UINT32_MAX) {
+                *why = "shape must be an array of at most 6 non-negative integers";
+                return KVT_E_BADREQ;
+            }
+            m->shape[d] = (uint32_t)v->via.u64;
+        }
+        m->ndim = (uint8_t)sh->via.array.size;
+    }
+    return 0;
+}
+
+
+/*
+ * Walk msgpack bytes without decoding them and check that every declared
+ * array/map/str/bin length fits in what is left, with nesting <= 32. msgpack-c
+ * allocates arrays from their declared size before reading the elements, so a
+ * 10-byte body declaring 2^32 elements would make it ask for ~100 GB: this
+ * bounds every allocation by the body's own size first.
+ */
+static int mp_precheck(const uint8_t *p, size_t len)
+{
+    uint64_t need[33]; /* elements still expected at each depth */
+    int depth = 0;
+    need[0] = 1;
+    size_t i = 0;
+    while (depth >= 0) {
+        if (need[depth] == 0) {
+            depth--;
+            continue;
+        }
+        need[depth]--;
+        if (i >= len)
+            return -1;
+        uint8_t b = p[i++];
+        uint64_t skip = 0, children = 0;
+        size_t hdr = 0;
+        if (b <= 0x7f || b >= 0xe0 || (b >= 0xc0 && b <= 0xc3)) {
+        } else if (b >= 0x80 && b <= 0x8f) {
+            children = 2u * (b & 0x0f);
+        } else if (b >= 0x90 && b <= 0x9f) {
+            children = b & 0x0f;
+        } else if (b >= 0xa0 && b <= 0xbf) {
+            skip = b & 0x1f;
+        } else {
+            switch (b) {
+            case 0xcc: case 0xd0: skip = 1; break;
+            case 0xcd: case 0xd1: skip = 2; break;
+            case 0xca: case 0xce: case 0xd2: skip = 4; break;
+            case 0xcb: case 0xcf: case 0xd3: skip = 8; break;
+            case 0xd4: skip = 2; break;
+            case 0xd5: skip = 3; break;
+            case 0xd6: skip = 5; break;
+            case 0xd7: skip = 9; break;
+            case 0xd8: skip = 17; break;
+            case 0xc4: case 0xd9: hdr = 1; break;
+            case 0xc5: case 0xda: case 0xdc: case 0xde: hdr = 2; break;
+            case 0xc6: case 0xdb: case 0xdd: case 0xdf: hdr = 4; break;
+            case 0xc7: hdr = 1; break;
+            case 0xc8: hdr = 2; break;
+            case 0xc9: hdr = 4; break;
+            default: return -1;
+            }
+            if (hdr) {
+                if (len - i < hdr)
+                    return -1;
+                uint64_t n = 0;
+                for (size_t k = 0; k < hdr; k++)
+                    n = n << 8 | p[i + k];
+                i += hdr;
+                if (b == 0xdc || b == 0xdd)
+                    children = n;
+                else if (b == 0xde || b == 0xdf)
+                    children = 2 * n;
+                else if (b >= 0xc7 && b <= 0xc9)
+                    skip = n + 1; /* ext: type byte + data */
+                else
+                    skip = n;
+            }
+        }
+        if (skip > len - i)
+            return -1;
+        i += skip;
+        if (children) {
+            if (children > len - i || depth == 32)
+                return -1; /* every element needs at least one byte */
+            need[++depth] = children;
+        }
+    }
+    return i == len ? 0 : -1;
+}
+
+int kvt_wire_body_decode(const void *data, size_t len, msgpack_unpacked *up, const char **why)
+{
+    if (len == 0) {
+        msgpack_unpacked_destroy(up);
+        msgpack_unpacked_init(up);
+        up->data.type = MSGPACK_OBJECT_MAP;
+        up->data.via.map.size = 0;
+        up->data.via.map.ptr = NULL;
+        return 0;
+    }
+    if (len > KVT_MAX_BODY)
+        return bad(why, "body larger than 16 MiB");
+    if (mp_precheck(data, len))
+        return bad(why, "body is not valid msgpack (truncated, or a length beyond the body)");
+    size_t off = 0;
+    msgpack_unpack_return ur = msgpack_unpack_next(up, data, len, &off);
+    if (ur != MSGPACK_UNPACK_SUCCESS || off != len)
+        return bad(why, "body is not valid msgpack (truncated?)");
+    if (up->data.type != MSGPACK_OBJECT_MAP)
+        return bad(why, "body must be a msgpack map");
+    return 0;
 }

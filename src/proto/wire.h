@@ -18,6 +18,7 @@
 #include <msgpack.h>
 
 #include "key/key.h"
+#include "l2/l2.h" /* kvt_objmeta */
 
 #define KVT_PROTO_VERSION 1
 #define KVT_MAX_BODY (16u << 20)   /* largest msgpack body accepted */
@@ -42,6 +43,12 @@ int kvt_mp_bool(const msgpack_object *m, const char *key, bool *out, const char 
  * Returns 0, KVT_E_BADREQ (shape) or KVT_E_BADKEY (validation), with *why. */
 int kvt_wire_keys_decode(const msgpack_object *body, kvt_key **keys, uint32_t *n,
                          const char **why);
+
+/* Decode a request body: a msgpack map (an empty frame is an empty map).
+ * up must be initialized; on success up->data is the map. */
+int kvt_wire_body_decode(const void *data, size_t len, msgpack_unpacked *up, const char **why);
+/* Optional "dtype" (name) and "shape" (<= 6 dims) of a request into m. */
+int kvt_wire_meta_decode(const msgpack_object *body, kvt_objmeta *m, const char **why);
 
 /* ---- writing ---- */
 

@@ -42,6 +42,7 @@ enum {
     O_DATA_DIR,
     O_MAX_OBJECT,
     O_NO_SHM,
+    O_NO_L2,
     O_DRY_RUN,
     O_LOG_LEVEL,
     O_HELP,
@@ -74,6 +75,7 @@ static const struct option opts[] = {
     {"data-dir", required_argument, NULL, O_DATA_DIR},
     {"max-object-mb", required_argument, NULL, O_MAX_OBJECT},
     {"no-shm", no_argument, NULL, O_NO_SHM},
+    {"no-l2", no_argument, NULL, O_NO_L2},
     {"dry-run", no_argument, NULL, O_DRY_RUN},
     {"log-level", required_argument, NULL, O_LOG_LEVEL},
     {"help", no_argument, NULL, O_HELP},
@@ -113,6 +115,7 @@ void kvt_server_usage(FILE *f)
             "  --l2-adapter JSON             repeatable; order = adapter index. Without it: fs "
             "under --data-dir\n"
             "  --data-dir DIR                embedded default L2 directory (./kvtier-data)\n"
+            "  --no-l2                       no L2 at all: a memory-only cache\n"
             "  --l2-store-policy default|skip_l1\n"
             "  --l2-prefetch-policy default|retain\n"
             "  --l2-prefetch-max-in-flight N (8)\n"
@@ -320,6 +323,9 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         case O_NO_SHM:
             c->shm = false;
             break;
+        case O_NO_L2:
+            c->no_l2 = true;
+            break;
         case O_DRY_RUN:
             c->dry_run = true;
             break;
@@ -355,6 +361,13 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
     if (!c->bind[0])
         snprintf(c->bind, sizeof(c->bind), "tcp://%s:%d", c->host, c->port);
     char err[1024];
+    if (c->no_l2) {
+        if (nl2) {
+            fprintf(stderr, "kvtier server: --no-l2 and --l2-adapter exclude each other\n");
+            return 2;
+        }
+        return 0;
+    }
     if (nl2 == 0) {
         /* embedded default: one fs adapter under data_dir */
         json_t *j = json_object();

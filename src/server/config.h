@@ -44,7 +44,8 @@ struct kvt_server_cfg {
     int http_port; /* 0 = off */
 
     uint64_t max_object_bytes;
-    bool shm; /* offer the zero-copy path */
+    bool shm;   /* offer the zero-copy path */
+    bool no_l2; /* memory-only */
     bool dry_run;
     int log_level;
 };

@@ -35,49 +35,6 @@ static void pack_meta(msgpack_packer *pk, const kvt_objmeta *m)
         msgpack_pack_uint32(pk, m->shape[d]);
 }
 
-/* Optional "dtype" and "shape" of a request into meta. */
-static int parse_meta(const msgpack_object *body, kvt_objmeta *m, const char **why)
-{
-    memset(m, 0, sizeof(*m));
-    const char *dt = NULL;
-    size_t dl = 0;
-    int rc = kvt_mp_str(body, "dtype", false, &dt, &dl, why);
-    if (rc)
-        return rc;
-    if (dt) {
-        char buf[32];
-        if (dl >= sizeof(buf)) {
-            *why = "unknown dtype";
-            return KVT_E_BADREQ;
-        }
-        memcpy(buf, dt, dl);
-        buf[dl] = 0;
-        int d = kvt_dtype_parse(buf);
-        if (d < 0) {
-            *why = "unknown dtype (raw, float16, bfloat16, float32, float8_e4m3, uint8)";
-            return KVT_E_BADREQ;
-        }
-        m->dtype = (uint16_t)d;
-    }
-    const msgpack_object *sh = kvt_mp_get(body, "shape");
-    if (sh && sh->type != MSGPACK_OBJECT_NIL) {
-        if (sh->type != MSGPACK_OBJECT_ARRAY || sh->via.array.size > KVT_MAX_DIMS) {
-            *why = "shape must be an array of at most 6 non-negative integers";
-            return KVT_E_BADREQ;
-        }
-        for (uint32_t d = 0; d < sh->via.array.size; d++) {
-            const msgpack_object *v = &sh->via.array.ptr[d];
-            if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 > UINT32_MAX) {
-                *why = "shape must be an array of at most 6 non-negative integers";
-                return KVT_E_BADREQ;
-            }
-            m->shape[d] = (uint32_t)v->via.u64;
-        }
-        m->ndim = (uint8_t)sh->via.array.size;
-    }
-    return 0;
-}
-
 static int get_keys(struct request *q, kvt_key **keys, uint32_t *n)
 {
     const char *why = "invalid keys";
@@ -222,7 +179,7 @@ static void h_store(struct kvt_server *s, struct request *q)
         return;
     const char *why;
     kvt_objmeta meta;
-    int rc = parse_meta(&q->body, &meta, &why);
+    int rc = kvt_wire_meta_decode(&q->body, &meta, &why);
     if (rc) {
         kvt_reply_error(q->r, rc, "%s", why);
         free(keys);
@@ -474,7 +431,7 @@ static void h_prepare_store(struct kvt_server *s, struct request *q)
         return;
     const char *why;
     kvt_objmeta meta;
-    int rc = parse_meta(&q->body, &meta, &why);
+    int rc = kvt_wire_meta_decode(&q->body, &meta, &why);
     const msgpack_object *sizes = kvt_mp_get(&q->body, "sizes");
     if (!rc && (!sizes || sizes->type != MSGPACK_OBJECT_ARRAY || sizes->via.array.size != n)) {
         why = "\"sizes\" must be an array with one size per key";

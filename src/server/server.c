@@ -179,6 +179,11 @@ static void drain_replies(struct kvt_server *s)
     }
 }
 
+static void kick_l1(void *ev)
+{
+    kvt_evictor_kick(ev);
+}
+
 static void on_store_progress(void *arg)
 {
     struct kvt_server *s = arg;
@@ -280,30 +285,17 @@ static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, b
     struct request q = {.r = r};
     msgpack_unpacked up;
     msgpack_unpacked_init(&up);
-    if (n > 3 && zmq_msg_size(&parts[3]) > 0) {
-        size_t blen = zmq_msg_size(&parts[3]), off = 0;
-        msgpack_unpack_return ur =
-            blen > KVT_MAX_BODY
-                ? MSGPACK_UNPACK_NOMEM_ERROR
-                : msgpack_unpack_next(&up, zmq_msg_data(&parts[3]), blen, &off);
-        if (ur != MSGPACK_UNPACK_SUCCESS || off != blen || up.data.type != MSGPACK_OBJECT_MAP) {
-            atomic_fetch_add(&s->bad_requests, 1);
-            kvt_reply_error(r, KVT_E_BADREQ,
-                            ur == MSGPACK_UNPACK_SUCCESS && off == blen
-                                ? "body must be a msgpack map"
-                            : blen > KVT_MAX_BODY ? "body larger than 16 MiB"
-                                                  : "body is not valid msgpack (truncated?)");
-            kvt_reply_send(s, r);
-            msgpack_unpacked_destroy(&up);
-            close_parts(parts, 0, n);
-            return;
-        }
-        q.body = up.data;
-    } else {
-        q.body.type = MSGPACK_OBJECT_MAP;
-        q.body.via.map.size = 0;
-        q.body.via.map.ptr = NULL;
+    const char *why = NULL;
+    if (kvt_wire_body_decode(n > 3 ? zmq_msg_data(&parts[3]) : NULL,
+                             n > 3 ? zmq_msg_size(&parts[3]) : 0, &up, &why)) {
+        atomic_fetch_add(&s->bad_requests, 1);
+        kvt_reply_error(r, KVT_E_BADREQ, "%s", why);
+        kvt_reply_send(s, r);
+        msgpack_unpacked_destroy(&up);
+        close_parts(parts, 0, n);
+        return;
     }
+    q.body = up.data;
     q.frames = n > 4 ? &parts[4] : NULL;
     q.nframes = n > 4 ? n - 4 : 0;
     for (uint32_t i = 0; i < q.nframes; i++)
@@ -410,6 +402,8 @@ static void shutdown_all(struct kvt_server *s)
         f = nx;
     }
     s->fw_head = s->fw_tail = NULL;
+    if (s->l1)
+        kvt_l1_set_pressure_hook(s->l1, NULL, NULL);
     if (s->ev_l1)
         kvt_evictor_stop(s->ev_l1);
     for (int i = 0; i < s->nl2; i++)
@@ -486,6 +480,8 @@ static int start(struct kvt_server *s)
                                      c->prefetch_max_in_flight);
     if (!rc)
         rc = kvt_evictor_start_l1(&s->ev_l1, s->l1, c->eviction_interval_ms);
+    if (!rc)
+        kvt_l1_set_pressure_hook(s->l1, kick_l1, s->ev_l1);
     for (int i = 0; !rc && i < s->nl2; i++)
         rc = kvt_evictor_start_l2(&s->ev_l2[i], s->l2s[i], c->eviction_interval_ms);
     if (!rc)

@@ -26,6 +26,10 @@ os.environ.setdefault("KVTIER_LIB", os.path.join(ROOT, "build", "libkvtier_clien
 import kvtier  # noqa: E402
 
 
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "WARNING: ThreadSanitizer",
+                     "runtime error:")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -138,6 +142,14 @@ def make_server(tmp_path):
     yield make
     for s in servers:
         s.kill()
+    # under the sanitizer builds (make test-asan / test-tsan) any report in a
+    # server log fails the test, even if the server was killed afterwards
+    for s in servers:
+        log = s.read_log()
+        for marker in SANITIZER_MARKERS:
+            if marker in log:
+                i = log.index(marker)
+                pytest.fail("sanitizer report in %s:\n%s" % (s.log_path, log[max(0, i - 200):i + 4000]))
 
 
 @pytest.fixture

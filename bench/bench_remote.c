@@ -1,10 +1,10 @@
 /*
- * remote_bench: store and load throughput of one L2 adapter, driven
+ * bench_remote: store and load throughput of one L2 adapter, driven
  * directly through the adapter contract (kvt_l2_submit + eventfd), without
  * the server or L1 in the way. Used by bench/remote.sh, which runs it side
  * by side with redis-benchmark (resp) or curl (s3) on the same server.
  *
- *   remote_bench '<--l2-adapter JSON>' [--size B] [--count N] [--batch K]
+ *   bench_remote '<--l2-adapter JSON>' [--size B] [--count N] [--batch K]
  *                [--inflight D] [--op store|load|both] [--seed S]
  *
  * Prints one line per phase: "store <MB/s> <ops/s>" / "load <MB/s> <ops/s>".
@@ -60,7 +60,7 @@ int main(int argc, char **argv)
             return 2;
     }
     if (optind >= argc || batch == 0 || count == 0 || inflight == 0) {
-        fprintf(stderr, "usage: remote_bench '<adapter json>' [--size B] [--count N] "
+        fprintf(stderr, "usage: bench_remote '<adapter json>' [--size B] [--count N] "
                         "[--batch K] [--inflight D] [--op store|load|both] [--seed S]\n");
         return 2;
     }

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# kvtier benchmarks: every comparison side by side in one run, as ratios.
+#
+#   bench/run.sh [section...]      sections: fs l1 (default: all)
+#
+# Environment: BENCH_DIR (a directory on the disk to test; default
+# /var/tmp/kvtier-bench), QUICK=1 for a short smoke run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${BUILD:-build}
+BIN=$B/kvtier
+DIR=${BENCH_DIR:-/var/tmp/kvtier-bench}
+QUICK=${QUICK:-0}
+mkdir -p "$DIR"
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(fs l1)
+
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+result() { grep "^RESULT $1 " | awk '{print $3}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+echo "kvtier benchmarks on $(hostname), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
+echo
+
+for s in "${sections[@]}"; do
+case "$s" in
+fs)
+  echo "== fs adapter vs fio (4 MiB objects, queue depth 4, same directory: $DIR)"
+  n=256; r=5; [ "$QUICK" = 1 ] && { n=32; r=2; }
+  $B/bench/bench_fs "$DIR" --objects $n --rounds $r --qd 4
+  $B/bench/bench_fs "$DIR" --objects $n --rounds $r --qd 4 --odirect
+  echo
+  ;;
+l1)
+  echo "== L1 data paths (server --no-l2, L1 0.5 GiB) vs memcpy and redis-benchmark"
+  secs=3; [ "$QUICK" = 1 ] && secs=1
+  port=$(free_port)
+  $BIN server --no-l2 --l1-size-gb 0.5 --port "$port" --http-port 0 --log-level warn &
+  PIDS+=($!)
+  wait_port "$port"
+  url=tcp://127.0.0.1:$port
+  zc=$($B/bench/bench_client zc "$url" --rounds 7)
+  echo "$zc" | grep -v '^RESULT'
+  inl=$($B/bench/bench_client inline "$url" --conc 4 --seconds $secs --warmup-seconds 3)
+  echo "$inl" | grep -v '^RESULT'
+  sm=$($B/bench/bench_client small "$url" --conc 4 --seconds $secs)
+  echo "$sm" | grep -v '^RESULT'
+  rport=$(free_port)
+  redis-server --port "$rport" --save "" --appendonly no --daemonize no --loglevel warning >/dev/null &
+  PIDS+=($!)
+  wait_port "$rport"
+  n=$((secs * 300))
+  big=$(redis-benchmark -p "$rport" -t set,get -d 4194304 -c 4 -n $n --csv 2>/dev/null)
+  rset=$(echo "$big" | awk -F, '/"SET"/ {gsub(/"/,"",$2); print $2}')
+  rget=$(echo "$big" | awk -F, '/"GET"/ {gsub(/"/,"",$2); print $2}')
+  redis-cli -p "$rport" flushall >/dev/null
+  small=$(redis-benchmark -p "$rport" -t set,get,ping_mbulk -c 4 -n $((secs * 40000)) --csv 2>/dev/null)
+  rsget=$(echo "$small" | awk -F, '/"GET"/ {gsub(/"/,"",$2); print $2}')
+  rping=$(echo "$small" | awk -F, '/"PING_MBULK"/ {gsub(/"/,"",$2); print $2}')
+  echo "redis-benchmark, same concurrency (4): SET 4 MiB $rset req/s, GET 4 MiB $rget req/s, GET small $rsget req/s, PING $rping req/s"
+  echo "ratios (kvtier / peer):"
+  echo "  zero-copy store / memcpy      $(ratio "$(echo "$zc" | result zc_store_gbps)" "$(echo "$zc" | result memcpy_gbps)")   (goal >= 0.8)"
+  echo "  zero-copy retrieve / memcpy   $(ratio "$(echo "$zc" | result zc_retrieve_gbps)" "$(echo "$zc" | result memcpy_gbps)")   (goal >= 0.8)"
+  echo "  inline store / redis SET      $(ratio "$(echo "$inl" | result inline_store_rps)" "$rset")   (goal >= 1.0)"
+  echo "  inline retrieve / redis GET   $(ratio "$(echo "$inl" | result inline_retrieve_rps)" "$rget")   (goal >= 1.0)"
+  echo "  ping / redis PING             $(ratio "$(echo "$sm" | result ping_ops)" "$rping")   (goal >= 1.0)"
+  echo "  lookup / redis GET (small)    $(ratio "$(echo "$sm" | result lookup_ops)" "$rsget")   (goal >= 1.0)"
+  cleanup; PIDS=()
+  echo
+  ;;
+*)
+  echo "unknown section $s" >&2; exit 2 ;;
+esac
+done

@@ -1,0 +1,278 @@
+"""L1 shared-memory tier, zero-copy path, controllers, policies, eviction and
+observability, against the real binary."""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import kvtier
+from conftest import ROOT, adapter_json, fs_files, keys_for, random_payloads, run_kvtier
+
+MiB = 1 << 20
+
+
+def wait_until(pred, timeout=10.0, step=0.05):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
+def test_zero_copy_256_x_4mib(make_server, tmp_path):
+    """256 x 4 MiB written straight into the pool and read straight out of it."""
+    s = make_server(["--l1-size-gb", "1.5", "--l1-init-size-gb", "0.25", "--no-l2"])
+    keys = keys_for("zc", 256)
+    digests = []
+    with s.client() as c:
+        assert c.shm_active
+        for b in range(0, 256, 32):
+            batch = keys[b:b + 32]
+            with c.store_view(batch, [4 * MiB] * 32, dtype="bfloat16") as views:
+                for v in views:
+                    data = os.urandom(4 * MiB)
+                    v[:] = data
+                    digests.append(hashlib.sha256(data).digest())
+        assert c.lookup(keys) == 256
+        got = []
+        for b in range(0, 256, 64):
+            rv = c.retrieve_view(keys[b:b + 64])
+            with rv as views:
+                assert len(views) == 64 and all(v.readonly for v in views)
+                got += [hashlib.sha256(v).digest() for v in views]
+            assert rv.metas[0][0] == "bfloat16"
+        assert got == digests
+        l1 = c.status()["l1"]
+        assert l1["objects"] == 256 and l1["read_leases"] == 0 and l1["write_leases"] == 0
+
+
+def test_numpy_like_buffers_round_trip(server):
+    """memoryview-compatible payloads (array, bytearray) go in without a copy."""
+    from array import array
+    a = array("H", range(30000))
+    b = bytearray(os.urandom(60000))
+    keys = keys_for("bufs", 2)
+    with server.client() as c:
+        assert c.store(keys, [a, memoryview(b)], dtype="float16") == 2
+        assert c.retrieve(keys) == [a.tobytes(), bytes(b)]
+
+
+def test_killed_client_between_prepare_and_commit_leaks_nothing(make_server):
+    s = make_server(["--l1-write-ttl-seconds", "1", "--l1-read-ttl-seconds", "1",
+                     "--eviction-interval-ms", "100", "--no-l2"])
+    code = (
+        "import sys, os, signal; sys.path.insert(0, %r)\n"
+        "import kvtier\n"
+        "c = kvtier.Client(%r)\n"
+        "keys = kvtier.chunk_keys('dead', list(range(8 * 16)), chunk_size=16)\n"
+        "v = c.store_view(keys, [MiB] * 8)\n"
+        "with open(%r, 'w') as f: f.write('prepared')\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    ) % (os.path.join(ROOT, "python"), s.url, os.path.join(s.workdir, "prepared"))
+    code = code.replace("MiB", str(MiB))
+    p = subprocess.run([sys.executable, "-c", code], env=dict(os.environ))
+    assert p.returncode == -signal.SIGKILL
+    with s.client() as c:
+        l1 = c.status()["l1"]
+        assert l1["write_leases"] == 1 and l1["objects_writing"] == 8
+        assert l1["used_bytes"] == 8 * MiB
+        # the reservation expires (1 s), is quarantined for one TTL, then freed
+        ok = wait_until(lambda: c.status()["l1"]["used_bytes"] == 0, timeout=10)
+        l1 = c.status()["l1"]
+        assert ok, l1
+        assert l1["write_leases"] == 0 and l1["objects_writing"] == 0
+        assert l1["counters"]["leases_expired_write"] == 1
+        # the keys were never published
+        assert c.lookup(kvtier.chunk_keys("dead", list(range(8 * 16)), chunk_size=16)) == 0
+
+
+def test_expired_read_lease_fails_the_reader(make_server):
+    s = make_server(["--l1-read-ttl-seconds", "0.3", "--eviction-interval-ms", "50", "--no-l2"])
+    keys = keys_for("slow", 2)
+    with s.client() as c:
+        c.store(keys, random_payloads(2, 10000))
+        rv = c.retrieve_view(keys)
+        time.sleep(1.0)  # the reader is too slow
+        with pytest.raises(kvtier.KvtierError) as e:
+            with rv as views:
+                assert len(views) == 2
+        assert e.value.name == "E_EXPIRED"
+        assert c.retrieve(keys) == random_payloads(2, 10000)
+
+
+def test_l1_eviction_under_load_larger_than_l1(make_server, tmp_path):
+    d = tmp_path / "l2"
+    s = make_server(["--l1-size-gb", str(64 / 1024), "--l1-init-size-gb", str(64 / 1024),
+                     "--eviction-interval-ms", "100",
+                     "--l2-adapter", adapter_json(type="fs", base_path=str(d))])
+    keys = keys_for("evict", 200)
+    pay = random_payloads(200, MiB, seed=9)
+    peak = 0.0
+    with s.client() as c:
+        for b in range(0, 200, 8):
+            assert c.store(keys[b:b + 8], pay[b:b + 8]) == 8
+            c.flush()
+            frac = wait_until(lambda: (lambda f: f if f <= 0.8 else None)(
+                c.status()["l1"]["usage_fraction"]), timeout=5)
+            assert frac is not None, c.status()["l1"]
+            peak = max(peak, frac)
+        l1 = c.status()["l1"]
+        assert l1["counters"]["evictions"] > 100
+        assert l1["used_bytes"] <= l1["capacity_bytes"]
+        # the oldest keys left L1 but are served from L2, byte-exact
+        assert c.lookup(keys[:20]) == 20
+        assert c.retrieve(keys[:20]) == pay[:20]
+        assert c.status()["l2"][0]["counters"]["load_ok"] >= 20
+    assert len(fs_files(d)) == 200
+
+
+def test_skip_l1_buffer_only_mode(make_server, tmp_path):
+    d = tmp_path / "l2"
+    s = make_server(["--l2-store-policy", "skip_l1", "--eviction-policy", "noop",
+                     "--l2-adapter", adapter_json(type="fs", base_path=str(d))])
+    keys = keys_for("skip", 16)
+    pay = random_payloads(16, 100000, seed=3)
+    with s.client() as c:
+        assert c.store(keys, pay) == 16
+        c.flush()
+        l1 = c.status()["l1"]
+        assert l1["objects"] == 0 and l1["used_bytes"] == 0
+        assert c.lookup(keys) == 16
+        assert c.retrieve(keys) == pay
+        st = c.status()
+        assert st["l2"][0]["counters"]["lookup_hits"] >= 16
+        assert st["l2"][0]["counters"]["load_ok"] >= 16
+        # default prefetch: temporary objects are gone after the reader
+        assert wait_until(lambda: c.status()["l1"]["objects"] == 0)
+
+
+@pytest.mark.parametrize("policy,kept", [("default", 0), ("retain", 12)])
+def test_prefetch_policies(make_server, tmp_path, policy, kept):
+    d = tmp_path / "l2"
+    s = make_server(["--l2-prefetch-policy", policy, "--l2-store-policy", "skip_l1",
+                     "--l2-adapter", adapter_json(type="fs", base_path=str(d))])
+    keys = keys_for("pf", 12)
+    pay = random_payloads(12, 50000, seed=4)
+    with s.client() as c:
+        c.store(keys, pay)
+        c.flush()
+        assert c.status()["l1"]["objects"] == 0
+        assert c.lookup(keys) == 12
+        assert c.retrieve(keys) == pay
+        assert wait_until(lambda: c.status()["l1"]["objects"] == kept), c.status()["l1"]
+        if policy == "retain":
+            before = c.status()["l2"][0]["counters"]["load_ok"]
+            assert c.retrieve(keys) == pay  # now served from L1
+            assert c.status()["l2"][0]["counters"]["load_ok"] == before
+
+
+def test_lookup_without_retrieve_releases_locks(make_server, tmp_path):
+    s = make_server(["--l2-store-policy", "skip_l1",
+                     "--l2-adapter", adapter_json(type="fs", base_path=str(tmp_path / "l2"))])
+    keys = keys_for("locks", 4)
+    with s.client() as c:
+        c.store(keys, random_payloads(4, 1000))
+        c.flush()
+        assert c.lookup(keys) == 4
+        assert c.status()["l1"]["read_leases"] == 1
+        c.free_locks()
+        assert wait_until(lambda: c.status()["l1"]["read_leases"] == 0)
+        assert wait_until(lambda: c.status()["l1"]["objects"] == 0)  # temporary objects freed
+
+
+def test_two_adapters_cascade(make_server, tmp_path):
+    d1, d2 = tmp_path / "a", tmp_path / "b"
+    args = ["--l2-adapter", adapter_json(type="fs", base_path=str(d1)),
+            "--l2-adapter", adapter_json(type="fs", base_path=str(d2))]
+    s = make_server(args)
+    keys = keys_for("cascade", 10)
+    pay = random_payloads(10, 70000, seed=6)
+    with s.client() as c:
+        c.store(keys, pay)
+        c.flush()
+        st = c.status()
+        assert st["l2"][0]["objects"] == 10 and st["l2"][1]["objects"] == 10
+    assert len(fs_files(d1)) == 10 and len(fs_files(d2)) == 10
+    # adapter 0 loses its data: loads come from adapter 1
+    s.kill()
+    shutil.rmtree(d1)
+    s.start()
+    s.wait_recovered()
+    with s.client() as c:
+        assert c.lookup(keys) == 10
+        assert c.retrieve(keys) == pay
+        st = c.status()
+        assert st["l2"][0]["counters"]["load_ok"] == 0
+        assert st["l2"][1]["counters"]["load_ok"] == 10
+    # and with both present, the first adapter serves
+    s.restart()
+    s.wait_recovered()
+    with s.client() as c:
+        c.store(keys[:1], pay[:1])  # already held by L2 #1; L1 copy goes to both again
+        c.flush()
+
+
+def test_http_endpoints_reflect_operations(server, tmp_path):
+    keys = keys_for("http", 5)
+    with server.client(shm=False) as c:  # the inline ops: store, retrieve
+        c.store(keys, random_payloads(5, 4096))
+        c.flush()
+        assert c.lookup(keys) == 5
+        c.retrieve(keys)
+    code, body = server.http_get("/healthz")
+    assert code == 200 and body.strip() == "ok"
+    code, body = server.http_get("/status")
+    st = json.loads(body)
+    assert code == 200 and st["l1"]["objects"] == 5 and st["l2"][0]["objects"] == 5
+    assert st["rpc"]["ops"]["store"]["count"] == 1
+    code, m = server.http_get("/metrics")
+    assert code == 200
+    assert 'kvtier_rpc_requests_total{op="store"} 1' in m
+    assert 'kvtier_rpc_requests_total{op="lookup"} 1' in m
+    assert 'kvtier_hits_total{tier="l1"} ' in m
+    assert 'kvtier_objects{tier="l2",adapter="fs[0]"} 5' in m
+    assert 'kvtier_rpc_latency_seconds_bucket{op="store",le="+Inf"} 1' in m
+    assert "kvtier_l2_corrupt_objects_total" in m and "kvtier_l1_fragmentation" in m
+    code, _ = server.http_get("/nope")
+    assert code == 404
+    # the data directory disappears: unhealthy, naming the part
+    shutil.rmtree(tmp_path / "data")
+    code, body = server.http_get("/healthz")
+    assert code == 503 and "fs[0]" in body
+    with server.client() as c:
+        h = c.status()["health"]
+        assert h["is_healthy"] is False and "fs[0]" in h["detail"]
+
+
+def test_status_command(server):
+    with server.client() as c:
+        c.store(keys_for("st", 3), random_payloads(3, 1000))
+        c.flush()
+    r = run_kvtier("status", "--url", server.url)
+    assert r.returncode == 0, r.stderr
+    assert "L1" in r.stdout and "fs[0]" in r.stdout and "healthy" in r.stdout
+    r = run_kvtier("status", "--url", server.url, "--json")
+    st = json.loads(r.stdout)
+    assert st["l2"][0]["objects"] == 3
+    r = run_kvtier("status", "--url", "tcp://127.0.0.1:1")
+    assert r.returncode == 1 and "cannot reach" in r.stderr
+
+
+def test_chunk_hash_vectors_match_docs():
+    h = kvtier.chunk_hashes(list(range(512)), 256)
+    assert h[0].hex() == "1d15876629a5821c35b4cd7de3514b5952e718a9e87f75aa41a781ebadb5abc9"
+    assert h[1].hex() == "71354a739e18d56ecd771e486a3bfecccb25b6022ed5bb60ef2683482aaeeaa6"
+    assert [x.hex() for x in kvtier.chunk_hashes([1, 2, 3, 4, 5], 2)] == [
+        "dd433990c6daf93f596b060bd811a834197e36e952f26b41f0bc6b12b0dd819c",
+        "10b1ad57104e9b1cc3e7f6c5e3b97b1b11bbb4f9e0c813265d8de233640caea6"]
+    k = kvtier.chunk_keys("m", list(range(1000)), chunk_size=256, kv_rank=kvtier.kv_rank(2, 1, 2, 1), salt="t")
+    assert len(k) == 3 and k.kv_rank == 0x02010201 and len(k[:2]) == 2

@@ -1,0 +1,158 @@
+/* Description: fs adapter through the L2 contract: store, lookup-and-lock, load, unlock, delete, usage, recovery, cap. */
+#include "l2_harness.h"
+
+#include "kvtier/error.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+
+static char dir[256];
+
+static void fill(void *p, size_t n, int seed)
+{
+    unsigned char *c = p;
+    for (size_t i = 0; i < n; i++)
+        c[i] = (unsigned char)(seed * 31 + i * 7);
+}
+
+static void test_contract(void)
+{
+    char spec[512];
+    snprintf(spec, sizeof(spec), "{\"type\":\"fs\",\"base_path\":\"%s/a\"}", dir);
+    kvt_l2 *l2 = open_adapter(spec);
+    wait_recovered(l2);
+    enum { N = 10, SZ = 100000 };
+    static char src[N][SZ], dst[N][SZ];
+    kvt_l2_task *t = kvt_l2_task_new(KVT_L2_STORE, N);
+    for (int i = 0; i < N; i++) {
+        t->keys[i] = hkey("unit", "", i);
+        fill(src[i], SZ, i);
+        t->bufs[i].ptr = src[i];
+        t->bufs[i].len = SZ;
+        t->meta[i].len = SZ;
+    }
+    run_task(l2, t);
+    TEST_ASSERT(kvt_bm_count(t->ok, N) == N);
+    kvt_l2_task_free(t);
+
+    struct kvt_l2_usage u;
+    kvt_l2_usage(l2, &u);
+    TEST_ASSERT(u.objects == N && u.used_bytes == N * (SZ + 512));
+    TEST_ASSERT(u.fraction == -1.0); /* no cap */
+
+    /* lookup: keys 0..9 hit, 10 misses */
+    t = kvt_l2_task_new(KVT_L2_LOOKUP, N + 1);
+    for (int i = 0; i <= N; i++)
+        t->keys[i] = hkey("unit", "", i);
+    run_task(l2, t);
+    TEST_ASSERT(kvt_bm_count(t->ok, N + 1) == N && !kvt_bm_test(t->ok, N));
+    TEST_ASSERT(t->meta[3].len == SZ);
+    kvt_l2_task_free(t);
+
+    /* pinned keys are not deleted */
+    kvt_key k0 = hkey("unit", "", 0);
+    TEST_ASSERT(kvt_l2_delete(l2, &k0, 1, NULL) == 0);
+
+    t = kvt_l2_task_new(KVT_L2_LOAD, N);
+    for (int i = 0; i < N; i++) {
+        t->keys[i] = hkey("unit", "", i);
+        t->bufs[i].ptr = dst[i];
+        t->bufs[i].len = SZ;
+    }
+    run_task(l2, t);
+    TEST_ASSERT(kvt_bm_count(t->ok, N) == N);
+    for (int i = 0; i < N; i++)
+        TEST_ASSERT(t->bufs[i].len == SZ && memcmp(src[i], dst[i], SZ) == 0);
+    kvt_l2_unlock(l2, t->keys, N);
+    kvt_l2_unlock(l2, t->keys, N); /* underflow is a no-op */
+
+    uint64_t removed[1] = {0};
+    TEST_ASSERT(kvt_l2_delete(l2, t->keys, 2, removed) == 2 && removed[0] == 3);
+    kvt_l2_task_free(t);
+
+    /* a load into a too small buffer is refused, never an overrun */
+    t = kvt_l2_task_new(KVT_L2_LOAD, 1);
+    t->keys[0] = hkey("unit", "", 5);
+    t->bufs[0].ptr = dst[0];
+    t->bufs[0].len = SZ - 1;
+    run_task(l2, t);
+    TEST_ASSERT(!kvt_bm_test(t->ok, 0));
+    kvt_l2_task_free(t);
+
+    json_t *st = kvt_l2_status(l2);
+    TEST_ASSERT(json_integer_value(json_object_get(st, "objects")) == N - 2);
+    TEST_ASSERT(json_is_true(json_object_get(st, "is_healthy")));
+    json_decref(st);
+    close_adapter(l2);
+
+    /* reopen: accounting restored by the scan */
+    l2 = open_adapter(spec);
+    wait_recovered(l2);
+    kvt_l2_usage(l2, &u);
+    TEST_ASSERT(u.objects == N - 2 && u.used_bytes == (N - 2) * (SZ + 512));
+    t = kvt_l2_task_new(KVT_L2_LOOKUP, 1);
+    t->keys[0] = hkey("unit", "", 9);
+    run_task(l2, t);
+    TEST_ASSERT(kvt_bm_test(t->ok, 0) && t->meta[0].len == SZ);
+    kvt_l2_unlock(l2, t->keys, 1);
+    kvt_l2_task_free(t);
+    close_adapter(l2);
+}
+
+static void test_cap_and_eviction(void)
+{
+    char spec[512];
+    /* cap: 5 objects of 1 MiB + header; LRU evicts at 0.8 down to 60% */
+    double cap_gb = 5.0 * (1048576 + 512) / 1073741824.0;
+    snprintf(spec, sizeof(spec),
+             "{\"type\":\"fs\",\"base_path\":\"%s/b\",\"max_capacity_gb\":%.12f,"
+             "\"eviction\":{\"eviction_policy\":\"LRU\",\"trigger_watermark\":0.8,"
+             "\"eviction_ratio\":0.4}}",
+             dir, cap_gb);
+    kvt_l2 *l2 = open_adapter(spec);
+    wait_recovered(l2);
+    static char buf[1 << 20];
+    int stored = 0, refused = 0;
+    for (int i = 0; i < 8; i++) {
+        kvt_l2_task *t = kvt_l2_task_new(KVT_L2_STORE, 1);
+        t->keys[0] = hkey("cap", "", i);
+        t->bufs[0].ptr = buf;
+        t->bufs[0].len = sizeof(buf);
+        run_task(l2, t);
+        if (kvt_bm_test(t->ok, 0))
+            stored++;
+        else {
+            TEST_ASSERT(t->err == KVT_E_FULL);
+            refused++;
+        }
+        kvt_l2_task_free(t);
+        struct kvt_l2_usage u;
+        kvt_l2_usage(l2, &u);
+        TEST_ASSERT(u.used_bytes <= u.cap_bytes);
+    }
+    TEST_ASSERT(stored == 5 && refused == 3);
+    /* eviction: used 5/5 >= 0.8 -> down to 60%: 3 objects, oldest gone */
+    uint64_t freed = kvt_l2_evict_to(l2, (uint64_t)(0.6 * 5 * (1048576 + 512)), 16);
+    TEST_ASSERT(freed == 2 * (1048576 + 512));
+    kvt_l2_task *t = kvt_l2_task_new(KVT_L2_LOOKUP, 5);
+    for (int i = 0; i < 5; i++)
+        t->keys[i] = hkey("cap", "", i);
+    run_task(l2, t);
+    TEST_ASSERT(!kvt_bm_test(t->ok, 0) && !kvt_bm_test(t->ok, 1) && kvt_bm_test(t->ok, 4));
+    kvt_l2_unlock(l2, t->keys, 5);
+    kvt_l2_task_free(t);
+    close_adapter(l2);
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/kvt-unit-fs-%d", (int)getpid());
+    mkdir(dir, 0755);
+    RUN(test_contract);
+    RUN(test_cap_and_eviction);
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd)) {
+    }
+    return TEST_RESULT();
+}
