@@ -90,7 +90,7 @@ struct kvt_s3_opts {
     int breaker_threshold;
     uint64_t max_capacity_bytes;
     /* resolved from the above */
-    char scheme[8], host[300], bucket[128];
+    char scheme[8], host[400], bucket[128];
     bool path_style;
 };
 int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o);

@@ -1031,7 +1031,7 @@ static int parse_nodes(struct kvt_cfg *c, const char *list, struct kvt_resp_opts
                 a++;
             }
             if (count++ == 0) {
-                snprintf(o->node_host, sizeof(o->node_host), "%s", a);
+                snprintf(o->node_host, sizeof(o->node_host), "%.255s", a);
                 o->port = (int)port;
             }
         }

@@ -779,7 +779,7 @@ void kvt_s3_io_tick(kvt_l2 *l2, uint64_t now)
 static void s3_status(kvt_l2 *l2, json_t *out)
 {
     struct s3_engine *e = l2->engine;
-    char url[700];
+    char url[800];
     snprintf(url, sizeof(url), "%s://%s%s/%s", e->scheme, e->host, e->base, e->prefix);
     json_object_set_new(out, "endpoint_url", json_string(url));
     json_object_set_new(out, "bucket", json_string(e->bucket));
@@ -958,7 +958,9 @@ static int resolve_endpoint(struct kvt_cfg *c, struct kvt_s3_opts *o, bool tls_e
         ep += 7, kind = 2;
     else if (strncmp(ep, "https://", 8) == 0)
         ep += 8, kind = 3;
-    char rest[300];
+    char rest[256];
+    if (strlen(ep) >= sizeof(rest))
+        return kvt_cfg_fail(c, "s3_endpoint", "is too long");
     snprintf(rest, sizeof(rest), "%s", ep);
     size_t rl = strlen(rest);
     while (rl && rest[rl - 1] == '/')
@@ -988,7 +990,7 @@ static int resolve_endpoint(struct kvt_cfg *c, struct kvt_s3_opts *o, bool tls_e
         if (o->path_style)
             snprintf(o->host, sizeof(o->host), "%s", rest);
         else
-            snprintf(o->host, sizeof(o->host), "%s.%s", o->bucket, rest);
+            snprintf(o->host, sizeof(o->host), "%.127s.%.255s", o->bucket, rest);
         return 0;
     }
     if (addr && strcmp(addr, "path") == 0)
@@ -998,8 +1000,8 @@ static int resolve_endpoint(struct kvt_cfg *c, struct kvt_s3_opts *o, bool tls_e
     if (kind == 1 && !strchr(rest, '.') && !strchr(rest, ':')) {
         if (!bucket_name_ok(rest))
             return kvt_cfg_fail(c, "s3_endpoint", "\"%s\" is not a valid bucket name", rest);
-        snprintf(o->bucket, sizeof(o->bucket), "%s", rest);
-        snprintf(o->host, sizeof(o->host), "%s.s3.%s.amazonaws.com", rest, o->region);
+        snprintf(o->bucket, sizeof(o->bucket), "%.127s", rest);
+        snprintf(o->host, sizeof(o->host), "%.127s.s3.%.63s.amazonaws.com", rest, o->region);
         return 0;
     }
     const char *dot = strchr(rest, '.');
@@ -1009,7 +1011,7 @@ static int resolve_endpoint(struct kvt_cfg *c, struct kvt_s3_opts *o, bool tls_e
                             "\"%s\" does not name a bucket: add \"s3_bucket\" (and "
                             "\"s3_addressing\": \"path\" for servers such as MinIO)",
                             o->endpoint);
-    snprintf(o->bucket, sizeof(o->bucket), "%.*s", (int)(dot - rest), rest);
+    snprintf(o->bucket, sizeof(o->bucket), "%.*s", (int)KVT_MIN((size_t)(dot - rest), 127), rest);
     snprintf(o->host, sizeof(o->host), "%s", rest);
     return 0;
 }
@@ -1096,7 +1098,7 @@ int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
     json_object_set_new(c->resolved, "s3_bucket", json_string(o->bucket));
     json_object_set_new(c->resolved, "s3_addressing",
                         json_string(o->path_style ? "path" : "virtual"));
-    char url[500];
+    char url[600];
     snprintf(url, sizeof(url), "%s://%s%s%s/", o->scheme, o->host, o->path_style ? "/" : "",
              o->path_style ? o->bucket : "");
     json_object_set_new(c->resolved, "endpoint_url", json_string(url));

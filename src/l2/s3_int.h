@@ -103,7 +103,7 @@ struct s3_engine {
     kvt_l2 *l2;
     /* configuration (immutable after open) */
     char scheme[8];        /* "http" or "https" */
-    char host[300];        /* Host header and URL authority */
+    char host[400];        /* Host header and URL authority */
     char bucket[128];
     bool path_style;       /* path: /bucket/key, virtual: bucket in host */
     char base[140];        /* "/bucket" (path style) or "" */
