@@ -394,3 +394,28 @@ def test_unreachable_at_start_then_available(make_server, tmp_path):
         assert len(r.keys("t@*")) == 2
     finally:
         r.kill()
+
+
+def test_delete_and_eviction_remove_values(make_server, redis):
+    """delete removes values from Redis (UNLINK); under a cap with an LRU
+    eviction block the eviction controller keeps usage under the watermark
+    by removing the coldest values."""
+    cap_gb = 16 * (64 * KiB + HDR) / 2**30
+    s = make_server(["--l2-adapter", resp_json(redis, max_capacity_gb=cap_gb, eviction={
+        "eviction_policy": "LRU", "trigger_watermark": 0.5, "eviction_ratio": 0.5})])
+    keys = keys_for("evict", 12)
+    pay = random_payloads(12, 64 * KiB, seed=11)
+    with s.client() as c:
+        assert c.store(keys[:4], pay[:4]) == 4
+        c.flush()
+        assert c.delete(keys[:2]) == 2
+    assert len(redis.keys("t@*")) == 2
+    with s.client() as c:
+        for i in range(4, 12):
+            c.store(keys[i:i + 1], pay[i:i + 1])
+        c.flush()
+    a = wait_for(lambda: (lambda x: x if x["counters"]["evictions"] > 0 and
+                          x["usage_fraction"] <= 0.5 else None)(adapter_status(s)),
+                 what="eviction below the watermark")
+    assert len(redis.keys("t@*")) == a["objects"] < 10
+    assert a["used_bytes"] == sum(len(redis.cmd("GET", k)) for k in redis.keys("t@*"))

@@ -417,3 +417,16 @@ def test_mooncake_store_is_refused_clearly():
                    json.dumps({"type": "mooncake_store", "per_op_workers": {"compact": 2}}))
     assert r.returncode == 2 and '"per_op_workers.compact" is not a known field' in r.stderr, r.stderr
     assert "lookup, retrieve, store, delete" in r.stderr, r.stderr
+
+
+def test_delete_removes_objects(make_server, s3):
+    s = make_server(["--l2-adapter", s3_json(s3)])
+    keys = keys_for("del", 5)
+    with s.client() as c:
+        assert c.store(keys, random_payloads(5, 10 * KiB, seed=12)) == 5
+        c.flush()
+        assert c.delete(keys[:3]) == 3
+        a = c.status()["l2"][0]
+    assert len(s3.objects("t/")) == 2
+    assert a["objects"] == 2 and a["requests"]["delete"] == 3
+    assert a["used_bytes"] == 2 * (HDR + 10 * KiB)
