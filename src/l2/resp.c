@@ -10,18 +10,22 @@
  * Batches above RESP_SPLIT_BYTES (4 MiB) are spread over up to num_workers
  * connections, each pipelined.
  *   Store:  reserve capacity -> SET key <hdr+payload> per key -> publish.
- *   Lookup: index (keys with a known length, no I/O); otherwise
- *           GETRANGE key 0 511 + STRLEN key per key: the header is decoded
- *           and checked (identity, lengths) before the key counts as a hit.
- *   Load:   GET key per key; the header is read into a small buffer and the
- *           payload straight into the destination (only if it fits: never an
- *           overrun), then the checksum is verified. Torn, foreign or corrupt
- *           values are misses, counted and removed.
+ *   Lookup: every lookup asks the server, in one pipelined pass: STRLEN
+ *           for keys the index knows (the size must still match), GETRANGE
+ *           key 0 511 + STRLEN for others (the header is decoded and checked:
+ *           identity, lengths) before a key counts as a hit.
+ *   Load:   GET key per key; the header is read into a small buffer and
+ *           checked first, the payload is copied into the destination as it
+ *           arrives (only if it fits: never an overrun), then the checksum is
+ *           verified. Torn, foreign or corrupt values are misses, counted and
+ *           removed.
  * Data commands bypass hiredis' buffers (hiredis 0.14 copies a value three
- * times: command formatting, reader buffer, reply object): SETs go out with
- * writev from the caller's buffer, GET replies are parsed here and read into
- * the destination. hiredis does the rest: connect, AUTH, SELECT, INFO, SCAN,
- * UNLINK.
+ * times: command formatting, reader buffer, reply object): SETs are gathered
+ * through one 1 MiB output buffer per connection, GET replies are parsed
+ * here and copied out of one 1 MiB reply buffer into the destination (one
+ * copy each way; on the test VM this beat socket I/O straight to and from
+ * the object's pages by 1.5-3x, see docs/remote-tiers.md). hiredis does the
+ * rest: connect, AUTH, SELECT, INFO, SCAN, UNLINK.
  *
  * Start-up: a background SCAN over the prefix (STRLEN + header per key)
  * restores accounting while serving; with max_capacity_gb > 0 stores wait
@@ -110,6 +114,7 @@ static void *worker_new(int i, void *arg)
     (void)arg;
     struct worker *w = kvt_xcalloc(1, sizeof(*w));
     w->cn.rbuf = kvt_xmalloc(RBUF_CAP);
+    w->cn.obuf = kvt_xmalloc(OBUF_CAP);
     return w;
 }
 
@@ -120,6 +125,7 @@ static void worker_free(void *p)
         return;
     kvt_resp_conn_close(&w->cn);
     free(w->cn.rbuf);
+    free(w->cn.obuf);
     free(w->wb.p);
     free(w->hdrs);
     free(w);
@@ -544,9 +550,9 @@ struct load_ctx {
 
 /*
  * LOAD pass: "GET key" for every pending key. Each reply's header goes to
- * the worker's header buffer and is checked first; the payload is read
- * straight into the destination only when the header names this key and
- * the payload fits the destination's capacity. Anything else is drained.
+ * the worker's header buffer and is checked first; the payload is copied
+ * into the destination only when the header names this key and the payload
+ * fits the destination's capacity. Anything else is drained.
  */
 static int load_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
                      const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
@@ -983,6 +989,7 @@ static void resp_close(kvt_l2 *l2)
         delete_all_indexed(l2, e);
     kvt_resp_conn_close(&e->ctl);
     free(e->ctl.rbuf);
+    free(e->ctl.obuf);
     pthread_mutex_destroy(&e->hlock);
     pthread_cond_destroy(&e->hcond);
     pthread_mutex_destroy(&e->park_lock);
@@ -1163,6 +1170,7 @@ int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_r
     e->conn_tv = tv_of(o->connection_timeout);
     e->req_tv = tv_of(o->request_timeout);
     e->ctl.rbuf = kvt_xmalloc(RBUF_CAP);
+    e->ctl.obuf = kvt_xmalloc(OBUF_CAP);
     atomic_store(&e->gen, 1);
     e->backoff_ns = BACKOFF_MIN_NS;
     e->scan_needed = true;
@@ -1203,6 +1211,7 @@ fail:
     if (e->pool)
         kvt_tpool_destroy(e->pool);
     free(e->ctl.rbuf);
+    free(e->ctl.obuf);
     free(e);
     l2->engine = NULL;
     kvt_l2_base_destroy(l2);
