@@ -522,8 +522,8 @@ static void do_lookup(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
             continue; /* absent */
         struct kvt_objhdr h;
         const char *why = NULL;
-        if (kvt_resp_check_header(w->hdrs + (size_t)j * HDR, lc.hlen[j], (uint64_t)lc.slen[j], &t->keys[i],
-                         &h, &why)) {
+        if (kvt_resp_check_header(w->hdrs + (size_t)j * HDR, lc.hlen[j], (uint64_t)lc.slen[j],
+                                  &t->keys[i], &h, &why)) {
             char ks[400];
             atomic_fetch_add(&e->foreign, 1);
             kvt_debug("%s: lookup %s: %s: a miss", l2->name,
@@ -916,8 +916,10 @@ static void resp_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "disconnects", json_integer((json_int_t)atomic_load(&e->disconnects)));
     json_object_set_new(out, "reconnects", json_integer((json_int_t)atomic_load(&e->reconnects)));
     json_object_set_new(out, "foreign_values", json_integer((json_int_t)atomic_load(&e->foreign)));
-    json_object_set_new(out, "swept_after_restart", json_integer((json_int_t)atomic_load(&e->swept)));
-    json_object_set_new(out, "command_errors", json_integer((json_int_t)atomic_load(&e->cmd_errors)));
+    json_object_set_new(out, "swept_after_restart",
+                        json_integer((json_int_t)atomic_load(&e->swept)));
+    json_object_set_new(out, "command_errors",
+                        json_integer((json_int_t)atomic_load(&e->cmd_errors)));
 }
 
 static bool resp_healthy(kvt_l2 *l2, char *msg, size_t cap)

@@ -175,15 +175,16 @@ static int scan_page(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, redisR
         if (!ok[i])
             continue;
         redisReply *a = NULL, *b = NULL;
-        if (redisGetReply(c, (void **)&a) != REDIS_OK || redisGetReply(c, (void **)&b) != REDIS_OK) {
+        if (redisGetReply(c, (void **)&a) != REDIS_OK ||
+            redisGetReply(c, (void **)&b) != REDIS_OK) {
             rc = -EIO;
         } else if (a->type == REDIS_REPLY_INTEGER && b->type == REDIS_REPLY_STRING) {
             struct kvt_objhdr h;
             const char *why;
             kvt_key ck;
             kvt_key_canon(KVT_CODEC_OBJ, &k[i], &ck);
-            if (kvt_resp_check_header((const uint8_t *)b->str, (uint32_t)b->len, (uint64_t)a->integer,
-                             &k[i], &h, &why) == 0) {
+            if (kvt_resp_check_header((const uint8_t *)b->str, (uint32_t)b->len,
+                                      (uint64_t)a->integer, &k[i], &h, &why) == 0) {
                 if (!mark_seen(l2, &ck, gen, (uint32_t)h.logical_len) &&
                     kvt_l2_adopt(l2, &ck, (uint32_t)a->integer, (uint32_t)h.logical_len, HDR,
                                  (uint8_t)(F_LEN_KNOWN | gen), false, true)) {

@@ -535,7 +535,8 @@ static void xml_unescape(char *s)
         static const struct {
             const char *e;
             char c;
-        } ents[] = {{"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
+        } ents[] = {
+            {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
         bool done = false;
         for (size_t i = 0; i < KVT_ARRAY_LEN(ents) && !done; i++) {
             size_t l = strlen(ents[i].e);
@@ -630,7 +631,8 @@ static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *b
                 struct list_ent *en = &ls->v[ls->n++];
                 kvt_key_canon(KVT_CODEC_OBJ, &k, &en->key);
                 en->size = (uint32_t)size;
-                en->mtime_ms = xml_field(p, z, "LastModified", date, sizeof(date)) ? iso_ms(date) : 0;
+                en->mtime_ms =
+                    xml_field(p, z, "LastModified", date, sizeof(date)) ? iso_ms(date) : 0;
             } else {
                 atomic_fetch_add(&e->foreign, 1);
             }
@@ -799,8 +801,9 @@ static void s3_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(b, "consecutive_errors", json_integer(e->conn_errors));
     json_object_set_new(b, "threshold", json_integer(e->breaker_threshold));
     json_object_set_new(b, "opens", json_integer((json_int_t)e->brk_opens));
-    json_object_set_new(b, "open_seconds",
-                        json_real(e->brk != BRK_CLOSED ? (double)(now - e->open_since_ns) / 1e9 : 0));
+    json_object_set_new(
+        b, "open_seconds",
+        json_real(e->brk != BRK_CLOSED ? (double)(now - e->open_since_ns) / 1e9 : 0));
     json_object_set_new(b, "next_probe_seconds",
                         json_real(e->brk == BRK_OPEN && e->next_probe_ns > now
                                       ? (double)(e->next_probe_ns - now) / 1e9
@@ -825,7 +828,8 @@ static void s3_status(kvt_l2 *l2, json_t *out)
     for (int i = 0; i < S3_NOPS; i++)
         json_object_set_new(rq, names[i], json_integer((json_int_t)atomic_load(&e->reqs[i])));
     json_object_set_new(out, "requests", rq);
-    json_object_set_new(out, "failed_requests", json_integer((json_int_t)atomic_load(&e->failures)));
+    json_object_set_new(out, "failed_requests",
+                        json_integer((json_int_t)atomic_load(&e->failures)));
     json_object_set_new(out, "foreign_objects", json_integer((json_int_t)atomic_load(&e->foreign)));
 }
 
@@ -981,9 +985,10 @@ static int resolve_endpoint(struct kvt_cfg *c, struct kvt_s3_opts *o, bool tls_e
     const char *addr = o->addressing;
     if (o->bucket_opt) {
         if (!bucket_name_ok(o->bucket_opt))
-            return kvt_cfg_fail(c, "s3_bucket",
-                                "must be a bucket name of letters, digits, '.', '-', '_' (got \"%s\")",
-                                o->bucket_opt);
+            return kvt_cfg_fail(
+                c, "s3_bucket",
+                "must be a bucket name of letters, digits, '.', '-', '_' (got \"%s\")",
+                o->bucket_opt);
         snprintf(o->bucket, sizeof(o->bucket), "%s", o->bucket_opt);
         bool aws = rl > 14 && strcmp(rest + rl - 14, ".amazonaws.com") == 0;
         o->path_style = addr ? strcmp(addr, "path") == 0 : !aws;

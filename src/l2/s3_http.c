@@ -626,7 +626,8 @@ static void *io_main(void *arg)
             timeout = next_probe > n2 ? (int)KVT_MIN((next_probe - n2) / 1000000 + 1, 1000) : 0;
         }
         pthread_mutex_lock(&e->lock);
-        bool pending = e->q_head && (e->brk != BRK_CLOSED || e->active < (uint32_t)e->max_transfers);
+        bool pending =
+            e->q_head && (e->brk != BRK_CLOSED || e->active < (uint32_t)e->max_transfers);
         pthread_mutex_unlock(&e->lock);
         if (!pending)
             curl_multi_poll(e->multi, NULL, 0, timeout, NULL);
