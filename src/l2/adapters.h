@@ -38,6 +38,8 @@ int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *spec, cha
 void kvt_l2_spec_free(struct kvt_l2_spec *spec);
 /* Create and start the adapter described by a parsed spec. */
 int kvt_l2_open(const struct kvt_l2_spec *spec, kvt_l2 **out, char *err, size_t errcap);
+/* The same into caller-provided storage (wrappers open their inner adapter). */
+int kvt_l2_open_into(const struct kvt_l2_spec *spec, kvt_l2 *l2, char *err, size_t errcap);
 /* Known adapter types, for messages. */
 const char *kvt_l2_types(void);
 
@@ -105,5 +107,19 @@ struct kvt_mooncake_opts {
 int kvt_mooncake_parse(struct kvt_cfg *c, struct kvt_mooncake_opts *o);
 int kvt_mooncake_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
                       const struct kvt_mooncake_opts *o, char *err, size_t errcap);
+
+/* ---- fault_inject (test/diagnostic wrapper) ---- */
+struct kvt_fault_opts {
+    const json_t *inner; /* points into the spec's JSON */
+    double rate;
+    uint64_t seed;
+    uint32_t gaps[64];
+    int ngaps;
+    double ratios[64];
+    int nratios;
+};
+int kvt_fault_parse(struct kvt_cfg *c, struct kvt_fault_opts *o);
+int kvt_fault_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fault_opts *o,
+                   char *err, size_t errcap);
 
 #endif

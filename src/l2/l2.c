@@ -248,6 +248,8 @@ static void finish_policy_locked(kvt_l2 *l2, kvt_l2_task *t)
 
 void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
 {
+    if (l2->finish_hook)
+        l2->finish_hook(l2, t);
     uint32_t hits = (uint32_t)kvt_bm_count(t->ok, t->n);
     struct kvt_l2_counters *c = &l2->counters;
     switch (t->kind) {
@@ -564,6 +566,8 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(o, "counters", c);
     if (l2->ops->status)
         l2->ops->status(l2, o);
+    if (l2->hook_status)
+        l2->hook_status(l2, o);
     return o;
 }
 
@@ -574,6 +578,8 @@ void kvt_l2_close(kvt_l2 *l2)
     pthread_mutex_unlock(&l2->lock);
     if (l2->ops->close)
         l2->ops->close(l2);
+    free(l2->hook_ctx);
+    l2->hook_ctx = NULL;
     kvt_l2_base_destroy(l2);
 }
 

@@ -178,6 +178,11 @@ struct kvt_l2 {
     struct kvt_l2_counters counters;
     bool persist_enabled;
     void *engine; /* engine state */
+    /* Test/diagnostic hook (fault_inject): may clear result bits of a task
+     * just before it is published. Set once before the first submit. */
+    void (*finish_hook)(kvt_l2 *l2, kvt_l2_task *t);
+    void (*hook_status)(kvt_l2 *l2, json_t *out);
+    void *hook_ctx; /* freed by kvt_l2_close */
 };
 
 struct kvt_l2_spec;

@@ -64,12 +64,22 @@ static int open_mooncake(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char 
     return kvt_mooncake_open(l2, s, o, err, cap);
 }
 
+static int parse_fault(struct kvt_cfg *c, void *o)
+{
+    return kvt_fault_parse(c, o);
+}
+static int open_fault(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
+{
+    return kvt_fault_open(l2, s, o, err, cap);
+}
+
 union any_opts {
     struct kvt_fs_opts fs;
     struct kvt_mock_opts mock;
     struct kvt_resp_opts resp;
     struct kvt_s3_opts s3;
     struct kvt_mooncake_opts mooncake;
+    struct kvt_fault_opts fault;
 };
 
 static const struct type_ent {
@@ -84,6 +94,7 @@ static const struct type_ent {
     {"valkey", parse_valkey, open_resp},
     {"s3", parse_s3, open_s3},
     {"mooncake_store", parse_mooncake, open_mooncake},
+    {"fault_inject", parse_fault, open_fault},
 };
 
 const char *kvt_l2_types(void)
@@ -198,7 +209,7 @@ int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *
     return rc;
 }
 
-int kvt_l2_open(const struct kvt_l2_spec *s, kvt_l2 **out, char *err, size_t errcap)
+int kvt_l2_open_into(const struct kvt_l2_spec *s, kvt_l2 *l2, char *err, size_t errcap)
 {
     const struct type_ent *te = find_type(s->type);
     if (!te)
@@ -213,12 +224,19 @@ int kvt_l2_open(const struct kvt_l2_spec *s, kvt_l2 **out, char *err, size_t err
         kvt_cfg_free(&c);
         return rc;
     }
-    kvt_l2 *l2 = kvt_xcalloc(1, sizeof(*l2));
     char oerr[512] = "";
     rc = te->open(l2, s, &o, oerr, sizeof(oerr));
     kvt_cfg_free(&c);
-    if (rc) {
+    if (rc)
         snprintf(err, errcap, "--l2-adapter #%d (%s): %s", s->index, s->type, oerr);
+    return rc;
+}
+
+int kvt_l2_open(const struct kvt_l2_spec *s, kvt_l2 **out, char *err, size_t errcap)
+{
+    kvt_l2 *l2 = kvt_xcalloc(1, sizeof(*l2));
+    int rc = kvt_l2_open_into(s, l2, err, errcap);
+    if (rc) {
         free(l2);
         return rc;
     }

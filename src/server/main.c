@@ -12,6 +12,7 @@
 #include <string.h>
 
 int kvt_cmd_status(int argc, char **argv);
+int kvt_cmd_replay(int argc, char **argv);
 
 static void usage(FILE *f)
 {
@@ -20,6 +21,7 @@ static void usage(FILE *f)
                "commands:\n"
                "  server     run the cache server (kvtier server --help)\n"
                "  status     show what a running server holds (kvtier status --help)\n"
+               "  replay     replay a Mooncake trace against a server (kvtier replay --help)\n"
                "  version    print the version\n");
 }
 
@@ -56,6 +58,8 @@ int main(int argc, char **argv)
         return cmd_server(argc - 1, argv + 1);
     if (strcmp(cmd, "status") == 0)
         return kvt_cmd_status(argc - 1, argv + 1);
+    if (strcmp(cmd, "replay") == 0)
+        return kvt_cmd_replay(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("kvtier %s\n", KVT_VERSION);
         return 0;

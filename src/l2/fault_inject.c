@@ -1,0 +1,177 @@
+/*
+ * fault_inject: a test/diagnostic wrapper around any other adapter (LMCache's
+ * FaultInjectL2Adapter). Every operation is the inner adapter's; only LOAD
+ * results are post-processed: chosen keys fail to load although lookup
+ * reported them present, the faithful "L2 retrieve error". The prefetch
+ * controller must trim the prefix there and never serve those bytes.
+ *
+ * Config (LMCache's keys):
+ *   inner            the wrapped adapter's full spec (required)
+ *   rate             per-key drop probability in [0, 1] (0.0)
+ *   seed             seed of the per-key hash (0): the same key drops the same
+ *                    way at every load, reproducibly across runs
+ *   gap_indices      positions (from the head of each load batch) to drop
+ *   gap_tail_ratios  positions as distance-from-tail / batch length in
+ *                    [0, 1]: 0 = last, 0.5 = middle, 1 = first
+ * The per-key hash is XXH3-64 of (seed, canonical key) bucketed by rate
+ * (LMCache uses blake2b: the drop sets differ, the semantics do not).
+ */
+#include "common/log.h"
+#include "common/util.h"
+#include "kvtier/error.h"
+#include "l2/adapters.h"
+#include "l2/l2.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#define MAX_GAPS 64
+
+struct fault {
+    double rate;
+    uint64_t seed;
+    uint32_t gaps[MAX_GAPS];
+    int ngaps;
+    double ratios[MAX_GAPS];
+    int nratios;
+    _Atomic uint64_t dropped;
+};
+
+static bool drop_key(const struct fault *f, const kvt_key *k)
+{
+    if (f->rate <= 0)
+        return false;
+    XXH3_state_t st;
+    XXH3_64bits_reset_withSeed(&st, f->seed);
+    XXH3_64bits_update(&st, k, sizeof(*k));
+    uint64_t h = XXH3_64bits_digest(&st);
+    return (double)(h % 1000000) < f->rate * 1000000.0;
+}
+
+static void hook(kvt_l2 *l2, kvt_l2_task *t)
+{
+    struct fault *f = l2->hook_ctx;
+    if (t->kind != KVT_L2_LOAD || t->n == 0)
+        return;
+    for (uint32_t i = 0; i < t->n; i++) {
+        bool drop = false;
+        for (int g = 0; g < f->ngaps && !drop; g++)
+            drop = f->gaps[g] == i;
+        for (int r = 0; r < f->nratios && !drop; r++)
+            drop = (uint32_t)lround((1.0 - f->ratios[r]) * (double)(t->n - 1)) == i;
+        if (!drop) {
+            kvt_key ck;
+            kvt_l2_canon(l2, &t->keys[i], &ck);
+            drop = drop_key(f, &ck);
+        }
+        if (drop && kvt_bm_test(t->ok, i)) {
+            t->ok[i / 64] &= ~(1ull << (i % 64));
+            atomic_fetch_add(&f->dropped, 1);
+        }
+    }
+}
+
+static int num_list(struct kvt_cfg *c, const char *key, double *out, int max, double lo,
+                    double hi, bool integers)
+{
+    const json_t *v = kvt_cfg_raw(c, key);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_array(v) || (int)json_array_size(v) > max)
+        return kvt_cfg_fail(c, key, "must be a list of at most %d numbers", max);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e)
+    {
+        double d = json_number_value(e);
+        if (!json_is_number(e) || (integers && !json_is_integer(e)) || d < lo || d > hi)
+            return kvt_cfg_fail(c, key, "must be a list of %s in [%g, %g]",
+                                integers ? "integers" : "numbers", lo, hi);
+        out[i] = d;
+    }
+    return (int)json_array_size(v);
+}
+
+int kvt_fault_parse(struct kvt_cfg *c, struct kvt_fault_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    const json_t *inner = kvt_cfg_raw(c, "inner");
+    if (!inner || !json_is_object(inner))
+        return kvt_cfg_fail(c, "inner", "is required: the wrapped adapter's spec with its \"type\"");
+    const json_t *it = json_object_get(inner, "type");
+    if (json_is_string(it) && strcmp(json_string_value(it), "fault_inject") == 0)
+        return kvt_cfg_fail(c, "inner", "cannot itself be a fault_inject adapter");
+    char *text = json_dumps(inner, JSON_COMPACT);
+    char err[512];
+    struct kvt_l2_spec spec;
+    int rc = kvt_l2_spec_parse(text, c->index, &spec, err, sizeof(err));
+    free(text);
+    if (rc) {
+        kvt_cfg_fail(c, "inner", "is invalid: %s", err);
+        c->rc = rc;
+        return rc;
+    }
+    json_object_set(c->resolved, "inner", spec.resolved);
+    kvt_l2_spec_free(&spec);
+    o->inner = inner;
+    kvt_cfg_num(c, "rate", false, 0.0, 0.0, 1.0, &o->rate);
+    int64_t seed = 0;
+    kvt_cfg_int(c, "seed", false, 0, INT64_MIN, INT64_MAX, &seed);
+    o->seed = (uint64_t)seed;
+    double tmp[MAX_GAPS];
+    int n = num_list(c, "gap_indices", tmp, MAX_GAPS, 0, 1e9, true);
+    for (int i = 0; i < n; i++)
+        o->gaps[i] = (uint32_t)tmp[i];
+    o->ngaps = n;
+    o->nratios = num_list(c, "gap_tail_ratios", o->ratios, MAX_GAPS, 0.0, 1.0, false);
+    return c->rc;
+}
+
+static void hook_status(kvt_l2 *l2, json_t *out)
+{
+    struct fault *f = l2->hook_ctx;
+    json_t *o = json_object();
+    json_object_set_new(o, "rate", json_real(f->rate));
+    json_object_set_new(o, "seed", json_integer((json_int_t)f->seed));
+    json_object_set_new(o, "gap_indices", json_integer(f->ngaps));
+    json_object_set_new(o, "gap_tail_ratios", json_integer(f->nratios));
+    json_object_set_new(o, "dropped_loads", json_integer((json_int_t)atomic_load(&f->dropped)));
+    json_object_set_new(out, "fault_inject", o);
+}
+
+int kvt_fault_open(kvt_l2 *l2, const struct kvt_l2_spec *outer, const struct kvt_fault_opts *o,
+                   char *err, size_t errcap)
+{
+    char *text = json_dumps(o->inner, JSON_COMPACT);
+    struct kvt_l2_spec spec;
+    int rc = kvt_l2_spec_parse(text, outer->index, &spec, err, errcap);
+    free(text);
+    if (rc)
+        return rc;
+    rc = kvt_l2_open_into(&spec, l2, err, errcap);
+    kvt_l2_spec_free(&spec);
+    if (rc)
+        return rc;
+    struct fault *f = kvt_xcalloc(1, sizeof(*f));
+    f->rate = o->rate;
+    f->seed = o->seed;
+    memcpy(f->gaps, o->gaps, sizeof(f->gaps));
+    f->ngaps = o->ngaps;
+    memcpy(f->ratios, o->ratios, sizeof(f->ratios));
+    f->nratios = o->nratios;
+    l2->hook_ctx = f;
+    l2->hook_status = hook_status;
+    l2->finish_hook = hook; /* before any task: open_into started no work yet */
+    char inner_type[sizeof(l2->type)];
+    snprintf(inner_type, sizeof(inner_type), "%s", l2->type);
+    snprintf(l2->name, sizeof(l2->name), "fault_inject(%.20s)[%d]", inner_type, outer->index);
+    kvt_warn("%s ACTIVE (rate %.3f, seed %llu, %d gap indices, %d tail ratios): "
+             "test/diagnostic use only",
+             l2->name, f->rate, (unsigned long long)f->seed, f->ngaps, f->nratios);
+    return 0;
+}
+

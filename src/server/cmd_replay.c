@@ -1,0 +1,509 @@
+/*
+ * kvtier replay: drive a running server with a Mooncake-format trace.
+ *
+ * Each line is one request: {"timestamp": ms, "input_length": tokens,
+ * "output_length": n, "hash_ids": [block ids, 512 tokens each]}. Block ids are
+ * prefix-aware (the same id means the same prefix), so a block's key hash is
+ * its id. For every request, in trace order:
+ *   lookup(blocks) -> h leading hits; retrieve(blocks[:h]) (bytes verified:
+ *   each block's payload is derived from its id); store(blocks[h:]).
+ * Prints the prefix hit ratio, bytes moved, wrong bytes (must be 0), latency
+ * percentiles, and for the same budget the hit ratios of LRU and of Belady's
+ * optimum (MIN: evict the block used farthest in the future) computed offline.
+ */
+#include "common/util.h"
+#include "kvtier/client.h"
+
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvt_cmd_replay(int argc, char **argv);
+
+struct trace {
+    uint32_t nreq;
+    uint32_t *start; /* nreq + 1 offsets into ids */
+    uint64_t *ids;
+    uint64_t nacc;
+};
+
+static int load_trace(const char *path, struct trace *t, uint32_t limit)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "kvtier replay: cannot open %s\n", path);
+        return -1;
+    }
+    size_t cap_r = 1024, cap_a = 1 << 16;
+    t->start = malloc(cap_r * sizeof(uint32_t));
+    t->ids = malloc(cap_a * sizeof(uint64_t));
+    t->nreq = 0;
+    t->nacc = 0;
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t n;
+    uint64_t lineno = 0;
+    while ((n = getline(&line, &lcap, f)) > 0 && (!limit || t->nreq < limit)) {
+        lineno++;
+        if (n <= 1)
+            continue;
+        json_error_t je;
+        json_t *j = json_loads(line, 0, &je);
+        json_t *h = j ? json_object_get(j, "hash_ids") : NULL;
+        if (!json_is_array(h)) {
+            fprintf(stderr, "kvtier replay: %s:%llu: not a trace line (%s)\n", path,
+                    (unsigned long long)lineno, j ? "no hash_ids array" : je.text);
+            json_decref(j);
+            free(line);
+            fclose(f);
+            return -1;
+        }
+        if (t->nreq + 2 > cap_r) {
+            cap_r *= 2;
+            t->start = realloc(t->start, cap_r * sizeof(uint32_t));
+        }
+        t->start[t->nreq] = (uint32_t)t->nacc;
+        size_t i;
+        json_t *v;
+        json_array_foreach(h, i, v)
+        {
+            if (t->nacc == cap_a) {
+                cap_a *= 2;
+                t->ids = realloc(t->ids, cap_a * sizeof(uint64_t));
+            }
+            t->ids[t->nacc++] = (uint64_t)json_integer_value(v);
+        }
+        t->nreq++;
+        json_decref(j);
+    }
+    t->start[t->nreq] = (uint32_t)t->nacc;
+    free(line);
+    fclose(f);
+    return 0;
+}
+
+/* ---- offline simulation (prefix hits, all blocks of a request cached after) */
+
+struct hmap { /* block id -> slot, open addressing */
+    uint64_t *keys;
+    uint32_t *vals;
+    size_t cap;
+};
+
+static size_t hslot(const struct hmap *m, uint64_t k)
+{
+    uint64_t x = k * 0x9e3779b97f4a7c15ull;
+    size_t i = (size_t)(x >> 20) & (m->cap - 1);
+    while (m->keys[i] != UINT64_MAX && m->keys[i] != k)
+        i = (i + 1) & (m->cap - 1);
+    return i;
+}
+
+static void hinit(struct hmap *m, size_t n)
+{
+    m->cap = 1;
+    while (m->cap < n * 2)
+        m->cap <<= 1;
+    m->keys = malloc(m->cap * sizeof(uint64_t));
+    m->vals = malloc(m->cap * sizeof(uint32_t));
+    memset(m->keys, 0xff, m->cap * sizeof(uint64_t));
+}
+
+/* Dense ids 0..u-1 for the block ids. */
+static uint32_t *densify(const struct trace *t, uint32_t *nuniq)
+{
+    struct hmap m;
+    hinit(&m, t->nacc + 1);
+    uint32_t *d = malloc((t->nacc + 1) * sizeof(uint32_t));
+    uint32_t u = 0;
+    for (uint64_t i = 0; i < t->nacc; i++) {
+        size_t s = hslot(&m, t->ids[i]);
+        if (m.keys[s] == UINT64_MAX) {
+            m.keys[s] = t->ids[i];
+            m.vals[s] = u++;
+        }
+        d[i] = m.vals[s];
+    }
+    free(m.keys);
+    free(m.vals);
+    *nuniq = u;
+    return d;
+}
+
+struct simres {
+    uint64_t prefix_hits, block_hits;
+};
+
+/* LRU: doubly linked list over dense ids; request blocks touched tail first
+ * so the head of the prefix is the most recent (as kvtier inserts). */
+static struct simres sim_lru(const struct trace *t, const uint32_t *d, uint32_t u, uint64_t cap)
+{
+    uint32_t *prev = malloc(u * sizeof(uint32_t)), *next = malloc(u * sizeof(uint32_t));
+    uint8_t *in = calloc(u, 1);
+    const uint32_t NIL = UINT32_MAX;
+    uint32_t head = NIL, tail = NIL;
+    uint64_t size = 0;
+    struct simres r = {0};
+    for (uint32_t q = 0; q < t->nreq; q++) {
+        uint32_t a = t->start[q], b = t->start[q + 1];
+        bool prefix = true;
+        for (uint32_t i = a; i < b; i++) {
+            bool hit = in[d[i]];
+            r.block_hits += hit;
+            if (prefix && hit)
+                r.prefix_hits++;
+            else
+                prefix = false;
+        }
+        for (uint32_t i = b; i-- > a;) {
+            uint32_t x = d[i];
+            if (in[x]) { /* unlink */
+                if (prev[x] != NIL)
+                    next[prev[x]] = next[x];
+                else
+                    head = next[x];
+                if (next[x] != NIL)
+                    prev[next[x]] = prev[x];
+                else
+                    tail = prev[x];
+            } else {
+                in[x] = 1;
+                size++;
+            }
+            prev[x] = NIL;
+            next[x] = head;
+            if (head != NIL)
+                prev[head] = x;
+            head = x;
+            if (tail == NIL)
+                tail = x;
+        }
+        while (size > cap) {
+            uint32_t x = tail;
+            tail = prev[x];
+            if (tail != NIL)
+                next[tail] = NIL;
+            else
+                head = NIL;
+            in[x] = 0;
+            size--;
+        }
+    }
+    free(prev);
+    free(next);
+    free(in);
+    return r;
+}
+
+/* Belady's MIN with a max-heap of (next use, block), lazy deletion. */
+struct hent {
+    uint64_t nu;
+    uint32_t x;
+};
+
+static void heap_push(struct hent *h, size_t *n, struct hent e)
+{
+    size_t i = (*n)++;
+    h[i] = e;
+    while (i && h[(i - 1) / 2].nu < h[i].nu) {
+        struct hent tmp = h[i];
+        h[i] = h[(i - 1) / 2];
+        h[(i - 1) / 2] = tmp;
+        i = (i - 1) / 2;
+    }
+}
+
+static struct hent heap_pop(struct hent *h, size_t *n)
+{
+    struct hent top = h[0];
+    h[0] = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < *n && h[l].nu > h[m].nu)
+            m = l;
+        if (r < *n && h[r].nu > h[m].nu)
+            m = r;
+        if (m == i)
+            break;
+        struct hent tmp = h[i];
+        h[i] = h[m];
+        h[m] = tmp;
+        i = m;
+    }
+    return top;
+}
+
+static struct simres sim_belady(const struct trace *t, const uint32_t *d, uint32_t u,
+                                uint64_t cap)
+{
+    uint64_t N = t->nacc, NEVER = UINT64_MAX;
+    uint64_t *nextuse = malloc(N * sizeof(uint64_t));
+    uint64_t *last = malloc(u * sizeof(uint64_t));
+    for (uint32_t x = 0; x < u; x++)
+        last[x] = NEVER;
+    for (uint64_t i = N; i-- > 0;) {
+        nextuse[i] = last[d[i]];
+        last[d[i]] = i;
+    }
+    uint64_t *cur = malloc(u * sizeof(uint64_t)); /* current next use of cached x */
+    uint8_t *in = calloc(u, 1);
+    struct hent *h = malloc((N + u + 1) * sizeof(struct hent));
+    size_t hn = 0;
+    uint64_t size = 0;
+    struct simres r = {0};
+    for (uint32_t q = 0; q < t->nreq; q++) {
+        uint32_t a = t->start[q], b = t->start[q + 1];
+        bool prefix = true;
+        for (uint32_t i = a; i < b; i++) {
+            bool hit = in[d[i]];
+            r.block_hits += hit;
+            if (prefix && hit)
+                r.prefix_hits++;
+            else
+                prefix = false;
+        }
+        for (uint32_t i = a; i < b; i++) {
+            uint32_t x = d[i];
+            if (!in[x]) {
+                in[x] = 1;
+                size++;
+            }
+            cur[x] = nextuse[i];
+            heap_push(h, &hn, (struct hent){nextuse[i], x});
+        }
+        while (size > cap && hn) {
+            struct hent e = heap_pop(h, &hn);
+            if (!in[e.x] || cur[e.x] != e.nu)
+                continue; /* stale */
+            in[e.x] = 0;
+            size--;
+        }
+    }
+    free(nextuse);
+    free(last);
+    free(cur);
+    free(in);
+    free(h);
+    return r;
+}
+
+/* ---- live replay ---- */
+
+static void fill_block(uint8_t *p, size_t n, uint64_t id)
+{
+    uint64_t x = id * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i += 8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        memcpy(p + i, &x, KVT_MIN(8, n - i));
+    }
+}
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double pct(double *v, size_t n, double p)
+{
+    if (!n)
+        return 0;
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return v[i];
+}
+
+int kvt_cmd_replay(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"url", required_argument, NULL, 'u'},       {"trace", required_argument, NULL, 't'},
+        {"block-bytes", required_argument, NULL, 'b'}, {"budget-blocks", required_argument, NULL, 'k'},
+        {"limit", required_argument, NULL, 'l'},     {"model", required_argument, NULL, 'm'},
+        {"offline", no_argument, NULL, 'o'},         {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
+    const char *url = "tcp://127.0.0.1:5555", *path = NULL, *model = "replay";
+    size_t block = 16384;
+    uint64_t budget = 0;
+    uint32_t limit = 0;
+    bool offline = false, as_json = false;
+    int ch;
+    optind = 1;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'u': url = optarg; break;
+        case 't': path = optarg; break;
+        case 'b': block = strtoull(optarg, NULL, 0); break;
+        case 'k': budget = strtoull(optarg, NULL, 0); break;
+        case 'l': limit = (uint32_t)strtoul(optarg, NULL, 0); break;
+        case 'm': model = optarg; break;
+        case 'o': offline = true; break;
+        case 'j': as_json = true; break;
+        case 'h':
+            printf("usage: kvtier replay --trace FILE [--url URL] [--block-bytes 16384]\n"
+                   "                     [--budget-blocks N (default 25%% of unique blocks)]\n"
+                   "                     [--limit REQUESTS] [--model NAME] [--offline] [--json]\n");
+            return 0;
+        default:
+            fprintf(stderr, "kvtier replay: unknown option '%s'\n", argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (!path || block == 0) {
+        fprintf(stderr, "kvtier replay: --trace FILE is required (and --block-bytes > 0)\n");
+        return 2;
+    }
+    struct trace t;
+    if (load_trace(path, &t, limit))
+        return 2;
+    uint32_t u;
+    uint32_t *d = densify(&t, &u);
+    if (!budget)
+        budget = u / 4;
+    struct simres lru = sim_lru(&t, d, u, budget), bel = sim_belady(&t, d, u, budget);
+    json_t *out = json_object();
+    json_object_set_new(out, "requests", json_integer(t.nreq));
+    json_object_set_new(out, "block_accesses", json_integer((json_int_t)t.nacc));
+    json_object_set_new(out, "unique_blocks", json_integer(u));
+    json_object_set_new(out, "budget_blocks", json_integer((json_int_t)budget));
+    json_object_set_new(out, "block_bytes", json_integer((json_int_t)block));
+    json_t *off = json_object();
+    json_object_set_new(off, "lru_prefix_hit_ratio", json_real((double)lru.prefix_hits / (double)t.nacc));
+    json_object_set_new(off, "lru_block_hit_ratio", json_real((double)lru.block_hits / (double)t.nacc));
+    json_object_set_new(off, "belady_prefix_hit_ratio", json_real((double)bel.prefix_hits / (double)t.nacc));
+    json_object_set_new(off, "belady_block_hit_ratio", json_real((double)bel.block_hits / (double)t.nacc));
+    json_object_set_new(out, "offline", off);
+    int rc = 0;
+    if (!offline) {
+        kvt_client *c;
+        rc = kvt_client_open(url, NULL, &c);
+        if (rc) {
+            fprintf(stderr, "kvtier replay: cannot reach %s: %s\n", url, kvt_strerror(rc));
+            return 1;
+        }
+        uint8_t *hashes = malloc(512 * 32);
+        uint8_t *pay = malloc(block * 512);
+        const void **bufs = malloc(512 * sizeof(void *));
+        size_t *lens = malloc(512 * sizeof(size_t));
+        uint8_t *want = malloc(block);
+        double *lat_lookup = malloc(t.nreq * sizeof(double)), *lat_get = malloc(t.nreq * sizeof(double));
+        size_t nget = 0; /* retrieves happen only for requests with hits */
+        uint64_t hits = 0, bytes_in = 0, bytes_out = 0, wrong = 0, stored = 0, errors = 0;
+        uint64_t t_start = kvt_now_ns();
+        for (uint32_t q = 0; q < t.nreq; q++) {
+            uint32_t a = t.start[q], n = KVT_MIN(t.start[q + 1] - a, 512u);
+            memset(hashes, 0, (size_t)n * 32);
+            for (uint32_t i = 0; i < n; i++)
+                memcpy(hashes + 32 * i, &t.ids[a + i], 8);
+            kvt_keys k = {.model = model, .hashes = hashes, .hash_len = 32, .n = n};
+            uint64_t t0 = kvt_now_ns();
+            size_t h = 0;
+            if (kvt_lookup(c, &k, &h)) {
+                errors++;
+                h = 0;
+            }
+            lat_lookup[q] = (double)(kvt_now_ns() - t0) / 1e3;
+            t0 = kvt_now_ns();
+            kvt_blob *blobs = NULL;
+            size_t got = 0;
+            kvt_keys kh = k;
+            kh.n = h;
+            if (h && kvt_retrieve(c, &kh, &blobs, &got) == 0) {
+                for (size_t i = 0; i < got; i++) {
+                    fill_block(want, block, t.ids[a + i]);
+                    if (blobs[i].len != block || memcmp(blobs[i].data, want, block))
+                        wrong++;
+                    bytes_out += blobs[i].len;
+                }
+                kvt_blobs_free(blobs, got);
+            } else if (h) {
+                errors++;
+            }
+            if (h)
+                lat_get[nget++] = (double)(kvt_now_ns() - t0) / 1e3;
+            hits += got;
+            if (got < n) {
+                for (uint32_t i = (uint32_t)got; i < n; i++) {
+                    fill_block(pay + (size_t)(i - got) * block, block, t.ids[a + i]);
+                    bufs[i - got] = pay + (size_t)(i - got) * block;
+                    lens[i - got] = block;
+                }
+                kvt_keys ks = k;
+                ks.hashes = hashes + 32 * got;
+                ks.n = n - got;
+                size_t acc = 0;
+                if (kvt_store(c, &ks, bufs, lens, NULL, &acc))
+                    errors++;
+                stored += acc;
+                bytes_in += (uint64_t)(n - got) * block;
+            }
+            if (!as_json && (q + 1) % 500 == 0)
+                fprintf(stderr, "  %u/%u requests, hit ratio %.3f\n", q + 1, t.nreq,
+                        (double)hits / (double)(t.start[q + 1]));
+        }
+        kvt_flush(c);
+        double secs = (double)(kvt_now_ns() - t_start) / 1e9;
+        qsort(lat_lookup, t.nreq, sizeof(double), cmpd);
+        qsort(lat_get, nget, sizeof(double), cmpd);
+        json_t *live = json_object();
+        json_object_set_new(live, "prefix_hit_ratio", json_real((double)hits / (double)t.nacc));
+        json_object_set_new(live, "blocks_hit", json_integer((json_int_t)hits));
+        json_object_set_new(live, "bytes_retrieved", json_integer((json_int_t)bytes_out));
+        json_object_set_new(live, "bytes_stored", json_integer((json_int_t)bytes_in));
+        json_object_set_new(live, "wrong_blocks", json_integer((json_int_t)wrong));
+        json_object_set_new(live, "errors", json_integer((json_int_t)errors));
+        json_object_set_new(live, "seconds", json_real(secs));
+        json_object_set_new(live, "lookup_us_p50", json_real(pct(lat_lookup, t.nreq, 0.5)));
+        json_object_set_new(live, "lookup_us_p99", json_real(pct(lat_lookup, t.nreq, 0.99)));
+        json_object_set_new(live, "retrieve_us_p50", json_real(pct(lat_get, nget, 0.5)));
+        json_object_set_new(live, "retrieve_us_p99", json_real(pct(lat_get, nget, 0.99)));
+        json_object_set_new(out, "live", live);
+        kvt_client_close(c);
+        free(hashes);
+        free(pay);
+        free(bufs);
+        free(lens);
+        free(want);
+        free(lat_lookup);
+        free(lat_get);
+        rc = wrong || errors ? 1 : 0;
+    }
+    if (as_json) {
+        char *s = json_dumps(out, JSON_INDENT(2));
+        printf("%s\n", s);
+        free(s);
+    } else {
+        printf("trace %s: %u requests, %llu block accesses, %u unique blocks; budget %llu blocks "
+               "(%.1f%% of unique) of %zu bytes\n",
+               path, t.nreq, (unsigned long long)t.nacc, u, (unsigned long long)budget,
+               100.0 * (double)budget / u, block);
+        printf("  offline LRU     prefix hit ratio %.4f  (block hit ratio %.4f)\n",
+               (double)lru.prefix_hits / (double)t.nacc, (double)lru.block_hits / (double)t.nacc);
+        printf("  offline Belady  prefix hit ratio %.4f  (block hit ratio %.4f)\n",
+               (double)bel.prefix_hits / (double)t.nacc, (double)bel.block_hits / (double)t.nacc);
+        json_t *live = json_object_get(out, "live");
+        if (live)
+            printf("  kvtier (live)   prefix hit ratio %.4f; %.1f MB retrieved, %.1f MB stored; "
+                   "wrong blocks %lld, errors %lld; lookup p50 %.0f us p99 %.0f us, retrieve p50 "
+                   "%.0f us p99 %.0f us; %.1f s\n",
+                   json_real_value(json_object_get(live, "prefix_hit_ratio")),
+                   (double)json_integer_value(json_object_get(live, "bytes_retrieved")) / 1e6,
+                   (double)json_integer_value(json_object_get(live, "bytes_stored")) / 1e6,
+                   (long long)json_integer_value(json_object_get(live, "wrong_blocks")),
+                   (long long)json_integer_value(json_object_get(live, "errors")),
+                   json_real_value(json_object_get(live, "lookup_us_p50")),
+                   json_real_value(json_object_get(live, "lookup_us_p99")),
+                   json_real_value(json_object_get(live, "retrieve_us_p50")),
+                   json_real_value(json_object_get(live, "retrieve_us_p99")),
+                   json_real_value(json_object_get(live, "seconds")));
+    }
+    json_decref(out);
+    free(d);
+    free(t.start);
+    free(t.ids);
+    return rc;
+}

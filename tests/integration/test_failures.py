@@ -1,0 +1,299 @@
+"""Failure campaign: SIGKILLs under load, disk full, injected I/O errors,
+misbehaving clients. Bounded for CI; KVT_LONG=1 runs the longer forms."""
+
+import hashlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+import kvtier
+from conftest import ROOT, adapter_json, du_bytes, fs_files, keys_for, random_payloads
+
+LONG = os.environ.get("KVT_LONG") == "1"
+FAULTIO = os.path.join(os.path.dirname(os.environ.get("KVTIER_LIB", "")), "libkvt_faultio.so")
+
+
+def digest(b):
+    return hashlib.blake2b(b, digest_size=16).digest()
+
+
+class Model:
+    """What the client knows: payload checksums, and which stores a flush
+    acknowledged (those must survive any kill)."""
+
+    def __init__(self):
+        self.digests = {}   # hash -> digest of the only payload ever stored under it
+        self.acked = set()  # hashes acknowledged by a flush
+
+    def check(self, keys, got):
+        for h, data in zip(keys.hashes, got):
+            want = self.digests.get(h)
+            assert want is not None, "a key never stored was returned"
+            assert digest(data) == want, "WRONG BYTES for %s" % h.hex()
+
+
+def run_load(url, model, stop, rng, errors):
+    """Mixed store / flush / lookup / retrieve until stop or the server dies."""
+    try:
+        c = kvtier.Client(url, timeout_ms=700)
+    except kvtier.KvtierError:
+        return
+    pending = []
+    try:
+        while not stop.is_set():
+            op = rng.random()
+            if op < 0.45:
+                n = rng.randint(1, 4)
+                hashes = [rng.randbytes(32) for _ in range(n)]
+                pays = [rng.randbytes(rng.randint(1, 64) * 1024) for _ in range(n)]
+                for h, p in zip(hashes, pays):
+                    model.digests[h] = digest(p)
+                keys = kvtier.Keys("campaign", hashes)
+                if c.store(keys, pays) == n:
+                    pending += hashes
+            elif op < 0.6:
+                c.flush()
+                model.acked.update(pending)  # acknowledged: must survive
+                pending = []
+            elif model.digests:
+                hs = rng.sample(sorted(model.digests), min(4, len(model.digests)))
+                keys = kvtier.Keys("campaign", hs)
+                if op < 0.8:
+                    n = c.lookup(keys)
+                    model.check(keys[:n], c.retrieve(keys[:n]))
+                else:
+                    model.check(keys, c.retrieve(keys))
+    except kvtier.KvtierError:
+        pass  # the server was killed under us
+    except AssertionError as e:
+        errors.append(e)
+    finally:
+        c.close()
+
+
+# 100 kills in the normal run, 30 in the (slower) sanitizer reruns, 300 with KVT_LONG=1
+KILLS = 300 if LONG else (30 if os.environ.get("KVTIER_SANITIZER") else 100)
+
+
+@pytest.mark.parametrize("kills", [KILLS])
+def test_sigkill_campaign(make_server, tmp_path, kills):
+    """SIGKILL at random moments under a mixed load; after every restart zero
+    wrong bytes and every flush-acknowledged store still present."""
+    d = tmp_path / "data"
+    s = make_server(["--l2-adapter", adapter_json(type="fs", base_path=str(d))])
+    model = Model()
+    rng = random.Random(1234)
+    errors = []
+    for k in range(kills):
+        stop = threading.Event()
+        t = threading.Thread(target=run_load, args=(s.url, model, stop, random.Random(k), errors))
+        t.start()
+        time.sleep(rng.uniform(0.02, 0.25))
+        s.kill(signal.SIGKILL)
+        stop.set()
+        t.join(timeout=30)
+        assert not errors, errors[0]
+        s.start()
+        if k % 10 == 9 or k == kills - 1:
+            s.wait_recovered()
+            acked = sorted(model.acked)
+            with s.client(timeout_ms=10000) as c:
+                for i in range(0, len(acked), 64):
+                    keys = kvtier.Keys("campaign", acked[i:i + 64])
+                    got = c.retrieve(keys)
+                    assert len(got) == len(keys), "an acknowledged store was lost"
+                    model.check(keys, got)
+    assert len(model.acked) > 50
+    # no tmp files of dead writers survive a restart
+    s.wait_recovered()
+    assert not [f for f in os.listdir(d) if ".tmp." in f]
+
+
+def mount_tmpfs(path, size):
+    os.makedirs(path, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s" % size, "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here: %s" % r.stderr.strip())
+
+
+def test_disk_full(make_server, tmp_path):
+    """L2 on a 16 MiB tmpfs with a larger budget: writes beyond the space are
+    refused and counted, the server stays up, reads keep working, accounting
+    matches the disk, and writes resume once space is freed."""
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, "16m")
+    try:
+        s = make_server(["--l2-store-policy", "skip_l1",
+                         "--l2-adapter", adapter_json(type="fs", base_path=str(mnt), max_capacity_gb=1)])
+        keys = keys_for("full", 30)
+        pay = random_payloads(30, 1 << 20, seed=7)
+        with s.client() as c:
+            for i in range(30):
+                c.store(keys[i:i + 1], pay[i:i + 1])
+            c.flush()
+            a = c.status()["l2"][0]
+            stored = a["objects"]
+            assert 10 <= stored < 16, a
+            assert a["counters"]["store_failed"] == 30 - stored
+            assert a["used_bytes"] == du_bytes(mnt)
+            # reads of what was stored keep working
+            n = c.lookup(keys)
+            assert c.retrieve(keys[:n]) == pay[:n]
+            # free space: delete the first 8, the next writes succeed
+            assert c.delete(keys[:8]) == 8
+            more = keys_for("full2", 5)
+            assert c.store(more, random_payloads(5, 1 << 20, seed=8)) == 5
+            c.flush()
+            a = c.status()["l2"][0]
+            assert a["objects"] == stored - 8 + 5
+            assert a["used_bytes"] == du_bytes(mnt)
+            c.ping()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_fault_inject_trims_prefix_never_wrong_bytes(make_server, tmp_path):
+    spec = adapter_json(type="fault_inject", rate=0.2, seed=3, gap_tail_ratios=[0.5],
+                        inner={"type": "fs", "base_path": str(tmp_path / "fi")})
+    s = make_server(["--l2-store-policy", "skip_l1", "--l2-adapter", spec])
+    keys = keys_for("fi", 40)
+    pay = random_payloads(40, 20000, seed=9)
+    with s.client() as c:
+        assert c.store(keys, pay) == 40
+        c.flush()
+        n = c.lookup(keys)
+        assert n < 20  # the middle chunk (and maybe earlier ones) fail to load
+        got = c.retrieve(keys)
+        assert got == pay[:len(got)]
+        st = c.status()["l2"][0]
+        assert st["fault_inject"]["dropped_loads"] >= 1
+        assert st["name"].startswith("fault_inject(fs)")
+
+
+@pytest.mark.skipif(not os.path.exists(FAULTIO), reason="libkvt_faultio.so not built")
+def test_injected_io_errors(make_server, tmp_path):
+    """EIO, ENOSPC and short transfers on a fraction of the fs adapter's
+    reads and writes: never a crash, never a wrong byte, failures counted."""
+    d = tmp_path / "io"
+    d.mkdir()
+    env = {"LD_PRELOAD": FAULTIO, "KVT_FAULTIO": "dir=%s,rate=0.15,seed=5,eio,enospc,short" % d}
+    s = make_server(["--l2-store-policy", "skip_l1",
+                     "--l2-adapter", adapter_json(type="fs", base_path=str(d))], env=env)
+    model = Model()
+    rng = random.Random(11)
+    with s.client() as c:
+        for round_ in range(20):
+            hashes = [rng.randbytes(32) for _ in range(8)]
+            pays = [rng.randbytes(rng.randint(1, 200) * 512) for _ in range(8)]
+            for h, p in zip(hashes, pays):
+                model.digests[h] = digest(p)
+            c.store(kvtier.Keys("io", hashes), pays)
+            c.flush()
+            for _ in range(3):
+                hs = rng.sample(sorted(model.digests), 8)
+                keys = kvtier.Keys("io", hs)
+                got = c.retrieve(keys)
+                model.check(keys[:len(got)], got)
+        a = c.status()["l2"][0]
+        assert a["counters"]["store_failed"] > 0
+        assert a["counters"]["store_ok"] > 0
+        c.ping()
+    assert s.proc.poll() is None
+    # what is on disk is only complete, verified objects
+    s.kill()
+    s.env = None
+    s.start()
+    s.wait_recovered()
+    with s.client() as c:
+        for h in list(model.digests)[:60]:
+            keys = kvtier.Keys("io", [h])
+            model.check(keys, c.retrieve(keys))
+
+
+def test_thousand_connections(server):
+    zmq = pytest.importorskip("zmq")
+    ctx = zmq.Context()
+    ctx.setsockopt(zmq.MAX_SOCKETS, 2048)
+    socks = []
+    try:
+        for i in range(1000):
+            sk = ctx.socket(zmq.DEALER)
+            sk.setsockopt(zmq.LINGER, 0)
+            sk.connect(server.url)
+            socks.append(sk)
+        for i, sk in enumerate(socks):
+            sk.send_multipart([b"%d" % i, b"ping", b"\x80"])
+        # another client stays responsive meanwhile
+        t0 = time.time()
+        with server.client(timeout_ms=10000) as c:
+            c.ping()
+        assert time.time() - t0 < 5
+        poller = zmq.Poller()
+        for sk in socks:
+            poller.register(sk, zmq.POLLIN)
+        got = 0
+        deadline = time.time() + 30
+        while got < 1000 and time.time() < deadline:
+            for sk, _ in poller.poll(1000):
+                rep = sk.recv_multipart()
+                assert rep[1] == b"\x00\x00\x00\x00"
+                got += 1
+        assert got == 1000
+    finally:
+        for sk in socks:
+            sk.close(0)
+        ctx.term()
+    with server.client() as c:
+        assert c.status()["rpc"]["ops"]["ping"]["count"] >= 1001
+
+
+def test_garbage_and_stalled_connections(server):
+    """Raw TCP peers that send garbage, or half a ZMTP greeting and stall,
+    do not affect other clients."""
+    port = int(server.url.rsplit(":", 1)[1])
+    peers = []
+    for payload in (b"\xff" + b"\x00" * 8 + b"\x7f\x03", b"GET / HTTP/1.1\r\n\r\n", os.urandom(5000)):
+        sk = socket.create_connection(("127.0.0.1", port))
+        sk.sendall(payload)
+        peers.append(sk)
+    with server.client(timeout_ms=5000) as c:
+        keys = keys_for("after", 3)
+        c.store(keys, random_payloads(3, 1000))
+        assert c.retrieve(keys) == random_payloads(3, 1000)
+    for sk in peers:
+        sk.close()
+    with server.client(timeout_ms=5000) as c:
+        c.ping()
+
+
+def test_trace_replay_no_wrong_bytes(make_server):
+    """kvtier replay drives a server with the Mooncake trace: zero wrong
+    blocks, and the live LRU hit ratio is close to the offline LRU model and
+    below Belady's optimum."""
+    import json as _json
+    from conftest import run_kvtier
+    trace = "/work/shared/data/mooncake_synthetic_trace.jsonl"
+    if not os.path.exists(trace):
+        trace = os.path.join(ROOT, "..", "shared", "data", "mooncake_synthetic_trace.jsonl")
+    if not os.path.exists(trace):
+        pytest.skip("trace not available")
+    budget = 2000
+    block = 4096
+    s = make_server(["--no-l2", "--l1-size-gb", str(budget * block / 2**30),
+                     "--l1-init-size-gb", str(budget * block / 2**30),
+                     "--eviction-trigger-watermark", "1.0"])
+    r = run_kvtier("replay", "--url", s.url, "--trace", trace, "--limit", "600",
+                   "--block-bytes", str(block), "--budget-blocks", str(budget), "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = _json.loads(r.stdout)
+    live, off = out["live"], out["offline"]
+    assert live["wrong_blocks"] == 0 and live["errors"] == 0
+    assert off["belady_prefix_hit_ratio"] >= off["lru_prefix_hit_ratio"]
+    assert abs(live["prefix_hit_ratio"] - off["lru_prefix_hit_ratio"]) < 0.08
