@@ -17,8 +17,9 @@
 #include "l2/l2.h"
 
 struct kvt_policy;
+struct kvt_serde;
 
-/* A parsed adapter spec: type, resolved config, eviction policy. */
+/* A parsed adapter spec: type, resolved config, eviction policy, serde. */
 struct kvt_l2_spec {
     int index;
     char type[32];
@@ -28,6 +29,8 @@ struct kvt_l2_spec {
     bool has_eviction;
     char eviction_policy[16];
     double trigger_watermark, eviction_ratio;
+    struct kvt_serde *serde; /* "serde" chain (owned reference) or NULL */
+    char name_prefix[40];    /* adapter name before "[index]"; "" = the type */
 };
 
 /* Parse one --l2-adapter argument. On error returns KVT_E_CONFIG (or

@@ -45,10 +45,7 @@ static bool drop_key(const struct fault *f, const kvt_key *k)
 {
     if (f->rate <= 0)
         return false;
-    XXH3_state_t st;
-    XXH3_64bits_reset_withSeed(&st, f->seed);
-    XXH3_64bits_update(&st, k, sizeof(*k));
-    uint64_t h = XXH3_64bits_digest(&st);
+    uint64_t h = XXH3_64bits_withSeed(k, sizeof(*k), f->seed);
     return (double)(h % 1000000) < f->rate * 1000000.0;
 }
 
@@ -152,6 +149,8 @@ int kvt_fault_open(kvt_l2 *l2, const struct kvt_l2_spec *outer, const struct kvt
     free(text);
     if (rc)
         return rc;
+    /* named before its threads start: they log the name */
+    snprintf(spec.name_prefix, sizeof(spec.name_prefix), "fault_inject(%.20s)", spec.type);
     rc = kvt_l2_open_into(&spec, l2, err, errcap);
     kvt_l2_spec_free(&spec);
     if (rc)
@@ -165,10 +164,7 @@ int kvt_fault_open(kvt_l2 *l2, const struct kvt_l2_spec *outer, const struct kvt
     f->nratios = o->nratios;
     l2->hook_ctx = f;
     l2->hook_status = hook_status;
-    l2->finish_hook = hook; /* before any task: open_into started no work yet */
-    char inner_type[sizeof(l2->type)];
-    snprintf(inner_type, sizeof(inner_type), "%s", l2->type);
-    snprintf(l2->name, sizeof(l2->name), "fault_inject(%.20s)[%d]", inner_type, outer->index);
+    l2->finish_hook = hook; /* before any task: nothing was submitted yet */
     kvt_warn("%s ACTIVE (rate %.3f, seed %llu, %d gap indices, %d tail ratios): "
              "test/diagnostic use only",
              l2->name, f->rate, (unsigned long long)f->seed, f->ngaps, f->nratios);

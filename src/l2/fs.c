@@ -614,7 +614,10 @@ static void fs_submit(kvt_l2 *l2, kvt_l2_task *t)
         b->jobs[i].i = i;
         b->jobs[i].job.fn = job_fn;
     }
-    for (uint32_t i = 0; i < t->n; i++)
+    /* the last job may finish (and the task be freed by its owner) before
+     * this loop ends: never read t or b after the final push */
+    uint32_t n = t->n;
+    for (uint32_t i = 0; i < n; i++)
         kvt_tpool_push(e->pool, &b->jobs[i].job);
 }
 

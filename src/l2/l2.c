@@ -9,6 +9,7 @@
 #include "common/util.h"
 #include "evict/policy.h"
 #include "kvtier/error.h"
+#include "serde/serde.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -159,7 +160,8 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
     memset(l2, 0, sizeof(*l2));
     l2->ops = ops;
     snprintf(l2->type, sizeof(l2->type), "%s", spec->type);
-    snprintf(l2->name, sizeof(l2->name), "%s[%d]", spec->type, spec->index);
+    snprintf(l2->name, sizeof(l2->name), "%s[%d]",
+             spec->name_prefix[0] ? spec->name_prefix : spec->type, spec->index);
     l2->index = spec->index;
     l2->codec = codec;
     l2->cap_bytes = cap_bytes;
@@ -211,8 +213,14 @@ void kvt_l2_submit(kvt_l2 *l2, kvt_l2_task *t)
     memset(t->ok, 0, kvt_bm_words(t->n) * sizeof(uint64_t));
     atomic_store(&t->bytes, 0);
     atomic_store(&t->err, 0);
+    t->staged = false;
+    t->stage_op = NULL;
     if (t->n == 0) {
         kvt_l2_task_finish(l2, t);
+        return;
+    }
+    if (l2->serde && t->kind != KVT_L2_LOOKUP) {
+        kvt_serde_stage_submit(l2, t); /* encodes/decodes on its pool around the engine */
         return;
     }
     l2->ops->submit(l2, t);
@@ -246,15 +254,33 @@ static void finish_policy_locked(kvt_l2 *l2, kvt_l2_task *t)
     }
 }
 
+/*
+ * Counters, policy and the done queue for a finished task. With a serde
+ * stage there are two tasks per STORE/LOAD: the inner one (stage_op set)
+ * is what the engine ran: it counts the backend bytes and feeds the policy,
+ * then goes back to the stage instead of the done queue; the outer one
+ * (staged) counts load results and is queued for the controller.
+ */
 void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
 {
+    struct kvt_l2_counters *c = &l2->counters;
+    if (t->stage_op) {
+        atomic_fetch_add(t->kind == KVT_L2_STORE ? &c->bytes_written : &c->bytes_read,
+                         atomic_load(&t->bytes));
+        pthread_mutex_lock(&l2->lock);
+        finish_policy_locked(l2, t);
+        pthread_mutex_unlock(&l2->lock);
+        kvt_serde_stage_engine_done(l2, t);
+        return;
+    }
+    /* the hook sees what the controller will see: outer tasks only */
     if (l2->finish_hook)
         l2->finish_hook(l2, t);
     uint32_t hits = (uint32_t)kvt_bm_count(t->ok, t->n);
-    struct kvt_l2_counters *c = &l2->counters;
     switch (t->kind) {
     case KVT_L2_STORE:
-        atomic_fetch_add(&c->bytes_written, atomic_load(&t->bytes));
+        if (!t->staged)
+            atomic_fetch_add(&c->bytes_written, atomic_load(&t->bytes));
         break;
     case KVT_L2_LOOKUP:
         atomic_fetch_add(&c->lookups, t->n);
@@ -262,21 +288,28 @@ void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
         atomic_fetch_add(&c->lookup_misses, t->n - hits);
         break;
     case KVT_L2_LOAD:
-        /* a raw object's bytes must be exactly its logical length */
-        for (uint32_t i = 0; i < t->n; i++)
-            if (kvt_bm_test(t->ok, i) && t->meta[i].serde == 0 &&
-                t->bufs[i].len != t->meta[i].len) {
+        /* a raw object's bytes must be exactly its logical length, and an
+         * adapter without serde cannot serve an encoded object (written by
+         * an adapter with a chain on the same storage) */
+        for (uint32_t i = 0; i < t->n; i++) {
+            if (!kvt_bm_test(t->ok, i))
+                continue;
+            bool foreign = t->meta[i].serde != 0;
+            if (foreign || t->bufs[i].len != t->meta[i].len) {
                 t->ok[i / 64] &= ~(1ull << (i % 64));
-                atomic_fetch_add(&c->corrupt, 1);
+                atomic_fetch_add(foreign ? &c->serde_mismatches : &c->corrupt, 1);
                 hits--;
             }
+        }
         atomic_fetch_add(&c->load_ok, hits);
         atomic_fetch_add(&c->load_failed, t->n - hits);
-        atomic_fetch_add(&c->bytes_read, atomic_load(&t->bytes));
+        if (!t->staged)
+            atomic_fetch_add(&c->bytes_read, atomic_load(&t->bytes));
         break;
     }
     pthread_mutex_lock(&l2->lock);
-    finish_policy_locked(l2, t);
+    if (!t->staged)
+        finish_policy_locked(l2, t);
     t->next = NULL;
     int k = t->kind;
     if (l2->done_tail[k])
@@ -516,9 +549,20 @@ json_t *kvt_l2_status(kvt_l2 *l2)
         cur = json_object_get(per_salt, salt);
         json_object_set_new(per_salt, salt, json_integer(v + (cur ? json_integer_value(cur) : 0)));
     }
-    for (uint32_t h = 0; h < l2->idx.hwm; h++)
-        if (st(&l2->idx.objs[h]) != KVT_OBJ_FREE && l2->idx.objs[h].pins)
+    uint64_t logical = 0, stored_known = 0, unknown = 0;
+    for (uint32_t h = 0; h < l2->idx.hwm; h++) {
+        const struct kvt_l2_obj *ob = &l2->idx.objs[h];
+        if (st(ob) == KVT_OBJ_FREE)
+            continue;
+        if (ob->pins)
             pinned++;
+        if (ob->len) {
+            logical += ob->len;
+            stored_known += ob->stored;
+        } else if (ob->stored) {
+            unknown++; /* restored by a start-up scan, header not read yet */
+        }
+    }
     bool recovering = l2->recovering;
     uint64_t robjs = l2->recovered_objs, rbytes = l2->recovered_bytes;
     double rsec = l2->recovery_seconds;
@@ -529,6 +573,14 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(o, "per_namespace_bytes", per_ns);
     json_object_set_new(o, "bytes_by_cache_salt", per_salt);
     json_object_set_new(o, "pinned_objects", json_integer(pinned));
+    /* stored bytes are what the backend holds (after serde and headers);
+     * the ratio covers the objects whose logical length is known */
+    json_object_set_new(o, "stored_bytes", json_integer((json_int_t)u.used_bytes));
+    json_object_set_new(o, "logical_bytes", json_integer((json_int_t)logical));
+    json_object_set_new(o, "logical_unknown_objects", json_integer((json_int_t)unknown));
+    json_object_set_new(o, "stored_to_logical_ratio",
+                        logical ? json_real((double)stored_known / (double)logical)
+                                : json_null());
 
     json_t *rec = json_object();
     json_object_set_new(rec, "state", json_string(recovering ? "running" : "done"));
@@ -563,7 +615,12 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(c, "evictions", C(evictions));
     json_object_set_new(c, "reclaimed_bytes", C(reclaimed_bytes));
     json_object_set_new(c, "odirect_fallbacks", C(odirect_fallbacks));
+    json_object_set_new(c, "serde_mismatches", C(serde_mismatches));
     json_object_set_new(o, "counters", c);
+    if (l2->serde)
+        kvt_serde_stage_status(l2, o);
+    else
+        json_object_set_new(o, "serde", json_null());
     if (l2->ops->status)
         l2->ops->status(l2, o);
     if (l2->hook_status)
@@ -576,8 +633,14 @@ void kvt_l2_close(kvt_l2 *l2)
     pthread_mutex_lock(&l2->lock);
     l2->closing = true;
     pthread_mutex_unlock(&l2->lock);
+    /* serde: stores still being encoded reach the engine first, the engine
+     * drains (its completions queue decodes on the serde pool), then the
+     * pool runs what is left */
+    if (l2->serde)
+        kvt_serde_stage_quiesce(l2);
     if (l2->ops->close)
         l2->ops->close(l2);
+    kvt_serde_stage_detach(l2); /* its last decodes finish tasks: hooks still set */
     free(l2->hook_ctx);
     l2->hook_ctx = NULL;
     kvt_l2_base_destroy(l2);

@@ -25,7 +25,9 @@
  * done queues. An engine implements struct kvt_l2_ops.
  *
  * Engine convention for lengths (a serde stage may sit in front of the
- * engine, so stored bytes and logical bytes differ):
+ * engine, so stored bytes and logical bytes differ; see serde/serde.h:
+ * kvt_l2_submit hands STORE and LOAD of an adapter with a "serde" chain to
+ * the stage, which submits inner tasks with encoded bytes to the engine):
  *   STORE  store bufs[i].len bytes from bufs[i].ptr; meta[i] describes the
  *          object: meta[i].len is the LOGICAL length (index `len`, header
  *          logical_len), meta[i].serde goes into the header flags.
@@ -92,6 +94,12 @@ typedef struct kvt_l2_task {
     _Atomic int err;          /* first error seen, 0 if none */
     void *udata;              /* the submitter's cookie */
     uint64_t submit_ns;
+    /* serde stage (serde/stage.c): staged is set on a task that went
+     * through the adapter's serde chain; stage_op on the inner task that
+     * the stage handed to the engine (its completion goes back to the
+     * stage instead of the done queue). Both are unset otherwise. */
+    bool staged;
+    void *stage_op;
 } kvt_l2_task;
 
 /* Allocate a task for n keys with zeroed arrays (bufs only for STORE/LOAD). */
@@ -152,6 +160,7 @@ struct kvt_l2_counters {
     _Atomic uint64_t bytes_written, bytes_read;
     _Atomic uint64_t deleted, evictions, reclaimed_bytes;
     _Atomic uint64_t odirect_fallbacks;
+    _Atomic uint64_t serde_mismatches; /* a serde-encoded object read without its chain */
 };
 
 struct kvt_l2 {
@@ -178,6 +187,9 @@ struct kvt_l2 {
     struct kvt_l2_counters counters;
     bool persist_enabled;
     void *engine; /* engine state */
+    /* serde stage, or NULL: set by kvt_serde_stage_attach before the first
+     * submit, cleared in kvt_l2_close after the engine closed */
+    struct kvt_serde_stage *serde;
     /* Test/diagnostic hook (fault_inject): may clear result bits of a task
      * just before it is published. Set once before the first submit. */
     void (*finish_hook)(kvt_l2 *l2, kvt_l2_task *t);

@@ -3,6 +3,7 @@
 #include "common/util.h"
 #include "evict/policy.h"
 #include "kvtier/error.h"
+#include "serde/serde.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +122,8 @@ void kvt_l2_spec_free(struct kvt_l2_spec *s)
     json_decref(s->json);
     json_decref(s->resolved);
     s->json = s->resolved = NULL;
+    kvt_serde_unref(s->serde);
+    s->serde = NULL;
 }
 
 /* Common keys: persist_enabled, eviction, serde. */
@@ -144,13 +147,11 @@ static int parse_common(struct kvt_cfg *c, struct kvt_l2_spec *s)
         json_object_set_new(r, "eviction_ratio", json_real(s->eviction_ratio));
         json_object_set_new(c->resolved, "eviction", r);
     }
+    /* the chain is built here (key files read and checked), so a bad serde
+     * fails the config with exit 2, --dry-run included */
     const json_t *serde = kvt_cfg_raw(c, "serde");
-    if (!c->rc && serde && !json_is_null(serde)) {
-        c->rc = KVT_E_UNSUPPORTED;
-        snprintf(c->err, c->errcap,
-                 "--l2-adapter #%d (%s): \"serde\" is not supported by this build yet", c->index,
-                 c->type);
-    }
+    if (!c->rc && serde && !json_is_null(serde))
+        kvt_serde_parse(c, serde, &s->serde);
     return c->rc;
 }
 
@@ -227,8 +228,24 @@ int kvt_l2_open_into(const struct kvt_l2_spec *s, kvt_l2 *l2, char *err, size_t 
     char oerr[512] = "";
     rc = te->open(l2, s, &o, oerr, sizeof(oerr));
     kvt_cfg_free(&c);
-    if (rc)
+    if (rc) {
         snprintf(err, errcap, "--l2-adapter #%d (%s): %s", s->index, s->type, oerr);
+        return rc;
+    }
+    /* the serde stage goes in front of whatever engine was opened (for a
+     * wrapper such as fault_inject: the inner spec's chain, or the outer's) */
+    if (s->serde) {
+        if (l2->serde) {
+            snprintf(oerr, sizeof(oerr), "\"serde\" is given twice (here and in \"inner\")");
+            rc = KVT_E_CONFIG;
+        } else {
+            rc = kvt_serde_stage_attach(l2, s->serde, oerr, sizeof(oerr));
+        }
+        if (rc) {
+            snprintf(err, errcap, "--l2-adapter #%d (%s): %s", s->index, s->type, oerr);
+            kvt_l2_close(l2);
+        }
+    }
     return rc;
 }
 

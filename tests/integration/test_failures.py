@@ -178,6 +178,8 @@ def test_fault_inject_trims_prefix_never_wrong_bytes(make_server, tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists(FAULTIO), reason="libkvt_faultio.so not built")
+@pytest.mark.skipif(bool(os.environ.get("KVTIER_SANITIZER")),
+                    reason="an uninstrumented LD_PRELOAD library cannot load into a sanitized server")
 def test_injected_io_errors(make_server, tmp_path):
     """EIO, ENOSPC and short transfers on a fraction of the fs adapter's
     reads and writes: never a crash, never a wrong byte, failures counted."""
