@@ -419,3 +419,27 @@ def test_delete_and_eviction_remove_values(make_server, redis):
                  what="eviction below the watermark")
     assert len(redis.keys("t@*")) == a["objects"] < 10
     assert a["used_bytes"] == sum(len(redis.cmd("GET", k)) for k in redis.keys("t@*"))
+
+
+def test_serde_chain_over_redis(make_server, redis, tmp_path):
+    """A serde chain (zstd, then AES-GCM) in front of the resp engine: values
+    in Redis hold no plaintext, and a second kvtier sharing the Redis and the
+    key reads the chunks back exactly, with their dtype and shape."""
+    keyfile = tmp_path / "master.key"
+    keyfile.write_bytes(os.urandom(32))
+    os.chmod(keyfile, 0o600)
+    serde = [{"type": "zstd", "level": 3}, {"type": "encrypt", "master_key_path": str(keyfile)}]
+    s1 = make_server(["--l2-adapter", resp_json(redis, serde=serde)])
+    s2 = make_server(["--l2-adapter", resp_json(redis, serde=serde)])
+    keys = keys_for("serde-resp", 6)
+    pay = [bytes([i]) * 40000 + os.urandom(24000) for i in range(6)]
+    with s1.client() as c:
+        assert c.store(keys, pay, dtype="float16", shape=[32000]) == 6
+        c.flush()
+    for k in redis.keys("t@*"):
+        v = redis.cmd("GET", k)
+        assert v[:8] == b"KVTOBJ1\n" and bytes([1]) * 4096 not in v
+    with s2.client() as c:
+        assert c.lookup(keys) == 6
+        got = c.retrieve(keys, with_meta=True)
+    assert [g[0] for g in got] == pay and got[0][1] == "float16" and got[0][2] == (32000,)
