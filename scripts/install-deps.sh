@@ -9,6 +9,9 @@ PKGS=(
   python3 python3-pytest python3-zmq
   redis-server redis-tools fio
 )
+# Node.js runs the S3-compatible test server (tests/integration/s3server);
+# a nodejs already on PATH (e.g. NodeSource's) is used as it is.
+command -v node >/dev/null 2>&1 || PKGS+=(nodejs npm)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,4 +23,19 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq || true
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The S3 test server's npm packages (s3rver, AWS's SigV4 signer), pinned by
+# tests/integration/s3server/package-lock.json, into the ignored build tree.
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+B="${BUILD:-build}"
+[[ "$B" = /* ]] || B="$ROOT/$B"
+S3DIR="$B/s3server"
+if command -v npm >/dev/null 2>&1 && [ ! -f "$S3DIR/node_modules/s3rver/package.json" ]; then
+  echo "kvtier: installing the S3 test server (npm) into $S3DIR" >&2
+  mkdir -p "$S3DIR"
+  cp "$ROOT/tests/integration/s3server/package.json" \
+     "$ROOT/tests/integration/s3server/package-lock.json" "$S3DIR/"
+  (cd "$S3DIR" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
+    echo "kvtier: npm could not install the S3 test server; the s3 tests will fail" >&2
 fi

@@ -27,6 +27,8 @@ struct kvt_client {
     /* shared memory */
     char *shm;
     uint64_t shm_size;
+    uint64_t pool_id; /* the mapped pool's identity (hello "shm.pool") */
+    bool want_shm;
     /* the lease of the last lookup and the keys it covers */
     uint64_t lease;
     size_t lease_n, lease_hash_len;
@@ -275,10 +277,10 @@ static void try_shm(kvt_client *c, const msgpack_object *hello)
     const msgpack_object *shm = kvt_mp_get(hello, "shm");
     if (!shm || shm->type != MSGPACK_OBJECT_MAP)
         return;
-    uint64_t pid = 0, fd = 0, size = 0, dev = 0, ino = 0;
+    uint64_t pid = 0, fd = 0, size = 0, dev = 0, ino = 0, pool = 0;
     const char *boot = NULL;
     size_t bl = 0;
-    if (kvt_mp_u64(shm, "pid", true, &pid, NULL) || kvt_mp_u64(shm, "fd", true, &fd, NULL) ||
+    if (kvt_mp_u64(shm, "pool", true, &pool, NULL) || kvt_mp_u64(shm, "pid", true, &pid, NULL) || kvt_mp_u64(shm, "fd", true, &fd, NULL) ||
         kvt_mp_u64(shm, "size", true, &size, NULL) || kvt_mp_u64(shm, "dev", true, &dev, NULL) ||
         kvt_mp_u64(shm, "ino", true, &ino, NULL) ||
         kvt_mp_str(shm, "boot_id", true, &boot, &bl, NULL))
@@ -313,6 +315,59 @@ static void try_shm(kvt_client *c, const msgpack_object *hello)
         return;
     c->shm = p;
     c->shm_size = size;
+    c->pool_id = pool;
+}
+
+static void shm_detach(kvt_client *c)
+{
+    if (c->shm)
+        munmap(c->shm, c->shm_size);
+    c->shm = NULL;
+    c->shm_size = 0;
+    c->pool_id = 0;
+}
+
+static void lease_forget(kvt_client *c);
+
+/* Exchange "hello"; (re)maps the server's pool when wanted and possible. */
+static int hello(kvt_client *c)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 2);
+    kvt_mp_str0(&pk, "version");
+    msgpack_pack_int(&pk, KVT_PROTO_VERSION);
+    kvt_mp_str0(&pk, "client");
+    kvt_mp_str0(&pk, "libkvtier_client");
+    struct rep r;
+    int rc = call(c, "hello", &sb, NULL, NULL, 0, &r);
+    msgpack_sbuffer_destroy(&sb);
+    if (rc)
+        return rc;
+    uint64_t cs = 0, mo = 0;
+    kvt_mp_u64(&r.up.data, "chunk_size", false, &cs, NULL);
+    kvt_mp_u64(&r.up.data, "max_object_bytes", false, &mo, NULL);
+    c->chunk_size = (int)cs;
+    c->max_object = mo;
+    shm_detach(c);
+    if (c->want_shm)
+        try_shm(c, &r.up.data);
+    rep_free(&r);
+    return 0;
+}
+
+/*
+ * A reply's pool differs from the mapped one: the server restarted (or a
+ * different server answers on this address). Offsets from it mean nothing in
+ * our mapping, so writing or reading through it would move wrong bytes: drop
+ * what we hold from the old instance and map the new pool.
+ */
+static int shm_reattach(kvt_client *c)
+{
+    lease_forget(c);
+    return hello(c);
 }
 
 int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **out)
@@ -332,33 +387,15 @@ int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **o
         kvt_client_close(c);
         return rc;
     }
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 2);
-    kvt_mp_str0(&pk, "version");
-    msgpack_pack_int(&pk, KVT_PROTO_VERSION);
-    kvt_mp_str0(&pk, "client");
-    kvt_mp_str0(&pk, "libkvtier_client");
-    struct rep r;
-    rc = call(c, "hello", &sb, NULL, NULL, 0, &r);
-    msgpack_sbuffer_destroy(&sb);
+    const char *no = getenv("KVTIER_NO_SHM");
+    c->want_shm = !(opts && opts->no_shm) && !(no && *no && strcmp(no, "0"));
+    rc = hello(c);
     if (rc) {
         /* keep the message for the caller: print it, since c goes away */
         fprintf(stderr, "kvtier client: %s\n", c->err);
         kvt_client_close(c);
         return rc;
     }
-    uint64_t cs = 0, mo = 0;
-    kvt_mp_u64(&r.up.data, "chunk_size", false, &cs, NULL);
-    kvt_mp_u64(&r.up.data, "max_object_bytes", false, &mo, NULL);
-    c->chunk_size = (int)cs;
-    c->max_object = mo;
-    const char *no = getenv("KVTIER_NO_SHM");
-    if (!(opts && opts->no_shm) && !(no && *no && strcmp(no, "0")))
-        try_shm(c, &r.up.data);
-    rep_free(&r);
     *out = c;
     return 0;
 }
@@ -385,8 +422,7 @@ void kvt_client_close(kvt_client *c)
         zmq_close(c->sock);
     if (c->ctx)
         ctx_put();
-    if (c->shm)
-        munmap(c->shm, c->shm_size);
+    shm_detach(c);
     pthread_mutex_destroy(&c->zc_lock);
     pthread_cond_destroy(&c->zc_cond);
     free(c);
@@ -496,6 +532,8 @@ int kvt_store(kvt_client *c, const kvt_keys *keys, const void *const *bufs, cons
         return store_inline(c, keys, bufs, lens, meta, accepted);
     kvt_wview *v;
     rc = kvt_store_begin(c, keys, lens, meta, &v);
+    if (rc == KVT_E_UNSUPPORTED && !c->shm) /* the restarted server is not local */
+        return store_inline(c, keys, bufs, lens, meta, accepted);
     if (rc)
         return rc;
     for (size_t i = 0; i < v->n; i++)
@@ -504,14 +542,25 @@ int kvt_store(kvt_client *c, const kvt_keys *keys, const void *const *bufs, cons
     return kvt_store_commit(c, v, NULL, accepted);
 }
 
-int kvt_store_begin(kvt_client *c, const kvt_keys *keys, const size_t *sizes, const kvt_meta *meta,
-                    kvt_wview **out)
+/* Give back a write lease's reservations without publishing anything. */
+static void cast_abort_store(kvt_client *c, uint64_t lease)
 {
-    if (!c->shm)
-        return seterr(c, KVT_E_UNSUPPORTED, "the shared-memory path is not available");
-    int rc = check_keys(c, keys);
-    if (rc)
-        return rc;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    body_init(&sb, &pk, 2);
+    kvt_mp_str0(&pk, "lease");
+    msgpack_pack_uint64(&pk, lease);
+    kvt_mp_str0(&pk, "written");
+    static const uint8_t none[KVT_MAX_BATCH / 8];
+    msgpack_pack_bin(&pk, sizeof(none));
+    msgpack_pack_bin_body(&pk, none, sizeof(none));
+    cast(c, "commit_store", &sb);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+static int store_begin_once(kvt_client *c, const kvt_keys *keys, const size_t *sizes,
+                            const kvt_meta *meta, kvt_wview **out, bool *stale)
+{
     msgpack_sbuffer sb;
     msgpack_packer pk;
     body_init(&sb, &pk, 2 + meta_fields(meta));
@@ -522,13 +571,21 @@ int kvt_store_begin(kvt_client *c, const kvt_keys *keys, const size_t *sizes, co
         msgpack_pack_uint64(&pk, sizes[i]);
     pack_meta(&pk, meta);
     struct rep r;
-    rc = call(c, "prepare_store", &sb, NULL, NULL, 0, &r);
+    int rc = call(c, "prepare_store", &sb, NULL, NULL, 0, &r);
     msgpack_sbuffer_destroy(&sb);
     if (rc)
         return rc;
     const msgpack_object *offs = kvt_mp_get(&r.up.data, "offsets");
-    uint64_t lease = 0;
+    uint64_t lease = 0, pool = 0;
     kvt_mp_u64(&r.up.data, "lease", false, &lease, NULL);
+    kvt_mp_u64(&r.up.data, "pool", false, &pool, NULL);
+    if (pool != c->pool_id) {
+        if (lease)
+            cast_abort_store(c, lease);
+        rep_free(&r);
+        *stale = true;
+        return seterr(c, KVT_E_EXPIRED, "the server's pool changed (restart)");
+    }
     if (!offs || offs->type != MSGPACK_OBJECT_ARRAY || offs->via.array.size != keys->n) {
         rep_free(&r);
         return seterr(c, KVT_E_PROTO, "prepare_store: bad reply");
@@ -547,6 +604,26 @@ int kvt_store_begin(kvt_client *c, const kvt_keys *keys, const size_t *sizes, co
     rep_free(&r);
     *out = v;
     return 0;
+}
+
+int kvt_store_begin(kvt_client *c, const kvt_keys *keys, const size_t *sizes, const kvt_meta *meta,
+                    kvt_wview **out)
+{
+    int rc = check_keys(c, keys);
+    if (rc)
+        return rc;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!c->shm)
+            return seterr(c, KVT_E_UNSUPPORTED, "the shared-memory path is not available");
+        bool stale = false;
+        rc = store_begin_once(c, keys, sizes, meta, out, &stale);
+        if (!stale)
+            return rc;
+        int hr = shm_reattach(c); /* the server restarted: map its new pool */
+        if (hr)
+            return hr;
+    }
+    return rc;
 }
 
 static void wview_free(kvt_wview *v)
@@ -732,6 +809,8 @@ int kvt_retrieve(kvt_client *c, const kvt_keys *keys, kvt_blob **out, size_t *n)
     if (c->shm) {
         kvt_rview *v;
         rc = kvt_retrieve_begin(c, keys, &v);
+        if (rc == KVT_E_UNSUPPORTED && !c->shm) /* the restarted server is not local */
+            return kvt_retrieve(c, keys, out, n);
         if (rc)
             return rc;
         kvt_blob *b = kvt_xcalloc(v->n ? v->n : 1, sizeof(*b));
@@ -800,28 +879,38 @@ static void rview_free(kvt_rview *v)
     free(v);
 }
 
-int kvt_retrieve_begin(kvt_client *c, const kvt_keys *keys, kvt_rview **out)
+static void cast_free_lease(kvt_client *c, uint64_t lease)
 {
-    if (!c->shm)
-        return seterr(c, KVT_E_UNSUPPORTED, "the shared-memory path is not available");
-    int rc = check_keys(c, keys);
-    if (rc)
-        return rc;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    body_init(&sb, &pk, 1);
+    kvt_mp_str0(&pk, "lease");
+    msgpack_pack_uint64(&pk, lease);
+    cast(c, "free_locks", &sb);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+static int retrieve_begin_once(kvt_client *c, const kvt_keys *keys, kvt_rview **out, bool *stale)
+{
     msgpack_sbuffer sb;
     fetch_body(c, keys, &sb);
     struct rep r;
-    rc = call(c, "prepare_retrieve", &sb, NULL, NULL, 0, &r);
+    int rc = call(c, "prepare_retrieve", &sb, NULL, NULL, 0, &r);
     msgpack_sbuffer_destroy(&sb);
     if (rc)
         return rc;
-    uint64_t lease = 0, cnt = 0;
+    uint64_t lease = 0, cnt = 0, pool = 0;
     kvt_mp_u64(&r.up.data, "lease", false, &lease, NULL);
     kvt_mp_u64(&r.up.data, "n", false, &cnt, NULL);
+    kvt_mp_u64(&r.up.data, "pool", false, &pool, NULL);
+    const char *bad = NULL;
     const msgpack_object *ents = kvt_mp_get(&r.up.data, "entries");
-    if (!ents || ents->type != MSGPACK_OBJECT_ARRAY || ents->via.array.size != cnt ||
-        cnt > keys->n) {
-        rep_free(&r);
-        return seterr(c, KVT_E_PROTO, "prepare_retrieve: bad reply");
+    if (pool != c->pool_id) {
+        *stale = true;
+        bad = "the server's pool changed (restart)";
+    } else if (!ents || ents->type != MSGPACK_OBJECT_ARRAY || ents->via.array.size != cnt ||
+               cnt > keys->n) {
+        bad = "prepare_retrieve: bad reply";
     }
     kvt_rview *v = kvt_xcalloc(1, sizeof(*v));
     v->n = cnt;
@@ -829,19 +918,17 @@ int kvt_retrieve_begin(kvt_client *c, const kvt_keys *keys, kvt_rview **out)
     v->ptrs = kvt_xcalloc(cnt ? cnt : 1, sizeof(void *));
     v->lens = kvt_xcalloc(cnt ? cnt : 1, sizeof(size_t));
     v->meta = kvt_xcalloc(cnt ? cnt : 1, sizeof(kvt_blob));
-    for (uint32_t i = 0; i < cnt; i++) {
+    for (uint32_t i = 0; !bad && i < cnt; i++) {
         const msgpack_object *e = &ents->via.array.ptr[i];
         if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2 ||
             e->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
-            rep_free(&r);
-            rview_free(v);
-            return seterr(c, KVT_E_PROTO, "prepare_retrieve: bad entry");
+            bad = "prepare_retrieve: bad entry";
+            break;
         }
         uint64_t off = e->via.array.ptr[0].via.u64, len = meta_len(&e->via.array.ptr[1]);
-        if (len == UINT64_MAX || off + len > c->shm_size) {
-            rep_free(&r);
-            rview_free(v);
-            return seterr(c, KVT_E_PROTO, "prepare_retrieve: entry outside the pool");
+        if (len == UINT64_MAX || off > c->shm_size || len > c->shm_size - off) {
+            bad = "prepare_retrieve: entry outside the pool";
+            break;
         }
         v->ptrs[i] = c->shm + off;
         v->lens[i] = len;
@@ -849,8 +936,33 @@ int kvt_retrieve_begin(kvt_client *c, const kvt_keys *keys, kvt_rview **out)
         v->meta[i].len = len;
     }
     rep_free(&r);
+    if (bad) {
+        if (lease)
+            cast_free_lease(c, lease); /* never leave read locks behind */
+        rview_free(v);
+        return seterr(c, *stale ? KVT_E_EXPIRED : KVT_E_PROTO, "%s", bad);
+    }
     *out = v;
     return 0;
+}
+
+int kvt_retrieve_begin(kvt_client *c, const kvt_keys *keys, kvt_rview **out)
+{
+    int rc = check_keys(c, keys);
+    if (rc)
+        return rc;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!c->shm)
+            return seterr(c, KVT_E_UNSUPPORTED, "the shared-memory path is not available");
+        bool stale = false;
+        rc = retrieve_begin_once(c, keys, out, &stale);
+        if (!stale)
+            return rc;
+        int hr = shm_reattach(c); /* the server restarted: map its new pool */
+        if (hr)
+            return hr;
+    }
+    return rc;
 }
 
 int kvt_retrieve_end(kvt_client *c, kvt_rview *v)

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -55,6 +56,7 @@ struct kvt_l1 {
     int fd;
     char *base;
     uint64_t map_size, cur_size, dev, ino;
+    uint64_t pool_id;
     uint32_t align;
     bool lazy, huge;
     struct kvt_palloc pa;
@@ -179,6 +181,13 @@ int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, s
     fstat(l1->fd, &st);
     l1->dev = st.st_dev;
     l1->ino = st.st_ino;
+    /* a random identity for this pool, and a random start for lease ids, so
+     * nothing a client kept from an earlier server instance can be mistaken
+     * for something of this one */
+    if (getrandom(&l1->pool_id, sizeof(l1->pool_id), 0) != sizeof(l1->pool_id))
+        l1->pool_id = kvt_now_ns() ^ ((uint64_t)getpid() << 32);
+    l1->pool_id |= 1; /* never 0 */
+    l1->gen = (uint32_t)(l1->pool_id >> 32);
     l1->policy = kvt_policy_create(o->policy ? o->policy : "LRU", o->watermark, o->ratio);
     if (!l1->policy) {
         snprintf(err, errcap, "--eviction-policy: unknown policy \"%s\" (known: %s)", o->policy,
@@ -222,6 +231,7 @@ void kvt_l1_shm(struct kvt_l1 *l1, struct kvt_l1_shm *s)
     s->cur_size = l1->cur_size;
     s->dev = l1->dev;
     s->ino = l1->ino;
+    s->pool_id = l1->pool_id;
     s->align = l1->align;
     pthread_mutex_unlock(&l1->lock);
 }

@@ -63,6 +63,7 @@ struct kvt_l1_shm {
     uint64_t map_size; /* bytes to map (the full configured size) */
     uint64_t cur_size; /* bytes backed now (lazy growth) */
     uint64_t dev, ino;
+    uint64_t pool_id; /* random per pool: a client checks every offset's pool */
     uint32_t align;
 };
 

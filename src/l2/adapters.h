@@ -117,6 +117,48 @@ int kvt_dax_parse(struct kvt_cfg *c, struct kvt_dax_opts *o);
 int kvt_dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_dax_opts *o,
                  char *err, size_t errcap);
 
+/* ---- resp / valkey (resp.c) ---- */
+struct kvt_resp_opts {
+    const char *host; /* points into the JSON, or at node_host */
+    int port;
+    char node_host[256]; /* first startup_nodes entry */
+    int nnodes;
+    const char *username, *password, *key_prefix;
+    int num_workers;
+    double connection_timeout, request_timeout; /* seconds */
+    int database_id;
+    uint64_t max_capacity_bytes;
+};
+int kvt_resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey);
+int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_resp_opts *o,
+                  char *err, size_t errcap);
+
+/* ---- s3 (s3.c, s3_http.c) ---- */
+struct kvt_s3_opts {
+    const char *endpoint, *region, *bucket_opt, *addressing, *key_prefix;
+    const char *key_id, *secret, *token; /* NULL: environment or credentials file */
+    int num_io_threads;                  /* concurrent transfers */
+    bool prefer_http2, disable_tls;
+    double connection_timeout, request_timeout; /* seconds */
+    int breaker_threshold;
+    uint64_t max_capacity_bytes;
+    /* resolved from the above */
+    char scheme[8], host[400], bucket[128];
+    bool path_style;
+};
+int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o);
+int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_opts *o,
+                char *err, size_t errcap);
+
+/* ---- mooncake_store (mooncake.c): parsed, then refused in this build ---- */
+struct kvt_mooncake_opts {
+    int num_workers;
+    int per_op_workers[4]; /* lookup, retrieve, store, delete; 0 = shared pool */
+};
+int kvt_mooncake_parse(struct kvt_cfg *c, struct kvt_mooncake_opts *o);
+int kvt_mooncake_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
+                      const struct kvt_mooncake_opts *o, char *err, size_t errcap);
+
 /* ---- fault_inject (test/diagnostic wrapper) ---- */
 struct kvt_fault_opts {
     const json_t *inner; /* points into the spec's JSON */

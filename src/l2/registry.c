@@ -71,6 +71,37 @@ static int open_dax(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err,
     return kvt_dax_open(l2, s, o, err, cap);
 }
 
+static int parse_resp(struct kvt_cfg *c, void *o)
+{
+    return kvt_resp_parse(c, o, false);
+}
+static int parse_valkey(struct kvt_cfg *c, void *o)
+{
+    return kvt_resp_parse(c, o, true);
+}
+static int open_resp(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
+{
+    return kvt_resp_open(l2, s, o, err, cap);
+}
+
+static int parse_s3(struct kvt_cfg *c, void *o)
+{
+    return kvt_s3_parse(c, o);
+}
+static int open_s3(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
+{
+    return kvt_s3_open(l2, s, o, err, cap);
+}
+
+static int parse_mooncake(struct kvt_cfg *c, void *o)
+{
+    return kvt_mooncake_parse(c, o);
+}
+static int open_mooncake(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
+{
+    return kvt_mooncake_open(l2, s, o, err, cap);
+}
+
 static int parse_fault(struct kvt_cfg *c, void *o)
 {
     return kvt_fault_parse(c, o);
@@ -86,6 +117,9 @@ union any_opts {
     struct kvt_nixl_opts nixl;
     struct kvt_raw_block_opts raw_block;
     struct kvt_dax_opts dax;
+    struct kvt_resp_opts resp;
+    struct kvt_s3_opts s3;
+    struct kvt_mooncake_opts mooncake;
     struct kvt_fault_opts fault;
 };
 
@@ -101,6 +135,10 @@ static const struct type_ent {
     {"nixl_store", parse_nixl_store, open_nixl_store},
     {"raw_block", parse_raw_block, open_raw_block},
     {"dax", parse_dax, open_dax},
+    {"resp", parse_resp, open_resp},
+    {"valkey", parse_valkey, open_resp},
+    {"s3", parse_s3, open_s3},
+    {"mooncake_store", parse_mooncake, open_mooncake},
     {"fault_inject", parse_fault, open_fault},
 };
 

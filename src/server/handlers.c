@@ -81,7 +81,9 @@ static void h_hello(struct kvt_server *s, struct request *q)
     }
     struct kvt_l1_shm shm;
     kvt_l1_shm(s->l1, &shm);
-    msgpack_pack_map(pk, 7);
+    msgpack_pack_map(pk, 8);
+    kvt_mp_str0(pk, "pool");
+    msgpack_pack_uint64(pk, shm.pool_id);
     kvt_mp_str0(pk, "pid");
     msgpack_pack_int(pk, (int)getpid());
     kvt_mp_str0(pk, "fd");
@@ -299,8 +301,12 @@ static void finish_fetch(struct fetch *f, uint32_t total, bool on_rpc)
             msgpack_pack_uint32(pk, total);
             kvt_mp_str0(pk, "lease");
             msgpack_pack_uint64(pk, lease);
-        } else { /* prepare_retrieve */
-            msgpack_pack_map(pk, 3);
+        } else { /* prepare_retrieve: offsets are only meaningful in this pool */
+            struct kvt_l1_shm shm;
+            kvt_l1_shm(s->l1, &shm);
+            msgpack_pack_map(pk, 4);
+            kvt_mp_str0(pk, "pool");
+            msgpack_pack_uint64(pk, shm.pool_id);
             kvt_mp_str0(pk, "lease");
             msgpack_pack_uint64(pk, lease);
             kvt_mp_str0(pk, "n");
@@ -470,8 +476,12 @@ static void h_prepare_store(struct kvt_server *s, struct request *q)
         }
     }
     uint64_t lease = k ? kvt_l1_lease_new(s->l1, KVT_LEASE_WRITE, hs, k) : 0;
+    struct kvt_l1_shm shm;
+    kvt_l1_shm(s->l1, &shm);
     msgpack_packer *pk = &q->r->pk;
-    msgpack_pack_map(pk, 3);
+    msgpack_pack_map(pk, 4);
+    kvt_mp_str0(pk, "pool"); /* offsets are only meaningful in this pool */
+    msgpack_pack_uint64(pk, shm.pool_id);
     kvt_mp_str0(pk, "lease");
     msgpack_pack_uint64(pk, lease);
     kvt_mp_str0(pk, "offsets");

@@ -276,3 +276,26 @@ def test_chunk_hash_vectors_match_docs():
         "10b1ad57104e9b1cc3e7f6c5e3b97b1b11bbb4f9e0c813265d8de233640caea6"]
     k = kvtier.chunk_keys("m", list(range(1000)), chunk_size=256, kv_rank=kvtier.kv_rank(2, 1, 2, 1), salt="t")
     assert len(k) == 3 and k.kv_rank == 0x02010201 and len(k[:2]) == 2
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_client_survives_server_restart(server, shm):
+    """A long-lived client keeps working across a server restart: its mapping
+    of the old pool is never used for the new server's offsets (that would
+    move wrong bytes); it maps the new pool and carries on."""
+    keys = keys_for("restart", 6)
+    pay = random_payloads(6, 40000, seed=21)
+    with server.client(shm=shm) as c:
+        assert c.shm_active == shm
+        assert c.store(keys[:3], pay[:3]) == 3
+        c.flush()
+        assert c.lookup(keys[:3]) == 3  # holds a lease of the old instance
+        server.kill()
+        server.start()
+        server.wait_recovered()
+        assert c.store(keys[3:], pay[3:]) == 3
+        assert c.retrieve(keys) == pay
+        with c.retrieve_view(keys) if shm else open(os.devnull) as views:
+            if shm:
+                assert [bytes(v) for v in views] == pay
+        assert c.shm_active == shm

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Remote tiers against their peers, side by side in one run on the same
+# server, alternating sides, several rounds; prints medians and ratios.
+#
+#   resp: bench_remote through the resp adapter  vs  redis-benchmark SET/GET
+#         (same Redis, same value size, same number of connections)
+#   s3:   bench_remote through the s3 adapter    vs  curl --parallel PUT/GET
+#         (same S3 test server, same object size, same number of transfers)
+#
+# Usage: bench/remote.sh [resp|s3|all]
+#   env: ROUNDS (5), COUNT objects per phase (32), SIZE bytes (4194304),
+#        CONC connections / transfers (4), BUILD (build)
+# Throughput counts payload bytes only (the adapter also moves a 512-byte
+# header per object). Writes go to fresh keys on both sides (Redis is
+# flushed between phases); reads read values that exist.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHAT=${1:-all}
+ROUNDS=${ROUNDS:-5}
+COUNT=${COUNT:-32}
+SIZE=${SIZE:-4194304}
+CONC=${CONC:-4}
+BUILD=${BUILD:-build}
+BENCH=$BUILD/bench/bench_remote
+[ -x "$BENCH" ] || { echo "build first: make build" >&2; exit 1; }
+TMP=$(mktemp -d /tmp/kvt-remote-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+now() { date +%s.%N; }
+mbs() { awk -v n="$1" -v s="$SIZE" -v a="$2" -v b="$3" 'BEGIN {printf "%.1f\n", n*s/(b-a)/1e6}'; }
+
+report() { # name ours-file peer-file
+  local o p
+  o=$(median < "$2"); p=$(median < "$3")
+  awk -v n="$1" -v o="$o" -v p="$p" 'BEGIN {printf "%-28s %10.1f %10.1f %8.2fx\n", n, o, p, o/p}'
+}
+
+bench_resp() {
+  command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null ||
+    { echo "resp: redis-server / redis-benchmark not installed, skipped"; return; }
+  local port; port=$(free_port)
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$TMP" \
+    --loglevel warning >"$TMP/redis.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  local spec="{\"type\":\"resp\",\"host\":\"127.0.0.1\",\"port\":$port,\"key_prefix\":\"bench\",\"num_workers\":$CONC}"
+  : >"$TMP/rs"; : >"$TMP/rl"; : >"$TMP/bs"; : >"$TMP/bl"
+  for r in $(seq "$ROUNDS"); do
+    for side in $( ((r % 2)) && echo "ours peer" || echo "peer ours"); do
+      redis-cli -p "$port" flushall >/dev/null
+      if [ "$side" = ours ]; then
+        out=$("$BENCH" "$spec" --size "$SIZE" --count "$COUNT" --batch "$CONC" --inflight 2 --seed "$r")
+        echo "$out" | awk '/^store/ {print $2}' >>"$TMP/rs"
+        echo "$out" | awk '/^load/ {print $2}' >>"$TMP/rl"
+      else
+        rps=$(redis-benchmark -p "$port" -t set -n "$COUNT" -r 1000000000 -d "$SIZE" -c "$CONC" --csv |
+              awk -F'"' '/"SET"/ {print $4}')
+        awk -v r="$rps" -v s="$SIZE" 'BEGIN {printf "%.1f\n", r*s/1e6}' >>"$TMP/bs"
+        # GET reads existing values: populate key:000000000000.. first
+        python3 - "$port" "$COUNT" "$SIZE" <<'EOF'
+import socket, sys
+port, n, size = map(int, sys.argv[1:])
+s = socket.create_connection(("127.0.0.1", port))
+v = bytes(size)
+for i in range(n):
+    k = b"key:%012d" % i
+    s.sendall(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(k), k, size) + v + b"\r\n")
+got = b""
+while got.count(b"\r\n") < n:
+    got += s.recv(65536)
+EOF
+        rps=$(redis-benchmark -p "$port" -t get -n "$COUNT" -r "$COUNT" -d "$SIZE" -c "$CONC" --csv |
+              awk -F'"' '/"GET"/ {print $4}')
+        awk -v r="$rps" -v s="$SIZE" 'BEGIN {printf "%.1f\n", r*s/1e6}' >>"$TMP/bl"
+      fi
+    done
+  done
+  echo "resp ($((SIZE >> 20)) MiB values, $CONC connections, $COUNT ops per phase, $ROUNDS rounds; MB/s medians)"
+  printf "%-28s %10s %10s %9s\n" "" "kvtier" "redis-bm" "ratio"
+  report "store (SET)" "$TMP/rs" "$TMP/bs"
+  report "load (GET)" "$TMP/rl" "$TMP/bl"
+}
+
+bench_s3() {
+  local modules=$BUILD/s3server/node_modules
+  command -v node >/dev/null && [ -d "$modules/s3rver" ] ||
+    { echo "s3: node or $modules missing (run make deps), skipped"; return; }
+  local port; port=$(free_port)
+  mkdir -p "$TMP/s3"
+  NODE_PATH=$modules node tests/integration/s3server/server.js --port "$port" --dir "$TMP/s3" \
+    --bucket bench --access-key bench --secret-key bench-secret >"$TMP/s3.out" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 200); do grep -q ready "$TMP/s3.out" 2>/dev/null && break; sleep 0.05; done
+  local url="http://127.0.0.1:$port/bench"
+  local spec="{\"type\":\"s3\",\"s3_endpoint\":\"127.0.0.1:$port\",\"s3_bucket\":\"bench\",\"s3_addressing\":\"path\",\"s3_region\":\"us-east-1\",\"disable_tls\":true,\"aws_access_key_id\":\"bench\",\"aws_secret_access_key\":\"bench-secret\",\"s3_num_io_threads\":$CONC}"
+  head -c "$SIZE" /dev/urandom >"$TMP/val.bin"
+  local sig=(--aws-sigv4 "aws:amz:us-east-1:s3" --user bench:bench-secret -H "x-amz-content-sha256: UNSIGNED-PAYLOAD")
+  : >"$TMP/ss"; : >"$TMP/sl"; : >"$TMP/cs"; : >"$TMP/cl"
+  for r in $(seq "$ROUNDS"); do
+    for side in $( ((r % 2)) && echo "ours peer" || echo "peer ours"); do
+      if [ "$side" = ours ]; then
+        out=$("$BENCH" "$(echo "$spec" | sed "s/}\$/,\"key_prefix\":\"kvt$r\"}/")" \
+              --size "$SIZE" --count "$COUNT" --batch "$CONC" --inflight 2 --seed "$r")
+        echo "$out" | awk '/^store/ {print $2}' >>"$TMP/ss"
+        echo "$out" | awk '/^load/ {print $2}' >>"$TMP/sl"
+      else
+        : >"$TMP/put.cfg"; : >"$TMP/get.cfg"
+        for i in $(seq 0 $((COUNT - 1))); do
+          printf 'url = "%s/curl%d/obj%d"\nupload-file = "%s"\noutput = "/dev/null"\n' \
+            "$url" "$r" "$i" "$TMP/val.bin" >>"$TMP/put.cfg"
+          printf 'url = "%s/curl%d/obj%d"\noutput = "/dev/null"\n' "$url" "$r" "$i" >>"$TMP/get.cfg"
+        done
+        t0=$(now)
+        curl -sS -f --no-progress-meter --parallel --parallel-max "$CONC" "${sig[@]}" -K "$TMP/put.cfg"
+        t1=$(now)
+        curl -sS -f --no-progress-meter --parallel --parallel-max "$CONC" "${sig[@]}" -K "$TMP/get.cfg"
+        t2=$(now)
+        mbs "$COUNT" "$t0" "$t1" >>"$TMP/cs"
+        mbs "$COUNT" "$t1" "$t2" >>"$TMP/cl"
+      fi
+    done
+  done
+  echo "s3 ($((SIZE >> 20)) MiB objects, $CONC parallel transfers, $COUNT ops per phase, $ROUNDS rounds; MB/s medians; server: s3rver)"
+  printf "%-28s %10s %10s %9s\n" "" "kvtier" "curl" "ratio"
+  report "store (PUT)" "$TMP/ss" "$TMP/cs"
+  report "load (GET)" "$TMP/sl" "$TMP/cl"
+}
+
+case "$WHAT" in
+  resp) bench_resp ;;
+  s3) bench_s3 ;;
+  all) bench_resp; echo; bench_s3 ;;
+  *) echo "usage: $0 [resp|s3|all]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,445 @@
+"""resp / valkey adapter against a real redis-server started by the tests on
+a free loopback port: round trip, pipelining (round trips counted on the
+server), Redis killed and restarted mid-run, the cap after a kvtier restart,
+corrupt values, two kvtier servers sharing one Redis, bad config."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+import kvtier
+from conftest import adapter_json, free_port, keys_for, random_payloads, run_kvtier
+
+REDIS = shutil.which("redis-server")
+pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
+KiB = 1 << 10
+MiB = 1 << 20
+HDR = 512
+
+
+class Redis:
+    """A redis-server process on a free port (no persistence unless asked)."""
+
+    def __init__(self, workdir, password=None, persist=False):
+        self.dir = str(workdir)
+        self.port = free_port()
+        self.password = password
+        self.persist = persist
+        self.proc = None
+
+    def start(self):
+        args = [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+                "--save", "" if not self.persist else "1 1", "--appendonly", "no",
+                "--protected-mode", "no", "--loglevel", "warning"]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.log = open(os.path.join(self.dir, "redis-%d.log" % self.port), "ab")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                if self.cmd("PING") in (b"PONG", "NOAUTH"):
+                    return self
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def cmd(self, *args):
+        """One command over a fresh connection (tiny RESP client)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as s:
+            f = s.makefile("rb")
+            if self.password:
+                s.sendall(self._enc(["AUTH", self.password]))
+                self._read(f)
+            s.sendall(self._enc(args))
+            return self._read(f)
+
+    @staticmethod
+    def _enc(args):
+        out = b"*%d\r\n" % len(args)
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out += b"$%d\r\n%s\r\n" % (len(a), a)
+        return out
+
+    def _read(self, f):
+        line = f.readline()
+        t, rest = line[:1], line[1:-2]
+        if t == b"+":
+            return rest
+        if t == b"-":
+            return "NOAUTH" if rest.startswith(b"NOAUTH") else RuntimeError(rest.decode())
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            data = f.read(n + 2)
+            return data[:-2]
+        if t == b"*":
+            return [self._read(f) for _ in range(int(rest))]
+        raise RuntimeError("bad reply %r" % line)
+
+    def info(self, section="stats"):
+        text = self.cmd("INFO", section).decode()
+        out = {}
+        for ln in text.splitlines():
+            if ":" in ln and not ln.startswith("#"):
+                k, v = ln.split(":", 1)
+                out[k] = v
+        return out
+
+    def keys(self, pattern="*"):
+        return sorted(k.decode() for k in self.cmd("KEYS", pattern))
+
+
+@pytest.fixture
+def redis(tmp_path):
+    d = tmp_path / "redis"
+    d.mkdir()
+    r = Redis(d).start()
+    yield r
+    r.kill()
+
+
+def resp_json(redis, **kw):
+    spec = dict(type="resp", host="127.0.0.1", port=redis.port, key_prefix="t")
+    spec.update(kw)
+    return json.dumps(spec)
+
+
+def adapter_status(server, i=0):
+    with server.client() as c:
+        return c.status()["l2"][i]
+
+
+def wait_for(pred, timeout=20, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def test_round_trip_and_restart(make_server, redis):
+    """Values carry the object header; after a SIGKILL of kvtier, the start-up
+    SCAN restores the accounting before any lookup, and the bytes match."""
+    s = make_server(["--l2-adapter", resp_json(redis)])
+    keys = keys_for("org/model", 16)
+    pay = random_payloads(16, 300 * KiB, seed=1)
+    with s.client() as c:
+        assert c.store(keys, pay) == 16
+        c.flush()
+        st = c.status()["l2"][0]
+    names = redis.keys("t@*")
+    assert len(names) == 16
+    assert all(n.startswith("t@org-SEP-model@0x00000000@0@") for n in names)
+    v = redis.cmd("GET", names[0])
+    assert v[:8] == b"KVTOBJ1\n" and len(v) == HDR + 300 * KiB
+    assert st["used_bytes"] == 16 * (HDR + 300 * KiB) and st["counters"]["store_ok"] == 16
+    assert st["is_healthy"] and st["connected"]
+    s.kill(signal.SIGKILL)
+    s.start()
+    a = s.wait_recovered()["l2"][0]
+    assert a["recovery"]["objects"] == 16 and a["used_bytes"] == st["used_bytes"]
+    assert a["counters"]["lookups"] == 0
+    with s.client() as c:
+        assert c.lookup(keys) == 16
+        assert c.retrieve(keys) == pay
+
+
+def test_batches_are_pipelined(make_server, redis):
+    """A chunk stored through server 1 is a hit through server 2; server 2's
+    lookup of 32 keys and their load take one round trip each: Redis counts
+    2 x 32 + 32 commands but only a handful of socket reads."""
+    s1 = make_server(["--l2-adapter", resp_json(redis)])
+    s2 = make_server(["--l2-adapter", resp_json(redis)])
+    s2.wait_recovered()
+    keys = keys_for("pipe", 32)
+    pay = random_payloads(32, 8 * KiB, seed=2)
+    with s1.client() as c:
+        assert c.store(keys, pay) == 32
+        c.flush()
+    assert adapter_status(s1)["round_trips"] == 1  # 32 SETs, one round trip
+    before = redis.info()
+    rt0 = adapter_status(s2)["round_trips"]
+    with s2.client() as c:
+        assert c.lookup(keys) == 32
+        assert c.retrieve(keys) == pay
+    after = redis.info()
+    a = adapter_status(s2)
+    assert a["round_trips"] - rt0 == 2
+    cmds = int(after["total_commands_processed"]) - int(before["total_commands_processed"])
+    reads = int(after["total_reads_processed"]) - int(before["total_reads_processed"])
+    # 64 lookup commands (GETRANGE + STRLEN) + 32 GETs + the INFO calls
+    assert cmds >= 96, cmds
+    # one read per batch (plus the INFO connections); unpipelined would be >= 96
+    assert reads <= 10, (reads, cmds)
+    assert a["counters"]["secondary_hits"] == 32
+
+
+def test_two_servers_share_one_redis(make_server, redis):
+    s1 = make_server(["--l2-adapter", resp_json(redis)])
+    s2 = make_server(["--l2-adapter", resp_json(redis)])
+    keys = keys_for("shared", 8, salt="tenant-a")
+    pay = random_payloads(8, 100 * KiB, seed=3)
+    with s1.client() as c:
+        assert c.store(keys, pay) == 8
+        c.flush()
+    with s2.client() as c:
+        assert c.lookup(keys) == 8
+        assert c.retrieve(keys) == pay
+        # another tenant's salt names other objects: a miss
+        assert c.lookup(keys_for("shared", 8, salt="tenant-b")) == 0
+
+
+def test_redis_down_and_back(make_server, redis, tmp_path):
+    """Redis SIGKILLed mid-run: unhealthy in /healthz and status, lookups miss
+    on resp (served by fs), stores counted as failed; Redis restarted empty:
+    reconnect with backoff, lost objects dropped from the accounting, new
+    stores land again."""
+    fsdir = tmp_path / "fs"
+    s = make_server(["--l2-store-policy", "skip_l1",
+                     "--l2-adapter", resp_json(redis),
+                     "--l2-adapter", adapter_json(type="fs", base_path=str(fsdir))])
+    keys = keys_for("down", 8)
+    pay = random_payloads(8, 64 * KiB, seed=4)
+    with s.client() as c:
+        assert c.store(keys, pay) == 8
+        c.flush()
+    assert adapter_status(s)["objects"] == 8
+    assert s.http_get("/healthz")[0] == 200
+
+    redis.kill()
+    with s.client() as c:
+        # served from fs: the resp adapter misses (or is found down at once)
+        assert c.lookup(keys) == 8
+        assert c.retrieve(keys) == pay
+    wait_for(lambda: not adapter_status(s)["connected"], what="resp to notice")
+    code, body = s.http_get("/healthz")
+    assert code == 503 and "resp[0]" in body and "not connected" in body, body
+    a = adapter_status(s)
+    assert a["is_healthy"] is False and "not connected" in a["health"]
+    assert a["disconnects"] == 1
+    more = keys_for("down2", 4)
+    with s.client() as c:
+        failed0 = c.status()["l2"][0]["counters"]["store_failed"]
+        assert c.store(more, random_payloads(4, 64 * KiB, seed=5)) == 4
+        c.flush()
+        st = c.status()
+    assert st["l2"][0]["counters"]["store_failed"] - failed0 == 4
+    assert st["l2"][1]["counters"]["store_ok"] == 12  # fs kept everything
+
+    redis.start()  # same port, no data
+    wait_for(lambda: adapter_status(s)["connected"], what="reconnect")
+    a = wait_for(lambda: (lambda x: x if x["objects"] == 0 else None)(adapter_status(s)),
+                 what="reconcile")
+    assert a["reconnects"] == 1 and a["swept_after_restart"] == 8
+    assert a["used_bytes"] == 0 and a["is_healthy"]
+    assert s.http_get("/healthz")[0] == 200
+    last = keys_for("down3", 4)
+    lp = random_payloads(4, 64 * KiB, seed=6)
+    with s.client() as c:
+        assert c.store(last, lp) == 4
+        c.flush()
+        assert c.lookup(last) == 4
+        assert c.retrieve(last) == lp
+    assert len(redis.keys("t@*")) == 4
+    assert adapter_status(s)["counters"]["load_ok"] >= 4
+
+
+def test_cap_holds_after_kvtier_restart(make_server, redis):
+    cap_gb = 8.5 * (256 * KiB + HDR) / 2**30  # room for 8 objects
+    spec = resp_json(redis, max_capacity_gb=cap_gb)
+    s = make_server(["--l2-adapter", spec])
+    keys = keys_for("cap", 20)
+    pay = random_payloads(20, 256 * KiB, seed=7)
+    with s.client() as c:
+        for i in range(12):
+            c.store(keys[i:i + 1], pay[i:i + 1])
+        c.flush()
+        st = c.status()["l2"][0]
+    assert st["objects"] == 8 and st["counters"]["rejected_writes"] == 4
+    s.kill()
+    s.start()
+    with s.client() as c:
+        # stores issued right away wait for the start-up scan
+        for i in range(12, 20):
+            c.store(keys[i:i + 1], pay[i:i + 1])
+        c.flush()
+        st = c.status()["l2"][0]
+    assert st["recovery"]["objects"] == 8
+    assert st["objects"] == 8 and st["counters"]["rejected_writes"] == 8
+    assert st["used_bytes"] <= st["capacity_bytes"]
+    assert len(redis.keys("t@*")) == 8
+
+
+def test_corrupt_and_truncated_values_are_misses(make_server, redis):
+    s = make_server(["--l2-adapter", resp_json(redis)])
+    keys = keys_for("bad", 8)
+    pay = random_payloads(8, 32 * KiB, seed=8)
+    with s.client() as c:
+        assert c.store(keys, pay) == 8
+        c.flush()
+    s.kill()
+    names = {i: n for n in redis.keys("t@*") for i in range(8) if keys.hashes[i].hex() in n}
+    name = names.__getitem__
+    # key 6: truncated (lookup sees the size disagree with the header)
+    v6 = redis.cmd("GET", name(6))
+    redis.cmd("SET", name(6), v6[:HDR + 1000])
+    # key 3: one payload byte flipped (only the checksum can tell)
+    v3 = bytearray(redis.cmd("GET", name(3)))
+    v3[HDR + 5000] ^= 0x20
+    redis.cmd("SET", name(3), bytes(v3))
+    s.start()
+    s.wait_recovered()
+    with s.client() as c:
+        # lookup pulls the chunks into L1: the flipped byte fails its checksum
+        assert c.lookup(keys) == 3
+        assert c.retrieve(keys) == pay[:3]
+        # the scan skipped the truncated value: 4 and 5, then a hole
+        assert c.lookup(keys[4:]) == 2
+        a = c.status()["l2"][0]
+    assert a["counters"]["corrupt"] == 1
+    assert a["foreign_values"] >= 1
+    assert redis.cmd("EXISTS", name(3)) == 0  # the corrupt value was removed
+    # a value that is not ours at all under our name: a miss, not a crash
+    redis.cmd("SET", name(0), b"hello")
+    s.kill()
+    s.start()
+    s.wait_recovered()
+    with s.client() as c:
+        assert c.lookup(keys) == 0
+
+
+def test_auth(make_server, tmp_path):
+    d = tmp_path / "redis-auth"
+    d.mkdir()
+    r = Redis(d, password="s3cret").start()
+    try:
+        bad = make_server(["--l2-adapter", resp_json(r, password="wrong")])
+        a = adapter_status(bad)
+        assert a["is_healthy"] is False and "AUTH" in a["health"], a["health"]
+        good = make_server(["--l2-adapter", resp_json(r, password="s3cret")])
+        keys = keys_for("auth", 2)
+        with good.client() as c:
+            assert c.store(keys, random_payloads(2, 1000)) == 2
+            c.flush()
+        assert adapter_status(good)["counters"]["store_ok"] == 2
+        assert len(r.keys("t@*")) == 2
+    finally:
+        r.kill()
+
+
+def test_valkey_type_and_config_errors(redis):
+    ok = run_kvtier("server", "--dry-run", "--l2-adapter",
+                    json.dumps({"type": "valkey", "startup_nodes": "127.0.0.1:%d,h2:6379" % redis.port,
+                                "key_prefix": "deploy1", "max_capacity_gb": "2"}))
+    assert ok.returncode == 0, ok.stderr
+    a = json.loads(ok.stdout)["l2_adapters"][0]
+    assert a["type"] == "valkey" and a["num_workers"] == 8 and a["request_timeout"] == 5.0
+    assert a["connection_timeout"] == 10.0 and a["max_capacity_gb"] == 2.0
+    cases = [
+        ({"type": "resp"}, '"host" is required'),
+        ({"type": "valkey"}, '"startup_nodes" is required'),
+        ({"type": "resp", "host": "h", "key_prefix": "a@b"}, '"key_prefix" must not contain \'@\''),
+        ({"type": "resp", "host": "h", "port": 0}, '"port" must be between'),
+        ({"type": "resp", "host": "h", "num_workers": 0}, '"num_workers" must be between'),
+        ({"type": "valkey", "startup_nodes": "nohost"}, '"startup_nodes" entries must be'),
+        ({"type": "valkey", "startup_nodes": "h:1", "host": "h"}, '"startup_nodes" and "host"'),
+        ({"type": "valkey", "startup_nodes": "h:1", "cluster_mode": True}, '"cluster_mode" is not supported'),
+        ({"type": "valkey", "startup_nodes": "h:1", "tls_enable": "true"}, '"tls_enable" is not supported'),
+        ({"type": "resp", "host": "h", "request_timeout": "soon"}, '"request_timeout" must be a number'),
+        ({"type": "resp", "host": "h", "colour": 1}, '"colour" is not a known field'),
+    ]
+    for spec, msg in cases:
+        r = run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(spec))
+        assert r.returncode == 2, (spec, r.stderr)
+        assert "--l2-adapter #0 (%s)" % spec["type"] in r.stderr and msg in r.stderr, (spec, r.stderr)
+
+
+def test_unreachable_at_start_then_available(make_server, tmp_path):
+    """kvtier starts while Redis is down (serving, unhealthy), and connects
+    once Redis comes up."""
+    d = tmp_path / "late"
+    d.mkdir()
+    r = Redis(d)
+    s = make_server(["--l2-adapter", resp_json(r)])
+    try:
+        a = adapter_status(s)
+        assert a["is_healthy"] is False and a["connected"] is False
+        keys = keys_for("late", 2)
+        with s.client() as c:
+            assert c.store(keys, random_payloads(2, 1000)) == 2  # L1 takes it
+        r.start()
+        wait_for(lambda: adapter_status(s)["connected"], what="first connection")
+        more = keys_for("late2", 2)
+        with s.client() as c:
+            c.store(more, random_payloads(2, 1000))
+            c.flush()
+        assert len(r.keys("t@*")) == 2
+    finally:
+        r.kill()
+
+
+def test_delete_and_eviction_remove_values(make_server, redis):
+    """delete removes values from Redis (UNLINK); under a cap with an LRU
+    eviction block the eviction controller keeps usage under the watermark
+    by removing the coldest values."""
+    cap_gb = 16 * (64 * KiB + HDR) / 2**30
+    s = make_server(["--l2-adapter", resp_json(redis, max_capacity_gb=cap_gb, eviction={
+        "eviction_policy": "LRU", "trigger_watermark": 0.5, "eviction_ratio": 0.5})])
+    keys = keys_for("evict", 12)
+    pay = random_payloads(12, 64 * KiB, seed=11)
+    with s.client() as c:
+        assert c.store(keys[:4], pay[:4]) == 4
+        c.flush()
+        assert c.delete(keys[:2]) == 2
+    assert len(redis.keys("t@*")) == 2
+    with s.client() as c:
+        for i in range(4, 12):
+            c.store(keys[i:i + 1], pay[i:i + 1])
+        c.flush()
+    a = wait_for(lambda: (lambda x: x if x["counters"]["evictions"] > 0 and
+                          x["usage_fraction"] <= 0.5 else None)(adapter_status(s)),
+                 what="eviction below the watermark")
+    assert len(redis.keys("t@*")) == a["objects"] < 10
+    assert a["used_bytes"] == sum(len(redis.cmd("GET", k)) for k in redis.keys("t@*"))
+
+
+def test_serde_chain_over_redis(make_server, redis, tmp_path):
+    """A serde chain (zstd, then AES-GCM) in front of the resp engine: values
+    in Redis hold no plaintext, and a second kvtier sharing the Redis and the
+    key reads the chunks back exactly, with their dtype and shape."""
+    keyfile = tmp_path / "master.key"
+    keyfile.write_bytes(os.urandom(32))
+    os.chmod(keyfile, 0o600)
+    serde = [{"type": "zstd", "level": 3}, {"type": "encrypt", "master_key_path": str(keyfile)}]
+    s1 = make_server(["--l2-adapter", resp_json(redis, serde=serde)])
+    s2 = make_server(["--l2-adapter", resp_json(redis, serde=serde)])
+    keys = keys_for("serde-resp", 6)
+    pay = [bytes([i]) * 40000 + os.urandom(24000) for i in range(6)]
+    with s1.client() as c:
+        assert c.store(keys, pay, dtype="float16", shape=[32000]) == 6
+        c.flush()
+    for k in redis.keys("t@*"):
+        v = redis.cmd("GET", k)
+        assert v[:8] == b"KVTOBJ1\n" and bytes([1]) * 4096 not in v
+    with s2.client() as c:
+        assert c.lookup(keys) == 6
+        got = c.retrieve(keys, with_meta=True)
+    assert [g[0] for g in got] == pay and got[0][1] == "float16" and got[0][2] == (32000,)

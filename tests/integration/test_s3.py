@@ -1,0 +1,451 @@
+"""s3 adapter against a real S3-compatible server started by the tests on a
+free loopback port: s3rver (npm) behind AWS's own SigV4 signer, which
+refuses a wrongly signed request as AWS does (tests/integration/s3server).
+Round trip, large objects, concurrent transfers, wrong credentials, the
+circuit breaker opening and closing, corrupt objects, two kvtier servers
+sharing one bucket, the cap after a restart, config forms and errors.
+Also the mooncake_store refusal (no Mooncake client in this build)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import ROOT, adapter_json, free_port, keys_for, random_payloads, run_kvtier
+
+KiB = 1 << 10
+MiB = 1 << 20
+HDR = 512
+NODE = shutil.which("node")
+SERVER_JS = os.path.join(ROOT, "tests", "integration", "s3server", "server.js")
+MODULES = os.environ.get("KVT_S3SERVER_MODULES",
+                         os.path.join(ROOT, "build", "s3server", "node_modules"))
+KEY, SECRET = "kvtier", "kvtier-secret"
+
+
+def ensure_modules():
+    """The npm packages normally come from scripts/install-deps.sh; install
+    them here when a checkout skipped that step."""
+    if os.path.isfile(os.path.join(MODULES, "s3rver", "package.json")):
+        return
+    npm = shutil.which("npm")
+    if not npm:
+        pytest.fail("node is installed but npm is not: cannot install the S3 test server")
+    d = os.path.dirname(MODULES)
+    os.makedirs(d, exist_ok=True)
+    for f in ("package.json", "package-lock.json"):
+        shutil.copy(os.path.join(ROOT, "tests", "integration", "s3server", f), d)
+    r = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=d,
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode:
+        pytest.fail("npm ci of the S3 test server failed:\n" + r.stderr)
+
+
+class S3Server:
+    """s3rver with SigV4 verification, one bucket, data under a directory."""
+
+    def __init__(self, workdir, bucket="kv"):
+        self.dir = str(workdir)
+        self.bucket = bucket
+        self.port = free_port()
+        self.proc = None
+
+    def start(self):
+        ensure_modules()
+        env = dict(os.environ, NODE_PATH=MODULES)
+        self.log = open(os.path.join(self.dir, "..", "s3server-%d.log" % self.port), "ab")
+        self.proc = subprocess.Popen(
+            [NODE, SERVER_JS, "--port", str(self.port), "--dir", self.dir, "--bucket", self.bucket,
+             "--access-key", KEY, "--secret-key", SECRET],
+            stdout=subprocess.PIPE, stderr=self.log, env=env)
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("ready"):
+            raise RuntimeError("s3 test server did not start: %r" % line)
+        return self
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    @property
+    def endpoint(self):
+        return "127.0.0.1:%d" % self.port
+
+    def objects(self, prefix=""):
+        """Object keys as stored by s3rver (one *._S3rver_object file each)."""
+        root = os.path.join(self.dir, self.bucket)
+        out = []
+        for d, _, files in os.walk(root):
+            for f in files:
+                if f.endswith("._S3rver_object"):
+                    rel = os.path.relpath(os.path.join(d, f), root)
+                    out.append(rel[: -len("._S3rver_object")])
+        return sorted(k for k in out if k.startswith(prefix))
+
+    def object_file(self, key):
+        return os.path.join(self.dir, self.bucket, key + "._S3rver_object")
+
+
+@pytest.fixture
+def s3(tmp_path):
+    if NODE is None:
+        pytest.skip("node is not installed: no S3-compatible test server")
+    d = tmp_path / "s3data"
+    d.mkdir()
+    srv = S3Server(d).start()
+    yield srv
+    srv.kill()
+
+
+def s3_json(s3, **kw):
+    spec = {"type": "s3", "s3_endpoint": s3.endpoint, "s3_bucket": s3.bucket,
+            "s3_addressing": "path", "s3_region": "us-east-1", "disable_tls": True,
+            "aws_access_key_id": KEY, "aws_secret_access_key": SECRET, "key_prefix": "t"}
+    spec.update(kw)
+    return json.dumps(spec)
+
+
+def status(server, i=0):
+    with server.client() as c:
+        return c.status()["l2"][i]
+
+
+def wait_for(pred, timeout=30, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def test_round_trip_and_restart(make_server, s3):
+    s = make_server(["--l2-adapter", s3_json(s3)])
+    keys = keys_for("org/model", 16)
+    pay = random_payloads(16, 300 * KiB, seed=1)
+    with s.client() as c:
+        assert c.store(keys, pay) == 16
+        c.flush()
+        a = c.status()["l2"][0]
+    objs = s3.objects("t/")
+    assert len(objs) == 16 and all(o.startswith("t/org-SEP-model@0x00000000@0@") for o in objs)
+    with open(s3.object_file(objs[0]), "rb") as f:
+        data = f.read()
+    assert data[:8] == b"KVTOBJ1\n" and len(data) == HDR + 300 * KiB
+    assert a["used_bytes"] == 16 * (HDR + 300 * KiB) and a["requests"]["put"] == 16
+    assert a["is_healthy"] and a["circuit_breaker"]["state"] == "closed"
+    s.kill(signal.SIGKILL)
+    s.start()
+    a = s.wait_recovered()["l2"][0]
+    assert a["recovery"]["objects"] == 16 and a["used_bytes"] == 16 * (HDR + 300 * KiB)
+    with s.client() as c:
+        assert c.lookup(keys) == 16
+        assert c.retrieve(keys) == pay
+    a = status(s)
+    assert a["requests"]["head"] == 16 and a["requests"]["get"] == 16
+
+
+def test_large_objects(make_server, s3):
+    s = make_server(["--l1-size-gb", "0.75", "--l1-init-size-gb", "0.75",
+                     "--l2-store-policy", "skip_l1", "--l2-adapter", s3_json(s3)])
+    keys = keys_for("big", 2)
+    pay = random_payloads(2, 64 * MiB, seed=2)
+    with s.client(shm=False) as c:
+        assert c.store(keys, pay) == 2
+        c.flush()
+        assert c.lookup(keys) == 2
+        got = c.retrieve(keys)
+    assert [len(g) for g in got] == [64 * MiB] * 2 and got == pay
+    a = status(s)
+    assert a["counters"]["load_ok"] == 2 and a["counters"]["bytes_read"] == 2 * (HDR + 64 * MiB)
+
+
+def test_concurrent_transfers(make_server, s3):
+    s = make_server(["--l2-adapter", s3_json(s3, s3_num_io_threads=8)])
+    keys = keys_for("many", 48)
+    pay = random_payloads(48, 128 * KiB, seed=3)
+    with s.client() as c:
+        assert c.store(keys, pay) == 48
+        c.flush()
+    a = status(s)
+    assert a["counters"]["store_ok"] == 48 and len(s3.objects("t/")) == 48
+    assert 1 < a["peak_transfers"] <= 8, a["peak_transfers"]
+    s2 = make_server(["--l2-adapter", s3_json(s3, s3_num_io_threads=8)])
+    s2.wait_recovered()
+    with s2.client() as c:
+        assert c.lookup(keys) == 48
+        assert c.retrieve(keys) == pay
+
+
+@pytest.mark.parametrize("key,secret,code", [(KEY, "not-the-secret", "SignatureDoesNotMatch"),
+                                             ("nobody", SECRET, "InvalidAccessKeyId")])
+def test_wrong_credentials_are_a_clear_error(make_server, s3, key, secret, code):
+    s = make_server(["--l2-adapter", s3_json(s3, aws_access_key_id=key, aws_secret_access_key=secret)])
+    a = wait_for(lambda: (lambda x: x if not x["is_healthy"] else None)(status(s)),
+                 what="the start-up listing to be refused")
+    assert a["s3_error"]["code"] == code and a["s3_error"]["http_status"] == 403
+    assert code in a["health"]
+    code_h, body = s.http_get("/healthz")
+    assert code_h == 503 and code in body, body
+    with s.client() as c:
+        assert c.store(keys_for("cred", 3), random_payloads(3, 4096)) == 3  # L1 takes them
+        c.flush()
+    a = status(s)
+    assert a["counters"]["store_failed"] == 3 and a["counters"]["store_ok"] == 0
+    assert s3.objects() == []
+    assert ("S3 refused" in s.read_log()) and code in s.read_log()
+
+
+def test_breaker_opens_and_closes(make_server, s3, tmp_path):
+    """S3 stopped mid-run: consecutive connection errors open the breaker
+    (unhealthy, lookups miss: fs serves, stores fail fast); S3 back: a probe
+    closes it again and stores land."""
+    fsdir = tmp_path / "fs"
+    s = make_server(["--l2-store-policy", "skip_l1",
+                     "--l2-adapter", s3_json(s3, connection_timeout=2),
+                     "--l2-adapter", adapter_json(type="fs", base_path=str(fsdir))])
+    keys = keys_for("brk", 4)
+    pay = random_payloads(4, 32 * KiB, seed=4)
+    with s.client() as c:
+        assert c.store(keys, pay) == 4
+        c.flush()
+    assert status(s)["counters"]["store_ok"] == 4
+    s3.kill()
+    with s.client() as c:
+        c.store(keys_for("brk2", 4), random_payloads(4, 32 * KiB, seed=5))
+        c.flush()
+    a = wait_for(lambda: (lambda x: x if x["circuit_breaker"]["state"] != "closed" else None)(status(s)),
+                 what="the breaker to open")
+    assert a["circuit_breaker"]["opens"] == 1 and not a["is_healthy"]
+    assert "circuit open" in a["health"]
+    code, body = s.http_get("/healthz")
+    assert code == 503 and "s3[0]" in body and "circuit open" in body
+    with s.client() as c:
+        lookups0 = c.status()["l2"][0]["counters"]["lookup_hits"]
+        assert c.lookup(keys) == 4  # served by fs
+        assert c.retrieve(keys) == pay
+        failed0 = c.status()["l2"][0]["counters"]["store_failed"]
+        c.store(keys_for("brk3", 2), random_payloads(2, 1000, seed=6))
+        c.flush()
+        st = c.status()["l2"]
+    assert st[0]["counters"]["lookup_hits"] == lookups0  # breaker open: resp missed
+    assert st[0]["counters"]["store_failed"] - failed0 == 2
+    assert st[1]["counters"]["store_ok"] == 10
+
+    s3.start()  # same port, same data
+    a = wait_for(lambda: (lambda x: x if x["circuit_breaker"]["state"] == "closed" else None)(status(s)),
+                 what="the breaker to close")
+    assert a["is_healthy"] and a["requests"]["probe"] >= 1
+    assert s.http_get("/healthz")[0] == 200
+    last = keys_for("brk4", 2)
+    with s.client() as c:
+        assert c.store(last, random_payloads(2, 1000, seed=7)) == 2
+        c.flush()
+    assert status(s)["counters"]["store_ok"] == 6
+    assert "circuit closed" in s.read_log()
+
+
+def test_two_servers_share_one_bucket(make_server, s3):
+    s1 = make_server(["--l2-adapter", s3_json(s3)])
+    s2 = make_server(["--l2-adapter", s3_json(s3)])
+    keys = keys_for("shared", 8, salt="tenant-a")
+    pay = random_payloads(8, 100 * KiB, seed=8)
+    with s1.client() as c:
+        assert c.store(keys, pay) == 8
+        c.flush()
+    with s2.client() as c:
+        assert c.lookup(keys) == 8
+        assert c.retrieve(keys) == pay
+        assert c.lookup(keys_for("shared", 8, salt="tenant-b")) == 0
+    a = status(s2)
+    assert a["counters"]["secondary_hits"] == 8 and a["requests"]["head"] >= 8
+
+
+def test_corrupt_object_is_a_miss_and_deleted(make_server, s3):
+    s = make_server(["--l2-adapter", s3_json(s3)])
+    keys = keys_for("bad", 6)
+    pay = random_payloads(6, 32 * KiB, seed=9)
+    with s.client() as c:
+        assert c.store(keys, pay) == 6
+        c.flush()
+    s.kill()
+    victim = [o for o in s3.objects("t/") if keys.hashes[2].hex() in o][0]
+    with open(s3.object_file(victim), "r+b") as f:
+        f.seek(HDR + 1000)
+        b = f.read(1)
+        f.seek(HDR + 1000)
+        f.write(bytes([b[0] ^ 0x40]))
+    s.start()
+    s.wait_recovered()
+    with s.client() as c:
+        assert c.lookup(keys) == 2
+        assert c.retrieve(keys) == pay[:2]
+        a = c.status()["l2"][0]
+    assert a["counters"]["corrupt"] == 1
+    wait_for(lambda: victim not in s3.objects("t/"), what="the corrupt object to be deleted")
+    assert len(s3.objects("t/")) == 5
+
+
+def test_cap_holds_after_restart(make_server, s3):
+    cap_gb = 6.5 * (64 * KiB + HDR) / 2**30  # room for 6
+    s = make_server(["--l2-adapter", s3_json(s3, max_capacity_gb=cap_gb)])
+    keys = keys_for("cap", 14)
+    pay = random_payloads(14, 64 * KiB, seed=10)
+    with s.client() as c:
+        for i in range(8):
+            c.store(keys[i:i + 1], pay[i:i + 1])
+        c.flush()
+        a = c.status()["l2"][0]
+    assert a["objects"] == 6 and a["counters"]["rejected_writes"] == 2
+    s.kill()
+    s.start()
+    with s.client() as c:
+        for i in range(8, 14):
+            c.store(keys[i:i + 1], pay[i:i + 1])
+        c.flush()
+        a = c.status()["l2"][0]
+    assert a["recovery"]["objects"] == 6 and a["objects"] == 6
+    assert a["counters"]["rejected_writes"] == 6 and a["used_bytes"] <= a["capacity_bytes"]
+    assert len(s3.objects("t/")) == 6
+
+
+def test_credentials_from_environment_and_file(make_server, s3, tmp_path):
+    spec = json.loads(s3_json(s3))
+    del spec["aws_access_key_id"], spec["aws_secret_access_key"]
+    home = tmp_path / "home"
+    (home / ".aws").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["HOME"] = str(home)
+    r = subprocess.run([os.environ.get("KVTIER_BIN", os.path.join(ROOT, "build", "kvtier")),
+                        "server", "--port", str(free_port()), "--http-port", "0",
+                        "--l2-adapter", json.dumps(spec)], capture_output=True, text=True,
+                       timeout=30, env=env)
+    assert r.returncode != 0 and "no AWS credentials" in r.stderr, r.stderr
+    s = make_server(["--l2-adapter", json.dumps(spec)],
+                    env={"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET})
+    assert status(s)["credentials"] == "environment"
+    (home / ".aws" / "credentials").write_text(
+        "[other]\naws_access_key_id = x\naws_secret_access_key = y\n"
+        "[ci]\naws_access_key_id = %s\naws_secret_access_key = %s\n" % (KEY, SECRET))
+    env = {"HOME": str(home), "AWS_PROFILE": "ci", "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+    s2 = make_server(["--l2-adapter", json.dumps(spec)], env=env)
+    a = status(s2)
+    assert a["credentials"].startswith("file ") and "[ci]" in a["credentials"]
+    with s2.client() as c:
+        c.store(keys_for("fromfile", 2), random_payloads(2, 1000))
+        c.flush()
+    assert status(s2)["counters"]["store_ok"] == 2
+
+
+def test_config_forms_and_errors():
+    def dry(spec):
+        return run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(spec))
+
+    forms = [
+        ({"type": "s3", "s3_endpoint": "s3://my-bucket", "s3_region": "us-west-2"},
+         "https://my-bucket.s3.us-west-2.amazonaws.com/", "my-bucket", "virtual"),
+        ({"type": "s3", "s3_endpoint": "s3://my-bucket", "s3_region": "us-west-2",
+          "s3_prefer_http2": False, "aws_access_key_id": "AKIA", "aws_secret_access_key": "abc"},
+         "https://my-bucket.s3.us-west-2.amazonaws.com/", "my-bucket", "virtual"),
+        ({"type": "s3", "s3_endpoint": "minio.local:9000", "s3_region": "us-east-1",
+          "disable_tls": True, "aws_access_key_id": "minio", "aws_secret_access_key": "minio123"},
+         "http://minio.local:9000/", "minio", "virtual"),
+        ({"type": "s3", "s3_endpoint": "127.0.0.1:9000", "s3_bucket": "kv", "s3_addressing": "path",
+          "s3_region": "us-east-1", "disable_tls": True},
+         "http://127.0.0.1:9000/kv/", "kv", "path"),
+        ({"type": "s3", "s3_endpoint": "https://s3.eu-west-1.amazonaws.com", "s3_bucket": "b-1",
+          "s3_region": "eu-west-1"},
+         "https://b-1.s3.eu-west-1.amazonaws.com/", "b-1", "virtual"),
+    ]
+    for spec, url, bucket, addr in forms:
+        r = dry(spec)
+        assert r.returncode == 0, (spec, r.stderr)
+        a = json.loads(r.stdout)["l2_adapters"][0]
+        assert (a["endpoint_url"], a["s3_bucket"], a["s3_addressing"]) == (url, bucket, addr), a
+        assert a["s3_num_io_threads"] == 64 and a["s3_enable_s3express"] is False
+        if "aws_secret_access_key" in spec:
+            assert a["aws_secret_access_key"] == "<set>" and spec["aws_secret_access_key"] not in r.stdout
+    base = {"type": "s3", "s3_endpoint": "127.0.0.1:9000", "s3_bucket": "kv", "s3_region": "us-east-1"}
+    cases = [
+        ({"type": "s3", "s3_endpoint": "s3://b"}, '"s3_region" is required'),
+        ({"type": "s3", "s3_region": "us-east-1"}, '"s3_endpoint" is required'),
+        (dict(base, s3_enable_s3express=True), '"s3_enable_s3express" is not supported'),
+        ({"type": "s3", "s3_endpoint": "localhost:9000", "s3_region": "us-east-1"}, "does not name a bucket"),
+        ({"type": "s3", "s3_endpoint": "h.example:9000", "s3_region": "us-east-1", "s3_addressing": "path"},
+         '"s3_addressing" "path" needs "s3_bucket"'),
+        (dict(base, s3_addressing="sideways"), '"s3_addressing" must be one of path, virtual'),
+        (dict(base, aws_access_key_id="AKIA"), '"aws_secret_access_key" is required with aws_access_key_id'),
+        (dict(base, s3_num_io_threads=0), '"s3_num_io_threads" must be between'),
+        (dict(base, key_prefix="a/../b"), '"key_prefix" must not contain'),
+        (dict(base, s3_endpoint="https://h:9000", disable_tls=True), '"disable_tls" contradicts'),
+        (dict(base, s3_endpoint="http://h:9000/some/path"), '"s3_endpoint" must be'),
+        (dict(base, s3_bucket="no/slash"), '"s3_bucket" must be a bucket name'),
+        (dict(base, s3_prefer_http2="maybe"), '"s3_prefer_http2" must be true or false'),
+        (dict(base, shoe_size=42), '"shoe_size" is not a known field'),
+    ]
+    for spec, msg in cases:
+        r = dry(spec)
+        assert r.returncode == 2, (spec, r.stderr)
+        assert "--l2-adapter #0 (s3)" in r.stderr and msg in r.stderr, (spec, r.stderr)
+
+
+def test_mooncake_store_is_refused_clearly():
+    """The seed's mooncake_store examples parse, then exit 2: this build has
+    no Mooncake client library."""
+    seeds = [
+        {"type": "mooncake_store", "num_workers": 4, "local_hostname": "node01",
+         "metadata_server": "http://localhost:8080/metadata", "master_server_addr": "localhost:50051",
+         "protocol": "tcp", "local_buffer_size": "3221225472", "global_segment_size": "3221225472"},
+        {"type": "mooncake_store", "per_op_workers": {"lookup": 2, "retrieve": 16, "store": 4},
+         "local_hostname": "node01", "metadata_server": "http://localhost:8080/metadata",
+         "master_server_addr": "localhost:50051", "protocol": "tcp"},
+    ]
+    for spec in seeds:
+        r = run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(spec))
+        assert r.returncode == 2, r.stderr
+        assert "--l2-adapter #0 (mooncake_store)" in r.stderr and "Mooncake" in r.stderr, r.stderr
+    r = run_kvtier("server", "--dry-run", "--l2-adapter",
+                   json.dumps({"type": "mooncake_store", "num_workers": 0}))
+    assert r.returncode == 2 and '"num_workers" must be between' in r.stderr, r.stderr
+    r = run_kvtier("server", "--dry-run", "--l2-adapter",
+                   json.dumps({"type": "mooncake_store", "per_op_workers": {"compact": 2}}))
+    assert r.returncode == 2 and '"per_op_workers.compact" is not a known field' in r.stderr, r.stderr
+    assert "lookup, retrieve, store, delete" in r.stderr, r.stderr
+
+
+def test_delete_removes_objects(make_server, s3):
+    s = make_server(["--l2-adapter", s3_json(s3)])
+    keys = keys_for("del", 5)
+    with s.client() as c:
+        assert c.store(keys, random_payloads(5, 10 * KiB, seed=12)) == 5
+        c.flush()
+        assert c.delete(keys[:3]) == 3
+        a = c.status()["l2"][0]
+    assert len(s3.objects("t/")) == 2
+    assert a["objects"] == 2 and a["requests"]["delete"] == 3
+    assert a["used_bytes"] == 2 * (HDR + 10 * KiB)
+
+
+def test_serde_over_s3(make_server, s3):
+    """lz4 in front of the s3 engine: objects are smaller than the chunks,
+    a restart recovers them from the listing, and the bytes come back."""
+    s = make_server(["--l2-adapter", s3_json(s3, serde={"type": "lz4"})])
+    keys = keys_for("serde-s3", 4)
+    pay = [bytes(range(256)) * 256 for _ in range(4)]  # 64 KiB, compressible
+    with s.client() as c:
+        assert c.store(keys, pay) == 4
+        c.flush()
+    sizes = [os.path.getsize(s3.object_file(o)) for o in s3.objects("t/")]
+    assert len(sizes) == 4 and all(HDR < n < 64 * KiB for n in sizes)
+    s.kill()
+    s.start()
+    s.wait_recovered()
+    with s.client() as c:
+        assert c.lookup(keys) == 4
+        assert c.retrieve(keys) == pay
