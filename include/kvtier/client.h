@@ -6,7 +6,10 @@
  * client maps the pool and moves bulk bytes through it (zero copy on the
  * wire); otherwise bytes travel inline in ZeroMQ frames. The choice is
  * automatic (kvt_client_shm_active tells which); set KVTIER_NO_SHM=1 or
- * opts.no_shm to force the inline path.
+ * opts.no_shm to force the inline path. Requests themselves go over a
+ * same-host Unix socket when the server offers one (fewer thread hops than
+ * ZeroMQ; kvt_client_local_active); KVTIER_NO_LOCAL=1 or opts.no_local keeps
+ * them on ZeroMQ.
  *
  * Errors: every function returns 0 or a negative code (include
  * kvtier/error.h): -errno, or KVT_E_* for protocol and server errors. After
@@ -54,6 +57,7 @@ typedef struct kvt_meta {
 typedef struct kvt_client_opts {
     int timeout_ms; /* per request; 0 = 30000 */
     bool no_shm;    /* never use the shared-memory path */
+    bool no_local;  /* never use the same-host socket (always ZeroMQ) */
 } kvt_client_opts;
 
 /* Connect and exchange "hello". opts may be NULL. */
@@ -61,6 +65,7 @@ int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **o
 void kvt_client_close(kvt_client *c);
 const char *kvt_client_last_error(const kvt_client *c);
 bool kvt_client_shm_active(const kvt_client *c);
+bool kvt_client_local_active(const kvt_client *c);
 int kvt_client_chunk_size(const kvt_client *c);
 
 /* Store n objects. *accepted: keys now held by the server (including keys

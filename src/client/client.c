@@ -11,7 +11,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <stddef.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -28,7 +33,11 @@ struct kvt_client {
     char *shm;
     uint64_t shm_size;
     uint64_t pool_id; /* the mapped pool's identity (hello "shm.pool") */
-    bool want_shm;
+    bool want_shm, want_local;
+    /* the same-host socket (hello "local"); -1 when not used */
+    int lfd;
+    uint8_t *lbuf;
+    size_t lpos, llen;
     /* the lease of the last lookup and the keys it covers */
     uint64_t lease;
     size_t lease_n, lease_hash_len;
@@ -78,6 +87,11 @@ const char *kvt_client_last_error(const kvt_client *c)
 bool kvt_client_shm_active(const kvt_client *c)
 {
     return c->shm != NULL;
+}
+
+bool kvt_client_local_active(const kvt_client *c)
+{
+    return c->lfd >= 0;
 }
 
 int kvt_client_chunk_size(const kvt_client *c)
@@ -153,8 +167,8 @@ static void zc_wait(kvt_client *c)
 /* Send a request and wait for its reply. Data frames are sent zero-copy:
  * the caller's buffers must stay valid until this returns (it returns only
  * after ZeroMQ released them). */
-static int call(kvt_client *c, const char *op, const msgpack_sbuffer *body,
-                const void *const *bufs, const size_t *lens, size_t nbufs, struct rep *out)
+static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
+                    const void *const *bufs, const size_t *lens, size_t nbufs, struct rep *out)
 {
     memset(out, 0, sizeof(*out));
     msgpack_unpacked_init(&out->up);
@@ -261,16 +275,257 @@ static int call(kvt_client *c, const char *op, const msgpack_sbuffer *body,
     }
 }
 
-/* Fire and forget (reply discarded later by rid mismatch). */
+/* ----------------------------------------------- the same-host socket */
+
+#define LBUF 65536
+
+static void local_close(kvt_client *c)
+{
+    if (c->lfd >= 0)
+        close(c->lfd);
+    c->lfd = -1;
+    c->lpos = c->llen = 0;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+/* Write a whole message: [n][len][rid][len][op][len][body][len][data]... */
+static int local_write(kvt_client *c, uint64_t rid, const char *op, const msgpack_sbuffer *body,
+                       const void *const *bufs, const size_t *lens, size_t nbufs)
+{
+    size_t nf = 3 + nbufs;
+    uint8_t *pre = kvt_xmalloc(4 * (nf + 1));
+    struct iovec *iov = kvt_xmalloc((2 * nf + 1) * sizeof(struct iovec));
+    int ni = 0;
+    put32(pre, (uint32_t)nf);
+    iov[ni++] = (struct iovec){pre, 4};
+    for (size_t i = 0; i < nf; i++) {
+        const void *p;
+        size_t l;
+        if (i == 0)
+            p = &rid, l = sizeof(rid);
+        else if (i == 1)
+            p = op, l = strlen(op);
+        else if (i == 2)
+            p = body ? body->data : "\x80", l = body ? body->size : 1;
+        else
+            p = bufs[i - 3], l = lens[i - 3];
+        put32(pre + 4 * (i + 1), (uint32_t)l);
+        iov[ni++] = (struct iovec){pre + 4 * (i + 1), 4};
+        if (l)
+            iov[ni++] = (struct iovec){(void *)p, l};
+    }
+    int rc = 0, k = 0;
+    while (k < ni) {
+        ssize_t w = writev(c->lfd, iov + k, KVT_MIN(ni - k, 1024));
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = -errno; /* EAGAIN here means the send timeout passed */
+            break;
+        }
+        size_t adv = (size_t)w;
+        while (k < ni && adv >= iov[k].iov_len)
+            adv -= iov[k++].iov_len;
+        if (k < ni) {
+            iov[k].iov_base = (char *)iov[k].iov_base + adv;
+            iov[k].iov_len -= adv;
+        }
+    }
+    free(pre);
+    free(iov);
+    return rc;
+}
+
+/* Read exactly n bytes (buffered for small reads, direct for large ones). */
+static int local_read(kvt_client *c, void *dst, size_t n, uint64_t deadline)
+{
+    uint8_t *d = dst;
+    while (n) {
+        if (c->lpos < c->llen) {
+            size_t take = KVT_MIN(n, c->llen - c->lpos);
+            memcpy(d, c->lbuf + c->lpos, take);
+            c->lpos += take;
+            d += take;
+            n -= take;
+            continue;
+        }
+        uint64_t now = kvt_now_ns();
+        if (now >= deadline)
+            return KVT_E_TIMEOUT;
+        struct pollfd p = {.fd = c->lfd, .events = POLLIN};
+        int pr = poll(&p, 1, (int)((deadline - now) / 1000000ull) + 1);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0)
+            continue;
+        ssize_t r;
+        if (n >= LBUF) {
+            r = read(c->lfd, d, n);
+            if (r > 0) {
+                d += r;
+                n -= (size_t)r;
+                continue;
+            }
+        } else {
+            r = read(c->lfd, c->lbuf, LBUF);
+            if (r > 0) {
+                c->lpos = 0;
+                c->llen = (size_t)r;
+                continue;
+            }
+        }
+        if (r == 0)
+            return -ECONNRESET;
+        if (errno != EINTR && errno != EAGAIN)
+            return -errno;
+    }
+    return 0;
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Read one reply message into out (frames as zmq messages, as call_zmq). */
+static int local_read_reply(kvt_client *c, uint64_t *rid, struct rep *out, uint64_t deadline)
+{
+    uint8_t b4[4];
+    int rc = local_read(c, b4, 4, deadline);
+    if (rc)
+        return rc;
+    uint32_t nf = get32(b4);
+    if (nf < 3 || nf > KVT_MAX_BATCH + 8)
+        return KVT_E_PROTO;
+    out->frames = nf > 3 ? kvt_xmalloc((nf - 3) * sizeof(zmq_msg_t)) : NULL;
+    out->nframes = 0;
+    uint8_t small[64];
+    for (uint32_t i = 0; i < nf; i++) {
+        rc = local_read(c, b4, 4, deadline);
+        if (rc)
+            return rc;
+        uint32_t l = get32(b4);
+        if (i < 2) {
+            if (l > sizeof(small))
+                return KVT_E_PROTO;
+            rc = local_read(c, small, l, deadline);
+            if (rc)
+                return rc;
+            if (i == 0) {
+                if (l != sizeof(*rid))
+                    return KVT_E_PROTO;
+                memcpy(rid, small, sizeof(*rid));
+            } else {
+                if (l != 4)
+                    return KVT_E_PROTO;
+                out->status = kvt_wire_get_status(small);
+            }
+            continue;
+        }
+        zmq_msg_t *m = i == 2 ? &out->body : &out->frames[out->nframes];
+        if (i == 2)
+            zmq_msg_close(m);
+        zmq_msg_init_size(m, l);
+        if (i > 2)
+            out->nframes++;
+        rc = local_read(c, zmq_msg_data(m), l, deadline);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int call_local(kvt_client *c, const char *op, const msgpack_sbuffer *body,
+                      const void *const *bufs, const size_t *lens, size_t nbufs, struct rep *out)
+{
+    memset(out, 0, sizeof(*out));
+    msgpack_unpacked_init(&out->up);
+    zmq_msg_init(&out->body);
+    uint64_t rid = ++c->next_rid;
+    c->err[0] = 0;
+    int rc = local_write(c, rid, op, body, bufs, lens, nbufs);
+    uint64_t deadline = kvt_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    while (!rc) {
+        uint64_t got;
+        rc = local_read_reply(c, &got, out, deadline);
+        if (rc)
+            break;
+        if (got == rid)
+            break;
+        rep_free(out); /* the reply to an earlier fire-and-forget request */
+        memset(out, 0, sizeof(*out));
+        msgpack_unpacked_init(&out->up);
+        zmq_msg_init(&out->body);
+    }
+    if (rc) {
+        rep_free(out);
+        local_close(c); /* the stream cannot be resynchronised */
+        if (rc == KVT_E_TIMEOUT)
+            return seterr(c, rc, "no reply to %s within %d ms", op, c->timeout_ms);
+        return seterr(c, rc < 0 ? rc : KVT_E_PROTO, "local connection to the server lost (%s)",
+                      kvt_strerror(rc));
+    }
+    size_t off = 0;
+    if (msgpack_unpack_next(&out->up, zmq_msg_data(&out->body), zmq_msg_size(&out->body), &off) !=
+        MSGPACK_UNPACK_SUCCESS) {
+        rep_free(out);
+        return seterr(c, KVT_E_PROTO, "malformed reply body");
+    }
+    if (out->status) {
+        const char *msg = "";
+        size_t ml = 0;
+        kvt_mp_str(&out->up.data, "message", false, &msg, &ml, NULL);
+        seterr(c, out->status, "%s: %.*s", kvt_errname(out->status), (int)ml, msg);
+        int st = out->status;
+        rep_free(out);
+        return st;
+    }
+    return 0;
+}
+
+static int hello(kvt_client *c);
+
+/* One request, one reply: over the same-host socket when connected, else
+ * ZeroMQ. A broken local connection (the server restarted) falls back to
+ * ZeroMQ, says hello again (which may reconnect locally) and retries once. */
+static int call(kvt_client *c, const char *op, const msgpack_sbuffer *body,
+                const void *const *bufs, const size_t *lens, size_t nbufs, struct rep *out)
+{
+    if (c->lfd < 0)
+        return call_zmq(c, op, body, bufs, lens, nbufs, out);
+    int rc = call_local(c, op, body, bufs, lens, nbufs, out);
+    if (c->lfd >= 0 || rc == KVT_E_TIMEOUT || !strcmp(op, "hello"))
+        return rc;
+    int hr = hello(c);
+    if (hr)
+        return hr;
+    return call(c, op, body, bufs, lens, nbufs, out);
+}
+
+/* Fire and forget (its reply is discarded later by request id). */
 static void cast(kvt_client *c, const char *op, const msgpack_sbuffer *body)
 {
     uint64_t rid = ++c->next_rid;
+    if (c->lfd >= 0) {
+        if (local_write(c, rid, op, body, NULL, NULL, 0))
+            local_close(c);
+        return;
+    }
     zmq_send(c->sock, &rid, sizeof(rid), ZMQ_SNDMORE);
     zmq_send(c->sock, op, strlen(op), ZMQ_SNDMORE);
     zmq_send(c->sock, body->data, body->size, 0);
 }
 
 /* --------------------------------------------------------------- open */
+
+static bool same_boot(const char *boot, size_t bl);
 
 static void try_shm(kvt_client *c, const msgpack_object *hello)
 {
@@ -285,18 +540,7 @@ static void try_shm(kvt_client *c, const msgpack_object *hello)
         kvt_mp_u64(shm, "ino", true, &ino, NULL) ||
         kvt_mp_str(shm, "boot_id", true, &boot, &bl, NULL))
         return;
-    char mine[64] = "";
-    int bfd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
-    if (bfd >= 0) {
-        ssize_t n = read(bfd, mine, sizeof(mine) - 1);
-        close(bfd);
-        if (n > 0)
-            mine[n] = 0;
-        char *nl = strchr(mine, '\n');
-        if (nl)
-            *nl = 0;
-    }
-    if (bl != strlen(mine) || memcmp(mine, boot, bl) != 0)
+    if (!same_boot(boot, bl))
         return; /* another host */
     char path[64];
     snprintf(path, sizeof(path), "/proc/%llu/fd/%llu", (unsigned long long)pid,
@@ -316,6 +560,51 @@ static void try_shm(kvt_client *c, const msgpack_object *hello)
     c->shm = p;
     c->shm_size = size;
     c->pool_id = pool;
+}
+
+static bool same_boot(const char *boot, size_t bl)
+{
+    char mine[64] = "";
+    int bfd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (bfd < 0)
+        return false;
+    ssize_t n = read(bfd, mine, sizeof(mine) - 1);
+    close(bfd);
+    if (n <= 0)
+        return false;
+    mine[n] = 0;
+    char *nl = strchr(mine, '\n');
+    if (nl)
+        *nl = 0;
+    return bl == strlen(mine) && memcmp(mine, boot, bl) == 0;
+}
+
+/* Connect the same-host socket named in hello (abstract namespace). */
+static void try_local(kvt_client *c, const msgpack_object *hello)
+{
+    const char *name = NULL, *boot = NULL;
+    size_t nl = 0, bl = 0;
+    if (kvt_mp_str(hello, "local", true, &name, &nl, NULL) ||
+        kvt_mp_str(hello, "boot_id", true, &boot, &bl, NULL) || nl < 2 || nl >= 108 ||
+        !same_boot(boot, bl))
+        return;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, name, nl);
+    sa.sun_path[0] = 0; /* "@name": abstract */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return;
+    struct timeval tv = {c->timeout_ms / 1000, (c->timeout_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nl)) <
+        0) {
+        close(fd); /* another network namespace, or an old server */
+        return;
+    }
+    if (!c->lbuf)
+        c->lbuf = kvt_xmalloc(LBUF);
+    c->lfd = fd;
+    c->lpos = c->llen = 0;
 }
 
 static void shm_detach(kvt_client *c)
@@ -354,6 +643,9 @@ static int hello(kvt_client *c)
     shm_detach(c);
     if (c->want_shm)
         try_shm(c, &r.up.data);
+    local_close(c);
+    if (c->want_local)
+        try_local(c, &r.up.data);
     rep_free(&r);
     return 0;
 }
@@ -387,8 +679,10 @@ int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **o
         kvt_client_close(c);
         return rc;
     }
-    const char *no = getenv("KVTIER_NO_SHM");
+    const char *no = getenv("KVTIER_NO_SHM"), *nl = getenv("KVTIER_NO_LOCAL");
     c->want_shm = !(opts && opts->no_shm) && !(no && *no && strcmp(no, "0"));
+    c->want_local = !(opts && opts->no_local) && !(nl && *nl && strcmp(nl, "0"));
+    c->lfd = -1;
     rc = hello(c);
     if (rc) {
         /* keep the message for the caller: print it, since c goes away */
@@ -418,6 +712,8 @@ void kvt_client_close(kvt_client *c)
     if (c->sock && c->lease)
         kvt_free_locks(c);
     lease_forget(c);
+    local_close(c);
+    free(c->lbuf);
     if (c->sock)
         zmq_close(c->sock);
     if (c->ctx)
@@ -739,11 +1035,18 @@ int kvt_lookup(kvt_client *c, const kvt_keys *keys, size_t *hits)
     int rc = check_keys(c, keys);
     if (rc)
         return rc;
-    kvt_free_locks(c); /* an unused earlier lookup's locks */
+    /* an earlier lookup's locks that no retrieve used are released by this
+     * request itself ("release"), not by a separate message */
+    uint64_t release = c->lease;
+    lease_forget(c);
     msgpack_sbuffer sb;
     msgpack_packer pk;
-    body_init(&sb, &pk, 1);
+    body_init(&sb, &pk, release ? 2 : 1);
     pack_keys(&pk, keys);
+    if (release) {
+        kvt_mp_str0(&pk, "release");
+        msgpack_pack_uint64(&pk, release);
+    }
     struct rep r;
     rc = call(c, "lookup", &sb, NULL, NULL, 0, &r);
     msgpack_sbuffer_destroy(&sb);

@@ -125,19 +125,27 @@ static void unlock_unused(struct kvt_prefetch_ctrl *pc, struct req *r)
 
 static void plan_and_load(struct kvt_prefetch_ctrl *pc, struct req *r)
 {
-    /* 1. each key from the lowest-index adapter that has it; stop at a hole */
+    /* 1. each key from the lowest-index adapter that has it, or from L1 when
+     * it is there (stored since the lookup started, or stored to L1 while
+     * its L2 copy is still being written); stop at a hole */
     uint32_t plan = 0;
     for (; plan < r->n; plan++) {
         int a;
         for (a = 0; a < pc->nl2; a++)
             if (kvt_bm_test(r->lookups[a]->ok, plan))
                 break;
-        if (a == pc->nl2)
-            break;
-        r->src[plan] = (int8_t)a;
+        r->src[plan] = (int8_t)(a < pc->nl2 ? a : -1);
+        if (a == pc->nl2) {
+            if (kvt_l1_get(pc->l1, &r->keys[plan], &r->refs[plan]) != 0)
+                break;
+            r->st[plan] = K_PRESENT;
+            atomic_fetch_add(&pc->keys_present, 1);
+        }
     }
     /* 2. L1 space for each planned key, in order; trim at the first failure */
     for (uint32_t i = 0; i < plan; i++) {
+        if (r->st[i] == K_PRESENT)
+            continue;
         kvt_objmeta m = {0};
         m.len = r->lookups[r->src[i]]->meta[i].len;
         int rc = kvt_l1_reserve(pc->l1, &r->keys[i], &m, &r->refs[i]);
@@ -147,7 +155,14 @@ static void plan_and_load(struct kvt_prefetch_ctrl *pc, struct req *r)
             r->st[i] = K_PRESENT;
             atomic_fetch_add(&pc->keys_present, 1);
         } else {
-            plan = i; /* full, too big, or being written by someone else */
+            /* full, too big, or being written by someone else: trim here,
+             * dropping the L1 references taken above for later keys */
+            for (uint32_t j = i + 1; j < plan; j++)
+                if (r->st[j] == K_PRESENT) {
+                    kvt_l1_put(pc->l1, r->refs[j].h);
+                    r->st[j] = K_MISS;
+                }
+            plan = i;
             break;
         }
     }

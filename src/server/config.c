@@ -43,6 +43,7 @@ enum {
     O_MAX_OBJECT,
     O_NO_SHM,
     O_NO_L2,
+    O_NO_LOCAL,
     O_DRY_RUN,
     O_LOG_LEVEL,
     O_HELP,
@@ -76,6 +77,7 @@ static const struct option opts[] = {
     {"max-object-mb", required_argument, NULL, O_MAX_OBJECT},
     {"no-shm", no_argument, NULL, O_NO_SHM},
     {"no-l2", no_argument, NULL, O_NO_L2},
+    {"no-local-socket", no_argument, NULL, O_NO_LOCAL},
     {"dry-run", no_argument, NULL, O_DRY_RUN},
     {"log-level", required_argument, NULL, O_LOG_LEVEL},
     {"help", no_argument, NULL, O_HELP},
@@ -99,6 +101,7 @@ void kvt_server_usage(FILE *f)
             "  --chunk-size N                tokens per chunk, reported to clients (256)\n"
             "  --max-object-mb N             largest object accepted (1024)\n"
             "  --no-shm                      do not offer the shared-memory data path\n"
+            "  --no-local-socket             do not offer the same-host unix socket\n"
             "L1 (shared memory)\n"
             "  --l1-size-gb G                pool size (1.0)\n"
             "  --l1-init-size-gb G           initial size with lazy growth (20, capped)\n"
@@ -193,6 +196,7 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
     c->http_port = 8080;
     c->max_object_bytes = KVT_MAX_OBJECT;
     c->shm = true;
+    c->local = true;
     c->log_level = kvt_log_level_current;
     snprintf(c->data_dir, sizeof(c->data_dir), "./kvtier-data");
 
@@ -326,6 +330,9 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         case O_NO_L2:
             c->no_l2 = true;
             break;
+        case O_NO_LOCAL:
+            c->local = false;
+            break;
         case O_DRY_RUN:
             c->dry_run = true;
             break;
@@ -412,6 +419,7 @@ json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
     json_object_set_new(o, "max_workers", json_integer(c->max_workers));
     json_object_set_new(o, "max_object_bytes", json_integer((json_int_t)c->max_object_bytes));
     json_object_set_new(o, "shm", json_boolean(c->shm));
+    json_object_set_new(o, "local_socket", json_boolean(c->local && c->shm));
     json_t *l1 = json_object();
     json_object_set_new(l1, "size_gb", json_real(c->l1_size_gb));
     json_object_set_new(l1, "init_size_gb", json_real(c->l1_init_size_gb));

@@ -46,6 +46,7 @@ struct kvt_server_cfg {
     uint64_t max_object_bytes;
     bool shm;   /* offer the zero-copy path */
     bool no_l2; /* memory-only */
+    bool local; /* offer the same-host unix socket (with shm) */
     bool dry_run;
     int log_level;
 };

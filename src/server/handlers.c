@@ -61,7 +61,14 @@ static void h_hello(struct kvt_server *s, struct request *q)
         return;
     }
     msgpack_packer *pk = &r->pk;
-    msgpack_pack_map(pk, 7);
+    const char *local = kvt_local_name(s);
+    msgpack_pack_map(pk, local ? 9 : 7);
+    if (local) {
+        kvt_mp_str0(pk, "local");
+        kvt_mp_str0(pk, local);
+        kvt_mp_str0(pk, "boot_id");
+        kvt_mp_str0(pk, s->boot_id);
+    }
     kvt_mp_str0(pk, "version");
     msgpack_pack_int(pk, KVT_PROTO_VERSION);
     kvt_mp_str0(pk, "server");
@@ -364,8 +371,11 @@ static void h_fetch(struct kvt_server *s, struct request *q, enum kvt_op op)
         return;
     }
     f->refs = kvt_xcalloc(f->n ? f->n : 1, sizeof(*f->refs));
-    uint64_t lease = 0;
+    uint64_t lease = 0, release = 0;
     const char *why;
+    /* a lookup may release the client's previous, unused read lease */
+    if (op == OP_LOOKUP && kvt_mp_u64(&q->body, "release", false, &release, &why) == 0 && release)
+        kvt_l1_lease_end(s->l1, release, KVT_LEASE_READ, NULL, NULL, 0);
     if (op != OP_LOOKUP && kvt_mp_u64(&q->body, "lease", false, &lease, &why)) {
         kvt_reply_error(q->r, KVT_E_BADREQ, "%s", why);
         free(f->keys);

@@ -98,6 +98,7 @@ struct kvt_server {
     uint64_t start_ns;
     char boot_id[64];
     void *http; /* struct MHD_Daemon */
+    struct kvt_local *local; /* same-host socket (local.c), rpc thread only */
     volatile int stop;
 };
 
@@ -111,6 +112,20 @@ void kvt_reply_error(struct reply *r, int code, const char *fmt, ...)
 void kvt_reply_send(struct kvt_server *s, struct reply *r);
 void kvt_reply_post(struct kvt_server *s, struct reply *r);
 void kvt_reply_free(struct reply *r);
+
+/* server.c: one whole message (parts[0] = routing id), from ZeroMQ or local */
+void kvt_handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated);
+
+/* local.c: the same-host transport */
+struct kvt_local;
+int kvt_local_start(struct kvt_server *s, char *err, size_t cap);
+void kvt_local_stop(struct kvt_server *s);
+int kvt_local_fd(struct kvt_server *s);
+const char *kvt_local_name(struct kvt_server *s);
+void kvt_local_poll(struct kvt_server *s);
+bool kvt_local_is_ident(const zmq_msg_t *ident);
+void kvt_local_send(struct kvt_server *s, struct reply *r, char *body, size_t blen);
+uint32_t kvt_local_conns(struct kvt_server *s);
 
 /* a decoded request (handlers.c) */
 struct request {

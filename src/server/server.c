@@ -120,6 +120,18 @@ static void record(struct kvt_server *s, struct reply *r)
 void kvt_reply_send(struct kvt_server *s, struct reply *r)
 {
     record(s, r);
+    if (kvt_local_is_ident(&r->ident)) {
+        size_t blen = r->body.size;
+        char *body = msgpack_sbuffer_release(&r->body);
+        if (!body) {
+            body = kvt_xmalloc(1);
+            body[0] = (char)0x80; /* empty map */
+            blen = 1;
+        }
+        kvt_local_send(s, r, body, blen); /* takes the body and frame references */
+        kvt_reply_free(r);
+        return;
+    }
     void *sock = s->sock;
     zmq_msg_send(&r->ident, sock, ZMQ_SNDMORE);
     zmq_send(sock, r->rid, r->rid_len, ZMQ_SNDMORE);
@@ -249,7 +261,7 @@ static void close_parts(zmq_msg_t *parts, uint32_t from, uint32_t n)
         zmq_msg_close(&parts[i]);
 }
 
-static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated)
+void kvt_handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated)
 {
     uint64_t t0 = kvt_now_ns();
     /* parts[0] = routing id (ROUTER), [1] = request id, [2] = op, [3] = body */
@@ -311,14 +323,16 @@ static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, b
 
 static void rpc_loop(struct kvt_server *s)
 {
-    zmq_pollitem_t items[4] = {
+    zmq_pollitem_t items[5] = {
         {.socket = s->sock, .events = ZMQ_POLLIN},
         {.fd = s->reply_efd, .events = ZMQ_POLLIN},
         {.fd = s->progress_efd, .events = ZMQ_POLLIN},
         {.fd = s->sig_fd, .events = ZMQ_POLLIN},
+        {.fd = kvt_local_fd(s), .events = ZMQ_POLLIN},
     };
+    int nitems = s->local ? 5 : 4;
     while (!s->stop) {
-        int n = zmq_poll(items, 4, -1);
+        int n = zmq_poll(items, nitems, -1);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -340,6 +354,8 @@ static void rpc_loop(struct kvt_server *s)
             (void)rr;
             kvt_flush_progress(s);
         }
+        if (nitems > 4 && (items[4].revents & ZMQ_POLLIN))
+            kvt_local_poll(s);
         if (items[0].revents & ZMQ_POLLIN) {
             /* bounded batch per wake so replies from workers are not starved */
             for (int i = 0; i < 64; i++) {
@@ -348,7 +364,7 @@ static void rpc_loop(struct kvt_server *s)
                 bool trunc = false;
                 if (recv_message(s->sock, &parts, &np, &trunc))
                     break;
-                handle_message(s, parts, np, trunc);
+                kvt_handle_message(s, parts, np, trunc);
                 free(parts);
             }
         }
@@ -409,6 +425,7 @@ static void shutdown_all(struct kvt_server *s)
     for (int i = 0; i < s->nl2; i++)
         if (s->ev_l2[i])
             kvt_evictor_stop(s->ev_l2[i]);
+    kvt_local_stop(s); /* before L1 goes: queued replies hold references */
     if (s->sock) {
         int linger = 2000;
         zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof(linger));
@@ -497,6 +514,12 @@ static int start(struct kvt_server *s)
             return rc;
         }
     }
+    if (c->local && c->shm) {
+        rc = kvt_local_start(s, err, sizeof(err));
+        if (rc) /* not fatal: clients use ZeroMQ */
+            kvt_warn("%s: same-host clients will use %s", err, c->bind);
+        rc = 0;
+    }
     s->zctx = zmq_ctx_new();
     s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
     int64_t maxmsg = (int64_t)c->max_object_bytes + (1 << 20);
@@ -521,6 +544,8 @@ static void banner(struct kvt_server *s)
     kvt_info("L1: %.3g GiB shared memory (%s, align %u, policy %s)%s", c->l1_size_gb,
              c->l1_lazy ? "lazy" : "preallocated", c->l1_align, c->eviction_policy,
              c->shm ? "; zero-copy path offered to local clients" : "");
+    if (s->local)
+        kvt_info("same-host clients: unix socket %s", kvt_local_name(s));
     for (int i = 0; i < s->nl2; i++) {
         json_t *st = kvt_l2_status(s->l2s[i]);
         const json_t *bp = json_object_get(st, "base_path");

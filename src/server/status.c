@@ -63,6 +63,7 @@ json_t *kvt_server_status(struct kvt_server *s)
                         json_integer((json_int_t)atomic_load(&s->bad_requests)));
     json_object_set_new(rpc, "bytes_in", json_integer((json_int_t)atomic_load(&s->bytes_in)));
     json_object_set_new(rpc, "bytes_out", json_integer((json_int_t)atomic_load(&s->bytes_out)));
+    json_object_set_new(rpc, "local_connections", json_integer(kvt_local_conns(s)));
     json_object_set_new(rpc, "workers_queued",
                         json_integer((json_int_t)kvt_tpool_queued(s->workers)));
     json_object_set_new(o, "rpc", rpc);
