@@ -73,7 +73,7 @@ struct kvt_local {
     char name[108];
     uint64_t next_id;
     struct lconn *byid[HBUCKETS];
-    uint32_t nconns;
+    _Atomic uint32_t nconns; /* read by status from other threads */
     uint64_t max_frame;
 };
 
@@ -452,5 +452,5 @@ void kvt_local_poll(struct kvt_server *s)
 
 uint32_t kvt_local_conns(struct kvt_server *s)
 {
-    return s->local ? s->local->nconns : 0;
+    return s->local ? atomic_load_explicit(&s->local->nconns, memory_order_relaxed) : 0;
 }
