@@ -63,6 +63,7 @@ struct lconn {
     /* output */
     struct out *oq_head, *oq_tail;
     bool want_out;
+    bool dead; /* a write failed: closed by kvt_local_poll, never mid-request */
     struct lconn *hnext; /* id hash chain */
 };
 
@@ -276,8 +277,11 @@ static bool consume(struct kvt_server *s, struct lconn *c)
                 break;
             c->got++;
             c->state = 1;
-            if (c->got == c->nframes)
-                deliver(s, c); /* resets state to 0 */
+            if (c->got == c->nframes) {
+                deliver(s, c); /* resets state to 0; may answer at once */
+                if (c->dead)
+                    return false;
+            }
             continue;
         }
     }
@@ -419,8 +423,10 @@ void kvt_local_send(struct kvt_server *s, struct reply *r, char *body, size_t bl
     else
         c->oq_head = o;
     c->oq_tail = o;
-    if (!flush_out(s, c))
-        conn_close(s, c);
+    /* this may run inside the connection's own read loop: a failed write
+     * marks it dead; kvt_local_poll closes it once the loop is done */
+    if (!c->dead && !flush_out(s, c))
+        c->dead = true;
 }
 
 /* The epoll fd became readable (rpc thread). */
@@ -438,14 +444,14 @@ void kvt_local_poll(struct kvt_server *s)
         struct lconn *c = find(L, id);
         if (!c)
             continue;
-        bool ok = true;
+        bool ok = !c->dead;
         if (evs[i].events & (EPOLLERR | EPOLLHUP))
             ok = false;
         if (ok && (evs[i].events & EPOLLOUT))
             ok = flush_out(s, c);
         if (ok && (evs[i].events & EPOLLIN))
-            ok = on_readable(s, c);
-        if (!ok && (c = find(L, id)))
+            ok = on_readable(s, c) && !c->dead;
+        if (!ok)
             conn_close(s, c);
     }
 }
