@@ -22,6 +22,8 @@ struct kvt_evictor {
 
 static void l2_cycle(kvt_l2 *l2)
 {
+    if (l2->nquotas) /* namespaces over their quota first: they may free enough */
+        kvt_l2_evict_quotas(l2, 256);
     struct kvt_l2_usage u;
     kvt_l2_usage(l2, &u);
     if (!l2->policy || u.cap_bytes == 0 || u.fraction < l2->policy->trigger_watermark)

@@ -43,7 +43,7 @@ static const struct kvt_policy_ops noop_ops = {
 
 const char *kvt_policy_names(void)
 {
-    return "LRU, noop";
+    return "LRU, noop, value";
 }
 
 struct kvt_policy *kvt_policy_create(const char *name, double watermark, double ratio)
@@ -51,6 +51,8 @@ struct kvt_policy *kvt_policy_create(const char *name, double watermark, double 
     struct kvt_policy *p = NULL;
     if (strcasecmp(name, "LRU") == 0) {
         p = kvt_lru_create();
+    } else if (strcasecmp(name, "value") == 0) {
+        p = kvt_value_create(NULL);
     } else if (strcasecmp(name, "noop") == 0) {
         p = kvt_xcalloc(1, sizeof(*p));
         p->ops = &noop_ops;
@@ -94,6 +96,57 @@ static int unit_interval(const json_t *v, double *out)
     return 0;
 }
 
+/* A finite number >= 0, given as a JSON number or a numeric string. */
+static int nonneg(const json_t *v, double *out)
+{
+    double d;
+    if (json_is_number(v)) {
+        d = json_number_value(v);
+    } else if (json_is_string(v)) {
+        char *end;
+        d = strtod(json_string_value(v), &end);
+        if (*end || end == json_string_value(v))
+            return -1;
+    } else {
+        return -1;
+    }
+    if (!(d >= 0 && d < 1e12))
+        return -1;
+    *out = d;
+    return 0;
+}
+
+static const char *const value_keys[] = {"half_life_hours", "reuse_weight", "length_weight",
+                                         "cost_weight", NULL};
+
+static bool is_value_key(const char *k)
+{
+    for (int i = 0; value_keys[i]; i++)
+        if (strcmp(k, value_keys[i]) == 0)
+            return true;
+    return false;
+}
+
+/* The value policy's optional keys; weights may be 0 (that factor off). */
+static int value_params(const json_t *ev, struct kvt_value_params *prm, char *err, size_t errcap)
+{
+    kvt_value_defaults(prm);
+    double *dst[] = {&prm->half_life_s, &prm->reuse_w, &prm->len_w, &prm->cost_w};
+    for (int i = 0; value_keys[i]; i++) {
+        const json_t *v = json_object_get(ev, value_keys[i]);
+        double d = 0;
+        if (!v)
+            continue;
+        if (nonneg(v, &d) || (i == 0 && d == 0) || (i > 0 && d > 100)) {
+            snprintf(err, errcap, "\"eviction.%s\" must be %s", value_keys[i],
+                     i == 0 ? "a number of hours > 0" : "a number in [0, 100]");
+            return KVT_E_CONFIG;
+        }
+        *dst[i] = i == 0 ? d * 3600.0 : d;
+    }
+    return 0;
+}
+
 int kvt_policy_from_json(const json_t *ev, struct kvt_policy **out, char *err, size_t errcap)
 {
     *out = NULL;
@@ -101,20 +154,27 @@ int kvt_policy_from_json(const json_t *ev, struct kvt_policy **out, char *err, s
         snprintf(err, errcap, "\"eviction\" must be an object");
         return KVT_E_CONFIG;
     }
+    const json_t *pol = json_object_get(ev, "eviction_policy");
+    bool value = pol && json_is_string(pol) && strcasecmp(json_string_value(pol), "value") == 0;
     const char *key;
     json_t *val;
     json_object_foreach((json_t *)ev, key, val)
     {
+        if (is_value_key(key) && !value) {
+            snprintf(err, errcap, "\"eviction.%s\" applies to eviction_policy \"value\" only",
+                     key);
+            return KVT_E_CONFIG;
+        }
         if (strcmp(key, "eviction_policy") && strcmp(key, "trigger_watermark") &&
-            strcmp(key, "eviction_ratio")) {
+            strcmp(key, "eviction_ratio") && !is_value_key(key)) {
             snprintf(err, errcap,
                      "\"eviction.%s\": unknown field (known: eviction_policy, trigger_watermark, "
-                     "eviction_ratio)",
+                     "eviction_ratio; for \"value\": half_life_hours, reuse_weight, "
+                     "length_weight, cost_weight)",
                      key);
             return KVT_E_CONFIG;
         }
     }
-    const json_t *pol = json_object_get(ev, "eviction_policy");
     if (!pol) {
         snprintf(err, errcap, "\"eviction.eviction_policy\" is required (%s)", kvt_policy_names());
         return KVT_E_CONFIG;
@@ -135,7 +195,18 @@ int kvt_policy_from_json(const json_t *ev, struct kvt_policy **out, char *err, s
         snprintf(err, errcap, "\"eviction.eviction_ratio\" must be a number in [0, 1]");
         return KVT_E_CONFIG;
     }
-    struct kvt_policy *p = kvt_policy_create(json_string_value(pol), wm, ratio);
+    struct kvt_policy *p;
+    if (value) {
+        struct kvt_value_params prm;
+        int rc = value_params(ev, &prm, err, errcap);
+        if (rc)
+            return rc;
+        p = kvt_value_create(&prm);
+        p->trigger_watermark = wm;
+        p->eviction_ratio = ratio;
+    } else {
+        p = kvt_policy_create(json_string_value(pol), wm, ratio);
+    }
     if (!p) {
         snprintf(err, errcap, "\"eviction.eviction_policy\": unknown policy \"%s\" (known: %s)",
                  json_string_value(pol), kvt_policy_names());
@@ -143,4 +214,20 @@ int kvt_policy_from_json(const json_t *ev, struct kvt_policy **out, char *err, s
     }
     *out = p;
     return 0;
+}
+
+json_t *kvt_policy_describe(const struct kvt_policy *p)
+{
+    json_t *r = json_object();
+    json_object_set_new(r, "eviction_policy", json_string(p->ops->name));
+    json_object_set_new(r, "trigger_watermark", json_real(p->trigger_watermark));
+    json_object_set_new(r, "eviction_ratio", json_real(p->eviction_ratio));
+    struct kvt_value_params prm;
+    if (kvt_value_get_params(p, &prm)) {
+        json_object_set_new(r, "half_life_hours", json_real(prm.half_life_s / 3600.0));
+        json_object_set_new(r, "reuse_weight", json_real(prm.reuse_w));
+        json_object_set_new(r, "length_weight", json_real(prm.len_w));
+        json_object_set_new(r, "cost_weight", json_real(prm.cost_w));
+    }
+    return r;
 }

@@ -26,6 +26,7 @@ struct kvt_policy;
 /* Extra facts a value-aware policy may use; others ignore them. */
 struct kvt_policy_hint {
     uint32_t prefix_pos; /* position of the chunk in its request (0 = head) */
+    uint32_t prefix_len; /* chunks in that request (the prefix length); 0 = unknown */
     uint32_t bytes;      /* storage cost */
 };
 
@@ -52,6 +53,26 @@ struct kvt_policy {
 /* Constructors of the built-in policies (used by kvt_policy_create). */
 struct kvt_policy *kvt_lru_create(void);
 
+/* The value-aware policy (value.c): parameters of
+ * V = 2^(-age/half_life) x (1+reuses)^reuse_w x (1+prefix_len/len_scale)^len_w
+ *     x (bytes/1MiB)^-cost_w */
+struct kvt_value_params {
+    double half_life_s; /* 86400: the seed's 24 h freshness decay */
+    double reuse_w;     /* 1 */
+    double len_w;       /* 1 */
+    double len_scale;   /* 32 chunks */
+    double cost_w;      /* 1 */
+};
+void kvt_value_defaults(struct kvt_value_params *p);
+struct kvt_policy *kvt_value_create(const struct kvt_value_params *p); /* NULL: defaults */
+/* Replace the clock (seconds; default: monotonic) - the offline replay runs
+ * on trace time. Ignored for other policies. */
+void kvt_value_set_clock(struct kvt_policy *p, double (*clock)(void *), void *arg);
+/* The parameters of a value policy; false for other policies. */
+bool kvt_value_get_params(const struct kvt_policy *p, struct kvt_value_params *out);
+/* The current value V of a handle (NAN when absent), for tests and status. */
+double kvt_value_of(struct kvt_policy *p, uint32_t h);
+
 /* Create a policy by name ("LRU", "noop", "value"); NULL if unknown. */
 struct kvt_policy *kvt_policy_create(const char *name, double watermark, double ratio);
 void kvt_policy_destroy(struct kvt_policy *p);
@@ -61,6 +82,10 @@ const char *kvt_policy_names(void);
 /* Parse an adapter's "eviction" object. On error returns KVT_E_CONFIG and
  * writes a message naming the field into err. */
 int kvt_policy_from_json(const json_t *ev, struct kvt_policy **out, char *err, size_t errcap);
+
+/* The resolved "eviction" object of a policy (every field, defaults
+ * included), for --dry-run and status. Caller decrefs. */
+json_t *kvt_policy_describe(const struct kvt_policy *p);
 
 /* Grow per-handle arrays so that handles < n are valid. */
 void kvt_policy_reserve(struct kvt_policy *p, uint32_t n);

@@ -31,6 +31,7 @@ struct kvt_l2_spec {
     double trigger_watermark, eviction_ratio;
     struct kvt_serde *serde; /* "serde" chain (owned reference) or NULL */
     char name_prefix[40];    /* adapter name before "[index]"; "" = the type */
+    json_t *quotas;          /* "namespace_quotas" resolved {name: bytes} (owned) or NULL */
 };
 
 /* Parse one --l2-adapter argument. On error returns KVT_E_CONFIG (or

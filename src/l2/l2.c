@@ -135,11 +135,38 @@ static void ns_add_locked(kvt_l2 *l2, uint32_t ns, int64_t delta)
     l2->ns_bytes[ns] = (uint64_t)((int64_t)l2->ns_bytes[ns] + delta);
 }
 
+/* The quota of a namespace id, resolved by name once per id: its index,
+ * or -1 when the namespace has none. */
+static int quota_of_locked(kvt_l2 *l2, uint32_t ns)
+{
+    if (!l2->nquotas)
+        return -1;
+    if (ns >= l2->ns_quota_cap) {
+        uint32_t ncap = l2->ns_quota_cap ? l2->ns_quota_cap : 64;
+        while (ncap <= ns)
+            ncap *= 2;
+        l2->ns_quota = kvt_xrealloc(l2->ns_quota, ncap * sizeof(uint32_t));
+        memset(l2->ns_quota + l2->ns_quota_cap, 0, (ncap - l2->ns_quota_cap) * sizeof(uint32_t));
+        l2->ns_quota_cap = ncap;
+    }
+    if (l2->ns_quota[ns] == 0) {
+        const char *name = kvt_ns_name(ns);
+        l2->ns_quota[ns] = 1;
+        for (uint32_t i = 0; name && i < l2->nquotas; i++)
+            if (strcmp(l2->quotas[i].name, name) == 0)
+                l2->ns_quota[ns] = 2 + i;
+    }
+    return (int)l2->ns_quota[ns] - 2;
+}
+
 static void account_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, int sign)
 {
     int64_t d = sign * (int64_t)o->stored;
     l2->used_bytes = (uint64_t)((int64_t)l2->used_bytes + d);
     ns_add_locked(l2, o->key.ns, d);
+    int q = quota_of_locked(l2, o->key.ns);
+    if (q >= 0)
+        l2->quotas[q].used = (uint64_t)((int64_t)l2->quotas[q].used + d);
 }
 
 /* Drop an entry: policy, accounting, index. */
@@ -166,9 +193,27 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
     l2->codec = codec;
     l2->cap_bytes = cap_bytes;
     l2->persist_enabled = spec->persist_enabled;
-    if (spec->has_eviction)
-        l2->policy =
-            kvt_policy_create(spec->eviction_policy, spec->trigger_watermark, spec->eviction_ratio);
+    if (spec->has_eviction) {
+        /* from the eviction object itself when there is one: it carries the
+         * value policy's parameters too */
+        const json_t *ev = spec->json ? json_object_get(spec->json, "eviction") : NULL;
+        char e[256];
+        if (!ev || kvt_policy_from_json(ev, &l2->policy, e, sizeof(e)))
+            l2->policy = kvt_policy_create(spec->eviction_policy, spec->trigger_watermark,
+                                           spec->eviction_ratio);
+    }
+    if (spec->quotas && json_object_size(spec->quotas)) {
+        l2->nquotas = (uint32_t)json_object_size(spec->quotas);
+        l2->quotas = kvt_xcalloc(l2->nquotas, sizeof(*l2->quotas));
+        const char *qn;
+        json_t *qv;
+        uint32_t i = 0;
+        json_object_foreach(spec->quotas, qn, qv)
+        {
+            l2->quotas[i].name = kvt_xstrdup(qn);
+            l2->quotas[i++].limit = (uint64_t)json_integer_value(qv);
+        }
+    }
     l2->idx.free_head = NOHANDLE;
     kvt_kindex_init(&l2->idx.map, sizeof(struct kvt_l2_obj), offsetof(struct kvt_l2_obj, key));
     for (int i = 0; i < 3; i++)
@@ -201,6 +246,12 @@ void kvt_l2_base_destroy(kvt_l2 *l2)
     free(l2->idx.objs);
     kvt_kindex_free(&l2->idx.map);
     free(l2->ns_bytes);
+    for (uint32_t i = 0; i < l2->nquotas; i++)
+        free(l2->quotas[i].name);
+    free(l2->quotas);
+    free(l2->ns_quota);
+    l2->quotas = NULL;
+    l2->nquotas = 0;
     kvt_policy_destroy(l2->policy);
     l2->policy = NULL;
 }
@@ -247,7 +298,8 @@ static void finish_policy_locked(kvt_l2 *l2, kvt_l2_task *t)
         if (o->state & ST_TRACKED) {
             kvt_policy_access(l2->policy, h);
         } else {
-            struct kvt_policy_hint hint = {.prefix_pos = i, .bytes = o->stored};
+            struct kvt_policy_hint hint = {.prefix_pos = i, .prefix_len = t->n,
+                                           .bytes = o->stored};
             kvt_policy_insert(l2->policy, h, false, &hint);
             o->state |= ST_TRACKED;
         }
@@ -493,6 +545,68 @@ uint64_t kvt_l2_evict_to(kvt_l2 *l2, uint64_t target, uint32_t batch)
     return total;
 }
 
+struct qvictim_ctx {
+    struct victim_ctx v;
+    int quota;
+};
+
+static bool qvictim_visit(uint32_t h, void *arg)
+{
+    struct qvictim_ctx *q = arg;
+    kvt_l2 *l2 = q->v.l2;
+    if (quota_of_locked(l2, l2->idx.objs[h].key.ns) != q->quota)
+        return true; /* another namespace: keep walking */
+    return victim_visit(h, &q->v);
+}
+
+/*
+ * Per-namespace eviction. The policy walk is shared by all namespaces, so
+ * this visits other namespaces' entries on its way (O(objects) in the worst
+ * case, under l2->lock like kvt_l2_evict_to's walk); it runs on the eviction
+ * thread only for namespaces at their quota watermark.
+ */
+uint64_t kvt_l2_evict_quotas(kvt_l2 *l2, uint32_t batch)
+{
+    if (!l2->policy || !l2->nquotas || batch == 0)
+        return 0;
+    uint64_t total = 0;
+    uint32_t *hs = kvt_xcalloc(batch, sizeof(uint32_t));
+    struct kvt_l2_obj *copies = kvt_xcalloc(batch, sizeof(*copies));
+    double wm = l2->policy->trigger_watermark, ratio = l2->policy->eviction_ratio;
+    for (uint32_t qi = 0; qi < l2->nquotas; qi++) {
+        struct kvt_l2_quota *qt = &l2->quotas[qi];
+        pthread_mutex_lock(&l2->lock);
+        bool over = qt->used && (double)qt->used >= wm * (double)qt->limit;
+        uint64_t target = (uint64_t)((double)qt->used * (1.0 - ratio));
+        if (qt->used > qt->limit && target > qt->limit)
+            target = qt->limit;
+        pthread_mutex_unlock(&l2->lock);
+        while (over) {
+            struct qvictim_ctx q = {
+                .v = {.l2 = l2, .hs = hs, .copies = copies, .max = batch}, .quota = (int)qi};
+            pthread_mutex_lock(&l2->lock);
+            if (qt->used <= target || l2->closing) {
+                pthread_mutex_unlock(&l2->lock);
+                break;
+            }
+            q.v.need = qt->used - target;
+            l2->policy->ops->walk(l2->policy, qvictim_visit, &q);
+            pthread_mutex_unlock(&l2->lock);
+            if (q.v.n == 0)
+                break; /* pinned or in flight: next wake */
+            uint32_t nrem = 0;
+            uint64_t freed = remove_marked(l2, hs, copies, q.v.n, NULL, NULL, true, &nrem);
+            atomic_fetch_add(&l2->counters.quota_evictions, nrem);
+            total += freed;
+            if (freed == 0)
+                break;
+        }
+    }
+    free(hs);
+    free(copies);
+    return total;
+}
+
 void kvt_l2_usage(kvt_l2 *l2, struct kvt_l2_usage *u)
 {
     pthread_mutex_lock(&l2->lock);
@@ -563,6 +677,21 @@ json_t *kvt_l2_status(kvt_l2 *l2)
             unknown++; /* restored by a start-up scan, header not read yet */
         }
     }
+    json_t *quotas = NULL;
+    if (l2->nquotas) {
+        quotas = json_object();
+        for (uint32_t i = 0; i < l2->nquotas; i++) {
+            const struct kvt_l2_quota *qt = &l2->quotas[i];
+            json_t *e = json_object();
+            json_object_set_new(e, "quota_bytes", json_integer((json_int_t)qt->limit));
+            json_object_set_new(e, "used_bytes", json_integer((json_int_t)qt->used));
+            json_object_set_new(e, "usage_fraction",
+                                qt->limit ? json_real((double)qt->used / (double)qt->limit)
+                                          : json_null());
+            json_object_set_new(e, "rejected_writes", json_integer((json_int_t)qt->rejected));
+            json_object_set_new(quotas, qt->name, e);
+        }
+    }
     bool recovering = l2->recovering;
     uint64_t robjs = l2->recovered_objs, rbytes = l2->recovered_bytes;
     double rsec = l2->recovery_seconds;
@@ -571,6 +700,7 @@ json_t *kvt_l2_status(kvt_l2 *l2)
            ratio = l2->policy ? l2->policy->eviction_ratio : 0;
     pthread_mutex_unlock(&l2->lock);
     json_object_set_new(o, "per_namespace_bytes", per_ns);
+    json_object_set_new(o, "namespace_quotas", quotas ? quotas : json_null());
     json_object_set_new(o, "bytes_by_cache_salt", per_salt);
     json_object_set_new(o, "pinned_objects", json_integer(pinned));
     /* stored bytes are what the backend holds (after serde and headers);
@@ -616,6 +746,8 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(c, "reclaimed_bytes", C(reclaimed_bytes));
     json_object_set_new(c, "odirect_fallbacks", C(odirect_fallbacks));
     json_object_set_new(c, "serde_mismatches", C(serde_mismatches));
+    json_object_set_new(c, "quota_rejections", C(quota_rejections));
+    json_object_set_new(c, "quota_evictions", C(quota_evictions));
     json_object_set_new(o, "counters", c);
     if (l2->serde)
         kvt_serde_stage_status(l2, o);
@@ -651,7 +783,7 @@ void kvt_l2_close(kvt_l2 *l2)
 int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
                    uint8_t flags)
 {
-    int rc = 0;
+    int rc = 0, q;
     pthread_mutex_lock(&l2->lock);
     if (l2->closing) {
         rc = -ESHUTDOWN;
@@ -660,6 +792,12 @@ int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len,
     } else if (l2->cap_bytes && l2->used_bytes + stored > l2->cap_bytes) {
         rc = KVT_E_FULL;
         atomic_fetch_add(&l2->counters.rejected_writes, 1);
+    } else if ((q = quota_of_locked(l2, ck->ns)) >= 0 &&
+               l2->quotas[q].used + stored > l2->quotas[q].limit) {
+        rc = KVT_E_LIMIT;
+        l2->quotas[q].rejected++;
+        atomic_fetch_add(&l2->counters.rejected_writes, 1);
+        atomic_fetch_add(&l2->counters.quota_rejections, 1);
     } else {
         uint32_t h = idx_insert(l2, ck);
         struct kvt_l2_obj *o = &l2->idx.objs[h];

@@ -161,6 +161,16 @@ struct kvt_l2_counters {
     _Atomic uint64_t deleted, evictions, reclaimed_bytes;
     _Atomic uint64_t odirect_fallbacks;
     _Atomic uint64_t serde_mismatches; /* a serde-encoded object read without its chain */
+    _Atomic uint64_t quota_rejections, quota_evictions; /* namespace quotas */
+};
+
+/* A per-namespace quota (namespace = kvt_ns_name, the sanitized model).
+ * The list is built by kvt_l2_base_init from the spec and never changes. */
+struct kvt_l2_quota {
+    char *name;
+    uint64_t limit;    /* bytes */
+    uint64_t used;     /* guarded by l2->lock: bytes of its namespaces' entries */
+    uint64_t rejected; /* guarded by l2->lock: writes refused by this quota */
 };
 
 struct kvt_l2 {
@@ -177,6 +187,10 @@ struct kvt_l2 {
     uint64_t used_bytes;     /* READY + WRITING + DELETING entries */
     uint64_t *ns_bytes;      /* per namespace id */
     uint32_t ns_bytes_cap;
+    struct kvt_l2_quota *quotas; /* nquotas entries (the list is immutable) */
+    uint32_t nquotas;
+    uint32_t *ns_quota;          /* ns id -> 0 unresolved, 1 no quota, 2 + quota index */
+    uint32_t ns_quota_cap;
     kvt_l2_task *done_head[3], *done_tail[3];
     struct kvt_policy *policy; /* may be NULL: no eviction */
     bool recovering;           /* start-up scan still running */
@@ -247,7 +261,8 @@ void kvt_l2_task_job_done(kvt_l2 *l2, kvt_l2_task *t);
 
 /* Reserve room for a new object before writing it. Returns 0 (entry is now
  * WRITING and counted), -EEXIST (already indexed or being written: skip),
- * KVT_E_FULL (over the cap: refused and counted), or -ESHUTDOWN. */
+ * KVT_E_FULL (over the cap: refused and counted), KVT_E_LIMIT (over its
+ * namespace quota: refused and counted), or -ESHUTDOWN. */
 int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
                    uint8_t flags);
 /* The write succeeded: WRITING -> READY, the policy learns the key. */
@@ -273,6 +288,10 @@ void kvt_l2_set_recovering(kvt_l2 *l2, bool on);
 /* Evict until used_bytes <= target, policy order, skipping pinned keys.
  * Returns bytes reclaimed. Used by the eviction controller. */
 uint64_t kvt_l2_evict_to(kvt_l2 *l2, uint64_t target, uint32_t batch);
+/* Quota pass of the eviction controller: every namespace at or over
+ * trigger_watermark of its quota loses eviction_ratio of its bytes, in
+ * policy order, its own objects only. Returns bytes reclaimed. */
+uint64_t kvt_l2_evict_quotas(kvt_l2 *l2, uint32_t batch);
 
 /* Index primitives: call with l2->lock held. */
 struct kvt_l2_obj *kvt_l2_find_locked(kvt_l2 *l2, const kvt_key *ck);

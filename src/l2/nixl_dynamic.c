@@ -24,7 +24,7 @@
  *         loads are served meanwhile.
  * Close:  persist_enabled keeps the files, otherwise indexed files are
  *         removed; tmp leftovers are always removed (ours, dead writers',
- *         and foreign-format ones older than 15 minutes).
+ *         and foreign-format ones older than 15 minutes: ops/tmpguard.h).
  *
  * The pipeline per key: a metadata worker (tpool "nixlm<i>", num_workers
  * threads) prepares and opens, the I/O engine (posix threads or io_uring)
@@ -44,6 +44,7 @@
 #include "l2/cfg.h"
 #include "l2/l2.h"
 #include "l2/objfmt.h"
+#include "ops/tmpguard.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -53,6 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -62,7 +64,6 @@
 
 #define ND_HDR_MAX 4096u
 #define ND_PATH_MAX (KVT_NAME_MAX + 96)
-#define ND_FOREIGN_TMP_AGE_S (15 * 60)
 
 enum nd_stage { ST_STORE, ST_STORE_FIN, ST_LOOKUP, ST_LOAD, ST_LOAD_FIN };
 
@@ -123,6 +124,9 @@ struct nd_engine {
     uint64_t live_batches; /* guarded by drain_lock */
 
     _Atomic uint64_t tmp_removed, misaligned;
+    /* tmp files the last scan left in place (live writers, undecidable,
+     * recent without a marker): written by the scan thread, read by status */
+    _Atomic uint64_t tmp_kept, tmp_kept_bytes;
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -292,9 +296,12 @@ static bool store_prep(struct nd_op *op)
                            sum);
     if (rc)
         goto fail;
-    snprintf(op->tmp, sizeof(op->tmp), "%s.tmp.%x-%llx-%llx", op->rel, (unsigned)e->pid,
-             (unsigned long long)e->starttime,
-             (unsigned long long)atomic_fetch_add(&e->seq, 1));
+    /* the tmp name is the tmp guard's marker: it names this writer by
+     * (pid, start time), created atomically with the file (ops/tmpguard.h) */
+    rc = kvt_tmpguard_name(op->tmp, sizeof(op->tmp), op->rel, e->pid, e->starttime,
+                           atomic_fetch_add(&e->seq, 1));
+    if (rc < 0)
+        goto fail;
     bool direct = op->direct;
     op->fd = open_tmp(l2, e, op->tmp, &direct);
     if (op->fd < 0) {
@@ -302,6 +309,9 @@ static bool store_prep(struct nd_op *op)
         op->fd = -1;
         goto fail;
     }
+    /* the lock shows the write as live to guards in other pid namespaces;
+     * a file system without locks still has the name */
+    kvt_tmpguard_hold(op->fd);
     if (direct != op->direct) { /* O_DIRECT refused at open: small header */
         op->direct = false;
         uint16_t nhl = KVT_OBJHDR_MIN;
@@ -767,29 +777,24 @@ static int by_mtime_desc(const void *a, const void *b)
     return (x->mtime_ns < y->mtime_ns) - (x->mtime_ns > y->mtime_ns);
 }
 
-/* A tmp file "<name>.tmp.<pid>-<start>-<seq>": is its writer gone? Names of
- * another format (LMCache's "<name>.tmp.<uuid>") count as dead only when
- * older than 15 minutes, and only if `foreign_ok`. */
-static bool tmp_removable(struct nd_engine *e, int dfd, const char *name, bool foreign_ok)
+/* May the scan remove this tmp file? The tmp guard's rules (live writer by
+ * (pid, start time) or file lock: never; dead writer: yes; no marker: only
+ * after 15 minutes; undecidable: never). Our own tmp files only at close,
+ * when nothing is in flight. Kept files are counted for status. */
+static bool tmp_removable(struct nd_engine *e, struct kvt_tmpguard *g, int dfd, const char *name,
+                          bool closing)
 {
-    const char *p = strstr(name, ".tmp.");
-    if (!p)
-        return false;
-    unsigned pid;
-    unsigned long long start, seq;
-    char tail;
-    if (sscanf(p + 5, "%x-%llx-%llx%c", &pid, &start, &seq, &tail) == 3) {
-        if ((pid_t)pid == e->pid && start == e->starttime)
-            return foreign_ok; /* ours: only at close, when nothing is in flight */
-        uint64_t now_start = kvt_proc_starttime((int)pid);
-        return now_start == 0 || now_start != start;
-    }
-    if (!foreign_ok)
-        return false;
     struct stat st;
     if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
         return false;
-    return time(NULL) - st.st_mtim.tv_sec > ND_FOREIGN_TMP_AGE_S;
+    enum kvt_tmp_verdict v = kvt_tmpguard_classify(g, dfd, name, &st, NULL);
+    if (v == KVT_TMP_OURS ? closing : kvt_tmp_removable(v))
+        return true;
+    if (v != KVT_TMP_OURS) {
+        atomic_fetch_add(&e->tmp_kept, 1);
+        atomic_fetch_add(&e->tmp_kept_bytes, (uint64_t)st.st_size);
+    }
+    return false;
 }
 
 static bool is_hex2(const char *s)
@@ -799,8 +804,8 @@ static bool is_hex2(const char *s)
 
 /* Scan one directory: collect object files, remove dead writers' tmp
  * files, descend into shard directories (two levels of two hex digits). */
-static void scan_dir(kvt_l2 *l2, struct nd_engine *e, int dfd, int depth, bool closing,
-                     struct scan_vec *sv)
+static void scan_dir(kvt_l2 *l2, struct nd_engine *e, struct kvt_tmpguard *g, int dfd, int depth,
+                     bool closing, struct scan_vec *sv)
 {
     int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -815,14 +820,14 @@ static void scan_dir(kvt_l2 *l2, struct nd_engine *e, int dfd, int depth, bool c
         if (nm[0] == '.')
             continue;
         if (strstr(nm, ".tmp.")) {
-            if (tmp_removable(e, dfd, nm, closing) && unlinkat(dfd, nm, 0) == 0)
+            if (tmp_removable(e, g, dfd, nm, closing) && unlinkat(dfd, nm, 0) == 0)
                 atomic_fetch_add(&e->tmp_removed, 1);
             continue;
         }
         if (depth < 2 && is_hex2(nm)) {
             int sub = openat(dfd, nm, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
             if (sub >= 0) {
-                scan_dir(l2, e, sub, depth + 1, closing, sv);
+                scan_dir(l2, e, g, sub, depth + 1, closing, sv);
                 close(sub);
             }
             continue;
@@ -878,6 +883,37 @@ static void release_parked(struct nd_engine *e)
     }
 }
 
+/* Free and total bytes of the file system under file_path. */
+static int fs_space(struct nd_engine *e, uint64_t *free_b, uint64_t *total_b)
+{
+    struct statvfs sv;
+    if (fstatvfs(e->dirfd, &sv) < 0)
+        return -errno;
+    *free_b = (uint64_t)sv.f_bavail * sv.f_frsize;
+    *total_b = (uint64_t)sv.f_blocks * sv.f_frsize;
+    return 0;
+}
+
+/* Pre-flight, once the scan knows what the cache holds: can the file system
+ * hold the cap (free space + the cache's own bytes)? A warning only: the
+ * cache is never wiped, and writes fail with ENOSPC (counted) if the disk
+ * fills first. Status reports the same check live ("filesystem"). */
+static void preflight_warn(kvt_l2 *l2, struct nd_engine *e)
+{
+    uint64_t fr = 0, tot = 0;
+    if (fs_space(e, &fr, &tot))
+        return;
+    pthread_mutex_lock(&l2->lock);
+    uint64_t used = l2->used_bytes, cap = l2->cap_bytes;
+    pthread_mutex_unlock(&l2->lock);
+    if (cap && fr + used < cap)
+        kvt_warn("%s: the file system under %s cannot hold the budget: %.1f GiB free + %.1f GiB "
+                 "of cache files < max_capacity %.1f GiB (total size %.1f GiB); writes will fail "
+                 "with ENOSPC before the cap is reached",
+                 l2->name, e->base, (double)fr / KVT_GIB, (double)used / KVT_GIB,
+                 (double)cap / KVT_GIB, (double)tot / KVT_GIB);
+}
+
 static void *scan_main(void *arg)
 {
     kvt_l2 *l2 = arg;
@@ -885,7 +921,10 @@ static void *scan_main(void *arg)
     pthread_setname_np(pthread_self(), "nixl-scan");
     uint64_t t0 = kvt_now_ns();
     struct scan_vec sv = {0};
-    scan_dir(l2, e, e->dirfd, 0, false, &sv);
+    struct kvt_tmpguard g;
+    kvt_tmpguard_init(&g, e->dirfd);
+    scan_dir(l2, e, &g, e->dirfd, 0, false, &sv);
+    kvt_tmpguard_fini(&g);
     /* newest first, each at the cold end: the oldest ends up coldest */
     if (sv.n)
         qsort(sv.v, sv.n, sizeof(*sv.v), by_mtime_desc);
@@ -909,6 +948,7 @@ static void *scan_main(void *arg)
     if (atomic_load(&e->tmp_removed))
         kvt_info("%s: removed %llu tmp files left by dead writers", l2->name,
                  (unsigned long long)atomic_load(&e->tmp_removed));
+    preflight_warn(l2, e);
     release_parked(e);
     return NULL;
 }
@@ -930,6 +970,20 @@ static void nd_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "block_size", json_integer(e->blksz));
     json_object_set_new(out, "durable", json_boolean(e->durable));
     json_object_set_new(out, "tmp_removed", json_integer((json_int_t)atomic_load(&e->tmp_removed)));
+    json_object_set_new(out, "tmp_kept", json_integer((json_int_t)atomic_load(&e->tmp_kept)));
+    json_object_set_new(out, "tmp_kept_bytes",
+                        json_integer((json_int_t)atomic_load(&e->tmp_kept_bytes)));
+    uint64_t fr = 0, tot = 0;
+    if (fs_space(e, &fr, &tot) == 0) {
+        pthread_mutex_lock(&l2->lock);
+        uint64_t used = l2->used_bytes, cap = l2->cap_bytes;
+        pthread_mutex_unlock(&l2->lock);
+        json_t *fs = json_object();
+        json_object_set_new(fs, "free_bytes", json_integer((json_int_t)fr));
+        json_object_set_new(fs, "total_bytes", json_integer((json_int_t)tot));
+        json_object_set_new(fs, "can_hold_capacity", json_boolean(!cap || fr + used >= cap));
+        json_object_set_new(out, "filesystem", fs);
+    }
     pthread_mutex_lock(&e->park_lock);
     json_object_set_new(out, "parked_stores", json_integer((json_int_t)e->parked_n));
     pthread_mutex_unlock(&e->park_lock);
@@ -996,7 +1050,12 @@ static void nd_close(kvt_l2 *l2)
     kvt_ioeng_destroy(e->io);
     if (!l2->persist_enabled)
         delete_all_indexed(l2);
-    scan_dir(l2, e, e->dirfd, 0, true, NULL); /* tmp leftovers: always removed */
+    struct kvt_tmpguard g; /* tmp leftovers: ours always removed, others by the guard */
+    kvt_tmpguard_init(&g, e->dirfd);
+    atomic_store(&e->tmp_kept, 0);
+    atomic_store(&e->tmp_kept_bytes, 0);
+    scan_dir(l2, e, &g, e->dirfd, 0, true, NULL);
+    kvt_tmpguard_fini(&g);
     engine_free(e);
     l2->engine = NULL;
 }

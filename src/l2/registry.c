@@ -3,6 +3,7 @@
 #include "common/util.h"
 #include "evict/policy.h"
 #include "kvtier/error.h"
+#include "ops/quota.h"
 #include "serde/serde.h"
 
 #include <stdio.h>
@@ -168,6 +169,8 @@ void kvt_l2_spec_free(struct kvt_l2_spec *s)
     s->json = s->resolved = NULL;
     kvt_serde_unref(s->serde);
     s->serde = NULL;
+    json_decref(s->quotas);
+    s->quotas = NULL;
 }
 
 /* Common keys: persist_enabled, eviction, serde. */
@@ -184,12 +187,17 @@ static int parse_common(struct kvt_cfg *c, struct kvt_l2_spec *s)
         snprintf(s->eviction_policy, sizeof(s->eviction_policy), "%s", p->ops->name);
         s->trigger_watermark = p->trigger_watermark;
         s->eviction_ratio = p->eviction_ratio;
+        json_object_set_new(c->resolved, "eviction", kvt_policy_describe(p));
         kvt_policy_destroy(p);
-        json_t *r = json_object();
-        json_object_set_new(r, "eviction_policy", json_string(s->eviction_policy));
-        json_object_set_new(r, "trigger_watermark", json_real(s->trigger_watermark));
-        json_object_set_new(r, "eviction_ratio", json_real(s->eviction_ratio));
-        json_object_set_new(c->resolved, "eviction", r);
+    }
+    /* per-namespace quotas (kvtier addition; the file is read here, so a bad
+     * quotas.json fails the config with exit 2, --dry-run included) */
+    const json_t *q = kvt_cfg_raw(c, "namespace_quotas");
+    if (!c->rc && q && !json_is_null(q)) {
+        char msg[400];
+        if (kvt_quota_parse(q, &s->quotas, msg, sizeof(msg)))
+            return kvt_cfg_fail(c, "namespace_quotas", "%s", msg);
+        json_object_set(c->resolved, "namespace_quotas", s->quotas);
     }
     /* the chain is built here (key files read and checked), so a bad serde
      * fails the config with exit 2, --dry-run included */

@@ -12,6 +12,7 @@
  * optimum (MIN: evict the block used farthest in the future) computed offline.
  */
 #include "common/util.h"
+#include "evict/policy.h"
 #include "kvtier/client.h"
 
 #include <getopt.h>
@@ -25,6 +26,7 @@ int kvt_cmd_replay(int argc, char **argv);
 struct trace {
     uint32_t nreq;
     uint32_t *start; /* nreq + 1 offsets into ids */
+    double *ts;      /* nreq request times, seconds (the trace's ms / 1000) */
     uint64_t *ids;
     uint64_t nacc;
 };
@@ -38,6 +40,7 @@ static int load_trace(const char *path, struct trace *t, uint32_t limit)
     }
     size_t cap_r = 1024, cap_a = 1 << 16;
     t->start = malloc(cap_r * sizeof(uint32_t));
+    t->ts = malloc(cap_r * sizeof(double));
     t->ids = malloc(cap_a * sizeof(uint64_t));
     t->nreq = 0;
     t->nacc = 0;
@@ -63,8 +66,11 @@ static int load_trace(const char *path, struct trace *t, uint32_t limit)
         if (t->nreq + 2 > cap_r) {
             cap_r *= 2;
             t->start = realloc(t->start, cap_r * sizeof(uint32_t));
+            t->ts = realloc(t->ts, cap_r * sizeof(double));
         }
         t->start[t->nreq] = (uint32_t)t->nacc;
+        json_t *tsv = json_object_get(j, "timestamp");
+        t->ts[t->nreq] = json_is_number(tsv) ? json_number_value(tsv) / 1000.0 : 0;
         size_t i;
         json_t *v;
         json_array_foreach(h, i, v)
@@ -290,6 +296,90 @@ static struct simres sim_belady(const struct trace *t, const uint32_t *d, uint32
     return r;
 }
 
+/* Any eviction policy through its vtable (the code the server runs): dense
+ * ids are the handles; each request's blocks are accessed or inserted tail
+ * first (as the L2 base does, hint = position in the request), then the
+ * least valuable blocks go until the budget holds. The policy's clock is
+ * the trace's time. */
+struct sim_clock {
+    double now;
+};
+
+static double sim_now(void *arg)
+{
+    return ((struct sim_clock *)arg)->now;
+}
+
+static bool first_victim(uint32_t h, void *arg)
+{
+    *(uint32_t *)arg = h;
+    return false;
+}
+
+static struct simres sim_policy(const struct trace *t, const uint32_t *d, uint32_t u,
+                                uint64_t cap, struct kvt_policy *p, uint32_t block)
+{
+    struct sim_clock clk = {.now = t->nreq ? t->ts[0] : 0};
+    kvt_value_set_clock(p, sim_now, &clk);
+    kvt_policy_reserve(p, u);
+    uint8_t *in = calloc(u, 1);
+    uint64_t size = 0;
+    struct simres r = {0};
+    for (uint32_t q = 0; q < t->nreq; q++) {
+        uint32_t a = t->start[q], b = t->start[q + 1];
+        clk.now = t->ts[q];
+        bool prefix = true;
+        for (uint32_t i = a; i < b; i++) {
+            bool hit = in[d[i]];
+            r.block_hits += hit;
+            if (prefix && hit)
+                r.prefix_hits++;
+            else
+                prefix = false;
+        }
+        for (uint32_t i = b; i-- > a;) {
+            uint32_t x = d[i];
+            if (in[x]) {
+                p->ops->access(p, x);
+            } else {
+                struct kvt_policy_hint hint = {.prefix_pos = i - a, .prefix_len = b - a,
+                                               .bytes = block};
+                p->ops->insert(p, x, false, &hint);
+                in[x] = 1;
+                size++;
+            }
+        }
+        while (size > cap) {
+            uint32_t v = UINT32_MAX;
+            p->ops->walk(p, first_victim, &v);
+            if (v == UINT32_MAX)
+                break;
+            p->ops->remove(p, v);
+            in[v] = 0;
+            size--;
+        }
+    }
+    free(in);
+    return r;
+}
+
+static struct simres sim_named(const struct trace *t, const uint32_t *d, uint32_t u,
+                               uint64_t cap, const char *name, uint32_t block, double half_life)
+{
+    struct kvt_policy *p;
+    if (strcmp(name, "value") == 0) {
+        struct kvt_value_params prm;
+        kvt_value_defaults(&prm);
+        prm.half_life_s = half_life;
+        p = kvt_value_create(&prm);
+    } else {
+        p = kvt_policy_create(name, 1, 0);
+    }
+    struct simres r = sim_policy(t, d, u, cap, p, block);
+    kvt_policy_destroy(p);
+    return r;
+}
+
 /* ---- live replay ---- */
 
 static void fill_block(uint8_t *p, size_t n, uint64_t id)
@@ -324,12 +414,14 @@ int kvt_cmd_replay(int argc, char **argv)
         {"block-bytes", required_argument, NULL, 'b'}, {"budget-blocks", required_argument, NULL, 'k'},
         {"limit", required_argument, NULL, 'l'},     {"model", required_argument, NULL, 'm'},
         {"offline", no_argument, NULL, 'o'},         {"json", no_argument, NULL, 'j'},
+        {"value-half-life", required_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
     const char *url = "tcp://127.0.0.1:5555", *path = NULL, *model = "replay";
     size_t block = 16384;
     uint64_t budget = 0;
     uint32_t limit = 0;
     bool offline = false, as_json = false;
+    double half_life = 86400; /* the value policy's default: the seed's 24 h */
     int ch;
     optind = 1;
     opterr = 0;
@@ -343,17 +435,19 @@ int kvt_cmd_replay(int argc, char **argv)
         case 'm': model = optarg; break;
         case 'o': offline = true; break;
         case 'j': as_json = true; break;
+        case 'v': half_life = strtod(optarg, NULL); break;
         case 'h':
             printf("usage: kvtier replay --trace FILE [--url URL] [--block-bytes 16384]\n"
                    "                     [--budget-blocks N (default 25%% of unique blocks)]\n"
-                   "                     [--limit REQUESTS] [--model NAME] [--offline] [--json]\n");
+                   "                     [--limit REQUESTS] [--model NAME] [--offline] [--json]\n"
+                   "                     [--value-half-life SECONDS (offline value policy; 86400)]\n");
             return 0;
         default:
             fprintf(stderr, "kvtier replay: unknown option '%s'\n", argv[optind - 1]);
             return 2;
         }
     }
-    if (!path || block == 0) {
+    if (!path || block == 0 || !(half_life > 0)) {
         fprintf(stderr, "kvtier replay: --trace FILE is required (and --block-bytes > 0)\n");
         return 2;
     }
@@ -365,6 +459,12 @@ int kvt_cmd_replay(int argc, char **argv)
     if (!budget)
         budget = u / 4;
     struct simres lru = sim_lru(&t, d, u, budget), bel = sim_belady(&t, d, u, budget);
+    struct simres val = sim_named(&t, d, u, budget, "value", (uint32_t)block, half_life);
+    struct simres lru2 = sim_named(&t, d, u, budget, "LRU", (uint32_t)block, half_life);
+    if (lru2.prefix_hits != lru.prefix_hits) /* the vtable LRU must agree with the list LRU */
+        fprintf(stderr, "kvtier replay: warning: LRU through the policy vtable %llu hits, "
+                        "simple LRU %llu\n",
+                (unsigned long long)lru2.prefix_hits, (unsigned long long)lru.prefix_hits);
     json_t *out = json_object();
     json_object_set_new(out, "requests", json_integer(t.nreq));
     json_object_set_new(out, "block_accesses", json_integer((json_int_t)t.nacc));
@@ -375,6 +475,9 @@ int kvt_cmd_replay(int argc, char **argv)
     json_object_set_new(off, "lru_prefix_hit_ratio", json_real((double)lru.prefix_hits / (double)t.nacc));
     json_object_set_new(off, "lru_block_hit_ratio", json_real((double)lru.block_hits / (double)t.nacc));
     json_object_set_new(off, "belady_prefix_hit_ratio", json_real((double)bel.prefix_hits / (double)t.nacc));
+    json_object_set_new(off, "value_prefix_hit_ratio", json_real((double)val.prefix_hits / (double)t.nacc));
+    json_object_set_new(off, "value_block_hit_ratio", json_real((double)val.block_hits / (double)t.nacc));
+    json_object_set_new(off, "value_half_life_seconds", json_real(half_life));
     json_object_set_new(off, "belady_block_hit_ratio", json_real((double)bel.block_hits / (double)t.nacc));
     json_object_set_new(out, "offline", off);
     int rc = 0;
@@ -483,6 +586,9 @@ int kvt_cmd_replay(int argc, char **argv)
                100.0 * (double)budget / u, block);
         printf("  offline LRU     prefix hit ratio %.4f  (block hit ratio %.4f)\n",
                (double)lru.prefix_hits / (double)t.nacc, (double)lru.block_hits / (double)t.nacc);
+        printf("  offline value   prefix hit ratio %.4f  (block hit ratio %.4f; half-life %g s)\n",
+               (double)val.prefix_hits / (double)t.nacc, (double)val.block_hits / (double)t.nacc,
+               half_life);
         printf("  offline Belady  prefix hit ratio %.4f  (block hit ratio %.4f)\n",
                (double)bel.prefix_hits / (double)t.nacc, (double)bel.block_hits / (double)t.nacc);
         json_t *live = json_object_get(out, "live");
@@ -504,6 +610,7 @@ int kvt_cmd_replay(int argc, char **argv)
     json_decref(out);
     free(d);
     free(t.start);
+    free(t.ts);
     free(t.ids);
     return rc;
 }

@@ -5,6 +5,8 @@
 #include "common/util.h"
 #include "evict/policy.h"
 #include "kvtier/error.h"
+#include "ops/envcfg.h"
+#include "ops/preflight.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -46,6 +48,7 @@ enum {
     O_NO_LOCAL,
     O_DRY_RUN,
     O_LOG_LEVEL,
+    O_CONFIG,
     O_HELP,
 };
 
@@ -80,6 +83,7 @@ static const struct option opts[] = {
     {"no-local-socket", no_argument, NULL, O_NO_LOCAL},
     {"dry-run", no_argument, NULL, O_DRY_RUN},
     {"log-level", required_argument, NULL, O_LOG_LEVEL},
+    {"config", required_argument, NULL, O_CONFIG},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -122,6 +126,10 @@ void kvt_server_usage(FILE *f)
             "  --l2-store-policy default|skip_l1\n"
             "  --l2-prefetch-policy default|retain\n"
             "  --l2-prefetch-max-in-flight N (8)\n"
+            "  --config FILE                 operator config (cache.env + cache.env.local): one\n"
+            "                                nixl_store_dynamic adapter under KVP_CACHE_ROOT with\n"
+            "                                the hard cap KVP_CACHE_BUDGET_GB (adapter #0); see\n"
+            "                                docs/operations.md\n"
             "Other\n"
             "  --dry-run                     validate, print the resolved config, exit\n"
             "  --log-level debug|info|warn|error (info)\n");
@@ -202,6 +210,8 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
 
     const char *l2_args[KVT_MAX_ADAPTERS];
     int nl2 = 0;
+    const char *config_path = NULL;
+    bool bind_given = false;
     int ch, rc = 0;
     double d;
     long l;
@@ -212,12 +222,15 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         switch (ch) {
         case O_HOST:
             snprintf(c->host, sizeof(c->host), "%s", optarg);
+            bind_given = true;
             break;
         case O_PORT:
             rc = integer(f, optarg, 1, 65535, &l);
             c->port = (int)l;
+            bind_given = true;
             break;
         case O_BIND:
+            bind_given = true;
             if (strncmp(optarg, "tcp://", 6) && strncmp(optarg, "ipc://", 6))
                 return fail(f, "expected tcp://HOST:PORT or ipc://PATH, got '%s'", optarg);
             snprintf(c->bind, sizeof(c->bind), "%s", optarg);
@@ -343,6 +356,9 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
             c->log_level = lv;
             break;
         }
+        case O_CONFIG:
+            config_path = optarg;
+            break;
         case O_HELP:
             kvt_server_usage(stdout);
             return 1;
@@ -361,8 +377,46 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         fprintf(stderr, "kvtier server: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
+    /* --config: the operator's file becomes adapter #0 (before any
+     * --l2-adapter), and its KVP_SERVER_URL the listening address */
+    char *cfg_adapter = NULL;
+    if (config_path) {
+        struct kvt_envcfg ec;
+        char cerr[1024];
+        if (kvt_envcfg_load(config_path, &ec, cerr, sizeof(cerr))) {
+            fprintf(stderr, "kvtier server: --config: %s\n", cerr);
+            return 2;
+        }
+        if (c->no_l2) {
+            kvt_envcfg_free(&ec);
+            fprintf(stderr, "kvtier server: --no-l2 and --config exclude each other\n");
+            return 2;
+        }
+        if (nl2 == KVT_MAX_ADAPTERS) {
+            kvt_envcfg_free(&ec);
+            fprintf(stderr, "kvtier server: --l2-adapter: at most %d adapters with --config\n",
+                    KVT_MAX_ADAPTERS - 1);
+            return 2;
+        }
+        if (!bind_given && ec.url_set)
+            snprintf(c->bind, sizeof(c->bind), "%s", ec.url);
+        struct kvt_preflight pf;
+        kvt_preflight_run(ec.root, ec.device, (uint64_t)(ec.budget_gb * KVT_GIB), &pf);
+        if (pf.warning[0])
+            kvt_warn("pre-flight: %s", pf.warning);
+        c->config_file = kvt_envcfg_json(&ec);
+        json_object_set_new(c->config_file, "preflight", kvt_preflight_json(&pf));
+        cfg_adapter = kvt_envcfg_adapter_json(&ec);
+        kvt_envcfg_free(&ec);
+        for (int i = nl2; i > 0; i--)
+            l2_args[i] = l2_args[i - 1];
+        l2_args[0] = cfg_adapter;
+        nl2++;
+    }
     if (c->l1_align > c->l1_size_gb * KVT_GIB) {
         fprintf(stderr, "kvtier server: --l1-align-bytes larger than --l1-size-gb\n");
+        free(cfg_adapter);
+        kvt_server_cfg_free(c);
         return 2;
     }
     if (!c->bind[0])
@@ -395,12 +449,16 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
     for (int i = 0; i < nl2; i++) {
         rc = kvt_l2_spec_parse(l2_args[i], i, &c->adapters[i], err, sizeof(err));
         if (rc) {
-            fprintf(stderr, "kvtier server: %s\n", err);
+            bool from_cfg = cfg_adapter && i == 0;
+            fprintf(stderr, "kvtier server: %s%s%s%s\n", from_cfg ? "--config " : "",
+                    from_cfg ? config_path : "", from_cfg ? ": " : "", err);
+            free(cfg_adapter);
             kvt_server_cfg_free(c);
             return 2;
         }
         c->nadapters = i + 1;
     }
+    free(cfg_adapter);
     return 0;
 }
 
@@ -409,6 +467,8 @@ void kvt_server_cfg_free(struct kvt_server_cfg *c)
     for (int i = 0; i < c->nadapters; i++)
         kvt_l2_spec_free(&c->adapters[i]);
     c->nadapters = 0;
+    json_decref(c->config_file);
+    c->config_file = NULL;
 }
 
 json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
@@ -446,5 +506,7 @@ json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
     json_object_set_new(http, "host", json_string(c->http_host));
     json_object_set_new(http, "port", json_integer(c->http_port));
     json_object_set_new(o, "http", http);
+    if (c->config_file)
+        json_object_set(o, "config_file", c->config_file);
     return o;
 }

@@ -49,6 +49,7 @@ struct kvt_server_cfg {
     bool local; /* offer the same-host unix socket (with shm) */
     bool dry_run;
     int log_level;
+    json_t *config_file; /* --config: the file's values and the pre-flight (owned), or NULL */
 };
 
 /* Parse argv (after the "server" word). On error prints a message naming the

@@ -1,0 +1,35 @@
+/*
+ * Per-namespace quotas: the "namespace_quotas" adapter key and quotas.json.
+ *
+ * A namespace is the sanitized model identity of the file-name prefix
+ * (kvt_ns_name: the model with every '/' replaced by "--"). A quota caps the
+ * bytes one namespace may hold in one adapter; the base refuses a write that
+ * would exceed it (KVT_E_LIMIT, counted) and, with an "eviction" block, the
+ * eviction controller keeps each namespace under its quota (l2.h).
+ *
+ * Accepted forms, in the adapter JSON or in a file named by a string:
+ *   "namespace_quotas": {"--models--A--v1": 200, "/models/B/v2": {"max_gb": 50},
+ *                        "C": {"max_bytes": 1000000}, "D": "12.5"}
+ *   "namespace_quotas": "/etc/kvtier/quotas.json"   (the same object in a file)
+ * Numbers are GiB (JSON numbers or numeric strings); names may be given as
+ * the model ("/models/B/v2") or as the sanitized name ("--models--B--v2").
+ *
+ * Leaf module (jansson + libc): the adapter registry uses it at parse time.
+ */
+#ifndef KVT_OPS_QUOTA_H
+#define KVT_OPS_QUOTA_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+/* Validate and resolve a "namespace_quotas" value. On success *out is a new
+ * object {sanitized name: bytes (integer)} and 0 is returned; otherwise a
+ * message (without the adapter prefix) goes to err and -1 is returned. */
+int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap);
+
+/* Sanitize a model or namespace name into out ('/' -> "--"); returns its
+ * length, or -1 if it does not fit. */
+int kvt_quota_ns_name(const char *in, char *out, size_t cap);
+
+#endif
