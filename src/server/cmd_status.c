@@ -1,25 +1,35 @@
-/* kvtier status: what a running server holds, as a table or JSON. */
+/*
+ * kvtier status: what a cache holds, as a table or JSON.
+ *
+ *   kvtier status [--url URL]                 a running server (all tiers)
+ *   kvtier status --root DIR [--budget-gb N]  offline: a scan of a cache root
+ *   kvtier status --config cache.env          the server at KVP_SERVER_URL if it
+ *                                             serves KVP_CACHE_ROOT, else a scan
+ *
+ * Both modes report the kv-persistence seed's fields for the cache root
+ * (docs/operations.md): used_bytes, free_bytes, usage_fraction,
+ * soft_pressure, per_namespace_bytes, namespaces, evictions,
+ * reclaimed_bytes, rejected_writes, tmp_files, tmp_files_bytes, plus
+ * quotas, the file system and per-adapter health. Online, they are merged
+ * into the server's full status object (--json).
+ */
 #include "common/util.h"
-#include "kvtier/client.h"
+#include "kvtier/error.h"
+#include "ops/cli.h"
+#include "ops/quota.h"
+#include "ops/rpc.h"
+#include "ops/scan.h"
 
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 int kvt_cmd_status(int argc, char **argv);
 
-static void human(char *out, size_t cap, double b)
-{
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (b >= 1024 && i < 4) {
-        b /= 1024;
-        i++;
-    }
-    snprintf(out, cap, i ? "%.2f %s" : "%.0f %s", b, u[i]);
-}
+#define human kvt_human
 
 static json_int_t ji(const json_t *o, const char *k)
 {
@@ -90,13 +100,287 @@ static void print_table(const json_t *st)
            (long long)ji(sc, "l2_keys_failed"));
 }
 
+/* ------------------------------------------------------- the seed report */
+
+static void set_u(json_t *o, const char *k, uint64_t v)
+{
+    json_object_set_new(o, k, json_integer((json_int_t)v));
+}
+
+/* used/free/fraction/pressure from used and budget (capacity). */
+static void put_usage(json_t *o, uint64_t used, uint64_t cap, double wm)
+{
+    set_u(o, "used_bytes", used);
+    set_u(o, "budget_bytes", cap);
+    json_object_set_new(o, "free_bytes",
+                        cap ? json_integer((json_int_t)(cap > used ? cap - used : 0)) : json_null());
+    double frac = cap ? (double)used / (double)cap : -1.0;
+    json_object_set_new(o, "usage_fraction", json_real(frac));
+    json_object_set_new(o, "trigger_watermark", json_real(wm));
+    json_object_set_new(o, "soft_pressure", json_boolean(cap && frac >= wm));
+}
+
+static void put_namespaces(json_t *o, json_t *per_ns)
+{
+    json_t *names = json_array();
+    const char *k;
+    json_t *v;
+    json_object_foreach(per_ns, k, v) json_array_append_new(names, json_string(k));
+    /* jansson keeps insertion order: sort for people and diffs */
+    size_t n = json_array_size(names);
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && strcmp(json_string_value(json_array_get(names, j - 1)),
+                                           json_string_value(json_array_get(names, j))) > 0;
+             j--) {
+            json_t *a = json_incref(json_array_get(names, j - 1));
+            json_array_set(names, j - 1, json_array_get(names, j));
+            json_array_set_new(names, j, a);
+        }
+    json_object_set(o, "per_namespace_bytes", per_ns);
+    json_object_set_new(o, "namespaces", names);
+}
+
+static void put_tmp(json_t *o, const struct kvt_scan *sc, const char *source)
+{
+    set_u(o, "tmp_files", sc->tmp_files);
+    set_u(o, "tmp_files_bytes", sc->tmp_bytes);
+    json_t *t = json_object();
+    for (int v = 0; v < KVT_TMP_NVERDICTS; v++) {
+        if (v == KVT_TMP_OURS)
+            continue;
+        json_t *e = json_object();
+        set_u(e, "files", sc->tmp_n[v]);
+        set_u(e, "bytes", sc->tmp_b[v]);
+        json_object_set_new(t, kvt_tmp_verdict_name((enum kvt_tmp_verdict)v), e);
+    }
+    json_object_set_new(t, "source", json_string(source));
+    set_u(t, "registry_markers", sc->markers);
+    json_object_set_new(o, "tmp", t);
+}
+
+/* The seed's fields from a server's status and the chosen adapter. */
+static json_t *report_online(const json_t *st, const json_t *ad, const struct kvt_cli_target *t)
+{
+    json_t *o = json_object();
+    const json_t *c = json_object_get(ad, "counters");
+    const json_t *ev = json_object_get(ad, "eviction");
+    const json_t *wmv = json_object_get(ev, "trigger_watermark");
+    double wm = wmv ? json_real_value(wmv) : t->have_cfg ? t->cfg.watermark : 0.9;
+    const char *fp = json_string_value(json_object_get(ad, "file_path"));
+    json_object_set_new(o, "source", json_string("server"));
+    json_object_set_new(o, "url", json_string(t->url));
+    json_object_set_new(o, "root", fp ? json_string(fp) : json_null());
+    json_object_set(o, "adapter", json_object_get(ad, "name"));
+    put_usage(o, (uint64_t)ji(ad, "used_bytes"), (uint64_t)ji(ad, "capacity_bytes"), wm);
+    set_u(o, "objects", (uint64_t)ji(ad, "objects"));
+    put_namespaces(o, json_object_get(ad, "per_namespace_bytes"));
+    set_u(o, "evictions", (uint64_t)ji(c, "evictions"));
+    set_u(o, "reclaimed_bytes", (uint64_t)ji(c, "reclaimed_bytes"));
+    set_u(o, "rejected_writes", (uint64_t)ji(c, "rejected_writes"));
+    set_u(o, "quota_rejections", (uint64_t)ji(c, "quota_rejections"));
+    struct kvt_scan sc;
+    if (fp && kvt_scan_root(fp, &sc, true) == 0) { /* the root is on this host */
+        put_tmp(o, &sc, "scan");
+        kvt_scan_free(&sc);
+    } else {
+        memset(&sc, 0, sizeof(sc));
+        sc.tmp_files = (uint64_t)ji(ad, "tmp_kept");
+        sc.tmp_bytes = (uint64_t)ji(ad, "tmp_kept_bytes");
+        put_tmp(o, &sc, "server (kept at start-up)");
+    }
+    const json_t *q = json_object_get(ad, "namespace_quotas");
+    json_object_set(o, "namespace_quotas", q ? (json_t *)q : json_null());
+    const json_t *fs = json_object_get(ad, "filesystem");
+    json_object_set(o, "filesystem", fs ? (json_t *)fs : json_null());
+    json_t *ads = json_array();
+    size_t i;
+    const json_t *a;
+    json_array_foreach(json_object_get(st, "l2"), i, a)
+    {
+        json_t *e = json_object();
+        static const char *const keys[] = {"name", "type", "is_healthy", "health", "used_bytes",
+                                           "capacity_bytes", "objects", NULL};
+        for (int k = 0; keys[k]; k++)
+            json_object_set(e, keys[k], json_object_get(a, keys[k]));
+        json_object_set(e, "recovery", json_object_get(json_object_get(a, "recovery"), "state"));
+        json_array_append_new(ads, e);
+    }
+    json_object_set_new(o, "adapters", ads);
+    return o;
+}
+
+/* The seed's fields from an offline scan. */
+static json_t *report_offline(const struct kvt_scan *sc, const struct kvt_cli_target *t,
+                              double budget_gb)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "source", json_string("scan"));
+    json_object_set_new(o, "root", json_string(t->root));
+    double wm = t->have_cfg ? t->cfg.watermark : 0.9;
+    put_usage(o, sc->used_bytes, (uint64_t)(budget_gb * KVT_GIB), wm);
+    set_u(o, "objects", sc->objects);
+    put_namespaces(o, sc->per_ns_bytes);
+    json_object_set(o, "per_namespace_objects", sc->per_ns_objects);
+    /* counters live in a server: unknown offline */
+    json_object_set_new(o, "evictions", json_null());
+    json_object_set_new(o, "reclaimed_bytes", json_null());
+    json_object_set_new(o, "rejected_writes", json_null());
+    put_tmp(o, sc, "scan");
+    set_u(o, "legacy_bytes", sc->legacy_bytes);
+    set_u(o, "other_files", sc->other_files);
+    set_u(o, "other_bytes", sc->other_bytes);
+    json_t *quotas = json_null();
+    if (t->have_cfg && t->cfg.quotas[0]) {
+        json_t *path = json_string(t->cfg.quotas), *q = NULL;
+        char err[512];
+        if (kvt_quota_parse(path, &q, err, sizeof(err)) == 0) {
+            json_decref(quotas);
+            quotas = json_object();
+            const char *k;
+            json_t *v;
+            json_object_foreach(q, k, v)
+            {
+                json_t *e = json_object();
+                uint64_t lim = (uint64_t)json_integer_value(v);
+                uint64_t used = (uint64_t)ji(sc->per_ns_bytes, k);
+                set_u(e, "quota_bytes", lim);
+                set_u(e, "used_bytes", used);
+                json_object_set_new(e, "usage_fraction",
+                                    lim ? json_real((double)used / (double)lim) : json_null());
+                json_object_set_new(quotas, k, e);
+            }
+            json_decref(q);
+        } else {
+            fprintf(stderr, "kvtier status: KVP_QUOTAS_FILE: %s\n", err);
+        }
+        json_decref(path);
+    }
+    json_object_set_new(o, "namespace_quotas", quotas);
+    json_t *fs = json_object();
+    set_u(fs, "total_bytes", sc->fs_total_bytes);
+    set_u(fs, "free_bytes", sc->fs_free_bytes);
+    uint64_t cap = (uint64_t)(budget_gb * KVT_GIB);
+    json_object_set_new(fs, "can_hold_capacity",
+                        json_boolean(sc->fs_free_bytes + sc->used_bytes >= cap));
+    json_object_set_new(o, "filesystem", fs);
+    pid_t pids[16];
+    int n = kvt_root_users(t->root, pids, 16);
+    json_t *users = json_array();
+    for (int i = 0; i < n && i < 16; i++)
+        json_array_append_new(users, json_integer(pids[i]));
+    json_object_set_new(o, "processes_using_root", users);
+    return o;
+}
+
+static void print_cache(const json_t *r)
+{
+    char a[32], b[32], c[32];
+    const char *src = json_string_value(json_object_get(r, "source"));
+    const char *root = json_string_value(json_object_get(r, "root"));
+    if (strcmp(src, "server") == 0)
+        printf("\ncache %s (server %s, adapter %s)\n", root ? root : "-",
+               json_string_value(json_object_get(r, "url")),
+               json_string_value(json_object_get(r, "adapter")));
+    else
+        printf("cache %s (offline scan)\n", root);
+    json_int_t cap = ji(r, "budget_bytes");
+    human(a, sizeof(a), (double)ji(r, "used_bytes"));
+    human(b, sizeof(b), (double)cap);
+    human(c, sizeof(c), (double)ji(r, "free_bytes"));
+    double wm = json_real_value(json_object_get(r, "trigger_watermark"));
+    if (cap)
+        printf("  used          %s of %s (%.1f%%), free %s; soft pressure: %s (watermark %.0f%%)\n",
+               a, b, 100 * json_real_value(json_object_get(r, "usage_fraction")), c,
+               json_is_true(json_object_get(r, "soft_pressure")) ? "YES" : "no", 100 * wm);
+    else
+        printf("  used          %s (no cap)\n", a);
+    printf("  objects       %lld in %zu namespace(s)\n", (long long)ji(r, "objects"),
+           json_array_size(json_object_get(r, "namespaces")));
+    if (json_is_null(json_object_get(r, "evictions"))) {
+        printf("  evictions     - (counters need a running server)\n");
+    } else {
+        human(a, sizeof(a), (double)ji(r, "reclaimed_bytes"));
+        printf("  evictions     %lld (%s reclaimed), rejected writes %lld\n",
+               (long long)ji(r, "evictions"), a, (long long)ji(r, "rejected_writes"));
+    }
+    const json_t *tmp = json_object_get(r, "tmp");
+    human(a, sizeof(a), (double)ji(r, "tmp_files_bytes"));
+    printf("  tmp files     %lld (%s)", (long long)ji(r, "tmp_files"), a);
+    const char *vk;
+    json_t *vv;
+    bool first = true;
+    json_object_foreach((json_t *)tmp, vk, vv)
+    {
+        if (!json_is_object(vv) || !ji(vv, "files"))
+            continue;
+        printf("%s%lld %s", first ? ": " : ", ", (long long)ji(vv, "files"), vk);
+        first = false;
+    }
+    printf("\n");
+    const json_t *fs = json_object_get(r, "filesystem");
+    if (json_is_object(fs)) {
+        human(a, sizeof(a), (double)ji(fs, "total_bytes"));
+        human(b, sizeof(b), (double)ji(fs, "free_bytes"));
+        bool ok = !json_is_false(json_object_get(fs, "can_hold_capacity"));
+        printf("  file system   %s, %s free%s\n", a, b,
+               ok ? "" : "  WARNING: it cannot hold the budget (free + cache < budget)");
+    }
+    const json_t *per = json_object_get(r, "per_namespace_bytes");
+    const json_t *objs = json_object_get(r, "per_namespace_objects");
+    const json_t *quotas = json_object_get(r, "namespace_quotas");
+    printf("\n  %-44s %10s %12s %12s %6s\n", "NAMESPACE", "OBJECTS", "BYTES", "QUOTA", "USE%");
+    size_t i;
+    const json_t *nm;
+    json_array_foreach(json_object_get(r, "namespaces"), i, nm)
+    {
+        const char *n = json_string_value(nm);
+        human(a, sizeof(a), (double)ji(per, n));
+        const json_t *q = json_object_get(quotas, n);
+        char on[24] = "-";
+        if (objs)
+            snprintf(on, sizeof(on), "%lld", (long long)ji(objs, n));
+        if (q) {
+            human(b, sizeof(b), (double)ji(q, "quota_bytes"));
+            printf("  %-44s %10s %12s %12s %5.1f%%\n", n, on, a, b,
+                   100 * json_real_value(json_object_get(q, "usage_fraction")));
+        } else {
+            printf("  %-44s %10s %12s %12s %6s\n", n, on, a, "-", "-");
+        }
+    }
+    const char *qk;
+    const json_t *qv;
+    json_object_foreach((json_t *)quotas, qk, qv)
+    {
+        if (!json_object_get(per, qk)) {
+            human(b, sizeof(b), (double)ji(qv, "quota_bytes"));
+            printf("  %-44s %10s %12s %12s %6s\n", qk, "0", "0 B", b, "0.0%");
+        }
+    }
+    const json_t *users = json_object_get(r, "processes_using_root");
+    if (json_array_size(users))
+        printf("\n  note: %zu running process(es) hold this root open (a server?): its counters "
+               "are in `kvtier status --url`\n", json_array_size(users));
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvtier status [--url URL] [--json]             a running server\n"
+               "       kvtier status --root DIR [--budget-gb N] [--json]   offline scan of a cache root\n"
+               "       kvtier status --config FILE [--json]         KVP_SERVER_URL if it serves\n"
+               "                                                   KVP_CACHE_ROOT, else a scan\n");
+}
+
 int kvt_cmd_status(int argc, char **argv)
 {
     static const struct option opts[] = {{"url", required_argument, NULL, 'u'},
+                                         {"root", required_argument, NULL, 'r'},
+                                         {"config", required_argument, NULL, 'c'},
+                                         {"budget-gb", required_argument, NULL, 'b'},
                                          {"json", no_argument, NULL, 'j'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const char *url = "tcp://127.0.0.1:5555";
+    const char *url = NULL, *root = NULL, *config = NULL;
+    double budget_gb = 0;
     bool as_json = false;
     int ch;
     optind = 1;
@@ -106,40 +390,99 @@ int kvt_cmd_status(int argc, char **argv)
         case 'u':
             url = optarg;
             break;
+        case 'r':
+            root = optarg;
+            break;
+        case 'c':
+            config = optarg;
+            break;
+        case 'b': {
+            char *end;
+            budget_gb = strtod(optarg, &end);
+            if (*end || !(budget_gb > 0)) {
+                fprintf(stderr, "kvtier status: --budget-gb: expected a number > 0, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        }
         case 'j':
             as_json = true;
             break;
         case 'h':
-            printf("usage: kvtier status [--url tcp://127.0.0.1:5555] [--json]\n");
+            usage(stdout);
             return 0;
         default:
             fprintf(stderr, "kvtier status: unknown option '%s'\n", argv[optind - 1]);
+            usage(stderr);
             return 2;
         }
     }
-    kvt_client_opts o = {.timeout_ms = 5000, .no_shm = true};
-    kvt_client *c;
-    int rc = kvt_client_open(url, &o, &c);
-    if (rc) {
-        fprintf(stderr, "kvtier status: cannot reach a server at %s: %s\n", url,
-                kvt_strerror(rc));
-        return 1;
+    if (optind < argc) {
+        fprintf(stderr, "kvtier status: unexpected argument '%s'\n", argv[optind]);
+        return 2;
     }
-    char *js = NULL;
-    rc = kvt_status_json(c, &js);
-    if (rc) {
-        fprintf(stderr, "kvtier status: %s\n", kvt_client_last_error(c));
-        kvt_client_close(c);
-        return 1;
+    struct kvt_cli_target t;
+    int rc = kvt_cli_target("status", config, root, url, false, &t);
+    if (rc)
+        return rc;
+    /* online unless only a directory was named; with --config, online only
+     * if the configured server answers and serves the root */
+    bool online = url || !t.root[0] || config;
+    json_t *st = NULL, *report = NULL;
+    char err[512];
+    if (online) {
+        int timeout = config && !url ? 1500 : 5000;
+        rc = kvt_ops_call(t.url, "status", NULL, timeout, &st, err, sizeof(err));
+        if (rc && (url || !t.root[0])) {
+            fprintf(stderr, "kvtier status: cannot reach a server at %s: %s\n", t.url,
+                    rc == KVT_E_TIMEOUT ? "no answer" : err);
+            kvt_cli_target_free(&t);
+            return 1;
+        }
+        json_t *ad = st ? kvt_cli_pick_adapter(st, t.root) : NULL;
+        if (st && !ad && t.root[0] && url) {
+            fprintf(stderr, "kvtier status: the server at %s keeps no adapter in %s\n", t.url,
+                    t.root);
+            json_decref(st);
+            kvt_cli_target_free(&t);
+            return 2;
+        }
+        if (ad) {
+            report = report_online(st, ad, &t);
+        } else {
+            json_decref(st);
+            st = NULL;
+        }
     }
-    kvt_client_close(c);
+    if (!report) { /* offline */
+        struct kvt_scan sc;
+        rc = kvt_scan_root(t.root, &sc, false);
+        if (rc) {
+            fprintf(stderr, "kvtier status: cannot scan %s: %s\n", t.root, kvt_strerror(rc));
+            kvt_cli_target_free(&t);
+            return 1;
+        }
+        double b = budget_gb ? budget_gb : t.have_cfg ? t.cfg.budget_gb : 1500;
+        report = report_offline(&sc, &t, b);
+        kvt_scan_free(&sc);
+    }
     if (as_json) {
+        json_t *out = report;
+        if (st) { /* the server's full status with the seed's fields on top */
+            json_object_update(st, report);
+            out = st;
+        }
+        char *js = json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS);
         printf("%s\n", js);
+        free(js);
     } else {
-        json_t *st = json_loads(js, 0, NULL);
-        print_table(st);
-        json_decref(st);
+        if (st)
+            print_table(st);
+        print_cache(report);
     }
-    free(js);
+    json_decref(report);
+    json_decref(st);
+    kvt_cli_target_free(&t);
     return 0;
 }

@@ -6,10 +6,14 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "kvtier/error.h"
+#include "ops/purge.h"
+#include "ops/scan.h"
 #include "server/internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -611,6 +615,120 @@ static void h_delete(struct kvt_server *s, struct request *q)
     kvt_tpool_push(s->workers, &j->job);
 }
 
+/* ---------------------------------------------------------------- purge */
+
+struct purge_job {
+    struct kvt_job job;
+    struct kvt_server *s;
+    struct reply *r;
+    struct kvt_purge_req q;
+    char root[4096]; /* "" = every adapter */
+};
+
+/* Same directory (device and inode), so paths need not be spelled alike. */
+static bool same_dir(const char *a, const char *b)
+{
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+/* On a worker: purge through every selected adapter (see ops/purge.h). */
+static void purge_job_fn(struct kvt_job *job, void *ctx)
+{
+    (void)ctx;
+    struct purge_job *j = (struct purge_job *)job;
+    struct kvt_server *s = j->s;
+    bool sel[KVT_MAX_ADAPTERS] = {0};
+    int nsel = 0;
+    for (int a = 0; a < s->nl2; a++) {
+        char dir[4096];
+        kvt_purge_l2_root(s->l2s[a], dir, sizeof(dir));
+        sel[a] = !j->root[0] || (dir[0] && same_dir(dir, j->root));
+        nsel += sel[a];
+    }
+    if (!nsel) {
+        kvt_reply_error(j->r, KVT_E_NOTFOUND, "no L2 adapter of this server keeps its files in %s",
+                        j->root);
+        kvt_reply_post(s, j->r);
+        free(j);
+        return;
+    }
+    json_t *out = json_object(), *arr = json_array();
+    bool more = false;
+    int err = 0;
+    for (int a = 0; a < s->nl2 && !err; a++) {
+        if (!sel[a])
+            continue;
+        struct kvt_purge_res res;
+        err = kvt_purge_l2(s->l2s[a], &j->q, &res);
+        json_t *o = kvt_purge_res_json(&res);
+        json_object_set_new(o, "adapter", json_string(s->l2s[a]->name));
+        json_array_append_new(arr, o);
+        more |= res.more;
+    }
+    if (err) {
+        kvt_reply_error(j->r, err, "purge failed: %s%s", kvt_strerror(err),
+                        err == -EBUSY ? " (the start-up scan is still running; retry)" : "");
+    } else {
+        json_object_set_new(out, "adapters", arr);
+        arr = NULL;
+        json_object_set_new(out, "more", json_boolean(more));
+        kvt_mp_pack_json(&j->r->pk, out);
+    }
+    json_decref(arr);
+    json_decref(out);
+    kvt_reply_post(s, j->r);
+    free(j);
+}
+
+/* purge {namespace: str | all: true | tmp: true, root?: str, max?: uint} */
+static void h_purge(struct kvt_server *s, struct request *q)
+{
+    const char *why = NULL, *ns = NULL, *root = NULL;
+    size_t nsl = 0, rl = 0;
+    bool all = false, tmp = false;
+    uint64_t max = 0;
+    int rc;
+    if ((rc = kvt_mp_str(&q->body, "namespace", false, &ns, &nsl, &why)) ||
+        (rc = kvt_mp_str(&q->body, "root", false, &root, &rl, &why)) ||
+        (rc = kvt_mp_bool(&q->body, "all", &all, &why)) ||
+        (rc = kvt_mp_bool(&q->body, "tmp", &tmp, &why)) ||
+        (rc = kvt_mp_u64(&q->body, "max", false, &max, &why))) {
+        kvt_reply_error(q->r, rc, "%s", why);
+        return;
+    }
+    struct purge_job *j = kvt_xcalloc(1, sizeof(*j));
+    if ((ns != NULL) + all + tmp != 1) {
+        kvt_reply_error(q->r, KVT_E_BADREQ, "purge needs exactly one of namespace, all, tmp");
+        free(j);
+        return;
+    }
+    if (ns && nsl < sizeof(j->q.ns)) {
+        memcpy(j->q.ns, ns, nsl);
+        j->q.ns[nsl] = 0;
+    }
+    if (ns && (nsl >= sizeof(j->q.ns) || strlen(j->q.ns) != nsl || !kvt_ns_name_ok(j->q.ns))) {
+        kvt_reply_error(q->r, KVT_E_BADREQ, "\"%.*s\" is not a namespace name",
+                        (int)KVT_MIN(nsl, 300), ns);
+        free(j);
+        return;
+    }
+    if (root && (rl == 0 || rl >= sizeof(j->root) || memchr(root, 0, rl))) {
+        kvt_reply_error(q->r, KVT_E_BADREQ, "\"root\" must be a directory path");
+        free(j);
+        return;
+    }
+    if (root)
+        memcpy(j->root, root, rl);
+    j->q.what = ns ? KVT_PURGE_NAMESPACE : all ? KVT_PURGE_ALL : KVT_PURGE_TMP;
+    j->q.max = (uint32_t)KVT_MIN(max, KVT_MAX_BATCH);
+    j->s = s;
+    j->r = q->r;
+    q->r = NULL;
+    j->job.fn = purge_job_fn;
+    kvt_tpool_push(s->workers, &j->job);
+}
+
 /* ------------------------------------------------------------- dispatch */
 
 void kvt_handle(struct kvt_server *s, enum kvt_op op, struct request *q)
@@ -650,6 +768,9 @@ void kvt_handle(struct kvt_server *s, enum kvt_op op, struct request *q)
         break;
     case OP_DELETE:
         h_delete(s, q);
+        break;
+    case OP_PURGE:
+        h_purge(s, q);
         break;
     default:
         kvt_reply_error(q->r, KVT_E_BADOP, "unknown operation");

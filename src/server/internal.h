@@ -43,6 +43,7 @@ enum kvt_op {
     OP_COMMIT_RETRIEVE,
     OP_STATUS,
     OP_DELETE,
+    OP_PURGE,
     OP_UNKNOWN,
     OP_COUNT
 };

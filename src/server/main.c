@@ -14,6 +14,7 @@
 
 int kvt_cmd_status(int argc, char **argv);
 int kvt_cmd_replay(int argc, char **argv);
+int kvt_cmd_purge(int argc, char **argv);
 
 static void usage(FILE *f)
 {
@@ -21,7 +22,9 @@ static void usage(FILE *f)
                "\n"
                "commands:\n"
                "  server     run the cache server (kvtier server --help)\n"
-               "  status     show what a running server holds (kvtier status --help)\n"
+               "  status     show what a cache holds: a server, or a directory offline\n"
+               "             (kvtier status --help)\n"
+               "  purge      delete a namespace, everything, or crash residue (kvtier purge --help)\n"
                "  replay     replay a Mooncake trace against a server (kvtier replay --help)\n"
                "  version    print the version\n");
 }
@@ -66,6 +69,8 @@ int main(int argc, char **argv)
         return cmd_server(argc - 1, argv + 1);
     if (strcmp(cmd, "status") == 0)
         return kvt_cmd_status(argc - 1, argv + 1);
+    if (strcmp(cmd, "purge") == 0)
+        return kvt_cmd_purge(argc - 1, argv + 1);
     if (strcmp(cmd, "replay") == 0)
         return kvt_cmd_replay(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

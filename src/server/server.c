@@ -28,7 +28,7 @@ const char *const kvt_op_names[OP_COUNT] = {
     "hello",        "ping",           "store",          "flush",
     "lookup",       "retrieve",       "free_locks",     "prepare_store",
     "commit_store", "prepare_retrieve", "commit_retrieve", "status",
-    "delete",       "unknown",
+    "delete",       "purge",          "unknown",
 };
 
 const double kvt_lat_bounds[KVT_LAT_BUCKETS] = {

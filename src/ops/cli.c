@@ -1,0 +1,102 @@
+/* Operator command helpers (see cli.h). */
+#include "ops/cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+bool kvt_same_dir(const char *a, const char *b)
+{
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && S_ISDIR(x.st_mode) && x.st_dev == y.st_dev &&
+           x.st_ino == y.st_ino;
+}
+
+void kvt_human(char *out, size_t cap, double b)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int i = 0;
+    while (b >= 1024 && i < 5) {
+        b /= 1024;
+        i++;
+    }
+    snprintf(out, cap, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+}
+
+int kvt_cli_target(const char *cmd, const char *config, const char *root, const char *url,
+                   bool need_root, struct kvt_cli_target *t)
+{
+    memset(t, 0, sizeof(*t));
+    if (config) {
+        char err[1024];
+        if (kvt_envcfg_load(config, &t->cfg, err, sizeof(err))) {
+            fprintf(stderr, "kvtier %s: --config: %s\n", cmd, err);
+            return 2;
+        }
+        t->have_cfg = true;
+    }
+    snprintf(t->url, sizeof(t->url), "%s",
+             url ? url : t->have_cfg ? t->cfg.url : KVT_DEFAULT_URL);
+    t->url_given = url || (t->have_cfg && t->cfg.url_set);
+    const char *want = root ? root : t->have_cfg ? t->cfg.root : NULL;
+    if (!want) {
+        if (!need_root)
+            return 0;
+        fprintf(stderr, "kvtier %s: no cache root: give --config FILE (KVP_CACHE_ROOT) or "
+                        "--root DIR\n", cmd);
+        kvt_cli_target_free(t);
+        return 2;
+    }
+    if (!realpath(want, t->root)) {
+        fprintf(stderr, "kvtier %s: cache root %s: %s\n", cmd, want, strerror(errno));
+        kvt_cli_target_free(t);
+        return 2;
+    }
+    struct stat st;
+    if (stat(t->root, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "kvtier %s: cache root %s is not a directory\n", cmd, want);
+        kvt_cli_target_free(t);
+        return 2;
+    }
+    if (strcmp(t->root, "/") == 0) {
+        fprintf(stderr, "kvtier %s: refusing \"/\" as a cache root\n", cmd);
+        kvt_cli_target_free(t);
+        return 2;
+    }
+    if (root && t->have_cfg && !kvt_same_dir(t->root, t->cfg.root)) {
+        fprintf(stderr, "kvtier %s: --root %s is outside the cache root %s (KVP_CACHE_ROOT of "
+                        "%s): refused\n", cmd, root, t->cfg.root, config);
+        kvt_cli_target_free(t);
+        return 2;
+    }
+    return 0;
+}
+
+void kvt_cli_target_free(struct kvt_cli_target *t)
+{
+    if (t->have_cfg)
+        kvt_envcfg_free(&t->cfg);
+    t->have_cfg = false;
+}
+
+json_t *kvt_cli_pick_adapter(const json_t *status, const char *root)
+{
+    const json_t *l2 = json_object_get(status, "l2");
+    size_t i;
+    json_t *a, *first_file = NULL;
+    json_array_foreach(l2, i, a)
+    {
+        const char *fp = json_string_value(json_object_get(a, "file_path"));
+        if (!fp)
+            continue;
+        if (root && root[0] && kvt_same_dir(fp, root))
+            return a;
+        if (!first_file)
+            first_file = a;
+    }
+    if (root && root[0])
+        return NULL;
+    return first_file ? first_file : json_array_get(l2, 0);
+}

@@ -1,0 +1,258 @@
+/* Purge through the adapter index or offline (rules in purge.h). */
+#include "ops/purge.h"
+#include "common/util.h"
+#include "key/key.h"
+#include "ops/scan.h"
+#include "ops/tmpguard.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RECOVERY_WAIT_S 60
+
+static bool ns_match(const struct kvt_purge_req *q, const char *ns)
+{
+    return q->what == KVT_PURGE_ALL || (ns && strcmp(ns, q->ns) == 0);
+}
+
+void kvt_purge_l2_root(kvt_l2 *l2, char *out, size_t cap)
+{
+    out[0] = 0;
+    if (strcmp(l2->type, "nixl_store_dynamic") != 0 || !l2->ops->status)
+        return;
+    json_t *st = json_object();
+    l2->ops->status(l2, st); /* the engine's own fields only: cheap */
+    const char *fp = json_string_value(json_object_get(st, "file_path"));
+    if (fp)
+        snprintf(out, cap, "%s", fp);
+    json_decref(st);
+}
+
+/*
+ * Delete the selection from the index in batches of at most q->max: collect
+ * READY unpinned entries under l2->lock, then kvt_l2_delete (which removes
+ * the files without the lock and fixes the accounting). An entry pinned or
+ * written meanwhile is skipped by kvt_l2_delete and counted as left.
+ */
+static void purge_index(kvt_l2 *l2, const struct kvt_purge_req *q, struct kvt_purge_res *r)
+{
+    uint32_t cap = q->max ? q->max : 4096, n = 0;
+    kvt_key *keys = kvt_xcalloc(cap, sizeof(kvt_key));
+    uint32_t *stored = kvt_xcalloc(cap, sizeof(uint32_t));
+    bool limited = q->max != 0;
+    uint32_t h = 0;
+    for (;;) {
+        n = 0;
+        pthread_mutex_lock(&l2->lock);
+        for (; h < l2->idx.hwm && n < cap; h++) {
+            const struct kvt_l2_obj *o = &l2->idx.objs[h];
+            uint8_t st = o->state & 0x7f;
+            if (st == KVT_OBJ_FREE || !ns_match(q, kvt_ns_name(o->key.ns)))
+                continue;
+            r->matched++;
+            if (st != KVT_OBJ_READY) {
+                r->in_flight++;
+            } else if (o->pins) {
+                r->pinned++;
+            } else {
+                keys[n] = o->key;
+                stored[n++] = o->stored;
+            }
+        }
+        bool done = h >= l2->idx.hwm;
+        pthread_mutex_unlock(&l2->lock);
+        if (n) {
+            uint64_t *bits = kvt_xcalloc(kvt_bm_words(n), sizeof(uint64_t));
+            uint32_t got = kvt_l2_delete(l2, keys, n, bits);
+            r->removed += got;
+            for (uint32_t i = 0; i < n; i++) {
+                if (kvt_bm_test(bits, i))
+                    r->removed_bytes += stored[i];
+                else
+                    r->pinned++; /* pinned or written between the walk and the delete */
+            }
+            free(bits);
+        }
+        if (done)
+            break;
+        if (limited && n == cap) {
+            r->more = true;
+            break;
+        }
+    }
+    free(keys);
+    free(stored);
+}
+
+struct sweep_ctx {
+    kvt_l2 *l2; /* NULL offline */
+    const struct kvt_purge_req *q;
+    struct kvt_purge_res *r;
+    struct kvt_tmpguard g;
+    bool count_only;
+    kvt_purge_progress progress;
+    void *parg;
+    uint64_t total, done;
+    uint64_t last_ns;
+};
+
+/* Is this object file indexed by the adapter (any state)? */
+static bool indexed(kvt_l2 *l2, const char *name)
+{
+    kvt_key k, ck;
+    if (kvt_key_decode(KVT_CODEC_NIXL, name, strlen(name), &k))
+        return true; /* cannot tell: leave it */
+    kvt_l2_canon(l2, &k, &ck);
+    pthread_mutex_lock(&l2->lock);
+    bool in = kvt_l2_find_locked(l2, &ck) != NULL;
+    pthread_mutex_unlock(&l2->lock);
+    return in;
+}
+
+static void tick(struct sweep_ctx *c, uint64_t bytes)
+{
+    c->done++;
+    if (!c->progress)
+        return;
+    uint64_t now = kvt_now_ns();
+    if (now - c->last_ns >= 100000000ull || c->done == c->total) {
+        c->last_ns = now;
+        c->progress(c->done, c->total, bytes, c->parg);
+    }
+}
+
+static bool sweep_visit(const struct kvt_entry *e, void *arg)
+{
+    struct sweep_ctx *c = arg;
+    struct kvt_purge_res *r = c->r;
+    uint64_t sz = (uint64_t)e->st->st_size;
+    if (e->kind == KVT_ENT_OBJECT && c->q->what != KVT_PURGE_TMP && ns_match(c->q, e->ns)) {
+        if (c->l2 && indexed(c->l2, e->name))
+            return true; /* the index decides about it (pinned, in flight) */
+        if (c->count_only) {
+            r->matched++;
+            return true;
+        }
+        if (unlinkat(e->dfd, e->name, 0) == 0) {
+            r->files_removed++;
+            r->files_bytes += sz;
+        }
+        tick(c, r->files_bytes + r->tmp_bytes);
+    } else if (e->kind == KVT_ENT_TMP && c->q->what != KVT_PURGE_NAMESPACE) {
+        enum kvt_tmp_verdict v = kvt_tmpguard_classify(&c->g, e->dfd, e->name, e->st, NULL);
+        if (!kvt_tmp_removable(v)) {
+            r->tmp_kept++;
+            return true;
+        }
+        if (c->count_only) {
+            r->tmp_removed++;
+            r->tmp_bytes += sz;
+            return true;
+        }
+        if (unlinkat(e->dfd, e->name, 0) == 0) {
+            r->tmp_removed++;
+            r->tmp_bytes += sz;
+        }
+        tick(c, r->files_bytes + r->tmp_bytes);
+    }
+    return true;
+}
+
+static int sweep(const char *root, kvt_l2 *l2, const struct kvt_purge_req *q, bool count_only,
+                 uint64_t total, kvt_purge_progress progress, void *parg,
+                 struct kvt_purge_res *r)
+{
+    int rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (rootfd < 0)
+        return -errno;
+    struct sweep_ctx c = {.l2 = l2, .q = q, .r = r, .count_only = count_only,
+                          .progress = progress, .parg = parg, .total = total};
+    kvt_tmpguard_init(&c.g, rootfd);
+    int rc = kvt_walk_root(rootfd, sweep_visit, &c);
+    if (!count_only && q->what != KVT_PURGE_NAMESPACE)
+        kvt_tmpguard_sweep_markers(&c.g, &r->markers_swept, NULL);
+    kvt_tmpguard_fini(&c.g);
+    close(rootfd);
+    return rc;
+}
+
+/* Wait (bounded) for the adapter's start-up scan: purging while it still
+ * adopts files would race with it. */
+static int wait_recovered(kvt_l2 *l2)
+{
+    for (int i = 0; i < RECOVERY_WAIT_S * 50; i++) {
+        pthread_mutex_lock(&l2->lock);
+        bool rec = l2->recovering;
+        pthread_mutex_unlock(&l2->lock);
+        if (!rec)
+            return 0;
+        struct timespec ts = {0, 20000000};
+        nanosleep(&ts, NULL); /* an operator command, not a hot path */
+    }
+    return -EBUSY;
+}
+
+int kvt_purge_l2(kvt_l2 *l2, const struct kvt_purge_req *q, struct kvt_purge_res *r)
+{
+    memset(r, 0, sizeof(*r));
+    int rc = wait_recovered(l2);
+    if (rc)
+        return rc;
+    if (q->what != KVT_PURGE_TMP)
+        purge_index(l2, q, r);
+    if (r->more)
+        return 0;
+    char root[4096];
+    kvt_purge_l2_root(l2, root, sizeof(root));
+    if (root[0])
+        rc = sweep(root, l2, q, false, 0, NULL, NULL, r);
+    return rc == -ENOENT ? 0 : rc;
+}
+
+int kvt_purge_root(const char *root, const struct kvt_purge_req *q, bool count_only,
+                   kvt_purge_progress progress, void *arg, struct kvt_purge_res *r)
+{
+    memset(r, 0, sizeof(*r));
+    if (count_only)
+        return sweep(root, NULL, q, true, 0, NULL, NULL, r);
+    /* a counting pass first gives the progress bar its total */
+    uint64_t total = 0;
+    if (progress) {
+        struct kvt_purge_res cr;
+        memset(&cr, 0, sizeof(cr));
+        int rc = sweep(root, NULL, q, true, 0, NULL, NULL, &cr);
+        if (rc)
+            return rc;
+        total = cr.matched + cr.tmp_removed;
+    }
+    int rc = sweep(root, NULL, q, false, total, progress, arg, r);
+    r->matched = r->files_removed;
+    r->removed = r->files_removed;
+    r->removed_bytes = r->files_bytes;
+    return rc;
+}
+
+json_t *kvt_purge_res_json(const struct kvt_purge_res *r)
+{
+    json_t *o = json_object();
+#define F(k) json_object_set_new(o, #k, json_integer((json_int_t)r->k))
+    F(matched);
+    F(removed);
+    F(removed_bytes);
+    F(pinned);
+    F(in_flight);
+    F(files_removed);
+    F(files_bytes);
+    F(tmp_removed);
+    F(tmp_bytes);
+    F(tmp_kept);
+    F(markers_swept);
+#undef F
+    json_object_set_new(o, "more", json_boolean(r->more));
+    return o;
+}
