@@ -1,0 +1,250 @@
+/*
+ * Description: the value eviction policy: the walk visits objects from the
+ * least to the most valuable (checked against the value formula after
+ * thousands of random inserts, accesses and removals); reuse, prefix length
+ * and storage cost move objects the right way; freshness halves every 24 h
+ * so a fresh object overtakes a reused stale one; the head of a request
+ * outranks its tail; cold (recovered) inserts go below everything in order;
+ * with every weight 0 it orders exactly like LRU; the config block accepts
+ * its keys and refuses them for other policies.
+ */
+#include "test.h"
+
+#include "evict/policy.h"
+#include "kvtier/error.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double fake_now;
+
+static double fake_clock(void *arg)
+{
+    (void)arg;
+    return fake_now;
+}
+
+struct order {
+    uint32_t h[4096];
+    uint32_t n, max;
+};
+
+static bool collect(uint32_t h, void *arg)
+{
+    struct order *o = arg;
+    o->h[o->n++] = h;
+    return o->n < o->max;
+}
+
+static void walk_all(struct kvt_policy *p, struct order *o, uint32_t max)
+{
+    o->n = 0;
+    o->max = max;
+    p->ops->walk(p, collect, o);
+}
+
+static struct kvt_policy *make(double half_life_h, double rw, double lw, double cw)
+{
+    struct kvt_value_params prm;
+    kvt_value_defaults(&prm);
+    prm.half_life_s = half_life_h * 3600;
+    prm.reuse_w = rw;
+    prm.len_w = lw;
+    prm.cost_w = cw;
+    struct kvt_policy *p = kvt_value_create(&prm);
+    fake_now = 1000;
+    kvt_value_set_clock(p, fake_clock, NULL);
+    return p;
+}
+
+static void ins(struct kvt_policy *p, uint32_t h, uint32_t pos, uint32_t len, uint32_t bytes)
+{
+    struct kvt_policy_hint hint = {.prefix_pos = pos, .prefix_len = len, .bytes = bytes};
+    p->ops->insert(p, h, false, &hint);
+}
+
+static void test_walk_is_sorted(void)
+{
+    struct kvt_policy *p = make(24, 1, 1, 1);
+    srand(7);
+    bool in[3000] = {0};
+    for (int step = 0; step < 20000; step++) {
+        fake_now += (double)(rand() % 600);
+        uint32_t h = (uint32_t)(rand() % 3000);
+        int op = rand() % 10;
+        if (!in[h]) {
+            ins(p, h, (uint32_t)(rand() % 100), (uint32_t)(1 + rand() % 200),
+                (uint32_t)(4096u << (rand() % 10)));
+            in[h] = true;
+        } else if (op < 6) {
+            p->ops->access(p, h);
+        } else {
+            p->ops->remove(p, h);
+            in[h] = false;
+        }
+    }
+    uint32_t live = 0;
+    for (int i = 0; i < 3000; i++)
+        live += in[i];
+    static struct order o;
+    walk_all(p, &o, 4096);
+    TEST_ASSERT(o.n == live);
+    for (uint32_t i = 1; i < o.n; i++) {
+        double a = kvt_value_of(p, o.h[i - 1]), b = kvt_value_of(p, o.h[i]);
+        TEST_ASSERT(a <= b * (1 + 1e-9));
+    }
+    /* a partial walk is the prefix of the full one */
+    static struct order part;
+    walk_all(p, &part, 50);
+    TEST_ASSERT(part.n == 50 && memcmp(part.h, o.h, 50 * sizeof(uint32_t)) == 0);
+    kvt_policy_destroy(p);
+}
+
+static uint32_t least(struct kvt_policy *p)
+{
+    struct order o;
+    walk_all(p, &o, 1);
+    return o.n ? o.h[0] : UINT32_MAX;
+}
+
+static void test_factors(void)
+{
+    struct kvt_policy *p = make(24, 1, 1, 1);
+    /* reuse */
+    ins(p, 1, 0, 10, 1 << 20);
+    ins(p, 2, 0, 10, 1 << 20);
+    p->ops->access(p, 1);
+    TEST_ASSERT(least(p) == 2);
+    p->ops->remove(p, 2);
+    /* prefix length: a chunk of a long history is worth more */
+    ins(p, 3, 0, 400, 1 << 20);
+    ins(p, 4, 0, 4, 1 << 20);
+    p->ops->access(p, 1);
+    p->ops->access(p, 1); /* keep 1 out of the way */
+    TEST_ASSERT(least(p) == 4);
+    p->ops->remove(p, 4);
+    /* storage cost: a 16 MiB object is worth less than a 1 MiB one */
+    ins(p, 5, 0, 400, 16 << 20);
+    TEST_ASSERT(least(p) == 5);
+    kvt_policy_destroy(p);
+
+    /* freshness: value halves every 24 h, so a reused-once object (x2)
+     * falls behind a fresh one after a bit more than a day */
+    p = make(24, 1, 0, 0);
+    ins(p, 1, 0, 0, 0);
+    p->ops->access(p, 1); /* reuse 1: V = 2 now */
+    fake_now += 20 * 3600;
+    ins(p, 2, 0, 0, 0);
+    TEST_ASSERT(least(p) == 2); /* 20 h: 2 * 2^(-20/24) = 1.12 > 1 */
+    double v1 = kvt_value_of(p, 1);
+    TEST_ASSERT(fabs(v1 - 2 * pow(2, -20.0 / 24)) < 1e-6);
+    fake_now += 5 * 3600;
+    p->ops->remove(p, 2);
+    ins(p, 2, 0, 0, 0);
+    TEST_ASSERT(least(p) == 1); /* 25 h: 0.97 < 1 */
+    kvt_policy_destroy(p);
+}
+
+static void test_head_before_tail_and_cold(void)
+{
+    struct kvt_policy *p = make(24, 1, 1, 1);
+    /* one request of 8 chunks stored at once (the base inserts tail first) */
+    for (uint32_t i = 8; i-- > 0;)
+        ins(p, 10 + i, i, 8, 1 << 20);
+    struct order o;
+    walk_all(p, &o, 100);
+    TEST_ASSERT(o.n == 8);
+    for (uint32_t i = 0; i < 8; i++)
+        TEST_ASSERT(o.h[i] == 17 - i); /* tail (position 7) goes first */
+    /* recovered objects: below everything, newest first in, so the last
+     * inserted (the oldest file) is the least valuable */
+    struct kvt_policy_hint hint = {0};
+    p->ops->insert(p, 100, true, &hint);
+    p->ops->insert(p, 101, true, &hint);
+    p->ops->insert(p, 102, true, &hint);
+    walk_all(p, &o, 3);
+    TEST_ASSERT(o.h[0] == 102 && o.h[1] == 101 && o.h[2] == 100);
+    /* a read makes a recovered object fresh */
+    fake_now += 1;
+    p->ops->access(p, 102);
+    walk_all(p, &o, 100);
+    TEST_ASSERT(o.h[o.n - 1] == 102);
+    kvt_policy_destroy(p);
+}
+
+static void test_zero_weights_is_lru(void)
+{
+    struct kvt_policy *v = make(24, 0, 0, 0), *l = kvt_policy_create("LRU", 0.9, 0.1);
+    srand(11);
+    bool in[500] = {0};
+    for (int step = 0; step < 5000; step++) {
+        fake_now += 1; /* distinct times: recency decides */
+        uint32_t h = (uint32_t)(rand() % 500);
+        if (!in[h]) {
+            ins(v, h, 0, 0, 0);
+            struct kvt_policy_hint hint = {0};
+            l->ops->insert(l, h, false, &hint);
+            in[h] = true;
+        } else if (rand() % 4) {
+            v->ops->access(v, h);
+            l->ops->access(l, h);
+        } else {
+            v->ops->remove(v, h);
+            l->ops->remove(l, h);
+            in[h] = false;
+        }
+    }
+    static struct order a, b;
+    walk_all(v, &a, 4096);
+    walk_all(l, &b, 4096);
+    TEST_ASSERT(a.n == b.n && memcmp(a.h, b.h, a.n * sizeof(uint32_t)) == 0);
+    kvt_policy_destroy(v);
+    kvt_policy_destroy(l);
+}
+
+static void test_config(void)
+{
+    char err[256];
+    struct kvt_policy *p = NULL;
+    json_t *ev = json_loads("{\"eviction_policy\": \"value\", \"trigger_watermark\": 0.9, "
+                            "\"eviction_ratio\": \"0.1\", \"half_life_hours\": \"6\", "
+                            "\"reuse_weight\": 0}",
+                            0, NULL);
+    TEST_ASSERT(kvt_policy_from_json(ev, &p, err, sizeof(err)) == 0);
+    struct kvt_value_params prm;
+    TEST_ASSERT(kvt_value_get_params(p, &prm) && prm.half_life_s == 6 * 3600 && prm.reuse_w == 0);
+    TEST_ASSERT(p->trigger_watermark == 0.9 && fabs(p->eviction_ratio - 0.1) < 1e-12);
+    json_t *d = kvt_policy_describe(p);
+    TEST_ASSERT(json_real_value(json_object_get(d, "half_life_hours")) == 6);
+    json_decref(d);
+    kvt_policy_destroy(p);
+    json_decref(ev);
+    const char *bad[][2] = {
+        {"{\"eviction_policy\": \"LRU\", \"half_life_hours\": 2}", "value\" only"},
+        {"{\"eviction_policy\": \"value\", \"half_life_hours\": 0}", "hours > 0"},
+        {"{\"eviction_policy\": \"value\", \"cost_weight\": -1}", "[0, 100]"},
+        {"{\"eviction_policy\": \"value\", \"reuse_weight\": \"x\"}", "[0, 100]"},
+        {"{\"eviction_policy\": \"value\", \"decay\": 1}", "unknown field"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ev = json_loads(bad[i][0], 0, NULL);
+        p = NULL;
+        TEST_ASSERT(kvt_policy_from_json(ev, &p, err, sizeof(err)) == KVT_E_CONFIG);
+        if (!strstr(err, bad[i][1]))
+            fprintf(stderr, "%s -> %s\n", bad[i][0], err);
+        TEST_ASSERT(strstr(err, bad[i][1]) != NULL && p == NULL);
+        json_decref(ev);
+    }
+}
+
+int main(void)
+{
+    RUN(test_walk_is_sorted);
+    RUN(test_factors);
+    RUN(test_head_before_tail_and_cold);
+    RUN(test_zero_weights_is_lru);
+    RUN(test_config);
+    return TEST_RESULT();
+}
