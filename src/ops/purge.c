@@ -66,6 +66,8 @@ static void purge_index(kvt_l2 *l2, const struct kvt_purge_req *q, struct kvt_pu
         }
         bool done = h >= l2->idx.hwm;
         pthread_mutex_unlock(&l2->lock);
+        if (n && q->on_keys)
+            q->on_keys(keys, n, q->on_keys_arg);
         if (n) {
             uint64_t *bits = kvt_xcalloc(kvt_bm_words(n), sizeof(uint64_t));
             uint32_t got = kvt_l2_delete(l2, keys, n, bits);
@@ -244,6 +246,7 @@ json_t *kvt_purge_res_json(const struct kvt_purge_res *r)
     F(matched);
     F(removed);
     F(removed_bytes);
+    F(l1_removed);
     F(pinned);
     F(in_flight);
     F(files_removed);

@@ -32,11 +32,17 @@ struct kvt_purge_req {
     enum kvt_purge_what what;
     char ns[256]; /* KVT_PURGE_NAMESPACE */
     uint32_t max; /* objects per call through a server (0 = no limit) */
+    /* through a server: called with each batch of keys taken from the
+     * adapter's index, before they are deleted there (the server drops its
+     * L1 copies with it); may be NULL */
+    void (*on_keys)(const kvt_key *keys, uint32_t n, void *arg);
+    void *on_keys_arg;
 };
 
 struct kvt_purge_res {
     uint64_t matched;       /* objects of the selection found (before removal) */
     uint64_t removed, removed_bytes;
+    uint64_t l1_removed;        /* copies dropped from the server's memory tier */
     uint64_t pinned, in_flight; /* left in place: being read / being written */
     uint64_t files_removed, files_bytes; /* unindexed object files (server), or all (offline) */
     uint64_t tmp_removed, tmp_bytes, tmp_kept;

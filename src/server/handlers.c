@@ -632,6 +632,19 @@ static bool same_dir(const char *a, const char *b)
     return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
+struct l1_drop {
+    struct kvt_l1 *l1;
+    uint64_t n;
+};
+
+/* Purged keys leave the memory tier too, so a lookup cannot hit them there. */
+static void drop_from_l1(const kvt_key *keys, uint32_t n, void *arg)
+{
+    struct l1_drop *d = arg;
+    for (uint32_t i = 0; i < n; i++)
+        d->n += kvt_l1_delete(d->l1, &keys[i]);
+}
+
 /* On a worker: purge through every selected adapter (see ops/purge.h). */
 static void purge_job_fn(struct kvt_job *job, void *ctx)
 {
@@ -660,7 +673,11 @@ static void purge_job_fn(struct kvt_job *job, void *ctx)
         if (!sel[a])
             continue;
         struct kvt_purge_res res;
+        struct l1_drop d = {.l1 = s->l1};
+        j->q.on_keys = drop_from_l1;
+        j->q.on_keys_arg = &d;
         err = kvt_purge_l2(s->l2s[a], &j->q, &res);
+        res.l1_removed = d.n;
         json_t *o = kvt_purge_res_json(&res);
         json_object_set_new(o, "adapter", json_string(s->l2s[a]->name));
         json_array_append_new(arr, o);
