@@ -83,6 +83,27 @@ def test_config_file_becomes_the_adapter(tmp_path):
     assert not root.exists()  # --dry-run touches no storage
 
 
+def test_shipped_config_parses(tmp_path):
+    """configs/cache.env as shipped: the seed's defaults; its root can come
+    from the environment (${KVP_CACHE_ROOT:-...}); the example quotas parse."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs")
+    env = dict(os.environ, KVP_CACHE_ROOT=str(tmp_path / "kv"))
+    r = run_kvtier("server", "--config", os.path.join(here, "cache.env"), "--dry-run", env=env)
+    assert r.returncode == 0, r.stderr
+    a = json.loads(r.stdout)["l2_adapters"][0]
+    assert a["backend_params"]["file_path"] == str(tmp_path / "kv")
+    assert a["backend_params"]["max_capacity_gb"] == 1500.0
+    assert a["eviction"] == {"eviction_policy": "LRU", "trigger_watermark": 0.9,
+                             "eviction_ratio": 0.1}
+    text = open(os.path.join(here, "cache.env")).read().replace("#KVP_QUOTAS_FILE", "KVP_QUOTAS_FILE")
+    (tmp_path / "cache.env").write_text(text)
+    (tmp_path / "quotas.json").write_text(open(os.path.join(here, "quotas.json")).read())
+    r = run_kvtier("server", "--config", str(tmp_path / "cache.env"), "--dry-run", env=env)
+    assert r.returncode == 0, r.stderr
+    q = json.loads(r.stdout)["l2_adapters"][0]["namespace_quotas"]
+    assert q["--models--MyModel--b0000002"] == 100 * GiB
+
+
 @pytest.mark.parametrize("text,needle", [
     ("KVP_CACHE_BUDGET_GB=10\n", "KVP_CACHE_ROOT: is required"),
     ("KVP_CACHE_ROOT=/x\nKVP_CACHE_BUDGET=10\n", "bad.env:2: KVP_CACHE_BUDGET: unknown variable"),
