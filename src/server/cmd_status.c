@@ -51,14 +51,25 @@ static void print_table(const json_t *st)
     const json_t *c1 = json_object_get(l1, "counters");
     human(a, sizeof(a), (double)ji(l1, "used_bytes"));
     human(b, sizeof(b), (double)ji(l1, "capacity_bytes"));
-    printf("%-10s %-8s %12s %12s %7s %10s %10s %10s %9s  %s\n", "TIER", "TYPE", "USED", "CAPACITY",
-           "USE%", "OBJECTS", "HITS", "MISSES", "EVICTED", "HEALTH");
-    printf("%-10s %-8s %12s %12s %6.1f%% %10lld %10lld %10lld %9lld  %s\n", "L1", "memory", a, b,
+    /* column widths fit the longest adapter name and type */
+    int nw = 10, tw = 8;
+    size_t i;
+    const json_t *ad;
+    json_array_foreach(json_object_get(st, "l2"), i, ad)
+    {
+        const char *n = json_string_value(json_object_get(ad, "name"));
+        const char *t = json_string_value(json_object_get(ad, "type"));
+        if (n && (int)strlen(n) > nw)
+            nw = (int)strlen(n);
+        if (t && (int)strlen(t) > tw)
+            tw = (int)strlen(t);
+    }
+    printf("%-*s %-*s %12s %12s %7s %10s %10s %10s %9s  %s\n", nw, "TIER", tw, "TYPE", "USED",
+           "CAPACITY", "USE%", "OBJECTS", "HITS", "MISSES", "EVICTED", "HEALTH");
+    printf("%-*s %-*s %12s %12s %6.1f%% %10lld %10lld %10lld %9lld  %s\n", nw, "L1", tw, "memory", a, b,
            100 * json_real_value(json_object_get(l1, "usage_fraction")),
            (long long)ji(l1, "objects"), (long long)ji(c1, "hits"), (long long)ji(c1, "misses"),
            (long long)ji(c1, "evictions"), "ok");
-    size_t i;
-    const json_t *ad;
     json_array_foreach(json_object_get(st, "l2"), i, ad)
     {
         const json_t *c = json_object_get(ad, "counters");
@@ -74,8 +85,8 @@ static void print_table(const json_t *st)
             snprintf(pct, sizeof(pct), "%5.1f%%", 100 * frac);
         else
             snprintf(pct, sizeof(pct), "%6s", "-");
-        printf("%-10s %-8s %12s %12s %7s %10lld %10lld %10lld %9lld  %s\n",
-               json_string_value(json_object_get(ad, "name")),
+        printf("%-*s %-*s %12s %12s %7s %10lld %10lld %10lld %9lld  %s\n", nw,
+               json_string_value(json_object_get(ad, "name")), tw,
                json_string_value(json_object_get(ad, "type")), a, b, pct,
                (long long)ji(ad, "objects"), (long long)ji(c, "lookup_hits"),
                (long long)ji(c, "lookup_misses"), (long long)ji(c, "evictions"),
