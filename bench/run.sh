@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvtier benchmarks: every comparison side by side in one run, as ratios.
 #
-#   bench/run.sh [section...]      sections: fs l1 serde (default: all)
+#   bench/run.sh [section...]      sections: fs persist l1 remote serde (default: all)
 #
 # Environment: BENCH_DIR (a directory on the disk to test; default
 # /var/tmp/kvtier-bench), QUICK=1 for a short smoke run.
@@ -13,7 +13,7 @@ DIR=${BENCH_DIR:-/var/tmp/kvtier-bench}
 QUICK=${QUICK:-0}
 mkdir -p "$DIR"
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(fs l1 serde)
+[ ${#sections[@]} -eq 0 ] && sections=(fs persist l1 remote serde)
 
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; return 1; }
@@ -71,6 +71,17 @@ l1)
   echo "  ping / redis PING             $(ratio "$(echo "$sm" | result ping_ops)" "$rping")   (goal >= 1.0)"
   echo "  lookup / redis GET (small)    $(ratio "$(echo "$sm" | result lookup_ops)" "$rsget")   (goal >= 1.0)"
   cleanup; PIDS=()
+  echo
+  ;;
+persist)
+  echo "== persistent adapters vs fio (O_DIRECT, 4 MiB blocks, queue depth 4) or memcpy (dax)"
+  n=64; r=5; [ "$QUICK" = 1 ] && { n=16; r=2; }
+  $B/bench/bench_persist --objects $n --rounds $r --qd 4 --dir "$DIR/persist"
+  echo
+  ;;
+remote)
+  echo "== resp vs redis-benchmark, s3 vs curl (4 MiB values, 4 connections)"
+  ROUNDS=$([ "$QUICK" = 1 ] && echo 2 || echo 5) ./bench/remote.sh all
   echo
   ;;
 serde)
