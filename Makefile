@@ -3,10 +3,14 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# CI builds treat warnings as errors (gcc here, clang in check-clang)
+ifeq ($(CI),true)
+CMAKE_FLAGS += -DKVT_WERROR=ON
+endif
 PYTEST ?= /usr/bin/python3 -m pytest
 
 .PHONY: all deps configure build run test unit integration clean format check-format bench \
-	test-asan test-tsan test-sanitize fuzz
+	test-asan test-tsan test-sanitize fuzz check-clang
 
 all: build
 
@@ -35,8 +39,13 @@ integration: build
 # UndefinedBehaviorSanitizer and once with ThreadSanitizer.
 test: unit integration
 ifeq ($(CI),true)
-test: test-sanitize fuzz
+test: check-clang test-sanitize fuzz
 endif
+
+# The whole tree must also build warning-free with clang.
+check-clang: deps
+	CC=clang cmake -S . -B build-clang -DKVT_WERROR=ON >/dev/null
+	@cmake --build build-clang -j $(JOBS)
 
 test-sanitize: test-asan test-tsan
 
@@ -93,4 +102,4 @@ check-format:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-clang

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kvtier benchmarks: every comparison side by side in one run, as ratios.
 #
-#   bench/run.sh [section...]      sections: fs l1 serde (default: all)
+#   bench/run.sh [section...]      sections: fs persist l1 remote serde recovery replay
+#                                  (default: all)
 #
 # Environment: BENCH_DIR (a directory on the disk to test; default
 # /var/tmp/kvtier-bench), QUICK=1 for a short smoke run.
@@ -13,7 +14,7 @@ DIR=${BENCH_DIR:-/var/tmp/kvtier-bench}
 QUICK=${QUICK:-0}
 mkdir -p "$DIR"
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(fs l1 serde)
+[ ${#sections[@]} -eq 0 ] && sections=(fs persist l1 remote serde recovery replay)
 
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; return 1; }
@@ -73,10 +74,42 @@ l1)
   cleanup; PIDS=()
   echo
   ;;
+persist)
+  echo "== persistent adapters vs fio (O_DIRECT, 4 MiB blocks, queue depth 4) or memcpy (dax)"
+  n=64; r=5; [ "$QUICK" = 1 ] && { n=16; r=2; }
+  $B/bench/bench_persist --objects $n --rounds $r --qd 4 --dir "$DIR/persist"
+  echo
+  ;;
+remote)
+  echo "== resp vs redis-benchmark, s3 vs curl (4 MiB values, 4 connections)"
+  ROUNDS=$([ "$QUICK" = 1 ] && echo 2 || echo 5) ./bench/remote.sh all
+  echo
+  ;;
 serde)
   echo "== serde throughput on one core vs memcpy, compression ratios (docs/serde.md)"
   r=9; [ "$QUICK" = 1 ] && r=3
   $B/bench/bench_serde --rounds $r
+  echo
+  ;;
+recovery)
+  echo "== start-up recovery vs find -printf %s over the same tree; memory per indexed object"
+  r=3; [ "$QUICK" = 1 ] && r=1
+  $B/bench/bench_recovery "$DIR" --objects 100000 --rounds $r
+  $B/bench/bench_recovery "$DIR" --objects 100000 --rounds $r --type nixl_store_dynamic
+  [ "$QUICK" = 1 ] || $B/bench/bench_recovery "$DIR" --objects 1000000 --rounds $r
+  echo
+  ;;
+replay)
+  echo "== Mooncake trace replay, budget 25% of unique blocks: live kvtier (L1 LRU) vs offline LRU and Belady"
+  trace=../shared/data/mooncake_synthetic_trace.jsonl
+  port=$(free_port)
+  blocks=10981; bb=16384
+  $BIN server --no-l2 --l1-size-gb "$(awk -v b=$blocks -v s=$bb 'BEGIN{print b*s/2^30}')" \
+    --eviction-trigger-watermark 1.0 --port "$port" --http-port 0 --log-level warn &
+  PIDS+=($!)
+  wait_port "$port"
+  $BIN replay --url tcp://127.0.0.1:$port --trace "$trace" --block-bytes $bb --budget-blocks $blocks 2>/dev/null
+  cleanup; PIDS=()
   echo
   ;;
 *)

@@ -159,7 +159,7 @@ class _CRView(ctypes.Structure):
 
 
 class _COpts(ctypes.Structure):
-    _fields_ = [("timeout_ms", ctypes.c_int), ("no_shm", ctypes.c_bool)]
+    _fields_ = [("timeout_ms", ctypes.c_int), ("no_shm", ctypes.c_bool), ("no_local", ctypes.c_bool)]
 
 
 def _find_library():
@@ -197,6 +197,8 @@ def _L():
     lib.kvt_client_shm_active.argtypes = [vp]
     lib.kvt_client_shm_active.restype = ctypes.c_bool
     lib.kvt_client_chunk_size.argtypes = [vp]
+    lib.kvt_client_local_active.argtypes = [vp]
+    lib.kvt_client_local_active.restype = ctypes.c_bool
     lib.kvt_store.argtypes = [vp, P(_CKeys), P(vp), P(sz), P(_CMeta), P(sz)]
     lib.kvt_flush.argtypes = [vp]
     lib.kvt_ping.argtypes = [vp]
@@ -340,11 +342,14 @@ class _RetrieveView:
 class Client:
     """A connection to one kvtier server. Not thread-safe: one per thread."""
 
-    def __init__(self, url="tcp://127.0.0.1:5555", timeout_ms=30000, shm=True):
+    def __init__(self, url="tcp://127.0.0.1:5555", timeout_ms=30000, shm=True, local=True):
+        """shm: move bytes through the server's shared-memory pool when it is
+        on this host; local: send requests over its same-host Unix socket.
+        Both fall back to ZeroMQ frames automatically."""
         lib = _L()
         self._h = None
         h = ctypes.c_void_p()
-        opts = _COpts(timeout_ms, not shm)
+        opts = _COpts(timeout_ms, not shm, not local)
         rc = lib.kvt_client_open(url.encode(), ctypes.byref(opts), ctypes.byref(h))
         if rc:
             raise KvtierError(rc, "cannot connect to %s: %s" % (url, lib.kvt_strerror(rc).decode()))
@@ -359,6 +364,11 @@ class Client:
     def shm_active(self):
         """True when bytes move through the server's shared-memory pool."""
         return bool(_L().kvt_client_shm_active(self._h))
+
+    @property
+    def local_active(self):
+        """True when requests go over the same-host Unix socket."""
+        return bool(_L().kvt_client_local_active(self._h))
 
     @property
     def chunk_size(self):
@@ -468,15 +478,14 @@ class Client:
 
     def status(self):
         """Server status as a dict (L1, per-adapter usage, counters, health)."""
-        s = ctypes.c_char_p()
-        # the returned string is malloc'd by the library: read it, then free it
+        # the string is malloc'd by the library: read it, then free it
         p = ctypes.c_void_p()
-        self._check(_L().kvt_status_json(self._h, ctypes.cast(ctypes.byref(p), ctypes.POINTER(ctypes.c_char_p))))
+        self._check(_L().kvt_status_json(
+            self._h, ctypes.cast(ctypes.byref(p), ctypes.POINTER(ctypes.c_char_p))))
         try:
             return json.loads(ctypes.string_at(p.value).decode())
         finally:
             _libc.free(p.value)
-        del s
 
     def delete(self, keys):
         """Delete keys from every tier; returns the objects removed from L2."""

@@ -1,6 +1,7 @@
 /* kvtier C client: one DEALER socket, request/reply with ids, shm mapping. */
 #include "kvtier/client.h"
 #include "common/util.h"
+#include "common/le.h"
 #include "key/key.h"
 #include "proto/wire.h"
 
@@ -287,14 +288,6 @@ static void local_close(kvt_client *c)
     c->lpos = c->llen = 0;
 }
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
 /* Write a whole message: [n][len][rid][len][op][len][body][len][data]... */
 static int local_write(kvt_client *c, uint64_t rid, const char *op, const msgpack_sbuffer *body,
                        const void *const *bufs, const size_t *lens, size_t nbufs)
@@ -303,7 +296,7 @@ static int local_write(kvt_client *c, uint64_t rid, const char *op, const msgpac
     uint8_t *pre = kvt_xmalloc(4 * (nf + 1));
     struct iovec *iov = kvt_xmalloc((2 * nf + 1) * sizeof(struct iovec));
     int ni = 0;
-    put32(pre, (uint32_t)nf);
+    kvt_put32(pre, (uint32_t)nf);
     iov[ni++] = (struct iovec){pre, 4};
     for (size_t i = 0; i < nf; i++) {
         const void *p;
@@ -316,7 +309,7 @@ static int local_write(kvt_client *c, uint64_t rid, const char *op, const msgpac
             p = body ? body->data : "\x80", l = body ? body->size : 1;
         else
             p = bufs[i - 3], l = lens[i - 3];
-        put32(pre + 4 * (i + 1), (uint32_t)l);
+        kvt_put32(pre + 4 * (i + 1), (uint32_t)l);
         iov[ni++] = (struct iovec){pre + 4 * (i + 1), 4};
         if (l)
             iov[ni++] = (struct iovec){(void *)p, l};
@@ -389,11 +382,6 @@ static int local_read(kvt_client *c, void *dst, size_t n, uint64_t deadline)
     return 0;
 }
 
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* Read one reply message into out (frames as zmq messages, as call_zmq). */
 static int local_read_reply(kvt_client *c, uint64_t *rid, struct rep *out, uint64_t deadline)
 {
@@ -401,7 +389,7 @@ static int local_read_reply(kvt_client *c, uint64_t *rid, struct rep *out, uint6
     int rc = local_read(c, b4, 4, deadline);
     if (rc)
         return rc;
-    uint32_t nf = get32(b4);
+    uint32_t nf = kvt_get32(b4);
     if (nf < 3 || nf > KVT_MAX_BATCH + 8)
         return KVT_E_PROTO;
     out->frames = nf > 3 ? kvt_xmalloc((nf - 3) * sizeof(zmq_msg_t)) : NULL;
@@ -411,7 +399,7 @@ static int local_read_reply(kvt_client *c, uint64_t *rid, struct rep *out, uint6
         rc = local_read(c, b4, 4, deadline);
         if (rc)
             return rc;
-        uint32_t l = get32(b4);
+        uint32_t l = kvt_get32(b4);
         if (i < 2) {
             if (l > sizeof(small))
                 return KVT_E_PROTO;

@@ -32,6 +32,103 @@ int kvt_ioeng_kind_parse(const char *s)
     return -1;
 }
 
+/*
+ * Fault injection for the failure tests, at the engine so it covers both
+ * engines (an LD_PRELOAD library cannot see io_uring):
+ *   KVT_IO_FAULT="rate=0.1,seed=1,eio,enospc,short,torn"
+ * Each completed read or write fails with probability `rate`, as one of the
+ * enabled kinds: eio (the request fails with EIO), enospc (a write fails
+ * with ENOSPC), short (a transfer moves fewer bytes and is retried), torn (a
+ * write reports success but part of what it wrote is zeroed on the device:
+ * only the object checksums can catch it). Never set in production.
+ */
+static void fault_init(struct kvt_ioeng *e)
+{
+    const char *v = getenv("KVT_IO_FAULT");
+    if (!v || !*v)
+        return;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", v);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strncmp(t, "rate=", 5))
+            e->fault_rate = atof(t + 5);
+        else if (!strncmp(t, "seed=", 5))
+            e->fault_seed = strtoull(t + 5, NULL, 10);
+        else if (!strcmp(t, "eio"))
+            e->f_eio = true;
+        else if (!strcmp(t, "enospc"))
+            e->f_enospc = true;
+        else if (!strcmp(t, "short"))
+            e->f_short = true;
+        else if (!strcmp(t, "torn"))
+            e->f_torn = true;
+    }
+}
+
+/* Deterministic for a seed: a hash of a per-engine counter. */
+static bool fault_pick(struct kvt_ioeng *e, uint64_t *r)
+{
+    if (e->fault_rate <= 0)
+        return false;
+    uint64_t x = e->fault_seed * 0x9e3779b97f4a7c15ull +
+                 atomic_fetch_add_explicit(&e->fault_counter, 1, memory_order_relaxed);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    *r = x >> 20;
+    return (double)(x % 1000000) < e->fault_rate * 1000000.0;
+}
+
+uint64_t kvt_ioeng_fault_short(struct kvt_ioeng *e, struct kvt_io *io, uint64_t r)
+{
+    uint64_t x;
+    if (!e->f_short || r < 2 || io->op == KVT_IO_FSYNC || !fault_pick(e, &x))
+        return r;
+    atomic_fetch_add_explicit(&e->faults, 1, memory_order_relaxed);
+    return r / 2;
+}
+
+/* Maybe turn a successful completion into an injected failure. */
+static int fault_complete(struct kvt_ioeng *e, struct kvt_io *io, int res)
+{
+    uint64_t x;
+    if (res < 0 || io->op == KVT_IO_FSYNC || !(e->f_eio || e->f_enospc || e->f_torn) ||
+        !fault_pick(e, &x))
+        return res;
+    int kinds[3], n = 0;
+    if (e->f_eio)
+        kinds[n++] = 1;
+    if (e->f_enospc && io->op == KVT_IO_WRITE)
+        kinds[n++] = 2;
+    if (e->f_torn && io->op == KVT_IO_WRITE && io->len >= 2)
+        kinds[n++] = 3;
+    if (!n)
+        return res;
+    atomic_fetch_add_explicit(&e->faults, 1, memory_order_relaxed);
+    switch (kinds[x % (uint64_t)n]) {
+    case 1:
+        return -EIO;
+    case 2:
+        return -ENOSPC;
+    default: {
+        /* zero the second half of what was written, then claim success */
+        uint64_t start = io->off - io->done + io->len / 2, len = io->len - io->len / 2;
+        static const char zeros[4096];
+        while (len) {
+            size_t k = (size_t)KVT_MIN(len, sizeof(zeros));
+            if (pwrite(io->fd, zeros, k, (off_t)start) <= 0)
+                break; /* O_DIRECT or a closed fd: leave it whole */
+            start += k;
+            len -= k;
+        }
+        return res;
+    }
+    }
+}
+
 void kvt_ioeng_base_init(struct kvt_ioeng *e, const struct kvt_ioeng_ops *ops,
                          enum kvt_ioeng_kind kind, const char *name, int depth)
 {
@@ -39,6 +136,7 @@ void kvt_ioeng_base_init(struct kvt_ioeng *e, const struct kvt_ioeng_ops *ops,
     e->kind = kind;
     e->depth = depth;
     snprintf(e->name, sizeof(e->name), "%s", name);
+    fault_init(e);
 }
 
 void kvt_io_advance(struct kvt_io *io, uint64_t n)
@@ -63,6 +161,7 @@ void kvt_io_advance(struct kvt_io *io, uint64_t n)
 
 void kvt_ioeng_complete(struct kvt_ioeng *e, struct kvt_io *io, int res)
 {
+    res = fault_complete(e, io, res);
     io->res = res;
     if (res < 0)
         atomic_fetch_add_explicit(&e->errors, 1, memory_order_relaxed);
@@ -182,6 +281,9 @@ json_t *kvt_ioeng_status(struct kvt_ioeng *e)
     json_object_set_new(o, "completed", json_integer((json_int_t)s.completed));
     json_object_set_new(o, "errors", json_integer((json_int_t)s.errors));
     json_object_set_new(o, "short_retries", json_integer((json_int_t)s.retries));
+    if (e->fault_rate > 0)
+        json_object_set_new(o, "injected_faults",
+                            json_integer((json_int_t)atomic_load(&e->faults)));
     return o;
 }
 
@@ -228,6 +330,7 @@ static void posix_job(struct kvt_job *job, void *ctx)
                 res = -EIO;
             break; /* READ: EOF */
         }
+        r = (ssize_t)kvt_ioeng_fault_short(e, io, (uint64_t)r);
         if ((uint64_t)r < total - io->done)
             atomic_fetch_add_explicit(&e->retries, 1, memory_order_relaxed);
         kvt_io_advance(io, (uint64_t)r);

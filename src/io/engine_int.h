@@ -19,7 +19,16 @@ struct kvt_ioeng {
     /* counters: relaxed atomics, read for status only */
     _Atomic uint64_t submitted, completed, errors, retries, bytes_read, bytes_written;
     _Atomic uint32_t inflight, inflight_max;
+    /* fault injection for tests (KVT_IO_FAULT, read at creation) */
+    double fault_rate;
+    uint64_t fault_seed;
+    bool f_eio, f_enospc, f_short, f_torn;
+    _Atomic uint64_t fault_counter, faults;
 };
+
+/* Test hook: a short transfer replaces r bytes by fewer (the request is then
+ * retried for the rest, as after a real short transfer). */
+uint64_t kvt_ioeng_fault_short(struct kvt_ioeng *e, struct kvt_io *io, uint64_t r);
 
 void kvt_ioeng_base_init(struct kvt_ioeng *e, const struct kvt_ioeng_ops *ops,
                          enum kvt_ioeng_kind kind, const char *name, int depth);

@@ -100,6 +100,7 @@ static void on_cqe(struct uring_eng *u, struct kvt_io *io, int res)
         return;
     }
     uint64_t left = io->len - io->done;
+    res = (int)kvt_ioeng_fault_short(e, io, (uint64_t)res);
     if ((uint64_t)res < left) {
         atomic_fetch_add_explicit(&e->retries, 1, memory_order_relaxed);
         kvt_io_advance(io, (uint64_t)res);

@@ -56,6 +56,12 @@ static void grow(struct kvt_kindex *x)
     free(old);
 }
 
+void kvt_kindex_reserve(struct kvt_kindex *x, uint32_t n)
+{
+    while ((uint64_t)n * 10 > (uint64_t)x->cap * 7)
+        grow(x);
+}
+
 void kvt_kindex_put(struct kvt_kindex *x, uint32_t h)
 {
     if ((uint64_t)(x->n + 1) * 10 > (uint64_t)x->cap * 7)

@@ -37,6 +37,8 @@ static inline const kvt_key *kvt_kindex_key(const struct kvt_kindex *x, uint32_t
 uint32_t kvt_kindex_find(const struct kvt_kindex *x, const kvt_key *k);
 /* Insert handle h whose record already holds its key (key must be absent). */
 void kvt_kindex_put(struct kvt_kindex *x, uint32_t h);
+/* Grow the table so that n entries fit without another rehash. */
+void kvt_kindex_reserve(struct kvt_kindex *x, uint32_t n);
 /* Remove handle h (must be present). */
 void kvt_kindex_del(struct kvt_kindex *x, uint32_t h);
 

@@ -36,6 +36,7 @@
 #include "l2/cfg.h"
 #include "l2/l2.h"
 #include "l2/objfmt.h"
+#include "l2/scanq.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -663,18 +664,6 @@ static int fs_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 
 /* ------------------------------------------------------ recovery scan */
 
-struct scan_ent {
-    kvt_key key;
-    uint32_t size;
-    int64_t mtime_ns;
-};
-
-static int by_mtime_desc(const void *a, const void *b)
-{
-    const struct scan_ent *x = a, *y = b;
-    return (x->mtime_ns < y->mtime_ns) - (x->mtime_ns > y->mtime_ns);
-}
-
 /* A tmp file "<name>.tmp.<pid>-<start>-<seq>" whose writer is gone. */
 static bool tmp_writer_dead(const char *name, struct fs_engine *e)
 {
@@ -718,8 +707,8 @@ static void *scan_main(void *arg)
     struct fs_engine *e = l2->engine;
     pthread_setname_np(pthread_self(), "fs-scan");
     uint64_t t0 = kvt_now_ns();
-    size_t cap = 4096, n = 0;
-    struct scan_ent *v = kvt_xmalloc(cap * sizeof(*v));
+    struct kvt_l2_found_vec fv = {0};
+    struct kvt_l2_scanq *sq = kvt_l2_scanq_new(&fv);
     int fd = openat(e->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
@@ -732,47 +721,20 @@ static void *scan_main(void *arg)
         size_t len = strlen(de->d_name);
         if (len < 6 || strcmp(de->d_name + len - 5, ".data") != 0)
             continue;
-        kvt_key k;
+        kvt_key k, ck;
         if (kvt_key_decode(KVT_CODEC_FS, de->d_name, len, &k))
             continue;
-        struct stat st;
-        if (fstatat(e->dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
-            continue;
-        if (st.st_size < KVT_OBJHDR_MIN || (uint64_t)st.st_size > UINT32_MAX)
-            continue;
-        if (n == cap) {
-            cap *= 2;
-            v = kvt_xrealloc(v, cap * sizeof(*v));
-        }
-        kvt_key_canon(KVT_CODEC_FS, &k, &v[n].key);
-        v[n].size = (uint32_t)st.st_size;
-        v[n].mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-        n++;
+        kvt_key_canon(KVT_CODEC_FS, &k, &ck);
+        /* stat'ed in batches; the header is read at the first lookup */
+        kvt_l2_scanq_add(sq, e->dirfd, de->d_name, &ck);
     }
+    kvt_l2_scanq_free(sq);
     if (d)
         closedir(d);
     sweep_tmp(l2, e, e->dirfd);
     if (e->tmpfd != e->dirfd)
         sweep_tmp(l2, e, e->tmpfd);
-    /* newest first, each at the cold end: the oldest ends up coldest */
-    qsort(v, n, sizeof(*v), by_mtime_desc);
-    uint64_t objs = 0, bytes = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (kvt_l2_adopt(l2, &v[i].key, v[i].size, 0, 0, 0, false, true)) {
-            objs++;
-            bytes += v[i].size;
-        }
-    }
-    free(v);
-    double secs = (double)(kvt_now_ns() - t0) / 1e9;
-    pthread_mutex_lock(&l2->lock);
-    l2->recovered_objs = objs;
-    l2->recovered_bytes = bytes;
-    l2->recovery_seconds = secs;
-    l2->recovering = false;
-    pthread_mutex_unlock(&l2->lock);
-    kvt_info("%s: recovered %llu objects, %llu bytes from %s in %.3f s", l2->name,
-             (unsigned long long)objs, (unsigned long long)bytes, e->base, secs);
+    kvt_l2_finish_recovery(l2, &fv, t0, e->base);
     if (atomic_load(&e->tmp_removed))
         kvt_info("%s: removed %llu tmp files left by dead writers", l2->name,
                  (unsigned long long)atomic_load(&e->tmp_removed));

@@ -285,6 +285,26 @@ void kvt_l2_forget(kvt_l2 *l2, const kvt_key *ck);
 void kvt_l2_touch(kvt_l2 *l2, const kvt_key *ck, uint32_t n);
 void kvt_l2_set_recovering(kvt_l2 *l2, bool on);
 
+/* What a start-up scan found, collected before adopting it in one go. */
+struct kvt_l2_found {
+    kvt_key key; /* canonical */
+    int64_t mtime_ns;
+    uint32_t stored, len, aux;
+    uint8_t flags;
+};
+struct kvt_l2_found_vec {
+    struct kvt_l2_found *v;
+    size_t n, cap;
+};
+void kvt_l2_found_push(struct kvt_l2_found_vec *fv, const kvt_key *ck, uint32_t stored,
+                       uint32_t len, uint32_t aux, uint8_t flags, int64_t mtime_ns);
+/* End a start-up scan: adopt everything found, newest first at the policy's
+ * cold end (so the oldest is evicted first), with the index sized once;
+ * then record the recovery figures (time since t0_ns), clear `recovering`
+ * and log where from. Frees fv's array. */
+void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0_ns,
+                            const char *where);
+
 /* Evict until used_bytes <= target, policy order, skipping pinned keys.
  * Returns bytes reclaimed. Used by the eviction controller. */
 uint64_t kvt_l2_evict_to(kvt_l2 *l2, uint64_t target, uint32_t batch);

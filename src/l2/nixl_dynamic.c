@@ -44,6 +44,7 @@
 #include "l2/cfg.h"
 #include "l2/l2.h"
 #include "l2/objfmt.h"
+#include "l2/scanq.h"
 #include "ops/tmpguard.h"
 
 #include <dirent.h>
@@ -760,23 +761,6 @@ static int nd_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 
 /* ------------------------------------------------------ recovery scan */
 
-struct scan_ent {
-    kvt_key key;
-    uint32_t size;
-    int64_t mtime_ns;
-};
-
-struct scan_vec {
-    struct scan_ent *v;
-    size_t n, cap;
-};
-
-static int by_mtime_desc(const void *a, const void *b)
-{
-    const struct scan_ent *x = a, *y = b;
-    return (x->mtime_ns < y->mtime_ns) - (x->mtime_ns > y->mtime_ns);
-}
-
 /* May the scan remove this tmp file? The tmp guard's rules (live writer by
  * (pid, start time) or file lock: never; dead writer: yes; no marker: only
  * after 15 minutes; undecidable: never). Our own tmp files only at close,
@@ -805,7 +789,7 @@ static bool is_hex2(const char *s)
 /* Scan one directory: collect object files, remove dead writers' tmp
  * files, descend into shard directories (two levels of two hex digits). */
 static void scan_dir(kvt_l2 *l2, struct nd_engine *e, struct kvt_tmpguard *g, int dfd, int depth,
-                     bool closing, struct scan_vec *sv)
+                     bool closing, struct kvt_l2_scanq *sq)
 {
     int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -827,12 +811,12 @@ static void scan_dir(kvt_l2 *l2, struct nd_engine *e, struct kvt_tmpguard *g, in
         if (depth < 2 && is_hex2(nm)) {
             int sub = openat(dfd, nm, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
             if (sub >= 0) {
-                scan_dir(l2, e, g, sub, depth + 1, closing, sv);
+                scan_dir(l2, e, g, sub, depth + 1, closing, sq);
                 close(sub);
             }
             continue;
         }
-        if (!sv)
+        if (!sq)
             continue;
         size_t len = strlen(nm);
         if (len < 5 || strcmp(nm + len - 4, ".bin") != 0)
@@ -844,20 +828,12 @@ static void scan_dir(kvt_l2 *l2, struct nd_engine *e, struct kvt_tmpguard *g, in
          * the lookup path is derived from the key, so anything else is junk */
         if ((depth == 2) != e->shard)
             continue;
-        struct stat st;
-        if (fstatat(dfd, nm, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
-            continue;
-        if (st.st_size < KVT_OBJHDR_MIN || (uint64_t)st.st_size > UINT32_MAX)
-            continue;
-        if (sv->n == sv->cap) {
-            sv->cap = sv->cap ? sv->cap * 2 : 4096;
-            sv->v = kvt_xrealloc(sv->v, sv->cap * sizeof(*sv->v));
-        }
-        kvt_key_canon(KVT_CODEC_NIXL, &k, &sv->v[sv->n].key);
-        sv->v[sv->n].size = (uint32_t)st.st_size;
-        sv->v[sv->n].mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-        sv->n++;
+        kvt_key ck;
+        kvt_key_canon(KVT_CODEC_NIXL, &k, &ck);
+        kvt_l2_scanq_add(sq, dfd, nm, &ck); /* stat'ed in batches */
     }
+    if (sq)
+        kvt_l2_scanq_flush(sq); /* the batch refers to dfd: done before it closes */
     closedir(d);
 }
 
@@ -920,31 +896,14 @@ static void *scan_main(void *arg)
     struct nd_engine *e = l2->engine;
     pthread_setname_np(pthread_self(), "nixl-scan");
     uint64_t t0 = kvt_now_ns();
-    struct scan_vec sv = {0};
+    struct kvt_l2_found_vec sv = {0};
+    struct kvt_l2_scanq *sq = kvt_l2_scanq_new(&sv);
     struct kvt_tmpguard g;
     kvt_tmpguard_init(&g, e->dirfd);
-    scan_dir(l2, e, &g, e->dirfd, 0, false, &sv);
+    scan_dir(l2, e, &g, e->dirfd, 0, false, sq);
     kvt_tmpguard_fini(&g);
-    /* newest first, each at the cold end: the oldest ends up coldest */
-    if (sv.n)
-        qsort(sv.v, sv.n, sizeof(*sv.v), by_mtime_desc);
-    uint64_t objs = 0, bytes = 0;
-    for (size_t i = 0; i < sv.n; i++) {
-        if (kvt_l2_adopt(l2, &sv.v[i].key, sv.v[i].size, 0, 0, 0, false, true)) {
-            objs++;
-            bytes += sv.v[i].size;
-        }
-    }
-    free(sv.v);
-    double secs = (double)(kvt_now_ns() - t0) / 1e9;
-    pthread_mutex_lock(&l2->lock);
-    l2->recovered_objs = objs;
-    l2->recovered_bytes = bytes;
-    l2->recovery_seconds = secs;
-    l2->recovering = false;
-    pthread_mutex_unlock(&l2->lock);
-    kvt_info("%s: recovered %llu objects, %llu bytes from %s in %.3f s", l2->name,
-             (unsigned long long)objs, (unsigned long long)bytes, e->base, secs);
+    kvt_l2_scanq_free(sq);
+    kvt_l2_finish_recovery(l2, &sv, t0, e->base);
     if (atomic_load(&e->tmp_removed))
         kvt_info("%s: removed %llu tmp files left by dead writers", l2->name,
                  (unsigned long long)atomic_load(&e->tmp_removed));

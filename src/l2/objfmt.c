@@ -1,44 +1,11 @@
 #include "l2/objfmt.h"
 #include "kvtier/error.h"
+#include "common/le.h"
 
 #include <string.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
-
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
 
 uint64_t kvt_payload_hash(const void *p, size_t n)
 {
@@ -55,26 +22,26 @@ int kvt_objhdr_encode(void *buf, uint16_t hdr_len, const kvt_key *key, const kvt
     uint8_t *p = buf;
     memset(p, 0, hdr_len);
     memcpy(p, KVT_OBJHDR_MAGIC, 8);
-    put16(p + 8, KVT_OBJHDR_VERSION);
-    put16(p + 10, hdr_len);
-    put32(p + 12, flags);
-    put64(p + 16, payload_len);
-    put64(p + 24, meta ? meta->len : payload_len);
-    put64(p + 32, payload_xxh3);
-    put32(p + 40, key->kv_rank);
-    put32(p + 44, key->group);
+    kvt_put16(p + 8, KVT_OBJHDR_VERSION);
+    kvt_put16(p + 10, hdr_len);
+    kvt_put32(p + 12, flags);
+    kvt_put64(p + 16, payload_len);
+    kvt_put64(p + 24, meta ? meta->len : payload_len);
+    kvt_put64(p + 32, payload_xxh3);
+    kvt_put32(p + 40, key->kv_rank);
+    kvt_put32(p + 44, key->group);
     p[48] = key->hash_len;
     p[49] = meta ? meta->ndim : 0;
-    put16(p + 50, meta ? meta->dtype : 0);
-    put16(p + 52, (uint16_t)ml);
-    put16(p + 54, (uint16_t)sl);
+    kvt_put16(p + 50, meta ? meta->dtype : 0);
+    kvt_put16(p + 52, (uint16_t)ml);
+    kvt_put16(p + 54, (uint16_t)sl);
     memcpy(p + 56, key->hash, KVT_HASH_MAX);
     for (int i = 0; i < KVT_MAX_DIMS; i++)
-        put32(p + 88 + 4 * i, meta ? meta->shape[i] : 0);
+        kvt_put32(p + 88 + 4 * i, meta ? meta->shape[i] : 0);
     memcpy(p + KVT_OBJHDR_FIXED, model, ml);
     memcpy(p + KVT_OBJHDR_FIXED + ml, salt, sl);
     size_t end = KVT_OBJHDR_FIXED + ml + sl;
-    put64(p + end, XXH3_64bits(p, end));
+    kvt_put64(p + end, XXH3_64bits(p, end));
     return 0;
 }
 
@@ -90,26 +57,26 @@ int kvt_objhdr_decode(const void *buf, size_t len, struct kvt_objhdr *h, const c
         w = "bad magic";
         goto bad;
     }
-    if (get16(p + 8) != KVT_OBJHDR_VERSION) {
+    if (kvt_get16(p + 8) != KVT_OBJHDR_VERSION) {
         w = "unknown header version";
         goto bad;
     }
-    h->hdr_len = get16(p + 10);
-    size_t ml = get16(p + 52), sl = get16(p + 54);
+    h->hdr_len = kvt_get16(p + 10);
+    size_t ml = kvt_get16(p + 52), sl = kvt_get16(p + 54);
     size_t end = KVT_OBJHDR_FIXED + ml + sl;
     if (h->hdr_len < KVT_OBJHDR_MIN || ml > KVT_MODEL_MAX || sl > KVT_SALT_MAX ||
         end + 8 > h->hdr_len || end + 8 > len) {
         w = "bad header lengths";
         goto bad;
     }
-    if (get64(p + end) != XXH3_64bits(p, end)) {
+    if (kvt_get64(p + end) != XXH3_64bits(p, end)) {
         w = "header checksum mismatch";
         goto bad;
     }
-    h->flags = get32(p + 12);
-    h->payload_len = get64(p + 16);
-    h->logical_len = get64(p + 24);
-    h->payload_xxh3 = get64(p + 32);
+    h->flags = kvt_get32(p + 12);
+    h->payload_len = kvt_get64(p + 16);
+    h->logical_len = kvt_get64(p + 24);
+    h->payload_xxh3 = kvt_get64(p + 32);
     if (h->payload_len > KVT_MAX_OBJECT * 2ull || h->logical_len > KVT_MAX_OBJECT) {
         w = "payload length out of range";
         goto bad;
@@ -117,20 +84,20 @@ int kvt_objhdr_decode(const void *buf, size_t len, struct kvt_objhdr *h, const c
     uint32_t ns;
     if (kvt_ns_intern((const char *)p + KVT_OBJHDR_FIXED, ml,
                       (const char *)p + KVT_OBJHDR_FIXED + ml, sl, &ns, NULL) ||
-        kvt_key_make(&h->key, ns, p + 56, p[48], get32(p + 40), get32(p + 44))) {
+        kvt_key_make(&h->key, ns, p + 56, p[48], kvt_get32(p + 40), kvt_get32(p + 44))) {
         w = "invalid key in header";
         goto bad;
     }
     memset(&h->meta, 0, sizeof(h->meta));
     h->meta.len = (uint32_t)h->logical_len;
     h->meta.ndim = p[49];
-    h->meta.dtype = get16(p + 50);
+    h->meta.dtype = kvt_get16(p + 50);
     if (h->meta.ndim > KVT_MAX_DIMS || h->meta.dtype > KVT_DTYPE_MAX) {
         w = "bad dtype or shape";
         goto bad;
     }
     for (int i = 0; i < KVT_MAX_DIMS; i++)
-        h->meta.shape[i] = get32(p + 88 + 4 * i);
+        h->meta.shape[i] = kvt_get32(p + 88 + 4 * i);
     h->meta.serde = h->flags;
     return 0;
 bad:

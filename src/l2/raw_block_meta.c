@@ -5,6 +5,7 @@
  */
 #include "l2/raw_block.h"
 #include "common/util.h"
+#include "common/le.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -12,42 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* ------------------------------------------------------------ bytes */
-
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
 
 /* ------------------------------------------------------------- crc */
 
@@ -74,7 +39,7 @@ uint32_t rb_crc32(uint32_t crc, const void *buf, size_t n)
     const uint8_t *p = buf;
     crc = ~crc;
     while (n >= 8) {
-        uint32_t a = crc ^ get32(p), b = get32(p + 4);
+        uint32_t a = crc ^ kvt_get32(p), b = kvt_get32(p + 4);
         crc = crc_table[7][a & 0xff] ^ crc_table[6][(a >> 8) & 0xff] ^
               crc_table[5][(a >> 16) & 0xff] ^ crc_table[4][a >> 24] ^ crc_table[3][b & 0xff] ^
               crc_table[2][(b >> 8) & 0xff] ^ crc_table[1][(b >> 16) & 0xff] ^
@@ -140,22 +105,22 @@ size_t rb_rec_size(const struct rb_rec *r)
 size_t rb_rec_encode(const struct rb_rec *r, uint8_t *out)
 {
     size_t n = rb_rec_size(r);
-    put16(out, (uint16_t)n);
+    kvt_put16(out, (uint16_t)n);
     out[2] = r->op;
     out[3] = r->op == RB_PUT ? r->key.hash_len : 0;
-    put32(out + 4, r->slot);
-    put64(out + 8, r->gen);
+    kvt_put32(out + 4, r->slot);
+    kvt_put64(out + 8, r->gen);
     if (r->op == RB_DEL)
         return n;
     const char *m = kvt_ns_model(r->key.ns), *s = kvt_ns_salt(r->key.ns);
     size_t ml = strlen(m), sl = strlen(s);
-    put32(out + 16, r->len);
-    put32(out + 20, r->plen);
-    put64(out + 24, r->xxh3);
-    put32(out + 32, r->key.kv_rank);
-    put32(out + 36, r->key.group);
-    put16(out + 40, (uint16_t)ml);
-    put16(out + 42, (uint16_t)sl);
+    kvt_put32(out + 16, r->len);
+    kvt_put32(out + 20, r->plen);
+    kvt_put64(out + 24, r->xxh3);
+    kvt_put32(out + 32, r->key.kv_rank);
+    kvt_put32(out + 36, r->key.group);
+    kvt_put16(out + 40, (uint16_t)ml);
+    kvt_put16(out + 42, (uint16_t)sl);
     uint8_t *p = out + REC_FIXED_PUT;
     memcpy(p, r->key.hash, r->key.hash_len);
     p += r->key.hash_len;
@@ -168,13 +133,13 @@ int rb_rec_decode(const uint8_t *p, size_t avail, struct rb_rec *r, size_t *used
 {
     if (avail < REC_FIXED_DEL)
         return -EINVAL;
-    size_t n = get16(p);
+    size_t n = kvt_get16(p);
     if (n < REC_FIXED_DEL || n > avail)
         return -EINVAL;
     memset(r, 0, sizeof(*r));
     r->op = p[2];
-    r->slot = get32(p + 4);
-    r->gen = get64(p + 8);
+    r->slot = kvt_get32(p + 4);
+    r->gen = kvt_get64(p + 8);
     if (r->op == RB_DEL) {
         if (n != REC_FIXED_DEL)
             return -EINVAL;
@@ -183,17 +148,17 @@ int rb_rec_decode(const uint8_t *p, size_t avail, struct rb_rec *r, size_t *used
     }
     if (r->op != RB_PUT || n < REC_FIXED_PUT)
         return -EINVAL;
-    size_t hl = p[3], ml = get16(p + 40), sl = get16(p + 42);
+    size_t hl = p[3], ml = kvt_get16(p + 40), sl = kvt_get16(p + 42);
     if (hl == 0 || hl > KVT_HASH_MAX || ml > KVT_MODEL_MAX || sl > KVT_SALT_MAX ||
         REC_FIXED_PUT + hl + ml + sl != n)
         return -EINVAL;
-    r->len = get32(p + 16);
-    r->plen = get32(p + 20);
-    r->xxh3 = get64(p + 24);
+    r->len = kvt_get32(p + 16);
+    r->plen = kvt_get32(p + 20);
+    r->xxh3 = kvt_get64(p + 24);
     const uint8_t *q = p + REC_FIXED_PUT;
     uint32_t ns;
     if (kvt_ns_intern((const char *)q + hl, ml, (const char *)q + hl + ml, sl, &ns, NULL) ||
-        kvt_key_make(&r->key, ns, q, hl, get32(p + 32), get32(p + 36)))
+        kvt_key_make(&r->key, ns, q, hl, kvt_get32(p + 32), kvt_get32(p + 36)))
         return -EINVAL;
     *used = n;
     return 0;
@@ -239,7 +204,7 @@ static uint32_t jblk_crc(const uint8_t *blk, uint32_t used)
 {
     uint8_t h[RB_JBLK_HDR];
     memcpy(h, blk, RB_JBLK_HDR);
-    put32(h + 32, 0);
+    kvt_put32(h + 32, 0);
     uint32_t c = rb_crc32(0, h, RB_JBLK_HDR);
     return rb_crc32(c, blk + RB_JBLK_HDR, used);
 }
@@ -250,23 +215,23 @@ void rb_jblk_seal(uint8_t *blk, uint32_t blksz, uint64_t instance, uint64_t bseq
     memset(blk, 0, RB_JBLK_HDR);
     memset(blk + RB_JBLK_HDR + used, 0, blksz - RB_JBLK_HDR - used);
     memcpy(blk, RB_JBLK_MAGIC, 8);
-    put64(blk + 8, instance);
-    put64(blk + 16, bseq);
-    put32(blk + 24, nrec);
-    put32(blk + 28, used);
-    put32(blk + 32, jblk_crc(blk, used));
+    kvt_put64(blk + 8, instance);
+    kvt_put64(blk + 16, bseq);
+    kvt_put32(blk + 24, nrec);
+    kvt_put32(blk + 28, used);
+    kvt_put32(blk + 32, jblk_crc(blk, used));
 }
 
 int rb_jblk_check(const uint8_t *blk, uint32_t blksz, uint64_t instance, uint64_t bseq,
                   uint32_t *nrec, uint32_t *used)
 {
-    if (memcmp(blk, RB_JBLK_MAGIC, 8) != 0 || get64(blk + 8) != instance ||
-        get64(blk + 16) != bseq)
+    if (memcmp(blk, RB_JBLK_MAGIC, 8) != 0 || kvt_get64(blk + 8) != instance ||
+        kvt_get64(blk + 16) != bseq)
         return -ENOENT;
-    uint32_t u = get32(blk + 28);
-    if (u > blksz - RB_JBLK_HDR || get32(blk + 32) != jblk_crc(blk, u))
+    uint32_t u = kvt_get32(blk + 28);
+    if (u > blksz - RB_JBLK_HDR || kvt_get32(blk + 32) != jblk_crc(blk, u))
         return -EBADMSG;
-    *nrec = get32(blk + 24);
+    *nrec = kvt_get32(blk + 24);
     *used = u;
     return 0;
 }
@@ -281,21 +246,21 @@ void rb_ckpt_hdr_encode(const struct rb_ckpt_hdr *h, uint8_t *blk, uint32_t blks
     memset(blk, 0, blksz);
     memcpy(blk, h->magic, 8);
     memcpy(blk + 8, RB_CKPT_FORMAT, 8);
-    put32(blk + 16, h->version);
-    put64(blk + 24, h->seq);
-    put64(blk + 32, h->instance);
-    put64(blk + 40, h->payload_len);
-    put32(blk + 48, h->payload_crc);
-    put32(blk + 52, h->nrec);
-    put64(blk + 56, h->jstart);
-    put64(blk + 64, h->next_gen);
-    put32(blk + 72, h->block);
-    put32(blk + 76, h->header_bytes);
-    put64(blk + 80, h->slot_bytes);
-    put64(blk + 88, h->meta_total);
-    put64(blk + 96, h->data_off);
-    put32(blk + 104, h->nslots);
-    put32(blk + CK_CRC_OFF, rb_crc32(0, blk, CK_LEN));
+    kvt_put32(blk + 16, h->version);
+    kvt_put64(blk + 24, h->seq);
+    kvt_put64(blk + 32, h->instance);
+    kvt_put64(blk + 40, h->payload_len);
+    kvt_put32(blk + 48, h->payload_crc);
+    kvt_put32(blk + 52, h->nrec);
+    kvt_put64(blk + 56, h->jstart);
+    kvt_put64(blk + 64, h->next_gen);
+    kvt_put32(blk + 72, h->block);
+    kvt_put32(blk + 76, h->header_bytes);
+    kvt_put64(blk + 80, h->slot_bytes);
+    kvt_put64(blk + 88, h->meta_total);
+    kvt_put64(blk + 96, h->data_off);
+    kvt_put32(blk + 104, h->nslots);
+    kvt_put32(blk + CK_CRC_OFF, rb_crc32(0, blk, CK_LEN));
 }
 
 int rb_ckpt_hdr_decode(const uint8_t *blk, uint32_t blksz, const char *magic, uint32_t version,
@@ -303,29 +268,29 @@ int rb_ckpt_hdr_decode(const uint8_t *blk, uint32_t blksz, const char *magic, ui
 {
     if (blksz < CK_LEN || memcmp(blk, magic, 8) != 0)
         return -ENOENT;
-    if (memcmp(blk + 8, RB_CKPT_FORMAT, 8) != 0 || get32(blk + 16) != version)
+    if (memcmp(blk + 8, RB_CKPT_FORMAT, 8) != 0 || kvt_get32(blk + 16) != version)
         return -EPROTO;
     uint8_t tmp[CK_LEN];
     memcpy(tmp, blk, CK_LEN);
-    put32(tmp + CK_CRC_OFF, 0);
-    if (get32(blk + CK_CRC_OFF) != rb_crc32(0, tmp, CK_LEN))
+    kvt_put32(tmp + CK_CRC_OFF, 0);
+    if (kvt_get32(blk + CK_CRC_OFF) != rb_crc32(0, tmp, CK_LEN))
         return -EBADMSG;
     memset(h, 0, sizeof(*h));
     memcpy(h->magic, blk, 8);
-    h->version = get32(blk + 16);
-    h->seq = get64(blk + 24);
-    h->instance = get64(blk + 32);
-    h->payload_len = get64(blk + 40);
-    h->payload_crc = get32(blk + 48);
-    h->nrec = get32(blk + 52);
-    h->jstart = get64(blk + 56);
-    h->next_gen = get64(blk + 64);
-    h->block = get32(blk + 72);
-    h->header_bytes = get32(blk + 76);
-    h->slot_bytes = get64(blk + 80);
-    h->meta_total = get64(blk + 88);
-    h->data_off = get64(blk + 96);
-    h->nslots = get32(blk + 104);
+    h->version = kvt_get32(blk + 16);
+    h->seq = kvt_get64(blk + 24);
+    h->instance = kvt_get64(blk + 32);
+    h->payload_len = kvt_get64(blk + 40);
+    h->payload_crc = kvt_get32(blk + 48);
+    h->nrec = kvt_get32(blk + 52);
+    h->jstart = kvt_get64(blk + 56);
+    h->next_gen = kvt_get64(blk + 64);
+    h->block = kvt_get32(blk + 72);
+    h->header_bytes = kvt_get32(blk + 76);
+    h->slot_bytes = kvt_get64(blk + 80);
+    h->meta_total = kvt_get64(blk + 88);
+    h->data_off = kvt_get64(blk + 96);
+    h->nslots = kvt_get32(blk + 104);
     return 0;
 }
 
@@ -342,23 +307,23 @@ void rb_trailer_encode(const struct rb_trailer *t, uint8_t *p)
 {
     memset(p, 0, RB_TRAILER);
     memcpy(p, RB_TRAILER_MAGIC, 8);
-    put32(p + 8, t->slot);
-    put64(p + 16, t->gen);
-    put64(p + 24, t->plen);
-    put64(p + 32, t->xxh3);
-    put64(p + 40, t->instance);
-    put32(p + 60, rb_crc32(0, p, 60));
+    kvt_put32(p + 8, t->slot);
+    kvt_put64(p + 16, t->gen);
+    kvt_put64(p + 24, t->plen);
+    kvt_put64(p + 32, t->xxh3);
+    kvt_put64(p + 40, t->instance);
+    kvt_put32(p + 60, rb_crc32(0, p, 60));
 }
 
 int rb_trailer_decode(const uint8_t *p, struct rb_trailer *t)
 {
-    if (memcmp(p, RB_TRAILER_MAGIC, 8) != 0 || get32(p + 60) != rb_crc32(0, p, 60))
+    if (memcmp(p, RB_TRAILER_MAGIC, 8) != 0 || kvt_get32(p + 60) != rb_crc32(0, p, 60))
         return -EBADMSG;
-    t->slot = get32(p + 8);
-    t->gen = get64(p + 16);
-    t->plen = get64(p + 24);
-    t->xxh3 = get64(p + 32);
-    t->instance = get64(p + 40);
+    t->slot = kvt_get32(p + 8);
+    t->gen = kvt_get64(p + 16);
+    t->plen = kvt_get64(p + 24);
+    t->xxh3 = kvt_get64(p + 32);
+    t->instance = kvt_get64(p + 40);
     return 0;
 }
 

@@ -507,19 +507,12 @@ static int s3_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 
 /* ------------------------------------------------ start-up listing */
 
-struct list_ent {
-    kvt_key key;
-    uint32_t size;
-    int64_t mtime_ms;
-};
-
 struct list_state {
     struct s3_req req;
     char *token;           /* continuation token of the next page */
     bool running;
     uint64_t t0, backoff_ns;
-    struct list_ent *v;
-    size_t n, cap;
+    struct kvt_l2_found_vec found;
     uint64_t pages;
 };
 
@@ -624,15 +617,11 @@ static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *b
             if (kl > e->prefix_len && strncmp(key, e->prefix, e->prefix_len) == 0 &&
                 size >= S3_HDR && size <= UINT32_MAX &&
                 kvt_key_decode(KVT_CODEC_OBJ, key + e->prefix_len, kl - e->prefix_len, &k) == 0) {
-                if (ls->n == ls->cap) {
-                    ls->cap = ls->cap ? ls->cap * 2 : 1024;
-                    ls->v = kvt_xrealloc(ls->v, ls->cap * sizeof(*ls->v));
-                }
-                struct list_ent *en = &ls->v[ls->n++];
-                kvt_key_canon(KVT_CODEC_OBJ, &k, &en->key);
-                en->size = (uint32_t)size;
-                en->mtime_ms =
+                kvt_key ck;
+                kvt_key_canon(KVT_CODEC_OBJ, &k, &ck);
+                int64_t ms =
                     xml_field(p, z, "LastModified", date, sizeof(date)) ? iso_ms(date) : 0;
+                kvt_l2_found_push(&ls->found, &ck, (uint32_t)size, 0, S3_HDR, 0, ms * 1000000);
             } else {
                 atomic_fetch_add(&e->foreign, 1);
             }
@@ -649,42 +638,18 @@ static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *b
     return ls->token != NULL;
 }
 
-static int by_mtime_desc(const void *a, const void *b)
-{
-    const struct list_ent *x = a, *y = b;
-    return (x->mtime_ms < y->mtime_ms) - (x->mtime_ms > y->mtime_ms);
-}
-
 /* The listing ended (complete, or given up): adopt what was found, newest
  * first at the cold end so the oldest ends up coldest, then let the
  * parked stores go. */
 static void list_finish(kvt_l2 *l2, struct s3_engine *e, struct list_state *ls, bool complete)
 {
-    if (ls->n)
-        qsort(ls->v, ls->n, sizeof(*ls->v), by_mtime_desc);
-    uint64_t objs = 0, bytes = 0;
-    for (size_t i = 0; i < ls->n; i++)
-        if (kvt_l2_adopt(l2, &ls->v[i].key, ls->v[i].size, 0, S3_HDR, 0, false, true)) {
-            objs++;
-            bytes += ls->v[i].size;
-        }
-    double secs = (double)(kvt_now_ns() - ls->t0) / 1e9;
-    pthread_mutex_lock(&l2->lock);
-    l2->recovered_objs = objs;
-    l2->recovered_bytes = bytes;
-    l2->recovery_seconds = secs;
-    l2->recovering = false;
-    pthread_mutex_unlock(&l2->lock);
-    free(ls->v);
-    ls->v = NULL;
-    ls->n = ls->cap = 0;
+    char where[1200];
+    snprintf(where, sizeof(where), "%s://%s%s/%s (%llu pages%s)", e->scheme, e->host, e->base,
+             e->prefix, (unsigned long long)ls->pages, complete ? "" : ", listing given up");
+    kvt_l2_finish_recovery(l2, &ls->found, ls->t0, where);
     pthread_mutex_lock(&e->lock);
     e->list_done = true;
     pthread_mutex_unlock(&e->lock);
-    if (complete)
-        kvt_info("%s: recovered %llu objects, %llu bytes from %s://%s%s/%s in %.3f s (%llu pages)",
-                 l2->name, (unsigned long long)objs, (unsigned long long)bytes, e->scheme,
-                 e->host, e->base, e->prefix, secs, (unsigned long long)ls->pages);
     for (kvt_l2_task *p = take_parked(e, true), *nx; p; p = nx) {
         nx = p->next;
         p->next = NULL;
@@ -733,7 +698,7 @@ static void list_done(struct s3_engine *e, struct s3_req *r)
               kvt_s3_outcome_name(r->outcome), (double)ls->backoff_ns / 1e9);
     free(ls->token); /* start over: the page set may have changed */
     ls->token = NULL;
-    ls->n = 0;
+    ls->found.n = 0;
     kvt_s3_req_clear(r);
 }
 
@@ -911,7 +876,7 @@ static void s3_close(kvt_l2 *l2)
     struct list_state *ls = e->list;
     kvt_s3_req_clear(&ls->req);
     free(ls->token);
-    free(ls->v);
+    free(ls->found.v);
     free(ls);
     explicit_bzero(&e->creds, sizeof(e->creds));
     pthread_mutex_destroy(&e->lock);

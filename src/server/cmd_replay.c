@@ -557,6 +557,7 @@ int kvt_cmd_replay(int argc, char **argv)
         json_object_set_new(live, "blocks_hit", json_integer((json_int_t)hits));
         json_object_set_new(live, "bytes_retrieved", json_integer((json_int_t)bytes_out));
         json_object_set_new(live, "bytes_stored", json_integer((json_int_t)bytes_in));
+        json_object_set_new(live, "blocks_stored", json_integer((json_int_t)stored));
         json_object_set_new(live, "wrong_blocks", json_integer((json_int_t)wrong));
         json_object_set_new(live, "errors", json_integer((json_int_t)errors));
         json_object_set_new(live, "seconds", json_real(secs));

@@ -22,6 +22,7 @@
  */
 #include "common/log.h"
 #include "common/util.h"
+#include "common/le.h"
 #include "kvtier/error.h"
 #include "server/internal.h"
 
@@ -207,19 +208,6 @@ static void accept_all(struct kvt_server *s)
     }
 }
 
-static uint32_t rd32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static void wr32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
 /* A whole message arrived: hand it to the same path as ZeroMQ messages. */
 static void deliver(struct kvt_server *s, struct lconn *c)
 {
@@ -247,7 +235,7 @@ static bool consume(struct kvt_server *s, struct lconn *c)
         if (c->state == 0 || c->state == 1) {
             if (avail < 4)
                 break;
-            uint32_t v = rd32(c->rbuf + c->rpos);
+            uint32_t v = kvt_get32(c->rbuf + c->rpos);
             c->rpos += 4;
             if (c->state == 0) {
                 if (v == 0 || v > MAX_FRAMES)
@@ -392,7 +380,7 @@ void kvt_local_send(struct kvt_server *s, struct reply *r, char *body, size_t bl
     r->nframes = 0;
     memcpy(o->rid, r->rid, r->rid_len);
     kvt_wire_put_status(o->status, r->status);
-    wr32(o->lens, nf);
+    kvt_put32(o->lens, nf);
     o->iov[o->niov++] = (struct iovec){o->lens, 4};
     for (uint32_t i = 0; i < nf; i++) {
         const void *p;
@@ -408,7 +396,7 @@ void kvt_local_send(struct kvt_server *s, struct reply *r, char *body, size_t bl
             l = o->refs[i - 3].meta.len;
             atomic_fetch_add_explicit(&s->bytes_out, l, memory_order_relaxed);
         }
-        wr32(o->lens + 4 * (i + 1), (uint32_t)l);
+        kvt_put32(o->lens + 4 * (i + 1), (uint32_t)l);
         o->iov[o->niov++] = (struct iovec){o->lens + 4 * (i + 1), 4};
         if (l)
             o->iov[o->niov++] = (struct iovec){(void *)p, l};

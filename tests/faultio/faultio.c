@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -33,6 +34,10 @@ static double rate;
 static uint64_t seed;
 static bool k_eio, k_enospc, k_short;
 static _Atomic uint8_t watched[MAXFD];
+/* the file each watched fd was opened on: an fd closed behind our back (by
+ * closedir, or inside libc) and reused for a socket or eventfd must not get
+ * faults, so pick() checks the identity before injecting */
+static _Atomic uint64_t wdev[MAXFD], wino[MAXFD];
 static _Atomic uint64_t counter;
 static bool enabled;
 
@@ -95,6 +100,12 @@ static int pick(int fd, bool is_write)
 {
     if (!enabled || fd < 0 || fd >= MAXFD || !atomic_load(&watched[fd]))
         return 0;
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_dev != atomic_load(&wdev[fd]) ||
+        (uint64_t)st.st_ino != atomic_load(&wino[fd])) {
+        atomic_store(&watched[fd], 0);
+        return 0;
+    }
     uint64_t r = mix(seed * 0x9e3779b97f4a7c15ull + atomic_fetch_add(&counter, 1));
     if ((double)(r % 1000000) >= rate * 1000000.0)
         return 0;
@@ -126,6 +137,13 @@ static void track(int fd, int dirfd, const char *path)
             target[n] = 0;
             w = strncmp(target, dir, dirlen) == 0;
         }
+    }
+    struct stat st;
+    if (w && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)))
+        w = false; /* only regular files get faults */
+    if (w) {
+        atomic_store(&wdev[fd], (uint64_t)st.st_dev);
+        atomic_store(&wino[fd], (uint64_t)st.st_ino);
     }
     atomic_store(&watched[fd], w);
 }

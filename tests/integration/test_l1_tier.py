@@ -299,3 +299,22 @@ def test_client_survives_server_restart(server, shm):
             if shm:
                 assert [bytes(v) for v in views] == pay
         assert c.shm_active == shm
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_same_host_socket_and_fallback(server, local):
+    """Requests use the same-host socket when offered and wanted; every
+    operation behaves the same over it and over ZeroMQ."""
+    keys = keys_for("lsock", 5)
+    pay = random_payloads(5, 3000, seed=31)
+    with server.client(local=local, shm=False) as c:
+        assert c.local_active == local
+        assert c.store(keys, pay) == 5
+        c.flush()
+        assert c.lookup(keys) == 5
+        assert c.retrieve(keys) == pay
+        st = c.status()
+        assert (st["rpc"]["local_connections"] >= 1) == local
+        with pytest.raises(kvtier.KvtierError):
+            c.store(keys_for("bad/../x", 1), [b"x"])
+        c.ping()
