@@ -159,22 +159,31 @@ int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, s
         goto fail;
     }
     fchmod(l1->fd, 0600);
-    l1->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, l1->fd, 0);
+    /* Huge pages are allocated up front: a hugetlb page that is not there at
+     * fault time is a SIGBUS, not an allocation failure, so a pool that grows
+     * lazily (or is mapped without its reservation) could crash later. */
+    if (o->hugepages)
+        l1->lazy = false;
+    l1->base = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | (o->hugepages ? 0 : MAP_NORESERVE), l1->fd, 0);
     if (l1->base == MAP_FAILED) {
         rc = -errno;
         l1->base = NULL;
-        snprintf(err, errcap, "cannot map %llu bytes of L1: %s", (unsigned long long)size,
+        snprintf(err, errcap, "cannot map %llu bytes of L1%s: %s", (unsigned long long)size,
+                 o->hugepages ? " in huge pages (reserve them: sysctl vm.nr_hugepages)" : "",
                  strerror(errno));
         goto fail;
     }
-    uint64_t init = o->lazy ? KVT_MIN(KVT_ALIGN_UP(KVT_MAX(o->init_bytes, gran), gran), size)
-                            : size;
+    uint64_t init = l1->lazy ? KVT_MIN(KVT_ALIGN_UP(KVT_MAX(o->init_bytes, gran), gran), size)
+                             : size;
     rc = pool_resize_locked(l1, init);
-    if (!rc && !o->lazy && fallocate(l1->fd, 0, 0, (off_t)size) < 0)
+    if (!rc && !l1->lazy && fallocate(l1->fd, 0, 0, (off_t)size) < 0)
         rc = -errno;
     if (rc) {
-        snprintf(err, errcap, "cannot allocate %llu bytes of L1 memory: %s",
-                 (unsigned long long)init, strerror(-rc));
+        snprintf(err, errcap, "cannot allocate %llu bytes of L1 memory%s: %s",
+                 (unsigned long long)init,
+                 o->hugepages ? " in huge pages (reserve them: sysctl vm.nr_hugepages)" : "",
+                 strerror(-rc));
         goto fail;
     }
     struct stat st;

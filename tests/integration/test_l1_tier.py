@@ -318,3 +318,15 @@ def test_same_host_socket_and_fallback(server, local):
         with pytest.raises(kvtier.KvtierError):
             c.store(keys_for("bad/../x", 1), [b"x"])
         c.ping()
+
+
+def test_hugepages_refused_cleanly_when_none_are_reserved(tmp_path):
+    """--l1-use-hugepages without reserved huge pages: a clear error at
+    start-up, never a SIGBUS later."""
+    from conftest import BIN
+    with open("/proc/sys/vm/nr_hugepages") as f:
+        if int(f.read()) > 0:
+            pytest.skip("huge pages are reserved on this machine")
+    r = subprocess.run([BIN, "server", "--l1-use-hugepages", "--no-l2", "--port", "1",
+                        "--http-port", "0"], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "vm.nr_hugepages" in r.stderr
