@@ -34,6 +34,7 @@
 #include "io/tpool.h"
 #include "kvtier/error.h"
 #include "l2/cfg.h"
+#include "l2/fileobj.h"
 #include "l2/l2.h"
 #include "l2/objfmt.h"
 #include "l2/scanq.h"
@@ -201,14 +202,12 @@ static int open_tmp(kvt_l2 *l2, struct fs_engine *e, const char *tmpname, bool *
     return fd >= 0 ? fd : -errno;
 }
 
-static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const kvt_key *key,
-                        const kvt_objmeta *meta, const kvt_buf *src, uint16_t *hdr_out)
+static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const char *name,
+                        const kvt_key *key, const kvt_objmeta *meta, const kvt_buf *src,
+                        uint16_t *hdr_out)
 {
-    char name[KVT_NAME_MAX + 1], tmp[KVT_NAME_MAX + 64];
-    int rc = kvt_key_encode(KVT_CODEC_FS, key, name);
-    if (rc < 0)
-        return rc;
-    rc = misaligned_native(l2, e, src->ptr, src->len);
+    char tmp[KVT_NAME_MAX + 64];
+    int rc = misaligned_native(l2, e, src->ptr, src->len);
     if (rc)
         return rc;
     bool direct = direct_ok(l2, e, src->ptr, src->len);
@@ -317,19 +316,13 @@ static void run_store(struct fs_job *j, void *hdrbuf)
         return;
     }
     uint16_t used_hl = hl;
-    rc = write_object(l2, e, hdrbuf, &t->keys[i], &t->meta[i], src, &used_hl);
+    char name[KVT_NAME_MAX + 1];
+    rc = kvt_key_encode(KVT_CODEC_FS, &t->keys[i], name);
+    if (rc >= 0)
+        rc = write_object(l2, e, hdrbuf, name, &t->keys[i], &t->meta[i], src, &used_hl);
     if (rc == -EEXIST) {
         /* another writer published this name first: adopt its file */
-        kvt_l2_unreserve(l2, &ck);
-        char name[KVT_NAME_MAX + 1];
-        struct stat st;
-        if (kvt_key_encode(KVT_CODEC_FS, &t->keys[i], name) > 0 &&
-            fstatat(e->dirfd, name, &st, 0) == 0) {
-            kvt_l2_adopt(l2, &ck, (uint32_t)KVT_MIN(st.st_size, UINT32_MAX), 0, 0, 0, false,
-                         false);
-        }
-        atomic_fetch_add(&l2->counters.store_skipped, 1);
-        kvt_l2_task_ok(t, i, 0);
+        kvt_fileobj_store_adopt(l2, e->dirfd, name, t, i, &ck);
         return;
     }
     if (rc) {
@@ -341,66 +334,14 @@ static void run_store(struct fs_job *j, void *hdrbuf)
                   kvt_strerror(rc));
         return;
     }
-    if (used_hl != hl) {
-        /* header size changed (O_DIRECT fell back at open): fix accounting */
-        pthread_mutex_lock(&l2->lock);
-        struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
-        if (o) {
-            l2->used_bytes = l2->used_bytes - o->stored + used_hl + src->len;
-            o->stored = (uint32_t)(used_hl + src->len);
-            o->aux = used_hl;
-        }
-        pthread_mutex_unlock(&l2->lock);
-    }
+    if (used_hl != hl) /* header size changed (O_DIRECT fell back at open): fix accounting */
+        kvt_fileobj_set_hdr_len(l2, &ck, used_hl, src->len);
     kvt_l2_publish(l2, &ck);
     atomic_fetch_add(&l2->counters.store_ok, 1);
     kvt_l2_task_ok(t, i, used_hl + src->len);
 }
 
 /* ------------------------------------------------------------ lookup */
-
-/* Read and verify just the header of a file; fills h. */
-static int read_header(struct fs_engine *e, const char *name, const kvt_key *want,
-                       struct kvt_objhdr *h, struct stat *st, const char **why)
-{
-    int fd = openat(e->dirfd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    uint8_t buf[KVT_OBJHDR_MIN];
-    size_t got = 0;
-    int rc = fstat(fd, st) < 0 ? -errno : 0;
-    if (!rc)
-        rc = kvt_pread_all(fd, buf, sizeof(buf), 0, &got);
-    close(fd);
-    if (rc == -EIO) {
-        *why = "file shorter than a header";
-        return KVT_E_CORRUPT;
-    }
-    if (rc)
-        return rc;
-    rc = kvt_objhdr_decode(buf, got, h, why);
-    if (rc)
-        return rc;
-    if (!kvt_objhdr_matches(h, KVT_CODEC_FS, want)) {
-        *why = "header names another key";
-        return KVT_E_CORRUPT;
-    }
-    if ((uint64_t)st->st_size != h->hdr_len + h->payload_len) {
-        *why = "file size does not match the header (torn or extended file)";
-        return KVT_E_CORRUPT;
-    }
-    return 0;
-}
-
-static void report_corrupt(kvt_l2 *l2, struct fs_engine *e, const kvt_key *k, const char *name,
-                           const char *why)
-{
-    char ks[400];
-    atomic_fetch_add(&l2->counters.corrupt, 1);
-    kvt_warn("%s: corrupt object %s (%s): removed, treated as a miss", l2->name,
-             kvt_key_str(k, ks, sizeof(ks)), why);
-    unlinkat(e->dirfd, name, 0);
-}
 
 static void run_lookup(struct fs_job *j)
 {
@@ -409,45 +350,10 @@ static void run_lookup(struct fs_job *j)
     struct fs_engine *e = l2->engine;
     kvt_l2_task *t = b->t;
     uint32_t i = j->i;
-    kvt_key ck;
-    kvt_l2_canon(l2, &t->keys[i], &ck);
-    struct kvt_l2_obj o;
     char name[KVT_NAME_MAX + 1];
     if (kvt_key_encode(KVT_CODEC_FS, &t->keys[i], name) < 0)
         return;
-    bool pinned = kvt_l2_pin(l2, &ck, &o);
-    if (pinned && o.aux) {
-        t->meta[i].len = o.len;
-        kvt_l2_task_ok(t, i, 0);
-        return;
-    }
-    /* not indexed, or indexed by the start-up scan without its header read */
-    struct kvt_objhdr h;
-    struct stat st;
-    const char *why = NULL;
-    int rc = read_header(e, name, &t->keys[i], &h, &st, &why);
-    if (rc) {
-        if (rc == KVT_E_CORRUPT)
-            report_corrupt(l2, e, &t->keys[i], name, why);
-        if (pinned)
-            kvt_l2_forget(l2, &ck);
-        return;
-    }
-    if (pinned) {
-        pthread_mutex_lock(&l2->lock);
-        struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
-        if (p) {
-            p->aux = h.hdr_len;
-            p->len = (uint32_t)h.logical_len;
-        }
-        pthread_mutex_unlock(&l2->lock);
-    } else {
-        kvt_l2_adopt(l2, &ck, (uint32_t)st.st_size, (uint32_t)h.logical_len, h.hdr_len, 0, true,
-                     false);
-        atomic_fetch_add(&l2->counters.secondary_hits, 1);
-    }
-    t->meta[i] = h.meta;
-    kvt_l2_task_ok(t, i, 0);
+    kvt_fileobj_lookup(l2, e->dirfd, name, t, i);
 }
 
 /* -------------------------------------------------------------- load */
@@ -466,27 +372,11 @@ static void run_load(struct fs_job *j, void *hdrbuf)
     if (!hdrbuf || kvt_key_encode(KVT_CODEC_FS, &t->keys[i], name) < 0)
         return;
     uint16_t hl = 0;
-    pthread_mutex_lock(&l2->lock);
-    struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
-    if (o)
-        hl = (uint16_t)o->aux;
-    pthread_mutex_unlock(&l2->lock);
-    if (hl == 0 || hl > KVT_MAX(4096u, e->blksz)) {
-        struct kvt_objhdr h;
-        struct stat st;
-        const char *why;
-        int rc = read_header(e, name, &t->keys[i], &h, &st, &why);
-        if (rc) {
-            if (rc == KVT_E_CORRUPT)
-                report_corrupt(l2, e, &t->keys[i], name, why);
-            kvt_l2_task_fail(t, i, rc);
-            return;
-        }
-        hl = h.hdr_len;
-        if (hl > KVT_MAX(4096u, e->blksz)) {
-            kvt_l2_task_fail(t, i, KVT_E_CORRUPT);
-            return;
-        }
+    int lrc = kvt_fileobj_load_hdr_len(l2, e->dirfd, name, &t->keys[i], KVT_MAX(4096u, e->blksz),
+                                       &hl);
+    if (lrc) {
+        kvt_l2_task_fail(t, i, lrc);
+        return;
     }
     if (hl == e->blksz && misaligned_native(l2, e, dst->ptr, dst->len)) {
         kvt_l2_task_fail(t, i, -EINVAL);
@@ -545,34 +435,8 @@ static void run_load(struct fs_job *j, void *hdrbuf)
         }
     }
     close(fd);
-    const char *why = "file size does not match the destination";
-    struct kvt_objhdr h;
-    if (!rc) {
-        rc = kvt_objhdr_decode(hdrbuf, hl, &h, &why);
-        if (!rc && !kvt_objhdr_matches(&h, KVT_CODEC_FS, &t->keys[i])) {
-            why = "header names another key";
-            rc = KVT_E_CORRUPT;
-        }
-        if (!rc && h.payload_len != plen) {
-            why = "file size does not match the header (torn or extended file)";
-            rc = KVT_E_CORRUPT;
-        }
-        if (!rc && kvt_payload_hash(dst->ptr, plen) != h.payload_xxh3) {
-            why = "payload checksum mismatch";
-            rc = KVT_E_CORRUPT;
-        }
-    }
-    if (rc == KVT_E_CORRUPT) {
-        report_corrupt(l2, e, &t->keys[i], name, why);
-        kvt_l2_forget(l2, &ck);
-    }
-    if (rc) {
-        kvt_l2_task_fail(t, i, rc);
-        return;
-    }
-    t->meta[i] = h.meta;
-    dst->len = plen;
-    kvt_l2_task_ok(t, i, total);
+    kvt_fileobj_load_done(l2, e->dirfd, name, t, i, hdrbuf, hl, plen, rc,
+                          "file size does not match the destination");
 }
 
 /* ------------------------------------------------------------ submit */
@@ -797,23 +661,6 @@ static bool fs_healthy(kvt_l2 *l2, char *msg, size_t cap)
     return true;
 }
 
-static void delete_all_indexed(kvt_l2 *l2)
-{
-    struct fs_engine *e = l2->engine;
-    pthread_mutex_lock(&l2->lock);
-    uint64_t n = 0;
-    for (uint32_t h = 0; h < l2->idx.hwm; h++) {
-        struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if ((o->state & 0x7f) == KVT_OBJ_FREE)
-            continue;
-        char name[KVT_NAME_MAX + 1];
-        if (kvt_key_encode(KVT_CODEC_FS, &o->key, name) > 0 && unlinkat(e->dirfd, name, 0) == 0)
-            n++;
-    }
-    pthread_mutex_unlock(&l2->lock);
-    kvt_info("%s: persist_enabled is false: removed %llu files", l2->name, (unsigned long long)n);
-}
-
 static void fs_close(kvt_l2 *l2)
 {
     struct fs_engine *e = l2->engine;
@@ -822,7 +669,7 @@ static void fs_close(kvt_l2 *l2)
         pthread_join(e->scan_thr, NULL);
     kvt_tpool_destroy(e->pool); /* runs what is queued: pending writes drain */
     if (!l2->persist_enabled)
-        delete_all_indexed(l2);
+        kvt_fileobj_remove_indexed(l2);
     sweep_tmp(l2, e, e->tmpfd);
     if (e->tmpfd != e->dirfd)
         close(e->tmpfd);

@@ -42,6 +42,7 @@
 #include "kvtier/error.h"
 #include "l2/adapters.h"
 #include "l2/cfg.h"
+#include "l2/fileobj.h"
 #include "l2/l2.h"
 #include "l2/objfmt.h"
 #include "l2/scanq.h"
@@ -317,14 +318,7 @@ static bool store_prep(struct nd_op *op)
         op->direct = false;
         uint16_t nhl = KVT_OBJHDR_MIN;
         kvt_objhdr_encode(hdr, nhl, &t->keys[i], &t->meta[i], t->meta[i].serde, src->len, sum);
-        pthread_mutex_lock(&l2->lock);
-        struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
-        if (o) {
-            l2->used_bytes = l2->used_bytes - o->stored + nhl + src->len;
-            o->stored = (uint32_t)(nhl + src->len);
-            o->aux = nhl;
-        }
-        pthread_mutex_unlock(&l2->lock);
+        kvt_fileobj_set_hdr_len(l2, &ck, nhl, src->len);
         op->hl = nhl;
     }
     if (op->direct && kvt_ioeng_kind_of(e->io) == KVT_IOENG_URING) {
@@ -375,16 +369,11 @@ static void store_fin(struct nd_op *op)
         rc = -errno;
     if (rc) {
         unlinkat(e->dirfd, op->tmp, 0);
-        kvt_l2_unreserve(l2, &ck);
         if (rc == -EEXIST) {
             /* another process published this name first: adopt its file */
-            struct stat st;
-            if (fstatat(e->dirfd, op->rel, &st, 0) == 0)
-                kvt_l2_adopt(l2, &ck, (uint32_t)KVT_MIN(st.st_size, UINT32_MAX), 0, 0, 0, false,
-                             false);
-            atomic_fetch_add(&l2->counters.store_skipped, 1);
-            kvt_l2_task_ok(t, i, 0);
+            kvt_fileobj_store_adopt(l2, e->dirfd, op->rel, t, i, &ck);
         } else {
+            kvt_l2_unreserve(l2, &ck);
             store_fail(l2, t, i, rc);
             char ks[400];
             kvt_warn("%s: store %s failed: %s", l2->name,
@@ -401,94 +390,14 @@ static void store_fin(struct nd_op *op)
 
 /* ------------------------------------------------------------ lookup */
 
-/* Read and verify a file's header; fills h and st. */
-static int read_header(struct nd_engine *e, const char *rel, const kvt_key *want,
-                       struct kvt_objhdr *h, struct stat *st, const char **why)
-{
-    int fd = openat(e->dirfd, rel, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    uint8_t buf[KVT_OBJHDR_MIN];
-    size_t got = 0;
-    int rc = fstat(fd, st) < 0 ? -errno : 0;
-    if (!rc)
-        rc = kvt_pread_all(fd, buf, sizeof(buf), 0, &got);
-    close(fd);
-    if (rc == -EIO) {
-        *why = "file shorter than a header";
-        return KVT_E_CORRUPT;
-    }
-    if (rc)
-        return rc;
-    rc = kvt_objhdr_decode(buf, got, h, why);
-    if (rc)
-        return rc;
-    if (!kvt_objhdr_matches(h, KVT_CODEC_NIXL, want)) {
-        *why = "header names another key";
-        return KVT_E_CORRUPT;
-    }
-    if ((uint64_t)st->st_size != h->hdr_len + h->payload_len) {
-        *why = "file size does not match the header (torn or extended file)";
-        return KVT_E_CORRUPT;
-    }
-    return 0;
-}
-
-static void report_corrupt(kvt_l2 *l2, struct nd_engine *e, const kvt_key *k, const char *rel,
-                           const char *why)
-{
-    char ks[400];
-    atomic_fetch_add(&l2->counters.corrupt, 1);
-    kvt_warn("%s: corrupt object %s (%s): removed, treated as a miss", l2->name,
-             kvt_key_str(k, ks, sizeof(ks)), why);
-    unlinkat(e->dirfd, rel, 0);
-}
-
 static void run_lookup(struct nd_op *op)
 {
     struct nd_batch *b = op->b;
     kvt_l2 *l2 = b->l2;
     struct nd_engine *e = l2->engine;
-    kvt_l2_task *t = b->t;
-    uint32_t i = op->i;
-    kvt_key ck;
-    kvt_l2_canon(l2, &t->keys[i], &ck);
-    struct kvt_l2_obj o;
-    if (relpath(e, &t->keys[i], op->rel) < 0)
+    if (relpath(e, &b->t->keys[op->i], op->rel) < 0)
         return;
-    bool pinned = kvt_l2_pin(l2, &ck, &o);
-    if (pinned && o.aux) {
-        t->meta[i].len = o.len;
-        kvt_l2_task_ok(t, i, 0);
-        return;
-    }
-    /* not indexed (secondary lookup), or indexed by the scan without a header */
-    struct kvt_objhdr h;
-    struct stat st;
-    const char *why = NULL;
-    int rc = read_header(e, op->rel, &t->keys[i], &h, &st, &why);
-    if (rc) {
-        if (rc == KVT_E_CORRUPT)
-            report_corrupt(l2, e, &t->keys[i], op->rel, why);
-        if (pinned)
-            kvt_l2_forget(l2, &ck);
-        return;
-    }
-    if (pinned) {
-        pthread_mutex_lock(&l2->lock);
-        struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
-        if (p) {
-            p->aux = h.hdr_len;
-            p->len = (uint32_t)h.logical_len;
-        }
-        pthread_mutex_unlock(&l2->lock);
-    } else {
-        kvt_l2_adopt(l2, &ck, (uint32_t)st.st_size, (uint32_t)h.logical_len, h.hdr_len, 0, true,
-                     false);
-        atomic_fetch_add(&l2->counters.secondary_hits, 1);
-    }
-    t->meta[i] = h.meta;
-    kvt_l2_task_ok(t, i, 0);
+    kvt_fileobj_lookup(l2, e->dirfd, op->rel, b->t, op->i);
 }
 
 /* -------------------------------------------------------------- load */
@@ -506,27 +415,10 @@ static bool load_prep(struct nd_op *op)
     if (relpath(e, &t->keys[i], op->rel) < 0)
         return false;
     uint16_t hl = 0;
-    pthread_mutex_lock(&l2->lock);
-    struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
-    if (o)
-        hl = (uint16_t)o->aux;
-    pthread_mutex_unlock(&l2->lock);
-    if (hl == 0 || hl > ND_HDR_MAX) {
-        struct kvt_objhdr h;
-        struct stat st;
-        const char *why = NULL;
-        int rc = read_header(e, op->rel, &t->keys[i], &h, &st, &why);
-        if (rc) {
-            if (rc == KVT_E_CORRUPT)
-                report_corrupt(l2, e, &t->keys[i], op->rel, why);
-            kvt_l2_task_fail(t, i, rc);
-            return false;
-        }
-        hl = h.hdr_len;
-        if (hl > ND_HDR_MAX) {
-            kvt_l2_task_fail(t, i, KVT_E_CORRUPT);
-            return false;
-        }
+    int lrc = kvt_fileobj_load_hdr_len(l2, e->dirfd, op->rel, &t->keys[i], ND_HDR_MAX, &hl);
+    if (lrc) {
+        kvt_l2_task_fail(t, i, lrc);
+        return false;
     }
     op->hl = hl;
     op->direct = hl == e->blksz && direct_ok(l2, e, dst->ptr, dst->len);
@@ -585,44 +477,14 @@ static void load_fin(struct nd_op *op)
     struct nd_batch *b = op->b;
     kvt_l2 *l2 = b->l2;
     struct nd_engine *e = l2->engine;
-    kvt_l2_task *t = b->t;
-    uint32_t i = op->i;
-    kvt_buf *dst = &t->bufs[i];
-    kvt_key ck;
-    kvt_l2_canon(l2, &t->keys[i], &ck);
     close(op->fd);
     op->fd = -1;
     int rc = op->io.res < 0 ? op->io.res : 0;
-    const char *why = "file shorter than its size at open (truncated while reading)";
     if (!rc && (uint64_t)op->io.res != op->io.len)
         rc = KVT_E_CORRUPT;
-    struct kvt_objhdr h;
-    if (!rc) {
-        rc = kvt_objhdr_decode(b->hdrs + (size_t)i * ND_HDR_MAX, op->hl, &h, &why);
-        if (!rc && !kvt_objhdr_matches(&h, KVT_CODEC_NIXL, &t->keys[i])) {
-            why = "header names another key";
-            rc = KVT_E_CORRUPT;
-        }
-        if (!rc && (h.payload_len != op->plen || h.hdr_len != op->hl)) {
-            why = "file size does not match the header (torn or extended file)";
-            rc = KVT_E_CORRUPT;
-        }
-        if (!rc && kvt_payload_hash(dst->ptr, op->plen) != h.payload_xxh3) {
-            why = "payload checksum mismatch";
-            rc = KVT_E_CORRUPT;
-        }
-    }
-    if (rc == KVT_E_CORRUPT) {
-        report_corrupt(l2, e, &t->keys[i], op->rel, why);
-        kvt_l2_forget(l2, &ck);
-    }
-    if (rc) {
-        kvt_l2_task_fail(t, i, rc);
-        return;
-    }
-    t->meta[i] = h.meta;
-    dst->len = op->plen;
-    kvt_l2_task_ok(t, i, op->hl + op->plen);
+    kvt_fileobj_load_done(l2, e->dirfd, op->rel, b->t, op->i, b->hdrs + (size_t)op->i * ND_HDR_MAX,
+                          op->hl, op->plen, rc,
+                          "file shorter than its size at open (truncated while reading)");
 }
 
 /* ---------------------------------------------------------- dispatch */
@@ -964,23 +826,6 @@ static bool nd_healthy(kvt_l2 *l2, char *msg, size_t cap)
     return true;
 }
 
-static void delete_all_indexed(kvt_l2 *l2)
-{
-    struct nd_engine *e = l2->engine;
-    uint64_t n = 0;
-    pthread_mutex_lock(&l2->lock);
-    for (uint32_t h = 0; h < l2->idx.hwm; h++) {
-        struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if ((o->state & 0x7f) == KVT_OBJ_FREE)
-            continue;
-        char rel[ND_PATH_MAX];
-        if (relpath(e, &o->key, rel) == 0 && unlinkat(e->dirfd, rel, 0) == 0)
-            n++;
-    }
-    pthread_mutex_unlock(&l2->lock);
-    kvt_info("%s: persist_enabled is false: removed %llu files", l2->name, (unsigned long long)n);
-}
-
 static void engine_free(struct nd_engine *e)
 {
     if (e->dirfd >= 0)
@@ -1008,7 +853,7 @@ static void nd_close(kvt_l2 *l2)
     kvt_tpool_destroy(e->meta);
     kvt_ioeng_destroy(e->io);
     if (!l2->persist_enabled)
-        delete_all_indexed(l2);
+        kvt_fileobj_remove_indexed(l2);
     struct kvt_tmpguard g; /* tmp leftovers: ours always removed, others by the guard */
     kvt_tmpguard_init(&g, e->dirfd);
     atomic_store(&e->tmp_kept, 0);
