@@ -38,6 +38,7 @@
 #include "l2/l2.h"
 #include "l2/objfmt.h"
 #include "l2/scanq.h"
+#include "ops/tmpguard.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -217,9 +218,11 @@ static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const cha
     rc = kvt_objhdr_encode(hdrbuf, hl, key, m, m->serde, src->len, sum);
     if (rc)
         return rc;
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%x-%llx-%llx", name, (unsigned)e->pid,
-             (unsigned long long)e->starttime,
-             (unsigned long long)atomic_fetch_add(&e->seq, 1));
+    /* the name marks the writer by (pid, start time): ops/tmpguard.h */
+    rc = kvt_tmpguard_name(tmp, sizeof(tmp), name, e->pid, e->starttime,
+                           atomic_fetch_add(&e->seq, 1));
+    if (rc < 0)
+        return rc;
     int fd = open_tmp(l2, e, tmp, &direct);
     if (fd < 0)
         return fd;
