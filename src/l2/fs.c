@@ -472,36 +472,9 @@ static void fs_submit(kvt_l2 *l2, kvt_l2_task *t)
 {
     struct fs_engine *e = l2->engine;
     enum fs_op op = t->kind == KVT_L2_STORE ? OP_STORE : t->kind == KVT_L2_LOOKUP ? OP_LOOKUP : OP_LOAD;
-    if (op == OP_LOOKUP) {
-        /* fast path: every key indexed with a known header: no thread hop */
-        uint32_t hits = 0;
-        kvt_key ck;
-        struct kvt_l2_obj o;
-        pthread_mutex_lock(&l2->lock);
-        for (uint32_t i = 0; i < t->n; i++) {
-            kvt_l2_canon(l2, &t->keys[i], &ck);
-            struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
-            if (p && (p->state & 0x7f) == KVT_OBJ_READY && p->aux && p->pins < UINT16_MAX)
-                hits++;
-            else
-                break;
-        }
-        if (hits == t->n) {
-            for (uint32_t i = 0; i < t->n; i++) {
-                kvt_l2_canon(l2, &t->keys[i], &ck);
-                struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
-                p->pins++;
-                o = *p;
-                t->meta[i].len = o.len;
-                kvt_bm_set(t->ok, i);
-            }
-        }
-        pthread_mutex_unlock(&l2->lock);
-        if (hits == t->n) {
-            kvt_l2_task_finish(l2, t);
-            return;
-        }
-    }
+    /* fast path: every key indexed with a known header: no thread hop */
+    if (op == OP_LOOKUP && kvt_l2_lookup_known(l2, t))
+        return;
     struct fs_batch *b = kvt_xcalloc(1, sizeof(*b) + t->n * sizeof(struct fs_job));
     b->l2 = l2;
     b->t = t;

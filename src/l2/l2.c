@@ -848,6 +848,51 @@ bool kvt_l2_pin(kvt_l2 *l2, const kvt_key *ck, struct kvt_l2_obj *out)
     return hit;
 }
 
+void kvt_l2_lookup_index(kvt_l2 *l2, kvt_l2_task *t)
+{
+    for (uint32_t i = 0; i < t->n; i++) {
+        kvt_key ck;
+        struct kvt_l2_obj o;
+        kvt_l2_canon(l2, &t->keys[i], &ck);
+        if (kvt_l2_pin(l2, &ck, &o)) {
+            t->meta[i].len = o.len;
+            kvt_bm_set(t->ok, i);
+        }
+    }
+    kvt_l2_task_finish(l2, t);
+}
+
+/* All or nothing under one lock hold: a partial hit would need the slow
+ * path for the rest anyway, and pins taken here must not be taken twice. */
+bool kvt_l2_lookup_known(kvt_l2 *l2, kvt_l2_task *t)
+{
+    uint32_t hits = 0;
+    kvt_key ck;
+    pthread_mutex_lock(&l2->lock);
+    for (uint32_t i = 0; i < t->n; i++) {
+        kvt_l2_canon(l2, &t->keys[i], &ck);
+        uint32_t h = idx_find(&l2->idx, &ck);
+        const struct kvt_l2_obj *o = h == NOHANDLE ? NULL : &l2->idx.objs[h];
+        if (!(o && st(o) == KVT_OBJ_READY && o->aux && o->pins < UINT16_MAX))
+            break;
+        hits++;
+    }
+    if (hits == t->n) {
+        for (uint32_t i = 0; i < t->n; i++) {
+            kvt_l2_canon(l2, &t->keys[i], &ck);
+            struct kvt_l2_obj *o = &l2->idx.objs[idx_find(&l2->idx, &ck)];
+            o->pins++;
+            t->meta[i].len = o->len;
+            kvt_bm_set(t->ok, i);
+        }
+    }
+    pthread_mutex_unlock(&l2->lock);
+    if (hits != t->n)
+        return false;
+    kvt_l2_task_finish(l2, t);
+    return true;
+}
+
 bool kvt_l2_adopt(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
                   uint8_t flags, bool pin, bool at_cold_end)
 {

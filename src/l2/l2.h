@@ -272,6 +272,14 @@ void kvt_l2_unreserve(kvt_l2 *l2, const kvt_key *ck);
 
 /* Lookup-and-pin a canonical key; copies the entry to *out when found. */
 bool kvt_l2_pin(kvt_l2 *l2, const kvt_key *ck, struct kvt_l2_obj *out);
+/* LOOKUP answered from the index alone (engines whose index is complete:
+ * no I/O): pin each key found READY, report its logical length, finish t. */
+void kvt_l2_lookup_index(kvt_l2 *l2, kvt_l2_task *t);
+/* LOOKUP fast path of engines whose index may lack a key's header: when
+ * every key is READY with a nonzero aux (its header is known) and can be
+ * pinned, pin them all, report their lengths, finish t and return true
+ * (no thread hop). Otherwise change nothing and return false. */
+bool kvt_l2_lookup_known(kvt_l2 *l2, kvt_l2_task *t);
 /* Insert an object found on the backend (recovery scan or secondary lookup).
  * pin: also pin it. at_cold_end: the policy sees it as least recently used
  * (recovery inserts newest first, so the oldest ends up coldest).

@@ -549,33 +549,9 @@ static void io_done(struct kvt_io *io)
 static void nd_submit(kvt_l2 *l2, kvt_l2_task *t)
 {
     struct nd_engine *e = l2->engine;
-    if (t->kind == KVT_L2_LOOKUP) {
-        /* fast path: every key indexed with a known header: no thread hop */
-        uint32_t hits = 0;
-        kvt_key ck;
-        pthread_mutex_lock(&l2->lock);
-        for (uint32_t i = 0; i < t->n; i++) {
-            kvt_l2_canon(l2, &t->keys[i], &ck);
-            struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
-            if (!(p && (p->state & 0x7f) == KVT_OBJ_READY && p->aux && p->pins < UINT16_MAX))
-                break;
-            hits++;
-        }
-        if (hits == t->n) {
-            for (uint32_t i = 0; i < t->n; i++) {
-                kvt_l2_canon(l2, &t->keys[i], &ck);
-                struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
-                p->pins++;
-                t->meta[i].len = p->len;
-                kvt_bm_set(t->ok, i);
-            }
-        }
-        pthread_mutex_unlock(&l2->lock);
-        if (hits == t->n) {
-            kvt_l2_task_finish(l2, t);
-            return;
-        }
-    }
+    /* fast path: every key indexed with a known header: no thread hop */
+    if (t->kind == KVT_L2_LOOKUP && kvt_l2_lookup_known(l2, t))
+        return;
     struct nd_batch *b = kvt_xcalloc(1, sizeof(*b) + t->n * sizeof(struct nd_op));
     b->l2 = l2;
     b->t = t;

@@ -492,16 +492,7 @@ static void rb_submit(kvt_l2 *l2, kvt_l2_task *t)
 {
     struct rb_engine *e = l2->engine;
     if (t->kind == KVT_L2_LOOKUP) { /* the index is complete: no I/O */
-        for (uint32_t i = 0; i < t->n; i++) {
-            kvt_key ck;
-            struct kvt_l2_obj o;
-            kvt_l2_canon(l2, &t->keys[i], &ck);
-            if (kvt_l2_pin(l2, &ck, &o)) {
-                t->meta[i].len = o.len;
-                kvt_bm_set(t->ok, i);
-            }
-        }
-        kvt_l2_task_finish(l2, t);
+        kvt_l2_lookup_index(l2, t);
         return;
     }
     struct rb_batch *b = kvt_xcalloc(1, sizeof(*b) + t->n * sizeof(struct rb_op));
