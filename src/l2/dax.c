@@ -79,12 +79,8 @@ struct dax_engine {
     pthread_t scan_thr;
     bool scan_started;
     _Atomic bool stop;
-    pthread_mutex_t park_lock;
-    struct dax_op *parked; /* guarded by park_lock */
-    bool parking;          /* guarded by park_lock */
-    pthread_mutex_t drain_lock;
-    pthread_cond_t drain_cond;
-    uint64_t live; /* guarded by drain_lock */
+    struct kvt_l2_park park;   /* stores waiting for the scan */
+    struct kvt_l2_drain drain; /* live batches */
     _Atomic uint64_t invalid_headers, msyncs;
 };
 
@@ -93,7 +89,6 @@ struct dax_batch;
 struct dax_op {
     struct kvt_job job;
     struct dax_batch *b;
-    struct dax_op *park_next;
     uint32_t i;
     bool store;
 };
@@ -160,10 +155,7 @@ static void batch_op_done(struct dax_batch *b)
     struct dax_engine *e = l2->engine;
     kvt_l2_task_finish(l2, b->t);
     free(b);
-    pthread_mutex_lock(&e->drain_lock);
-    if (--e->live == 0)
-        pthread_cond_broadcast(&e->drain_cond);
-    pthread_mutex_unlock(&e->drain_lock);
+    kvt_l2_drain_leave(&e->drain);
 }
 
 static void do_store(kvt_l2 *l2, struct dax_engine *e, kvt_l2_task *t, uint32_t i)
@@ -302,14 +294,8 @@ static void job_fn(struct kvt_job *job, void *ctx)
     kvt_l2 *l2 = op->b->l2;
     struct dax_engine *e = l2->engine;
     if (op->store) {
-        pthread_mutex_lock(&e->park_lock);
-        if (e->parking) {
-            op->park_next = e->parked;
-            e->parked = op;
-            pthread_mutex_unlock(&e->park_lock);
+        if (kvt_l2_park(&e->park, job))
             return;
-        }
-        pthread_mutex_unlock(&e->park_lock);
         do_store(l2, e, op->b->t, op->i);
     } else {
         do_load(l2, e, op->b->t, op->i);
@@ -328,9 +314,7 @@ static void dax_submit(kvt_l2 *l2, kvt_l2_task *t)
     b->l2 = l2;
     b->t = t;
     atomic_store(&b->left, t->n);
-    pthread_mutex_lock(&e->drain_lock);
-    e->live++;
-    pthread_mutex_unlock(&e->drain_lock);
+    kvt_l2_drain_enter(&e->drain);
     bool store = t->kind == KVT_L2_STORE;
     uint32_t n = t->n;
     for (uint32_t i = 0; i < n; i++) {
@@ -373,27 +357,6 @@ static int by_gen_desc(const void *a, const void *b)
 {
     const struct adopt_ent *x = a, *y = b;
     return (x->gen < y->gen) - (x->gen > y->gen);
-}
-
-static void release_parked(struct dax_engine *e)
-{
-    pthread_mutex_lock(&e->park_lock);
-    e->parking = false;
-    struct dax_op *p = e->parked;
-    e->parked = NULL;
-    pthread_mutex_unlock(&e->park_lock);
-    struct dax_op *rev = NULL;
-    while (p) {
-        struct dax_op *nx = p->park_next;
-        p->park_next = rev;
-        rev = p;
-        p = nx;
-    }
-    while (rev) {
-        struct dax_op *nx = rev->park_next;
-        kvt_tpool_push(e->spool, &rev->job);
-        rev = nx;
-    }
 }
 
 /* Scan the header table: valid, committed headers become index entries
@@ -466,7 +429,7 @@ static void *scan_main(void *arg)
     pthread_mutex_unlock(&l2->lock);
     kvt_info("%s: recovered %llu objects from the slot headers of %s in %.3f s", l2->name,
              (unsigned long long)objs, e->path, secs);
-    release_parked(e);
+    kvt_l2_park_release(&e->park, e->spool);
     return NULL;
 }
 
@@ -502,9 +465,8 @@ static void engine_free(struct dax_engine *e)
     free(e->readers);
     free(e->zombie);
     pthread_mutex_destroy(&e->lock);
-    pthread_mutex_destroy(&e->park_lock);
-    pthread_mutex_destroy(&e->drain_lock);
-    pthread_cond_destroy(&e->drain_cond);
+    kvt_l2_park_destroy(&e->park);
+    kvt_l2_drain_destroy(&e->drain);
     free(e);
 }
 
@@ -514,11 +476,8 @@ static void dax_close(kvt_l2 *l2)
     atomic_store(&e->stop, true);
     if (e->scan_started)
         pthread_join(e->scan_thr, NULL);
-    release_parked(e);
-    pthread_mutex_lock(&e->drain_lock);
-    while (e->live)
-        pthread_cond_wait(&e->drain_cond, &e->drain_lock);
-    pthread_mutex_unlock(&e->drain_lock);
+    kvt_l2_park_release(&e->park, e->spool);
+    kvt_l2_drain_wait(&e->drain);
     kvt_tpool_destroy(e->spool);
     kvt_tpool_destroy(e->lpool);
     if (!l2->persist_enabled) {
@@ -579,9 +538,8 @@ int kvt_dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_da
     struct dax_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->fd = -1;
     pthread_mutex_init(&e->lock, NULL);
-    pthread_mutex_init(&e->park_lock, NULL);
-    pthread_mutex_init(&e->drain_lock, NULL);
-    pthread_cond_init(&e->drain_cond, NULL);
+    kvt_l2_park_init(&e->park);
+    kvt_l2_drain_init(&e->drain);
     e->path = kvt_xstrdup(o->device_path);
     e->durable = o->durable;
     e->slot_bytes = o->slot_bytes;
@@ -668,7 +626,7 @@ int kvt_dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_da
         snprintf(err, errcap, "cannot start worker threads: %s", strerror(-rc));
         goto fail_base;
     }
-    e->parking = true;
+    e->park.parking = true;
     l2->recovering = true;
     rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
     if (rc) {

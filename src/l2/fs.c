@@ -26,7 +26,7 @@
  *
  * Threads: num_workers I/O threads (tpool "fs<i>"), one scan thread at
  * start-up. Locks: l2->lock (base) is taken for index updates only, never
- * across I/O; e->park_lock guards the parked store list.
+ * across I/O; e->park.lock guards the parked store list.
  */
 #include "l2/adapters.h"
 #include "common/log.h"
@@ -63,7 +63,6 @@ struct fs_job {
     struct kvt_job job;
     struct fs_batch *b;
     uint32_t i;
-    struct fs_job *park_next; /* guarded by e->park_lock */
 };
 
 struct fs_batch {
@@ -96,9 +95,7 @@ struct fs_engine {
     bool scan_started;
     _Atomic bool stop;
 
-    pthread_mutex_t park_lock;
-    struct fs_job *parked; /* store jobs waiting for recovery */
-    bool parking;          /* guarded by park_lock */
+    struct kvt_l2_park park; /* store jobs waiting for recovery */
 
     _Atomic uint64_t tmp_removed;
 };
@@ -451,14 +448,8 @@ static void job_fn(struct kvt_job *job, void *ctx)
     struct fs_engine *e = b->l2->engine;
     if (b->op == OP_STORE) {
         /* stores wait for the start-up scan so the cap counts old files */
-        pthread_mutex_lock(&e->park_lock);
-        if (e->parking) {
-            j->park_next = e->parked;
-            e->parked = j;
-            pthread_mutex_unlock(&e->park_lock);
+        if (kvt_l2_park(&e->park, job))
             return;
-        }
-        pthread_mutex_unlock(&e->park_lock);
         run_store(j, ctx);
     } else if (b->op == OP_LOOKUP) {
         run_lookup(j);
@@ -579,24 +570,7 @@ static void *scan_main(void *arg)
         kvt_info("%s: removed %llu tmp files left by dead writers", l2->name,
                  (unsigned long long)atomic_load(&e->tmp_removed));
     /* release the stores that waited for the scan */
-    pthread_mutex_lock(&e->park_lock);
-    e->parking = false;
-    struct fs_job *p = e->parked;
-    e->parked = NULL;
-    pthread_mutex_unlock(&e->park_lock);
-    /* parked in LIFO order: reverse to keep submission order */
-    struct fs_job *rev = NULL;
-    while (p) {
-        struct fs_job *nx = p->park_next;
-        p->park_next = rev;
-        rev = p;
-        p = nx;
-    }
-    while (rev) {
-        struct fs_job *nx = rev->park_next;
-        kvt_tpool_push(e->pool, &rev->job);
-        rev = nx;
-    }
+    kvt_l2_park_release(&e->park, e->pool);
     return NULL;
 }
 
@@ -652,7 +626,7 @@ static void fs_close(kvt_l2 *l2)
     close(e->dirfd);
     free(e->base);
     free(e->tmp_rel);
-    pthread_mutex_destroy(&e->park_lock);
+    kvt_l2_park_destroy(&e->park);
     free(e);
     l2->engine = NULL;
 }
@@ -723,7 +697,7 @@ int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_
     }
     struct fs_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->dirfd = e->tmpfd = -1;
-    pthread_mutex_init(&e->park_lock, NULL);
+    kvt_l2_park_init(&e->park);
     char abs[PATH_MAX];
     if (o->base_path[0] != '/' && getcwd(abs, sizeof(abs)))
         snprintf(abs + strlen(abs), sizeof(abs) - strlen(abs), "/%s", o->base_path);
@@ -766,7 +740,7 @@ int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_
         snprintf(err, errcap, "cannot start I/O threads: %s", strerror(-rc));
         goto fail;
     }
-    e->parking = true;
+    e->park.parking = true;
     l2->recovering = true;
     rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
     if (rc) {

@@ -313,6 +313,44 @@ void kvt_l2_found_push(struct kvt_l2_found_vec *fv, const kvt_key *ck, uint32_t 
 void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0_ns,
                             const char *where);
 
+/* ---- parked stores and draining, for engines with worker pools ------ */
+
+struct kvt_job;
+struct kvt_tpool;
+
+/* Stores that wait for the start-up scan, so that the cap counts what the
+ * backend already holds (lookups and loads are served meanwhile). Parked
+ * jobs are chained through kvt_job.next: they are on no pool's queue. */
+struct kvt_l2_park {
+    pthread_mutex_t lock; /* a leaf: guards the fields below */
+    struct kvt_job *head; /* parked jobs, newest first */
+    uint64_t n;           /* how many are parked */
+    bool parking;         /* set by the engine before its scan starts */
+};
+void kvt_l2_park_init(struct kvt_l2_park *p);
+void kvt_l2_park_destroy(struct kvt_l2_park *p);
+/* From a worker about to run a store job: park it while the scan runs and
+ * return true (it runs later, from kvt_l2_park_release); false: run it. */
+bool kvt_l2_park(struct kvt_l2_park *p, struct kvt_job *job);
+/* The scan is done, or the adapter closes: stop parking and push what was
+ * parked to pool, in submission order. */
+void kvt_l2_park_release(struct kvt_l2_park *p, struct kvt_tpool *pool);
+/* How many stores are parked now (status). */
+uint64_t kvt_l2_parked(struct kvt_l2_park *p);
+
+/* Batches in flight, so that close can wait until the last one finished
+ * before it stops the pools their completions push to. */
+struct kvt_l2_drain {
+    pthread_mutex_t lock; /* a leaf: guards live */
+    pthread_cond_t cond;  /* signalled when live reaches 0 */
+    uint64_t live;
+};
+void kvt_l2_drain_init(struct kvt_l2_drain *d);
+void kvt_l2_drain_destroy(struct kvt_l2_drain *d);
+void kvt_l2_drain_enter(struct kvt_l2_drain *d); /* a batch starts */
+void kvt_l2_drain_leave(struct kvt_l2_drain *d); /* a batch finished */
+void kvt_l2_drain_wait(struct kvt_l2_drain *d);  /* until none is live */
+
 /* Evict until used_bytes <= target, policy order, skipping pinned keys.
  * Returns bytes reclaimed. Used by the eviction controller. */
 uint64_t kvt_l2_evict_to(kvt_l2 *l2, uint64_t target, uint32_t batch);

@@ -33,7 +33,7 @@
  * (io_uring).
  *
  * Locks: l2->lock (base) for index updates, never across I/O;
- * e->park_lock guards the parked-store list; e->drain_lock the live count.
+ * e->park.lock guards the parked-store list; e->drain.lock the live count.
  */
 #include "common/log.h"
 #include "common/util.h"
@@ -75,7 +75,6 @@ struct nd_op {
     struct kvt_job job; /* metadata-pool job */
     struct kvt_io io;   /* the data transfer */
     struct nd_batch *b;
-    struct nd_op *park_next; /* guarded by e->park_lock */
     uint32_t i;
     uint8_t stage;
     bool direct;
@@ -116,14 +115,8 @@ struct nd_engine {
     bool scan_started;
     _Atomic bool stop;
 
-    pthread_mutex_t park_lock;
-    struct nd_op *parked; /* store ops waiting for the scan (LIFO) */
-    bool parking;         /* guarded by park_lock */
-    uint64_t parked_n;    /* guarded by park_lock */
-
-    pthread_mutex_t drain_lock;
-    pthread_cond_t drain_cond;
-    uint64_t live_batches; /* guarded by drain_lock */
+    struct kvt_l2_park park;   /* store ops waiting for the scan */
+    struct kvt_l2_drain drain; /* live batches */
 
     _Atomic uint64_t tmp_removed, misaligned;
     /* tmp files the last scan left in place (live writers, undecidable,
@@ -219,10 +212,7 @@ static void batch_op_done(struct nd_batch *b)
     kvt_l2_task_finish(l2, b->t);
     free(b->hdrs);
     free(b);
-    pthread_mutex_lock(&e->drain_lock);
-    if (--e->live_batches == 0)
-        pthread_cond_broadcast(&e->drain_cond);
-    pthread_mutex_unlock(&e->drain_lock);
+    kvt_l2_drain_leave(&e->drain);
 }
 
 static void store_fail(kvt_l2 *l2, kvt_l2_task *t, uint32_t i, int rc)
@@ -521,15 +511,8 @@ static void job_fn(struct kvt_job *job, void *ctx)
     struct nd_engine *e = op->b->l2->engine;
     if (op->stage == ST_STORE) {
         /* stores wait for the start-up scan so the cap counts old files */
-        pthread_mutex_lock(&e->park_lock);
-        if (e->parking) {
-            op->park_next = e->parked;
-            e->parked = op;
-            e->parked_n++;
-            pthread_mutex_unlock(&e->park_lock);
+        if (kvt_l2_park(&e->park, job))
             return;
-        }
-        pthread_mutex_unlock(&e->park_lock);
     }
     run_stage(op);
 }
@@ -569,9 +552,7 @@ static void nd_submit(kvt_l2 *l2, kvt_l2_task *t)
     atomic_store(&b->left, t->n);
     uint8_t stage = t->kind == KVT_L2_STORE ? ST_STORE : t->kind == KVT_L2_LOOKUP ? ST_LOOKUP
                                                                                   : ST_LOAD;
-    pthread_mutex_lock(&e->drain_lock);
-    e->live_batches++;
-    pthread_mutex_unlock(&e->drain_lock);
+    kvt_l2_drain_enter(&e->drain);
     for (uint32_t i = 0; i < t->n; i++) {
         struct nd_op *op = &b->ops[i];
         op->b = b;
@@ -675,28 +656,6 @@ static void scan_dir(kvt_l2 *l2, struct nd_engine *e, struct kvt_tmpguard *g, in
     closedir(d);
 }
 
-static void release_parked(struct nd_engine *e)
-{
-    pthread_mutex_lock(&e->park_lock);
-    e->parking = false;
-    struct nd_op *p = e->parked;
-    e->parked = NULL;
-    e->parked_n = 0;
-    pthread_mutex_unlock(&e->park_lock);
-    struct nd_op *rev = NULL; /* parked LIFO: reverse to keep submission order */
-    while (p) {
-        struct nd_op *nx = p->park_next;
-        p->park_next = rev;
-        rev = p;
-        p = nx;
-    }
-    while (rev) {
-        struct nd_op *nx = rev->park_next;
-        kvt_tpool_push(e->meta, &rev->job);
-        rev = nx;
-    }
-}
-
 /* Free and total bytes of the file system under file_path. */
 static int fs_space(struct nd_engine *e, uint64_t *free_b, uint64_t *total_b)
 {
@@ -746,7 +705,7 @@ static void *scan_main(void *arg)
         kvt_info("%s: removed %llu tmp files left by dead writers", l2->name,
                  (unsigned long long)atomic_load(&e->tmp_removed));
     preflight_warn(l2, e);
-    release_parked(e);
+    kvt_l2_park_release(&e->park, e->meta);
     return NULL;
 }
 
@@ -781,9 +740,8 @@ static void nd_status(kvt_l2 *l2, json_t *out)
         json_object_set_new(fs, "can_hold_capacity", json_boolean(!cap || fr + used >= cap));
         json_object_set_new(out, "filesystem", fs);
     }
-    pthread_mutex_lock(&e->park_lock);
-    json_object_set_new(out, "parked_stores", json_integer((json_int_t)e->parked_n));
-    pthread_mutex_unlock(&e->park_lock);
+    json_object_set_new(out, "parked_stores",
+                        json_integer((json_int_t)kvt_l2_parked(&e->park)));
 }
 
 static bool nd_healthy(kvt_l2 *l2, char *msg, size_t cap)
@@ -807,9 +765,8 @@ static void engine_free(struct nd_engine *e)
     if (e->dirfd >= 0)
         close(e->dirfd);
     free(e->base);
-    pthread_mutex_destroy(&e->park_lock);
-    pthread_mutex_destroy(&e->drain_lock);
-    pthread_cond_destroy(&e->drain_cond);
+    kvt_l2_park_destroy(&e->park);
+    kvt_l2_drain_destroy(&e->drain);
     free(e);
 }
 
@@ -821,11 +778,8 @@ static void nd_close(kvt_l2 *l2)
         pthread_join(e->scan_thr, NULL);
     /* parked stores are released, then every live batch drains: both pools
      * keep running until nothing can push to the other any more */
-    release_parked(e);
-    pthread_mutex_lock(&e->drain_lock);
-    while (e->live_batches)
-        pthread_cond_wait(&e->drain_cond, &e->drain_lock);
-    pthread_mutex_unlock(&e->drain_lock);
+    kvt_l2_park_release(&e->park, e->meta);
+    kvt_l2_drain_wait(&e->drain);
     kvt_tpool_destroy(e->meta);
     kvt_ioeng_destroy(e->io);
     if (!l2->persist_enabled)
@@ -953,9 +907,8 @@ int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
     }
     struct nd_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->dirfd = -1;
-    pthread_mutex_init(&e->park_lock, NULL);
-    pthread_mutex_init(&e->drain_lock, NULL);
-    pthread_cond_init(&e->drain_cond, NULL);
+    kvt_l2_park_init(&e->park);
+    kvt_l2_drain_init(&e->drain);
     char abs[PATH_MAX];
     if (o->file_path[0] != '/' && getcwd(abs, sizeof(abs)))
         snprintf(abs + strlen(abs), sizeof(abs) - strlen(abs), "/%s", o->file_path);
@@ -1003,7 +956,7 @@ int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
         snprintf(err, errcap, "cannot start worker threads: %s", strerror(-rc));
         goto fail;
     }
-    e->parking = true;
+    e->park.parking = true;
     l2->recovering = true;
     rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
     if (rc) {

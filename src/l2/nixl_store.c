@@ -90,9 +90,7 @@ struct ns_engine {
     uint32_t nrecs, cap_recs, rec_free;
     uint64_t dry_batches, scattered;
 
-    pthread_mutex_t drain_lock;
-    pthread_cond_t drain_cond;
-    uint64_t live; /* tasks in flight, guarded by drain_lock */
+    struct kvt_l2_drain drain; /* tasks in flight */
 };
 
 /* ---------------------------------------------------- page allocator */
@@ -265,10 +263,7 @@ static void task_end(struct ns_task *nt)
     free(nt->iov);
     kvt_l2_task_finish(l2, nt->t);
     free(nt);
-    pthread_mutex_lock(&e->drain_lock);
-    if (--e->live == 0)
-        pthread_cond_broadcast(&e->drain_cond);
-    pthread_mutex_unlock(&e->drain_lock);
+    kvt_l2_drain_leave(&e->drain);
 }
 
 static void obj_done(struct ns_task *nt)
@@ -664,9 +659,7 @@ static void ns_submit(kvt_l2 *l2, kvt_l2_task *t)
     struct ns_task *nt = kvt_xcalloc(1, sizeof(*nt) + t->n * sizeof(struct ns_obj));
     nt->l2 = l2;
     nt->t = t;
-    pthread_mutex_lock(&e->drain_lock);
-    e->live++;
-    pthread_mutex_unlock(&e->drain_lock);
+    kvt_l2_drain_enter(&e->drain);
     if (t->kind == KVT_L2_STORE)
         submit_store(l2, e, nt);
     else
@@ -719,18 +712,14 @@ static void engine_free(struct ns_engine *e)
         close(e->dirfd);
     free(e->base);
     pthread_mutex_destroy(&e->lock);
-    pthread_mutex_destroy(&e->drain_lock);
-    pthread_cond_destroy(&e->drain_cond);
+    kvt_l2_drain_destroy(&e->drain);
     free(e);
 }
 
 static void ns_close(kvt_l2 *l2)
 {
     struct ns_engine *e = l2->engine;
-    pthread_mutex_lock(&e->drain_lock);
-    while (e->live)
-        pthread_cond_wait(&e->drain_cond, &e->drain_lock);
-    pthread_mutex_unlock(&e->drain_lock);
+    kvt_l2_drain_wait(&e->drain);
     kvt_tpool_destroy(e->work);
     kvt_ioeng_destroy(e->io);
     engine_free(e);
@@ -810,8 +799,7 @@ int kvt_nixl_store_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct
     struct ns_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->dirfd = -1;
     pthread_mutex_init(&e->lock, NULL);
-    pthread_mutex_init(&e->drain_lock, NULL);
-    pthread_cond_init(&e->drain_cond, NULL);
+    kvt_l2_drain_init(&e->drain);
     e->nfiles = o->pool_size;
     e->ppf = (uint32_t)ppf;
     e->page = o->page_size;

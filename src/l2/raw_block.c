@@ -80,10 +80,7 @@ static void batch_op_done(struct rb_batch *b)
     }
     kvt_l2_task_finish(l2, b->t);
     free(b);
-    pthread_mutex_lock(&e->drain_lock);
-    if (--e->live == 0)
-        pthread_cond_broadcast(&e->drain_cond);
-    pthread_mutex_unlock(&e->drain_lock);
+    kvt_l2_drain_leave(&e->drain);
 }
 
 /* Split a byte stream of up to 3 segments into requests of at most
@@ -469,14 +466,8 @@ static void job_fn(struct kvt_job *job, void *ctx)
     struct rb_engine *e = op->b->l2->engine;
     switch (op->stage) {
     case ST_STORE:
-        pthread_mutex_lock(&e->park_lock);
-        if (e->parking) { /* stores wait for recovery: slots and the cap */
-            op->park_next = e->parked;
-            e->parked = op;
-            pthread_mutex_unlock(&e->park_lock);
+        if (kvt_l2_park(&e->park, job)) /* stores wait for recovery: slots and the cap */
             return;
-        }
-        pthread_mutex_unlock(&e->park_lock);
         store_prep(op);
         break;
     case ST_LOAD:
@@ -499,9 +490,7 @@ static void rb_submit(kvt_l2 *l2, kvt_l2_task *t)
     b->l2 = l2;
     b->t = t;
     atomic_store(&b->left, t->n);
-    pthread_mutex_lock(&e->drain_lock);
-    e->live++;
-    pthread_mutex_unlock(&e->drain_lock);
+    kvt_l2_drain_enter(&e->drain);
     bool store = t->kind == KVT_L2_STORE;
     uint32_t n = t->n;
     for (uint32_t i = 0; i < n; i++) {
@@ -632,32 +621,12 @@ static void verify_slots(kvt_l2 *l2, struct rb_engine *e)
                  (unsigned long long)atomic_load(&e->verify_dropped));
 }
 
-static void release_parked(struct rb_engine *e)
-{
-    pthread_mutex_lock(&e->park_lock);
-    e->parking = false;
-    struct rb_op *p = e->parked;
-    e->parked = NULL;
-    pthread_mutex_unlock(&e->park_lock);
-    struct rb_op *rev = NULL;
-    while (p) {
-        struct rb_op *nx = p->park_next;
-        p->park_next = rev;
-        rev = p;
-        p = nx;
-    }
-    while (rev) {
-        struct rb_op *nx = rev->park_next;
-        kvt_tpool_push(e->spool, &rev->job);
-        rev = nx;
-    }
-}
-
 /*
  * Background start-up: checkpoint payload, journal replay, slot-header
  * verification, then the free list and the base index (oldest generation
- * coldest). The slot table is not shared yet: no store runs before
- * release_parked, loads find nothing in the base index until adoption.
+ * coldest). The slot table is not shared yet: no store runs before the
+ * parked stores are released, loads find nothing in the base index until
+ * adoption.
  */
 static void *recover_main(void *arg)
 {
@@ -734,7 +703,7 @@ static void *recover_main(void *arg)
     kvt_info("%s: recovered %llu objects (%s) from %s in %.3f s", l2->name,
              (unsigned long long)objs, e->fresh ? "fresh device" : e->recovered_from, e->path,
              secs);
-    release_parked(e);
+    kvt_l2_park_release(&e->park, e->spool);
     return NULL;
 }
 
@@ -823,9 +792,8 @@ static void engine_free(struct rb_engine *e)
     pthread_mutex_destroy(&e->jlock);
     pthread_cond_destroy(&e->ckpt_cond);
     pthread_cond_destroy(&e->jcond);
-    pthread_mutex_destroy(&e->park_lock);
-    pthread_mutex_destroy(&e->drain_lock);
-    pthread_cond_destroy(&e->drain_cond);
+    kvt_l2_park_destroy(&e->park);
+    kvt_l2_drain_destroy(&e->drain);
     free(e);
 }
 
@@ -835,11 +803,8 @@ static void rb_close(kvt_l2 *l2)
     atomic_store(&e->stop, true);
     if (e->rec_started)
         pthread_join(e->rec_thr, NULL);
-    release_parked(e);
-    pthread_mutex_lock(&e->drain_lock);
-    while (e->live)
-        pthread_cond_wait(&e->drain_cond, &e->drain_lock);
-    pthread_mutex_unlock(&e->drain_lock);
+    kvt_l2_park_release(&e->park, e->spool);
+    kvt_l2_drain_wait(&e->drain);
     kvt_tpool_destroy(e->spool);
     kvt_tpool_destroy(e->lpool);
     rb_journal_drain(e);
@@ -973,9 +938,8 @@ int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
     pthread_cond_init(&e->ckpt_cond, &ca);
     pthread_cond_init(&e->jcond, &ca);
     pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&e->park_lock, NULL);
-    pthread_mutex_init(&e->drain_lock, NULL);
-    pthread_cond_init(&e->drain_cond, NULL);
+    kvt_l2_park_init(&e->park);
+    kvt_l2_drain_init(&e->drain);
     e->path = kvt_xstrdup(o->device_path);
     e->odirect = o->use_odirect;
     e->zero_copy = o->zero_copy;
@@ -1091,7 +1055,7 @@ int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
         goto fail_base;
     }
     e->ckpt_started = true;
-    e->parking = true;
+    e->park.parking = true;
     l2->recovering = true;
     rc = pthread_create(&e->rec_thr, NULL, recover_main, l2);
     if (rc) {

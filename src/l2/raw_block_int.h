@@ -39,7 +39,6 @@ struct rb_op {
     struct kvt_job job;
     struct rb_jw jw;
     struct rb_batch *b;
-    struct rb_op *park_next; /* guarded by e->park_lock */
     struct rb_op *putq_next; /* guarded by e->jlock */
     uint32_t i;
     uint8_t stage;
@@ -105,13 +104,9 @@ struct rb_engine {
     char recovered_from[160];
     _Atomic uint64_t verify_dropped, bounced, verify_failed;
 
-    pthread_mutex_t park_lock;
-    struct rb_op *parked; /* guarded by park_lock */
-    bool parking;         /* guarded by park_lock */
+    struct kvt_l2_park park; /* stores waiting for recovery */
 
-    pthread_mutex_t drain_lock;
-    pthread_cond_t drain_cond;
-    uint64_t live; /* batches in flight, guarded by drain_lock */
+    struct kvt_l2_drain drain; /* batches in flight */
 };
 
 /* posix_memalign + zero fill that aborts on OOM (like kvt_xmalloc). */
