@@ -348,17 +348,6 @@ static int dax_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 
 /* ------------------------------------------------------------ restart */
 
-struct adopt_ent {
-    uint64_t gen;
-    uint32_t slot;
-};
-
-static int by_gen_desc(const void *a, const void *b)
-{
-    const struct adopt_ent *x = a, *y = b;
-    return (x->gen < y->gen) - (x->gen > y->gen);
-}
-
 /* Scan the header table: valid, committed headers become index entries
  * (oldest generation coldest); everything else is a free slot. */
 static void *scan_main(void *arg)
@@ -367,7 +356,7 @@ static void *scan_main(void *arg)
     struct dax_engine *e = l2->engine;
     pthread_setname_np(pthread_self(), "dax-scan");
     uint64_t t0 = kvt_now_ns();
-    struct adopt_ent *v = kvt_xcalloc(e->nslots, sizeof(*v));
+    struct rb_gen_slot *v = kvt_xcalloc(e->nslots, sizeof(*v));
     kvt_key *keys = kvt_xcalloc(e->nslots, sizeof(kvt_key));
     uint32_t *lens = kvt_xcalloc(e->nslots, sizeof(uint32_t));
     uint32_t n = 0;
@@ -391,12 +380,12 @@ static void *scan_main(void *arg)
         }
         kvt_key_canon(KVT_CODEC_OBJ, &oh.key, &keys[s]);
         lens[s] = (uint32_t)oh.logical_len;
-        v[n++] = (struct adopt_ent){tr.gen, s};
+        v[n++] = (struct rb_gen_slot){tr.gen, s};
         used[s] = true;
         if (tr.gen > maxgen)
             maxgen = tr.gen;
     }
-    qsort(v, n, sizeof(*v), by_gen_desc);
+    rb_sort_newest_first(v, n);
     uint64_t objs = 0, bytes = 0;
     for (uint32_t k = 0; k < n; k++) {
         uint32_t s = v[k].slot;
@@ -420,13 +409,7 @@ static void *scan_main(void *arg)
     free(keys);
     free(lens);
     free(used);
-    double secs = (double)(kvt_now_ns() - t0) / 1e9;
-    pthread_mutex_lock(&l2->lock);
-    l2->recovered_objs = objs;
-    l2->recovered_bytes = bytes;
-    l2->recovery_seconds = secs;
-    l2->recovering = false;
-    pthread_mutex_unlock(&l2->lock);
+    double secs = kvt_l2_recovery_done(l2, objs, bytes, t0);
     kvt_info("%s: recovered %llu objects from the slot headers of %s in %.3f s", l2->name,
              (unsigned long long)objs, e->path, secs);
     kvt_l2_park_release(&e->park, e->spool);

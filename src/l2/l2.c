@@ -1035,6 +1035,13 @@ void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0
     free(fv->v);
     fv->v = NULL;
     fv->n = fv->cap = 0;
+    double secs = kvt_l2_recovery_done(l2, objs, bytes, t0_ns);
+    kvt_info("%s: recovered %llu objects, %llu bytes from %s in %.3f s", l2->name,
+             (unsigned long long)objs, (unsigned long long)bytes, where, secs);
+}
+
+double kvt_l2_recovery_done(kvt_l2 *l2, uint64_t objs, uint64_t bytes, uint64_t t0_ns)
+{
     double secs = (double)(kvt_now_ns() - t0_ns) / 1e9;
     pthread_mutex_lock(&l2->lock);
     l2->recovered_objs = objs;
@@ -1042,8 +1049,7 @@ void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0
     l2->recovery_seconds = secs;
     l2->recovering = false;
     pthread_mutex_unlock(&l2->lock);
-    kvt_info("%s: recovered %llu objects, %llu bytes from %s in %.3f s", l2->name,
-             (unsigned long long)objs, (unsigned long long)bytes, where, secs);
+    return secs;
 }
 
 void kvt_l2_set_recovering(kvt_l2 *l2, bool on)

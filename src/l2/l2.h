@@ -312,6 +312,10 @@ void kvt_l2_found_push(struct kvt_l2_found_vec *fv, const kvt_key *ck, uint32_t 
  * and log where from. Frees fv's array. */
 void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0_ns,
                             const char *where);
+/* End a start-up scan that adopted on its own: record what was recovered
+ * (objs, bytes, time since t0_ns) and clear `recovering`. Returns the
+ * seconds, for the engine's log line. */
+double kvt_l2_recovery_done(kvt_l2 *l2, uint64_t objs, uint64_t bytes, uint64_t t0_ns);
 
 /* ---- parked stores and draining, for engines with worker pools ------ */
 

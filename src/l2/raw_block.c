@@ -582,17 +582,6 @@ static int rb_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 
 /* ---------------------------------------------------------- recovery */
 
-struct adopt_ent {
-    uint64_t gen;
-    uint32_t slot;
-};
-
-static int by_gen_desc(const void *a, const void *b)
-{
-    const struct adopt_ent *x = a, *y = b;
-    return (x->gen < y->gen) - (x->gen > y->gen);
-}
-
 /* Read each used slot's header area and drop entries that do not match. */
 static void verify_slots(kvt_l2 *l2, struct rb_engine *e)
 {
@@ -666,18 +655,18 @@ static void *recover_main(void *arg)
     uint32_t nused = 0;
     for (uint32_t s = 0; s < e->g.nslots; s++)
         nused += e->slots[s].used;
-    struct adopt_ent *v = kvt_xcalloc(nused ? nused : 1, sizeof(*v));
+    struct rb_gen_slot *v = kvt_xcalloc(nused ? nused : 1, sizeof(*v));
     uint32_t k = 0;
     pthread_mutex_lock(&e->jlock);
     e->nfree = 0;
     for (uint32_t s = e->g.nslots; s-- > 0;) {
         if (e->slots[s].used)
-            v[k++] = (struct adopt_ent){e->slots[s].gen, s};
+            v[k++] = (struct rb_gen_slot){e->slots[s].gen, s};
         else
             e->freev[e->nfree++] = s;
     }
     pthread_mutex_unlock(&e->jlock);
-    qsort(v, nused, sizeof(*v), by_gen_desc);
+    rb_sort_newest_first(v, nused);
     uint64_t objs = 0, bytes = 0;
     for (uint32_t i = 0; i < nused; i++) {
         struct rb_slot *sl = &e->slots[v[i].slot];
@@ -693,13 +682,7 @@ static void *recover_main(void *arg)
         }
     }
     free(v);
-    double secs = (double)(kvt_now_ns() - t0) / 1e9;
-    pthread_mutex_lock(&l2->lock);
-    l2->recovered_objs = objs;
-    l2->recovered_bytes = bytes;
-    l2->recovery_seconds = secs;
-    l2->recovering = false;
-    pthread_mutex_unlock(&l2->lock);
+    double secs = kvt_l2_recovery_done(l2, objs, bytes, t0);
     kvt_info("%s: recovered %llu objects (%s) from %s in %.3f s", l2->name,
              (unsigned long long)objs, e->fresh ? "fresh device" : e->recovered_from, e->path,
              secs);

@@ -145,6 +145,16 @@ struct rb_slot {
 };
 void rb_apply(struct rb_slot *slots, uint32_t nslots, const struct rb_rec *r);
 
+/* A used slot found at start-up (raw_block's slot table, dax's header
+ * table), sorted newest generation first: adopted in that order at the
+ * policy's cold end, the oldest is evicted first and, of two slots with one
+ * key, the newer wins. */
+struct rb_gen_slot {
+    uint64_t gen;
+    uint32_t slot;
+};
+void rb_sort_newest_first(struct rb_gen_slot *v, size_t n);
+
 /* Parse a buffer of packed records and apply each; returns the number
  * applied or -EINVAL at the first malformed one. */
 int64_t rb_apply_all(struct rb_slot *slots, uint32_t nslots, const uint8_t *p, size_t len,

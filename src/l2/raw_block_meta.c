@@ -520,3 +520,14 @@ int rb_write_checkpoint(int fd, const struct rb_geom *g, const struct rb_ckpt_hd
         rc = -errno;
     return rc;
 }
+
+static int by_gen_desc(const void *a, const void *b)
+{
+    const struct rb_gen_slot *x = a, *y = b;
+    return (x->gen < y->gen) - (x->gen > y->gen);
+}
+
+void rb_sort_newest_first(struct rb_gen_slot *v, size_t n)
+{
+    qsort(v, n, sizeof(*v), by_gen_desc);
+}
