@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -186,4 +187,96 @@ void kvt_fileobj_remove_indexed(kvt_l2 *l2)
     }
     pthread_mutex_unlock(&l2->lock);
     kvt_info("%s: persist_enabled is false: removed %llu files", l2->name, (unsigned long long)n);
+}
+
+/* ------------------------------------------------------------ O_DIRECT */
+
+void kvt_odirect_init(struct kvt_odirect *od, bool on, int dirfd, uint32_t max_blksz,
+                      const char *base)
+{
+    struct stat st;
+    uint32_t b = fstat(dirfd, &st) == 0 ? (uint32_t)KVT_MIN(KVT_MAX(st.st_blksize, 512), max_blksz)
+                                        : 4096;
+    od->on = on;
+    od->blksz = (b & (b - 1)) ? 4096 : b;
+    od->base = base;
+}
+
+bool kvt_odirect_usable(const struct kvt_odirect *od, const void *buf, uint64_t len)
+{
+    return od->on && !atomic_load(&od->refused) && len % od->blksz == 0 &&
+           (uintptr_t)buf % od->blksz == 0;
+}
+
+bool kvt_odirect_ok(kvt_l2 *l2, struct kvt_odirect *od, const void *buf, uint64_t len)
+{
+    if (!od->on)
+        return false;
+    if (kvt_odirect_usable(od, buf, len))
+        return true;
+    atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
+    if (atomic_load(&od->refused))
+        return false;
+    if (len % od->blksz) {
+        kvt_warn_once(&od->warned_len,
+                      "%s: O_DIRECT not used for an object of %llu bytes: length is not a "
+                      "multiple of the block size %u (choose a chunk size whose bytes are a "
+                      "multiple of it); such transfers are buffered and counted in "
+                      "odirect_fallbacks",
+                      l2->name, (unsigned long long)len, od->blksz);
+        return false;
+    }
+    atomic_fetch_add(&od->misaligned, 1);
+    kvt_warn_once(&od->warned_align,
+                  "%s: O_DIRECT not used: buffer %p is not aligned to %u bytes "
+                  "(raise --l1-align-bytes); transfer buffered",
+                  l2->name, buf, od->blksz);
+    return false;
+}
+
+int kvt_odirect_openat(kvt_l2 *l2, struct kvt_odirect *od, int dirfd, const char *name, int flags,
+                       bool *direct)
+{
+    flags |= O_CLOEXEC;
+    if (*direct) {
+        int fd = openat(dirfd, name, flags | O_DIRECT, 0644);
+        if (fd >= 0)
+            return fd;
+        if (errno != EINVAL)
+            return -errno;
+        atomic_store(&od->refused, true);
+        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
+        kvt_warn_once(&od->warned_refused,
+                      "%s: O_DIRECT refused by the file system under %s (open: EINVAL, "
+                      "Invalid argument); all transfers are buffered from now on and counted "
+                      "in odirect_fallbacks",
+                      l2->name, od->base);
+        *direct = false;
+    }
+    int fd = openat(dirfd, name, flags, 0644);
+    return fd >= 0 ? fd : -errno;
+}
+
+void kvt_odirect_status(const struct kvt_odirect *od, json_t *out)
+{
+    const char *s = !od->on                       ? "off"
+                    : atomic_load(&od->refused) ? "refused by file system (buffered)"
+                                                : "on";
+    json_object_set_new(out, "odirect", json_string(s));
+    json_object_set_new(out, "block_size", json_integer(od->blksz));
+}
+
+bool kvt_fileobj_healthy(int dirfd, const struct kvt_odirect *od, const char *what, char *msg,
+                         size_t cap)
+{
+    struct stat st;
+    if (fstat(dirfd, &st) < 0 || st.st_nlink == 0) {
+        snprintf(msg, cap, "%s %s is gone", what, od->base);
+        return false;
+    }
+    if (od->on && atomic_load(&od->refused))
+        snprintf(msg, cap, "ok (O_DIRECT refused by the file system: buffered I/O)");
+    else
+        snprintf(msg, cap, "ok");
+    return true;
 }

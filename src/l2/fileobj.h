@@ -15,6 +15,8 @@
 #ifndef KVT_L2_FILEOBJ_H
 #define KVT_L2_FILEOBJ_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
 
@@ -74,5 +76,44 @@ void kvt_fileobj_set_hdr_len(kvt_l2 *l2, const kvt_key *ck, uint16_t hl, uint64_
  * engine's remove (which must not take l2->lock: it is called with it
  * held), and log how many files went. */
 void kvt_fileobj_remove_indexed(kvt_l2 *l2);
+
+/* O_DIRECT for one engine: what was asked, the file system's block size
+ * and what the file system said. The seed's rules: a length that is not a
+ * multiple of the block size, or a buffer not aligned to it, is buffered
+ * for that transfer and counted (odirect_fallbacks); an open that the file
+ * system refuses with EINVAL turns O_DIRECT off for good, warned once. */
+struct kvt_odirect {
+    bool on;                      /* asked for */
+    uint32_t blksz;               /* power of two, 512 .. max_blksz */
+    const char *base;             /* the directory, for messages */
+    _Atomic bool refused;         /* the file system said EINVAL */
+    _Atomic bool warned_refused, warned_len, warned_align;
+    _Atomic uint64_t misaligned;  /* transfers whose buffer was not aligned */
+};
+
+/* Block size from dirfd's file system (st_blksize, clamped; 4096 when odd). */
+void kvt_odirect_init(struct kvt_odirect *od, bool on, int dirfd, uint32_t max_blksz,
+                      const char *base);
+
+/* Whether a transfer of len bytes at buf would use O_DIRECT (no counting). */
+bool kvt_odirect_usable(const struct kvt_odirect *od, const void *buf, uint64_t len);
+
+/* The same decision for a transfer about to run: counts and warns (once)
+ * when O_DIRECT was asked for but cannot be used. */
+bool kvt_odirect_ok(kvt_l2 *l2, struct kvt_odirect *od, const void *buf, uint64_t len);
+
+/* openat(dirfd, name, flags | (*direct ? O_DIRECT : 0), 0644); an EINVAL for
+ * O_DIRECT marks it refused (warned, counted), clears *direct and opens
+ * buffered. Returns the fd or -errno. */
+int kvt_odirect_openat(kvt_l2 *l2, struct kvt_odirect *od, int dirfd, const char *name, int flags,
+                       bool *direct);
+
+/* "odirect" (off | on | refused ...) and "block_size" into a status object. */
+void kvt_odirect_status(const struct kvt_odirect *od, json_t *out);
+
+/* Health of a file engine: its directory (config key `what`) still exists;
+ * notes a refused O_DIRECT. */
+bool kvt_fileobj_healthy(int dirfd, const struct kvt_odirect *od, const char *what, char *msg,
+                         size_t cap);
 
 #endif

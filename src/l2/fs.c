@@ -77,14 +77,10 @@ struct fs_engine {
     char *base;
     char *tmp_rel; /* relative_tmp_dir or "" */
     int dirfd, tmpfd;
-    bool odirect;               /* asked for */
-    _Atomic bool odirect_refused; /* the file system said EINVAL */
-    _Atomic bool warned_refused, warned_len, warned_align;
-    uint32_t blksz;
+    struct kvt_odirect od;
     uint64_t read_ahead;
     bool durable;
     bool native;                 /* fs_native */
-    _Atomic uint64_t misaligned; /* fs_native: O_DIRECT refused for the buffer */
     int nworkers;
     struct kvt_tpool *pool;
     pid_t pid;
@@ -106,7 +102,7 @@ static void *worker_ctx_new(int i, void *arg)
     (void)i;
     struct fs_engine *e = arg;
     void *p = NULL;
-    if (posix_memalign(&p, KVT_MAX(4096u, e->blksz), KVT_MAX(4096u, e->blksz)))
+    if (posix_memalign(&p, KVT_MAX(4096u, e->od.blksz), KVT_MAX(4096u, e->od.blksz)))
         return NULL;
     return p;
 }
@@ -118,7 +114,7 @@ static void worker_ctx_free(void *ctx)
 
 static uint16_t hdr_len_for(struct fs_engine *e, bool direct)
 {
-    return direct ? (uint16_t)e->blksz : KVT_OBJHDR_MIN;
+    return direct ? (uint16_t)e->od.blksz : KVT_OBJHDR_MIN;
 }
 
 static void batch_job_done(struct fs_batch *b)
@@ -131,73 +127,22 @@ static void batch_job_done(struct fs_batch *b)
 
 /* ------------------------------------------------------------- store */
 
-/* Whether this transfer can use O_DIRECT; counts and warns once otherwise. */
-static bool direct_ok(kvt_l2 *l2, struct fs_engine *e, const void *buf, uint64_t len)
-{
-    if (!e->odirect)
-        return false;
-    if (atomic_load(&e->odirect_refused)) {
-        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
-        return false;
-    }
-    if (len % e->blksz) {
-        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
-        kvt_warn_once(&e->warned_len,
-                      "%s: O_DIRECT not used for an object of %llu bytes: length is not a "
-                      "multiple of the block size %u (choose a chunk size whose bytes are a "
-                      "multiple of it); such transfers are buffered and counted in "
-                      "odirect_fallbacks",
-                      l2->name, (unsigned long long)len, e->blksz);
-        return false;
-    }
-    if ((uintptr_t)buf % e->blksz) {
-        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
-        kvt_warn_once(&e->warned_align,
-                      "%s: O_DIRECT not used: buffer %p is not aligned to %u bytes "
-                      "(raise --l1-align-bytes); transfer buffered",
-                      l2->name, buf, e->blksz);
-        return false;
-    }
-    return true;
-}
-
 /* fs_native with O_DIRECT: a transfer whose length qualifies for O_DIRECT
  * but whose buffer is not block aligned is an error (its seed section),
  * where fs falls back to buffered I/O. Returns 0 or -EINVAL. */
 static int misaligned_native(kvt_l2 *l2, struct fs_engine *e, const void *buf, uint64_t len)
 {
-    if (!e->native || !e->odirect || atomic_load(&e->odirect_refused) || len % e->blksz ||
-        (uintptr_t)buf % e->blksz == 0)
+    struct kvt_odirect *od = &e->od;
+    if (!e->native || !od->on || atomic_load(&od->refused) || len % od->blksz ||
+        (uintptr_t)buf % od->blksz == 0)
         return 0;
-    atomic_fetch_add(&e->misaligned, 1);
-    kvt_warn_once(&e->warned_align,
+    atomic_fetch_add(&od->misaligned, 1);
+    kvt_warn_once(&od->warned_align,
                   "%s: buffer %p is not aligned to the block size %u that O_DIRECT requires: "
                   "transfer refused with EINVAL (raise --l1-align-bytes to a multiple of %u, "
                   "or set use_odirect false); counted in odirect_misaligned",
-                  l2->name, buf, e->blksz, e->blksz);
+                  l2->name, buf, od->blksz, od->blksz);
     return -EINVAL;
-}
-
-static int open_tmp(kvt_l2 *l2, struct fs_engine *e, const char *tmpname, bool *direct)
-{
-    int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
-    if (*direct) {
-        int fd = openat(e->tmpfd, tmpname, flags | O_DIRECT, 0644);
-        if (fd >= 0)
-            return fd;
-        if (errno != EINVAL)
-            return -errno;
-        atomic_store(&e->odirect_refused, true);
-        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
-        kvt_warn_once(&e->warned_refused,
-                      "%s: O_DIRECT refused by the file system under %s (open: EINVAL, "
-                      "Invalid argument); all transfers are buffered from now on and counted "
-                      "in odirect_fallbacks",
-                      l2->name, e->base);
-        *direct = false;
-    }
-    int fd = openat(e->tmpfd, tmpname, flags, 0644);
-    return fd >= 0 ? fd : -errno;
 }
 
 static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const char *name,
@@ -208,7 +153,7 @@ static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const cha
     int rc = misaligned_native(l2, e, src->ptr, src->len);
     if (rc)
         return rc;
-    bool direct = direct_ok(l2, e, src->ptr, src->len);
+    bool direct = kvt_odirect_ok(l2, &e->od, src->ptr, src->len);
     uint16_t hl = hdr_len_for(e, direct);
     const kvt_objmeta *m = meta;
     uint64_t sum = kvt_payload_hash(src->ptr, src->len);
@@ -220,7 +165,7 @@ static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const cha
                            atomic_fetch_add(&e->seq, 1));
     if (rc < 0)
         return rc;
-    int fd = open_tmp(l2, e, tmp, &direct);
+    int fd = kvt_odirect_openat(l2, &e->od, e->tmpfd, tmp, O_WRONLY | O_CREAT | O_EXCL, &direct);
     if (fd < 0)
         return fd;
     if (!direct && hl != KVT_OBJHDR_MIN) { /* O_DIRECT fell back at open */
@@ -299,9 +244,7 @@ static void run_store(struct fs_job *j, void *hdrbuf)
     }
     /* the reservation uses the header size the write will most likely use;
      * it is corrected after the write if O_DIRECT fell back */
-    bool likely_direct = e->odirect && !atomic_load(&e->odirect_refused) &&
-                         src->len % e->blksz == 0 && (uintptr_t)src->ptr % e->blksz == 0;
-    uint16_t hl = hdr_len_for(e, likely_direct);
+    uint16_t hl = hdr_len_for(e, kvt_odirect_usable(&e->od, src->ptr, src->len));
     uint32_t logical = t->meta[i].len ? t->meta[i].len : (uint32_t)src->len;
     t->meta[i].len = logical;
     int rc = kvt_l2_reserve(l2, &ck, (uint32_t)(hl + src->len), logical, hl, 0);
@@ -372,29 +315,20 @@ static void run_load(struct fs_job *j, void *hdrbuf)
     if (!hdrbuf || kvt_key_encode(KVT_CODEC_FS, &t->keys[i], name) < 0)
         return;
     uint16_t hl = 0;
-    int lrc = kvt_fileobj_load_hdr_len(l2, e->dirfd, name, &t->keys[i], KVT_MAX(4096u, e->blksz),
+    int lrc = kvt_fileobj_load_hdr_len(l2, e->dirfd, name, &t->keys[i], KVT_MAX(4096u, e->od.blksz),
                                        &hl);
     if (lrc) {
         kvt_l2_task_fail(t, i, lrc);
         return;
     }
-    if (hl == e->blksz && misaligned_native(l2, e, dst->ptr, dst->len)) {
+    if (hl == e->od.blksz && misaligned_native(l2, e, dst->ptr, dst->len)) {
         kvt_l2_task_fail(t, i, -EINVAL);
         return;
     }
-    bool direct = hl == e->blksz && direct_ok(l2, e, dst->ptr, dst->len);
-    int fd = -1;
-    if (direct) {
-        fd = openat(e->dirfd, name, O_RDONLY | O_CLOEXEC | O_DIRECT);
-        if (fd < 0 && errno == EINVAL) {
-            atomic_store(&e->odirect_refused, true);
-            direct = false;
-        }
-    }
-    if (fd < 0)
-        fd = openat(e->dirfd, name, O_RDONLY | O_CLOEXEC);
+    bool direct = hl == e->od.blksz && kvt_odirect_ok(l2, &e->od, dst->ptr, dst->len);
+    int fd = kvt_odirect_openat(l2, &e->od, e->dirfd, name, O_RDONLY, &direct);
     if (fd < 0) {
-        int rc = -errno;
+        int rc = fd;
         if (rc == -ENOENT) /* deleted behind our back (purge, another host) */
             kvt_l2_forget(l2, &ck);
         kvt_l2_task_fail(t, i, rc);
@@ -413,7 +347,7 @@ static void run_load(struct fs_job *j, void *hdrbuf)
         rc = -EOVERFLOW; /* larger than the destination: never an overrun */
     else
         plen = (uint64_t)st.st_size - hl;
-    if (!rc && direct && plen % e->blksz)
+    if (!rc && direct && plen % e->od.blksz)
         direct = false; /* cannot happen for files we wrote with O_DIRECT */
     struct iovec iov[2] = {{hdrbuf, hl}, {dst->ptr, plen}};
     uint64_t total = hl + plen, done = 0;
@@ -582,15 +516,11 @@ static void fs_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "base_path", json_string(e->base));
     json_object_set_new(out, "num_workers", json_integer(e->nworkers));
     json_object_set_new(out, "queued_jobs", json_integer((json_int_t)kvt_tpool_queued(e->pool)));
-    const char *od = !e->odirect                         ? "off"
-                     : atomic_load(&e->odirect_refused) ? "refused by file system (buffered)"
-                                                         : "on";
-    json_object_set_new(out, "odirect", json_string(od));
-    json_object_set_new(out, "block_size", json_integer(e->blksz));
+    kvt_odirect_status(&e->od, out);
     json_object_set_new(out, "durable", json_boolean(e->durable));
     if (e->native)
         json_object_set_new(out, "odirect_misaligned",
-                            json_integer((json_int_t)atomic_load(&e->misaligned)));
+                            json_integer((json_int_t)atomic_load(&e->od.misaligned)));
     json_object_set_new(out, "tmp_removed_at_start",
                         json_integer((json_int_t)atomic_load(&e->tmp_removed)));
 }
@@ -598,17 +528,7 @@ static void fs_status(kvt_l2 *l2, json_t *out)
 static bool fs_healthy(kvt_l2 *l2, char *msg, size_t cap)
 {
     struct fs_engine *e = l2->engine;
-    struct stat st;
-    if (fstat(e->dirfd, &st) < 0 || st.st_nlink == 0) {
-        snprintf(msg, cap, "base_path %s is gone", e->base);
-        return false;
-    }
-    if (e->odirect && atomic_load(&e->odirect_refused)) {
-        snprintf(msg, cap, "ok (O_DIRECT refused by the file system: buffered I/O)");
-        return true;
-    }
-    snprintf(msg, cap, "ok");
-    return true;
+    return kvt_fileobj_healthy(e->dirfd, &e->od, "base_path", msg, cap);
 }
 
 static void fs_close(kvt_l2 *l2)
@@ -705,7 +625,6 @@ int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_
         snprintf(abs, sizeof(abs), "%s", o->base_path);
     e->base = kvt_xstrdup(abs);
     e->tmp_rel = kvt_xstrdup(o->relative_tmp_dir);
-    e->odirect = o->use_odirect;
     e->read_ahead = o->read_ahead_size;
     e->durable = o->durable;
     e->native = o->native;
@@ -725,11 +644,7 @@ int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_
     } else {
         e->tmpfd = e->dirfd;
     }
-    struct stat st;
-    fstat(e->dirfd, &st);
-    e->blksz = (uint32_t)KVT_MIN(KVT_MAX(st.st_blksize, 512), 32768);
-    if (e->blksz & (e->blksz - 1))
-        e->blksz = 4096;
+    kvt_odirect_init(&e->od, o->use_odirect, e->dirfd, 32768, e->base);
     if (access(e->base, W_OK) < 0) {
         snprintf(err, errcap, "base_path %s is not writable: %s", e->base, strerror(errno));
         rc = -errno;

@@ -1150,3 +1150,25 @@ void kvt_l2_drain_wait(struct kvt_l2_drain *d)
         pthread_cond_wait(&d->cond, &d->lock);
     pthread_mutex_unlock(&d->lock);
 }
+
+bool kvt_l2_pin_found(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t logical,
+                      uint32_t aux, uint8_t flag)
+{
+    pthread_mutex_lock(&l2->lock);
+    struct kvt_l2_obj *o = kvt_l2_find_locked(l2, ck);
+    bool hit = false, known = o != NULL;
+    if (o && (o->state & 0x7f) == KVT_OBJ_READY && o->pins < UINT16_MAX) {
+        o->pins++;
+        o->len = logical;
+        o->flags |= flag;
+        hit = true;
+    }
+    pthread_mutex_unlock(&l2->lock);
+    if (known)
+        return hit;
+    /* adopt unpinned, then pin: adopt cannot say whether it pinned an entry
+     * that someone else inserted meanwhile */
+    if (kvt_l2_adopt(l2, ck, stored, logical, aux, flag, false, false))
+        atomic_fetch_add(&l2->counters.secondary_hits, 1);
+    return kvt_l2_pin(l2, ck, NULL);
+}

@@ -286,6 +286,12 @@ bool kvt_l2_lookup_known(kvt_l2 *l2, kvt_l2_task *t);
  * Returns true if inserted (false: already indexed). */
 bool kvt_l2_adopt(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
                   uint8_t flags, bool pin, bool at_cold_end);
+/* A hit found on a remote backend (stored bytes, logical length): pin the
+ * ready indexed entry, recording its logical length and the engine's flag;
+ * or, when not indexed, adopt it (header aux, counted as a secondary hit)
+ * and pin it. Returns true when the key is pinned (a hit). */
+bool kvt_l2_pin_found(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t logical,
+                      uint32_t aux, uint8_t flag);
 /* An indexed object turned out missing or corrupt on the backend: forget it
  * (if unpinned by others) so the bytes are no longer counted. */
 void kvt_l2_forget(kvt_l2 *l2, const kvt_key *ck);

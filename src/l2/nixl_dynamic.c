@@ -98,10 +98,7 @@ struct nd_engine {
     int dirfd;
     const char *backend;
     bool shard;
-    bool odirect;                 /* asked for */
-    _Atomic bool odirect_refused; /* the file system said EINVAL */
-    _Atomic bool warned_refused, warned_len, warned_align;
-    uint32_t blksz;
+    struct kvt_odirect od;
     bool durable;
     int nworkers;
     struct kvt_tpool *meta;
@@ -118,7 +115,7 @@ struct nd_engine {
     struct kvt_l2_park park;   /* store ops waiting for the scan */
     struct kvt_l2_drain drain; /* live batches */
 
-    _Atomic uint64_t tmp_removed, misaligned;
+    _Atomic uint64_t tmp_removed;
     /* tmp files the last scan left in place (live writers, undecidable,
      * recent without a marker): written by the scan thread, read by status */
     _Atomic uint64_t tmp_kept, tmp_kept_bytes;
@@ -170,39 +167,6 @@ static int ensure_shard(struct nd_engine *e, const kvt_key *k)
     return 0;
 }
 
-/* Whether this transfer can use O_DIRECT; counts and warns once otherwise.
- * The seed's rules: a length that is not a multiple of the block size is
- * buffered for that operation; so is a misaligned buffer (never an EINVAL
- * surfacing as a failed store). */
-static bool direct_ok(kvt_l2 *l2, struct nd_engine *e, const void *buf, uint64_t len)
-{
-    if (!e->odirect)
-        return false;
-    if (atomic_load(&e->odirect_refused)) {
-        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
-        return false;
-    }
-    if (len % e->blksz) {
-        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
-        kvt_warn_once(&e->warned_len,
-                      "%s: O_DIRECT not used for an object of %llu bytes: length is not a "
-                      "multiple of the block size %u; such transfers are buffered and counted "
-                      "in odirect_fallbacks",
-                      l2->name, (unsigned long long)len, e->blksz);
-        return false;
-    }
-    if ((uintptr_t)buf % e->blksz) {
-        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
-        atomic_fetch_add(&e->misaligned, 1);
-        kvt_warn_once(&e->warned_align,
-                      "%s: O_DIRECT not used: buffer %p is not aligned to %u bytes (raise "
-                      "--l1-align-bytes); transfer buffered",
-                      l2->name, buf, e->blksz);
-        return false;
-    }
-    return true;
-}
-
 static void batch_op_done(struct nd_batch *b)
 {
     if (atomic_fetch_sub_explicit(&b->left, 1, memory_order_acq_rel) != 1)
@@ -225,27 +189,6 @@ static void store_fail(kvt_l2 *l2, kvt_l2_task *t, uint32_t i, int rc)
 
 static void io_done(struct kvt_io *io);
 
-static int open_tmp(kvt_l2 *l2, struct nd_engine *e, const char *tmp, bool *direct)
-{
-    int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
-    if (*direct) {
-        int fd = openat(e->dirfd, tmp, flags | O_DIRECT, 0644);
-        if (fd >= 0)
-            return fd;
-        if (errno != EINVAL)
-            return -errno;
-        atomic_store(&e->odirect_refused, true);
-        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
-        kvt_warn_once(&e->warned_refused,
-                      "%s: O_DIRECT refused by the file system under %s (open: EINVAL); all "
-                      "transfers are buffered from now on and counted in odirect_fallbacks",
-                      l2->name, e->base);
-        *direct = false;
-    }
-    int fd = openat(e->dirfd, tmp, flags, 0644);
-    return fd >= 0 ? fd : -errno;
-}
-
 /* First half of a store, on a metadata worker: reserve, header, open the
  * tmp file, hand the write to the engine. Returns true when the op went to
  * the engine (it finishes later), false when it is finished here. */
@@ -263,8 +206,8 @@ static bool store_prep(struct nd_op *op)
         store_fail(l2, t, i, KVT_E_TOOBIG);
         return false;
     }
-    op->direct = direct_ok(l2, e, src->ptr, src->len);
-    op->hl = op->direct ? (uint16_t)e->blksz : KVT_OBJHDR_MIN;
+    op->direct = kvt_odirect_ok(l2, &e->od, src->ptr, src->len);
+    op->hl = op->direct ? (uint16_t)e->od.blksz : KVT_OBJHDR_MIN;
     uint32_t logical = t->meta[i].len ? t->meta[i].len : (uint32_t)src->len;
     t->meta[i].len = logical;
     int rc = kvt_l2_reserve(l2, &ck, (uint32_t)(op->hl + src->len), logical, op->hl, 0);
@@ -295,7 +238,8 @@ static bool store_prep(struct nd_op *op)
     if (rc < 0)
         goto fail;
     bool direct = op->direct;
-    op->fd = open_tmp(l2, e, op->tmp, &direct);
+    op->fd = kvt_odirect_openat(l2, &e->od, e->dirfd, op->tmp, O_WRONLY | O_CREAT | O_EXCL,
+                                &direct);
     if (op->fd < 0) {
         rc = op->fd;
         op->fd = -1;
@@ -411,19 +355,10 @@ static bool load_prep(struct nd_op *op)
         return false;
     }
     op->hl = hl;
-    op->direct = hl == e->blksz && direct_ok(l2, e, dst->ptr, dst->len);
-    op->fd = -1;
-    if (op->direct) {
-        op->fd = openat(e->dirfd, op->rel, O_RDONLY | O_CLOEXEC | O_DIRECT);
-        if (op->fd < 0 && errno == EINVAL) {
-            atomic_store(&e->odirect_refused, true);
-            op->direct = false;
-        }
-    }
-    if (op->fd < 0)
-        op->fd = openat(e->dirfd, op->rel, O_RDONLY | O_CLOEXEC);
+    op->direct = hl == e->od.blksz && kvt_odirect_ok(l2, &e->od, dst->ptr, dst->len);
+    op->fd = kvt_odirect_openat(l2, &e->od, e->dirfd, op->rel, O_RDONLY, &op->direct);
     if (op->fd < 0) {
-        int rc = -errno;
+        int rc = op->fd;
         if (rc == -ENOENT) /* deleted behind our back (purge, another host) */
             kvt_l2_forget(l2, &ck);
         kvt_l2_task_fail(t, i, rc);
@@ -442,7 +377,7 @@ static bool load_prep(struct nd_op *op)
         return false;
     }
     op->plen = (uint64_t)st.st_size - hl;
-    if (op->direct && op->plen % e->blksz) {
+    if (op->direct && op->plen % e->od.blksz) {
         /* cannot happen for files we wrote with O_DIRECT; reopen buffered */
         close(op->fd);
         op->direct = false;
@@ -452,7 +387,7 @@ static bool load_prep(struct nd_op *op)
             return false;
         }
     }
-    if (e->odirect && !op->direct)
+    if (e->od.on && !op->direct)
         posix_fadvise(op->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     op->stage = ST_LOAD_FIN;
     kvt_io_prep(&op->io, KVT_IO_READ, op->fd, 0, io_done, op);
@@ -719,11 +654,7 @@ static void nd_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "shard_dirs", json_boolean(e->shard));
     json_object_set_new(out, "num_workers", json_integer(e->nworkers));
     json_object_set_new(out, "io", kvt_ioeng_status(e->io));
-    const char *od = !e->odirect                         ? "off"
-                     : atomic_load(&e->odirect_refused) ? "refused by file system (buffered)"
-                                                         : "on";
-    json_object_set_new(out, "odirect", json_string(od));
-    json_object_set_new(out, "block_size", json_integer(e->blksz));
+    kvt_odirect_status(&e->od, out);
     json_object_set_new(out, "durable", json_boolean(e->durable));
     json_object_set_new(out, "tmp_removed", json_integer((json_int_t)atomic_load(&e->tmp_removed)));
     json_object_set_new(out, "tmp_kept", json_integer((json_int_t)atomic_load(&e->tmp_kept)));
@@ -747,17 +678,7 @@ static void nd_status(kvt_l2 *l2, json_t *out)
 static bool nd_healthy(kvt_l2 *l2, char *msg, size_t cap)
 {
     struct nd_engine *e = l2->engine;
-    struct stat st;
-    if (fstat(e->dirfd, &st) < 0 || st.st_nlink == 0) {
-        snprintf(msg, cap, "file_path %s is gone", e->base);
-        return false;
-    }
-    if (e->odirect && atomic_load(&e->odirect_refused)) {
-        snprintf(msg, cap, "ok (O_DIRECT refused by the file system: buffered I/O)");
-        return true;
-    }
-    snprintf(msg, cap, "ok");
-    return true;
+    return kvt_fileobj_healthy(e->dirfd, &e->od, "file_path", msg, cap);
 }
 
 static void engine_free(struct nd_engine *e)
@@ -917,7 +838,6 @@ int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
     e->base = kvt_xstrdup(abs);
     e->backend = strcmp(o->backend, "HF3FS") == 0 ? "HF3FS" : "POSIX";
     e->shard = o->shard_dirs;
-    e->odirect = o->use_direct_io;
     e->durable = o->durable;
     e->nworkers = o->num_workers;
     e->pid = getpid();
@@ -939,11 +859,7 @@ int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
         snprintf(err, errcap, "file_path %s is not writable: %s", e->base, strerror(errno));
         goto fail;
     }
-    struct stat st;
-    fstat(e->dirfd, &st);
-    e->blksz = (uint32_t)KVT_MIN(KVT_MAX(st.st_blksize, 512), ND_HDR_MAX);
-    if (e->blksz & (e->blksz - 1))
-        e->blksz = 4096;
+    kvt_odirect_init(&e->od, o->use_direct_io, e->dirfd, ND_HDR_MAX, e->base);
     char nm[16];
     snprintf(nm, sizeof(nm), "nixlio%d", spec->index);
     int depth = o->io_engine == KVT_IOENG_URING ? o->queue_depth : o->num_workers;

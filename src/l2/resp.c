@@ -453,31 +453,6 @@ int kvt_resp_check_header(const uint8_t *buf, uint32_t got, uint64_t vlen, const
     return 0;
 }
 
-/*
- * Record a hit found on the server: pin the indexed entry, or adopt the
- * object and pin it. Returns true when the key is pinned (a hit).
- */
-static bool pin_found(kvt_l2 *l2, const kvt_key *ck, uint64_t vlen, uint32_t logical)
-{
-    pthread_mutex_lock(&l2->lock);
-    struct kvt_l2_obj *o = kvt_l2_find_locked(l2, ck);
-    bool hit = false, known = o != NULL;
-    if (o && (o->state & 0x7f) == KVT_OBJ_READY && o->pins < UINT16_MAX) {
-        o->pins++;
-        o->len = logical;
-        o->flags |= F_LEN_KNOWN;
-        hit = true;
-    }
-    pthread_mutex_unlock(&l2->lock);
-    if (known)
-        return hit;
-    /* adopt unpinned, then pin: adopt cannot say whether it pinned an entry
-     * that someone else inserted meanwhile */
-    if (kvt_l2_adopt(l2, ck, (uint32_t)vlen, logical, HDR, F_LEN_KNOWN, false, false))
-        atomic_fetch_add(&l2->counters.secondary_hits, 1);
-    return kvt_l2_pin(l2, ck, NULL);
-}
-
 /* Drop index entries whose objects are gone from the server (removed by
  * another kvtier, or lost); pinned entries stay until their readers finish. */
 uint32_t kvt_resp_drop_unpinned(kvt_l2 *l2, const kvt_key *cks, uint32_t n)
@@ -530,7 +505,8 @@ static void do_lookup(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
                       kvt_key_str(&t->keys[i], ks, sizeof(ks)), why);
             continue;
         }
-        if (pin_found(l2, &ck, (uint64_t)lc.slen[j], (uint32_t)h.logical_len)) {
+        if (kvt_l2_pin_found(l2, &ck, (uint32_t)lc.slen[j], (uint32_t)h.logical_len, HDR,
+                             F_LEN_KNOWN)) {
             t->meta[i] = h.meta;
             kvt_l2_task_ok(t, i, 0);
         }

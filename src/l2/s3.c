@@ -74,26 +74,6 @@ static void drop_gone(kvt_l2 *l2, const kvt_key *ck)
     no_remote_remove = false;
 }
 
-/* A hit found on the server: pin the entry, or adopt it and pin it. */
-static bool pin_found(kvt_l2 *l2, const kvt_key *ck, uint64_t stored, uint32_t logical)
-{
-    pthread_mutex_lock(&l2->lock);
-    struct kvt_l2_obj *o = kvt_l2_find_locked(l2, ck);
-    bool hit = false, known = o != NULL;
-    if (o && (o->state & 0x7f) == KVT_OBJ_READY && o->pins < UINT16_MAX) {
-        o->pins++;
-        o->len = logical;
-        o->flags |= S3_F_LEN_KNOWN;
-        hit = true;
-    }
-    pthread_mutex_unlock(&l2->lock);
-    if (known)
-        return hit;
-    if (kvt_l2_adopt(l2, ck, (uint32_t)stored, logical, S3_HDR, S3_F_LEN_KNOWN, false, false))
-        atomic_fetch_add(&l2->counters.secondary_hits, 1);
-    return kvt_l2_pin(l2, ck, NULL);
-}
-
 /* ----------------------------------------------------------- batches */
 
 struct s3_batch {
@@ -230,7 +210,8 @@ static void head_done(struct s3_engine *e, struct s3_req *r)
         if (sscanf(r->rmeta, "%u %llu %llu", &v, &logical, &plen) == 3 && v == 1 &&
             r->clen == (int64_t)(S3_HDR + plen) && logical <= KVT_MAX_OBJECT &&
             plen <= 2ull * KVT_MAX_OBJECT) {
-            if (pin_found(l2, &ck, (uint64_t)r->clen, (uint32_t)logical)) {
+            if (kvt_l2_pin_found(l2, &ck, (uint32_t)r->clen, (uint32_t)logical, S3_HDR,
+                                 S3_F_LEN_KNOWN)) {
                 t->meta[r->i].len = (uint32_t)logical;
                 kvt_l2_task_ok(t, r->i, 0);
             }
