@@ -158,6 +158,18 @@ def server(make_server, tmp_path):
     return make_server(data_dir=str(tmp_path / "data"))
 
 
+def mooncake_trace():
+    """The Mooncake trace: KVT_TRACE, the shared data set beside the repo,
+    or the first 600 requests of it kept in tests/data (so a clean checkout
+    runs the replay tests too)."""
+    for p in (os.environ.get("KVT_TRACE"),
+              os.path.join(ROOT, "..", "shared", "data", "mooncake_synthetic_trace.jsonl"),
+              os.path.join(ROOT, "tests", "data", "mooncake_head600.jsonl")):
+        if p and os.path.exists(p):
+            return os.path.abspath(p)
+    raise FileNotFoundError("no Mooncake trace (tests/data/mooncake_head600.jsonl is missing)")
+
+
 def run_kvtier(*args, timeout=60, **kw):
     """Run the kvtier binary; returns CompletedProcess with text output."""
     return subprocess.run([BIN] + list(args), capture_output=True, text=True, timeout=timeout, **kw)

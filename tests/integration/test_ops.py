@@ -598,11 +598,8 @@ def test_quotas_refuse_evict_and_report(make_server, tmp_path):
 def test_value_policy_serves_a_replay(make_server, tmp_path):
     """The value policy in a live server under a tight budget: the trace's
     first requests replay with no wrong bytes, and eviction happens."""
-    trace = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data",
-                         "mooncake_synthetic_trace.jsonl")
-    trace = os.environ.get("KVT_TRACE", os.path.abspath(trace))
-    if not os.path.exists(trace):
-        pytest.skip("trace not available: %s" % trace)
+    from conftest import mooncake_trace
+    trace = mooncake_trace()
     block = 4096
     root = tmp_path / "kv"
     s, cfg = config_server(make_server, tmp_path, root, extra=["--eviction-interval-ms", "50"],
