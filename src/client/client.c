@@ -165,6 +165,28 @@ static void zc_wait(kvt_client *c)
     pthread_mutex_unlock(&c->zc_lock);
 }
 
+/* Decode a received reply's msgpack body; a non-zero status becomes the
+ * client's error (with the server's message). On failure out is freed. */
+static int reply_decode(kvt_client *c, struct rep *out)
+{
+    size_t off = 0;
+    if (msgpack_unpack_next(&out->up, zmq_msg_data(&out->body), zmq_msg_size(&out->body), &off) !=
+        MSGPACK_UNPACK_SUCCESS) {
+        rep_free(out);
+        return seterr(c, KVT_E_PROTO, "malformed reply body");
+    }
+    if (out->status) {
+        const char *msg = "";
+        size_t ml = 0;
+        kvt_mp_str(&out->up.data, "message", false, &msg, &ml, NULL);
+        seterr(c, out->status, "%s: %.*s", kvt_errname(out->status), (int)ml, msg);
+        int st = out->status;
+        rep_free(out);
+        return st;
+    }
+    return 0;
+}
+
 /* Send a request and wait for its reply. Data frames are sent zero-copy:
  * the caller's buffers must stay valid until this returns (it returns only
  * after ZeroMQ released them). */
@@ -253,26 +275,10 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
         /* move first, parse after: small messages keep their bytes inside the
          * zmq_msg_t, and the decoded objects point into them */
         memcpy(&out->body, &parts[2], sizeof(zmq_msg_t));
-        size_t off = 0;
-        int ur = msgpack_unpack_next(&out->up, zmq_msg_data(&out->body),
-                                     zmq_msg_size(&out->body), &off);
         out->frames = frames;
         out->nframes = nf;
         zc_wait(c);
-        if (ur != MSGPACK_UNPACK_SUCCESS) {
-            rep_free(out);
-            return seterr(c, KVT_E_PROTO, "malformed reply body");
-        }
-        if (out->status) {
-            const char *msg = "";
-            size_t ml = 0;
-            kvt_mp_str(&out->up.data, "message", false, &msg, &ml, NULL);
-            seterr(c, out->status, "%s: %.*s", kvt_errname(out->status), (int)ml, msg);
-            int st = out->status;
-            rep_free(out);
-            return st;
-        }
-        return 0;
+        return reply_decode(c, out);
     }
 }
 
@@ -460,22 +466,7 @@ static int call_local(kvt_client *c, const char *op, const msgpack_sbuffer *body
         return seterr(c, rc < 0 ? rc : KVT_E_PROTO, "local connection to the server lost (%s)",
                       kvt_strerror(rc));
     }
-    size_t off = 0;
-    if (msgpack_unpack_next(&out->up, zmq_msg_data(&out->body), zmq_msg_size(&out->body), &off) !=
-        MSGPACK_UNPACK_SUCCESS) {
-        rep_free(out);
-        return seterr(c, KVT_E_PROTO, "malformed reply body");
-    }
-    if (out->status) {
-        const char *msg = "";
-        size_t ml = 0;
-        kvt_mp_str(&out->up.data, "message", false, &msg, &ml, NULL);
-        seterr(c, out->status, "%s: %.*s", kvt_errname(out->status), (int)ml, msg);
-        int st = out->status;
-        rep_free(out);
-        return st;
-    }
-    return 0;
+    return reply_decode(c, out);
 }
 
 static int hello(kvt_client *c);
