@@ -158,6 +158,23 @@ def server(make_server, tmp_path):
     return make_server(data_dir=str(tmp_path / "data"))
 
 
+def wait_for(pred, timeout=20, what="condition"):
+    """Poll pred every 50 ms until it returns something true (returned)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def l2_status(server, i=0):
+    """The status object of L2 adapter i of a running server."""
+    with server.client() as c:
+        return c.status()["l2"][i]
+
+
 def mooncake_trace():
     """The Mooncake trace: KVT_TRACE, the shared data set beside the repo,
     or the first 600 requests of it kept in tests/data (so a clean checkout

@@ -14,7 +14,8 @@ import time
 import pytest
 
 import kvtier
-from conftest import adapter_json, free_port, keys_for, random_payloads, run_kvtier
+from conftest import (adapter_json, free_port, keys_for, l2_status, random_payloads, run_kvtier,
+                      wait_for)
 
 REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
@@ -120,21 +121,6 @@ def resp_json(redis, **kw):
     return json.dumps(spec)
 
 
-def adapter_status(server, i=0):
-    with server.client() as c:
-        return c.status()["l2"][i]
-
-
-def wait_for(pred, timeout=20, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting for " + what)
-
-
 def test_round_trip_and_restart(make_server, redis):
     """Values carry the object header; after a SIGKILL of kvtier, the start-up
     SCAN restores the accounting before any lookup, and the bytes match."""
@@ -174,14 +160,14 @@ def test_batches_are_pipelined(make_server, redis):
     with s1.client() as c:
         assert c.store(keys, pay) == 32
         c.flush()
-    assert adapter_status(s1)["round_trips"] == 1  # 32 SETs, one round trip
+    assert l2_status(s1)["round_trips"] == 1  # 32 SETs, one round trip
     before = redis.info()
-    rt0 = adapter_status(s2)["round_trips"]
+    rt0 = l2_status(s2)["round_trips"]
     with s2.client() as c:
         assert c.lookup(keys) == 32
         assert c.retrieve(keys) == pay
     after = redis.info()
-    a = adapter_status(s2)
+    a = l2_status(s2)
     assert a["round_trips"] - rt0 == 2
     cmds = int(after["total_commands_processed"]) - int(before["total_commands_processed"])
     reads = int(after["total_reads_processed"]) - int(before["total_reads_processed"])
@@ -221,7 +207,7 @@ def test_redis_down_and_back(make_server, redis, tmp_path):
     with s.client() as c:
         assert c.store(keys, pay) == 8
         c.flush()
-    assert adapter_status(s)["objects"] == 8
+    assert l2_status(s)["objects"] == 8
     assert s.http_get("/healthz")[0] == 200
 
     redis.kill()
@@ -229,10 +215,10 @@ def test_redis_down_and_back(make_server, redis, tmp_path):
         # served from fs: the resp adapter misses (or is found down at once)
         assert c.lookup(keys) == 8
         assert c.retrieve(keys) == pay
-    wait_for(lambda: not adapter_status(s)["connected"], what="resp to notice")
+    wait_for(lambda: not l2_status(s)["connected"], what="resp to notice")
     code, body = s.http_get("/healthz")
     assert code == 503 and "resp[0]" in body and "not connected" in body, body
-    a = adapter_status(s)
+    a = l2_status(s)
     assert a["is_healthy"] is False and "not connected" in a["health"]
     assert a["disconnects"] == 1
     more = keys_for("down2", 4)
@@ -245,8 +231,8 @@ def test_redis_down_and_back(make_server, redis, tmp_path):
     assert st["l2"][1]["counters"]["store_ok"] == 12  # fs kept everything
 
     redis.start()  # same port, no data
-    wait_for(lambda: adapter_status(s)["connected"], what="reconnect")
-    a = wait_for(lambda: (lambda x: x if x["objects"] == 0 else None)(adapter_status(s)),
+    wait_for(lambda: l2_status(s)["connected"], what="reconnect")
+    a = wait_for(lambda: (lambda x: x if x["objects"] == 0 else None)(l2_status(s)),
                  what="reconcile")
     assert a["reconnects"] == 1 and a["swept_after_restart"] == 8
     assert a["used_bytes"] == 0 and a["is_healthy"]
@@ -259,7 +245,7 @@ def test_redis_down_and_back(make_server, redis, tmp_path):
         assert c.lookup(last) == 4
         assert c.retrieve(last) == lp
     assert len(redis.keys("t@*")) == 4
-    assert adapter_status(s)["counters"]["load_ok"] >= 4
+    assert l2_status(s)["counters"]["load_ok"] >= 4
 
 
 def test_cap_holds_after_kvtier_restart(make_server, redis):
@@ -332,14 +318,14 @@ def test_auth(make_server, tmp_path):
     r = Redis(d, password="s3cret").start()
     try:
         bad = make_server(["--l2-adapter", resp_json(r, password="wrong")])
-        a = adapter_status(bad)
+        a = l2_status(bad)
         assert a["is_healthy"] is False and "AUTH" in a["health"], a["health"]
         good = make_server(["--l2-adapter", resp_json(r, password="s3cret")])
         keys = keys_for("auth", 2)
         with good.client() as c:
             assert c.store(keys, random_payloads(2, 1000)) == 2
             c.flush()
-        assert adapter_status(good)["counters"]["store_ok"] == 2
+        assert l2_status(good)["counters"]["store_ok"] == 2
         assert len(r.keys("t@*")) == 2
     finally:
         r.kill()
@@ -380,13 +366,13 @@ def test_unreachable_at_start_then_available(make_server, tmp_path):
     r = Redis(d)
     s = make_server(["--l2-adapter", resp_json(r)])
     try:
-        a = adapter_status(s)
+        a = l2_status(s)
         assert a["is_healthy"] is False and a["connected"] is False
         keys = keys_for("late", 2)
         with s.client() as c:
             assert c.store(keys, random_payloads(2, 1000)) == 2  # L1 takes it
         r.start()
-        wait_for(lambda: adapter_status(s)["connected"], what="first connection")
+        wait_for(lambda: l2_status(s)["connected"], what="first connection")
         more = keys_for("late2", 2)
         with s.client() as c:
             c.store(more, random_payloads(2, 1000))
@@ -415,7 +401,7 @@ def test_delete_and_eviction_remove_values(make_server, redis):
             c.store(keys[i:i + 1], pay[i:i + 1])
         c.flush()
     a = wait_for(lambda: (lambda x: x if x["counters"]["evictions"] > 0 and
-                          x["usage_fraction"] <= 0.5 else None)(adapter_status(s)),
+                          x["usage_fraction"] <= 0.5 else None)(l2_status(s)),
                  what="eviction below the watermark")
     assert len(redis.keys("t@*")) == a["objects"] < 10
     assert a["used_bytes"] == sum(len(redis.cmd("GET", k)) for k in redis.keys("t@*"))

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, adapter_json, free_port, keys_for, random_payloads, run_kvtier
+from conftest import (ROOT, adapter_json, free_port, keys_for, l2_status, random_payloads,
+                      run_kvtier, wait_for)
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -110,21 +111,6 @@ def s3_json(s3, **kw):
     return json.dumps(spec)
 
 
-def status(server, i=0):
-    with server.client() as c:
-        return c.status()["l2"][i]
-
-
-def wait_for(pred, timeout=30, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting for " + what)
-
-
 def test_round_trip_and_restart(make_server, s3):
     s = make_server(["--l2-adapter", s3_json(s3)])
     keys = keys_for("org/model", 16)
@@ -147,7 +133,7 @@ def test_round_trip_and_restart(make_server, s3):
     with s.client() as c:
         assert c.lookup(keys) == 16
         assert c.retrieve(keys) == pay
-    a = status(s)
+    a = l2_status(s)
     assert a["requests"]["head"] == 16 and a["requests"]["get"] == 16
 
 
@@ -162,7 +148,7 @@ def test_large_objects(make_server, s3):
         assert c.lookup(keys) == 2
         got = c.retrieve(keys)
     assert [len(g) for g in got] == [64 * MiB] * 2 and got == pay
-    a = status(s)
+    a = l2_status(s)
     assert a["counters"]["load_ok"] == 2 and a["counters"]["bytes_read"] == 2 * (HDR + 64 * MiB)
 
 
@@ -173,7 +159,7 @@ def test_concurrent_transfers(make_server, s3):
     with s.client() as c:
         assert c.store(keys, pay) == 48
         c.flush()
-    a = status(s)
+    a = l2_status(s)
     assert a["counters"]["store_ok"] == 48 and len(s3.objects("t/")) == 48
     assert 1 < a["peak_transfers"] <= 8, a["peak_transfers"]
     s2 = make_server(["--l2-adapter", s3_json(s3, s3_num_io_threads=8)])
@@ -187,8 +173,8 @@ def test_concurrent_transfers(make_server, s3):
                                              ("nobody", SECRET, "InvalidAccessKeyId")])
 def test_wrong_credentials_are_a_clear_error(make_server, s3, key, secret, code):
     s = make_server(["--l2-adapter", s3_json(s3, aws_access_key_id=key, aws_secret_access_key=secret)])
-    a = wait_for(lambda: (lambda x: x if not x["is_healthy"] else None)(status(s)),
-                 what="the start-up listing to be refused")
+    a = wait_for(lambda: (lambda x: x if not x["is_healthy"] else None)(l2_status(s)),
+                 what="the start-up listing to be refused", timeout=30)
     assert a["s3_error"]["code"] == code and a["s3_error"]["http_status"] == 403
     assert code in a["health"]
     code_h, body = s.http_get("/healthz")
@@ -196,7 +182,7 @@ def test_wrong_credentials_are_a_clear_error(make_server, s3, key, secret, code)
     with s.client() as c:
         assert c.store(keys_for("cred", 3), random_payloads(3, 4096)) == 3  # L1 takes them
         c.flush()
-    a = status(s)
+    a = l2_status(s)
     assert a["counters"]["store_failed"] == 3 and a["counters"]["store_ok"] == 0
     assert s3.objects() == []
     assert ("S3 refused" in s.read_log()) and code in s.read_log()
@@ -215,13 +201,13 @@ def test_breaker_opens_and_closes(make_server, s3, tmp_path):
     with s.client() as c:
         assert c.store(keys, pay) == 4
         c.flush()
-    assert status(s)["counters"]["store_ok"] == 4
+    assert l2_status(s)["counters"]["store_ok"] == 4
     s3.kill()
     with s.client() as c:
         c.store(keys_for("brk2", 4), random_payloads(4, 32 * KiB, seed=5))
         c.flush()
-    a = wait_for(lambda: (lambda x: x if x["circuit_breaker"]["state"] != "closed" else None)(status(s)),
-                 what="the breaker to open")
+    a = wait_for(lambda: (lambda x: x if x["circuit_breaker"]["state"] != "closed" else None)(l2_status(s)),
+                 what="the breaker to open", timeout=30)
     assert a["circuit_breaker"]["opens"] == 1 and not a["is_healthy"]
     assert "circuit open" in a["health"]
     code, body = s.http_get("/healthz")
@@ -239,15 +225,15 @@ def test_breaker_opens_and_closes(make_server, s3, tmp_path):
     assert st[1]["counters"]["store_ok"] == 10
 
     s3.start()  # same port, same data
-    a = wait_for(lambda: (lambda x: x if x["circuit_breaker"]["state"] == "closed" else None)(status(s)),
-                 what="the breaker to close")
+    a = wait_for(lambda: (lambda x: x if x["circuit_breaker"]["state"] == "closed" else None)(l2_status(s)),
+                 what="the breaker to close", timeout=30)
     assert a["is_healthy"] and a["requests"]["probe"] >= 1
     assert s.http_get("/healthz")[0] == 200
     last = keys_for("brk4", 2)
     with s.client() as c:
         assert c.store(last, random_payloads(2, 1000, seed=7)) == 2
         c.flush()
-    assert status(s)["counters"]["store_ok"] == 6
+    assert l2_status(s)["counters"]["store_ok"] == 6
     assert "circuit closed" in s.read_log()
 
 
@@ -263,7 +249,7 @@ def test_two_servers_share_one_bucket(make_server, s3):
         assert c.lookup(keys) == 8
         assert c.retrieve(keys) == pay
         assert c.lookup(keys_for("shared", 8, salt="tenant-b")) == 0
-    a = status(s2)
+    a = l2_status(s2)
     assert a["counters"]["secondary_hits"] == 8 and a["requests"]["head"] >= 8
 
 
@@ -288,7 +274,7 @@ def test_corrupt_object_is_a_miss_and_deleted(make_server, s3):
         assert c.retrieve(keys) == pay[:2]
         a = c.status()["l2"][0]
     assert a["counters"]["corrupt"] == 1
-    wait_for(lambda: victim not in s3.objects("t/"), what="the corrupt object to be deleted")
+    wait_for(lambda: victim not in s3.objects("t/"), what="the corrupt object to be deleted", timeout=30)
     assert len(s3.objects("t/")) == 5
 
 
@@ -329,18 +315,18 @@ def test_credentials_from_environment_and_file(make_server, s3, tmp_path):
     assert r.returncode != 0 and "no AWS credentials" in r.stderr, r.stderr
     s = make_server(["--l2-adapter", json.dumps(spec)],
                     env={"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET})
-    assert status(s)["credentials"] == "environment"
+    assert l2_status(s)["credentials"] == "environment"
     (home / ".aws" / "credentials").write_text(
         "[other]\naws_access_key_id = x\naws_secret_access_key = y\n"
         "[ci]\naws_access_key_id = %s\naws_secret_access_key = %s\n" % (KEY, SECRET))
     env = {"HOME": str(home), "AWS_PROFILE": "ci", "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
     s2 = make_server(["--l2-adapter", json.dumps(spec)], env=env)
-    a = status(s2)
+    a = l2_status(s2)
     assert a["credentials"].startswith("file ") and "[ci]" in a["credentials"]
     with s2.client() as c:
         c.store(keys_for("fromfile", 2), random_payloads(2, 1000))
         c.flush()
-    assert status(s2)["counters"]["store_ok"] == 2
+    assert l2_status(s2)["counters"]["store_ok"] == 2
 
 
 def test_config_forms_and_errors():
