@@ -58,7 +58,7 @@ struct value {
     uint16_t *plen;   /* prefix length (chunks in the request), 0 = unknown */
     uint8_t *costc;   /* log2(bytes) + 1, 0 = unknown */
     struct hent *heap;
-    uint32_t n, cap;
+    uint32_t n;
     double (*clock)(void *);
     void *clock_arg;
     double epoch;
@@ -158,7 +158,6 @@ static void value_reserve(struct kvt_policy *p, uint32_t n)
     v->costc = kvt_xrealloc(v->costc, (size_t)ncap);
     memset(v->pos + o, 0xff, (size_t)(ncap - o) * sizeof(uint32_t));
     v->heap = kvt_xrealloc(v->heap, (size_t)ncap * sizeof(struct hent));
-    v->cap = ncap;
     p->nhandles = ncap;
 }
 

@@ -1,6 +1,8 @@
 /* Pre-flight of a cache root (see preflight.h). */
 #include "ops/preflight.h"
 
+#include "common/util.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -8,8 +10,6 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/sysmacros.h>
-
-#define GIB (1024.0 * 1024.0 * 1024.0)
 
 static void warn(struct kvt_preflight *pf, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -107,8 +107,8 @@ void kvt_preflight_run(const char *root, const char *device, uint64_t budget_byt
              "the file system of %s (%.1f GiB in total, %.1f GiB free) cannot hold the budget "
              "of %.1f GiB: writes will fail with ENOSPC before the cap; lower "
              "KVP_CACHE_BUDGET_GB (cache.env.local) or use a larger device",
-             pf->checked, (double)pf->fs_total_bytes / GIB, (double)pf->fs_free_bytes / GIB,
-             (double)budget_bytes / GIB);
+             pf->checked, (double)pf->fs_total_bytes / KVT_GIB, (double)pf->fs_free_bytes / KVT_GIB,
+             (double)budget_bytes / KVT_GIB);
 }
 
 json_t *kvt_preflight_json(const struct kvt_preflight *pf)

@@ -1,6 +1,8 @@
 /* "namespace_quotas": parsing and validation (rules in quota.h). */
 #include "ops/quota.h"
 
+#include "common/util.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -8,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GIB (1024.0 * 1024.0 * 1024.0)
 #define NS_NAME_MAX 256 /* 128-byte model, each '/' doubled */
 
 int kvt_quota_ns_name(const char *in, char *out, size_t cap)
@@ -61,7 +62,7 @@ static int entry_bytes(const char *name, const json_t *v, uint64_t *bytes, char 
                                "{\"max_gb\": N} / {\"max_bytes\": N}", name);
             return -1;
         }
-        *bytes = (uint64_t)(d * GIB);
+        *bytes = (uint64_t)(d * KVT_GIB);
         return 0;
     }
     const char *k;
@@ -74,7 +75,7 @@ static int entry_bytes(const char *name, const json_t *v, uint64_t *bytes, char 
                 snprintf(err, cap, "\"%s\".max_gb must be a number >= 0", name);
                 return -1;
             }
-            *bytes = (uint64_t)(d * GIB);
+            *bytes = (uint64_t)(d * KVT_GIB);
         } else if (strcmp(k, "max_bytes") == 0) {
             if (gib(x, &d) || d != floor(d)) {
                 snprintf(err, cap, "\"%s\".max_bytes must be an integer >= 0", name);

@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "kvtier/error.h"
+#include "ops/cli.h"
 #include "ops/purge.h"
 #include "ops/scan.h"
 #include "server/internal.h"
@@ -625,13 +626,6 @@ struct purge_job {
     char root[4096]; /* "" = every adapter */
 };
 
-/* Same directory (device and inode), so paths need not be spelled alike. */
-static bool same_dir(const char *a, const char *b)
-{
-    struct stat x, y;
-    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
-}
-
 struct l1_drop {
     struct kvt_l1 *l1;
     uint64_t n;
@@ -656,7 +650,7 @@ static void purge_job_fn(struct kvt_job *job, void *ctx)
     for (int a = 0; a < s->nl2; a++) {
         char dir[4096];
         kvt_purge_l2_root(s->l2s[a], dir, sizeof(dir));
-        sel[a] = !j->root[0] || (dir[0] && same_dir(dir, j->root));
+        sel[a] = !j->root[0] || (dir[0] && kvt_same_dir(dir, j->root));
         nsel += sel[a];
     }
     if (!nsel) {
