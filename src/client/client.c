@@ -71,6 +71,14 @@ static void rep_free(struct rep *r)
     r->nframes = 0;
 }
 
+/* An empty reply, ready to receive into (rep_free undoes it). */
+static void rep_init(struct rep *r)
+{
+    memset(r, 0, sizeof(*r));
+    msgpack_unpacked_init(&r->up);
+    zmq_msg_init(&r->body);
+}
+
 static int seterr(kvt_client *c, int rc, const char *fmt, ...)
 {
     va_list ap;
@@ -193,9 +201,7 @@ static int reply_decode(kvt_client *c, struct rep *out)
 static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
                     const void *const *bufs, const size_t *lens, size_t nbufs, struct rep *out)
 {
-    memset(out, 0, sizeof(*out));
-    msgpack_unpacked_init(&out->up);
-    zmq_msg_init(&out->body);
+    rep_init(out);
     uint64_t rid = ++c->next_rid;
     c->err[0] = 0;
     bool more = true;
@@ -322,7 +328,10 @@ static int local_write(kvt_client *c, uint64_t rid, const char *op, const msgpac
     }
     int rc = 0, k = 0;
     while (k < ni) {
-        ssize_t w = writev(c->lfd, iov + k, KVT_MIN(ni - k, 1024));
+        /* MSG_NOSIGNAL: a server gone away is EPIPE here, not a SIGPIPE
+         * that kills the application */
+        struct msghdr mh = {.msg_iov = iov + k, .msg_iovlen = (size_t)KVT_MIN(ni - k, 1024)};
+        ssize_t w = sendmsg(c->lfd, &mh, MSG_NOSIGNAL);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -439,11 +448,17 @@ static int local_read_reply(kvt_client *c, uint64_t *rid, struct rep *out, uint6
 static int call_local(kvt_client *c, const char *op, const msgpack_sbuffer *body,
                       const void *const *bufs, const size_t *lens, size_t nbufs, struct rep *out)
 {
-    memset(out, 0, sizeof(*out));
-    msgpack_unpacked_init(&out->up);
-    zmq_msg_init(&out->body);
+    rep_init(out);
     uint64_t rid = ++c->next_rid;
     c->err[0] = 0;
+    /* the server drops a connection whose frame is over its limit (it
+     * cannot skip the bytes): refuse here, as ZeroMQ's path answers */
+    for (size_t i = 0; i < nbufs; i++)
+        if (lens[i] > UINT32_MAX || (c->max_object && lens[i] > c->max_object)) {
+            rep_free(out);
+            return seterr(c, KVT_E_TOOBIG, "a payload of %zu bytes is over the server's limit of "
+                          "%llu bytes", lens[i], (unsigned long long)c->max_object);
+        }
     int rc = local_write(c, rid, op, body, bufs, lens, nbufs);
     uint64_t deadline = kvt_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
     while (!rc) {
@@ -454,9 +469,7 @@ static int call_local(kvt_client *c, const char *op, const msgpack_sbuffer *body
         if (got == rid)
             break;
         rep_free(out); /* the reply to an earlier fire-and-forget request */
-        memset(out, 0, sizeof(*out));
-        msgpack_unpacked_init(&out->up);
-        zmq_msg_init(&out->body);
+        rep_init(out);
     }
     if (rc) {
         rep_free(out);
@@ -485,7 +498,8 @@ static int call(kvt_client *c, const char *op, const msgpack_sbuffer *body,
     int hr = hello(c);
     if (hr)
         return hr;
-    return call(c, op, body, bufs, lens, nbufs, out);
+    return c->lfd >= 0 ? call_local(c, op, body, bufs, lens, nbufs, out)
+                       : call_zmq(c, op, body, bufs, lens, nbufs, out);
 }
 
 /* Fire and forget (its reply is discarded later by request id). */
@@ -873,7 +887,8 @@ static int store_begin_once(kvt_client *c, const kvt_keys *keys, const size_t *s
     for (size_t i = 0; i < v->n; i++) {
         const msgpack_object *o = &offs->via.array.ptr[i];
         v->sizes[i] = sizes[i];
-        if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 + sizes[i] <= c->shm_size)
+        if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= c->shm_size &&
+            sizes[i] <= c->shm_size - o->via.u64)
             v->ptrs[i] = c->shm + o->via.u64;
     }
     rep_free(&r);
@@ -985,17 +1000,22 @@ int kvt_ping(kvt_client *c)
 
 /* ------------------------------------------------------------- lookup */
 
-int kvt_free_locks(kvt_client *c)
+static void cast_free_lease(kvt_client *c, uint64_t lease)
 {
-    if (!c->lease)
-        return 0;
     msgpack_sbuffer sb;
     msgpack_packer pk;
     body_init(&sb, &pk, 1);
     kvt_mp_str0(&pk, "lease");
-    msgpack_pack_uint64(&pk, c->lease);
+    msgpack_pack_uint64(&pk, lease);
     cast(c, "free_locks", &sb);
     msgpack_sbuffer_destroy(&sb);
+}
+
+int kvt_free_locks(kvt_client *c)
+{
+    if (!c->lease)
+        return 0;
+    cast_free_lease(c, c->lease);
     lease_forget(c);
     return 0;
 }
@@ -1159,17 +1179,6 @@ static void rview_free(kvt_rview *v)
     free(v->lens);
     free(v->meta);
     free(v);
-}
-
-static void cast_free_lease(kvt_client *c, uint64_t lease)
-{
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    body_init(&sb, &pk, 1);
-    kvt_mp_str0(&pk, "lease");
-    msgpack_pack_uint64(&pk, lease);
-    cast(c, "free_locks", &sb);
-    msgpack_sbuffer_destroy(&sb);
 }
 
 static int retrieve_begin_once(kvt_client *c, const kvt_keys *keys, kvt_rview **out, bool *stale)

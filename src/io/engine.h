@@ -94,6 +94,8 @@ struct kvt_ioeng;
 struct kvt_ioeng_stats {
     uint64_t submitted, completed, errors, retries;
     uint64_t bytes_read, bytes_written;
+    /* submitted and not completed yet: queued in the engine or in the
+     * kernel / on a thread (at most depth of them); and its high mark */
     uint32_t inflight, inflight_max;
 };
 

@@ -195,6 +195,9 @@ static void uring_submitv(struct kvt_ioeng *e, struct kvt_io **ios, size_t n)
 {
     struct uring_eng *u = (struct uring_eng *)e;
     pthread_mutex_lock(&u->lock);
+    /* a list that is not empty has rung already, and the ring thread takes
+     * all of it at once: only the submitter that makes it non-empty rings */
+    bool was_empty = u->head == NULL;
     for (size_t i = 0; i < n; i++) {
         ios[i]->next = NULL;
         if (u->tail)
@@ -204,7 +207,8 @@ static void uring_submitv(struct kvt_ioeng *e, struct kvt_io **ios, size_t n)
         u->tail = ios[i];
     }
     pthread_mutex_unlock(&u->lock);
-    ring_bell(u);
+    if (was_empty && n)
+        ring_bell(u);
 }
 
 static void uring_destroy(struct kvt_ioeng *e)

@@ -245,6 +245,11 @@ void kvt_l1_shm(struct kvt_l1 *l1, struct kvt_l1_shm *s)
     pthread_mutex_unlock(&l1->lock);
 }
 
+uint64_t kvt_l1_pool_id(const struct kvt_l1 *l1)
+{
+    return l1->pool_id;
+}
+
 /* --------------------------------------------------------- objects */
 
 static struct l1_obj *obj(struct kvt_l1 *l1, uint32_t h)

@@ -78,6 +78,8 @@ struct kvt_l1_ref {
 int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, size_t errcap);
 void kvt_l1_destroy(struct kvt_l1 *l1);
 void kvt_l1_shm(struct kvt_l1 *l1, struct kvt_l1_shm *s);
+/* The pool's id (fixed at creation; no lock): what offsets are valid in. */
+uint64_t kvt_l1_pool_id(const struct kvt_l1 *l1);
 
 /* ---- writing ---- */
 

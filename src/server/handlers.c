@@ -314,11 +314,9 @@ static void finish_fetch(struct fetch *f, uint32_t total, bool on_rpc)
             kvt_mp_str0(pk, "lease");
             msgpack_pack_uint64(pk, lease);
         } else { /* prepare_retrieve: offsets are only meaningful in this pool */
-            struct kvt_l1_shm shm;
-            kvt_l1_shm(s->l1, &shm);
             msgpack_pack_map(pk, 4);
             kvt_mp_str0(pk, "pool");
-            msgpack_pack_uint64(pk, shm.pool_id);
+            msgpack_pack_uint64(pk, kvt_l1_pool_id(s->l1));
             kvt_mp_str0(pk, "lease");
             msgpack_pack_uint64(pk, lease);
             kvt_mp_str0(pk, "n");
@@ -491,12 +489,10 @@ static void h_prepare_store(struct kvt_server *s, struct request *q)
         }
     }
     uint64_t lease = k ? kvt_l1_lease_new(s->l1, KVT_LEASE_WRITE, hs, k) : 0;
-    struct kvt_l1_shm shm;
-    kvt_l1_shm(s->l1, &shm);
     msgpack_packer *pk = &q->r->pk;
     msgpack_pack_map(pk, 4);
     kvt_mp_str0(pk, "pool"); /* offsets are only meaningful in this pool */
-    msgpack_pack_uint64(pk, shm.pool_id);
+    msgpack_pack_uint64(pk, kvt_l1_pool_id(s->l1));
     kvt_mp_str0(pk, "lease");
     msgpack_pack_uint64(pk, lease);
     kvt_mp_str0(pk, "offsets");

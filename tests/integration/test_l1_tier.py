@@ -278,14 +278,17 @@ def test_chunk_hash_vectors_match_docs():
     assert len(k) == 3 and k.kv_rank == 0x02010201 and len(k[:2]) == 2
 
 
-@pytest.mark.parametrize("shm", [True, False])
-def test_client_survives_server_restart(server, shm):
+@pytest.mark.parametrize("shm,local", [(True, True), (True, False), (False, True), (False, False)])
+def test_client_survives_server_restart(server, shm, local):
     """A long-lived client keeps working across a server restart: its mapping
     of the old pool is never used for the new server's offsets (that would
-    move wrong bytes); it maps the new pool and carries on."""
+    move wrong bytes); it maps the new pool and carries on. Over the same-host
+    socket the broken connection makes the client say hello (and remap)
+    first; over ZeroMQ the socket reconnects silently, so the first
+    zero-copy request meets the new pool's id and remaps there."""
     keys = keys_for("restart", 6)
     pay = random_payloads(6, 40000, seed=21)
-    with server.client(shm=shm) as c:
+    with server.client(shm=shm, local=local) as c:
         assert c.shm_active == shm
         assert c.store(keys[:3], pay[:3]) == 3
         c.flush()
@@ -299,6 +302,46 @@ def test_client_survives_server_restart(server, shm):
             if shm:
                 assert [bytes(v) for v in views] == pay
         assert c.shm_active == shm
+
+
+def test_local_socket_oversize_payload_is_an_error(make_server):
+    """A payload over the server's limit is refused with an error over the
+    same-host socket too (the server would have to drop the connection),
+    and the client keeps working."""
+    s = make_server(["--max-object-mb", "1"])
+    keys = keys_for("oversize", 2)
+    with s.client(local=True, shm=False) as c:
+        assert c.local_active
+        with pytest.raises(kvtier.KvtierError, match="limit"):
+            c.store(keys[:1], [bytes(2 << 20)])
+        assert c.local_active
+        assert c.store(keys[1:], [b"ok"]) == 1
+
+
+def test_local_socket_server_gone_is_an_error_not_sigpipe(make_server):
+    """A client whose server died gets an error on its next request, not a
+    SIGPIPE that kills the process (the child restores SIGPIPE's default
+    action, as a C program has it)."""
+    s = make_server()
+    code = ("import signal, sys, kvtier\n"
+            "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
+            "c = kvtier.Client(sys.argv[1], local=True, shm=False, timeout_ms=3000)\n"
+            "assert c.local_active\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "try:\n"
+            "    c.store(kvtier.chunk_keys('m', list(range(256)), chunk_size=256), [bytes(1 << 20)])\n"
+            "    print('stored')\n"
+            "except kvtier.KvtierError as e:\n"
+            "    print('error', e)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    p = subprocess.Popen([sys.executable, "-c", code, s.url], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline().strip() == "ready"
+    s.kill()
+    out, _ = p.communicate("go\n", timeout=60)
+    assert p.returncode == 0, (p.returncode, out)  # -13 would be SIGPIPE
+    assert out.startswith("error"), out
 
 
 @pytest.mark.parametrize("local", [True, False])

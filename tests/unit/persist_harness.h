@@ -149,7 +149,9 @@ __attribute__((unused)) static uint32_t h_check(kvt_l2 *l2, const char *model, u
     kvt_l2_task *t = kvt_l2_task_new(KVT_L2_LOAD, n);
     for (uint32_t i = 0; i < n; i++) {
         t->keys[i] = lk->keys[i];
-        t->bufs[i].ptr = h_payload(len + 8192, 0); /* capacity larger than needed */
+        /* capacity larger than needed, filled with a pattern no key has (a
+         * load that moved nothing must not match key 0) */
+        t->bufs[i].ptr = h_payload(len + 8192, UINT32_MAX);
         t->bufs[i].len = len + 8192;
     }
     h_run(l2, t);

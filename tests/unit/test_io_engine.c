@@ -124,7 +124,7 @@ static void test_engine(enum kvt_ioeng_kind kind)
     struct kvt_ioeng_stats s;
     kvt_ioeng_get_stats(e, &s);
     TEST_ASSERT(s.inflight == 0 && s.completed == s.submitted);
-    TEST_ASSERT(s.inflight_max >= 2);
+    TEST_ASSERT(s.inflight_max >= N); /* the N of one submitv were outstanding together */
 
     /* O_DIRECT with aligned buffers (skipped where the fs refuses it) */
     int dfd = open(path, O_RDWR | O_DIRECT);
