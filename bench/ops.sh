@@ -60,8 +60,9 @@ replay)
 live)
   echo
   echo "== live replay through a server (nixl_store_dynamic, watermark 0.95, ratio 0.05)"
-  uniq=$($BIN replay --trace "$TRACE" --offline --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["budget_blocks"])')
-  cap=$(/usr/bin/python3 -c "print($uniq * (16384 + 512) / 2**30)")
+  # the offline default budget (25% of the unique blocks); replay has no cheaper way to print it
+  budget_blocks=$($BIN replay --trace "$TRACE" --offline --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["budget_blocks"])')
+  cap=$(/usr/bin/python3 -c "print($budget_blocks * (16384 + 512) / 2**30)")
   for pol in 'LRU' 'value' 'value:0.0001'; do
     name=${pol%%:*}; hl=${pol#*:}
     ev="{\"eviction_policy\":\"$name\",\"trigger_watermark\":0.95,\"eviction_ratio\":0.05"
