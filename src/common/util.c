@@ -41,6 +41,18 @@ void *kvt_xrealloc(void *p, size_t n)
     return q;
 }
 
+void *kvt_xmemalign(size_t align, size_t len)
+{
+    size_t n = len ? len : align;
+    void *p = NULL;
+    if (posix_memalign(&p, align, n)) {
+        kvt_error("out of memory allocating %zu bytes aligned to %zu", n, align);
+        abort();
+    }
+    memset(p, 0, n);
+    return p;
+}
+
 char *kvt_xstrdup(const char *s)
 {
     size_t n = strlen(s) + 1;

@@ -32,6 +32,10 @@ void *kvt_xmalloc(size_t n);
 void *kvt_xcalloc(size_t n, size_t sz);
 void *kvt_xrealloc(void *p, size_t n);
 char *kvt_xstrdup(const char *s);
+/* posix_memalign(align, len) zero-filled (len 0: one align block), for
+ * small I/O buffers (headers, journal blocks); aborts on OOM like
+ * kvt_xmalloc. align: a power of two, a multiple of sizeof(void *). */
+void *kvt_xmemalign(size_t align, size_t len);
 
 /* Bitmaps of n bits, stored in uint64_t words. */
 static inline size_t kvt_bm_words(size_t n)

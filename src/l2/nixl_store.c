@@ -36,6 +36,7 @@
 #include "io/tpool.h"
 #include "kvtier/error.h"
 #include "l2/adapters.h"
+#include "l2/fileobj.h"
 #include "l2/l2.h"
 #include "l2/objfmt.h"
 
@@ -73,9 +74,8 @@ struct ns_engine {
     uint32_t pages;             /* total */
     int *fd;                    /* buffered */
     int *dfd;                   /* O_DIRECT, or -1 */
-    bool odirect;
-    uint32_t blksz;
-    _Atomic bool warned_len, warned_align, warned_dry;
+    struct kvt_odirect od;
+    _Atomic bool warned_dry;
     struct kvt_ioeng *io;
     struct kvt_tpool *work;
     int nworkers;
@@ -272,18 +272,6 @@ static void obj_done(struct ns_task *nt)
         task_end(nt);
 }
 
-/* posix_memalign that aborts on OOM, like kvt_xmalloc (small buffers). */
-static void *xmemalign(size_t align, size_t n)
-{
-    void *p = NULL;
-    if (posix_memalign(&p, align, n)) {
-        kvt_error("out of memory allocating %zu aligned bytes", n);
-        abort();
-    }
-    memset(p, 0, n);
-    return p;
-}
-
 /* Build the requests of one object: extent k covers logical bytes
  * [sum of earlier extents, + n*page) of the stream header|payload. */
 static void build_ios(struct ns_engine *e, struct ns_obj *ob, enum kvt_io_op op, uint8_t *payload,
@@ -309,29 +297,6 @@ static void build_ios(struct ns_engine *e, struct ns_obj *ob, enum kvt_io_op op,
         at = end;
     }
     atomic_store(&ob->ios_left, ob->nexts);
-}
-
-static bool direct_ok(kvt_l2 *l2, struct ns_engine *e, const void *buf, uint64_t len)
-{
-    if (!e->odirect)
-        return false;
-    if (len % e->blksz) {
-        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
-        kvt_warn_once(&e->warned_len,
-                      "%s: O_DIRECT not used for an object of %llu bytes: not a multiple of the "
-                      "block size %u; buffered and counted in odirect_fallbacks",
-                      l2->name, (unsigned long long)len, e->blksz);
-        return false;
-    }
-    if ((uintptr_t)buf % e->blksz) {
-        atomic_fetch_add(&l2->counters.odirect_fallbacks, 1);
-        kvt_warn_once(&e->warned_align,
-                      "%s: O_DIRECT not used: buffer %p is not aligned to %u bytes (raise "
-                      "--l1-align-bytes); transfer buffered",
-                      l2->name, buf, e->blksz);
-        return false;
-    }
-    return true;
 }
 
 /* ------------------------------------------------------------- store */
@@ -499,8 +464,8 @@ static void submit_store(kvt_l2 *l2, struct ns_engine *e, struct ns_task *nt)
         ob->nexts = n;
         ob->plen = (uint32_t)src->len;
         ob->active = true;
-        ob->direct = direct_ok(l2, e, src->ptr, src->len);
-        ob->hdr = xmemalign(KVT_MAX(4096u, e->page), e->page);
+        ob->direct = kvt_odirect_ok(l2, &e->od, src->ptr, src->len);
+        ob->hdr = kvt_xmemalign(KVT_MAX(4096u, e->page), e->page);
         active++;
         nios += n;
     }
@@ -629,8 +594,8 @@ static void submit_load(kvt_l2 *l2, struct ns_engine *e, struct ns_task *nt)
             kvt_l2_task_fail(t, i, KVT_E_TOOBIG); /* never an overrun */
             continue;
         }
-        ob->hdr = xmemalign(KVT_MAX(4096u, e->page), e->page);
-        ob->direct = direct_ok(l2, e, t->bufs[i].ptr, ob->plen);
+        ob->hdr = kvt_xmemalign(KVT_MAX(4096u, e->page), e->page);
+        ob->direct = kvt_odirect_ok(l2, &e->od, t->bufs[i].ptr, ob->plen);
         ob->active = true;
         build_ios(e, ob, KVT_IO_READ, t->bufs[i].ptr, load_io_cb);
         active++;
@@ -680,7 +645,7 @@ static void ns_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "file_size", json_integer((json_int_t)e->ppf * e->page));
     json_object_set_new(out, "page_size", json_integer(e->page));
     json_object_set_new(out, "num_workers", json_integer(e->nworkers));
-    json_object_set_new(out, "odirect", json_string(e->odirect ? "on" : "off"));
+    kvt_odirect_status(&e->od, out);
     json_object_set_new(out, "io", kvt_ioeng_status(e->io));
     pthread_mutex_lock(&e->lock);
     json_object_set_new(out, "pool_pages", json_integer(e->pages));
@@ -734,7 +699,7 @@ static const struct kvt_l2_ops ns_ops = {
 };
 
 /* Open (create) one pool file, preallocated to its full size. */
-static int open_pool_file(struct ns_engine *e, uint32_t i, uint64_t size, char *err,
+static int open_pool_file(kvt_l2 *l2, struct ns_engine *e, uint32_t i, uint64_t size, char *err,
                           size_t errcap)
 {
     char nm[64];
@@ -762,18 +727,19 @@ static int open_pool_file(struct ns_engine *e, uint32_t i, uint64_t size, char *
                  (unsigned long long)size, strerror(rc));
         return -rc;
     }
-    if (e->odirect) {
-        e->dfd[i] = openat(e->dirfd, nm, O_RDWR | O_CLOEXEC | O_DIRECT);
-        if (e->dfd[i] < 0) {
-            if (errno != EINVAL) {
-                snprintf(err, errcap, "cannot open %s/%s with O_DIRECT: %s", e->base, nm,
-                         strerror(errno));
-                return -errno;
-            }
-            e->odirect = false; /* refused by the file system: buffered */
-            kvt_warn("nixl_store: O_DIRECT refused by the file system under %s: buffered I/O",
-                     e->base);
+    bool direct = e->od.on && !atomic_load(&e->od.refused);
+    if (direct) {
+        /* refused by the file system (EINVAL): od says so, transfers buffered */
+        int dfd = kvt_odirect_openat(l2, &e->od, e->dirfd, nm, O_RDWR, &direct);
+        if (dfd < 0) {
+            snprintf(err, errcap, "cannot open %s/%s with O_DIRECT: %s", e->base, nm,
+                     strerror(-dfd));
+            return dfd;
         }
+        if (direct)
+            e->dfd[i] = dfd;
+        else
+            close(dfd);
     }
     return 0;
 }
@@ -806,7 +772,6 @@ int kvt_nixl_store_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct
     e->pages = (uint32_t)pages;
     e->free_pages = e->pages;
     e->rec_free = UINT32_MAX;
-    e->odirect = o->use_direct_io;
     e->nworkers = o->num_workers;
     e->cls = kvt_xcalloc(e->ppf + 1, sizeof(*e->cls));
     e->cls_bm = kvt_xcalloc((e->ppf + 64) / 64, sizeof(uint64_t));
@@ -832,16 +797,14 @@ int kvt_nixl_store_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct
         snprintf(err, errcap, "cannot open file_path %s: %s", e->base, strerror(errno));
         goto fail;
     }
-    struct stat st;
-    fstat(e->dirfd, &st);
-    e->blksz = (uint32_t)KVT_MIN(KVT_MAX(st.st_blksize, 512), 4096);
-    if (e->odirect && e->page % e->blksz) {
+    kvt_odirect_init(&e->od, o->use_direct_io, e->dirfd, 4096, e->base);
+    if (e->od.on && e->page % e->od.blksz) {
         kvt_warn("%s: page_size %u is not a multiple of the block size %u: O_DIRECT off",
-                 l2->name, e->page, e->blksz);
-        e->odirect = false;
+                 l2->name, e->page, e->od.blksz);
+        e->od.on = false;
     }
     for (uint32_t i = 0; i < e->nfiles; i++) {
-        rc = open_pool_file(e, i, o->file_size, err, errcap);
+        rc = open_pool_file(l2, e, i, o->file_size, err, errcap);
         if (rc)
             goto fail;
     }

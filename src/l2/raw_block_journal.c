@@ -17,17 +17,6 @@
 #include <string.h>
 #include <time.h>
 
-void *rb_xmemalign(size_t align, size_t n)
-{
-    void *p = NULL;
-    if (posix_memalign(&p, align, n ? n : align)) {
-        kvt_error("out of memory allocating %zu aligned bytes", n);
-        abort();
-    }
-    memset(p, 0, n ? n : align);
-    return p;
-}
-
 /* ----------------------------------------------------------- journal */
 
 static void jwrite_done(struct kvt_io *io);
@@ -35,7 +24,7 @@ static void jwrite_done(struct kvt_io *io);
 static struct rb_jblock *jblock_new(struct rb_engine *e)
 {
     struct rb_jblock *b = kvt_xcalloc(1, sizeof(*b));
-    b->buf = rb_xmemalign(e->g.block, e->g.block);
+    b->buf = kvt_xmemalign(e->g.block, e->g.block);
     b->e = e;
     return b;
 }

@@ -329,7 +329,10 @@ int rb_trailer_decode(const uint8_t *p, struct rb_trailer *t)
 
 /* ----------------------------------------------------------- recovery */
 
-static void *aligned_alloc_zero(size_t align, size_t n)
+/* kvt_xmemalign for the bulk buffers (checkpoint payloads, 1 MiB journal
+ * chunks): NULL on OOM, which the callers report as -ENOMEM (util.h's rule
+ * for bulk buffers). One-block buffers use kvt_xmemalign. */
+static void *memalign_zeroed_or_null(size_t align, size_t n)
 {
     void *p = NULL;
     if (posix_memalign(&p, align, n ? n : align))
@@ -344,7 +347,7 @@ static int read_payload(int fd, const struct rb_geom *g, const struct rb_ckpt_hd
     uint64_t len = KVT_ALIGN_UP(h->payload_len, g->block);
     if (h->payload_len > g->ckpt_bytes - g->block)
         return -EBADMSG;
-    uint8_t *p = aligned_alloc_zero(g->block, len);
+    uint8_t *p = memalign_zeroed_or_null(g->block, len);
     if (!p)
         return -ENOMEM;
     int rc = len ? kvt_pread_all(fd, p, len, (uint64_t)copy * g->ckpt_bytes + g->block, NULL) : 0;
@@ -365,9 +368,7 @@ int rb_read_checkpoint(int fd, const struct rb_geom *g, const char *magic, uint3
 {
     struct rb_ckpt_hdr h[2];
     int rc[2];
-    uint8_t *blk = aligned_alloc_zero(g->block, g->block);
-    if (!blk)
-        return -ENOMEM;
+    uint8_t *blk = kvt_xmemalign(g->block, g->block);
     for (int c = 0; c < 2; c++) {
         int r = kvt_pread_all(fd, blk, g->block, (uint64_t)c * g->ckpt_bytes, NULL);
         rc[c] = r ? r : rb_ckpt_hdr_decode(blk, g->block, magic, version, &h[c]);
@@ -422,7 +423,7 @@ int rb_replay_journal(int fd, const struct rb_geom *g, uint64_t instance, uint64
 {
     /* read the ring in chunks of up to 1 MiB, in bseq order from jstart */
     uint32_t chunk = (uint32_t)KVT_MAX(1u, (1u << 20) / g->block);
-    uint8_t *buf = aligned_alloc_zero(g->block, (size_t)chunk * g->block);
+    uint8_t *buf = memalign_zeroed_or_null(g->block, (size_t)chunk * g->block);
     if (!buf)
         return -ENOMEM;
     uint64_t bseq = jstart, applied = 0;
@@ -474,7 +475,7 @@ uint64_t rb_serialize(const struct rb_slot *slots, uint32_t nslots, uint32_t blo
         len += rb_rec_size(&r);
         n++;
     }
-    uint8_t *p = aligned_alloc_zero(block, KVT_ALIGN_UP(len, block));
+    uint8_t *p = memalign_zeroed_or_null(block, KVT_ALIGN_UP(len, block));
     if (!p) {
         *out = NULL;
         *nrec = 0;
@@ -510,9 +511,7 @@ int rb_write_checkpoint(int fd, const struct rb_geom *g, const struct rb_ckpt_hd
         rc = -errno;
     if (rc)
         return rc;
-    uint8_t *blk = aligned_alloc_zero(g->block, g->block);
-    if (!blk)
-        return -ENOMEM;
+    uint8_t *blk = kvt_xmemalign(g->block, g->block);
     rb_ckpt_hdr_encode(h, blk, g->block);
     rc = kvt_pwrite_all(fd, blk, g->block, base);
     free(blk);
