@@ -66,7 +66,6 @@ struct dax_engine {
     uint8_t *data;  /* nslots x slot_bytes */
     uint64_t slot_bytes;
     uint32_t nslots;
-    uint64_t instance; /* unused by dax trailers: 0 */
     struct kvt_tpool *spool, *lpool;
     int nstore, nlookup, nload;
 
@@ -81,7 +80,8 @@ struct dax_engine {
     _Atomic bool stop;
     struct kvt_l2_park park;   /* stores waiting for the scan */
     struct kvt_l2_drain drain; /* live batches */
-    _Atomic uint64_t invalid_headers, msyncs;
+    _Atomic uint64_t invalid_headers;
+    _Atomic uint64_t msyncs; /* durable: ranges msync'ed (status "msyncs") */
 };
 
 struct dax_batch;
@@ -110,23 +110,29 @@ static uint8_t *slot_data(struct dax_engine *e, uint32_t s)
     return e->data + (uint64_t)s * e->slot_bytes;
 }
 
-/* Invalidate a slot header: the trailer goes first (it is the commit). */
-static void hdr_invalidate(struct dax_engine *e, uint32_t s)
-{
-    uint8_t *h = slot_hdr(e, s);
-    memset(h + DAX_TRAILER_OFF, 0, RB_TRAILER);
-    atomic_thread_fence(memory_order_release); /* trailer gone before the rest */
-    memset(h, 0, KVT_OBJHDR_MIN);
-    if (e->durable)
-        msync((void *)((uintptr_t)h & ~(uintptr_t)4095), 4096, MS_SYNC);
-}
-
 static void sync_range(struct dax_engine *e, void *p, uint64_t n)
 {
     uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095;
     uintptr_t end = (uintptr_t)p + n;
     msync((void *)a, end - a, MS_SYNC);
     atomic_fetch_add(&e->msyncs, 1);
+}
+
+/* Wipe a slot header, not synced: the trailer goes first (it is the commit). */
+static void hdr_wipe(struct dax_engine *e, uint32_t s)
+{
+    uint8_t *h = slot_hdr(e, s);
+    memset(h + DAX_TRAILER_OFF, 0, RB_TRAILER);
+    atomic_thread_fence(memory_order_release); /* trailer gone before the rest */
+    memset(h, 0, KVT_OBJHDR_MIN);
+}
+
+/* Invalidate a slot header; "durable": msync'ed at once. */
+static void hdr_invalidate(struct dax_engine *e, uint32_t s)
+{
+    hdr_wipe(e, s);
+    if (e->durable)
+        sync_range(e, slot_hdr(e, s), DAX_HDR);
 }
 
 /*
@@ -267,13 +273,20 @@ static void do_load(kvt_l2 *l2, struct dax_engine *e, kvt_l2_task *t, uint32_t i
         ;
     else if (!kvt_objhdr_matches(&oh, KVT_CODEC_OBJ, &ck))
         why = "slot holds another key";
-    else if (tr.plen > dst->len || tr.plen > e->slot_bytes || oh.payload_len != tr.plen)
-        why = "slot payload length does not fit the destination";
-    if (!why) {
+    else if (tr.plen > e->slot_bytes || oh.payload_len != tr.plen)
+        why = "slot payload length inconsistent";
+    /* a valid object larger than the destination: not corrupt (as raw_block
+     * and nixl_store), the key fails with KVT_E_TOOBIG, never an overrun */
+    bool toobig = !why && tr.plen > dst->len;
+    if (!why && !toobig) {
         if (copy_hash(dst->ptr, slot_data(e, s), tr.plen) != tr.xxh3)
             why = "payload checksum mismatch";
     }
     reader_put(e, s);
+    if (toobig) {
+        kvt_l2_task_fail(t, i, KVT_E_TOOBIG);
+        return;
+    }
     if (why) {
         char ks[400];
         atomic_fetch_add(&l2->counters.corrupt, 1);
@@ -432,6 +445,7 @@ static void dax_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "num_load_workers", json_integer(e->nload));
     json_object_set_new(out, "invalid_headers_at_start",
                         json_integer((json_int_t)atomic_load(&e->invalid_headers)));
+    json_object_set_new(out, "msyncs", json_integer((json_int_t)atomic_load(&e->msyncs)));
     pthread_mutex_lock(&e->lock);
     json_object_set_new(out, "free_slots", json_integer(e->nfree));
     pthread_mutex_unlock(&e->lock);
@@ -465,7 +479,7 @@ static void dax_close(kvt_l2 *l2)
     kvt_tpool_destroy(e->lpool);
     if (!l2->persist_enabled) {
         for (uint32_t s = 0; s < e->nslots; s++)
-            hdr_invalidate(e, s);
+            hdr_wipe(e, s); /* synced below, once */
         kvt_info("%s: persist_enabled is false: slot headers wiped", l2->name);
     }
     msync(e->map, e->map_bytes, MS_SYNC);

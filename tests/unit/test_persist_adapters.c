@@ -42,6 +42,9 @@ static void nixl_store_pool(const char *engine)
              path, engine);
     kvt_l2 *l2 = h_open(js);
     TEST_ASSERT(l2);
+    /* O_DIRECT through struct kvt_odirect: its status, with the block size */
+    long long blksz = h_status_int(l2, "block_size", NULL);
+    TEST_ASSERT(blksz >= 512 && blksz <= 4096 && (blksz & (blksz - 1)) == 0);
     const size_t len = 100 * 1024;
     TEST_ASSERT(h_store(l2, "ns/m", 0, 16, len) == 16); /* 416 pages */
     TEST_ASSERT(h_check(l2, "ns/m", 0, 16, len) == 16);
@@ -114,6 +117,27 @@ static void test_nixl_dynamic_engines(void)
 
 /* ----------------------------------------------------------------- dax */
 
+/* Load key i of model into a destination of cap bytes; returns the task's
+ * error (0: loaded) and leaves nothing pinned. */
+static int load_into(kvt_l2 *l2, const char *model, uint32_t i, size_t cap)
+{
+    kvt_l2_task *lk = kvt_l2_task_new(KVT_L2_LOOKUP, 1);
+    h_key(&lk->keys[0], model, i);
+    h_run(l2, lk);
+    kvt_l2_task *t = kvt_l2_task_new(KVT_L2_LOAD, 1);
+    t->keys[0] = lk->keys[0];
+    t->bufs[0].ptr = h_payload(cap, UINT32_MAX);
+    t->bufs[0].len = cap;
+    h_run(l2, t);
+    int err = kvt_bm_test(t->ok, 0) ? 0 : atomic_load(&t->err);
+    free(t->bufs[0].ptr);
+    if (kvt_bm_test(lk->ok, 0))
+        kvt_l2_unlock(l2, lk->keys, 1);
+    kvt_l2_task_free(lk);
+    kvt_l2_task_free(t);
+    return err;
+}
+
 static void test_dax(void)
 {
     char js[1024], path[300];
@@ -131,6 +155,12 @@ static void test_dax(void)
     TEST_ASSERT(h_store(l2, "dax/m", 0, 20, 131072) == 20); /* a payload of exactly slot_bytes */
     TEST_ASSERT(h_store(l2, "dax/m", 50, 1, 131073) == 0);  /* one byte too many */
     TEST_ASSERT(h_check(l2, "dax/m", 0, 20, 131072) == 20);
+    /* a destination one byte short: KVT_E_TOOBIG, not corrupt, still served */
+    long long corrupt = h_status_int(l2, "counters", "corrupt");
+    TEST_ASSERT(load_into(l2, "dax/m", 3, 131071) == KVT_E_TOOBIG);
+    TEST_ASSERT(h_status_int(l2, "counters", "corrupt") == corrupt);
+    TEST_ASSERT(h_check(l2, "dax/m", 3, 1, 131072) == 1);
+    TEST_ASSERT(h_status_int(l2, "msyncs", NULL) == 0); /* not durable */
     TEST_ASSERT(h_delete(l2, "dax/m", 0, 2) == 2);
     h_close(l2);
     /* a process dies right after its stores were acknowledged */
