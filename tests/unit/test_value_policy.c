@@ -65,29 +65,64 @@ static void ins(struct kvt_policy *p, uint32_t h, uint32_t pos, uint32_t len, ui
     p->ops->insert(p, h, false, &hint);
 }
 
+/* The test's own record of one object's touches, for model_value. */
+struct touched {
+    double t_last; /* time of the last store or read */
+    uint32_t reuses, pos, len, bytes;
+};
+
+/* The documented formula (docs/operations.md, value.c's top comment), from
+ * the test's record alone: V = 2^(-age / half_life) x (1 + reuses)^a
+ * x (1 + len / 32)^b x (bytes / 1 MiB)^-c, times the head-first tie-break
+ * e^(-1e-9 x position) (bytes are powers of two here, so the policy's
+ * log2 cost class is exact). */
+static double model_value(const struct touched *r, double now, double half_life_s, double a,
+                          double b, double c)
+{
+    return pow(2.0, -(now - r->t_last) / half_life_s) * pow(1.0 + r->reuses, a) *
+           pow(1.0 + r->len / 32.0, b) * pow(r->bytes / (double)(1 << 20), -c) *
+           exp(-1e-9 * r->pos);
+}
+
 static void test_walk_is_sorted(void)
 {
     struct kvt_policy *p = make(24, 1, 1, 1);
     srand(7);
     bool in[3000] = {0};
+    static struct touched rec[3000];
     for (int step = 0; step < 20000; step++) {
         fake_now += (double)(rand() % 600);
         uint32_t h = (uint32_t)(rand() % 3000);
         int op = rand() % 10;
         if (!in[h]) {
-            ins(p, h, (uint32_t)(rand() % 100), (uint32_t)(1 + rand() % 200),
-                (uint32_t)(4096u << (rand() % 10)));
+            uint32_t pos = (uint32_t)(rand() % 100), len = (uint32_t)(1 + rand() % 200);
+            uint32_t bytes = (uint32_t)(4096u << (rand() % 10));
+            ins(p, h, pos, len, bytes);
+            rec[h] = (struct touched){fake_now, 0, pos, len, bytes};
             in[h] = true;
         } else if (op < 6) {
             p->ops->access(p, h);
+            rec[h].t_last = fake_now;
+            rec[h].reuses++;
         } else {
             p->ops->remove(p, h);
             in[h] = false;
         }
     }
-    uint32_t live = 0;
-    for (int i = 0; i < 3000; i++)
+    uint32_t live = 0, modelled = 0;
+    for (int i = 0; i < 3000; i++) {
         live += in[i];
+        if (!in[i]) {
+            TEST_ASSERT(isnan(kvt_value_of(p, (uint32_t)i)));
+            continue;
+        }
+        /* the policy's value against the formula, computed independently */
+        double want = model_value(&rec[i], fake_now, 24 * 3600.0, 1, 1, 1);
+        double got = kvt_value_of(p, (uint32_t)i);
+        TEST_ASSERT(fabs(got - want) <= 1e-9 * want);
+        modelled++;
+    }
+    TEST_ASSERT(modelled == live && live > 100);
     static struct order o;
     walk_all(p, &o, 4096);
     TEST_ASSERT(o.n == live);
