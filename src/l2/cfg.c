@@ -36,8 +36,11 @@ static int vfail(struct kvt_cfg *c, const char *key, const char *fmt, va_list ap
         return c->rc;
     char msg[512];
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    snprintf(c->err, c->errcap, "--l2-adapter #%d (%s): \"%s%s\" %s", c->index, c->type,
-             c->prefix, key, msg);
+    if (key)
+        snprintf(c->err, c->errcap, "--l2-adapter #%d (%s): \"%s%s\" %s", c->index, c->type,
+                 c->prefix, key, msg);
+    else
+        snprintf(c->err, c->errcap, "--l2-adapter #%d (%s): %s", c->index, c->type, msg);
     c->rc = KVT_E_CONFIG;
     return c->rc;
 }
@@ -49,6 +52,18 @@ int kvt_cfg_fail(struct kvt_cfg *c, const char *key, const char *fmt, ...)
     int rc = vfail(c, key, fmt, ap);
     va_end(ap);
     return rc;
+}
+
+int kvt_cfg_unsupported(struct kvt_cfg *c, const char *key, const char *fmt, ...)
+{
+    if (c->rc)
+        return c->rc;
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(c, key, fmt, ap);
+    va_end(ap);
+    c->rc = KVT_E_UNSUPPORTED;
+    return c->rc;
 }
 
 static const json_t *get(struct kvt_cfg *c, const char *key)

@@ -58,6 +58,10 @@ void kvt_cfg_ignore(struct kvt_cfg *c, const char *key);
 /* Report the first error with a free-form message about a field. */
 int kvt_cfg_fail(struct kvt_cfg *c, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The same for a valid setting this build cannot honour: c->rc becomes
+ * KVT_E_UNSUPPORTED. key NULL: the message is about the adapter itself. */
+int kvt_cfg_unsupported(struct kvt_cfg *c, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Unknown fields are errors. Returns c->rc. */
 int kvt_cfg_finish(struct kvt_cfg *c);
 

@@ -496,6 +496,27 @@ uint32_t kvt_l2_delete(kvt_l2 *l2, const kvt_key *keys, uint32_t n, uint64_t *re
     return count;
 }
 
+uint32_t kvt_l2_drop_gone(kvt_l2 *l2, const kvt_key *ck, uint32_t n)
+{
+    uint32_t count = 0;
+    pthread_mutex_lock(&l2->lock);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_key k;
+        kvt_l2_canon(l2, &ck[i], &k);
+        uint32_t h = idx_find(&l2->idx, &k);
+        if (h == NOHANDLE)
+            continue;
+        struct kvt_l2_obj *o = &l2->idx.objs[h];
+        if (st(o) != KVT_OBJ_READY || o->pins)
+            continue;
+        drop_locked(l2, h);
+        atomic_fetch_add(&l2->counters.deleted, 1);
+        count++;
+    }
+    pthread_mutex_unlock(&l2->lock);
+    return count;
+}
+
 struct victim_ctx {
     kvt_l2 *l2;
     uint32_t *hs;

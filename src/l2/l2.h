@@ -230,6 +230,10 @@ void kvt_l2_unlock(kvt_l2 *l2, const kvt_key *keys, uint32_t n);
 /* Delete unpinned keys; sets bit i in removed (may be NULL) for each removed
  * key and returns how many were removed. */
 uint32_t kvt_l2_delete(kvt_l2 *l2, const kvt_key *keys, uint32_t n, uint64_t *removed);
+/* The objects of these keys are already gone from the backend: drop their
+ * unpinned READY entries like kvt_l2_delete, without ops->remove. Returns
+ * how many were dropped. */
+uint32_t kvt_l2_drop_gone(kvt_l2 *l2, const kvt_key *ck, uint32_t n);
 
 struct kvt_l2_usage {
     uint64_t used_bytes;

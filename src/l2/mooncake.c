@@ -48,13 +48,11 @@ int kvt_mooncake_parse(struct kvt_cfg *c, struct kvt_mooncake_opts *o)
                 json_object_set(c->resolved, key, val);
         }
     }
-    snprintf(c->err, c->errcap,
-             "--l2-adapter #%d (%s): this build has no Mooncake client library, so "
-             "\"mooncake_store\" cannot run (kvtier must be built against Mooncake's store "
-             "client); for a shared L2 use \"resp\"/\"valkey\" or \"s3\"",
-             c->index, c->type);
-    c->rc = KVT_E_UNSUPPORTED;
-    return c->rc;
+    return kvt_cfg_unsupported(c, NULL,
+                               "this build has no Mooncake client library, so "
+                               "\"mooncake_store\" cannot run (kvtier must be built against "
+                               "Mooncake's store client); for a shared L2 use "
+                               "\"resp\"/\"valkey\" or \"s3\"");
 }
 
 int kvt_mooncake_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,

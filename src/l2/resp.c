@@ -63,8 +63,6 @@
 
 #include <hiredis/hiredis.h>
 
-static _Thread_local bool in_sweep; /* remove() skips the UNLINK: key is gone */
-
 /* ------------------------------------------------------------ names */
 
 int kvt_resp_wire_key(const struct resp_engine *e, const kvt_key *k, char *out)
@@ -96,8 +94,6 @@ struct resp_batch {
     _Atomic uint32_t left;
     uint32_t *idx; /* task key indices handled by jobs */
     uint32_t *known; /* LOOKUP: stored size of an indexed key, 0 = unknown */
-    uint32_t nidx;
-    uint32_t njobs;
     struct resp_job jobs[];
 };
 
@@ -453,18 +449,6 @@ int kvt_resp_check_header(const uint8_t *buf, uint32_t got, uint64_t vlen, const
     return 0;
 }
 
-/* Drop index entries whose objects are gone from the server (removed by
- * another kvtier, or lost); pinned entries stay until their readers finish. */
-uint32_t kvt_resp_drop_unpinned(kvt_l2 *l2, const kvt_key *cks, uint32_t n)
-{
-    if (!n)
-        return 0;
-    in_sweep = true;
-    uint32_t d = kvt_l2_delete(l2, cks, n, NULL);
-    in_sweep = false;
-    return d;
-}
-
 static void do_lookup(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
                       const uint32_t *idx, const uint32_t *known, uint32_t n)
 {
@@ -511,7 +495,7 @@ static void do_lookup(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
             kvt_l2_task_ok(t, i, 0);
         }
     }
-    kvt_resp_drop_unpinned(l2, gone, ngone);
+    kvt_l2_drop_gone(l2, gone, ngone); /* gone from the server: no UNLINK */
     free(gone);
     free(lc.hlen);
     free(lc.slen);
@@ -726,8 +710,6 @@ static void dispatch(kvt_l2 *l2, struct resp_engine *e, kvt_l2_task *t, uint32_t
     b->t = t;
     b->idx = idx;
     b->known = known;
-    b->nidx = n;
-    b->njobs = nj;
     atomic_store(&b->left, nj);
     uint64_t per = (bytes + nj - 1) / nj, acc = 0;
     uint32_t lo = 0, k = 0;
@@ -833,8 +815,6 @@ static redisReply *ctl_command(kvt_l2 *l2, struct resp_engine *e, int argc, cons
 static int resp_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 {
     struct resp_engine *e = l2->engine;
-    if (in_sweep)
-        return 0; /* the reconcile scan found it gone */
     if (!atomic_load(&e->up))
         return KVT_E_UNHEALTHY;
     char key[KEY_MAX];
@@ -858,12 +838,7 @@ static int resp_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 static void resp_status(kvt_l2 *l2, json_t *out)
 {
     struct resp_engine *e = l2->engine;
-    char ep[300];
-    if (e->unix_sock)
-        snprintf(ep, sizeof(ep), "unix:%s", e->host);
-    else
-        snprintf(ep, sizeof(ep), "%s:%d", e->host, e->port);
-    json_object_set_new(out, "endpoint", json_string(ep));
+    json_object_set_new(out, "endpoint", json_string(e->endpoint));
     json_object_set_new(out, "key_prefix", json_string(e->prefix));
     json_object_set_new(out, "database_id", json_integer(e->db));
     json_object_set_new(out, "num_workers", json_integer(e->nworkers));
@@ -901,21 +876,16 @@ static void resp_status(kvt_l2 *l2, json_t *out)
 static bool resp_healthy(kvt_l2 *l2, char *msg, size_t cap)
 {
     struct resp_engine *e = l2->engine;
-    char ep[300];
-    if (e->unix_sock)
-        snprintf(ep, sizeof(ep), "unix:%s", e->host);
-    else
-        snprintf(ep, sizeof(ep), "%s:%d", e->host, e->port);
     if (atomic_load(&e->up)) {
-        snprintf(msg, cap, "ok (%s)", ep);
+        snprintf(msg, cap, "ok (%s)", e->endpoint);
         return true;
     }
     pthread_mutex_lock(&e->hlock);
     uint64_t now = kvt_now_ns();
     double down = e->down_since_ns ? (double)(now - e->down_since_ns) / 1e9 : 0;
     double next = e->next_probe_ns > now ? (double)(e->next_probe_ns - now) / 1e9 : 0;
-    snprintf(msg, cap, "not connected to %s for %.1f s: %s (next retry in %.1f s)", ep, down,
-             e->last_err[0] ? e->last_err : "unknown error", next);
+    snprintf(msg, cap, "not connected to %s for %.1f s: %s (next retry in %.1f s)", e->endpoint,
+             down, e->last_err[0] ? e->last_err : "unknown error", next);
     pthread_mutex_unlock(&e->hlock);
     return false;
 }
@@ -1030,13 +1000,6 @@ static int parse_nodes(struct kvt_cfg *c, const char *list, struct kvt_resp_opts
     return 0;
 }
 
-static int unsupported(struct kvt_cfg *c, const char *key, const char *why)
-{
-    kvt_cfg_fail(c, key, "%s", why);
-    c->rc = KVT_E_UNSUPPORTED;
-    return c->rc;
-}
-
 int kvt_resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
 {
     memset(o, 0, sizeof(*o));
@@ -1065,13 +1028,14 @@ int kvt_resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
     o->request_timeout = rt;
     o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
     if (cluster)
-        return unsupported(c, "cluster_mode",
-                           "is not supported by this build: kvtier talks to one standalone "
-                           "Redis/Valkey server (set cluster_mode to false)");
+        return kvt_cfg_unsupported(c, "cluster_mode",
+                                   "is not supported by this build: kvtier talks to one "
+                                   "standalone Redis/Valkey server (set cluster_mode to false)");
     if (tls)
-        return unsupported(c, "tls_enable",
-                           "is not supported by this build: Debian's hiredis 0.14 has no TLS "
-                           "(use a TLS tunnel such as stunnel, or a trusted network)");
+        return kvt_cfg_unsupported(c, "tls_enable",
+                                   "is not supported by this build: Debian's hiredis 0.14 has "
+                                   "no TLS (use a TLS tunnel such as stunnel, or a trusted "
+                                   "network)");
     if (nodes && o->host)
         return kvt_cfg_fail(c, "startup_nodes",
                             "and \"host\" both given: use one of them (startup_nodes "
@@ -1137,6 +1101,10 @@ int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_r
     }
     snprintf(e->host, sizeof(e->host), "%s", host);
     e->port = o->port;
+    if (e->unix_sock)
+        snprintf(e->endpoint, sizeof(e->endpoint), "unix:%s", e->host);
+    else
+        snprintf(e->endpoint, sizeof(e->endpoint), "%s:%d", e->host, e->port);
     /* LMCache's environment overrides for credentials (never in the config) */
     const char *eu = getenv("LMCACHE_RESP_USERNAME"), *ep = getenv("LMCACHE_RESP_PASSWORD");
     snprintf(e->user, sizeof(e->user), "%s", eu && *eu ? eu : o->username);
@@ -1156,8 +1124,8 @@ int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_r
     l2->engine = e;
     l2->recovering = true;
     if (o->nnodes > 1)
-        kvt_warn("%s: startup_nodes lists %d servers; standalone mode uses the first (%s:%d)",
-                 l2->name, o->nnodes, e->host, e->port);
+        kvt_warn("%s: startup_nodes lists %d servers; standalone mode uses the first (%s)",
+                 l2->name, o->nnodes, e->endpoint);
 
     /* first connection now, so a reachable server is usable from the first
      * request; an unreachable one is retried in the background */
@@ -1165,10 +1133,9 @@ int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_r
     if (kvt_resp_probe(l2, e, &probe_conn) != 0) {
         e->down_since_ns = kvt_now_ns();
         e->next_probe_ns = e->down_since_ns + e->backoff_ns;
-        kvt_warn("%s: %s%s%d is not reachable (%s): starting unhealthy, lookups miss and "
+        kvt_warn("%s: %s is not reachable (%s): starting unhealthy, lookups miss and "
                  "stores fail until it is; retrying with backoff",
-                 l2->name, e->host, e->unix_sock ? "" : ":", e->unix_sock ? 0 : e->port,
-                 e->last_err);
+                 l2->name, e->endpoint, e->last_err);
     }
     kvt_resp_conn_close(&probe_conn);
 

@@ -44,6 +44,7 @@ struct resp_engine {
     char host[256];
     int port;
     bool unix_sock;
+    char endpoint[300]; /* "unix:PATH" or "HOST:PORT", for logs and status */
     char user[128], pass[256];
     char prefix[129];
     size_t prefix_len;
@@ -61,7 +62,7 @@ struct resp_engine {
     uint64_t backoff_ns, next_probe_ns, down_since_ns;
     char last_err[256];
     char run_id[48], version[32];
-    bool scan_needed, sweep_after_scan, first_scan_done, scan_running;
+    bool scan_needed, sweep_after_scan, scan_running;
 
     _Atomic bool up;
     _Atomic unsigned epoch; /* bumped on every disconnect: workers reopen */
@@ -89,8 +90,6 @@ enum { R_STATUS, R_ERROR, R_INT, R_BULK, R_NIL }; /* reply kinds of kvt_resp_rd_
 int kvt_resp_wire_key(const struct resp_engine *e, const kvt_key *k, char *out);
 int kvt_resp_check_header(const uint8_t *buf, uint32_t got, uint64_t vlen, const kvt_key *want,
                           struct kvt_objhdr *h, const char **why);
-/* Forget index entries whose values are gone (no UNLINK); skips pinned. */
-uint32_t kvt_resp_drop_unpinned(kvt_l2 *l2, const kvt_key *cks, uint32_t n);
 void kvt_resp_fail_parked(kvt_l2 *l2, struct resp_engine *e);
 void kvt_resp_submit(kvt_l2 *l2, kvt_l2_task *t);
 

@@ -47,9 +47,9 @@ void kvt_resp_mark_down(kvt_l2 *l2, struct resp_engine *e, const char *why)
     pthread_mutex_unlock(&e->hlock);
     if (was_up) {
         atomic_fetch_add(&e->disconnects, 1);
-        kvt_warn("%s: lost %s%s%d: %s; lookups miss and stores fail until it is back "
+        kvt_warn("%s: lost %s: %s; lookups miss and stores fail until it is back "
                  "(reconnecting with backoff)",
-                 l2->name, e->host, e->unix_sock ? "" : ":", e->unix_sock ? 0 : e->port, why);
+                 l2->name, e->endpoint, why);
         kvt_resp_fail_parked(l2, e);
     }
 }
@@ -125,8 +125,7 @@ int kvt_resp_probe(kvt_l2 *l2, struct resp_engine *e, struct conn *mon)
     pthread_mutex_unlock(&e->hlock);
     if (was_down) {
         atomic_fetch_add(&e->reconnects, 1);
-        kvt_info("%s: reconnected to %s%s%d after %.1f s%s", l2->name, e->host,
-                 e->unix_sock ? "" : ":", e->unix_sock ? 0 : e->port, down_s,
+        kvt_info("%s: reconnected to %s after %.1f s%s", l2->name, e->endpoint, down_s,
                  restarted ? " (server restarted: reconciling the index)" : "");
     }
     return 0;
@@ -157,7 +156,6 @@ static int scan_page(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, redisR
     size_t n = keys->elements;
     kvt_key *k = kvt_xcalloc(n ? n : 1, sizeof(kvt_key));
     bool *ok = kvt_xcalloc(n ? n : 1, sizeof(bool));
-    size_t sent = 0;
     for (size_t i = 0; i < n; i++) {
         redisReply *kr = keys->element[i];
         if (kr->type != REDIS_REPLY_STRING || kr->len <= e->prefix_len + (e->prefix_len ? 1 : 0))
@@ -168,7 +166,6 @@ static int scan_page(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, redisR
         redisAppendCommand(c, "STRLEN %b", kr->str, kr->len);
         redisAppendCommand(c, "GETRANGE %b 0 %d", kr->str, kr->len, HDR - 1);
         ok[i] = true;
-        sent++;
     }
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
@@ -200,7 +197,6 @@ static int scan_page(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, redisR
         if (b)
             freeReplyObject(b);
     }
-    (void)sent;
     free(k);
     free(ok);
     return rc;
@@ -222,7 +218,7 @@ static uint64_t sweep_unseen(kvt_l2 *l2, unsigned gen)
         pthread_mutex_unlock(&l2->lock);
         if (n == 0)
             break;
-        uint32_t d = kvt_resp_drop_unpinned(l2, keys, n);
+        uint32_t d = kvt_l2_drop_gone(l2, keys, n);
         total += d;
         if (d == 0)
             break;
@@ -298,9 +294,8 @@ static int scan_all(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, bool sw
                  "%llu no longer there dropped",
                  l2->name, secs, (unsigned long long)objs, (unsigned long long)swept);
     else
-        kvt_info("%s: recovered %llu objects, %llu bytes from %s%s%d in %.3f s", l2->name,
-                 (unsigned long long)objs, (unsigned long long)bytes, e->host,
-                 e->unix_sock ? "" : ":", e->unix_sock ? 0 : e->port, secs);
+        kvt_info("%s: recovered %llu objects, %llu bytes from %s in %.3f s", l2->name,
+                 (unsigned long long)objs, (unsigned long long)bytes, e->endpoint, secs);
     return 0;
 }
 
@@ -325,7 +320,6 @@ void *kvt_resp_monitor_main(void *arg)
     struct resp_engine *e = l2->engine;
     pthread_setname_np(pthread_self(), "resp-mon");
     struct conn mon = {0};
-    mon.rbuf = NULL;
     for (;;) {
         pthread_mutex_lock(&e->hlock);
         bool do_probe = false, do_scan = false, sweep = false;
@@ -384,7 +378,6 @@ void *kvt_resp_monitor_main(void *arg)
             if (rc == 0) {
                 e->scan_needed = false;
                 e->sweep_after_scan = false;
-                e->first_scan_done = true;
             }
             pthread_mutex_unlock(&e->hlock);
             if (rc == 0)

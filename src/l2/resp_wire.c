@@ -208,11 +208,9 @@ static int rd_line(struct conn *cn, char **line, size_t *len)
             return 0;
         }
         scanned = avail;
-        size_t before = cn->rpos;
         int rc = rd_fill(cn);
         if (rc)
             return rc;
-        (void)before;
     }
 }
 

@@ -49,8 +49,6 @@
 #include <strings.h>
 #include <time.h>
 
-static _Thread_local bool no_remote_remove; /* remove() skips the DELETE: object is gone */
-
 /* ------------------------------------------------------------ names */
 
 /* Canonical path of a key's object: base + "/" + encoded "<prefix><name>". */
@@ -64,14 +62,6 @@ static int obj_path(const struct s3_engine *e, const kvt_key *k, char *out, size
     int bl = snprintf(out, cap, "%s/", e->base);
     int el = kvt_sigv4_uri_encode(full, (size_t)fl, false, out + bl, cap - (size_t)bl);
     return el < 0 ? KVT_E_BADKEY : bl + el;
-}
-
-/* Drop index entries whose objects are gone; pinned ones stay. */
-static void drop_gone(kvt_l2 *l2, const kvt_key *ck)
-{
-    no_remote_remove = true;
-    kvt_l2_delete(l2, ck, 1, NULL);
-    no_remote_remove = false;
 }
 
 /* ----------------------------------------------------------- batches */
@@ -219,7 +209,7 @@ static void head_done(struct s3_engine *e, struct s3_req *r)
             atomic_fetch_add(&e->foreign, 1); /* not written by kvtier, or torn */
         }
     } else if (r->outcome == S3_NOTFOUND) {
-        drop_gone(l2, &ck);
+        kvt_l2_drop_gone(l2, &ck, 1);
     }
     batch_put(b);
 }
@@ -340,11 +330,11 @@ static void get_done(struct s3_engine *e, struct s3_req *r)
         kvt_warn("%s: corrupt or foreign object for %s (%s): deleted, treated as a miss",
                  l2->name, kvt_key_str(&t->keys[r->i], ks, sizeof(ks)), why);
         delete_async(e, r->path);
-        drop_gone(l2, &ck);
+        kvt_l2_drop_gone(l2, &ck, 1);
         kvt_l2_task_fail(t, r->i, KVT_E_CORRUPT);
     } else {
         if (r->outcome == S3_NOTFOUND)
-            drop_gone(l2, &ck);
+            kvt_l2_drop_gone(l2, &ck, 1);
         kvt_l2_task_fail(t, r->i, outcome_err(r));
     }
     batch_put(b);
@@ -428,11 +418,9 @@ static kvt_l2_task *take_parked(struct s3_engine *e, bool stop_parking)
     return p;
 }
 
-void kvt_s3_on_breaker(kvt_l2 *l2, bool open)
+void kvt_s3_on_breaker_open(kvt_l2 *l2)
 {
     struct s3_engine *e = l2->engine;
-    if (!open)
-        return;
     for (kvt_l2_task *p = take_parked(e, false), *nx; p; p = nx) {
         nx = p->next;
         p->next = NULL;
@@ -461,8 +449,6 @@ static void wake_done(struct s3_engine *e, struct s3_req *r)
 static int s3_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 {
     struct s3_engine *e = l2->engine;
-    if (no_remote_remove)
-        return 0;
     if (!kvt_s3_available(e))
         return KVT_E_UNHEALTHY;
     struct s3_req *r = kvt_xcalloc(1, sizeof(*r));
@@ -549,12 +535,16 @@ static void xml_unescape(char *s)
     *o = 0;
 }
 
-/* Copy the text of <tag>...</tag> found in [a, z) to out; false if absent. */
-static bool xml_field(const char *a, const char *z, const char *tag, char *out, size_t cap)
+bool kvt_s3_xml_field(const char *a, const char *z, const char *tag, char *out, size_t cap)
 {
     char open[48], close_[48];
     snprintf(open, sizeof(open), "<%s>", tag);
     snprintf(close_, sizeof(close_), "</%s>", tag);
+    out[0] = 0;
+    if (!a)
+        return false;
+    if (!z)
+        z = a + strlen(a);
     const char *p = strstr(a, open);
     if (!p || p >= z)
         return false;
@@ -591,7 +581,8 @@ static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *b
         const char *z = strstr(p, "</Contents>");
         if (!z)
             break;
-        if (xml_field(p, z, "Key", key, sizeof(key)) && xml_field(p, z, "Size", num, sizeof(num))) {
+        if (kvt_s3_xml_field(p, z, "Key", key, sizeof(key)) &&
+            kvt_s3_xml_field(p, z, "Size", num, sizeof(num))) {
             size_t kl = strlen(key);
             uint64_t size = strtoull(num, NULL, 10);
             kvt_key k;
@@ -601,7 +592,7 @@ static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *b
                 kvt_key ck;
                 kvt_key_canon(KVT_CODEC_OBJ, &k, &ck);
                 int64_t ms =
-                    xml_field(p, z, "LastModified", date, sizeof(date)) ? iso_ms(date) : 0;
+                    kvt_s3_xml_field(p, z, "LastModified", date, sizeof(date)) ? iso_ms(date) : 0;
                 kvt_l2_found_push(&ls->found, &ck, (uint32_t)size, 0, S3_HDR, 0, ms * 1000000);
             } else {
                 atomic_fetch_add(&e->foreign, 1);
@@ -610,11 +601,11 @@ static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *b
         p = z;
     }
     char trunc[16] = "", tok[1100] = "";
-    xml_field(body, body + strlen(body), "IsTruncated", trunc, sizeof(trunc));
+    kvt_s3_xml_field(body, NULL, "IsTruncated", trunc, sizeof(trunc));
     free(ls->token);
     ls->token = NULL;
     if (strcmp(trunc, "true") == 0 &&
-        xml_field(body, body + strlen(body), "NextContinuationToken", tok, sizeof(tok)) && tok[0])
+        kvt_s3_xml_field(body, NULL, "NextContinuationToken", tok, sizeof(tok)) && tok[0])
         ls->token = kvt_xstrdup(tok);
     return ls->token != NULL;
 }
@@ -1020,14 +1011,11 @@ int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
     o->connection_timeout = ct;
     o->request_timeout = rt;
     o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
-    if (express) {
-        kvt_cfg_fail(c, "s3_enable_s3express",
-                     "is not supported by this build: S3 Express One Zone needs CreateSession "
-                     "credentials, which kvtier does not implement (use a general-purpose "
-                     "bucket)");
-        c->rc = KVT_E_UNSUPPORTED;
-        return c->rc;
-    }
+    if (express)
+        return kvt_cfg_unsupported(c, "s3_enable_s3express",
+                                   "is not supported by this build: S3 Express One Zone needs "
+                                   "CreateSession credentials, which kvtier does not implement "
+                                   "(use a general-purpose bucket)");
     if (!o->region[0])
         return kvt_cfg_fail(c, "s3_region", "must not be empty");
     for (const char *p = o->region; *p; p++)
@@ -1185,7 +1173,7 @@ int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_
     e->parking = l2->cap_bytes > 0;
     l2->engine = e;
     l2->recovering = true;
-    rc = kvt_s3_io_start(l2, e, err, errcap);
+    rc = kvt_s3_io_start(e, err, errcap);
     if (rc)
         goto fail;
     kvt_info("%s: %s://%s%s/%s (region %s, credentials from %s, up to %d transfers)", l2->name,

@@ -272,11 +272,9 @@ static void breaker_ok(struct s3_engine *e)
         e->conn_err[0] = 0;
     }
     pthread_mutex_unlock(&e->lock);
-    if (closed_now) {
+    if (closed_now)
         kvt_info("%s: S3 at %s answers again: circuit closed after %.1f s", e->l2->name, e->host,
                  was_open);
-        kvt_s3_on_breaker(e->l2, false);
-    }
 }
 
 static void breaker_fail(struct s3_engine *e, const char *why)
@@ -305,7 +303,7 @@ static void breaker_fail(struct s3_engine *e, const char *why)
         kvt_warn("%s: circuit open after %d consecutive errors talking to %s (%s): lookups "
                  "miss and stores fail at once; probing with backoff",
                  e->l2->name, errs, e->host, why);
-        kvt_s3_on_breaker(e->l2, true);
+        kvt_s3_on_breaker_open(e->l2);
     }
 }
 
@@ -338,23 +336,6 @@ bool kvt_s3_health(struct s3_engine *e, char *msg, size_t cap)
 }
 
 /* ------------------------------------------------------- completion */
-
-/* Text between <tag> and </tag> in body, or "". */
-static void xml_text(const char *body, const char *tag, char *out, size_t cap)
-{
-    char open[64], close_[64];
-    snprintf(open, sizeof(open), "<%s>", tag);
-    snprintf(close_, sizeof(close_), "</%s>", tag);
-    out[0] = 0;
-    const char *a = body ? strstr(body, open) : NULL;
-    if (!a)
-        return;
-    a += strlen(open);
-    const char *b = strstr(a, close_);
-    if (!b)
-        return;
-    snprintf(out, cap, "%.*s", (int)KVT_MIN((size_t)(b - a), cap - 1), a);
-}
 
 static bool is_transport(int rc)
 {
@@ -400,7 +381,7 @@ static void classify(struct s3_engine *e, struct s3_req *r, CURLcode rc)
     if (s / 100 == 2) {
         r->outcome = S3_OK;
     } else if (s == 404) {
-        xml_text(r->body, "Code", r->err_code, sizeof(r->err_code));
+        kvt_s3_xml_field(r->body, NULL, "Code", r->err_code, sizeof(r->err_code));
         r->outcome = strcmp(r->err_code, "NoSuchBucket") == 0 ? S3_REJECTED : S3_NOTFOUND;
     } else if (s / 100 == 5) {
         r->outcome = S3_SERVER;
@@ -409,8 +390,8 @@ static void classify(struct s3_engine *e, struct s3_req *r, CURLcode rc)
     }
     if (r->outcome == S3_REJECTED || r->outcome == S3_SERVER) {
         if (!r->err_code[0])
-            xml_text(r->body, "Code", r->err_code, sizeof(r->err_code));
-        xml_text(r->body, "Message", r->err_msg, sizeof(r->err_msg));
+            kvt_s3_xml_field(r->body, NULL, "Code", r->err_code, sizeof(r->err_code));
+        kvt_s3_xml_field(r->body, NULL, "Message", r->err_msg, sizeof(r->err_msg));
         if (!r->err_code[0])
             snprintf(r->err_code, sizeof(r->err_code), "HTTP%ld", s);
         if (!r->err_msg[0])
@@ -644,9 +625,8 @@ static void global_init(void)
     curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
-int kvt_s3_io_start(kvt_l2 *l2, struct s3_engine *e, char *err, size_t errcap)
+int kvt_s3_io_start(struct s3_engine *e, char *err, size_t errcap)
 {
-    (void)l2;
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, global_init);
     e->multi = curl_multi_init();

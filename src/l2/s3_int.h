@@ -148,7 +148,7 @@ struct s3_engine {
 };
 
 /* s3_http.c */
-int kvt_s3_io_start(kvt_l2 *l2, struct s3_engine *e, char *err, size_t errcap);
+int kvt_s3_io_start(struct s3_engine *e, char *err, size_t errcap);
 /* Stop after every submitted request completed. */
 void kvt_s3_io_stop(struct s3_engine *e);
 /* Queue a request (any thread); r->done runs on the I/O thread. */
@@ -161,7 +161,12 @@ bool kvt_s3_health(struct s3_engine *e, char *msg, size_t cap);
 const char *kvt_s3_outcome_name(enum s3_outcome o);
 
 /* s3.c, called on the I/O thread */
-void kvt_s3_on_breaker(kvt_l2 *l2, bool open);
+/* The breaker just opened: fail the parked stores. */
+void kvt_s3_on_breaker_open(kvt_l2 *l2);
 void kvt_s3_io_tick(kvt_l2 *l2, uint64_t now);
+/* Copy the (unescaped) text of the first <tag>...</tag> in [a, z) to out
+ * (z NULL: to the end of a); false, with out "", if absent or a is NULL.
+ * a must be NUL-terminated. */
+bool kvt_s3_xml_field(const char *a, const char *z, const char *tag, char *out, size_t cap);
 
 #endif

@@ -1,6 +1,8 @@
 /* AWS Signature Version 4 on OpenSSL. See sigv4.h. */
 #include "l2/sigv4.h"
 
+#include "common/util.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -14,21 +16,11 @@
 #define MAX_HDRS 32
 #define MAX_HDR_LEN 4096
 
-static void hex(const uint8_t *in, size_t n, char *out)
-{
-    static const char d[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = d[in[i] >> 4];
-        out[2 * i + 1] = d[in[i] & 15];
-    }
-    out[2 * n] = 0;
-}
-
 void kvt_sha256_hex(const void *p, size_t n, char out[65])
 {
     uint8_t md[SHA256_DIGEST_LENGTH];
     SHA256(p, n, md);
-    hex(md, sizeof(md), out);
+    kvt_hex(md, sizeof(md), out);
 }
 
 static void hmac(const void *key, size_t klen, const void *msg, size_t mlen, uint8_t out[32])
@@ -243,7 +235,7 @@ int kvt_sigv4_sign(const struct kvt_sigv4_req *r, struct kvt_sigv4_out *o)
     kvt_sigv4_signing_key(r->secret_key, date8, r->region, r->service, key);
     hmac(key, 32, sts, (size_t)sn, sig);
     OPENSSL_cleanse(key, sizeof(key));
-    hex(sig, 32, o->signature);
+    kvt_hex(sig, 32, o->signature);
     int w = snprintf(o->authorization, sizeof(o->authorization),
                      "AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, Signature=%s",
                      r->access_key, o->scope, o->signed_headers, o->signature);

@@ -220,7 +220,7 @@ def test_breaker_opens_and_closes(make_server, s3, tmp_path):
         c.store(keys_for("brk3", 2), random_payloads(2, 1000, seed=6))
         c.flush()
         st = c.status()["l2"]
-    assert st[0]["counters"]["lookup_hits"] == lookups0  # breaker open: resp missed
+    assert st[0]["counters"]["lookup_hits"] == lookups0  # breaker open: s3 missed
     assert st[0]["counters"]["store_failed"] - failed0 == 2
     assert st[1]["counters"]["store_ok"] == 10
 
@@ -431,7 +431,9 @@ def test_serde_over_s3(make_server, s3):
     assert len(sizes) == 4 and all(HDR < n < 64 * KiB for n in sizes)
     s.kill()
     s.start()
-    s.wait_recovered()
+    a = s.wait_recovered()["l2"][0]
+    assert a["recovery"]["objects"] == 4 and a["objects"] == 4
+    assert a["used_bytes"] == sum(sizes)
     with s.client() as c:
         assert c.lookup(keys) == 4
         assert c.retrieve(keys) == pay

@@ -6,6 +6,7 @@
  * get-vanilla case of the SigV4 test suite. Canonical request, string to
  * sign and signature are compared byte for byte.
  */
+#include "common/util.h"
 #include "l2/sigv4.h"
 #include "test.h"
 
@@ -160,14 +161,9 @@ static void signing_key_derivation(void)
 {
     uint8_t k[32];
     char hx[65];
-    static const char d[] = "0123456789abcdef";
     kvt_sigv4_signing_key("wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "20120215", "us-east-1",
                           "iam", k);
-    for (int i = 0; i < 32; i++) {
-        hx[2 * i] = d[k[i] >> 4];
-        hx[2 * i + 1] = d[k[i] & 15];
-    }
-    hx[64] = 0;
+    kvt_hex(k, sizeof(k), hx);
     TEST_ASSERT(strcmp(hx, "f4780e2d9f65fa895f9c67b32ce1baf0b0d8a43505a000a1a9e090d414db404d") ==
                 0);
 }
