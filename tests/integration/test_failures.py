@@ -357,12 +357,42 @@ def test_engine_injected_faults(make_server, tmp_path, label):
         assert st["counters"]["store_failed"] + st["counters"]["load_failed"] + \
             st["counters"]["corrupt"] > 0, st["counters"]
         c.ping()
+        found = 0
+        for h in list(model.digests):
+            keys = kvtier.Keys("eng", [h])
+            got = c.retrieve(keys)
+            model.check(keys, got)
+            found += len(got)
+        a = c.status()["l2"][0]
+        if label.startswith("raw_block") and not a["is_healthy"]:
+            # a failed journal write fences raw_block: it refuses stores
+            # until a restart (docs/persistent-adapters.md)
+            assert "journal write failed" in a["health"], a["health"]
+        else:
+            # faults hit one transfer in ten: most objects must come back
+            # (a run where nothing is returned would prove nothing)
+            assert found >= len(model.digests) // 2, (found, len(model.digests))
     assert s.proc.poll() is None
     s.kill()
     s.env = None
     s.start()
     s.wait_recovered()
     with s.client() as c:
+        found = 0
         for h in list(model.digests):
             keys = kvtier.Keys("eng", [h])
-            model.check(keys, c.retrieve(keys))
+            got = c.retrieve(keys)
+            model.check(keys, got)
+            found += len(got)
+        a = c.status()["l2"][0]
+        assert a["is_healthy"], a["health"]
+        # every recovered object is served intact, or (a torn payload the
+        # journal acknowledged) detected and counted as corrupt: never wrong
+        assert found + a["counters"]["corrupt"] == a["objects"], (found, a["counters"], a["objects"])
+        assert found >= a["objects"] // 2, (found, a["objects"])
+        # without faults the adapter stores and serves again
+        hashes = [rng.randbytes(32) for _ in range(6)]
+        pays = [rng.randbytes(20 * 1024) for _ in range(6)]
+        assert c.store(kvtier.Keys("eng", hashes), pays) == 6
+        c.flush()
+        assert c.retrieve(kvtier.Keys("eng", hashes)) == pays
