@@ -159,6 +159,20 @@ static uint64_t store_one(kvt_l2 *l2, const char *model, int i, int *rc)
     return ok;
 }
 
+/* Whether key i of model is in the adapter's index (a lookup; the pin it
+ * takes on a hit is released). */
+static bool has_key(kvt_l2 *l2, const char *model, int i)
+{
+    kvt_l2_task *t = kvt_l2_task_new(KVT_L2_LOOKUP, 1);
+    t->keys[0] = hkey(model, "", i);
+    run_task(l2, t);
+    bool hit = kvt_bm_test(t->ok, 0);
+    if (hit)
+        kvt_l2_unlock(l2, t->keys, 1);
+    kvt_l2_task_free(t);
+    return hit;
+}
+
 static void test_quota_enforced(void)
 {
     char spec[1024];
@@ -195,6 +209,11 @@ static void test_quota_enforced(void)
     TEST_ASSERT(l2->quotas[0].used == 2 * stored);
     TEST_ASSERT(l2->used_bytes == 7 * stored); /* qb untouched */
     pthread_mutex_unlock(&l2->lock);
+    /* the one evicted is the least recent (qa 0); qa's others and qb stay */
+    TEST_ASSERT(!has_key(l2, "/models/qa", 0));
+    TEST_ASSERT(has_key(l2, "/models/qa", 1) && has_key(l2, "/models/qa", 2));
+    for (int i = 0; i < 5; i++)
+        TEST_ASSERT(has_key(l2, "/models/qb", i));
     TEST_ASSERT(store_one(l2, "/models/qa", 3, &rc) == 1); /* room again */
     close_adapter(l2);
 
