@@ -29,24 +29,22 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#define MAX_GAPS 64
+#define MAX_GAPS 64 /* the lengths of kvt_fault_opts.gaps and .ratios */
+_Static_assert(sizeof(((struct kvt_fault_opts *)0)->gaps) / sizeof(uint32_t) == MAX_GAPS &&
+                   sizeof(((struct kvt_fault_opts *)0)->ratios) / sizeof(double) == MAX_GAPS,
+               "gap list lengths");
 
 struct fault {
-    double rate;
-    uint64_t seed;
-    uint32_t gaps[MAX_GAPS];
-    int ngaps;
-    double ratios[MAX_GAPS];
-    int nratios;
+    struct kvt_fault_opts o; /* as parsed; o.inner is not used after open */
     _Atomic uint64_t dropped;
 };
 
 static bool drop_key(const struct fault *f, const kvt_key *k)
 {
-    if (f->rate <= 0)
+    if (f->o.rate <= 0)
         return false;
-    uint64_t h = XXH3_64bits_withSeed(k, sizeof(*k), f->seed);
-    return (double)(h % 1000000) < f->rate * 1000000.0;
+    uint64_t h = XXH3_64bits_withSeed(k, sizeof(*k), f->o.seed);
+    return (double)(h % 1000000) < f->o.rate * 1000000.0;
 }
 
 static void hook(kvt_l2 *l2, kvt_l2_task *t)
@@ -56,10 +54,10 @@ static void hook(kvt_l2 *l2, kvt_l2_task *t)
         return;
     for (uint32_t i = 0; i < t->n; i++) {
         bool drop = false;
-        for (int g = 0; g < f->ngaps && !drop; g++)
-            drop = f->gaps[g] == i;
-        for (int r = 0; r < f->nratios && !drop; r++)
-            drop = (uint32_t)lround((1.0 - f->ratios[r]) * (double)(t->n - 1)) == i;
+        for (int g = 0; g < f->o.ngaps && !drop; g++)
+            drop = f->o.gaps[g] == i;
+        for (int r = 0; r < f->o.nratios && !drop; r++)
+            drop = (uint32_t)lround((1.0 - f->o.ratios[r]) * (double)(t->n - 1)) == i;
         if (!drop) {
             kvt_key ck;
             kvt_l2_canon(l2, &t->keys[i], &ck);
@@ -132,10 +130,10 @@ static void hook_status(kvt_l2 *l2, json_t *out)
 {
     struct fault *f = l2->hook_ctx;
     json_t *o = json_object();
-    json_object_set_new(o, "rate", json_real(f->rate));
-    json_object_set_new(o, "seed", json_integer((json_int_t)f->seed));
-    json_object_set_new(o, "gap_indices", json_integer(f->ngaps));
-    json_object_set_new(o, "gap_tail_ratios", json_integer(f->nratios));
+    json_object_set_new(o, "rate", json_real(f->o.rate));
+    json_object_set_new(o, "seed", json_integer((json_int_t)f->o.seed));
+    json_object_set_new(o, "gap_indices", json_integer(f->o.ngaps));
+    json_object_set_new(o, "gap_tail_ratios", json_integer(f->o.nratios));
     json_object_set_new(o, "dropped_loads", json_integer((json_int_t)atomic_load(&f->dropped)));
     json_object_set_new(out, "fault_inject", o);
 }
@@ -156,18 +154,14 @@ int kvt_fault_open(kvt_l2 *l2, const struct kvt_l2_spec *outer, const struct kvt
     if (rc)
         return rc;
     struct fault *f = kvt_xcalloc(1, sizeof(*f));
-    f->rate = o->rate;
-    f->seed = o->seed;
-    memcpy(f->gaps, o->gaps, sizeof(f->gaps));
-    f->ngaps = o->ngaps;
-    memcpy(f->ratios, o->ratios, sizeof(f->ratios));
-    f->nratios = o->nratios;
+    f->o = *o;
+    f->o.inner = NULL;
     l2->hook_ctx = f;
     l2->hook_status = hook_status;
     l2->finish_hook = hook; /* before any task: nothing was submitted yet */
     kvt_warn("%s ACTIVE (rate %.3f, seed %llu, %d gap indices, %d tail ratios): "
              "test/diagnostic use only",
-             l2->name, f->rate, (unsigned long long)f->seed, f->ngaps, f->nratios);
+             l2->name, o->rate, (unsigned long long)o->seed, o->ngaps, o->nratios);
     return 0;
 }
 
