@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <time.h>
+#include "bench_util.h"
 
 static const char *url;
 static size_t size = 4u << 20;
@@ -40,18 +41,6 @@ static void die(const char *what, kvt_client *c)
 {
     fprintf(stderr, "bench_client: %s: %s\n", what, c ? kvt_client_last_error(c) : "");
     exit(1);
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static void make_hashes(uint8_t *h, int n, uint64_t tag)
@@ -126,7 +115,7 @@ static int cmd_zc(void)
             rt[r] = bytes / t_rt / 1e9;
         }
     }
-    double m = median(mc, rounds), s = median(st, rounds), t = median(rt, rounds);
+    double m = bench_median(mc, rounds), s = bench_median(st, rounds), t = bench_median(rt, rounds);
     printf("zero-copy, %d x %zu MiB per request, %d rounds (medians)\n", batch, size >> 20, rounds);
     printf("  memcpy            %6.2f GB/s\n", m);
     printf("  zero-copy store   %6.2f GB/s   ratio %.2f\n", s, s / m);

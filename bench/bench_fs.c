@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#define BENCH_WITH_FIO
+#include "bench_util.h"
 
 static const char *dir = NULL, *type = "fs";
 static int objects = 128, qd = 4, rounds = 3;
@@ -81,46 +83,7 @@ static double fio(const char *path, const char *rw)
              "--nrfiles=%d --numjobs=%d --file_service_type=sequential --group_reporting "
              "--direct=%d --end_fsync=0 --output-format=json 2>/dev/null",
              path, rw, size, size, (objects + qd - 1) / qd, qd, odirect ? 1 : 0);
-    FILE *f = popen(cmd, "r");
-    if (!f)
-        die("cannot run fio");
-    char *buf = NULL;
-    size_t cap = 0, len = 0;
-    char chunk[4096];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
-        if (len + n + 1 > cap) {
-            cap = (len + n + 1) * 2;
-            buf = realloc(buf, cap);
-        }
-        memcpy(buf + len, chunk, n);
-        len += n;
-    }
-    pclose(f);
-    if (!buf)
-        die("fio printed nothing (is fio installed?)");
-    buf[len] = 0;
-    json_t *j = json_loads(strchr(buf, '{') ? strchr(buf, '{') : buf, 0, NULL);
-    free(buf);
-    if (!j)
-        die("cannot parse fio output");
-    json_t *job = json_array_get(json_object_get(j, "jobs"), 0);
-    json_t *side = json_object_get(job, strcmp(rw, "write") == 0 ? "write" : "read");
-    double bw = (double)json_integer_value(json_object_get(side, "bw_bytes"));
-    json_decref(j);
-    return bw / 1e9;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    return bench_fio_gbps(cmd, strcmp(rw, "write") == 0 ? "write" : "read");
 }
 
 int main(int argc, char **argv)
@@ -200,8 +163,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "round %d: store %.2f vs fio write %.2f GB/s, load %.2f vs fio read %.2f\n",
                 r + 1, kw[r], fw[r], kr[r], fr[r]);
     }
-    double mkw = median(kw, rounds), mfw = median(fw, rounds), mkr = median(kr, rounds),
-           mfr = median(fr, rounds);
+    double mkw = bench_median(kw, rounds), mfw = bench_median(fw, rounds), mkr = bench_median(kr, rounds),
+           mfr = bench_median(fr, rounds);
     printf("%s %s, %d x %zu MiB objects, queue depth %d, %d rounds (medians)\n", type,
            odirect ? "O_DIRECT" : "buffered", objects, size >> 20, qd, rounds);
     printf("  store  kvtier %6.2f GB/s   fio write %6.2f GB/s   ratio %.2f\n", mkw, mfw, mkw / mfw);

@@ -32,6 +32,8 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#define BENCH_WITH_FIO
+#include "bench_util.h"
 
 #define OBJ (4u << 20)
 #define BATCH 16
@@ -244,35 +246,7 @@ static double fio_one(const char *engine, bool write)
                  "--group_reporting --output-format=json 2>/dev/null",
                  dir, write ? "write" : "read", qd, (unsigned long long)(total / qd),
                  (unsigned long long)(total / qd));
-    FILE *p = popen(cmd, "r");
-    if (!p) {
-        perror("popen fio");
-        exit(1);
-    }
-    size_t cap = 1 << 20, n = 0;
-    char *buf = malloc(cap);
-    size_t r;
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (n + 1 == cap)
-            buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    pclose(p);
-    json_error_t je;
-    const char *start = strchr(buf, '{');
-    json_t *j = start ? json_loads(start, JSON_DISABLE_EOF_CHECK, &je) : NULL;
-    json_t *job = j ? json_array_get(json_object_get(j, "jobs"), 0) : NULL;
-    json_t *bw = job ? json_object_get(json_object_get(job, write ? "write" : "read"), "bw_bytes")
-                     : NULL;
-    if (!bw) {
-        fprintf(stderr, "cannot read fio output for: %s\n", cmd);
-        exit(1);
-    }
-    double v = (double)json_integer_value(bw) / 1e9;
-    json_decref(j);
-    free(buf);
-    return v;
+    return bench_fio_gbps(cmd, write ? "write" : "read");
 }
 
 static void bench_fio(const char *engine, double *w, double *r)
@@ -332,18 +306,6 @@ static void bench_memcpy(double *w, double *r)
     munmap(map, total);
     close(fd);
     unlink(path);
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 int main(int argc, char **argv)
@@ -419,10 +381,10 @@ int main(int argc, char **argv)
             rs[r] = as[r] / ps[r];
             rl[r] = al[r] / pl[r];
         }
-        double ms = median(as, rounds), ml = median(al, rounds), mps = median(ps, rounds),
-               mpl = median(pl, rounds);
+        double ms = bench_median(as, rounds), ml = bench_median(al, rounds), mps = bench_median(ps, rounds),
+               mpl = bench_median(pl, rounds);
         printf("%-20s %-9s %7.3f GB/s %7.3f %6.2f   %7.3f GB/s %7.3f %6.2f   %s\n", cf->label,
-               cf->engine, ms, mps, median(rs, rounds), ml, mpl, median(rl, rounds),
+               cf->engine, ms, mps, bench_median(rs, rounds), ml, mpl, bench_median(rl, rounds),
                !strcmp(cf->engine, "memcpy") ? "memcpy (mmap)" : "fio O_DIRECT");
         fflush(stdout);
     }

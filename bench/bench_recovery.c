@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "bench_util.h"
 
 static void die(const char *m)
 {
@@ -141,12 +142,6 @@ static double time_kvtier(const char *tree, const char *type, uint64_t n, double
     return dt;
 }
 
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *type = "fs";
@@ -176,9 +171,7 @@ int main(int argc, char **argv)
         k[r] = time_kvtier(tree, type, n, &bpo);
         fprintf(stderr, "round %d: find %.3f s, kvtier %.3f s\n", r + 1, f[r], k[r]);
     }
-    qsort(f, (size_t)rounds, sizeof(double), cmp);
-    qsort(k, (size_t)rounds, sizeof(double), cmp);
-    double mf = f[rounds / 2], mk = k[rounds / 2];
+    double mf = bench_median(f, rounds), mk = bench_median(k, rounds);
     printf("recovery of %llu %s objects, %d rounds (medians)\n", (unsigned long long)n, type, rounds);
     printf("  find -printf %%s   %7.3f s\n", mf);
     printf("  kvtier scan       %7.3f s   ratio find/kvtier %.2f   (%.0f objects/s)\n", mk,
