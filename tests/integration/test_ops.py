@@ -167,16 +167,20 @@ def test_restart_accounting_fill_restart_write(make_server, tmp_path):
     assert a["counters"]["rejected_writes"] == 4
     s.kill(signal.SIGKILL)
     s.start()
-    # the first answer: either recovered (and exact) or still scanning with
-    # stores parked; never an under-count that lets writes through
+    # at once, no wait for the scan: the first answer is either still scanning
+    # (stores parked) or recovered and exact, never an under-count; the very
+    # next write over the cap is refused either way (a parked store runs
+    # against the full count; flush returns once it reached the adapter)
     with s.client() as c:
         first = c.status()["l2"][0]
+        c.store(keys_for("after", 1, seed=99), random_payloads(1, size, seed=99))
+        c.flush()
+    assert first["recovery"]["state"] in ("running", "done")
+    assert first["recovery"]["state"] == "running" or first["used_bytes"] == bin_bytes(root)
     assert first["used_bytes"] <= bin_bytes(root)
     a = s.wait_recovered()["l2"][0]
     assert a["used_bytes"] == bin_bytes(root) == 10 * stored
-    with s.client() as c:
-        c.store(keys_for("after", 1, seed=99), random_payloads(1, size, seed=99))
-        c.flush()
+    assert a["counters"]["rejected_writes"] == 1 and a["objects"] == 10
     a = adapter(s)
     assert a["counters"]["rejected_writes"] == 1 and a["used_bytes"] == 10 * stored
     assert bin_bytes(root) == 10 * stored  # LMCache would have accepted it (usage from 0)
@@ -317,8 +321,17 @@ def test_status_offline_fields_match_the_files(make_server, tmp_path):
         assert abs(st["usage_fraction"] - st["used_bytes"] / budget) < 1e-9
         assert st["soft_pressure"] is (st["usage_fraction"] >= 0.9)
         assert st["evictions"] is None and st["rejected_writes"] is None  # offline: unknown
+        # a budget just above the bytes there: usage 0.95 >= 0.9, soft pressure
+        used = st["used_bytes"]
+        gb = "%.17g" % (used / 0.95 / GiB)
+        budget = int(float(gb) * GiB)
+        st = status_json("--root", str(root), "--budget-gb", gb)
+        assert st["used_bytes"] == used and st["budget_bytes"] == budget
+        assert abs(st["usage_fraction"] - used / budget) < 1e-9 and used / budget >= 0.9
+        assert st["soft_pressure"] is True and st["free_bytes"] == budget - used
         st = status_json("--root", str(root), "--budget-gb", "1")
         assert st["soft_pressure"] is False and st["free_bytes"] == GiB - st["used_bytes"]
+        assert abs(st["usage_fraction"] - st["used_bytes"] / GiB) < 1e-9
         r = run_kvtier("status", "--root", str(root))
         assert r.returncode == 0 and "--models--A--v1" in r.stdout and "offline scan" in r.stdout
         assert "1 live" in r.stdout and "1 dead" in r.stdout
@@ -338,11 +351,24 @@ def test_status_online_fields(make_server, tmp_path):
     for k in ("evictions", "reclaimed_bytes", "rejected_writes", "tmp_files", "tmp_files_bytes",
               "soft_pressure", "usage_fraction", "per_namespace_bytes"):
         assert k in st, k
+    # the counters are the (only) adapter's, the tmp files a scan of its root
+    counters = adapter(s)["counters"]
+    for k in ("evictions", "reclaimed_bytes", "rejected_writes", "quota_rejections"):
+        assert st[k] == counters[k], k
+    assert st["tmp"]["source"] == "scan" and st["tmp_files"] == 0 and st["tmp_files_bytes"] == 0
+    assert st["soft_pressure"] is False
+    assert abs(st["usage_fraction"] - st["used_bytes"] / GiB) < 1e-9
     assert st["adapters"][0]["is_healthy"] is True and st["adapters"][0]["type"] == "nixl_store_dynamic"
     assert st["l1"]["objects"] == 9  # the server's full status is still there
-    # --url alone: the same report
+    # --url alone: the same report; a dead writer's tmp file left in the
+    # root is counted by the scan (not in used_bytes)
+    tmp = root / (bin_files(root)[0] + ".tmp.%x-%x-2" % (4000000, 12345))
+    tmp.write_bytes(b"dead writer")
     st2 = status_json("--url", s.url)
     assert st2["used_bytes"] == st["used_bytes"] and st2["source"] == "server"
+    assert st2["tmp_files"] == 1 and st2["tmp_files_bytes"] == len(b"dead writer")
+    assert st2["tmp"]["dead"]["files"] == 1
+    tmp.unlink()
     r = run_kvtier("status", "--config", cfg)
     assert r.returncode == 0 and "soft pressure: no" in r.stdout and "--models--B--v7" in r.stdout
     # --config with no server up: an offline scan, same bytes
