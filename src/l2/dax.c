@@ -202,11 +202,6 @@ static void do_store(kvt_l2 *l2, struct dax_engine *e, kvt_l2_task *t, uint32_t 
         atomic_fetch_add(&l2->counters.store_failed, 1);
         return;
     }
-    pthread_mutex_lock(&l2->lock);
-    struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
-    if (o)
-        o->aux = s;
-    pthread_mutex_unlock(&l2->lock);
     uint8_t *d = slot_data(e, s), *h = slot_hdr(e, s);
     uint64_t sum = copy_hash(d, src->ptr, src->len);
     kvt_objhdr_encode(h, KVT_OBJHDR_MIN, &ck, &t->meta[i], t->meta[i].serde, src->len, sum);
@@ -221,7 +216,7 @@ static void do_store(kvt_l2 *l2, struct dax_engine *e, kvt_l2_task *t, uint32_t 
     rb_trailer_encode(&tr, h + DAX_TRAILER_OFF);
     if (e->durable)
         sync_range(e, h + DAX_TRAILER_OFF, RB_TRAILER);
-    kvt_l2_publish(l2, &ck);
+    kvt_l2_publish_aux(l2, &ck, s);
     atomic_fetch_add(&l2->counters.store_ok, 1);
     kvt_l2_task_ok(t, i, src->len);
 }

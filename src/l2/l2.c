@@ -834,13 +834,26 @@ int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len,
     return rc;
 }
 
-void kvt_l2_publish(kvt_l2 *l2, const kvt_key *ck)
+static void publish(kvt_l2 *l2, const kvt_key *ck, bool set_aux, uint32_t aux)
 {
     pthread_mutex_lock(&l2->lock);
     uint32_t h = idx_find(&l2->idx, ck);
-    if (h != NOHANDLE && st(&l2->idx.objs[h]) == KVT_OBJ_WRITING)
+    if (h != NOHANDLE && st(&l2->idx.objs[h]) == KVT_OBJ_WRITING) {
+        if (set_aux)
+            l2->idx.objs[h].aux = aux;
         l2->idx.objs[h].state = KVT_OBJ_READY;
+    }
     pthread_mutex_unlock(&l2->lock);
+}
+
+void kvt_l2_publish(kvt_l2 *l2, const kvt_key *ck)
+{
+    publish(l2, ck, false, 0);
+}
+
+void kvt_l2_publish_aux(kvt_l2 *l2, const kvt_key *ck, uint32_t aux)
+{
+    publish(l2, ck, true, aux);
 }
 
 void kvt_l2_unreserve(kvt_l2 *l2, const kvt_key *ck)
@@ -852,35 +865,43 @@ void kvt_l2_unreserve(kvt_l2 *l2, const kvt_key *ck)
     pthread_mutex_unlock(&l2->lock);
 }
 
+/* Pin a ready entry; NULL when there is none (or it cannot take another
+ * pin). call with l2->lock held */
+static struct kvt_l2_obj *pin_locked(kvt_l2 *l2, const kvt_key *ck)
+{
+    uint32_t h = idx_find(&l2->idx, ck);
+    if (h == NOHANDLE)
+        return NULL;
+    struct kvt_l2_obj *o = &l2->idx.objs[h];
+    if (st(o) != KVT_OBJ_READY || o->pins == UINT16_MAX)
+        return NULL;
+    o->pins++;
+    return o;
+}
+
 bool kvt_l2_pin(kvt_l2 *l2, const kvt_key *ck, struct kvt_l2_obj *out)
 {
-    bool hit = false;
     pthread_mutex_lock(&l2->lock);
-    uint32_t h = idx_find(&l2->idx, ck);
-    if (h != NOHANDLE) {
-        struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if (st(o) == KVT_OBJ_READY && o->pins < UINT16_MAX) {
-            o->pins++;
-            if (out)
-                *out = *o;
-            hit = true;
-        }
-    }
+    struct kvt_l2_obj *o = pin_locked(l2, ck);
+    if (o && out)
+        *out = *o;
     pthread_mutex_unlock(&l2->lock);
-    return hit;
+    return o != NULL;
 }
 
 void kvt_l2_lookup_index(kvt_l2 *l2, kvt_l2_task *t)
 {
+    pthread_mutex_lock(&l2->lock); /* once for the batch, not once per key */
     for (uint32_t i = 0; i < t->n; i++) {
         kvt_key ck;
-        struct kvt_l2_obj o;
         kvt_l2_canon(l2, &t->keys[i], &ck);
-        if (kvt_l2_pin(l2, &ck, &o)) {
-            t->meta[i].len = o.len;
+        struct kvt_l2_obj *o = pin_locked(l2, &ck);
+        if (o) {
+            t->meta[i].len = o->len;
             kvt_bm_set(t->ok, i);
         }
     }
+    pthread_mutex_unlock(&l2->lock);
     kvt_l2_task_finish(l2, t);
 }
 

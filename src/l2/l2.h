@@ -271,6 +271,9 @@ int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len,
                    uint8_t flags);
 /* The write succeeded: WRITING -> READY, the policy learns the key. */
 void kvt_l2_publish(kvt_l2 *l2, const kvt_key *ck);
+/* The same, recording the engine's aux (e.g. the slot) in the same lock
+ * hold: nothing reads aux before the entry is READY. */
+void kvt_l2_publish_aux(kvt_l2 *l2, const kvt_key *ck, uint32_t aux);
 /* The write failed: drop the reservation. */
 void kvt_l2_unreserve(kvt_l2 *l2, const kvt_key *ck);
 

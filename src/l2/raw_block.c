@@ -156,7 +156,7 @@ static void store_journaled(struct rb_jw *w, int rc)
     kvt_key ck;
     kvt_l2_canon(l2, &t->keys[op->i], &ck);
     if (rc == 0) {
-        kvt_l2_publish(l2, &ck);
+        kvt_l2_publish_aux(l2, &ck, op->slot);
         atomic_fetch_add(&l2->counters.store_ok, 1);
         kvt_l2_task_ok(t, op->i, e->g.header_bytes + op->plen);
     } else {
@@ -323,11 +323,6 @@ static void store_prep(struct rb_op *op)
         batch_op_done(b);
         return;
     }
-    pthread_mutex_lock(&l2->lock);
-    struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
-    if (o)
-        o->aux = op->slot;
-    pthread_mutex_unlock(&l2->lock);
     op->plen = (uint32_t)src->len;
     op->xxh3 = kvt_payload_hash(src->ptr, src->len);
     op->hdr = rb_xmemalign(e->g.block, e->g.header_bytes);
