@@ -240,7 +240,6 @@ static int checkpoint_locked(struct rb_engine *e)
         .seq = e->ckpt_seq + 1,
         .instance = e->instance,
         .payload_len = len,
-        .payload_crc = len == UINT64_MAX ? 0 : rb_crc32(0, payload, len),
         .nrec = nrec,
         .jstart = P,
         .next_gen = e->next_gen,
@@ -253,6 +252,9 @@ static int checkpoint_locked(struct rb_engine *e)
     };
     memcpy(h.magic, e->magic, 8);
     pthread_mutex_unlock(&e->jlock);
+    /* the snapshot is ours now: its CRC needs no lock (stores and deletes
+     * append records meanwhile) */
+    h.payload_crc = len == UINT64_MAX ? 0 : rb_crc32(0, payload, len);
     int rc = len == UINT64_MAX ? -ENOMEM
                                : rb_write_checkpoint(e->fd, &e->g, &h, payload, len,
                                                      (int)(h.seq % 2));
