@@ -147,7 +147,22 @@ static int relpath(struct nd_engine *e, const kvt_key *k, char *out)
     return 0;
 }
 
-/* Create the shard directories of a key once per process (cached). */
+/* fsync the directory dirfd/rel (best effort: a failure is not reported,
+ * as for the sync after a rename). */
+static void sync_dir(int dirfd, const char *rel)
+{
+    int fd = openat(dirfd, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    fsync(fd);
+    close(fd);
+}
+
+/* Create the shard directories of a key once per process (cached). With
+ * durable, each new directory's entry is synced into its parent: the one
+ * under file_path and the "xx/yy" one under "xx". The sync runs also when
+ * another thread or process created the directory (EEXIST), since that one
+ * may not have synced yet; it is once per shard per process (cached). */
 static int ensure_shard(struct nd_engine *e, const kvt_key *k)
 {
     if (!e->shard)
@@ -163,8 +178,26 @@ static int ensure_shard(struct nd_engine *e, const kvt_key *k)
         return -errno;
     if (mkdirat(e->dirfd, d2, 0755) < 0 && errno != EEXIST)
         return -errno;
+    if (e->durable) { /* best effort, like the sync after each rename */
+        fsync(e->dirfd);
+        sync_dir(e->dirfd, d1);
+    }
     atomic_fetch_or_explicit(&e->shard_made[id / 64], bit, memory_order_relaxed);
     return 0;
+}
+
+/* durable: make a rename in the key's directory (file_path, or its shard
+ * directory "xx/yy" with shard_dirs) survive a power loss. */
+static void sync_key_dir(struct nd_engine *e, const char *rel)
+{
+    const char *slash = strrchr(rel, '/');
+    if (!slash) {
+        fsync(e->dirfd);
+        return;
+    }
+    char dir[ND_PATH_MAX];
+    snprintf(dir, sizeof(dir), "%.*s", (int)(slash - rel), rel);
+    sync_dir(e->dirfd, dir);
 }
 
 static void batch_op_done(struct nd_batch *b)
@@ -316,7 +349,7 @@ static void store_fin(struct nd_op *op)
         return;
     }
     if (e->durable)
-        fsync(e->dirfd);
+        sync_key_dir(e, op->rel);
     kvt_l2_publish(l2, &ck);
     atomic_fetch_add(&l2->counters.store_ok, 1);
     kvt_l2_task_ok(t, i, op->hl + src->len);

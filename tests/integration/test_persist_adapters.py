@@ -35,7 +35,7 @@ def specs(tmp_path):
             backend_params={"file_path": str(tmp_path / "nd"), "use_direct_io": "true",
                             "max_capacity_gb": "1"}), True, 512 + SIZE),  # buffered: length
         "nixl_store_dynamic-uring-shards": (adapter_json(
-            type="nixl_store_dynamic", backend="HF3FS", io_engine="io_uring",
+            type="nixl_store_dynamic", backend="HF3FS", io_engine="io_uring", durable=True,
             backend_params={"file_path": str(tmp_path / "nd2"), "use_direct_io": "false",
                             "max_capacity_gb": "1", "shard_dirs": "true"}), True, 512 + SIZE),
         "nixl_store": (adapter_json(
