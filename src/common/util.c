@@ -148,31 +148,47 @@ int kvt_parse_size(const char *s, uint64_t *out)
     return 0;
 }
 
-uint64_t kvt_proc_starttime(int pid)
+int kvt_proc_stat(pid_t pid, char *state, uint64_t *start)
 {
     char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return 0;
+        return errno == ENOENT || errno == ESRCH ? -ENOENT : -errno;
     ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    int e = errno;
     close(fd);
-    if (n <= 0)
-        return 0;
+    if (n < 0)
+        return e == ESRCH ? -ENOENT : -e; /* the process exited between open and read */
+    if (n == 0)
+        return -ENOENT;
     buf[n] = 0;
-    /* comm may contain spaces and ')': skip to the last ')' */
+    /* "pid (comm) S ppid ...": comm may hold spaces and ')', so parse from
+     * the last ')'; state is the first field after it, starttime the 20th */
     char *p = strrchr(buf, ')');
-    if (!p)
-        return 0;
-    p++;
-    /* fields after comm: state(3) ... starttime is field 22 overall, i.e. the
-     * 20th after ')' */
-    for (int field = 0; field < 19 && p; field++) {
-        p = strchr(p + 1, ' ');
+    if (!p || p[1] != ' ' || !p[2])
+        return -EIO;
+    *state = p[2];
+    p += 2;
+    for (int field = 0; field < 19; field++) {
+        p = strchr(p, ' ');
+        if (!p)
+            return -EIO;
+        p++;
     }
-    if (!p)
-        return 0;
-    return strtoull(p + 1, NULL, 10);
+    char *end;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (end == p)
+        return -EIO;
+    *start = v;
+    return 0;
+}
+
+uint64_t kvt_proc_starttime(int pid)
+{
+    char st;
+    uint64_t start;
+    return kvt_proc_stat((pid_t)pid, &st, &start) == 0 ? start : 0;
 }
 
 int kvt_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <time.h>
 
 #define KVT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -69,7 +70,11 @@ int kvt_unhex(const char *in, size_t hexlen, uint8_t *out);
 /* Parse a size like "4096", "4k", "1.5GiB", "10GB" into bytes; -EINVAL if bad. */
 int kvt_parse_size(const char *s, uint64_t *out);
 
-/* Read /proc/self/stat start time (clock ticks since boot) of a pid; 0 if gone. */
+/* State (field 3) and start time (field 22, clock ticks since boot) of a
+ * process from /proc/<pid>/stat: 0, -ENOENT (no such process, or it exited
+ * while being read), -EACCES, or -EIO for an unparsable line. */
+int kvt_proc_stat(pid_t pid, char *state, uint64_t *start);
+/* Start time of a pid (kvt_proc_stat); 0 if gone or unreadable. */
 uint64_t kvt_proc_starttime(int pid);
 
 /* Write all bytes / read all bytes at an offset, retrying short transfers and

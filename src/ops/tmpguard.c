@@ -22,42 +22,6 @@ const char *kvt_tmp_verdict_name(enum kvt_tmp_verdict v)
 
 /* ------------------------------------------------------------ processes */
 
-int kvt_proc_stat(pid_t pid, char *state, uint64_t *start)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return errno == ENOENT || errno == ESRCH ? -ENOENT : -errno;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    int e = errno;
-    close(fd);
-    if (n < 0)
-        return e == ESRCH ? -ENOENT : -e; /* the process exited between open and read */
-    if (n == 0)
-        return -ENOENT;
-    buf[n] = 0;
-    /* "pid (comm) S ppid ...": comm may hold spaces and ')', so parse from
-     * the last ')'; state is the first field after it, starttime the 20th */
-    char *p = strrchr(buf, ')');
-    if (!p || p[1] != ' ' || !p[2])
-        return -EIO;
-    *state = p[2];
-    p += 2;
-    for (int field = 0; field < 19; field++) {
-        p = strchr(p, ' ');
-        if (!p)
-            return -EIO;
-        p++;
-    }
-    char *end;
-    unsigned long long v = strtoull(p, &end, 10);
-    if (end == p)
-        return -EIO;
-    *start = v;
-    return 0;
-}
-
 /*
  * The liveness rule. A pid alone could be reused by an unrelated process,
  * so the start time must match too. /proc/<pid> missing is only proof of

@@ -36,6 +36,8 @@
 #ifndef KVT_OPS_TMPGUARD_H
 #define KVT_OPS_TMPGUARD_H
 
+#include "common/util.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -108,8 +110,7 @@ int kvt_tmpguard_hold(int fd);
  * (no such process, a zombie, or another process under a reused pid);
  * -1: undecidable (no /proc, pid hidden). */
 int kvt_proc_alive(pid_t pid, uint64_t start);
-/* State and start time of a process from /proc/<pid>/stat: 0, -ENOENT,
- * -EACCES, or -EIO for an unparsable line. */
-int kvt_proc_stat(pid_t pid, char *state, uint64_t *start);
+/* kvt_proc_stat (state and start time from /proc/<pid>/stat) is in
+ * common/util.h. */
 
 #endif
