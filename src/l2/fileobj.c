@@ -51,6 +51,21 @@ void kvt_fileobj_corrupt(kvt_l2 *l2, int dirfd, const char *name, const kvt_key 
     unlinkat(dirfd, name, 0);
 }
 
+/* An index entry the start-up scan (or an adopted file) left without its
+ * header learns it from a verified header on disk: later lookups take the
+ * fast path and loads skip the header read. Only while the entry is still
+ * there and its header is still unknown. */
+static void learn_header(kvt_l2 *l2, const kvt_key *ck, const struct kvt_objhdr *h)
+{
+    pthread_mutex_lock(&l2->lock);
+    struct kvt_l2_obj *p = kvt_l2_find_locked(l2, ck);
+    if (p && p->aux == 0) {
+        p->aux = h->hdr_len;
+        p->len = (uint32_t)h->logical_len;
+    }
+    pthread_mutex_unlock(&l2->lock);
+}
+
 void kvt_fileobj_lookup(kvt_l2 *l2, int dirfd, const char *name, kvt_l2_task *t, uint32_t i)
 {
     kvt_key ck;
@@ -75,13 +90,7 @@ void kvt_fileobj_lookup(kvt_l2 *l2, int dirfd, const char *name, kvt_l2_task *t,
         return;
     }
     if (pinned) {
-        pthread_mutex_lock(&l2->lock);
-        struct kvt_l2_obj *p = kvt_l2_find_locked(l2, &ck);
-        if (p) {
-            p->aux = h.hdr_len;
-            p->len = (uint32_t)h.logical_len;
-        }
-        pthread_mutex_unlock(&l2->lock);
+        learn_header(l2, &ck, &h);
     } else {
         kvt_l2_adopt(l2, &ck, (uint32_t)st.st_size, (uint32_t)h.logical_len, h.hdr_len, 0, true,
                      false);
@@ -99,6 +108,7 @@ int kvt_fileobj_load_hdr_len(kvt_l2 *l2, int dirfd, const char *name, const kvt_
     uint16_t hl = 0;
     pthread_mutex_lock(&l2->lock);
     struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
+    bool indexed = o != NULL;
     if (o) hl = (uint16_t)o->aux;
     pthread_mutex_unlock(&l2->lock);
     if (hl == 0 || hl > max_hl) {
@@ -112,6 +122,8 @@ int kvt_fileobj_load_hdr_len(kvt_l2 *l2, int dirfd, const char *name, const kvt_
         }
         hl = h.hdr_len;
         if (hl > max_hl) return KVT_E_CORRUPT;
+        if (indexed) /* indexed without its header: remember it for the next load */
+            learn_header(l2, &ck, &h);
     }
     *out = hl;
     return 0;

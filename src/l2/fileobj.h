@@ -44,9 +44,11 @@ void kvt_fileobj_corrupt(kvt_l2 *l2, int dirfd, const char *name, const kvt_key 
 void kvt_fileobj_lookup(kvt_l2 *l2, int dirfd, const char *name, kvt_l2_task *t, uint32_t i);
 
 /* Header length of the object key for a LOAD: the index's (aux), or, when
- * unknown or above max_hl, read and verified from dirfd/name. Returns 0
- * with *hl set, or the error to fail the key with (a corrupt file is
- * reported and removed; a header longer than max_hl is KVT_E_CORRUPT). */
+ * unknown or above max_hl, read and verified from dirfd/name; an indexed
+ * entry whose header was unknown learns it (as a lookup's would), so only
+ * the first load pays that read. Returns 0 with *hl set, or the error to
+ * fail the key with (a corrupt file is reported and removed; a header
+ * longer than max_hl is KVT_E_CORRUPT). */
 int kvt_fileobj_load_hdr_len(kvt_l2 *l2, int dirfd, const char *name, const kvt_key *key,
                              uint32_t max_hl, uint16_t *hl);
 
