@@ -1133,7 +1133,8 @@ void kvt_l2_park_release(struct kvt_l2_park *p, struct kvt_tpool *pool)
     p->parking = false;
     struct kvt_job *j = p->head;
     p->head = NULL;
-    p->n = 0;
+    for (struct kvt_job *q = j; q; q = q->next)
+        p->n--;
     pthread_mutex_unlock(&p->lock);
     struct kvt_job *rev = NULL; /* parked LIFO: reverse to keep submission order */
     while (j) {
@@ -1147,6 +1148,36 @@ void kvt_l2_park_release(struct kvt_l2_park *p, struct kvt_tpool *pool)
         kvt_tpool_push(pool, rev);
         rev = nx;
     }
+}
+
+bool kvt_l2_park_task(struct kvt_l2_park *p, kvt_l2_task *t)
+{
+    pthread_mutex_lock(&p->lock);
+    bool parked = p->parking;
+    if (parked) {
+        t->next = NULL;
+        if (p->tasks_tail)
+            p->tasks_tail->next = t;
+        else
+            p->tasks = t;
+        p->tasks_tail = t;
+        p->n++;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return parked;
+}
+
+kvt_l2_task *kvt_l2_park_take(struct kvt_l2_park *p, bool stop_parking)
+{
+    pthread_mutex_lock(&p->lock);
+    if (stop_parking)
+        p->parking = false;
+    kvt_l2_task *t = p->tasks;
+    p->tasks = p->tasks_tail = NULL;
+    for (kvt_l2_task *q = t; q; q = q->next)
+        p->n--;
+    pthread_mutex_unlock(&p->lock);
+    return t;
 }
 
 uint64_t kvt_l2_parked(struct kvt_l2_park *p)

@@ -337,11 +337,14 @@ struct kvt_tpool;
 
 /* Stores that wait for the start-up scan, so that the cap counts what the
  * backend already holds (lookups and loads are served meanwhile). Parked
- * jobs are chained through kvt_job.next: they are on no pool's queue. */
+ * jobs are chained through kvt_job.next: they are on no pool's queue.
+ * Engines without a worker pool (resp, s3) park whole tasks instead,
+ * chained through kvt_l2_task.next (they are on no done queue). */
 struct kvt_l2_park {
     pthread_mutex_t lock; /* a leaf: guards the fields below */
     struct kvt_job *head; /* parked jobs, newest first */
-    uint64_t n;           /* how many are parked */
+    kvt_l2_task *tasks, *tasks_tail; /* parked tasks, oldest first */
+    uint64_t n;           /* how many jobs and tasks are parked */
     bool parking;         /* set by the engine before its scan starts */
 };
 void kvt_l2_park_init(struct kvt_l2_park *p);
@@ -352,6 +355,14 @@ bool kvt_l2_park(struct kvt_l2_park *p, struct kvt_job *job);
 /* The scan is done, or the adapter closes: stop parking and push what was
  * parked to pool, in submission order. */
 void kvt_l2_park_release(struct kvt_l2_park *p, struct kvt_tpool *pool);
+/* From the submit path of a store task: park it while the scan runs and
+ * return true (the caller gets it back from kvt_l2_park_take); false: run
+ * it. */
+bool kvt_l2_park_task(struct kvt_l2_park *p, kvt_l2_task *t);
+/* Take every parked task, oldest first, chained through next (NULL-ended),
+ * for the caller to resubmit or fail; stop_parking: the scan is done or the
+ * adapter closes. */
+kvt_l2_task *kvt_l2_park_take(struct kvt_l2_park *p, bool stop_parking);
 /* How many stores are parked now (status). */
 uint64_t kvt_l2_parked(struct kvt_l2_park *p);
 

@@ -39,9 +39,10 @@
  *
  * Threads: num_workers I/O threads (tpool "resp", one connection each), one
  * monitor thread (its own connection: probe, scan). Locks: l2->lock (base,
- * never across I/O); e->hlock guards the health fields; e->park_lock the
- * parked stores; e->ctl_lock the control connection used by remove. Lock
- * order: hlock and park_lock are never held together with l2->lock.
+ * never across I/O); e->hlock guards the health fields; e->park.lock (a
+ * leaf, base's kvt_l2_park) the parked stores; e->ctl_lock the control
+ * connection used by remove. Lock order: hlock is never held together with
+ * l2->lock.
  */
 #include "common/log.h"
 #include "common/util.h"
@@ -674,12 +675,9 @@ static void finish_down(kvt_l2 *l2, kvt_l2_task *t)
     kvt_l2_task_finish(l2, t);
 }
 
-void kvt_resp_fail_parked(kvt_l2 *l2, struct resp_engine *e)
+void kvt_resp_fail_parked(kvt_l2 *l2, struct resp_engine *e, bool stop_parking)
 {
-    pthread_mutex_lock(&e->park_lock);
-    kvt_l2_task *p = e->parked_head;
-    e->parked_head = e->parked_tail = NULL;
-    pthread_mutex_unlock(&e->park_lock);
+    kvt_l2_task *p = kvt_l2_park_take(&e->park, stop_parking);
     while (p) {
         kvt_l2_task *nx = p->next;
         p->next = NULL;
@@ -768,20 +766,15 @@ void kvt_resp_submit(kvt_l2 *l2, kvt_l2_task *t)
         }
     } else {
         if (t->kind == KVT_L2_STORE) {
-            pthread_mutex_lock(&e->park_lock);
-            if (e->parking && atomic_load(&e->up)) {
-                /* the start-up scan is still counting what the server holds */
-                t->next = NULL;
-                if (e->parked_tail)
-                    e->parked_tail->next = t;
-                else
-                    e->parked_head = t;
-                e->parked_tail = t;
-                pthread_mutex_unlock(&e->park_lock);
+            /* the start-up scan is still counting what the server holds */
+            if (atomic_load(&e->up) && kvt_l2_park_task(&e->park, t)) {
                 free(idx);
+                /* the server went down meanwhile: its mark_down may have
+                 * taken the parked list before t joined it */
+                if (!atomic_load(&e->up))
+                    kvt_resp_fail_parked(l2, e, false);
                 return;
             }
-            pthread_mutex_unlock(&e->park_lock);
         }
         for (uint32_t i = 0; i < t->n; i++)
             idx[n++] = i;
@@ -856,12 +849,8 @@ static void resp_status(kvt_l2 *l2, json_t *out)
                                       : 0));
     json_object_set_new(out, "scan_running", json_boolean(e->scan_running));
     pthread_mutex_unlock(&e->hlock);
-    pthread_mutex_lock(&e->park_lock);
-    uint64_t parked = 0;
-    for (kvt_l2_task *p = e->parked_head; p; p = p->next)
-        parked++;
-    pthread_mutex_unlock(&e->park_lock);
-    json_object_set_new(out, "parked_stores", json_integer((json_int_t)parked));
+    json_object_set_new(out, "parked_stores",
+                        json_integer((json_int_t)kvt_l2_parked(&e->park)));
     json_object_set_new(out, "queued_jobs", json_integer((json_int_t)kvt_tpool_queued(e->pool)));
     json_object_set_new(out, "round_trips", json_integer((json_int_t)atomic_load(&e->round_trips)));
     json_object_set_new(out, "disconnects", json_integer((json_int_t)atomic_load(&e->disconnects)));
@@ -931,7 +920,7 @@ static void resp_close(kvt_l2 *l2)
     pthread_mutex_unlock(&e->hlock);
     if (e->mon_started)
         pthread_join(e->mon, NULL);
-    kvt_resp_fail_parked(l2, e);
+    kvt_resp_fail_parked(l2, e, true);
     kvt_tpool_destroy(e->pool); /* runs what is queued */
     if (!l2->persist_enabled)
         delete_all_indexed(l2, e);
@@ -940,7 +929,7 @@ static void resp_close(kvt_l2 *l2)
     free(e->ctl.obuf);
     pthread_mutex_destroy(&e->hlock);
     pthread_cond_destroy(&e->hcond);
-    pthread_mutex_destroy(&e->park_lock);
+    kvt_l2_park_destroy(&e->park);
     pthread_mutex_destroy(&e->ctl_lock);
     free(e);
     l2->engine = NULL;
@@ -1090,7 +1079,7 @@ int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_r
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&e->hcond, &ca);
     pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&e->park_lock, NULL);
+    kvt_l2_park_init(&e->park);
     pthread_mutex_init(&e->ctl_lock, NULL);
     const char *host = o->host;
     if (strncmp(host, "unix://", 7) == 0) {
@@ -1120,7 +1109,7 @@ int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_r
     atomic_store(&e->gen, 1);
     e->backoff_ns = BACKOFF_MIN_NS;
     e->scan_needed = true;
-    e->parking = l2->cap_bytes > 0;
+    e->park.parking = l2->cap_bytes > 0;
     l2->engine = e;
     l2->recovering = true;
     if (o->nnodes > 1)

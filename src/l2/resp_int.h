@@ -68,9 +68,7 @@ struct resp_engine {
     _Atomic unsigned epoch; /* bumped on every disconnect: workers reopen */
     _Atomic unsigned gen;   /* scan generation, 1..127 */
 
-    pthread_mutex_t park_lock; /* guards parked_*, parking */
-    kvt_l2_task *parked_head, *parked_tail;
-    bool parking;
+    struct kvt_l2_park park; /* stores waiting for the start-up scan */
 
     pthread_mutex_t ctl_lock; /* guards ctl */
     struct conn ctl;
@@ -90,7 +88,8 @@ enum { R_STATUS, R_ERROR, R_INT, R_BULK, R_NIL }; /* reply kinds of kvt_resp_rd_
 int kvt_resp_wire_key(const struct resp_engine *e, const kvt_key *k, char *out);
 int kvt_resp_check_header(const uint8_t *buf, uint32_t got, uint64_t vlen, const kvt_key *want,
                           struct kvt_objhdr *h, const char **why);
-void kvt_resp_fail_parked(kvt_l2 *l2, struct resp_engine *e);
+/* Fail the parked stores (the server is down, or close: stop_parking). */
+void kvt_resp_fail_parked(kvt_l2 *l2, struct resp_engine *e, bool stop_parking);
 void kvt_resp_submit(kvt_l2 *l2, kvt_l2_task *t);
 
 /* resp_wire.c: connections (each owned by one thread) and the raw protocol */

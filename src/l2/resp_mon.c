@@ -50,7 +50,7 @@ void kvt_resp_mark_down(kvt_l2 *l2, struct resp_engine *e, const char *why)
         kvt_warn("%s: lost %s: %s; lookups miss and stores fail until it is back "
                  "(reconnecting with backoff)",
                  l2->name, e->endpoint, why);
-        kvt_resp_fail_parked(l2, e);
+        kvt_resp_fail_parked(l2, e, false);
     }
 }
 
@@ -301,11 +301,7 @@ static int scan_all(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, bool sw
 
 static void release_parked(kvt_l2 *l2, struct resp_engine *e)
 {
-    pthread_mutex_lock(&e->park_lock);
-    e->parking = false;
-    kvt_l2_task *p = e->parked_head;
-    e->parked_head = e->parked_tail = NULL;
-    pthread_mutex_unlock(&e->park_lock);
+    kvt_l2_task *p = kvt_l2_park_take(&e->park, true);
     while (p) {
         kvt_l2_task *nx = p->next;
         p->next = NULL;

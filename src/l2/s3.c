@@ -29,7 +29,8 @@
  *
  * Threads: the I/O thread (s3_http.c) runs every transfer and every
  * completion in this file. Locks: l2->lock (base) for index updates, never
- * across I/O; e->lock for the parked stores and breaker fields.
+ * across I/O; e->lock for the breaker fields; e->park.lock (a leaf, taken
+ * under e->lock) for the parked stores.
  */
 #include "common/log.h"
 #include "common/util.h"
@@ -375,19 +376,13 @@ static void s3_submit(kvt_l2 *l2, kvt_l2_task *t)
     struct s3_engine *e = l2->engine;
     switch (t->kind) {
     case KVT_L2_STORE:
+        /* the start-up listing is still counting what the bucket holds;
+         * brk is read under lock so that a breaker opening fails t */
         pthread_mutex_lock(&e->lock);
-        if (e->parking && e->brk == BRK_CLOSED) {
-            /* the start-up listing is still counting what the bucket holds */
-            t->next = NULL;
-            if (e->parked_tail)
-                e->parked_tail->next = t;
-            else
-                e->parked_head = t;
-            e->parked_tail = t;
-            pthread_mutex_unlock(&e->lock);
-            return;
-        }
+        bool parked = e->brk == BRK_CLOSED && kvt_l2_park_task(&e->park, t);
         pthread_mutex_unlock(&e->lock);
+        if (parked)
+            return;
         if (!kvt_s3_available(e)) {
             fail_task(l2, t);
             return;
@@ -407,21 +402,10 @@ static void s3_submit(kvt_l2 *l2, kvt_l2_task *t)
     }
 }
 
-static kvt_l2_task *take_parked(struct s3_engine *e, bool stop_parking)
-{
-    pthread_mutex_lock(&e->lock);
-    kvt_l2_task *p = e->parked_head;
-    e->parked_head = e->parked_tail = NULL;
-    if (stop_parking)
-        e->parking = false;
-    pthread_mutex_unlock(&e->lock);
-    return p;
-}
-
 void kvt_s3_on_breaker_open(kvt_l2 *l2)
 {
     struct s3_engine *e = l2->engine;
-    for (kvt_l2_task *p = take_parked(e, false), *nx; p; p = nx) {
+    for (kvt_l2_task *p = kvt_l2_park_take(&e->park, false), *nx; p; p = nx) {
         nx = p->next;
         p->next = NULL;
         fail_task(l2, p);
@@ -622,7 +606,7 @@ static void list_finish(kvt_l2 *l2, struct s3_engine *e, struct list_state *ls, 
     pthread_mutex_lock(&e->lock);
     e->list_done = true;
     pthread_mutex_unlock(&e->lock);
-    for (kvt_l2_task *p = take_parked(e, true), *nx; p; p = nx) {
+    for (kvt_l2_task *p = kvt_l2_park_take(&e->park, true), *nx; p; p = nx) {
         nx = p->next;
         p->next = NULL;
         s3_submit(l2, p);
@@ -755,11 +739,9 @@ static void s3_status(kvt_l2 *l2, json_t *out)
         json_object_set_new(rej, "message", json_string(e->rej_msg));
     }
     json_object_set_new(out, "s3_error", rej);
-    uint64_t parked = 0;
-    for (kvt_l2_task *p = e->parked_head; p; p = p->next)
-        parked++;
     pthread_mutex_unlock(&e->lock);
-    json_object_set_new(out, "parked_stores", json_integer((json_int_t)parked));
+    json_object_set_new(out, "parked_stores",
+                        json_integer((json_int_t)kvt_l2_parked(&e->park)));
     json_t *rq = json_object();
     static const char *const names[S3_NOPS] = {"put", "get", "head", "delete", "list", "probe"};
     for (int i = 0; i < S3_NOPS; i++)
@@ -837,7 +819,7 @@ static void s3_close(kvt_l2 *l2)
     pthread_mutex_lock(&e->lock);
     e->list_done = true; /* no new listing pages */
     pthread_mutex_unlock(&e->lock);
-    for (kvt_l2_task *p = take_parked(e, true), *nx; p; p = nx) {
+    for (kvt_l2_task *p = kvt_l2_park_take(&e->park, true), *nx; p; p = nx) {
         nx = p->next;
         p->next = NULL;
         fail_task(l2, p);
@@ -851,6 +833,7 @@ static void s3_close(kvt_l2 *l2)
     free(ls->found.v);
     free(ls);
     explicit_bzero(&e->creds, sizeof(e->creds));
+    kvt_l2_park_destroy(&e->park);
     pthread_mutex_destroy(&e->lock);
     free(e);
     l2->engine = NULL;
@@ -1150,6 +1133,7 @@ int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_
     struct s3_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->l2 = l2;
     pthread_mutex_init(&e->lock, NULL);
+    kvt_l2_park_init(&e->park);
     rc = load_creds(o, &e->creds, err, errcap);
     if (rc)
         goto fail;
@@ -1170,7 +1154,7 @@ int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_
     e->request_timeout_ms = (long)(o->request_timeout * 1000);
     e->breaker_threshold = o->breaker_threshold;
     e->list = kvt_xcalloc(1, sizeof(struct list_state));
-    e->parking = l2->cap_bytes > 0;
+    e->park.parking = l2->cap_bytes > 0;
     l2->engine = e;
     l2->recovering = true;
     rc = kvt_s3_io_start(e, err, errcap);
@@ -1183,6 +1167,7 @@ int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_
 fail:
     free(e->list);
     explicit_bzero(&e->creds, sizeof(e->creds));
+    kvt_l2_park_destroy(&e->park);
     pthread_mutex_destroy(&e->lock);
     free(e);
     l2->engine = NULL;

@@ -140,8 +140,9 @@ struct s3_engine {
 
     /* start-up listing */
     struct list_state *list;
-    bool list_done, parking;
-    kvt_l2_task *parked_head, *parked_tail;
+    bool list_done;
+    struct kvt_l2_park park; /* stores waiting for the listing; its lock is a
+                              * leaf, taken under lock */
     uint64_t list_retry_ns;
 
     _Atomic uint64_t reqs[S3_NOPS], failures, foreign;
