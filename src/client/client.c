@@ -305,8 +305,12 @@ static int local_write(kvt_client *c, uint64_t rid, const char *op, const msgpac
                        const void *const *bufs, const size_t *lens, size_t nbufs)
 {
     size_t nf = 3 + nbufs;
-    uint8_t *pre = kvt_xmalloc(4 * (nf + 1));
-    struct iovec *iov = kvt_xmalloc((2 * nf + 1) * sizeof(struct iovec));
+    enum { NF_STACK = 3 + 32 }; /* requests up to 32 data frames need no allocation */
+    uint8_t pre_st[4 * (NF_STACK + 1)];
+    struct iovec iov_st[2 * NF_STACK + 1];
+    bool heap = nf > NF_STACK;
+    uint8_t *pre = heap ? kvt_xmalloc(4 * (nf + 1)) : pre_st;
+    struct iovec *iov = heap ? kvt_xmalloc((2 * nf + 1) * sizeof(struct iovec)) : iov_st;
     int ni = 0;
     kvt_put32(pre, (uint32_t)nf);
     iov[ni++] = (struct iovec){pre, 4};
@@ -346,8 +350,10 @@ static int local_write(kvt_client *c, uint64_t rid, const char *op, const msgpac
             iov[k].iov_len -= adv;
         }
     }
-    free(pre);
-    free(iov);
+    if (heap) {
+        free(pre);
+        free(iov);
+    }
     return rc;
 }
 

@@ -41,9 +41,9 @@
 
 struct out {
     struct out *next;
-    struct iovec *iov; /* remaining pieces; they point into this entry */
+    struct iovec *iov; /* remaining pieces; in this allocation, they point into it */
     int niov;
-    uint8_t *lens;       /* the length prefixes */
+    uint8_t *lens;       /* the length prefixes (in this allocation) */
     uint8_t rid[KVT_MAX_RID];
     uint8_t status[4];
     void *body;          /* owned */
@@ -60,7 +60,7 @@ struct lconn {
     int state; /* 0: frame count, 1: frame length, 2: frame bytes */
     uint32_t nframes, got;
     uint32_t cur_len, cur_done;
-    zmq_msg_t *frames;
+    zmq_msg_t *frames; /* the message being read; frames[-1] is kept for the identity */
     /* output */
     struct out *oq_head, *oq_tail;
     bool want_out;
@@ -97,8 +97,6 @@ static void out_free(struct kvt_server *s, struct out *o)
     for (uint32_t i = 0; i < o->nrefs; i++)
         kvt_l1_put(l1_of(s), o->refs[i].h);
     free(o->refs);
-    free(o->iov);
-    free(o->lens);
     free(o->body);
     free(o);
 }
@@ -116,7 +114,8 @@ static void conn_close(struct kvt_server *s, struct lconn *c)
         zmq_msg_close(&c->frames[i]);
     if (c->state == 2)
         zmq_msg_close(&c->frames[c->got]);
-    free(c->frames);
+    if (c->frames)
+        free(c->frames - 1);
     struct out *o = c->oq_head;
     while (o) {
         struct out *nx = o->next;
@@ -212,13 +211,11 @@ static void accept_all(struct kvt_server *s)
 static void deliver(struct kvt_server *s, struct lconn *c)
 {
     uint32_t n = c->nframes;
-    zmq_msg_t *parts = kvt_xmalloc((n + 1) * sizeof(zmq_msg_t));
+    zmq_msg_t *parts = c->frames - 1; /* the slot in front is for the identity */
     uint8_t ident[9] = {0};
     memcpy(ident + 1, &c->id, 8);
     zmq_msg_init_size(&parts[0], sizeof(ident));
     memcpy(zmq_msg_data(&parts[0]), ident, sizeof(ident));
-    memcpy(&parts[1], c->frames, n * sizeof(zmq_msg_t));
-    free(c->frames);
     c->frames = NULL;
     c->got = 0;
     c->state = 0;
@@ -242,7 +239,8 @@ static bool consume(struct kvt_server *s, struct lconn *c)
                     return false;
                 c->nframes = v;
                 c->got = 0;
-                c->frames = kvt_xmalloc(v * sizeof(zmq_msg_t));
+                /* one slot in front: deliver() puts the identity there */
+                c->frames = (zmq_msg_t *)kvt_xmalloc((v + 1) * sizeof(zmq_msg_t)) + 1;
                 c->state = 1;
             } else {
                 if (v > L->max_frame)
@@ -369,10 +367,11 @@ void kvt_local_send(struct kvt_server *s, struct reply *r, char *body, size_t bl
     struct kvt_local *L = s->local;
     uint64_t id;
     memcpy(&id, (const uint8_t *)zmq_msg_data(&r->ident) + 1, 8);
-    struct out *o = kvt_xcalloc(1, sizeof(*o));
     uint32_t nf = 3 + r->nframes;
-    o->lens = kvt_xmalloc(4 * (nf + 1));
-    o->iov = kvt_xmalloc((2 * nf + 1) * sizeof(struct iovec));
+    /* one allocation: the entry, its iovecs, its length prefixes */
+    struct out *o = kvt_xcalloc(1, sizeof(*o) + (2 * nf + 1) * sizeof(struct iovec) + 4 * (nf + 1));
+    o->iov = (struct iovec *)(o + 1);
+    o->lens = (uint8_t *)(o->iov + 2 * nf + 1);
     o->body = body;
     o->refs = r->frames; /* references travel with the entry until written */
     o->nrefs = r->nframes;
