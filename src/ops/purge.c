@@ -10,10 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
-
-#define RECOVERY_WAIT_S 60
 
 static bool ns_match(const struct kvt_purge_req *q, const char *ns)
 {
@@ -183,35 +180,29 @@ static int sweep(const char *root, kvt_l2 *l2, const struct kvt_purge_req *q, bo
     return rc;
 }
 
-/* Wait (bounded) for the adapter's start-up scan: purging while it still
- * adopts files would race with it. */
-static int wait_recovered(kvt_l2 *l2)
+/* Is the adapter's start-up scan still running? Purging while it adopts
+ * files would race with it. The caller gets -EBUSY at once: waiting belongs
+ * to the client (kvtier purge retries), not to a shared worker thread. */
+static bool recovering(kvt_l2 *l2)
 {
-    for (int i = 0; i < RECOVERY_WAIT_S * 50; i++) {
-        pthread_mutex_lock(&l2->lock);
-        bool rec = l2->recovering;
-        pthread_mutex_unlock(&l2->lock);
-        if (!rec)
-            return 0;
-        struct timespec ts = {0, 20000000};
-        nanosleep(&ts, NULL); /* an operator command, not a hot path */
-    }
-    return -EBUSY;
+    pthread_mutex_lock(&l2->lock);
+    bool rec = l2->recovering;
+    pthread_mutex_unlock(&l2->lock);
+    return rec;
 }
 
-int kvt_purge_l2(kvt_l2 *l2, const struct kvt_purge_req *q, struct kvt_purge_res *r)
+int kvt_purge_l2(kvt_l2 *l2, const char *root, const struct kvt_purge_req *q,
+                 struct kvt_purge_res *r)
 {
     memset(r, 0, sizeof(*r));
-    int rc = wait_recovered(l2);
-    if (rc)
-        return rc;
+    if (recovering(l2))
+        return -EBUSY;
     if (q->what != KVT_PURGE_TMP)
         purge_index(l2, q, r);
     if (r->more)
         return 0;
-    char root[4096];
-    kvt_purge_l2_root(l2, root, sizeof(root));
-    if (root[0])
+    int rc = 0;
+    if (root && root[0])
         rc = sweep(root, l2, q, false, 0, NULL, NULL, r);
     return rc == -ENOENT ? 0 : rc;
 }

@@ -28,15 +28,20 @@
 #include "ops/rpc.h"
 #include "ops/scan.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 int kvt_cmd_purge(int argc, char **argv);
 
 #define BATCH 4096 /* objects per server call: progress, and bounded calls */
+/* how long to wait for a server's start-up scan (it answers EBUSY at once) */
+#define RECOVERY_WAIT_MS (10 * 60 * 1000)
+#define RECOVERY_POLL_MS 250
 
 static void usage(FILE *f)
 {
@@ -120,6 +125,7 @@ static int via_server(const char *url, const char *root, const struct kvt_purge_
                       uint64_t total_bytes, struct bar *b, json_t *out)
 {
     json_t *sum = json_object();
+    int waited_ms = 0;
     for (int round = 0;; round++) {
         json_t *body = json_object(), *rep = NULL;
         if (q->what == KVT_PURGE_NAMESPACE)
@@ -131,6 +137,18 @@ static int via_server(const char *url, const char *root, const struct kvt_purge_
         char err[512];
         int rc = kvt_ops_call(url, "purge", body, 120000, &rep, err, sizeof(err));
         json_decref(body);
+        if (rc == -EBUSY && waited_ms < RECOVERY_WAIT_MS) {
+            /* the server's start-up scan still adopts files: the waiting is
+             * done here, not on the server's worker threads */
+            if (waited_ms % 5000 == 0)
+                fprintf(stderr, "kvtier purge: the server at %s is still scanning its cache "
+                                "(start-up); waiting%s (%ds)\n",
+                        url, waited_ms ? "" : " to purge", waited_ms / 1000);
+            struct timespec ts = {0, RECOVERY_POLL_MS * 1000000L};
+            nanosleep(&ts, NULL);
+            waited_ms += RECOVERY_POLL_MS;
+            continue;
+        }
         if (rc) {
             bar_end(b);
             fprintf(stderr, "kvtier purge: the server at %s: %s\n", url, err);

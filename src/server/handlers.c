@@ -642,10 +642,11 @@ static void purge_job_fn(struct kvt_job *job, void *ctx)
     struct purge_job *j = (struct purge_job *)job;
     struct kvt_server *s = j->s;
     bool sel[KVT_MAX_ADAPTERS] = {0};
+    char dirs[KVT_MAX_ADAPTERS][4096]; /* asked once per request */
     int nsel = 0;
     for (int a = 0; a < s->nl2; a++) {
-        char dir[4096];
-        kvt_purge_l2_root(s->l2s[a], dir, sizeof(dir));
+        char *dir = dirs[a];
+        kvt_purge_l2_root(s->l2s[a], dir, sizeof(dirs[a]));
         sel[a] = !j->root[0] || (dir[0] && kvt_same_dir(dir, j->root));
         nsel += sel[a];
     }
@@ -666,7 +667,7 @@ static void purge_job_fn(struct kvt_job *job, void *ctx)
         struct l1_drop d = {.l1 = s->l1};
         j->q.on_keys = drop_from_l1;
         j->q.on_keys_arg = &d;
-        err = kvt_purge_l2(s->l2s[a], &j->q, &res);
+        err = kvt_purge_l2(s->l2s[a], dirs[a], &j->q, &res);
         res.l1_removed = d.n;
         json_t *o = kvt_purge_res_json(&res);
         json_object_set_new(o, "adapter", json_string(s->l2s[a]->name));
