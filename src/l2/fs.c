@@ -168,6 +168,9 @@ static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const cha
     int fd = kvt_odirect_openat(l2, &e->od, e->tmpfd, tmp, O_WRONLY | O_CREAT | O_EXCL, &direct);
     if (fd < 0)
         return fd;
+    /* the lock shows the write as live to guards in other pid namespaces;
+     * a file system without locks still has the name */
+    kvt_tmpguard_hold(fd);
     if (!direct && hl != KVT_OBJHDR_MIN) { /* O_DIRECT fell back at open */
         hl = KVT_OBJHDR_MIN;
         kvt_objhdr_encode(hdrbuf, hl, key, m, m->serde, src->len, sum);
@@ -429,41 +432,35 @@ static int fs_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 
 /* ------------------------------------------------------ recovery scan */
 
-/* A tmp file "<name>.tmp.<pid>-<start>-<seq>" whose writer is gone. */
-static bool tmp_writer_dead(const char *name, struct fs_engine *e)
-{
-    const char *p = strstr(name, ".tmp.");
-    if (!p)
-        return false;
-    unsigned pid;
-    unsigned long long start, seq;
-    if (sscanf(p + 5, "%x-%llx-%llx", &pid, &start, &seq) != 3)
-        return false;
-    if ((pid_t)pid == e->pid && start == e->starttime)
-        return false; /* ours, in flight */
-    uint64_t now_start = kvt_proc_starttime((int)pid);
-    return now_start == 0 || now_start != start;
-}
-
-static void sweep_tmp(kvt_l2 *l2, struct fs_engine *e, int dfd)
+/* Remove the tmp files in dfd that the tmp guard allows (ops/tmpguard.h):
+ * a live writer's (by (pid, start time) or its file lock) never, a dead
+ * writer's yes, one without a marker after 15 minutes, undecidable never;
+ * our own only when closing (nothing in flight). */
+static void sweep_tmp(struct fs_engine *e, int dfd, bool closing)
 {
     int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* not dup: a dup shares the read offset */
-    if (fd < 0)
-        return;
-    DIR *d = fdopendir(fd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
-        close(fd);
+        if (fd >= 0)
+            close(fd);
         return;
     }
+    struct kvt_tmpguard g;
+    kvt_tmpguard_init(&g, e->dirfd);
     struct dirent *de;
     while ((de = readdir(d))) {
-        if (strstr(de->d_name, ".tmp.") && tmp_writer_dead(de->d_name, e)) {
-            if (unlinkat(dfd, de->d_name, 0) == 0)
-                atomic_fetch_add(&e->tmp_removed, 1);
-        }
+        const char *nm = de->d_name;
+        if (nm[0] == '.' || !kvt_tmpguard_is_tmp(nm))
+            continue;
+        struct stat st;
+        if (fstatat(dfd, nm, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+            continue;
+        enum kvt_tmp_verdict v = kvt_tmpguard_classify(&g, dfd, nm, &st, NULL);
+        if ((v == KVT_TMP_OURS ? closing : kvt_tmp_removable(v)) && unlinkat(dfd, nm, 0) == 0)
+            atomic_fetch_add(&e->tmp_removed, 1);
     }
+    kvt_tmpguard_fini(&g);
     closedir(d);
-    (void)l2;
 }
 
 static void *scan_main(void *arg)
@@ -496,9 +493,9 @@ static void *scan_main(void *arg)
     kvt_l2_scanq_free(sq);
     if (d)
         closedir(d);
-    sweep_tmp(l2, e, e->dirfd);
+    sweep_tmp(e, e->dirfd, false);
     if (e->tmpfd != e->dirfd)
-        sweep_tmp(l2, e, e->tmpfd);
+        sweep_tmp(e, e->tmpfd, false);
     kvt_l2_finish_recovery(l2, &fv, t0, e->base);
     if (atomic_load(&e->tmp_removed))
         kvt_info("%s: removed %llu tmp files left by dead writers", l2->name,
@@ -540,7 +537,7 @@ static void fs_close(kvt_l2 *l2)
     kvt_tpool_destroy(e->pool); /* runs what is queued: pending writes drain */
     if (!l2->persist_enabled)
         kvt_fileobj_remove_indexed(l2);
-    sweep_tmp(l2, e, e->tmpfd);
+    sweep_tmp(e, e->tmpfd, true); /* tmp leftovers: ours always, others by the guard */
     if (e->tmpfd != e->dirfd)
         close(e->tmpfd);
     close(e->dirfd);
