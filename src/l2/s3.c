@@ -73,6 +73,7 @@ struct s3_batch {
     _Atomic uint32_t left; /* requests outstanding + 1 while submitting */
     uint8_t *hdrs;         /* S3_HDR bytes per key */
     struct s3_req *reqs;   /* one per key (unused entries stay zero) */
+    struct s3_req *q_head, *q_tail; /* prepared, submitted at once by batch_flush */
 };
 
 static void batch_put(struct s3_batch *b)
@@ -99,14 +100,27 @@ static struct s3_batch *batch_new(kvt_l2 *l2, kvt_l2_task *t, bool hdrs)
     return b;
 }
 
-static void batch_send(struct s3_engine *e, struct s3_batch *b, uint32_t i, s3_done_fn done)
+static void batch_send(struct s3_batch *b, uint32_t i, s3_done_fn done)
 {
     struct s3_req *r = &b->reqs[i];
     r->done = done;
     r->ctx = b;
     r->i = i;
     atomic_fetch_add(&b->left, 1);
-    kvt_s3_submit_req(e, r);
+    r->next = NULL;
+    if (b->q_tail)
+        b->q_tail->next = r;
+    else
+        b->q_head = r;
+    b->q_tail = r;
+}
+
+/* Submit what batch_send prepared: one lock and one wakeup per batch. */
+static void batch_flush(struct s3_engine *e, struct s3_batch *b)
+{
+    if (b->q_head)
+        kvt_s3_submit_reqs(e, b->q_head);
+    b->q_head = b->q_tail = NULL;
 }
 
 static int outcome_err(const struct s3_req *r)
@@ -181,8 +195,9 @@ static void submit_store(kvt_l2 *l2, struct s3_engine *e, kvt_l2_task *t)
         r->payload = src->ptr;
         r->plen = src->len;
         snprintf(r->meta, sizeof(r->meta), "1 %u %llu", logical, (unsigned long long)src->len);
-        batch_send(e, b, i, store_done);
+        batch_send(b, i, store_done);
     }
+    batch_flush(e, b);
     batch_put(b);
 }
 
@@ -248,9 +263,10 @@ static void submit_lookup(kvt_l2 *l2, struct s3_engine *e, kvt_l2_task *t)
         if (obj_path(e, &t->keys[i], r->path, sizeof(r->path)) < 0)
             continue;
         r->op = S3_HEAD;
-        batch_send(e, b, i, head_done);
+        batch_send(b, i, head_done);
     }
     free(need);
+    batch_flush(e, b);
     batch_put(b);
 }
 
@@ -355,8 +371,9 @@ static void submit_load(kvt_l2 *l2, struct s3_engine *e, kvt_l2_task *t)
         r->dst = t->bufs[i].ptr;
         r->cap = t->bufs[i].len;
         r->on_hdr = load_hdr;
-        batch_send(e, b, i, get_done);
+        batch_send(b, i, get_done);
     }
+    batch_flush(e, b);
     batch_put(b);
 }
 
@@ -833,6 +850,7 @@ static void s3_close(kvt_l2 *l2)
     free(ls->found.v);
     free(ls);
     explicit_bzero(&e->creds, sizeof(e->creds));
+    explicit_bzero(e->sig_key, sizeof(e->sig_key));
     kvt_l2_park_destroy(&e->park);
     pthread_mutex_destroy(&e->lock);
     free(e);

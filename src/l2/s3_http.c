@@ -96,9 +96,9 @@ static size_t write_cb(char *p, size_t size, size_t nmemb, void *arg)
 {
     struct s3_req *r = arg;
     size_t n = size * nmemb;
-    long code = 0;
-    curl_easy_getinfo(r->h, CURLINFO_RESPONSE_CODE, &code);
-    if (r->op != S3_GET || code / 100 != 2)
+    if (!r->status) /* once per transfer: body bytes follow the final status */
+        curl_easy_getinfo(r->h, CURLINFO_RESPONSE_CODE, &r->status);
+    if (r->op != S3_GET || r->status / 100 != 2)
         return body_put(r, p, n) == n ? n : 0;
     size_t used = 0;
     while (used < n) {
@@ -182,6 +182,7 @@ static void add_hdr(struct s3_req *r, const char *fmt, ...)
 static int setup(struct s3_engine *e, struct s3_req *r)
 {
     CURL *h = r->h;
+    r->status = 0; /* write_cb reads it once per transfer */
     char url[S3_PATH_MAX + 512 + 2400];
     snprintf(url, sizeof(url), "%s://%s%s%s%s", e->scheme, e->host, r->path,
              r->query && r->query[0] ? "?" : "", r->query ? r->query : "");
@@ -238,8 +239,13 @@ static int setup(struct s3_engine *e, struct s3_req *r)
         hs[nh++] = (struct kvt_sigv4_pair){"x-amz-meta-kvt", r->meta};
     if (e->creds.token[0])
         hs[nh++] = (struct kvt_sigv4_pair){"x-amz-security-token", e->creds.token};
+    if (memcmp(e->sig_date8, date, 8) != 0) { /* a new day: derive the key once */
+        memcpy(e->sig_date8, date, 8);
+        e->sig_date8[8] = 0;
+        kvt_sigv4_signing_key(e->creds.secret, e->sig_date8, e->region, "s3", e->sig_key);
+    }
     struct kvt_sigv4_req sr = {method,   r->path,  r->query ? r->query : "", hs, nh, phash, date,
-                               e->region, "s3", e->creds.key_id, e->creds.secret};
+                               e->region, "s3", e->creds.key_id, e->creds.secret, e->sig_key};
     struct kvt_sigv4_out so;
     memset(&so, 0, sizeof(so));
     int rc = kvt_sigv4_sign(&sr, &so);
@@ -441,9 +447,8 @@ void kvt_s3_req_clear(struct s3_req *r)
     r->blen = r->bcap = 0;
 }
 
-void kvt_s3_submit_req(struct s3_engine *e, struct s3_req *r)
+static void req_reset(struct s3_engine *e, struct s3_req *r)
 {
-    r->next = NULL;
     r->status = 0;
     r->curl_rc = 0;
     r->clen = -1;
@@ -454,15 +459,30 @@ void kvt_s3_submit_req(struct s3_engine *e, struct s3_req *r)
     r->blen = 0;
     r->outcome = S3_OK;
     atomic_fetch_add(&e->reqs[r->op], 1);
+}
+
+void kvt_s3_submit_reqs(struct s3_engine *e, struct s3_req *head)
+{
+    struct s3_req *tail = head;
+    uint32_t n = 1;
+    req_reset(e, head);
+    for (; tail->next; tail = tail->next, n++)
+        req_reset(e, tail->next);
     pthread_mutex_lock(&e->lock);
     if (e->q_tail)
-        e->q_tail->next = r;
+        e->q_tail->next = head;
     else
-        e->q_head = r;
-    e->q_tail = r;
-    e->queued++;
+        e->q_head = head;
+    e->q_tail = tail;
+    e->queued += n;
     pthread_mutex_unlock(&e->lock);
     curl_multi_wakeup(e->multi);
+}
+
+void kvt_s3_submit_req(struct s3_engine *e, struct s3_req *r)
+{
+    r->next = NULL;
+    kvt_s3_submit_reqs(e, r);
 }
 
 struct pool {

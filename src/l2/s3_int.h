@@ -137,6 +137,10 @@ struct s3_engine {
     uint32_t active;       /* transfers in curl */
     uint32_t peak_active;  /* most transfers in curl at once */
     struct s3_req probe;   /* the breaker's probe (I/O thread only) */
+    /* SigV4 signing key for sig_date8 (I/O thread only: it signs every
+     * request); region, service and secret are fixed for the engine's life */
+    char sig_date8[9];
+    uint8_t sig_key[32];
 
     /* start-up listing */
     struct list_state *list;
@@ -154,6 +158,9 @@ int kvt_s3_io_start(struct s3_engine *e, char *err, size_t errcap);
 void kvt_s3_io_stop(struct s3_engine *e);
 /* Queue a request (any thread); r->done runs on the I/O thread. */
 void kvt_s3_submit_req(struct s3_engine *e, struct s3_req *r);
+/* Queue a NULL-ended chain of requests (linked through next) with one lock
+ * and one wakeup. */
+void kvt_s3_submit_reqs(struct s3_engine *e, struct s3_req *head);
 /* Reset a request for reuse; frees its body and query. */
 void kvt_s3_req_clear(struct s3_req *r);
 bool kvt_s3_available(struct s3_engine *e);

@@ -232,7 +232,10 @@ int kvt_sigv4_sign(const struct kvt_sigv4_req *r, struct kvt_sigv4_out *o)
     int sn = snprintf(sts, stsl, "AWS4-HMAC-SHA256\n%s\n%s\n%s", r->amz_date, o->scope, chash);
 
     uint8_t key[32], sig[32];
-    kvt_sigv4_signing_key(r->secret_key, date8, r->region, r->service, key);
+    if (r->signing_key)
+        memcpy(key, r->signing_key, sizeof(key));
+    else
+        kvt_sigv4_signing_key(r->secret_key, date8, r->region, r->service, key);
     hmac(key, 32, sts, (size_t)sn, sig);
     OPENSSL_cleanse(key, sizeof(key));
     kvt_hex(sig, 32, o->signature);

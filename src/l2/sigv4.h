@@ -42,6 +42,10 @@ struct kvt_sigv4_req {
     const char *service;      /* "s3" */
     const char *access_key;
     const char *secret_key;
+    /* Optional: kvt_sigv4_signing_key(secret_key, amz_date[0..8), region,
+     * service), derived once by a caller that signs many requests a day;
+     * NULL: derived here. */
+    const uint8_t *signing_key;
 };
 
 struct kvt_sigv4_out {
