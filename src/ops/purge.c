@@ -100,13 +100,12 @@ struct sweep_ctx {
     uint64_t last_ns;
 };
 
-/* Is this object file indexed by the adapter (any state)? */
-static bool indexed(kvt_l2 *l2, const char *name)
+/* Is this object file (its key decoded by the walk) indexed by the adapter
+ * (any state)? */
+static bool indexed(kvt_l2 *l2, const kvt_key *k)
 {
-    kvt_key k, ck;
-    if (kvt_key_decode(KVT_CODEC_NIXL, name, strlen(name), &k))
-        return true; /* cannot tell: leave it */
-    kvt_l2_canon(l2, &k, &ck);
+    kvt_key ck;
+    kvt_l2_canon(l2, k, &ck);
     pthread_mutex_lock(&l2->lock);
     bool in = kvt_l2_find_locked(l2, &ck) != NULL;
     pthread_mutex_unlock(&l2->lock);
@@ -131,7 +130,7 @@ static bool sweep_visit(const struct kvt_entry *e, void *arg)
     struct kvt_purge_res *r = c->r;
     uint64_t sz = (uint64_t)e->st->st_size;
     if (e->kind == KVT_ENT_OBJECT && c->q->what != KVT_PURGE_TMP && ns_match(c->q, e->ns)) {
-        if (c->l2 && indexed(c->l2, e->name))
+        if (c->l2 && indexed(c->l2, &e->key))
             return true; /* the index decides about it (pinned, in flight) */
         if (c->count_only) {
             r->matched++;
@@ -146,6 +145,8 @@ static bool sweep_visit(const struct kvt_entry *e, void *arg)
         enum kvt_tmp_verdict v = kvt_tmpguard_classify(&c->g, e->dfd, e->name, e->st, NULL);
         if (!kvt_tmp_removable(v)) {
             r->tmp_kept++;
+            if (!c->count_only)
+                tick(c, r->files_bytes + r->tmp_bytes); /* looked at: the total counts it */
             return true;
         }
         if (c->count_only) {
@@ -160,6 +161,30 @@ static bool sweep_visit(const struct kvt_entry *e, void *arg)
         tick(c, r->files_bytes + r->tmp_bytes);
     }
     return true;
+}
+
+/* The progress bar's total: the files the sweep will look at, by name only
+ * (the tmp guard's verdicts are the sweep's: no lock query, marker or /proc
+ * read here). */
+static bool total_visit(const struct kvt_entry *e, void *arg)
+{
+    struct sweep_ctx *c = arg;
+    if ((e->kind == KVT_ENT_OBJECT && c->q->what != KVT_PURGE_TMP && ns_match(c->q, e->ns)) ||
+        (e->kind == KVT_ENT_TMP && c->q->what != KVT_PURGE_NAMESPACE))
+        c->total++;
+    return true;
+}
+
+static int count_names(const char *root, const struct kvt_purge_req *q, uint64_t *total)
+{
+    int rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (rootfd < 0)
+        return -errno;
+    struct sweep_ctx c = {.q = q};
+    int rc = kvt_walk_root(rootfd, total_visit, &c);
+    close(rootfd);
+    *total = c.total;
+    return rc;
 }
 
 static int sweep(const char *root, kvt_l2 *l2, const struct kvt_purge_req *q, bool count_only,
@@ -213,15 +238,12 @@ int kvt_purge_root(const char *root, const struct kvt_purge_req *q, bool count_o
     memset(r, 0, sizeof(*r));
     if (count_only)
         return sweep(root, NULL, q, true, 0, NULL, NULL, r);
-    /* a counting pass first gives the progress bar its total */
+    /* a pass counting names first gives the progress bar its total */
     uint64_t total = 0;
     if (progress) {
-        struct kvt_purge_res cr;
-        memset(&cr, 0, sizeof(cr));
-        int rc = sweep(root, NULL, q, true, 0, NULL, NULL, &cr);
+        int rc = count_names(root, q, &total);
         if (rc)
             return rc;
-        total = cr.matched + cr.tmp_removed;
     }
     int rc = sweep(root, NULL, q, false, total, progress, arg, r);
     r->matched = r->files_removed;

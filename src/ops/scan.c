@@ -25,29 +25,16 @@ bool kvt_ns_name_ok(const char *name)
     return true;
 }
 
-bool kvt_object_ns(const char *name, char *ns, size_t cap)
+bool kvt_object_key(const char *name, kvt_key *k, const char **ns)
 {
     size_t len = strlen(name);
     if (len < 5 || strcmp(name + len - 4, ".bin") != 0 || len > KVT_NAME_MAX)
         return false;
-    kvt_key k;
-    if (kvt_key_decode(KVT_CODEC_NIXL, name, len, &k))
+    if (kvt_key_decode(KVT_CODEC_NIXL, name, len, k))
         return false;
-    /* the prefix before the last three '_' of the part before any '@' */
-    const char *at = memchr(name, '@', len);
-    size_t end = at ? (size_t)(at - name) : len - 4;
-    for (int i = 0; i < 3; i++) {
-        while (end > 0 && name[end - 1] != '_')
-            end--;
-        if (end == 0)
-            return false;
-        end--;
-    }
-    if (end == 0 || end >= cap)
-        return false;
-    memcpy(ns, name, end);
-    ns[end] = 0;
-    return true;
+    /* the on-disk prefix: the model with '/' -> "--", as the codec wrote it */
+    *ns = kvt_ns_name(k->ns);
+    return (*ns)[0] != 0;
 }
 
 static bool is_hex2(const char *s)
@@ -139,7 +126,7 @@ static int walk_dir(struct walk *w, int dfd, int depth)
         struct kvt_entry e = {.dfd = dfd, .name = nm, .st = &st};
         if (tmp)
             e.kind = KVT_ENT_TMP;
-        else if (kvt_object_ns(nm, e.ns, sizeof(e.ns)))
+        else if (kvt_object_key(nm, &e.key, &e.ns))
             e.kind = KVT_ENT_OBJECT;
         else
             e.kind = KVT_ENT_OTHER;

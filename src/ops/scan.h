@@ -23,6 +23,7 @@
 
 #include <jansson.h>
 
+#include "key/key.h"
 #include "ops/tmpguard.h"
 
 enum kvt_entry_kind { KVT_ENT_OBJECT, KVT_ENT_TMP, KVT_ENT_OTHER };
@@ -32,7 +33,11 @@ struct kvt_entry {
     int dfd;              /* directory holding it (the root or a shard directory) */
     const char *name;     /* entry name in dfd */
     const struct stat *st;
-    char ns[256];         /* KVT_ENT_OBJECT: the namespace (file-name prefix) */
+    /* KVT_ENT_OBJECT: the decoded key (nixl_store_dynamic's codec; its
+     * namespace interned) and its namespace name (kvt_ns_name: the file-name
+     * prefix) */
+    kvt_key key;
+    const char *ns;
 };
 
 /* Called for every regular file; return false to stop the walk. */
@@ -41,9 +46,10 @@ typedef bool (*kvt_walk_fn)(const struct kvt_entry *e, void *arg);
 /* Walk the root open at rootfd. Returns 0 or -errno. */
 int kvt_walk_root(int rootfd, kvt_walk_fn fn, void *arg);
 
-/* The namespace of an object file name; false when the name is not a
- * cache object name (nixl_store_dynamic's codec, ".bin"). */
-bool kvt_object_ns(const char *name, char *ns, size_t cap);
+/* Decode an object file name into *k and its namespace name (*ns, from
+ * kvt_ns_name: valid for the process); false when the name is not a cache
+ * object name (nixl_store_dynamic's codec, ".bin"). */
+bool kvt_object_key(const char *name, kvt_key *k, const char **ns);
 
 /* A namespace name an operator may pass to purge: not empty, no '/', no
  * NUL, not "." or "..", no '@' (a namespace never has one). */
