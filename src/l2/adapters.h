@@ -26,9 +26,7 @@ struct kvt_l2_spec {
     json_t *json;          /* the user's object (owned) */
     json_t *resolved;      /* every field with its default (owned) */
     bool persist_enabled;
-    bool has_eviction;
-    char eviction_policy[16];
-    double trigger_watermark, eviction_ratio;
+    bool has_eviction;     /* json has a valid "eviction" object (checked at parse) */
     struct kvt_serde *serde; /* "serde" chain (owned reference) or NULL */
     char name_prefix[40];    /* adapter name before "[index]"; "" = the type */
     json_t *quotas;          /* "namespace_quotas" resolved {name: bytes} (owned) or NULL */

@@ -186,6 +186,8 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
                      enum kvt_codec codec, uint64_t cap_bytes)
 {
     memset(l2, 0, sizeof(*l2));
+    for (int i = 0; i < 3; i++)
+        l2->efd[i] = -1; /* before any failure: the caller's cleanup closes them */
     l2->ops = ops;
     snprintf(l2->type, sizeof(l2->type), "%s", spec->type);
     snprintf(l2->name, sizeof(l2->name), "%s[%d]",
@@ -195,13 +197,15 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
     l2->cap_bytes = cap_bytes;
     l2->persist_enabled = spec->persist_enabled;
     if (spec->has_eviction) {
-        /* from the eviction object itself when there is one: it carries the
-         * value policy's parameters too */
+        /* the object kvt_l2_spec_parse validated (it carries the value
+         * policy's parameters too): parsed once more here, never replaced by
+         * defaults */
         const json_t *ev = spec->json ? json_object_get(spec->json, "eviction") : NULL;
-        char e[256];
-        if (!ev || kvt_policy_from_json(ev, &l2->policy, e, sizeof(e)))
-            l2->policy = kvt_policy_create(spec->eviction_policy, spec->trigger_watermark,
-                                           spec->eviction_ratio);
+        char e[256] = "no eviction object";
+        if (!ev || kvt_policy_from_json(ev, &l2->policy, e, sizeof(e))) {
+            kvt_error("%s: eviction: %s", l2->name, e);
+            return KVT_E_CONFIG;
+        }
     }
     if (spec->quotas && json_object_size(spec->quotas)) {
         l2->nquotas = (uint32_t)json_object_size(spec->quotas);
@@ -217,8 +221,6 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
     }
     l2->idx.free_head = NOHANDLE;
     kvt_kindex_init(&l2->idx.map, sizeof(struct kvt_l2_obj), offsetof(struct kvt_l2_obj, key));
-    for (int i = 0; i < 3; i++)
-        l2->efd[i] = -1;
     for (int i = 0; i < 3; i++) {
         l2->efd[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (l2->efd[i] < 0) {

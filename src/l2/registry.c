@@ -183,10 +183,7 @@ static int parse_common(struct kvt_cfg *c, struct kvt_l2_spec *s)
         char msg[256];
         if (kvt_policy_from_json(ev, &p, msg, sizeof(msg)))
             return kvt_cfg_fail(c, "eviction", "is invalid: %s", msg);
-        s->has_eviction = true;
-        snprintf(s->eviction_policy, sizeof(s->eviction_policy), "%s", p->ops->name);
-        s->trigger_watermark = p->trigger_watermark;
-        s->eviction_ratio = p->eviction_ratio;
+        s->has_eviction = true; /* the adapter builds its policy from the same object */
         json_object_set_new(c->resolved, "eviction", kvt_policy_describe(p));
         kvt_policy_destroy(p);
     }
