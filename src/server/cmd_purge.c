@@ -103,7 +103,9 @@ static const char *optval(int argc, char **argv, int *i, const char *opt, bool *
     return argv[++*i];
 }
 
-static void add_totals(json_t *sum, const json_t *one)
+/* Add the integer fields of one into sum. keep_state: the fields of what
+ * was left in place (a state, not a count of work done) replace sum's. */
+static void add_totals(json_t *sum, const json_t *one, bool keep_state)
 {
     const char *k;
     json_t *v;
@@ -112,17 +114,17 @@ static void add_totals(json_t *sum, const json_t *one)
         if (!json_is_integer(v))
             continue;
         json_t *cur = json_object_get(sum, k);
-        /* what was left in place is a state, not a sum: the last call's */
-        bool last = !strcmp(k, "pinned") || !strcmp(k, "in_flight") || !strcmp(k, "tmp_kept");
-        json_int_t nv = last || !cur ? json_integer_value(v)
-                                     : json_integer_value(cur) + json_integer_value(v);
+        bool state = !strcmp(k, "pinned") || !strcmp(k, "in_flight") || !strcmp(k, "tmp_kept");
+        json_int_t nv = (keep_state && state) || !cur
+                            ? json_integer_value(v)
+                            : json_integer_value(cur) + json_integer_value(v);
         json_object_set_new(sum, k, json_integer(nv));
     }
 }
 
 /* Purge through the server that serves the root; 0, or an exit status. */
 static int via_server(const char *url, const char *root, const struct kvt_purge_req *q,
-                      uint64_t total_bytes, struct bar *b, json_t *out)
+                      struct bar *b, json_t *out)
 {
     json_t *sum = json_object();
     int waited_ms = 0;
@@ -158,12 +160,16 @@ static int via_server(const char *url, const char *root, const struct kvt_purge_
         bool more = json_is_true(json_object_get(rep, "more"));
         size_t i;
         json_t *a;
-        json_array_foreach(json_object_get(rep, "adapters"), i, a) add_totals(sum, a);
+        /* within one reply the adapters add up; across calls what was left
+         * in place is the last call's */
+        json_t *reply_sum = json_object();
+        json_array_foreach(json_object_get(rep, "adapters"), i, a) add_totals(reply_sum, a, false);
+        add_totals(sum, reply_sum, true);
+        json_decref(reply_sum);
         json_decref(rep);
         uint64_t bytes = (uint64_t)json_integer_value(json_object_get(sum, "removed_bytes")) +
                          (uint64_t)json_integer_value(json_object_get(sum, "files_bytes"));
         draw((uint64_t)json_integer_value(json_object_get(sum, "removed")), 0, bytes, b);
-        (void)total_bytes;
         if (!more || round > 1000000)
             break;
     }
@@ -289,7 +295,7 @@ int kvt_cmd_purge(int argc, char **argv)
             status = 2;
             goto out;
         }
-        status = via_server(t.url, t.root, &q, ns_bytes, &b, out);
+        status = via_server(t.url, t.root, &q, &b, out);
         goto out;
     }
     /* 2. offline: nobody else may be using the root */
