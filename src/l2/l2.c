@@ -468,6 +468,19 @@ static uint64_t remove_marked(kvt_l2 *l2, uint32_t *hs, struct kvt_l2_obj *copie
     return freed;
 }
 
+/* The handle of key's ready, unpinned entry (what a delete may take), or
+ * NOHANDLE. call with l2->lock held */
+static uint32_t deletable_locked(kvt_l2 *l2, const kvt_key *key)
+{
+    kvt_key ck;
+    kvt_l2_canon(l2, key, &ck);
+    uint32_t h = idx_find(&l2->idx, &ck);
+    if (h == NOHANDLE)
+        return NOHANDLE;
+    const struct kvt_l2_obj *o = &l2->idx.objs[h];
+    return st(o) == KVT_OBJ_READY && !o->pins ? h : NOHANDLE;
+}
+
 uint32_t kvt_l2_delete(kvt_l2 *l2, const kvt_key *keys, uint32_t n, uint64_t *removed)
 {
     uint32_t *hs = kvt_xcalloc(n ? n : 1, sizeof(uint32_t));
@@ -476,14 +489,10 @@ uint32_t kvt_l2_delete(kvt_l2 *l2, const kvt_key *keys, uint32_t n, uint64_t *re
     uint32_t m = 0;
     pthread_mutex_lock(&l2->lock);
     for (uint32_t i = 0; i < n; i++) {
-        kvt_key ck;
-        kvt_l2_canon(l2, &keys[i], &ck);
-        uint32_t h = idx_find(&l2->idx, &ck);
+        uint32_t h = deletable_locked(l2, &keys[i]);
         if (h == NOHANDLE)
             continue;
         struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if (st(o) != KVT_OBJ_READY || o->pins)
-            continue;
         o->state = (uint8_t)((o->state & ST_TRACKED) | KVT_OBJ_DELETING);
         hs[m] = h;
         bit[m] = i;
@@ -503,13 +512,8 @@ uint32_t kvt_l2_drop_gone(kvt_l2 *l2, const kvt_key *ck, uint32_t n)
     uint32_t count = 0;
     pthread_mutex_lock(&l2->lock);
     for (uint32_t i = 0; i < n; i++) {
-        kvt_key k;
-        kvt_l2_canon(l2, &ck[i], &k);
-        uint32_t h = idx_find(&l2->idx, &k);
+        uint32_t h = deletable_locked(l2, &ck[i]);
         if (h == NOHANDLE)
-            continue;
-        struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if (st(o) != KVT_OBJ_READY || o->pins)
             continue;
         drop_locked(l2, h);
         atomic_fetch_add(&l2->counters.deleted, 1);
