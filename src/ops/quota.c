@@ -2,6 +2,7 @@
 #include "ops/quota.h"
 
 #include "common/util.h"
+#include "key/key.h"
 
 #include <errno.h>
 #include <math.h>
@@ -28,6 +29,40 @@ int kvt_quota_ns_name(const char *in, char *out, size_t cap)
     }
     out[n] = 0;
     return (int)n;
+}
+
+/*
+ * A quota's name: a model or a namespace name (the model with each '/' as
+ * "--", key.c's kvt_ns_name, which only interned namespaces have). Up to
+ * 128 bytes it must pass kvt_validate_model as written; a longer one can
+ * only be a namespace name of a model with '/': the model it stands for
+ * ("--" read back as '/') must pass. 0, or -1 with *why.
+ */
+static int quota_name_ok(const char *name, const char **why)
+{
+    size_t len = strlen(name);
+    if (len <= KVT_MODEL_MAX)
+        return kvt_validate_model(name, len, why) ? -1 : 0;
+    if (strchr(name, '/') || len > NS_NAME_MAX) {
+        *why = "longer than 128 bytes";
+        return -1;
+    }
+    char model[NS_NAME_MAX + 1];
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (name[i] == '-' && name[i + 1] == '-') {
+            model[n++] = '/';
+            i++;
+        } else {
+            model[n++] = name[i];
+        }
+    }
+    if (kvt_validate_model(model, n, why)) {
+        if (n > KVT_MODEL_MAX)
+            *why = "longer than 128 bytes (as a model, each \"--\" a '/')";
+        return -1;
+    }
+    return 0;
 }
 
 /* A size in GiB from a JSON number or a numeric string. */
@@ -123,8 +158,10 @@ int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap)
     {
         char ns[NS_NAME_MAX + 1];
         uint64_t bytes = 0;
-        if (!name[0] || strchr(name, '@') || kvt_quota_ns_name(name, ns, sizeof(ns)) < 0) {
-            snprintf(err, errcap, "\"%s\" is not a namespace name (1..128 bytes, no '@')", name);
+        const char *why = NULL;
+        if (quota_name_ok(name, &why) || kvt_quota_ns_name(name, ns, sizeof(ns)) < 0) {
+            snprintf(err, errcap, "\"%.300s\" is not a namespace name (%s)", name,
+                     why ? why : "too long");
             goto fail;
         }
         if (entry_bytes(name, x, &bytes, err, errcap))

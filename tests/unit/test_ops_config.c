@@ -140,6 +140,31 @@ static void test_quota_parse(void)
         TEST_ASSERT(strstr(err, bad[i][1]) != NULL);
         json_decref(v);
     }
+    /* names: a model is 1..128 bytes; a namespace name of a model with '/'
+     * may be longer (each "--" one byte of the model) */
+    char name[300], js[400];
+    memset(name, 'm', 129);
+    name[129] = 0;
+    snprintf(js, sizeof(js), "{\"%s\": 1}", name);
+    v = json_loads(js, 0, NULL);
+    out = NULL;
+    TEST_ASSERT(kvt_quota_parse(v, &out, err, sizeof(err)) != 0 && out == NULL);
+    TEST_ASSERT(strstr(err, "not a namespace name") && strstr(err, "128"));
+    json_decref(v);
+    for (int i = 0; i < 60; i++)
+        memcpy(name + 3 * i, "--m", 3); /* 180 bytes: the model "/m" x 60, 120 bytes */
+    name[180] = 0;
+    snprintf(js, sizeof(js), "{\"%s\": 1}", name);
+    v = json_loads(js, 0, NULL);
+    out = NULL;
+    TEST_ASSERT(kvt_quota_parse(v, &out, err, sizeof(err)) == 0);
+    TEST_ASSERT(json_integer_value(json_object_get(out, name)) == 1ll << 30);
+    json_decref(out);
+    json_decref(v);
+    v = json_loads("{\"A\\u0001\": 1}", 0, NULL);
+    out = NULL;
+    TEST_ASSERT(kvt_quota_parse(v, &out, err, sizeof(err)) != 0 && strstr(err, "control"));
+    json_decref(v);
 }
 
 #define OBJ 300000u
