@@ -58,14 +58,31 @@ class Server:
         return c + self.args
 
     def start(self, wait=True):
-        self.log = open(self.log_path, "ab")
-        env = dict(os.environ)
-        if self.env:
-            env.update(self.env)
-        self.proc = subprocess.Popen(self.cmd(), stdout=self.log, stderr=subprocess.STDOUT,
-                                     cwd=self.workdir, env=env)
-        if wait:
-            self.wait_ready()
+        # free_port() cannot reserve a port: between it and the server's bind
+        # another process (a client's ephemeral port, an S3 or Redis test
+        # server) may take it. A start that fails only for that moves to
+        # fresh ports and tries again.
+        for attempt in range(5):
+            self.log = open(self.log_path, "ab")
+            self.log_start = self.log.tell()
+            env = dict(os.environ)
+            if self.env:
+                env.update(self.env)
+            self.proc = subprocess.Popen(self.cmd(), stdout=self.log, stderr=subprocess.STDOUT,
+                                         cwd=self.workdir, env=env)
+            if not wait:
+                return self
+            try:
+                self.wait_ready()
+                return self
+            except RuntimeError:
+                if attempt == 4 or self.proc.poll() is None or \
+                        "Address already in use" not in self.read_log()[self.log_start:]:
+                    raise
+            self.log.close()
+            self.port = free_port()
+            self.http_port = free_port() if self.http_port else 0
+            self.url = "tcp://127.0.0.1:%d" % self.port
         return self
 
     def wait_ready(self, timeout=20):
