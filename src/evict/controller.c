@@ -22,6 +22,7 @@ struct kvt_evictor {
 
 static void l2_cycle(kvt_l2 *l2)
 {
+    kvt_l2_reap(l2); /* objects that failed verification, once unpinned */
     if (l2->nquotas) /* namespaces over their quota first: they may free enough */
         kvt_l2_evict_quotas(l2, 256);
     struct kvt_l2_usage u;
@@ -97,11 +98,10 @@ int kvt_evictor_start_l1(struct kvt_evictor **out, struct kvt_l1 *l1, int interv
     return start(out, l1, NULL, interval_ms);
 }
 
+/* One per adapter, with or without an eviction policy: it also removes
+ * objects that failed verification (kvt_l2_reap). */
 int kvt_evictor_start_l2(struct kvt_evictor **out, kvt_l2 *l2, int interval_ms)
 {
-    *out = NULL;
-    if (!l2->policy)
-        return 0;
     return start(out, NULL, l2, interval_ms);
 }
 

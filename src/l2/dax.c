@@ -239,7 +239,7 @@ static void do_load(kvt_l2 *l2, struct dax_engine *e, kvt_l2_task *t, uint32_t i
     uint32_t s = UINT32_MAX;
     pthread_mutex_lock(&l2->lock);
     struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
-    if (o && (o->state & 0x7f) == KVT_OBJ_READY)
+    if (o && kvt_l2_obj_state(o) == KVT_OBJ_READY)
         s = o->aux;
     pthread_mutex_unlock(&l2->lock);
     if (s >= e->nslots) {
@@ -283,11 +283,8 @@ static void do_load(kvt_l2 *l2, struct dax_engine *e, kvt_l2_task *t, uint32_t i
         return;
     }
     if (why) {
-        char ks[400];
-        atomic_fetch_add(&l2->counters.corrupt, 1);
-        kvt_warn("%s: slot %u for %s failed verification (%s): treated as a miss", l2->name, s,
-                 kvt_key_str(&t->keys[i], ks, sizeof(ks)), why);
-        kvt_l2_task_fail(t, i, KVT_E_CORRUPT); /* the entry stays: eviction reclaims it */
+        kvt_l2_slot_corrupt(l2, &t->keys[i], s, why);
+        kvt_l2_task_fail(t, i, KVT_E_CORRUPT);
         return;
     }
     t->meta[i] = oh.meta;

@@ -194,7 +194,7 @@ void kvt_fileobj_remove_indexed(kvt_l2 *l2)
     pthread_mutex_lock(&l2->lock);
     for (uint32_t h = 0; h < l2->idx.hwm; h++) {
         const struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if ((o->state & 0x7f) == KVT_OBJ_FREE) continue;
+        if (kvt_l2_obj_state(o) == KVT_OBJ_FREE) continue;
         if (l2->ops->remove(l2, o) == 0) n++;
     }
     pthread_mutex_unlock(&l2->lock);

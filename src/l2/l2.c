@@ -21,8 +21,9 @@
 #include <unistd.h>
 
 #define NOHANDLE UINT32_MAX
-#define ST_MASK 0x7f
+#define ST_MASK KVT_OBJ_STATE_MASK
 #define ST_TRACKED 0x80 /* the policy knows this handle */
+#define ST_DOOMED 0x40  /* failed verification: no new pins, removed at the last unpin */
 
 /* ------------------------------------------------------------- tasks */
 
@@ -119,6 +120,12 @@ uint32_t kvt_l2_handle_locked(kvt_l2 *l2, const struct kvt_l2_obj *o)
 static uint8_t st(const struct kvt_l2_obj *o)
 {
     return o->state & ST_MASK;
+}
+
+/* May a lookup pin this entry? */
+static bool pinnable(const struct kvt_l2_obj *o)
+{
+    return st(o) == KVT_OBJ_READY && !(o->state & ST_DOOMED) && o->pins < UINT16_MAX;
 }
 
 /* -------------------------------------------------- accounting (locked) */
@@ -248,6 +255,8 @@ void kvt_l2_base_destroy(kvt_l2 *l2)
     }
     free(l2->idx.objs);
     kvt_kindex_free(&l2->idx.map);
+    free(l2->reap_h);
+    free(l2->reap_copy);
     free(l2->ns_bytes);
     for (uint32_t i = 0; i < l2->nquotas; i++)
         free(l2->quotas[i].name);
@@ -412,6 +421,20 @@ size_t kvt_l2_pop_done(kvt_l2 *l2, enum kvt_l2_kind kind, kvt_l2_task **out, siz
     return n;
 }
 
+/* Queue a doomed, unpinned READY entry for kvt_l2_reap. call with lock held */
+static void reap_queue_locked(kvt_l2 *l2, uint32_t h)
+{
+    struct kvt_l2_obj *o = &l2->idx.objs[h];
+    o->state = (uint8_t)((o->state & ST_TRACKED) | KVT_OBJ_DELETING);
+    if (l2->nreap == l2->reap_cap) {
+        l2->reap_cap = l2->reap_cap ? 2 * l2->reap_cap : 16;
+        l2->reap_h = kvt_xrealloc(l2->reap_h, l2->reap_cap * sizeof(*l2->reap_h));
+        l2->reap_copy = kvt_xrealloc(l2->reap_copy, l2->reap_cap * sizeof(*l2->reap_copy));
+    }
+    l2->reap_h[l2->nreap] = h;
+    l2->reap_copy[l2->nreap++] = *o;
+}
+
 void kvt_l2_unlock(kvt_l2 *l2, const kvt_key *keys, uint32_t n)
 {
     pthread_mutex_lock(&l2->lock);
@@ -419,8 +442,23 @@ void kvt_l2_unlock(kvt_l2 *l2, const kvt_key *keys, uint32_t n)
         kvt_key ck;
         kvt_l2_canon(l2, &keys[i], &ck);
         uint32_t h = idx_find(&l2->idx, &ck);
-        if (h != NOHANDLE && l2->idx.objs[h].pins > 0)
-            l2->idx.objs[h].pins--;
+        if (h == NOHANDLE || l2->idx.objs[h].pins == 0)
+            continue;
+        struct kvt_l2_obj *o = &l2->idx.objs[h];
+        if (--o->pins == 0 && (o->state & ST_DOOMED) && st(o) == KVT_OBJ_READY)
+            reap_queue_locked(l2, h);
+    }
+    pthread_mutex_unlock(&l2->lock);
+}
+
+void kvt_l2_doom(kvt_l2 *l2, const kvt_key *ck)
+{
+    pthread_mutex_lock(&l2->lock);
+    uint32_t h = idx_find(&l2->idx, ck);
+    if (h != NOHANDLE && st(&l2->idx.objs[h]) == KVT_OBJ_READY) {
+        l2->idx.objs[h].state |= ST_DOOMED;
+        if (l2->idx.objs[h].pins == 0)
+            reap_queue_locked(l2, h);
     }
     pthread_mutex_unlock(&l2->lock);
 }
@@ -520,6 +558,40 @@ uint32_t kvt_l2_drop_gone(kvt_l2 *l2, const kvt_key *ck, uint32_t n)
         count++;
     }
     pthread_mutex_unlock(&l2->lock);
+    return count;
+}
+
+void kvt_l2_slot_corrupt(kvt_l2 *l2, const kvt_key *key, uint32_t slot, const char *why)
+{
+    kvt_key ck;
+    kvt_l2_canon(l2, key, &ck);
+    atomic_fetch_add(&l2->counters.corrupt, 1);
+    kvt_l2_doom(l2, &ck);
+    char ks[400], where[32] = "";
+    if (slot != UINT32_MAX)
+        snprintf(where, sizeof(where), " in slot %u", slot);
+    kvt_warn("%s: %s%s failed verification (%s): a miss, removed once its readers are done",
+             l2->name, kvt_key_str(key, ks, sizeof(ks)), where, why);
+}
+
+uint32_t kvt_l2_reap(kvt_l2 *l2)
+{
+    pthread_mutex_lock(&l2->lock);
+    uint32_t n = l2->nreap, count = 0;
+    uint32_t *hs = l2->reap_h;
+    struct kvt_l2_obj *copies = l2->reap_copy;
+    l2->reap_h = NULL;
+    l2->reap_copy = NULL;
+    l2->nreap = l2->reap_cap = 0;
+    pthread_mutex_unlock(&l2->lock);
+    if (n) {
+        remove_marked(l2, hs, copies, n, NULL, NULL, false, &count);
+        char ks[400];
+        kvt_info("%s: removed %u of %u objects that failed verification (first: %s)", l2->name,
+                 count, n, kvt_key_str(&copies[0].key, ks, sizeof(ks)));
+    }
+    free(hs);
+    free(copies);
     return count;
 }
 
@@ -798,6 +870,7 @@ void kvt_l2_close(kvt_l2 *l2)
      * pool runs what is left */
     if (l2->serde)
         kvt_serde_stage_quiesce(l2);
+    kvt_l2_reap(l2); /* the engine still runs: doomed objects go now */
     if (l2->ops->close)
         l2->ops->close(l2);
     kvt_serde_stage_detach(l2); /* its last decodes finish tasks: hooks still set */
@@ -879,7 +952,7 @@ static struct kvt_l2_obj *pin_locked(kvt_l2 *l2, const kvt_key *ck)
     if (h == NOHANDLE)
         return NULL;
     struct kvt_l2_obj *o = &l2->idx.objs[h];
-    if (st(o) != KVT_OBJ_READY || o->pins == UINT16_MAX)
+    if (!pinnable(o))
         return NULL;
     o->pins++;
     return o;
@@ -922,7 +995,7 @@ bool kvt_l2_lookup_known(kvt_l2 *l2, kvt_l2_task *t)
         kvt_l2_canon(l2, &t->keys[i], &ck);
         uint32_t h = idx_find(&l2->idx, &ck);
         const struct kvt_l2_obj *o = h == NOHANDLE ? NULL : &l2->idx.objs[h];
-        if (!(o && st(o) == KVT_OBJ_READY && o->aux && o->pins < UINT16_MAX))
+        if (!(o && pinnable(o) && o->aux))
             break;
         hits++;
     }
@@ -965,7 +1038,7 @@ bool kvt_l2_adopt(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, 
         inserted = true;
     }
     struct kvt_l2_obj *o = &l2->idx.objs[h];
-    if (pin && st(o) == KVT_OBJ_READY && o->pins < UINT16_MAX)
+    if (pin && pinnable(o))
         o->pins++;
     pthread_mutex_unlock(&l2->lock);
     return inserted;
@@ -1236,7 +1309,7 @@ bool kvt_l2_pin_found(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t l
     pthread_mutex_lock(&l2->lock);
     struct kvt_l2_obj *o = kvt_l2_find_locked(l2, ck);
     bool hit = false, known = o != NULL;
-    if (o && (o->state & 0x7f) == KVT_OBJ_READY && o->pins < UINT16_MAX) {
+    if (o && pinnable(o)) {
         o->pins++;
         o->len = logical;
         o->flags |= flag;

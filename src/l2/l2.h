@@ -109,6 +109,9 @@ void kvt_l2_task_free(kvt_l2_task *t);
 /* ---- the object index ---------------------------------------------- */
 
 enum kvt_l2_state { KVT_OBJ_FREE = 0, KVT_OBJ_WRITING, KVT_OBJ_READY, KVT_OBJ_DELETING };
+/* struct kvt_l2_obj.state holds the kvt_l2_state in its low bits and two
+ * base-owned flags above them (the policy tracks it; it is doomed). */
+#define KVT_OBJ_STATE_MASK 0x3f
 
 /* One indexed object: 64 bytes. */
 struct kvt_l2_obj {
@@ -121,6 +124,11 @@ struct kvt_l2_obj {
     uint8_t flags;   /* engine-owned */
 };
 _Static_assert(sizeof(struct kvt_l2_obj) == 64, "index entry size");
+
+static inline enum kvt_l2_state kvt_l2_obj_state(const struct kvt_l2_obj *o)
+{
+    return (enum kvt_l2_state)(o->state & KVT_OBJ_STATE_MASK);
+}
 
 struct kvt_l2_index {
     struct kvt_l2_obj *objs; /* slab; handle = position */
@@ -197,6 +205,11 @@ struct kvt_l2 {
     uint64_t recovered_objs, recovered_bytes;
     double recovery_seconds;
     bool closing;
+    /* doomed entries whose last pin went (DELETING, not yet removed from the
+     * backend): kvt_l2_reap removes them off the caller's thread */
+    uint32_t *reap_h;
+    struct kvt_l2_obj *reap_copy;
+    uint32_t nreap, reap_cap;
 
     struct kvt_l2_counters counters;
     bool persist_enabled;
@@ -302,6 +315,18 @@ bool kvt_l2_pin_found(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t l
 /* An indexed object turned out missing or corrupt on the backend: forget it
  * (if unpinned by others) so the bytes are no longer counted. */
 void kvt_l2_forget(kvt_l2 *l2, const kvt_key *ck);
+/* A pinned object failed verification on the backend (slot engines, whose
+ * bytes cannot simply be unlinked under a reader): it takes no new pins from
+ * now on, and when its last pin goes (kvt_l2_unlock) it is queued for
+ * kvt_l2_reap, which removes it through ops->remove like a delete. */
+void kvt_l2_doom(kvt_l2 *l2, const kvt_key *ck);
+/* A slot engine's load found the object behind pinned key (as the client
+ * named it) corrupt: count it, log it (slot, or UINT32_MAX for none) and
+ * doom its entry. The caller then fails the key with KVT_E_CORRUPT. */
+void kvt_l2_slot_corrupt(kvt_l2 *l2, const kvt_key *key, uint32_t slot, const char *why);
+/* Remove the queued doomed objects (ops->remove may block: the L2 eviction
+ * thread calls this, and kvt_l2_close). Returns how many were removed. */
+uint32_t kvt_l2_reap(kvt_l2 *l2);
 /* Tell the policy these keys were read. */
 void kvt_l2_touch(kvt_l2 *l2, const kvt_key *ck, uint32_t n);
 void kvt_l2_set_recovering(kvt_l2 *l2, bool on);

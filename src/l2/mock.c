@@ -205,7 +205,7 @@ static void do_load(kvt_l2 *l2, struct mock_engine *m, kvt_l2_task *t, uint32_t 
     uint32_t id = UINT32_MAX;
     pthread_mutex_lock(&l2->lock);
     struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
-    if (o && (o->state & 0x7f) == KVT_OBJ_READY)
+    if (o && kvt_l2_obj_state(o) == KVT_OBJ_READY)
         id = o->aux;
     pthread_mutex_unlock(&l2->lock);
     if (id == UINT32_MAX) {

@@ -517,12 +517,8 @@ static void load_verify(struct ns_obj *ob)
             why = "payload checksum mismatch";
             rc = KVT_E_CORRUPT;
         }
-        if (rc == KVT_E_CORRUPT) {
-            char ks[400];
-            atomic_fetch_add(&l2->counters.corrupt, 1);
-            kvt_warn("%s: corrupt object %s (%s): treated as a miss", l2->name,
-                     kvt_key_str(&t->keys[ob->i], ks, sizeof(ks)), why);
-        }
+        if (rc == KVT_E_CORRUPT)
+            kvt_l2_slot_corrupt(l2, &t->keys[ob->i], UINT32_MAX, why);
     }
     if (rc) {
         kvt_l2_task_fail(t, ob->i, rc);
@@ -571,7 +567,7 @@ static void submit_load(kvt_l2 *l2, struct ns_engine *e, struct ns_task *nt)
         uint32_t rec = UINT32_MAX;
         pthread_mutex_lock(&l2->lock);
         struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
-        if (o && (o->state & 0x7f) == KVT_OBJ_READY)
+        if (o && kvt_l2_obj_state(o) == KVT_OBJ_READY)
             rec = o->aux;
         pthread_mutex_unlock(&l2->lock);
         if (rec == UINT32_MAX) {

@@ -374,11 +374,8 @@ static void load_verify(struct rb_op *op)
             rc = KVT_E_CORRUPT;
         }
         if (rc == KVT_E_CORRUPT) {
-            char ks[400];
-            atomic_fetch_add(&l2->counters.corrupt, 1);
             atomic_fetch_add(&e->verify_failed, 1);
-            kvt_warn("%s: slot %u for %s failed verification (%s): treated as a miss", l2->name,
-                     op->slot, kvt_key_str(&t->keys[op->i], ks, sizeof(ks)), why);
+            kvt_l2_slot_corrupt(l2, &t->keys[op->i], op->slot, why);
         }
     }
     if (rc) {
@@ -422,7 +419,7 @@ static void load_prep(struct rb_op *op)
     uint32_t slot = UINT32_MAX;
     pthread_mutex_lock(&l2->lock);
     struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
-    if (o && (o->state & 0x7f) == KVT_OBJ_READY)
+    if (o && kvt_l2_obj_state(o) == KVT_OBJ_READY)
         slot = o->aux;
     pthread_mutex_unlock(&l2->lock);
     bool ok = false;

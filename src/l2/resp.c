@@ -752,7 +752,7 @@ void kvt_resp_submit(kvt_l2 *l2, kvt_l2_task *t)
             kvt_key ck;
             kvt_l2_canon(l2, &t->keys[i], &ck);
             struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
-            if (o && (o->state & 0x7f) != KVT_OBJ_READY)
+            if (o && kvt_l2_obj_state(o) != KVT_OBJ_READY)
                 continue; /* being written or removed: a miss */
             known[n] = o && (o->flags & F_LEN_KNOWN) ? o->stored : 0;
             idx[n++] = i;
@@ -891,7 +891,7 @@ static void delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
     pthread_mutex_lock(&l2->lock);
     for (uint32_t h = 0; h < l2->idx.hwm; h++) {
         struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if ((o->state & 0x7f) == KVT_OBJ_FREE)
+        if (kvt_l2_obj_state(o) == KVT_OBJ_FREE)
             continue;
         char key[KEY_MAX];
         int kl = kvt_resp_wire_key(e, &o->key, key);

@@ -139,7 +139,7 @@ static bool mark_seen(kvt_l2 *l2, const kvt_key *ck, unsigned gen, uint32_t logi
     struct kvt_l2_obj *o = kvt_l2_find_locked(l2, ck);
     if (o) {
         o->flags = (uint8_t)(F_LEN_KNOWN | gen);
-        if ((o->state & 0x7f) == KVT_OBJ_READY)
+        if (kvt_l2_obj_state(o) == KVT_OBJ_READY)
             o->len = logical;
         found = true;
     }
@@ -212,7 +212,7 @@ static uint64_t sweep_unseen(kvt_l2 *l2, unsigned gen)
         pthread_mutex_lock(&l2->lock);
         for (uint32_t h = 0; h < l2->idx.hwm && n < KVT_ARRAY_LEN(keys); h++) {
             struct kvt_l2_obj *o = &l2->idx.objs[h];
-            if ((o->state & 0x7f) == KVT_OBJ_READY && o->pins == 0 && (o->flags & F_GEN) != gen)
+            if (kvt_l2_obj_state(o) == KVT_OBJ_READY && o->pins == 0 && (o->flags & F_GEN) != gen)
                 keys[n++] = o->key;
         }
         pthread_mutex_unlock(&l2->lock);

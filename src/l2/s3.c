@@ -245,7 +245,7 @@ static void submit_lookup(kvt_l2 *l2, struct s3_engine *e, kvt_l2_task *t)
         struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
         if (!o) {
             need[i] = 1;
-        } else if ((o->state & 0x7f) == KVT_OBJ_READY) {
+        } else if (kvt_l2_obj_state(o) == KVT_OBJ_READY) {
             if ((o->flags & S3_F_LEN_KNOWN) && o->pins < UINT16_MAX) {
                 o->pins++; /* the size cache answers: no request */
                 t->meta[i].len = o->len;
@@ -806,7 +806,7 @@ static void delete_all_indexed(kvt_l2 *l2, struct s3_engine *e)
     reqs = kvt_xcalloc(l2->idx.hwm ? l2->idx.hwm : 1, sizeof(*reqs));
     for (uint32_t h = 0; h < l2->idx.hwm; h++) {
         struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if ((o->state & 0x7f) == KVT_OBJ_FREE ||
+        if (kvt_l2_obj_state(o) == KVT_OBJ_FREE ||
             obj_path(e, &o->key, reqs[n].path, sizeof(reqs[n].path)) < 0)
             continue;
         reqs[n].op = S3_DELETE;

@@ -48,7 +48,7 @@ static void purge_index(kvt_l2 *l2, const struct kvt_purge_req *q, struct kvt_pu
         pthread_mutex_lock(&l2->lock);
         for (; h < l2->idx.hwm && n < cap; h++) {
             const struct kvt_l2_obj *o = &l2->idx.objs[h];
-            uint8_t st = o->state & 0x7f;
+            uint8_t st = kvt_l2_obj_state(o);
             if (st == KVT_OBJ_FREE || !ns_match(q, kvt_ns_name(o->key.ns)))
                 continue;
             r->matched++;

@@ -58,15 +58,25 @@ class S3Server:
     def start(self):
         ensure_modules()
         env = dict(os.environ, NODE_PATH=MODULES)
-        self.log = open(os.path.join(self.dir, "..", "s3server-%d.log" % self.port), "ab")
-        self.proc = subprocess.Popen(
-            [NODE, SERVER_JS, "--port", str(self.port), "--dir", self.dir, "--bucket", self.bucket,
-             "--access-key", KEY, "--secret-key", SECRET],
-            stdout=subprocess.PIPE, stderr=self.log, env=env)
-        line = self.proc.stdout.readline().decode()
-        if not line.startswith("ready"):
-            raise RuntimeError("s3 test server did not start: %r" % line)
-        return self
+        for attempt in range(5):
+            self.log = open(os.path.join(self.dir, "..", "s3server-%d.log" % self.port), "ab")
+            self.proc = subprocess.Popen(
+                [NODE, SERVER_JS, "--port", str(self.port), "--dir", self.dir, "--bucket", self.bucket,
+                 "--access-key", KEY, "--secret-key", SECRET],
+                stdout=subprocess.PIPE, stderr=self.log, env=env)
+            line = self.proc.stdout.readline().decode()
+            if line.startswith("ready"):
+                self.started = True
+                return self
+            self.proc.wait(timeout=30)
+            self.log.close()
+            # lost the free port to another process between free_port() and
+            # the bind: a first start moves on, a restart keeps its port
+            if getattr(self, "started", False):
+                time.sleep(0.5)
+            else:
+                self.port = free_port()
+        raise RuntimeError("s3 test server did not start: %r" % line)
 
     def kill(self):
         if self.proc and self.proc.poll() is None:
