@@ -409,7 +409,7 @@ def test_engine_injected_faults(make_server, tmp_path, label):
         assert a["is_healthy"], a["health"]
         # every recovered object is served intact, or (a torn payload that
         # was acknowledged) detected and counted as corrupt: never wrong
-        # (file engines then drop the entry, slot engines keep it)
+        # (and then removed: at once by file engines, once unpinned by slot engines)
         assert found + a["counters"]["corrupt"] == recovered, (found, a["counters"], recovered)
         assert found >= recovered // 2, (found, recovered)
         # without faults the adapter stores and serves again
