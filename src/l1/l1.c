@@ -392,7 +392,11 @@ int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
     if ((uint64_t)meta->len > KVT_MAX_OBJECT || pages * l1->align > l1->map_size)
         return KVT_E_TOOBIG;
     pthread_mutex_lock(&l1->lock);
-    if (kvt_kindex_find(&l1->map, k) != KVT_NOHANDLE) {
+    uint32_t have = kvt_kindex_find(&l1->map, k);
+    if (have != KVT_NOHANDLE) {
+        /* stored again: the engine is using this prefix, as good as a read */
+        if (obj(l1, have)->flags & F_TRACKED)
+            kvt_policy_access(l1->policy, have);
         pthread_mutex_unlock(&l1->lock);
         return -EEXIST;
     }
@@ -409,7 +413,9 @@ int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
             rc = 0;
             break;
         }
-        if (evict_batch_locked(l1, UINT64_MAX) == 0)
+        /* only what this object needs (more when fragmentation leaves the
+         * freed pages unusable: the loop comes back), not a whole batch */
+        if (evict_batch_locked(l1, pages) == 0)
             break; /* nothing evictable left */
     }
     if (rc) {

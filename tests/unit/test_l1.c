@@ -106,6 +106,35 @@ static void test_eviction_and_full(void)
     kvt_l1_destroy(l1);
 }
 
+/* A full pool evicts what a new object needs, in LRU order, and storing a
+ * key that is already there counts as a use. */
+static void test_restore_refreshes_and_evicts_only_what_is_needed(void)
+{
+    struct kvt_l1 *l1 = mk(16 * 4096, "LRU"); /* 8 objects of 2 pages */
+    kvt_objmeta m = {.len = 8192};
+    struct kvt_l1_ref r;
+    for (int i = 0; i < 8; i++) {
+        kvt_key k = key(3000 + i);
+        TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &r) == 0);
+        kvt_l1_commit(l1, &r.h, 1, 0);
+        kvt_l1_put(l1, r.h);
+    }
+    kvt_key k0 = key(3000);
+    TEST_ASSERT(kvt_l1_reserve(l1, &k0, &m, &r) == -EEXIST); /* 3000 is now the newest */
+    kvt_key k8 = key(3008);
+    TEST_ASSERT(kvt_l1_reserve(l1, &k8, &m, &r) == 0);
+    kvt_l1_commit(l1, &r.h, 1, 0);
+    kvt_l1_put(l1, r.h);
+    TEST_ASSERT(kvt_l1_contains(l1, &k0));
+    kvt_key k1 = key(3001);
+    TEST_ASSERT(!kvt_l1_contains(l1, &k1)); /* the least recently used went */
+    for (int i = 2; i <= 8; i++) {          /* and nothing else */
+        kvt_key k = key(3000 + i);
+        TEST_ASSERT(kvt_l1_contains(l1, &k));
+    }
+    kvt_l1_destroy(l1);
+}
+
 static void test_temp_and_leases(void)
 {
     struct kvt_l1 *l1 = mk(1 << 20, "LRU");
@@ -168,6 +197,7 @@ int main(void)
 {
     RUN(test_basic);
     RUN(test_eviction_and_full);
+    RUN(test_restore_refreshes_and_evicts_only_what_is_needed);
     RUN(test_temp_and_leases);
     RUN(test_expiry);
     return TEST_RESULT();
