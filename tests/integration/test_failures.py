@@ -38,6 +38,22 @@ class Model:
             assert digest(data) == want, "WRONG BYTES for %s" % h.hex()
 
 
+def faulty_round(c, model, rng, model_name, n, max_units, unit):
+    """Under injected faults: store n random payloads (1..max_units units),
+    flush, then three retrieves of n random known keys, checking every byte
+    that comes back (whatever prefix the faults leave)."""
+    hashes = [rng.randbytes(32) for _ in range(n)]
+    pays = [rng.randbytes(rng.randint(1, max_units) * unit) for _ in range(n)]
+    for h, p in zip(hashes, pays):
+        model.digests[h] = digest(p)
+    c.store(kvtier.Keys(model_name, hashes), pays)
+    c.flush()
+    for _ in range(3):
+        keys = kvtier.Keys(model_name, rng.sample(sorted(model.digests), n))
+        got = c.retrieve(keys)
+        model.check(keys[:len(got)], got)
+
+
 def run_load(url, model, stop, rng, errors):
     """Mixed store / flush / lookup / retrieve until stop or the server dies."""
     try:
@@ -196,18 +212,8 @@ def test_injected_io_errors(make_server, tmp_path):
     model = Model()
     rng = random.Random(11)
     with s.client() as c:
-        for round_ in range(20):
-            hashes = [rng.randbytes(32) for _ in range(8)]
-            pays = [rng.randbytes(rng.randint(1, 200) * 512) for _ in range(8)]
-            for h, p in zip(hashes, pays):
-                model.digests[h] = digest(p)
-            c.store(kvtier.Keys("io", hashes), pays)
-            c.flush()
-            for _ in range(3):
-                hs = rng.sample(sorted(model.digests), 8)
-                keys = kvtier.Keys("io", hs)
-                got = c.retrieve(keys)
-                model.check(keys[:len(got)], got)
+        for _ in range(20):
+            faulty_round(c, model, rng, "io", 8, 200, 512)
         a = c.status()["l2"][0]
         assert a["counters"]["store_failed"] > 0
         assert a["counters"]["store_ok"] > 0
@@ -344,16 +350,7 @@ def test_engine_injected_faults(make_server, tmp_path, label):
         with s.client() as c:
             while rounds < 15 or (faults + c.status()["l2"][0]["io"]["injected_faults"] < 5
                                   and rounds < 60):
-                hashes = [rng.randbytes(32) for _ in range(6)]
-                pays = [rng.randbytes(rng.randint(1, 100) * 1024) for _ in range(6)]
-                for h, p in zip(hashes, pays):
-                    model.digests[h] = digest(p)
-                c.store(kvtier.Keys("eng", hashes), pays)
-                c.flush()
-                for _ in range(3):
-                    keys = kvtier.Keys("eng", rng.sample(sorted(model.digests), 6))
-                    got = c.retrieve(keys)
-                    model.check(keys[:len(got)], got)
+                faulty_round(c, model, rng, "eng", 6, 100, 1024)
                 rounds += 1
                 a = c.status()["l2"][0]
                 if label.startswith("raw_block") and not a["is_healthy"]:
