@@ -436,6 +436,17 @@ static int fs_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
  * a live writer's (by (pid, start time) or its file lock) never, a dead
  * writer's yes, one without a marker after 15 minutes, undecidable never;
  * our own only when closing (nothing in flight). */
+static void sweep_one(struct fs_engine *e, struct kvt_tmpguard *g, int dfd, const char *nm,
+                      bool closing)
+{
+    struct stat st;
+    if (fstatat(dfd, nm, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+        return;
+    enum kvt_tmp_verdict v = kvt_tmpguard_classify(g, dfd, nm, &st, NULL);
+    if ((v == KVT_TMP_OURS ? closing : kvt_tmp_removable(v)) && unlinkat(dfd, nm, 0) == 0)
+        atomic_fetch_add(&e->tmp_removed, 1);
+}
+
 static void sweep_tmp(struct fs_engine *e, int dfd, bool closing)
 {
     int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* not dup: a dup shares the read offset */
@@ -448,19 +459,25 @@ static void sweep_tmp(struct fs_engine *e, int dfd, bool closing)
     struct kvt_tmpguard g;
     kvt_tmpguard_init(&g, e->dirfd);
     struct dirent *de;
-    while ((de = readdir(d))) {
-        const char *nm = de->d_name;
-        if (nm[0] == '.' || !kvt_tmpguard_is_tmp(nm))
-            continue;
-        struct stat st;
-        if (fstatat(dfd, nm, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
-            continue;
-        enum kvt_tmp_verdict v = kvt_tmpguard_classify(&g, dfd, nm, &st, NULL);
-        if ((v == KVT_TMP_OURS ? closing : kvt_tmp_removable(v)) && unlinkat(dfd, nm, 0) == 0)
-            atomic_fetch_add(&e->tmp_removed, 1);
-    }
+    while ((de = readdir(d)))
+        if (de->d_name[0] != '.' && kvt_tmpguard_is_tmp(de->d_name))
+            sweep_one(e, &g, dfd, de->d_name, closing);
     kvt_tmpguard_fini(&g);
     closedir(d);
+}
+
+/* The start-up sweep of the tmp files the scan saw in the object directory
+ * (no second pass over a directory of a million names). */
+static void sweep_tmp_names(struct fs_engine *e, char **names, size_t n)
+{
+    struct kvt_tmpguard g;
+    kvt_tmpguard_init(&g, e->dirfd);
+    for (size_t i = 0; i < n; i++) {
+        sweep_one(e, &g, e->dirfd, names[i], false);
+        free(names[i]);
+    }
+    kvt_tmpguard_fini(&g);
+    free(names);
 }
 
 static void *scan_main(void *arg)
@@ -478,11 +495,21 @@ static void *scan_main(void *arg)
             close(fd);
         kvt_error("%s: cannot scan %s: %s", l2->name, e->base, strerror(errno));
     }
+    char **tmps = NULL;
+    size_t ntmp = 0, tmpcap = 0;
     struct dirent *de;
     while (d && !atomic_load(&e->stop) && (de = readdir(d))) {
         size_t len = strlen(de->d_name);
-        if (len < 6 || strcmp(de->d_name + len - 5, ".data") != 0)
+        if (len < 6 || strcmp(de->d_name + len - 5, ".data") != 0) {
+            if (de->d_name[0] != '.' && kvt_tmpguard_is_tmp(de->d_name)) {
+                if (ntmp == tmpcap) {
+                    tmpcap = tmpcap ? 2 * tmpcap : 16;
+                    tmps = kvt_xrealloc(tmps, tmpcap * sizeof(*tmps));
+                }
+                tmps[ntmp++] = kvt_xstrdup(de->d_name);
+            }
             continue;
+        }
         kvt_key k, ck;
         if (kvt_key_decode(KVT_CODEC_FS, de->d_name, len, &k))
             continue;
@@ -493,7 +520,7 @@ static void *scan_main(void *arg)
     kvt_l2_scanq_free(sq);
     if (d)
         closedir(d);
-    sweep_tmp(e, e->dirfd, false);
+    sweep_tmp_names(e, tmps, ntmp);
     if (e->tmpfd != e->dirfd)
         sweep_tmp(e, e->tmpfd, false);
     kvt_l2_finish_recovery(l2, &fv, t0, e->base);
