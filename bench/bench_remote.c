@@ -5,9 +5,11 @@
  * by side with redis-benchmark (resp) or curl (s3) on the same server.
  *
  *   bench_remote '<--l2-adapter JSON>' [--size B] [--count N] [--batch K]
- *                [--inflight D] [--op store|load|both] [--seed S]
+ *                [--inflight D] [--op store|load|both] [--seed S] [--delete]
  *
- * Prints one line per phase: "store <MB/s> <ops/s>" / "load <MB/s> <ops/s>".
+ * Prints one line per phase: "store <MB/s> <ops/s>" / "load <MB/s> <ops/s>";
+ * --delete adds a last phase, "delete <ops/s>": one kvt_l2_delete of every
+ * key (as eviction and purge call it).
  * A batch of K keys is one task, D tasks are kept in flight; the adapter
  * decides how it spreads a batch over its connections. Loads verify every
  * byte against what was stored.
@@ -47,11 +49,12 @@ int main(int argc, char **argv)
 {
     uint64_t size = 4 << 20;
     uint32_t count = 64, batch = 8, seed = 1, inflight = 1;
+    bool del = false;
     const char *op = "both";
     static const struct option opts[] = {{"size", 1, 0, 's'},  {"count", 1, 0, 'n'},
                                          {"batch", 1, 0, 'b'}, {"op", 1, 0, 'o'},
                                          {"seed", 1, 0, 'r'},  {"inflight", 1, 0, 'i'},
-                                         {0, 0, 0, 0}};
+                                         {"delete", 0, 0, 'd'}, {0, 0, 0, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (ch == 's')
@@ -66,12 +69,15 @@ int main(int argc, char **argv)
             seed = (uint32_t)strtoul(optarg, NULL, 0);
         else if (ch == 'i')
             inflight = (uint32_t)strtoul(optarg, NULL, 0);
+        else if (ch == 'd')
+            del = true;
         else
             return 2;
     }
     if (optind >= argc || batch == 0 || count == 0 || inflight == 0) {
         fprintf(stderr, "usage: bench_remote '<adapter json>' [--size B] [--count N] "
-                        "[--batch K] [--inflight D] [--op store|load|both] [--seed S]\n");
+                        "[--batch K] [--inflight D] [--op store|load|both] [--seed S] "
+                        "[--delete]\n");
         return 2;
     }
     kvt_log_set_level(KVT_LOG_WARN);
@@ -183,6 +189,14 @@ int main(int argc, char **argv)
                (double)ok * (double)size / s / 1e6, (double)ok / s, (unsigned long long)ok, count,
                (unsigned long long)bad, cpu);
         if (ok != count || bad)
+            rc = 1;
+    }
+    if (del) {
+        uint64_t t0 = kvt_now_ns();
+        uint32_t gone = kvt_l2_delete(l2, keys, count, NULL);
+        double s = (double)(kvt_now_ns() - t0) / 1e9;
+        printf("delete %.1f ops/s (%u/%u removed)\n", (double)gone / s, gone, count);
+        if (gone != count)
             rc = 1;
     }
     kvt_l2_close(l2);

@@ -5,7 +5,8 @@
 #   resp: bench_remote through the resp adapter  vs  redis-benchmark SET/GET
 #         (same Redis, same value size, same number of connections)
 #   s3:   bench_remote through the s3 adapter    vs  curl --parallel PUT/GET
-#         (same S3 test server, same object size, same number of transfers)
+#         (same S3 test server, same object size, same number of transfers),
+#         and deletes of DCOUNT (400) 4 KiB objects vs curl --parallel DELETE
 #
 # Usage: bench/remote.sh [resp|s3|all]
 #   env: ROUNDS (5), COUNT objects per phase (32), SIZE bytes (4194304),
@@ -127,10 +128,43 @@ bench_s3() {
       fi
     done
   done
+  # deletes (eviction, purge): DCOUNT small objects, both sides at CONC
+  # concurrent requests; curl's time includes its start (a few ms). Each
+  # side's prefix keeps one sentinel object: s3rver answers 500 when
+  # concurrent deletes empty a directory (its store removes empty
+  # directories racily), which real S3 never does.
+  local dcount=${DCOUNT:-400}
+  head -c 4096 /dev/urandom >"$TMP/small.bin"
+  : >"$TMP/sd"; : >"$TMP/cd"
+  for r in $(seq "$ROUNDS"); do
+    for side in $( ((r % 2)) && echo "ours peer" || echo "peer ours"); do
+      local pfx; pfx=$([ "$side" = ours ] && echo "del$r" || echo "cdel$r")
+      curl -sS -f --no-progress-meter "${sig[@]}" -T "$TMP/small.bin" "$url/$pfx/sentinel"
+      if [ "$side" = ours ]; then
+        "$BENCH" "$(echo "$spec" | sed "s/}\$/,\"key_prefix\":\"del$r\"}/")" \
+          --size 4096 --count "$dcount" --batch 64 --inflight 2 --seed "$r" --op store --delete |
+          awk '/^delete/ {print $2}' >>"$TMP/sd"
+      else
+        : >"$TMP/dput.cfg"; : >"$TMP/del.cfg"
+        for i in $(seq 0 $((dcount - 1))); do
+          printf 'url = "%s/cdel%d/obj%d"\nupload-file = "%s"\noutput = "/dev/null"\n' \
+            "$url" "$r" "$i" "$TMP/small.bin" >>"$TMP/dput.cfg"
+          printf 'url = "%s/cdel%d/obj%d"\nrequest = "DELETE"\noutput = "/dev/null"\n' \
+            "$url" "$r" "$i" >>"$TMP/del.cfg"
+        done
+        curl -sS -f --no-progress-meter --parallel --parallel-max "$CONC" "${sig[@]}" -K "$TMP/dput.cfg"
+        t0=$(now)
+        curl -sS -f --no-progress-meter --parallel --parallel-max "$CONC" "${sig[@]}" -K "$TMP/del.cfg"
+        t1=$(now)
+        awk -v n="$dcount" -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f\n", n/(b-a)}' >>"$TMP/cd"
+      fi
+    done
+  done
   echo "s3 ($((SIZE >> 20)) MiB objects, $CONC parallel transfers, $COUNT ops per phase, $ROUNDS rounds; MB/s medians; server: s3rver)"
   printf "%-28s %10s %10s %9s\n" "" "kvtier" "curl" "ratio"
   report "store (PUT)" "$TMP/ss" "$TMP/cs"
   report "load (GET)" "$TMP/sl" "$TMP/cl"
+  report "delete ($dcount, ops/s)" "$TMP/sd" "$TMP/cd"
 }
 
 case "$WHAT" in

@@ -474,9 +474,12 @@ static uint64_t remove_marked(kvt_l2 *l2, uint32_t *hs, struct kvt_l2_obj *copie
                               uint32_t *nremoved)
 {
     uint32_t cnt = 0;
-    int *rcs = kvt_xcalloc(n, sizeof(int));
-    for (uint32_t i = 0; i < n; i++)
-        rcs[i] = l2->ops->remove ? l2->ops->remove(l2, &copies[i]) : 0;
+    int *rcs = kvt_xcalloc(n ? n : 1, sizeof(int));
+    if (l2->ops->remove_batch && n)
+        l2->ops->remove_batch(l2, copies, n, rcs);
+    else
+        for (uint32_t i = 0; i < n; i++)
+            rcs[i] = l2->ops->remove ? l2->ops->remove(l2, &copies[i]) : 0;
     uint64_t freed = 0;
     pthread_mutex_lock(&l2->lock);
     for (uint32_t i = 0; i < n; i++) {

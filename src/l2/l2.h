@@ -153,6 +153,10 @@ struct kvt_l2_ops {
     /* Remove the object's bytes from the backend; called without l2->lock
      * for an entry the base has marked DELETING. Return 0 or -errno. */
     int (*remove)(kvt_l2 *l2, const struct kvt_l2_obj *o);
+    /* Optional, for engines whose remove is a network round trip: remove n
+     * objects at once (concurrently), rcs[i] as remove would return it.
+     * Used instead of remove whenever the base removes a batch. */
+    void (*remove_batch)(kvt_l2 *l2, const struct kvt_l2_obj *objs, uint32_t n, int *rcs);
     /* Add engine-specific fields to the status object (may take l2->lock). */
     void (*status)(kvt_l2 *l2, json_t *out);
     /* Health: fill msg (<= 200 bytes) and return false when unhealthy. */

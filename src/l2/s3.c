@@ -17,7 +17,8 @@
  *           the destination: never an overrun), the payload goes straight to
  *           the destination and its checksum is verified. Torn, foreign or
  *           corrupt objects are misses, counted, and deleted.
- *   Delete: DELETE (synchronous, from eviction or the delete request).
+ *   Delete: DELETE, a batch's requests all in flight at once (synchronous
+ *           for the caller: eviction, purge or the delete request).
  *   Start-up: ListObjectsV2 over key_prefix, page by page on the I/O thread,
  *           restores accounting and LRU order (LastModified) while serving;
  *           with max_capacity_gb > 0 stores wait for it.
@@ -431,45 +432,126 @@ void kvt_s3_on_breaker_open(kvt_l2 *l2)
 
 /* ------------------------------------------------------------- remove */
 
-struct waiter {
+struct removal {
     pthread_mutex_t m;
     pthread_cond_t c;
-    bool done;
+    uint32_t left;
 };
 
-static void wake_done(struct s3_engine *e, struct s3_req *r)
+static void removal_done(struct s3_engine *e, struct s3_req *r)
 {
     (void)e;
-    struct waiter *w = r->ctx;
+    struct removal *w = r->ctx;
     pthread_mutex_lock(&w->m);
-    w->done = true;
-    pthread_cond_signal(&w->c);
+    if (--w->left == 0)
+        pthread_cond_signal(&w->c);
     pthread_mutex_unlock(&w->m);
+}
+
+/* Up to this many DELETEs in flight per call (their requests are ~2 KiB each);
+ * the I/O thread runs at most s3_num_io_threads of them at once. */
+#define REMOVE_CHUNK 1024u
+/* A DELETE that S3 answered with a 5xx (InternalError, SlowDown) is sent
+ * again, at most this many times, after 50 ms, then 200 ms (DELETE is
+ * idempotent; AWS's SDKs retry the same way). */
+#define REMOVE_RETRIES 2
+
+/* Send the DELETEs of reqs[0..m) whose op is S3_DELETE and rcs[r->i] is
+ * 1 (pending), all at once, and wait for them. */
+static void remove_round(struct s3_engine *e, struct s3_req *reqs, uint32_t m, int *rcs)
+{
+    struct removal w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    struct s3_req *head = NULL, **tail = &head;
+    for (uint32_t i = 0; i < m; i++) {
+        struct s3_req *r = &reqs[i];
+        if (r->op != S3_DELETE || rcs[r->i] != 1)
+            continue;
+        kvt_s3_req_clear(r);
+        r->next = NULL;
+        r->ctx = &w;
+        *tail = r;
+        tail = &r->next;
+        w.left++;
+    }
+    if (!w.left)
+        return;
+    kvt_s3_submit_reqs(e, head);
+    pthread_mutex_lock(&w.m);
+    while (w.left)
+        pthread_cond_wait(&w.c, &w.m);
+    pthread_mutex_unlock(&w.m);
+    for (uint32_t i = 0; i < m; i++) {
+        struct s3_req *r = &reqs[i];
+        if (r->op != S3_DELETE || rcs[r->i] != 1)
+            continue;
+        if (r->outcome == S3_OK)
+            rcs[r->i] = 0;
+        else if (r->outcome == S3_NOTFOUND)
+            rcs[r->i] = -ENOENT;
+        else if (r->outcome != S3_SERVER)
+            rcs[r->i] = -EIO;
+    }
+}
+
+/* DELETE n objects concurrently (one lock, one wakeup per round), not one
+ * round trip after another: evicting 256 objects takes about one round trip
+ * per s3_num_io_threads objects. */
+static void remove_keys(struct s3_engine *e, const kvt_key *keys, uint32_t n, int *rcs)
+{
+    struct s3_req *reqs = kvt_xcalloc(KVT_MIN(n, REMOVE_CHUNK) + 1, sizeof(*reqs));
+    for (uint32_t base = 0; base < n; base += REMOVE_CHUNK) {
+        uint32_t m = KVT_MIN(n - base, REMOVE_CHUNK);
+        for (uint32_t i = 0; i < m; i++) {
+            struct s3_req *r = &reqs[i];
+            memset(r, 0, sizeof(*r));
+            r->i = base + i;
+            int rc = obj_path(e, &keys[base + i], r->path, sizeof(r->path));
+            rcs[base + i] = rc < 0 ? rc : 1; /* 1: pending */
+            if (rc < 0)
+                continue;
+            r->op = S3_DELETE;
+            r->done = removal_done;
+        }
+        for (int attempt = 0; attempt <= REMOVE_RETRIES; attempt++) {
+            if (attempt) {
+                bool again = false;
+                for (uint32_t i = 0; i < m && !again; i++)
+                    again = rcs[base + i] == 1;
+                if (!again)
+                    break;
+                struct timespec ts = {0, attempt == 1 ? 50000000L : 200000000L};
+                nanosleep(&ts, NULL);
+            }
+            remove_round(e, reqs, m, rcs);
+        }
+        for (uint32_t i = 0; i < m; i++) {
+            if (rcs[base + i] == 1) /* a 5xx every time */
+                rcs[base + i] = -EIO;
+            kvt_s3_req_clear(&reqs[i]);
+        }
+    }
+    free(reqs);
+}
+
+static void s3_remove_batch(kvt_l2 *l2, const struct kvt_l2_obj *objs, uint32_t n, int *rcs)
+{
+    struct s3_engine *e = l2->engine;
+    if (!kvt_s3_available(e)) {
+        for (uint32_t i = 0; i < n; i++)
+            rcs[i] = KVT_E_UNHEALTHY;
+        return;
+    }
+    kvt_key *keys = kvt_xmalloc((n ? n : 1) * sizeof(*keys));
+    for (uint32_t i = 0; i < n; i++)
+        keys[i] = objs[i].key;
+    remove_keys(e, keys, n, rcs);
+    free(keys);
 }
 
 static int s3_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 {
-    struct s3_engine *e = l2->engine;
-    if (!kvt_s3_available(e))
-        return KVT_E_UNHEALTHY;
-    struct s3_req *r = kvt_xcalloc(1, sizeof(*r));
-    int rc = obj_path(e, &o->key, r->path, sizeof(r->path));
-    if (rc < 0) {
-        free(r);
-        return rc;
-    }
-    struct waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
-    r->op = S3_DELETE;
-    r->done = wake_done;
-    r->ctx = &w;
-    kvt_s3_submit_req(e, r);
-    pthread_mutex_lock(&w.m);
-    while (!w.done)
-        pthread_cond_wait(&w.c, &w.m);
-    pthread_mutex_unlock(&w.m);
-    rc = r->outcome == S3_OK ? 0 : r->outcome == S3_NOTFOUND ? -ENOENT : -EIO;
-    kvt_s3_req_clear(r);
-    free(r);
+    int rc;
+    s3_remove_batch(l2, o, 1, &rc);
     return rc;
 }
 
@@ -774,60 +856,30 @@ static bool s3_healthy(kvt_l2 *l2, char *msg, size_t cap)
     return kvt_s3_health(l2->engine, msg, cap);
 }
 
-struct counter_wait {
-    pthread_mutex_t m;
-    pthread_cond_t c;
-    uint64_t left, removed;
-};
-
-static void count_done(struct s3_engine *e, struct s3_req *r)
-{
-    (void)e;
-    struct counter_wait *w = r->ctx;
-    pthread_mutex_lock(&w->m);
-    if (r->outcome == S3_OK)
-        w->removed++;
-    if (--w->left == 0)
-        pthread_cond_signal(&w->c);
-    pthread_mutex_unlock(&w->m);
-}
-
-/* persist_enabled false: DELETE every indexed object before stopping. */
+/* persist_enabled false: DELETE every indexed object before stopping (the
+ * keys are copied under the lock, the requests built outside it). */
 static void delete_all_indexed(kvt_l2 *l2, struct s3_engine *e)
 {
     if (!kvt_s3_available(e)) {
         kvt_warn("%s: persist_enabled is false but S3 is unreachable: objects stay", l2->name);
         return;
     }
-    struct counter_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, 0};
-    struct s3_req *reqs = NULL;
     uint32_t n = 0;
     pthread_mutex_lock(&l2->lock);
-    reqs = kvt_xcalloc(l2->idx.hwm ? l2->idx.hwm : 1, sizeof(*reqs));
-    for (uint32_t h = 0; h < l2->idx.hwm; h++) {
-        struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if (kvt_l2_obj_state(o) == KVT_OBJ_FREE ||
-            obj_path(e, &o->key, reqs[n].path, sizeof(reqs[n].path)) < 0)
-            continue;
-        reqs[n].op = S3_DELETE;
-        reqs[n].done = count_done;
-        reqs[n].ctx = &w;
-        n++;
-    }
+    kvt_key *keys = kvt_xmalloc((l2->idx.hwm ? l2->idx.hwm : 1) * sizeof(*keys));
+    for (uint32_t h = 0; h < l2->idx.hwm; h++)
+        if (kvt_l2_obj_state(&l2->idx.objs[h]) != KVT_OBJ_FREE)
+            keys[n++] = l2->idx.objs[h].key;
     pthread_mutex_unlock(&l2->lock);
-    w.left += n;
+    int *rcs = kvt_xcalloc(n ? n : 1, sizeof(int));
+    remove_keys(e, keys, n, rcs);
+    uint64_t removed = 0;
     for (uint32_t i = 0; i < n; i++)
-        kvt_s3_submit_req(e, &reqs[i]);
-    pthread_mutex_lock(&w.m);
-    w.left--;
-    while (w.left)
-        pthread_cond_wait(&w.c, &w.m);
-    pthread_mutex_unlock(&w.m);
-    for (uint32_t i = 0; i < n; i++)
-        kvt_s3_req_clear(&reqs[i]);
-    free(reqs);
+        removed += rcs[i] == 0;
+    free(rcs);
+    free(keys);
     kvt_info("%s: persist_enabled is false: deleted %llu objects", l2->name,
-             (unsigned long long)w.removed);
+             (unsigned long long)removed);
 }
 
 static void s3_close(kvt_l2 *l2)
@@ -860,6 +912,7 @@ static void s3_close(kvt_l2 *l2)
 static const struct kvt_l2_ops s3_ops = {
     .submit = s3_submit,
     .remove = s3_remove,
+    .remove_batch = s3_remove_batch,
     .status = s3_status,
     .healthy = s3_healthy,
     .close = s3_close,
