@@ -41,6 +41,8 @@ int kvt_ioeng_kind_parse(const char *s)
  * with ENOSPC), short (a transfer moves fewer bytes and is retried), torn (a
  * write reports success but part of what it wrote is zeroed on the device:
  * only the object checksums can catch it). Never set in production.
+ * Narrower, for deterministic tests: min_off=/max_off= (only requests that
+ * start in [min_off, max_off)) and max= (at most that many faults).
  */
 static void fault_init(struct kvt_ioeng *e)
 {
@@ -63,7 +65,22 @@ static void fault_init(struct kvt_ioeng *e)
             e->f_short = true;
         else if (!strcmp(t, "torn"))
             e->f_torn = true;
+        else if (!strncmp(t, "min_off=", 8))
+            e->fault_min_off = strtoull(t + 8, NULL, 0);
+        else if (!strncmp(t, "max_off=", 8))
+            e->fault_max_off = strtoull(t + 8, NULL, 0);
+        else if (!strncmp(t, "max=", 4))
+            e->fault_max = strtoull(t + 4, NULL, 0);
     }
+}
+
+/* Inside the configured window, and under the fault budget? */
+static bool fault_eligible(struct kvt_ioeng *e, const struct kvt_io *io)
+{
+    uint64_t start = io->off - io->done;
+    if (start < e->fault_min_off || (e->fault_max_off && start >= e->fault_max_off))
+        return false;
+    return !e->fault_max || atomic_load_explicit(&e->faults, memory_order_relaxed) < e->fault_max;
 }
 
 /* Deterministic for a seed: a hash of a per-engine counter. */
@@ -85,7 +102,8 @@ static bool fault_pick(struct kvt_ioeng *e, uint64_t *r)
 uint64_t kvt_ioeng_fault_short(struct kvt_ioeng *e, struct kvt_io *io, uint64_t r)
 {
     uint64_t x;
-    if (!e->f_short || r < 2 || io->op == KVT_IO_FSYNC || !fault_pick(e, &x))
+    if (!e->f_short || r < 2 || io->op == KVT_IO_FSYNC || !fault_eligible(e, io) ||
+        !fault_pick(e, &x))
         return r;
     atomic_fetch_add_explicit(&e->faults, 1, memory_order_relaxed);
     return r / 2;
@@ -96,7 +114,7 @@ static int fault_complete(struct kvt_ioeng *e, struct kvt_io *io, int res)
 {
     uint64_t x;
     if (res < 0 || io->op == KVT_IO_FSYNC || !(e->f_eio || e->f_enospc || e->f_torn) ||
-        !fault_pick(e, &x))
+        !fault_eligible(e, io) || !fault_pick(e, &x))
         return res;
     int kinds[3], n = 0;
     if (e->f_eio)

@@ -517,7 +517,9 @@ static void del_journaled(struct rb_jw *w, int rc)
     pthread_mutex_lock(&e->jlock);
     if (rc == 0)
         e->freev[e->nfree++] = dw->slot;
-    /* else: fatal journal error; the slot stays out of use */
+    else if (e->jrecover) /* free once the recovery checkpoint holds the DEL */
+        e->lost[e->nlost++] = dw->slot;
+    /* else: the slot stays out of use until a restart */
     dw->done = true;
     pthread_cond_broadcast(&e->jcond);
     bool last = --dw->refs == 0;
@@ -731,6 +733,9 @@ static void rb_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(m, "verify_dropped",
                         json_integer((json_int_t)atomic_load(&e->verify_dropped)));
     json_object_set_new(m, "fatal", e->fatal ? json_string(e->fatal_msg) : json_null());
+    json_object_set_new(m, "journal_recoveries", json_integer((json_int_t)e->jrecoveries));
+    json_object_set_new(m, "journal_offset", json_integer((json_int_t)e->g.jrnl_off));
+    json_object_set_new(m, "journal_next_block", json_integer((json_int_t)e->jnext));
     pthread_mutex_unlock(&e->jlock);
     json_object_set_new(out, "meta", m);
 }
@@ -762,6 +767,7 @@ static void engine_free(struct rb_engine *e)
     free(e->path);
     free(e->slots);
     free(e->freev);
+    free(e->lost);
     if (e->cur)
         rb_jblock_free(e->cur);
     pthread_mutex_destroy(&e->jlock);
@@ -938,6 +944,7 @@ int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
         goto fail;
     e->slots = kvt_xcalloc(e->g.nslots, sizeof(*e->slots));
     e->freev = kvt_xcalloc(e->g.nslots, sizeof(uint32_t));
+    e->lost = kvt_xcalloc(e->g.nslots, sizeof(uint32_t));
     /* probe the checkpoint headers now: what cannot be recovered is an
      * error at start, never a silent reformat */
     e->fresh = !o->load_checkpoint;

@@ -92,6 +92,13 @@ struct rb_engine {
     char ckpt_err[256];
     bool fatal;
     char fatal_msg[256];
+    /* fatal came from a journal write: a checkpoint of the slot table, taken
+     * once every waiter of the failed write was told (jfail_cbs 0), holds
+     * all the lost records said, and clears it */
+    bool jrecover;
+    uint32_t jfail_cbs;
+    uint32_t *lost, nlost; /* slots of DELs whose record was lost: free after that checkpoint */
+    uint64_t jrecoveries;
     bool ckpt_stop;
     pthread_cond_t ckpt_cond;
     pthread_cond_t jcond;            /* journal progress: block written */

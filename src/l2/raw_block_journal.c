@@ -184,8 +184,13 @@ static void jwrite_done(struct kvt_io *io)
     pthread_mutex_lock(&e->jlock);
     e->inflight = NULL;
     if (rc) {
-        rb_set_fatal_locked(e, "journal write failed (%s): the adapter refuses stores from now on",
-                         rc);
+        if (!e->fatal) /* not on top of a fatal error of another kind */
+            e->jrecover = true;
+        rb_set_fatal_locked(e,
+                            "journal write failed (%s): stores are refused until a checkpoint "
+                            "replaces the lost records (retried every second)",
+                            rc);
+        e->jfail_cbs++;
         failed = rb_drop_pending_locked(e);
     } else {
         e->jwrites++;
@@ -196,6 +201,29 @@ static void jwrite_done(struct kvt_io *io)
     rb_call_waiters(b->wh, rc);
     rb_jblock_free(b);
     rb_call_waiters(failed, KVT_E_FATAL);
+    if (rc) { /* every waiter knows: failed PUTs rolled back, lost DELs listed */
+        pthread_mutex_lock(&e->jlock);
+        e->jfail_cbs--;
+        pthread_cond_signal(&e->ckpt_cond);
+        pthread_mutex_unlock(&e->jlock);
+    }
+}
+
+/* The recovery checkpoint is durable: the journal starts again after it. */
+static void journal_recovered_locked(struct rb_engine *e)
+{
+    for (uint32_t i = 0; i < e->nlost; i++)
+        e->freev[e->nfree++] = e->lost[i];
+    e->nlost = 0;
+    e->fatal = false;
+    e->jrecover = false;
+    e->fatal_msg[0] = 0;
+    e->jrecoveries++;
+    kvt_info("raw_block %s: journal recovered: checkpoint %llu holds what the failed write "
+             "lost; stores resume",
+             e->path, (unsigned long long)e->ckpt_seq);
+    rb_jkick_locked(e);
+    pthread_cond_broadcast(&e->jcond);
 }
 
 /* Is the ring 3/4 full? New objects then wait for a checkpoint (or are
@@ -307,6 +335,19 @@ void *rb_ckpt_main(void *arg)
             if (e->recs_since_ckpt && !e->fatal)
                 checkpoint_locked(e); /* the final one, at close */
             break;
+        }
+        if (e->fatal && e->jrecover) {
+            /* a failed journal write: once its waiters are told and no write
+             * is in flight, a checkpoint replaces what it lost */
+            if (!e->jfail_cbs && !e->inflight && checkpoint_locked(e) == 0) {
+                journal_recovered_locked(e);
+                continue;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&e->ckpt_cond, &e->jlock, &ts);
+            continue;
         }
         if (!e->fatal && (urgent || (due && quiet))) {
             int rc = checkpoint_locked(e);

@@ -17,6 +17,8 @@
 
 static char dev[256];
 
+static bool healthy(kvt_l2 *l2);
+
 static void make_dev(uint64_t size)
 {
     unlink(dev);
@@ -137,6 +139,98 @@ static void test_acknowledged_survives_death(void)
     h_close(l2);
 }
 
+/* In a child process with one EIO injected into the journal block at ring
+ * position pos: store keys [first, first + nstore) (none if nstore is 0),
+ * delete [del, del + 4), wait for health, store [20, 30). Reports through r:
+ * injected faults, recovered (healthy after one recovery checkpoint), stored
+ * after, objects, leaked slots. Dies without closing. */
+static void jfault_child(uint32_t pos, uint32_t first, uint32_t nstore, uint32_t del,
+                         int64_t r[5])
+{
+    int pfd[2];
+    TEST_ASSERT(pipe(pfd) == 0);
+    pid_t pid = fork();
+    TEST_ASSERT(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        /* meta_total_bytes 1 MiB: two 384 KiB checkpoint copies, then the
+         * journal at 786432, 64 blocks of 4096 */
+        char f[160];
+        uint64_t off = 786432 + (uint64_t)(pos % 64) * 4096;
+        snprintf(f, sizeof(f), "rate=1,eio,min_off=%llu,max_off=%llu,max=1",
+                 (unsigned long long)off, (unsigned long long)off + 4096);
+        setenv("KVT_IO_FAULT", f, 1);
+        kvt_l2 *l2 = open_rb(", \"meta_enable_periodic\": false, \"use_odirect\": false");
+        if (nstore)
+            h_store(l2, "rb/jf", first, nstore, 50000);
+        h_delete(l2, "rb/jf", del, 4); /* waits for its DEL records, or their failure */
+        r[0] = h_status_int(l2, "io", "injected_faults");
+        for (int w = 0; w < 500 && !healthy(l2); w++)
+            usleep(10000);
+        r[1] = healthy(l2) && h_status_int(l2, "meta", "journal_recoveries") == 1;
+        r[2] = h_store(l2, "rb/jf", 20 + first, 10, 50000);
+        struct kvt_l2_usage u;
+        kvt_l2_usage(l2, &u);
+        r[3] = (int64_t)u.objects;
+        r[4] = h_status_int(l2, "slots", NULL) - h_status_int(l2, "free_slots", NULL) -
+               (int64_t)u.objects;
+        if (write(pfd[1], r, 5 * sizeof(*r)) != (ssize_t)(5 * sizeof(*r)))
+            _exit(4);
+        _exit(0); /* no close: the journal after the recovery checkpoint must replay */
+    }
+    close(pfd[1]);
+    TEST_ASSERT(read(pfd[0], r, 5 * sizeof(*r)) == (ssize_t)(5 * sizeof(*r)));
+    close(pfd[0]);
+    waitpid(pid, NULL, 0);
+    fprintf(stderr, "   faults %lld, recovered %lld, stored after %lld, objects %lld, leaked "
+                    "slots %lld\n",
+            (long long)r[0], (long long)r[1], (long long)r[2], (long long)r[3], (long long)r[4]);
+    TEST_ASSERT(r[0] == 1);  /* the fault really happened */
+    TEST_ASSERT(r[1] == 1);  /* healthy again, by one recovery checkpoint */
+    TEST_ASSERT(r[2] == 10); /* and it stores again */
+    TEST_ASSERT(r[4] == 0);  /* no slot lost with the records */
+}
+
+/* A journal write fails: its records are lost, the adapter refuses stores
+ * until a checkpoint replaces them, then stores again; a process death
+ * after that loses nothing acknowledged. First a block of PUTs fails (the
+ * second journal block), then, on a device holding objects, a block of
+ * DELs (their slots come back). */
+static void test_journal_write_error_recovers(void)
+{
+    make_dev(32 << 20);
+    int64_t r[5];
+    jfault_child(1, 0, 10, 0, r);
+    kvt_l2 *l2 = open_rb("");
+    struct kvt_l2_usage u;
+    kvt_l2_usage(l2, &u);
+    TEST_ASSERT((int64_t)u.objects == r[3]);
+    TEST_ASSERT(h_status_int(l2, "meta", "journal_offset") == 786432);
+    TEST_ASSERT(h_check(l2, "rb/jf", 20, 10, 50000) == 10);
+    /* of 0..9: what was acknowledged and not deleted (deletes are refused
+     * while the journal is down) */
+    TEST_ASSERT((int64_t)h_check(l2, "rb/jf", 0, 10, 50000) == r[3] - 10);
+    /* 10 known objects, and where the next journal block goes */
+    h_delete(l2, "rb/jf", 0, 30);
+    TEST_ASSERT(h_store(l2, "rb/jf", 100, 10, 50000) == 10);
+    h_close(l2);
+    l2 = open_rb("");
+    uint32_t pos = (uint32_t)h_status_int(l2, "meta", "journal_next_block");
+    h_close(l2); /* nothing since the final checkpoint: no write */
+    /* deletes go one by one, each waiting for its DEL record: the DEL of
+     * 100 is the block that fails, 101..103 are refused while it is down */
+    jfault_child(pos, 100, 0, 100, r);
+    TEST_ASSERT(r[3] == 9 + 10);
+    l2 = open_rb("");
+    kvt_l2_usage(l2, &u);
+    TEST_ASSERT(u.objects == 19);
+    TEST_ASSERT(h_check(l2, "rb/jf", 100, 1, 50000) == 0); /* the recovery checkpoint has its DEL */
+    TEST_ASSERT(h_check(l2, "rb/jf", 101, 9, 50000) == 9);
+    TEST_ASSERT(h_check(l2, "rb/jf", 120, 10, 50000) == 10);
+    TEST_ASSERT(h_status_int(l2, "slots", NULL) - h_status_int(l2, "free_slots", NULL) == 19);
+    h_close(l2);
+}
+
 static void test_damaged_slot_is_a_miss(void)
 {
     make_dev(16 << 20);
@@ -254,6 +348,7 @@ int main(void)
     RUN(test_round_trips);
     RUN(test_misaligned_buffer);
     RUN(test_acknowledged_survives_death);
+    RUN(test_journal_write_error_recovers);
     RUN(test_damaged_slot_is_a_miss);
     RUN(test_checkpoint_too_big);
     RUN(test_refusals);
