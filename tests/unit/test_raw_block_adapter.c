@@ -100,31 +100,51 @@ static void test_misaligned_buffer(void)
     h_close(l2);
 }
 
-/* Stores acknowledged by a process that then dies without closing. */
-static void test_acknowledged_survives_death(void)
+/* Fork a child that dies without closing its adapter and reports through a
+ * pipe (its exit status belongs to the sanitizers: a thread leak report at
+ * _exit is expected). Returns 0 in the child, *fd the write end; the pid in
+ * the parent, *fd the read end. */
+static pid_t fork_reporting(int *fd)
 {
-    make_dev(32 << 20);
-    /* the child reports through a pipe: its exit status belongs to the
-     * sanitizers (a thread leak report at _exit is expected here) */
     int pfd[2];
     TEST_ASSERT(pipe(pfd) == 0);
     pid_t pid = fork();
     TEST_ASSERT(pid >= 0);
+    close(pfd[pid == 0 ? 0 : 1]);
+    *fd = pfd[pid == 0 ? 1 : 0];
+    return pid;
+}
+
+/* In the child: send the report and die. */
+static void report_and_die(int fd, const void *r, size_t len)
+{
+    _exit(write(fd, r, len) == (ssize_t)len ? 0 : 4);
+}
+
+/* In the parent: the child's report, once it is gone. */
+static void collect_report(pid_t pid, int fd, void *r, size_t len)
+{
+    TEST_ASSERT(read(fd, r, len) == (ssize_t)len);
+    close(fd);
+    waitpid(pid, NULL, 0);
+}
+
+/* Stores acknowledged by a process that then dies without closing. */
+static void test_acknowledged_survives_death(void)
+{
+    make_dev(32 << 20);
+    int fd;
+    pid_t pid = fork_reporting(&fd);
     if (pid == 0) {
-        close(pfd[0]);
         kvt_l2 *l2 = open_rb(", \"meta_enable_periodic\": false");
         uint32_t ok = h_store(l2, "rb/crash", 0, 40, 50000);
         uint32_t del = h_delete(l2, "rb/crash", 0, 4);
         char r = ok == 40 && del == 4 ? 'y' : 'n';
-        if (write(pfd[1], &r, 1) != 1)
-            _exit(4);
-        _exit(0); /* no close: no final checkpoint */
+        report_and_die(fd, &r, 1); /* no close: no final checkpoint */
     }
-    close(pfd[1]);
     char r = 0;
-    TEST_ASSERT(read(pfd[0], &r, 1) == 1 && r == 'y');
-    close(pfd[0]);
-    waitpid(pid, NULL, 0);
+    collect_report(pid, fd, &r, 1);
+    TEST_ASSERT(r == 'y');
     kvt_l2 *l2 = open_rb("");
     struct kvt_l2_usage u;
     kvt_l2_usage(l2, &u);
@@ -147,12 +167,9 @@ static void test_acknowledged_survives_death(void)
 static void jfault_child(uint32_t pos, uint32_t first, uint32_t nstore, uint32_t del,
                          int64_t r[5])
 {
-    int pfd[2];
-    TEST_ASSERT(pipe(pfd) == 0);
-    pid_t pid = fork();
-    TEST_ASSERT(pid >= 0);
+    int fd;
+    pid_t pid = fork_reporting(&fd);
     if (pid == 0) {
-        close(pfd[0]);
         /* meta_total_bytes 1 MiB: two 384 KiB checkpoint copies, then the
          * journal at 786432, 64 blocks of 4096 */
         char f[160];
@@ -174,14 +191,10 @@ static void jfault_child(uint32_t pos, uint32_t first, uint32_t nstore, uint32_t
         r[3] = (int64_t)u.objects;
         r[4] = h_status_int(l2, "slots", NULL) - h_status_int(l2, "free_slots", NULL) -
                (int64_t)u.objects;
-        if (write(pfd[1], r, 5 * sizeof(*r)) != (ssize_t)(5 * sizeof(*r)))
-            _exit(4);
-        _exit(0); /* no close: the journal after the recovery checkpoint must replay */
+        /* no close: the journal after the recovery checkpoint must replay */
+        report_and_die(fd, r, 5 * sizeof(*r));
     }
-    close(pfd[1]);
-    TEST_ASSERT(read(pfd[0], r, 5 * sizeof(*r)) == (ssize_t)(5 * sizeof(*r)));
-    close(pfd[0]);
-    waitpid(pid, NULL, 0);
+    collect_report(pid, fd, r, 5 * sizeof(*r));
     fprintf(stderr, "   faults %lld, recovered %lld, stored after %lld, objects %lld, leaked "
                     "slots %lld\n",
             (long long)r[0], (long long)r[1], (long long)r[2], (long long)r[3], (long long)r[4]);
