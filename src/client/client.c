@@ -461,9 +461,10 @@ static int call_local(kvt_client *c, const char *op, const msgpack_sbuffer *body
      * cannot skip the bytes): refuse here, as ZeroMQ's path answers */
     for (size_t i = 0; i < nbufs; i++)
         if (lens[i] > UINT32_MAX || (c->max_object && lens[i] > c->max_object)) {
+            uint64_t lim = c->max_object && c->max_object < UINT32_MAX ? c->max_object : UINT32_MAX;
             rep_free(out);
-            return seterr(c, KVT_E_TOOBIG, "a payload of %zu bytes is over the server's limit of "
-                          "%llu bytes", lens[i], (unsigned long long)c->max_object);
+            return seterr(c, KVT_E_TOOBIG, "a payload of %zu bytes is over the limit of %llu bytes",
+                          lens[i], (unsigned long long)lim);
         }
     int rc = local_write(c, rid, op, body, bufs, lens, nbufs);
     uint64_t deadline = kvt_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;

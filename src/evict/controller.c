@@ -23,6 +23,8 @@ struct kvt_evictor {
 static void l2_cycle(kvt_l2 *l2)
 {
     kvt_l2_reap(l2); /* objects that failed verification, once unpinned */
+    if (!l2->policy)
+        return;
     if (l2->nquotas) /* namespaces over their quota first: they may free enough */
         kvt_l2_evict_quotas(l2, 256);
     struct kvt_l2_usage u;

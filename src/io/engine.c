@@ -74,13 +74,24 @@ static void fault_init(struct kvt_ioeng *e)
     }
 }
 
-/* Inside the configured window, and under the fault budget? */
-static bool fault_eligible(struct kvt_ioeng *e, const struct kvt_io *io)
+/* Inside the configured window? */
+static bool fault_in_window(const struct kvt_ioeng *e, const struct kvt_io *io)
 {
     uint64_t start = io->off - io->done;
-    if (start < e->fault_min_off || (e->fault_max_off && start >= e->fault_max_off))
-        return false;
-    return !e->fault_max || atomic_load_explicit(&e->faults, memory_order_relaxed) < e->fault_max;
+    return start >= e->fault_min_off && (!e->fault_max_off || start < e->fault_max_off);
+}
+
+/* Count one injected fault; false (nothing counted) when the max= budget is
+ * spent: concurrent completions cannot overshoot it. */
+static bool fault_take(struct kvt_ioeng *e)
+{
+    uint64_t n = atomic_load_explicit(&e->faults, memory_order_relaxed);
+    do {
+        if (e->fault_max && n >= e->fault_max)
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&e->faults, &n, n + 1, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    return true;
 }
 
 /* Deterministic for a seed: a hash of a per-engine counter. */
@@ -102,10 +113,9 @@ static bool fault_pick(struct kvt_ioeng *e, uint64_t *r)
 uint64_t kvt_ioeng_fault_short(struct kvt_ioeng *e, struct kvt_io *io, uint64_t r)
 {
     uint64_t x;
-    if (!e->f_short || r < 2 || io->op == KVT_IO_FSYNC || !fault_eligible(e, io) ||
-        !fault_pick(e, &x))
+    if (!e->f_short || r < 2 || io->op == KVT_IO_FSYNC || !fault_in_window(e, io) ||
+        !fault_pick(e, &x) || !fault_take(e))
         return r;
-    atomic_fetch_add_explicit(&e->faults, 1, memory_order_relaxed);
     return r / 2;
 }
 
@@ -114,7 +124,7 @@ static int fault_complete(struct kvt_ioeng *e, struct kvt_io *io, int res)
 {
     uint64_t x;
     if (res < 0 || io->op == KVT_IO_FSYNC || !(e->f_eio || e->f_enospc || e->f_torn) ||
-        !fault_eligible(e, io) || !fault_pick(e, &x))
+        !fault_in_window(e, io) || !fault_pick(e, &x))
         return res;
     int kinds[3], n = 0;
     if (e->f_eio)
@@ -123,9 +133,8 @@ static int fault_complete(struct kvt_ioeng *e, struct kvt_io *io, int res)
         kinds[n++] = 2;
     if (e->f_torn && io->op == KVT_IO_WRITE && io->len >= 2)
         kinds[n++] = 3;
-    if (!n)
+    if (!n || !fault_take(e))
         return res;
-    atomic_fetch_add_explicit(&e->faults, 1, memory_order_relaxed);
     switch (kinds[x % (uint64_t)n]) {
     case 1:
         return -EIO;

@@ -358,21 +358,25 @@ struct victims {
     struct kvt_l1 *l1;
     uint32_t hs[64];
     uint32_t n;
+    uint64_t want, pages; /* pages wanted, pages the victims hold */
 };
 
 static bool pick_victim(uint32_t h, void *arg)
 {
     struct victims *v = arg;
     struct l1_obj *o = obj(v->l1, h);
-    if (o->state == ST_READY && o->refs == 0)
+    if (o->state == ST_READY && o->refs == 0) {
         v->hs[v->n++] = h;
-    return v->n < KVT_ARRAY_LEN(v->hs);
+        v->pages += o->npages;
+    }
+    return v->n < KVT_ARRAY_LEN(v->hs) && v->pages < v->want; /* stop once enough */
 }
 
-/* Evict up to 64 unreferenced objects in policy order; returns pages freed. */
+/* Evict unreferenced objects in policy order until want_pages are freed (at
+ * most 64 per call); returns pages freed. */
 static uint64_t evict_batch_locked(struct kvt_l1 *l1, uint64_t want_pages)
 {
-    struct victims v = {.l1 = l1};
+    struct victims v = {.l1 = l1, .want = want_pages};
     l1->policy->ops->walk(l1->policy, pick_victim, &v);
     uint64_t freed = 0;
     for (uint32_t i = 0; i < v.n && freed < want_pages; i++) {

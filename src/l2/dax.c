@@ -601,7 +601,7 @@ int kvt_dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_da
     e->zombie = kvt_xcalloc(e->nslots, 1);
     rc = kvt_l2_base_init(l2, &dax_ops, spec, KVT_CODEC_OBJ, (uint64_t)e->nslots * e->slot_bytes);
     if (rc) {
-        snprintf(err, errcap, "eventfd: %s", strerror(-rc));
+        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
         goto fail;
     }
     l2->engine = e;

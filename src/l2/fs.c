@@ -636,7 +636,7 @@ int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_
 {
     int rc = kvt_l2_base_init(l2, &fs_ops, spec, KVT_CODEC_FS, o->max_capacity_bytes);
     if (rc) {
-        snprintf(err, errcap, "eventfd: %s", strerror(-rc));
+        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
         return rc;
     }
     struct fs_engine *e = kvt_xcalloc(1, sizeof(*e));

@@ -425,7 +425,7 @@ size_t kvt_l2_pop_done(kvt_l2 *l2, enum kvt_l2_kind kind, kvt_l2_task **out, siz
 static void reap_queue_locked(kvt_l2 *l2, uint32_t h)
 {
     struct kvt_l2_obj *o = &l2->idx.objs[h];
-    o->state = (uint8_t)((o->state & ST_TRACKED) | KVT_OBJ_DELETING);
+    o->state = (uint8_t)((o->state & (ST_TRACKED | ST_DOOMED)) | KVT_OBJ_DELETING);
     if (l2->nreap == l2->reap_cap) {
         l2->reap_cap = l2->reap_cap ? 2 * l2->reap_cap : 16;
         l2->reap_h = kvt_xrealloc(l2->reap_h, l2->reap_cap * sizeof(*l2->reap_h));
@@ -496,7 +496,11 @@ static uint64_t remove_marked(kvt_l2 *l2, uint32_t *hs, struct kvt_l2_obj *copie
             if (removed_bits && bit_of)
                 kvt_bm_set(removed_bits, bit_of[i]);
         } else {
-            o->state = (uint8_t)((o->state & ST_TRACKED) | KVT_OBJ_READY);
+            /* back to READY; a doomed one stays doomed (never pinned again)
+             * and is queued for the next reap */
+            o->state = (uint8_t)((o->state & (ST_TRACKED | ST_DOOMED)) | KVT_OBJ_READY);
+            if ((o->state & ST_DOOMED) && o->pins == 0)
+                reap_queue_locked(l2, hs[i]);
             char ks[400];
             kvt_warn("%s: could not remove %s: %s", l2->name,
                      kvt_key_str(&copies[i].key, ks, sizeof(ks)), kvt_strerror(rcs[i]));

@@ -324,7 +324,7 @@ int kvt_mock_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_m
 {
     int rc = kvt_l2_base_init(l2, &mock_ops, spec, KVT_CODEC_OBJ, o->max_size_bytes);
     if (rc) {
-        snprintf(err, errcap, "eventfd: %s", strerror(-rc));
+        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
         return rc;
     }
     struct mock_engine *m = kvt_xcalloc(1, sizeof(*m));

@@ -856,7 +856,7 @@ int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
 {
     int rc = kvt_l2_base_init(l2, &nd_ops, spec, KVT_CODEC_NIXL, o->max_capacity_bytes);
     if (rc) {
-        snprintf(err, errcap, "eventfd: %s", strerror(-rc));
+        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
         return rc;
     }
     struct nd_engine *e = kvt_xcalloc(1, sizeof(*e));

@@ -754,7 +754,7 @@ int kvt_nixl_store_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct
     }
     int rc = kvt_l2_base_init(l2, &ns_ops, spec, KVT_CODEC_OBJ, pages * o->page_size);
     if (rc) {
-        snprintf(err, errcap, "eventfd: %s", strerror(-rc));
+        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
         return rc;
     }
     l2->persist_enabled = false; /* volatile index, see the top comment */

@@ -270,7 +270,7 @@ static int plan_segments(kvt_l2 *l2, struct rb_engine *e, struct rb_op *op, uint
     uint64_t rest = len - direct;
     if (rest) {
         uint64_t padded = KVT_ALIGN_UP(rest, blk);
-        op->bounce = rb_xmemalign(blk, padded);
+        op->bounce = kvt_xmemalign(blk, padded);
         if (is_store)
             memcpy(op->bounce, user + direct, rest);
         seg[n++] = (struct iovec){op->bounce, padded};
@@ -325,7 +325,7 @@ static void store_prep(struct rb_op *op)
     }
     op->plen = (uint32_t)src->len;
     op->xxh3 = kvt_payload_hash(src->ptr, src->len);
-    op->hdr = rb_xmemalign(e->g.block, e->g.header_bytes);
+    op->hdr = kvt_xmemalign(e->g.block, e->g.header_bytes);
     kvt_objhdr_encode(op->hdr, KVT_OBJHDR_MIN, &ck, &t->meta[i], t->meta[i].serde, src->len,
                       op->xxh3);
     struct rb_trailer tr = {.slot = op->slot,
@@ -442,7 +442,7 @@ static void load_prep(struct rb_op *op)
         batch_op_done(b);
         return;
     }
-    op->hdr = rb_xmemalign(e->g.block, e->g.header_bytes);
+    op->hdr = kvt_xmemalign(e->g.block, e->g.header_bytes);
     struct iovec seg[3];
     int nseg = plan_segments(l2, e, op, dst->ptr, op->plen, false, seg);
     build_ios(e, op, KVT_IO_READ, rb_slot_off(&e->g, op->slot), seg, nseg, load_io_cb);
@@ -579,7 +579,7 @@ static int rb_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 /* Read each used slot's header area and drop entries that do not match. */
 static void verify_slots(kvt_l2 *l2, struct rb_engine *e)
 {
-    uint8_t *buf = rb_xmemalign(e->g.block, e->g.header_bytes);
+    uint8_t *buf = kvt_xmemalign(e->g.block, e->g.header_bytes);
     for (uint32_t s = 0; s < e->g.nslots && !atomic_load(&e->stop); s++) {
         struct rb_slot *sl = &e->slots[s];
         if (!sl->used)
@@ -949,7 +949,7 @@ int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
      * error at start, never a silent reformat */
     e->fresh = !o->load_checkpoint;
     if (o->load_checkpoint) {
-        uint8_t *blk = rb_xmemalign(e->g.block, e->g.block);
+        uint8_t *blk = kvt_xmemalign(e->g.block, e->g.block);
         int found = 0, proto = 0, bad = 0;
         struct rb_ckpt_hdr h;
         for (int c = 0; c < 2; c++) {
@@ -1010,7 +1010,7 @@ int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
     e->last_ckpt_ns = e->last_change_ns = kvt_now_ns();
     rc = kvt_l2_base_init(l2, &rb_ops, spec, KVT_CODEC_OBJ, (uint64_t)e->g.nslots * e->g.slot_bytes);
     if (rc) {
-        snprintf(err, errcap, "eventfd: %s", strerror(-rc));
+        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
         goto fail;
     }
     l2->engine = e;

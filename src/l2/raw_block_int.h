@@ -117,12 +117,6 @@ struct rb_engine {
     struct kvt_l2_drain drain; /* batches in flight */
 };
 
-/* Zeroed aligned buffer, aborts on OOM: kvt_xmemalign (the name raw_block.c uses). */
-static inline void *rb_xmemalign(size_t align, size_t n)
-{
-    return kvt_xmemalign(align, n);
-}
-
 /* ---- journal (raw_block_journal.c); "_locked": call with e->jlock held */
 void rb_jappend_locked(struct rb_engine *e, const struct rb_rec *r, struct rb_jw *w);
 void rb_jkick_locked(struct rb_engine *e);

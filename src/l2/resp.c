@@ -1069,7 +1069,7 @@ int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_r
 {
     int rc = kvt_l2_base_init(l2, &resp_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes);
     if (rc) {
-        snprintf(err, errcap, "eventfd: %s", strerror(-rc));
+        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
         return rc;
     }
     struct resp_engine *e = kvt_xcalloc(1, sizeof(*e));

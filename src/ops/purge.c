@@ -17,6 +17,15 @@ static bool ns_match(const struct kvt_purge_req *q, const char *ns)
     return q->what == KVT_PURGE_ALL || (ns && strcmp(ns, q->ns) == 0);
 }
 
+/* Does this purge look at the entry (an object of a selected namespace, or
+ * a tmp file)? The sweep and its progress total agree through it. */
+static bool selected(const struct kvt_purge_req *q, const struct kvt_entry *e)
+{
+    if (e->kind == KVT_ENT_OBJECT)
+        return q->what != KVT_PURGE_TMP && ns_match(q, e->ns);
+    return e->kind == KVT_ENT_TMP && q->what != KVT_PURGE_NAMESPACE;
+}
+
 void kvt_purge_l2_root(kvt_l2 *l2, char *out, size_t cap)
 {
     out[0] = 0;
@@ -129,7 +138,9 @@ static bool sweep_visit(const struct kvt_entry *e, void *arg)
     struct sweep_ctx *c = arg;
     struct kvt_purge_res *r = c->r;
     uint64_t sz = (uint64_t)e->st->st_size;
-    if (e->kind == KVT_ENT_OBJECT && c->q->what != KVT_PURGE_TMP && ns_match(c->q, e->ns)) {
+    if (!selected(c->q, e))
+        return true;
+    if (e->kind == KVT_ENT_OBJECT) {
         if (c->l2 && indexed(c->l2, &e->key))
             return true; /* the index decides about it (pinned, in flight) */
         if (c->count_only) {
@@ -141,7 +152,7 @@ static bool sweep_visit(const struct kvt_entry *e, void *arg)
             r->files_bytes += sz;
         }
         tick(c, r->files_bytes + r->tmp_bytes);
-    } else if (e->kind == KVT_ENT_TMP && c->q->what != KVT_PURGE_NAMESPACE) {
+    } else { /* a tmp file */
         enum kvt_tmp_verdict v = kvt_tmpguard_classify(&c->g, e->dfd, e->name, e->st, NULL);
         if (!kvt_tmp_removable(v)) {
             r->tmp_kept++;
@@ -169,8 +180,7 @@ static bool sweep_visit(const struct kvt_entry *e, void *arg)
 static bool total_visit(const struct kvt_entry *e, void *arg)
 {
     struct sweep_ctx *c = arg;
-    if ((e->kind == KVT_ENT_OBJECT && c->q->what != KVT_PURGE_TMP && ns_match(c->q, e->ns)) ||
-        (e->kind == KVT_ENT_TMP && c->q->what != KVT_PURGE_NAMESPACE))
+    if (selected(c->q, e))
         c->total++;
     return true;
 }

@@ -660,6 +660,16 @@ static void purge_job_fn(struct kvt_job *job, void *ctx)
     json_t *out = json_object(), *arr = json_array();
     bool more = false;
     int err = 0;
+    /* all or none: an adapter still scanning would refuse after others
+     * were purged, and that work would go unreported */
+    for (int a = 0; a < s->nl2; a++) {
+        if (!sel[a])
+            continue;
+        pthread_mutex_lock(&s->l2s[a]->lock);
+        if (s->l2s[a]->recovering)
+            err = -EBUSY;
+        pthread_mutex_unlock(&s->l2s[a]->lock);
+    }
     for (int a = 0; a < s->nl2 && !err; a++) {
         if (!sel[a])
             continue;

@@ -74,12 +74,16 @@ class Server:
                 return self
             try:
                 self.wait_ready()
+                self.started = True
                 return self
             except RuntimeError:
                 if attempt == 4 or self.proc.poll() is None or \
                         "Address already in use" not in self.read_log()[self.log_start:]:
                     raise
             self.log.close()
+            if getattr(self, "started", False):
+                time.sleep(0.5)  # a restart keeps its URL: clients hold it
+                continue
             self.port = free_port()
             self.http_port = free_port() if self.http_port else 0
             self.url = "tcp://127.0.0.1:%d" % self.port

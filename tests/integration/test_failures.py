@@ -55,6 +55,18 @@ def faulty_round(c, model, rng, model_name, n, max_units, unit):
         model.check(keys[:len(got)], got)
 
 
+def retrieve_each(c, model, model_name):
+    """Retrieve every key the model knows, one at a time, checking every
+    byte that comes back; returns how many came back."""
+    found = 0
+    for h in list(model.digests):
+        keys = kvtier.Keys(model_name, [h])
+        got = c.retrieve(keys)
+        model.check(keys, got)
+        found += len(got)
+    return found
+
+
 def run_load(url, model, stop, rng, errors):
     """Mixed store / flush / lookup / retrieve until stop or the server dies."""
     try:
@@ -370,20 +382,13 @@ def test_engine_injected_faults(make_server, tmp_path, label):
     assert failed > 0
     with s.client() as c:
         c.ping()
-        found = 0
-        for h in list(model.digests):
-            keys = kvtier.Keys("eng", [h])
-            got = c.retrieve(keys)
-            model.check(keys, got)
-            found += len(got)
+        found = retrieve_each(c, model, "eng")
         a = c.status()["l2"][0]
         if label.startswith("raw_block") and not a["is_healthy"]:
             assert "journal write failed" in a["health"], a["health"]
-        elif fences == 0:
-            # faults hit one transfer in ten: most objects must come back
-            # (a run where nothing is returned would prove nothing; while a
-            # journal error stopped stores, the ones refused cannot come back)
-            assert found >= len(model.digests) // 2, (found, len(model.digests))
+        # faults hit one transfer in ten: most acknowledged objects must come
+        # back (a run where nothing is returned would prove nothing)
+        assert found >= a["counters"]["store_ok"] // 2 > 0, (found, a["counters"])
     assert s.proc.poll() is None
     s.kill()
     s.env = None
@@ -391,19 +396,14 @@ def test_engine_injected_faults(make_server, tmp_path, label):
     s.wait_recovered()
     with s.client() as c:
         recovered = c.status()["l2"][0]["objects"]
-        found = 0
-        for h in list(model.digests):
-            keys = kvtier.Keys("eng", [h])
-            got = c.retrieve(keys)
-            model.check(keys, got)
-            found += len(got)
+        found = retrieve_each(c, model, "eng")
         a = c.status()["l2"][0]
         assert a["is_healthy"], a["health"]
         # every recovered object is served intact, or (a torn payload that
         # was acknowledged) detected and counted as corrupt: never wrong
         # (and then removed: at once by file engines, once unpinned by slot engines)
         assert found + a["counters"]["corrupt"] == recovered, (found, a["counters"], recovered)
-        assert found >= recovered // 2, (found, recovered)
+        assert recovered > 0 and found >= recovered // 2, (found, recovered)
         # without faults the adapter stores and serves again
         hashes = [rng.randbytes(32) for _ in range(6)]
         pays = [rng.randbytes(20 * 1024) for _ in range(6)]

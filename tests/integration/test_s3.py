@@ -421,6 +421,7 @@ def test_delete_removes_objects(make_server, s3):
     s = make_server(["--l2-adapter", s3_json(s3, s3_num_io_threads=8)])
     keys = keys_for("del", 40)
     pay = random_payloads(40, 10 * KiB, seed=12)
+    s.wait_recovered()  # the start-up listing done: it cannot overlap a PUT
     with s.client() as c:
         for i in range(40):  # one PUT at a time
             assert c.store(keys[i:i + 1], pay[i:i + 1]) == 1

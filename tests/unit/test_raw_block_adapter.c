@@ -182,7 +182,7 @@ static void jfault_child(uint32_t pos, uint32_t first, uint32_t nstore, uint32_t
             h_store(l2, "rb/jf", first, nstore, 50000);
         h_delete(l2, "rb/jf", del, 4); /* waits for its DEL records, or their failure */
         r[0] = h_status_int(l2, "io", "injected_faults");
-        for (int w = 0; w < 500 && !healthy(l2); w++)
+        for (int w = 0; w < 3000 && !healthy(l2); w++) /* 30 s: sanitizer builds */
             usleep(10000);
         r[1] = healthy(l2) && h_status_int(l2, "meta", "journal_recoveries") == 1;
         r[2] = h_store(l2, "rb/jf", 20 + first, 10, 50000);
@@ -212,7 +212,7 @@ static void jfault_child(uint32_t pos, uint32_t first, uint32_t nstore, uint32_t
 static void test_journal_write_error_recovers(void)
 {
     make_dev(32 << 20);
-    int64_t r[5];
+    int64_t r[5] = {-1, -1, -1, -1, -1};
     jfault_child(1, 0, 10, 0, r);
     kvt_l2 *l2 = open_rb("");
     struct kvt_l2_usage u;
