@@ -372,3 +372,31 @@ def test_key_limits_are_bytes_and_errors_name_the_limit(server):
     assert "max_name_bytes" in msg and "241 bytes" in msg, msg
     msg = err("%" * 51)
     assert "max_name_bytes" in msg and "243 bytes" in msg, msg
+
+
+# ------------------------------------------------------- files of earlier versions
+
+LEGACY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "legacy_names")
+LEGACY_MODELS = [("meta-llama/Llama-3-8B", "", 0, 0),
+                 ("/models/My_Model/v1", "tenant-1", kvtier.kv_rank(4, 1, 2, 1), 3)]
+
+
+@pytest.mark.parametrize("kind,sub", [("fs", "fs"), ("nixl_store_dynamic", "nd")])
+def test_files_written_before_the_change_are_recovered(make_server, tmp_path, kind, sub):
+    """tests/data/legacy_names holds files the kvtier before this change wrote
+    (fs and nixl_store_dynamic, models with '/', '-' and '_', a salt, a
+    kv_rank and a group): the new codec decodes their names to the same keys,
+    so a server started on them recovers and serves every one."""
+    spec, _ = adapter_spec(kind, tmp_path, None)
+    d = tmp_path / sub
+    shutil.copytree(os.path.join(LEGACY, sub), d)
+    s = make_server(["--l2-adapter", spec])
+    st = s.wait_recovered()["l2"][0]
+    assert st["recovery"]["objects"] == 4
+    with s.client() as c:
+        for i, (m, salt, rank, group) in enumerate(LEGACY_MODELS):
+            toks = list(range(i * 100, i * 100 + 32))
+            ks = kvtier.chunk_keys(m, toks, chunk_size=16, kv_rank=rank, group=group, salt=salt)
+            want = [("legacy %s %d " % (m, j)).encode() * 20 for j in range(len(ks))]
+            assert c.retrieve(ks) == want, m
+    assert sorted(os.listdir(d)) == sorted(os.listdir(os.path.join(LEGACY, sub)))
