@@ -59,8 +59,8 @@ int kvt_objhdr_encode(void *buf, uint16_t hdr_len, const kvt_key *key, const kvt
  * header checksum, bad key fields). */
 int kvt_objhdr_decode(const void *buf, size_t len, struct kvt_objhdr *h, const char **why);
 
-/* Does the header's key name the same object as want (compared in the
- * codec's canonical form)? */
+/* Is the header's key exactly want (same model and salt bytes, kv_rank,
+ * group and hash)? */
 int kvt_objhdr_matches(const struct kvt_objhdr *h, enum kvt_codec codec, const kvt_key *want);
 
 uint64_t kvt_payload_hash(const void *p, size_t n);

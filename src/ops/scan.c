@@ -32,7 +32,8 @@ bool kvt_object_key(const char *name, kvt_key *k, const char **ns)
         return false;
     if (kvt_key_decode(KVT_CODEC_NIXL, name, len, k))
         return false;
-    /* the on-disk prefix: the model with '/' -> "--", as the codec wrote it */
+    /* the on-disk prefix exactly as the codec wrote it (decode accepts only
+     * canonical names, and namespace names are injective: key.h) */
     *ns = kvt_ns_name(k->ns);
     return (*ns)[0] != 0;
 }

@@ -6,7 +6,7 @@
  *
  * Namespaces are the file-name prefix of an object name
  *   {namespace}_{kv_rank:08x}_{group:x}_{chunk hex}[@salt].bin
- * i.e. the sanitized model (kvt_ns_name) exactly as on disk.
+ * i.e. the escaped model (kvt_ns_name, key.h) exactly as on disk.
  *
  * Nothing here follows a symbolic link: entries are lstat'ed, directories
  * opened with O_NOFOLLOW, and only regular files are reported as objects or

@@ -67,7 +67,7 @@ static void h_hello(struct kvt_server *s, struct request *q)
     }
     msgpack_packer *pk = &r->pk;
     const char *local = kvt_local_name(s);
-    msgpack_pack_map(pk, local ? 9 : 7);
+    msgpack_pack_map(pk, local ? 12 : 10);
     if (local) {
         kvt_mp_str0(pk, "local");
         kvt_mp_str0(pk, local);
@@ -84,6 +84,13 @@ static void h_hello(struct kvt_server *s, struct request *q)
     msgpack_pack_uint64(pk, s->cfg->max_object_bytes);
     kvt_mp_str0(pk, "max_batch");
     msgpack_pack_uint32(pk, KVT_MAX_BATCH);
+    /* key limits in bytes (docs/protocol.md "Keys"; key.h) */
+    kvt_mp_str0(pk, "max_model_bytes");
+    msgpack_pack_uint32(pk, KVT_MODEL_MAX);
+    kvt_mp_str0(pk, "max_salt_bytes");
+    msgpack_pack_uint32(pk, KVT_SALT_MAX);
+    kvt_mp_str0(pk, "max_name_bytes");
+    msgpack_pack_uint32(pk, KVT_NAME_MAX);
     kvt_mp_str0(pk, "l2_adapters");
     msgpack_pack_int(pk, s->nl2);
     kvt_mp_str0(pk, "shm");
