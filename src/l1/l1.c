@@ -910,7 +910,7 @@ int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
     return committed;
 }
 
-/* A lease ends without its holder (expiry, closed connection). */
+/* A lease ends without its holder (expiry). */
 static void lease_abandon_locked(struct kvt_l1 *l1, struct lease *L)
 {
     int k = L->kind;
@@ -945,20 +945,6 @@ uint32_t kvt_l1_expire(struct kvt_l1 *l1)
     pthread_mutex_unlock(&l1->lock);
     if (n)
         kvt_info("L1: %u lease(s) expired; their memory is quarantined for one TTL", n);
-    return n;
-}
-
-uint32_t kvt_l1_lease_drop_owner(struct kvt_l1 *l1, const struct kvt_l1_owner *owner)
-{
-    uint32_t n = 0;
-    pthread_mutex_lock(&l1->lock);
-    if (l1->live_leases[0] + l1->live_leases[1])
-        for (uint32_t s = 0; s < l1->nleases_used; s++)
-            if (l1->leases[s].id && owner_eq(&l1->leases[s], owner)) {
-                lease_abandon_locked(l1, &l1->leases[s]);
-                n++;
-            }
-    pthread_mutex_unlock(&l1->lock);
     return n;
 }
 

@@ -177,9 +177,6 @@ int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
  * KVT_E_LEASE_OWNER or KVT_E_LEASE_KEYS (the keys differ). */
 int kvt_l1_lease_take(struct kvt_l1 *l1, uint64_t id, const struct kvt_l1_owner *owner,
                       const kvt_key *keys, uint32_t n, struct kvt_l1_ref *refs);
-/* End every lease of owner as if it expired (its connection closed).
- * Returns how many. */
-uint32_t kvt_l1_lease_drop_owner(struct kvt_l1 *l1, const struct kvt_l1_owner *owner);
 /* Expire leases whose TTL passed; returns how many. */
 uint32_t kvt_l1_expire(struct kvt_l1 *l1);
 

@@ -106,12 +106,6 @@ static void out_free(struct kvt_server *s, struct out *o)
 static void conn_close(struct kvt_server *s, struct lconn *c)
 {
     struct kvt_local *L = s->local;
-    /* leases are bound to the connection: none can be used after it, so its
-     * locks and reservations end now rather than at their TTL (a client that
-     * reconnects retries with a fresh lookup or prepare) */
-    uint8_t ident[9] = {0};
-    memcpy(ident + 1, &c->id, 8);
-    kvt_l1_lease_drop_owner(s->l1, &(struct kvt_l1_owner){ident, sizeof(ident)});
     epoll_ctl(L->ep, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     struct lconn **pp = &L->byid[c->id % HBUCKETS];
