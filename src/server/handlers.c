@@ -40,6 +40,24 @@ static void pack_meta(msgpack_packer *pk, const kvt_objmeta *m)
         msgpack_pack_uint32(pk, m->shape[d]);
 }
 
+/* Leases belong to the connection that took them: its routing id. */
+static struct kvt_l1_owner owner_of(struct reply *r)
+{
+    return (struct kvt_l1_owner){zmq_msg_data(&r->ident), (uint32_t)zmq_msg_size(&r->ident)};
+}
+
+/* The error reply for a lease that cannot be used as named (nothing of it
+ * changed): another connection's, or a retrieve of other keys. */
+static void lease_refused(struct reply *r, int rc, uint64_t lease)
+{
+    if (rc == KVT_E_LEASE_OWNER)
+        kvt_reply_error(r, rc, "lease %llu belongs to another connection",
+                        (unsigned long long)lease);
+    else
+        kvt_reply_error(r, rc, "lease %llu covers other keys than this request's",
+                        (unsigned long long)lease);
+}
+
 static int get_keys(struct request *q, kvt_key **keys, uint32_t *n)
 {
     const char *why = "invalid keys";
@@ -54,15 +72,21 @@ static int get_keys(struct request *q, kvt_key **keys, uint32_t *n)
 static void h_hello(struct kvt_server *s, struct request *q)
 {
     struct reply *r = q->r;
-    uint64_t v = KVT_PROTO_VERSION;
-    const char *why;
-    if (kvt_mp_u64(&q->body, "version", false, &v, &why)) {
-        kvt_reply_error(r, KVT_E_BADREQ, "%s", why);
+    /* version is required; any integer other than ours (negative too) is a
+     * version mismatch, anything else a malformed hello */
+    const msgpack_object *ver = kvt_mp_get(&q->body, "version");
+    if (!ver || (ver->type != MSGPACK_OBJECT_POSITIVE_INTEGER &&
+                 ver->type != MSGPACK_OBJECT_NEGATIVE_INTEGER)) {
+        kvt_reply_error(r, KVT_E_BADREQ, "hello needs {version: %d} (an integer)",
+                        KVT_PROTO_VERSION);
         return;
     }
-    if (v != KVT_PROTO_VERSION) {
-        kvt_reply_error(r, KVT_E_PROTO, "client speaks protocol %llu, server speaks %d",
-                        (unsigned long long)v, KVT_PROTO_VERSION);
+    if (ver->type == MSGPACK_OBJECT_NEGATIVE_INTEGER || ver->via.u64 != KVT_PROTO_VERSION) {
+        kvt_reply_error(r, KVT_E_PROTO, "client speaks protocol %lld, server speaks %d",
+                        ver->type == MSGPACK_OBJECT_NEGATIVE_INTEGER
+                            ? (long long)ver->via.i64
+                            : (long long)KVT_MIN(ver->via.u64, (uint64_t)INT64_MAX),
+                        KVT_PROTO_VERSION);
         return;
     }
     msgpack_packer *pk = &r->pk;
@@ -313,7 +337,8 @@ static void finish_fetch(struct fetch *f, uint32_t total, bool on_rpc)
         r->nframes = total;
         f->refs = NULL;
     } else {
-        uint64_t lease = total ? kvt_l1_lease_new(s->l1, KVT_LEASE_READ, hs, total) : 0;
+        struct kvt_l1_owner ow = owner_of(r);
+        uint64_t lease = total ? kvt_l1_lease_new(s->l1, KVT_LEASE_READ, hs, total, &ow) : 0;
         if (f->op == OP_LOOKUP) {
             msgpack_pack_map(pk, 2);
             kvt_mp_str0(pk, "hits");
@@ -352,23 +377,15 @@ static void on_prefetched(void *arg, uint32_t k, struct kvt_l1_ref *refs)
     finish_fetch(f, f->m + k, false);
 }
 
-/* Serve the request's keys from a lease taken by an earlier lookup: the
- * handles must still hold the same keys. Returns how many were referenced,
- * or -1 when the lease is gone (then the caller looks up again). */
+/* Serve the request's keys from a lease taken by an earlier lookup of this
+ * connection: the first keys must be the lease's. Returns how many were
+ * referenced, KVT_E_EXPIRED when the lease is gone (then the caller looks up
+ * again), or the refusal (another connection's lease, other keys: the lease
+ * is left as it was). */
 static int from_lease(struct kvt_server *s, uint64_t lease, struct fetch *f)
 {
-    uint32_t *hs = kvt_xmalloc((f->n ? f->n : 1) * sizeof(uint32_t));
-    int nl = kvt_l1_lease_handles(s->l1, lease, KVT_LEASE_READ, hs, f->n);
-    if (nl < 0) {
-        free(hs);
-        return -1;
-    }
-    uint32_t k = 0, lim = KVT_MIN((uint32_t)nl, f->n);
-    while (k < lim && kvt_l1_get_handle(s->l1, hs[k], &f->keys[k], &f->refs[k]) == 0)
-        k++;
-    kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, NULL, NULL, 0);
-    free(hs);
-    return (int)k;
+    struct kvt_l1_owner ow = owner_of(f->r);
+    return kvt_l1_lease_take(s->l1, lease, &ow, f->keys, f->n, f->refs);
 }
 
 static void h_fetch(struct kvt_server *s, struct request *q, enum kvt_op op)
@@ -383,15 +400,30 @@ static void h_fetch(struct kvt_server *s, struct request *q, enum kvt_op op)
     f->refs = kvt_xcalloc(f->n ? f->n : 1, sizeof(*f->refs));
     uint64_t lease = 0, release = 0;
     const char *why;
-    /* a lookup may release the client's previous, unused read lease */
-    if (op == OP_LOOKUP && kvt_mp_u64(&q->body, "release", false, &release, &why) == 0 && release)
-        kvt_l1_lease_end(s->l1, release, KVT_LEASE_READ, NULL, NULL, 0);
-    if (op != OP_LOOKUP && kvt_mp_u64(&q->body, "lease", false, &lease, &why)) {
+    int rc = 0;
+    if (op == OP_LOOKUP)
+        rc = kvt_mp_u64(&q->body, "release", false, &release, &why);
+    else
+        rc = kvt_mp_u64(&q->body, "lease", false, &lease, &why);
+    if (rc) {
         kvt_reply_error(q->r, KVT_E_BADREQ, "%s", why);
         free(f->keys);
         free(f->refs);
         free(f);
         return;
+    }
+    /* a lookup may release the client's previous, unused read lease (one
+     * that expired meanwhile is no error; another connection's is) */
+    if (release) {
+        struct kvt_l1_owner ow = owner_of(q->r);
+        rc = kvt_l1_lease_end(s->l1, release, KVT_LEASE_READ, &ow, NULL, NULL, 0);
+        if (rc == KVT_E_LEASE_OWNER) {
+            lease_refused(q->r, rc, release);
+            free(f->keys);
+            free(f->refs);
+            free(f);
+            return;
+        }
     }
     f->r = q->r;
     q->r = NULL;
@@ -399,6 +431,14 @@ static void h_fetch(struct kvt_server *s, struct request *q, enum kvt_op op)
         int k = from_lease(s, lease, f);
         if (k >= 0) {
             finish_fetch(f, (uint32_t)k, true);
+            return;
+        }
+        if (k != KVT_E_EXPIRED) {
+            q->r = f->r; /* answered by kvt_handle */
+            lease_refused(q->r, k, lease);
+            free(f->keys);
+            free(f->refs);
+            free(f);
             return;
         }
     }
@@ -418,7 +458,12 @@ static void h_free_locks(struct kvt_server *s, struct request *q)
         kvt_reply_error(q->r, KVT_E_BADREQ, "%s", why);
         return;
     }
-    int rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, NULL, NULL, 0);
+    struct kvt_l1_owner ow = owner_of(q->r);
+    int rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, &ow, NULL, NULL, 0);
+    if (rc == KVT_E_LEASE_OWNER) {
+        lease_refused(q->r, rc, lease);
+        return;
+    }
     msgpack_pack_map(&q->r->pk, 1);
     kvt_mp_str0(&q->r->pk, "released");
     if (rc < 0)
@@ -435,7 +480,12 @@ static void h_commit_retrieve(struct kvt_server *s, struct request *q)
         kvt_reply_error(q->r, KVT_E_BADREQ, "%s", why);
         return;
     }
-    int rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, NULL, NULL, 0);
+    struct kvt_l1_owner ow = owner_of(q->r);
+    int rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, &ow, NULL, NULL, 0);
+    if (rc == KVT_E_LEASE_OWNER) {
+        lease_refused(q->r, rc, lease);
+        return;
+    }
     if (rc < 0) {
         kvt_reply_error(q->r, KVT_E_EXPIRED,
                         "read lease %llu expired or unknown: discard what was read",
@@ -495,7 +545,8 @@ static void h_prepare_store(struct kvt_server *s, struct request *q)
             codes[i] = rc == -EEXIST ? 0 : rc; /* present: nothing to write */
         }
     }
-    uint64_t lease = k ? kvt_l1_lease_new(s->l1, KVT_LEASE_WRITE, hs, k) : 0;
+    struct kvt_l1_owner ow = owner_of(q->r);
+    uint64_t lease = k ? kvt_l1_lease_new(s->l1, KVT_LEASE_WRITE, hs, k, &ow) : 0;
     msgpack_packer *pk = &q->r->pk;
     msgpack_pack_map(pk, 4);
     kvt_mp_str0(pk, "pool"); /* offsets are only meaningful in this pool */
@@ -525,7 +576,12 @@ static void h_commit_store(struct kvt_server *s, struct request *q)
         return;
     }
     const msgpack_object *w = kvt_mp_get(&q->body, "written");
-    int nl = kvt_l1_lease_handles(s->l1, lease, KVT_LEASE_WRITE, NULL, 0);
+    struct kvt_l1_owner ow = owner_of(q->r);
+    int nl = kvt_l1_lease_handles(s->l1, lease, KVT_LEASE_WRITE, &ow, NULL, 0);
+    if (nl == KVT_E_LEASE_OWNER) {
+        lease_refused(q->r, nl, lease);
+        return;
+    }
     if (nl < 0) {
         kvt_reply_error(q->r, KVT_E_EXPIRED,
                         "write lease %llu expired or unknown: nothing was stored",
@@ -544,7 +600,7 @@ static void h_commit_store(struct kvt_server *s, struct request *q)
         memcpy(bits, w->via.bin.ptr, KVT_MIN(w->via.bin.size, kvt_bm_words(total) * 8));
     }
     uint32_t *keep = kvt_xmalloc((total ? total : 1) * sizeof(uint32_t));
-    int committed = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_WRITE, bits, keep, total);
+    int committed = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_WRITE, &ow, bits, keep, total);
     free(bits);
     if (committed < 0) {
         free(keep);
@@ -589,17 +645,32 @@ static void delete_job_fn(struct kvt_job *job, void *ctx)
     (void)ctx;
     struct delete_job *j = (struct delete_job *)job;
     struct kvt_server *s = j->s;
-    uint32_t l1n = 0;
-    for (uint32_t i = 0; i < j->n; i++)
-        l1n += kvt_l1_delete(s->l1, &j->keys[i]);
+    uint32_t l1n = 0, nskip = 0, k = 0;
+    uint32_t *skipped = kvt_xmalloc((j->n ? j->n : 1) * sizeof(uint32_t));
+    /* a key read-locked by a lease (lookup -> retrieve) is skipped in every
+     * tier: it stays whole and the reply names it */
+    for (uint32_t i = 0; i < j->n; i++) {
+        int rc = kvt_l1_delete_unleased(s->l1, &j->keys[i]);
+        if (rc < 0) {
+            skipped[nskip++] = i;
+            continue;
+        }
+        l1n += (uint32_t)rc;
+        j->keys[k++] = j->keys[i];
+    }
     msgpack_packer *pk = &j->r->pk;
-    msgpack_pack_map(pk, 2);
+    msgpack_pack_map(pk, 3);
     kvt_mp_str0(pk, "removed_l1");
     msgpack_pack_uint32(pk, l1n);
     kvt_mp_str0(pk, "removed_l2");
     msgpack_pack_array(pk, s->nl2);
     for (int a = 0; a < s->nl2; a++)
-        msgpack_pack_uint32(pk, kvt_l2_delete(s->l2s[a], j->keys, j->n, NULL));
+        msgpack_pack_uint32(pk, kvt_l2_delete(s->l2s[a], j->keys, k, NULL));
+    kvt_mp_str0(pk, "skipped");
+    msgpack_pack_array(pk, nskip);
+    for (uint32_t i = 0; i < nskip; i++)
+        msgpack_pack_uint32(pk, skipped[i]);
+    free(skipped);
     kvt_reply_post(s, j->r);
     free(j->keys);
     free(j);

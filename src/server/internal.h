@@ -60,7 +60,8 @@ struct op_stats {
 struct reply {
     struct reply *next;
     zmq_msg_t ident;
-    uint8_t rid[KVT_MAX_RID];
+    uint8_t *rid; /* the request id as it came: rid_buf, or malloc'd when longer */
+    uint8_t rid_buf[KVT_MAX_RID];
     size_t rid_len;
     int32_t status;
     msgpack_sbuffer body;
@@ -76,6 +77,24 @@ struct flush_wait {
     uint64_t seq;
     struct reply *r;
 };
+
+/* One connection (ZeroMQ routing id or same-host socket) with a request in
+ * flight or queued: its requests run one at a time, in arrival order. */
+struct pending_msg {
+    struct pending_msg *next;
+    zmq_msg_t *parts; /* parts[0] = routing id */
+    uint32_t n;
+    bool truncated;
+};
+struct conn_order {
+    struct conn_order *hnext, *rnext; /* ident hash chain; ready list */
+    struct pending_msg *qh, *qt;
+    bool busy;     /* a request was dispatched and its reply is not sent yet */
+    bool on_ready; /* on the ready list */
+    uint32_t idlen;
+    uint8_t id[];
+};
+#define KVT_ORDER_BUCKETS 1024
 
 struct kvt_server {
     struct kvt_server_cfg *cfg;
@@ -93,6 +112,9 @@ struct kvt_server {
     int reply_efd, progress_efd, sig_fd;
 
     struct flush_wait *fw_head, *fw_tail; /* rpc thread only */
+    /* per-connection request order (server.c), rpc thread only */
+    struct conn_order *order[KVT_ORDER_BUCKETS];
+    struct conn_order *ready_head, *ready_tail, *dispatching;
 
     struct op_stats ops[OP_COUNT];
     _Atomic uint64_t bytes_in, bytes_out, bad_requests;
@@ -114,8 +136,11 @@ void kvt_reply_send(struct kvt_server *s, struct reply *r);
 void kvt_reply_post(struct kvt_server *s, struct reply *r);
 void kvt_reply_free(struct reply *r);
 
-/* server.c: one whole message (parts[0] = routing id), from ZeroMQ or local */
-void kvt_handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated);
+/* server.c: one whole message (parts[0] = routing id), from ZeroMQ or local.
+ * Queued behind the connection's earlier requests; takes the parts and the
+ * parts array (malloc'd). Dispatched by kvt_run_ready (rpc loop). */
+void kvt_dispatch_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated);
+void kvt_run_ready(struct kvt_server *s);
 
 /* local.c: the same-host transport */
 struct kvt_local;
