@@ -46,7 +46,10 @@ def main():
     a = ap.parse_args()
 
     c = kvtier.Client(a.url)
-    c0 = kvtier.Client(a.url, keep_buffers=0)
+    try:
+        c0 = kvtier.Client(a.url, keep_buffers=0)
+    except TypeError:  # a client from before keep_buffers (to measure it)
+        c0 = kvtier.Client(a.url)
     if not c.shm_active:
         sys.exit("bench_py_client: the shared-memory path is not available (same host?)")
     base = os.urandom(a.size)

@@ -58,7 +58,7 @@ typedef struct kvt_client_opts {
     int timeout_ms;         /* per request; 0 = 30000 */
     bool no_shm;            /* never use the shared-memory path */
     bool no_local;          /* never use the same-host socket (always ZeroMQ) */
-    int connect_timeout_ms; /* kvt_client_open's connect and hello; 0 = 2000 */
+    int connect_timeout_ms; /* kvt_client_open's connect and hello (at most timeout_ms); 0 = 2000 */
 } kvt_client_opts;
 
 /* Connect and exchange "hello". opts may be NULL. url: tcp://host:port or

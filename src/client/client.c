@@ -228,7 +228,7 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
     /* kvt_client_open's hello has a short timeout of its own, and when no
      * reply came within 50 ms, a probe tells "nobody listens there" (ZeroMQ
      * would keep reconnecting silently) from "a server that is slow" */
-    int tmo = c->opening ? c->connect_timeout_ms : c->timeout_ms;
+    int tmo = c->opening ? KVT_MIN(c->connect_timeout_ms, c->timeout_ms) : c->timeout_ms;
     uint64_t start = kvt_now_ns(), deadline = start + (uint64_t)tmo * 1000000ull;
     uint64_t probe_at = c->opening ? start + (uint64_t)KVT_MIN(50, tmo) * 1000000ull : UINT64_MAX;
     for (;;) {
