@@ -55,13 +55,22 @@ typedef struct kvt_meta {
 } kvt_meta;
 
 typedef struct kvt_client_opts {
-    int timeout_ms; /* per request; 0 = 30000 */
-    bool no_shm;    /* never use the shared-memory path */
-    bool no_local;  /* never use the same-host socket (always ZeroMQ) */
+    int timeout_ms;         /* per request; 0 = 30000 */
+    bool no_shm;            /* never use the shared-memory path */
+    bool no_local;          /* never use the same-host socket (always ZeroMQ) */
+    int connect_timeout_ms; /* kvt_client_open's connect and hello (at most timeout_ms); 0 = 2000 */
 } kvt_client_opts;
 
-/* Connect and exchange "hello". opts may be NULL. */
+/* Connect and exchange "hello". opts may be NULL. url: tcp://host:port or
+ * ipc:///path (ipc://@name: abstract); anything else is -EINVAL at once.
+ * Nobody listening at url (refused, no socket file) fails within about
+ * 50 ms with -ECONNREFUSED / -ENOENT; a host that does not answer the
+ * connection attempt, or a listener that does not answer hello, fails with
+ * KVT_E_TIMEOUT after opts->connect_timeout_ms. After a failure,
+ * kvt_client_open_error() says why (as does stderr). */
 int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **out);
+/* The message of this thread's last failed kvt_client_open ("" if none). */
+const char *kvt_client_open_error(void);
 void kvt_client_close(kvt_client *c);
 const char *kvt_client_last_error(const kvt_client *c);
 bool kvt_client_shm_active(const kvt_client *c);

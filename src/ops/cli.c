@@ -1,5 +1,6 @@
 /* Operator command helpers (see cli.h). */
 #include "ops/cli.h"
+#include "common/url.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -40,6 +41,12 @@ int kvt_cli_target(const char *cmd, const char *config, const char *root, const 
     snprintf(t->url, sizeof(t->url), "%s",
              url ? url : t->have_cfg ? t->cfg.url : KVT_DEFAULT_URL);
     t->url_given = url || (t->have_cfg && t->cfg.url_set);
+    char uerr[400];
+    if (kvt_url_check(t->url, uerr, sizeof(uerr))) {
+        fprintf(stderr, "kvtier %s: %s: %s\n", cmd, url ? "--url" : "KVP_SERVER_URL", uerr);
+        kvt_cli_target_free(t);
+        return 2;
+    }
     const char *want = root ? root : t->have_cfg ? t->cfg.root : NULL;
     if (!want) {
         if (!need_root)
@@ -50,7 +57,13 @@ int kvt_cli_target(const char *cmd, const char *config, const char *root, const 
         return 2;
     }
     if (!realpath(want, t->root)) {
-        fprintf(stderr, "kvtier %s: cache root %s: %s\n", cmd, want, strerror(errno));
+        if (errno == ENOENT && !root) /* a fresh machine: no server created it yet */
+            fprintf(stderr, "kvtier %s: the cache root %s (KVP_CACHE_ROOT of %s) does not exist "
+                            "yet: nothing has been stored there. A server started with this "
+                            "config creates it (kvtier server --config %s).\n",
+                    cmd, want, config, config);
+        else
+            fprintf(stderr, "kvtier %s: cache root %s: %s\n", cmd, want, strerror(errno));
         kvt_cli_target_free(t);
         return 2;
     }
