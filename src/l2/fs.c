@@ -650,10 +650,13 @@ int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_
     e->dirfd = e->tmpfd = e->lockfd = -1;
     kvt_l2_park_init(&e->park);
     char abs[PATH_MAX];
-    if (o->base_path[0] != '/' && getcwd(abs, sizeof(abs)))
-        snprintf(abs + strlen(abs), sizeof(abs) - strlen(abs), "/%s", o->base_path);
+    const char *rel = o->base_path;
+    while (rel[0] == '.' && rel[1] == '/') /* "./kvtier-data": no "/./" in messages */
+        rel += 2;
+    if (rel[0] != '/' && getcwd(abs, sizeof(abs)))
+        snprintf(abs + strlen(abs), sizeof(abs) - strlen(abs), "/%s", rel[0] ? rel : ".");
     else
-        snprintf(abs, sizeof(abs), "%s", o->base_path);
+        snprintf(abs, sizeof(abs), "%s", rel);
     e->base = kvt_xstrdup(abs);
     e->tmp_rel = kvt_xstrdup(o->relative_tmp_dir);
     e->read_ahead = o->read_ahead_size;
