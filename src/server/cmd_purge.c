@@ -52,8 +52,10 @@ static void usage(FILE *f)
             "usage: kvtier purge (--namespace=NAME | NAME | --all | --tmp) --yes\n"
             "                    [--config FILE | --root DIR] [--url URL] [--offline] [--json]\n"
             "  NAME is a namespace exactly as `kvtier status` lists it (file-name prefix, e.g.\n"
-            "  --models--MyModel--a84fadf1); --namespace=NAME and the positional form accept\n"
-            "  names that begin with '-'. Without --yes nothing is removed.\n");
+            "  --models--MyModel--a84fadf1); --namespace=NAME, -- NAME, and the positional form\n"
+            "  (when the root holds that namespace) accept names that begin with '-'; any other\n"
+            "  word that begins with '-' is an unknown option (exit 2). A NAME that matches\n"
+            "  nothing exits 1 and lists the namespaces. Without --yes nothing is removed.\n");
 }
 
 struct bar {
