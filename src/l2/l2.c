@@ -771,10 +771,15 @@ json_t *kvt_l2_status(kvt_l2 *l2)
         json_object_set_new(per_salt, salt, json_integer(v + (cur ? json_integer_value(cur) : 0)));
     }
     uint64_t logical = 0, stored_known = 0, unknown = 0;
+    /* objects per namespace id, counted in the walk below (ids past the
+     * byte table have no bytes yet: not listed) */
+    uint32_t *ns_objs = kvt_xcalloc(l2->ns_bytes_cap + 1, sizeof(uint32_t));
     for (uint32_t h = 0; h < l2->idx.hwm; h++) {
         const struct kvt_l2_obj *ob = &l2->idx.objs[h];
         if (st(ob) == KVT_OBJ_FREE)
             continue;
+        if (ob->key.ns < l2->ns_bytes_cap)
+            ns_objs[ob->key.ns]++;
         if (ob->pins)
             pinned++;
         if (ob->len) {
@@ -799,6 +804,16 @@ json_t *kvt_l2_status(kvt_l2 *l2)
             json_object_set_new(quotas, qt->name, e);
         }
     }
+    json_t *per_ns_objs = json_object();
+    for (uint32_t ns = 1; ns < l2->ns_bytes_cap; ns++) {
+        if (!ns_objs[ns])
+            continue;
+        const char *name = kvt_ns_name(ns);
+        json_t *cur = json_object_get(per_ns_objs, name);
+        json_object_set_new(per_ns_objs, name,
+                            json_integer(ns_objs[ns] + (cur ? json_integer_value(cur) : 0)));
+    }
+    free(ns_objs);
     bool recovering = l2->recovering;
     uint64_t robjs = l2->recovered_objs, rbytes = l2->recovered_bytes;
     double rsec = l2->recovery_seconds;
@@ -807,6 +822,7 @@ json_t *kvt_l2_status(kvt_l2 *l2)
            ratio = l2->policy ? l2->policy->eviction_ratio : 0;
     pthread_mutex_unlock(&l2->lock);
     json_object_set_new(o, "per_namespace_bytes", per_ns);
+    json_object_set_new(o, "per_namespace_objects", per_ns_objs);
     json_object_set_new(o, "namespace_quotas", quotas ? quotas : json_null());
     json_object_set_new(o, "bytes_by_cache_salt", per_salt);
     json_object_set_new(o, "pinned_objects", json_integer(pinned));

@@ -799,6 +799,9 @@ int kvt_nixl_store_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct
                  l2->name, e->page, e->od.blksz);
         e->od.on = false;
     }
+    kvt_info("%s: preallocating %.2f GiB under %s (pool_size %u x file_size %.2f MiB)",
+             l2->name, (double)o->pool_size * (double)o->file_size / KVT_GIB, e->base,
+             o->pool_size, (double)o->file_size / (1 << 20));
     for (uint32_t i = 0; i < e->nfiles; i++) {
         rc = open_pool_file(l2, e, i, o->file_size, err, errcap);
         if (rc)

@@ -1029,6 +1029,8 @@ static int check_prefix(struct kvt_cfg *c, const char *p)
     return 0;
 }
 
+static int load_creds(const struct kvt_s3_opts *o, struct s3_creds *c, char *err, size_t cap);
+
 int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
 {
     memset(o, 0, sizeof(*o));
@@ -1096,6 +1098,18 @@ int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
              o->path_style ? o->bucket : "");
     json_object_set_new(c->resolved, "endpoint_url", json_string(url));
     return 0;
+}
+
+int kvt_s3_creds_check(bool explicit_keys, char *err, size_t errcap)
+{
+    if (explicit_keys)
+        return 0;
+    struct kvt_s3_opts o;
+    memset(&o, 0, sizeof(o));
+    struct s3_creds cr;
+    int rc = load_creds(&o, &cr, err, errcap);
+    explicit_bzero(&cr, sizeof(cr));
+    return rc;
 }
 
 /* "key = value" lines of [profile] in an AWS credentials file. */

@@ -94,6 +94,12 @@ void kvt_cli_target_free(struct kvt_cli_target *t)
     t->have_cfg = false;
 }
 
+const char *kvt_cli_adapter_root(const json_t *ad)
+{
+    const char *fp = json_string_value(json_object_get(ad, "file_path"));
+    return fp ? fp : json_string_value(json_object_get(ad, "base_path"));
+}
+
 json_t *kvt_cli_pick_adapter(const json_t *status, const char *root)
 {
     const json_t *l2 = json_object_get(status, "l2");
@@ -101,7 +107,7 @@ json_t *kvt_cli_pick_adapter(const json_t *status, const char *root)
     json_t *a, *first_file = NULL;
     json_array_foreach(l2, i, a)
     {
-        const char *fp = json_string_value(json_object_get(a, "file_path"));
+        const char *fp = kvt_cli_adapter_root(a);
         if (!fp)
             continue;
         if (root && root[0] && kvt_same_dir(fp, root))

@@ -120,8 +120,12 @@ int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap)
         json_error_t je;
         file = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
         if (!file) {
-            snprintf(err, errcap, "cannot read quotas file %s: %s (line %d)", path, je.text,
-                     je.line);
+            /* jansson gives line -1 when the file cannot be opened at all */
+            if (je.line > 0)
+                snprintf(err, errcap, "cannot read quotas file %s: %s (line %d)", path, je.text,
+                         je.line);
+            else
+                snprintf(err, errcap, "cannot read quotas file %s: %s", path, je.text);
             return -1;
         }
         v = file;

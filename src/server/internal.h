@@ -121,6 +121,7 @@ struct kvt_server {
     uint64_t start_ns;
     char boot_id[64];
     void *http; /* struct MHD_Daemon */
+    _Atomic bool ready; /* start-up done: HTTP may read the components */
     struct kvt_local *local; /* same-host socket (local.c), rpc thread only */
     volatile int stop;
 };

@@ -1,9 +1,13 @@
 /*
  * kvtier server: component setup, the rpc loop, replies, shutdown.
  *
- * Start-up order: L2 adapters (their recovery scans start in the
- * background), L1, controllers, eviction threads, handler pool, HTTP, then
- * the ROUTER socket binds. Shutdown (SIGTERM/SIGINT) reverses it: stop
+ * Start-up order: the listeners first (the ROUTER socket binds, the HTTP
+ * daemon answers 503 "starting" until the end of start-up), so that a
+ * mistaken second start that fails on its port has touched no storage;
+ * then the L2 adapters (each locks its directory or device; their recovery
+ * scans start in the background), L1, controllers, eviction threads,
+ * handler pool, the same-host socket. Requests queue in the bound socket
+ * until the rpc loop runs. Shutdown (SIGTERM/SIGINT) reverses it: stop
  * receiving, finish handler jobs, stop prefetching, drain every pending L2
  * write, close adapters, exit 0.
  */
@@ -647,6 +651,31 @@ static int start(struct kvt_server *s)
     s->sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
     signal(SIGPIPE, SIG_IGN);
 
+    /* listeners before storage: a port in use fails here, before any
+     * adapter has locked, scanned or changed its directory */
+    s->zctx = zmq_ctx_new();
+    s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
+    /* a frame is a data frame (<= max_object_bytes) or a body (<= 16 MiB,
+     * enough for a full batch of 65,536 keys): a smaller --max-object-mb
+     * must not make ZeroMQ drop a valid batch without a reply */
+    int64_t maxmsg = (int64_t)KVT_MAX(c->max_object_bytes, KVT_MAX_BODY) + (1 << 20);
+    int zero = 0;
+    zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+    zmq_setsockopt(s->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
+    if (zmq_bind(s->sock, c->bind) < 0) {
+        int e = errno;
+        kvt_error("cannot listen on %s: %s%s", c->bind, zmq_strerror(e),
+                  e == EADDRINUSE ? " (another server there? nothing was opened or changed)"
+                                  : "");
+        return -e;
+    }
+    if (c->http_port) { /* answers 503 "starting" until s->ready */
+        rc = kvt_http_start(s, err, sizeof(err));
+        if (rc) {
+            kvt_error("http: %s", err);
+            return rc;
+        }
+    }
     for (int i = 0; i < c->nadapters; i++) {
         rc = kvt_l2_open(&c->adapters[i], &s->l2s[i], err, sizeof(err));
         if (rc) {
@@ -690,32 +719,14 @@ static int start(struct kvt_server *s)
         kvt_error("cannot start server threads: %s", kvt_strerror(rc));
         return rc;
     }
-    if (c->http_port) {
-        rc = kvt_http_start(s, err, sizeof(err));
-        if (rc) {
-            kvt_error("http: %s", err);
-            return rc;
-        }
-    }
     if (c->local && c->shm) {
         rc = kvt_local_start(s, err, sizeof(err));
         if (rc) /* not fatal: clients use ZeroMQ */
             kvt_warn("%s: same-host clients will use %s", err, c->bind);
         rc = 0;
     }
-    s->zctx = zmq_ctx_new();
-    s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
-    /* a frame is a data frame (<= max_object_bytes) or a body (<= 16 MiB,
-     * enough for a full batch of 65,536 keys): a smaller --max-object-mb
-     * must not make ZeroMQ drop a valid batch without a reply */
-    int64_t maxmsg = (int64_t)KVT_MAX(c->max_object_bytes, KVT_MAX_BODY) + (1 << 20);
-    int zero = 0;
-    zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-    zmq_setsockopt(s->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
-    if (zmq_bind(s->sock, c->bind) < 0) {
-        kvt_error("cannot listen on %s: %s", c->bind, zmq_strerror(errno));
-        return -errno;
-    }
+    /* release: the HTTP thread reads the components set up above */
+    atomic_store_explicit(&s->ready, true, memory_order_release);
     return 0;
 }
 

@@ -247,7 +247,7 @@ def test_sigterm_drains_and_exits_0(make_server, tmp_path):
 
 
 def test_dry_run_prints_resolved_config(tmp_path):
-    r = run_kvtier("server", "--dry-run", "--l2-adapter",
+    r = run_kvtier("server", "--dry-run", "--no-storage-check", "--l2-adapter",
                    '{"type": "fs", "base_path": "/data/lmcache/l2", "use_odirect": true}')
     assert r.returncode == 0, r.stderr
     cfg = json.loads(r.stdout)

@@ -435,7 +435,7 @@ def test_purge_exact_names_through_the_server(make_server, tmp_path):
     r = run_kvtier("purge", "--config", cfg, "--namespace=--models--a", "--yes")
     assert r.returncode == 0 and "5 object file(s)" in r.stdout, r.stdout + r.stderr
     r = run_kvtier("purge", "--config", cfg, "--yes", "--", "--models--nothing")
-    assert r.returncode == 0 and "0 object file(s)" in r.stdout
+    assert r.returncode == 1 and "no namespace '--models--nothing'" in r.stderr, r.stderr
     a = adapter(s)
     assert list(a["per_namespace_bytes"]) == ["ab"] and a["used_bytes"] == du_bytes(root)
     # the server keeps working and counting
