@@ -132,38 +132,44 @@ class Engine:
             e.update(env)
         self.log_path = log or os.devnull
         self._log = open(self.log_path, "ab")
+        self._buf = b""
         self.proc = subprocess.Popen([venv_python(), "-c", _RUNNER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._log, env=e, text=True,
-                                     bufsize=1)
-        self.proc.stdin.write(json.dumps(spec) + "\n")
-        self.proc.stdin.flush()
+                                     stdout=subprocess.PIPE, stderr=self._log, env=e, bufsize=0)
+        self._send(spec)
         self._read(start_timeout)
 
     def _read(self, timeout):
+        """The next KVT_RESULT line; everything else (vLLM logs to stdout) goes
+        to the log. Reads the pipe itself: a buffered reader could hold the
+        line while select() says there is nothing to read."""
         import select
         import time as _t
 
         deadline = _t.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
         while True:
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                if line.startswith(b"KVT_RESULT "):
+                    return json.loads(line[len(b"KVT_RESULT "):])
+                self._log.write(line + b"\n")
+                self._log.flush()
             left = deadline - _t.monotonic()
             if left <= 0:
                 self.close()
                 raise TimeoutError("vLLM engine did not answer in %d s (log: %s)" % (timeout, self.log_path))
-            r, _, _ = select.select([self.proc.stdout], [], [], min(left, 5))
+            r, _, _ = select.select([fd], [], [], min(left, 5))
             if not r:
                 if self.proc.poll() is not None:
                     raise RuntimeError("vLLM engine exited with %s (log: %s):\n%s"
                                        % (self.proc.returncode, self.log_path, self._tail()))
                 continue
-            line = self.proc.stdout.readline()
-            if not line:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
                 self.proc.wait(timeout=30)
                 raise RuntimeError("vLLM engine exited with %s (log: %s):\n%s"
                                    % (self.proc.returncode, self.log_path, self._tail()))
-            if line.startswith("KVT_RESULT "):
-                return json.loads(line[len("KVT_RESULT "):])
-            self._log.write(line.encode())  # vLLM logs to stdout
-            self._log.flush()
+            self._buf += chunk
 
     def _tail(self):
         try:
@@ -172,9 +178,12 @@ class Engine:
         except OSError:
             return ""
 
-    def call(self, timeout=600, **cmd):
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
+    def _send(self, obj):
+        self.proc.stdin.write((json.dumps(obj) + "\n").encode())
         self.proc.stdin.flush()
+
+    def call(self, timeout=600, **cmd):
+        self._send(cmd)
         return self._read(timeout)
 
     def generate(self, prompts, max_tokens=8, timeout=600):
@@ -192,8 +201,7 @@ class Engine:
     def close(self):
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
-                self.proc.stdin.flush()
+                self._send({"op": "quit"})
                 self._read(120)
                 self.proc.wait(timeout=60)
             except Exception:  # noqa: BLE001
