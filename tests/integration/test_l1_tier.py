@@ -304,6 +304,38 @@ def test_client_survives_server_restart(server, shm, local):
         assert c.shm_active == shm
 
 
+def test_request_in_flight_at_a_kill_fails_fast_and_reconnects(server):
+    """A same-host client whose server dies under a request falls back to
+    ZeroMQ and says hello there. Its ZeroMQ connection to the dead server may
+    not have noticed the death yet: a hello written into it is lost, and the
+    client used to wait its whole timeout (30 s by default) for a server that
+    was back within a second. The fallback goes over a fresh connection."""
+    import threading
+    for _ in range(6):
+        done = threading.Event()
+        errors = []
+
+        def pinger():
+            with server.client(timeout_ms=20000) as c:
+                assert c.local_active
+                try:
+                    while not done.is_set():
+                        c.ping()  # the one in flight at the kill ends on the new server
+                except kvtier.KvtierError as e:
+                    errors.append(e)
+
+        t = threading.Thread(target=pinger)
+        t.start()
+        time.sleep(0.05)
+        server.kill()
+        done.set()
+        server.start()
+        t0 = time.time()
+        t.join(timeout=60)
+        assert not t.is_alive() and not errors, errors
+        assert time.time() - t0 < 3, "a request waited %.1f s for a restarted server" % (time.time() - t0)
+
+
 def test_local_socket_oversize_payload_is_an_error(make_server):
     """A payload over the server's limit is refused with an error over the
     same-host socket too (the server would have to drop the connection),

@@ -15,7 +15,7 @@ import pytest
 
 import kvtier
 from conftest import (adapter_json, free_port, keys_for, l2_status, random_payloads, run_kvtier,
-                      wait_for)
+                      start_on_free_port, wait_for)
 
 REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
@@ -40,29 +40,25 @@ class Redis:
                 "--protected-mode", "no", "--loglevel", "warning"]
         if self.password:
             args += ["--requirepass", self.password]
-        for attempt in range(5):
+        def launch():
+            args[2] = str(self.port)
             self.log = open(os.path.join(self.dir, "redis-%d.log" % self.port), "ab")
             self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
             deadline = time.time() + 10
             while time.time() < deadline and self.proc.poll() is None:
                 try:
                     if self.cmd("PING") in (b"PONG", "NOAUTH"):
-                        self.started = True
-                        return self
+                        return True
                 except OSError:
                     time.sleep(0.02)
             self.log.close()
             if self.proc.poll() is None:
-                break
-            # exited: most likely another process took the free port between
-            # free_port() and the bind. A first start moves to a fresh port; a
-            # restart must keep its port (the adapter knows it), so it waits.
-            if getattr(self, "started", False):
-                time.sleep(0.5)
-            else:
-                self.port = free_port()
-                args[2] = str(self.port)
-        raise RuntimeError("redis-server did not start")
+                raise RuntimeError("redis-server did not answer")
+            return False  # exited: most likely its port was taken
+
+        def new_port():
+            self.port = free_port()
+        return start_on_free_port(self, launch, new_port)
 
     def kill(self):
         if self.proc and self.proc.poll() is None:

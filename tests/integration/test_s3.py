@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from conftest import (ROOT, adapter_json, free_port, keys_for, l2_status, random_payloads,
-                      run_kvtier, wait_for)
+from conftest import (ROOT, adapter_json, free_port, keys_for, l2_status, random_payloads, run_kvtier,
+                      start_on_free_port, wait_for)
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -58,7 +58,7 @@ class S3Server:
     def start(self):
         ensure_modules()
         env = dict(os.environ, NODE_PATH=MODULES)
-        for attempt in range(5):
+        def launch():
             self.log = open(os.path.join(self.dir, "..", "s3server-%d.log" % self.port), "ab")
             self.proc = subprocess.Popen(
                 [NODE, SERVER_JS, "--port", str(self.port), "--dir", self.dir, "--bucket", self.bucket,
@@ -66,17 +66,14 @@ class S3Server:
                 stdout=subprocess.PIPE, stderr=self.log, env=env)
             line = self.proc.stdout.readline().decode()
             if line.startswith("ready"):
-                self.started = True
-                return self
+                return True
             self.proc.wait(timeout=30)
             self.log.close()
-            # lost the free port to another process between free_port() and
-            # the bind: a first start moves on, a restart keeps its port
-            if getattr(self, "started", False):
-                time.sleep(0.5)
-            else:
-                self.port = free_port()
-        raise RuntimeError("s3 test server did not start: %r" % line)
+            return False  # most likely its port was taken
+
+        def new_port():
+            self.port = free_port()
+        return start_on_free_port(self, launch, new_port)
 
     def kill(self):
         if self.proc and self.proc.poll() is None:
