@@ -22,8 +22,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 BIN = os.environ.get("KVTIER_BIN", os.path.join(ROOT, "build", "kvtier"))
 os.environ.setdefault("KVTIER_LIB", os.path.join(ROOT, "build", "libkvtier_client.so"))
-
 import kvtier  # noqa: E402
+
+# tests/faultio: an LD_PRELOAD library that fails, slows down or logs a
+# server's file I/O (see its header); not loadable into sanitized servers
+FAULTIO = os.path.join(os.path.dirname(os.environ["KVTIER_LIB"]), "libkvt_faultio.so")
+
+
+def needs_faultio(test):
+    test = pytest.mark.skipif(not os.path.exists(FAULTIO), reason="libkvt_faultio.so not built")(test)
+    return pytest.mark.skipif(bool(os.environ.get("KVTIER_SANITIZER")),
+                              reason="an uninstrumented LD_PRELOAD library cannot load into a "
+                              "sanitized server")(test)
 
 
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "WARNING: ThreadSanitizer",

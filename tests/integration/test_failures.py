@@ -12,11 +12,10 @@ import time
 import pytest
 
 import kvtier
-from conftest import (ROOT, Kills, adapter_json, du_bytes, fs_files, keys_for, l2_status,
-                      random_payloads, wait_for)
+from conftest import (FAULTIO, ROOT, Kills, adapter_json, du_bytes, fs_files, keys_for, l2_status,
+                      needs_faultio, random_payloads, wait_for)
 
 LONG = os.environ.get("KVT_LONG") == "1"
-FAULTIO = os.path.join(os.path.dirname(os.environ.get("KVTIER_LIB", "")), "libkvt_faultio.so")
 
 
 def digest(b):
@@ -274,9 +273,7 @@ def test_fault_inject_trims_prefix_never_wrong_bytes(make_server, tmp_path):
         assert c.status()["l2"][0]["fault_inject"]["dropped_loads"] >= 3
 
 
-@pytest.mark.skipif(not os.path.exists(FAULTIO), reason="libkvt_faultio.so not built")
-@pytest.mark.skipif(bool(os.environ.get("KVTIER_SANITIZER")),
-                    reason="an uninstrumented LD_PRELOAD library cannot load into a sanitized server")
+@needs_faultio
 def test_injected_io_errors(make_server, tmp_path):
     """EIO, ENOSPC and short transfers on a fraction of the fs adapter's
     reads and writes: never a crash, never a wrong byte, failures counted."""

@@ -126,6 +126,10 @@ def test_l1_eviction_under_load_larger_than_l1(make_server, tmp_path):
             assert frac is not None, c.status()["l1"]
             peak = max(peak, frac)
         l1 = c.status()["l1"]
+        # L1 is filled up to the trigger watermark (0.8) and an eviction pass
+        # frees its ratio (0.2), not everything (measured peak: 0.797)
+        assert 0.7 <= peak <= 0.8, peak
+        assert l1["usage_fraction"] >= 0.5, l1
         assert l1["counters"]["evictions"] > 100
         assert l1["used_bytes"] <= l1["capacity_bytes"]
         # the oldest keys left L1 but are served from L2, byte-exact
@@ -213,12 +217,24 @@ def test_two_adapters_cascade(make_server, tmp_path):
         st = c.status()
         assert st["l2"][0]["counters"]["load_ok"] == 0
         assert st["l2"][1]["counters"]["load_ok"] == 10
-    # and with both present, the first adapter serves
+    # a store goes to both again (adapter 1 already holds it and skips it)
     s.restart()
     s.wait_recovered()
     with s.client() as c:
-        c.store(keys[:1], pay[:1])  # already held by L2 #1; L1 copy goes to both again
+        assert c.store(keys[:1], pay[:1]) == 1
         c.flush()
+        st = c.status()
+        assert st["l2"][0]["objects"] == 1 and st["l2"][1]["objects"] == 10, st["l2"]
+        assert st["l2"][1]["counters"]["store_ok"] == 0
+    assert len(fs_files(d1)) == 1
+    # and with both holding it, the first adapter serves
+    s.restart()
+    s.wait_recovered()
+    with s.client() as c:
+        assert c.retrieve(keys) == pay
+        st = c.status()
+        assert st["l2"][0]["counters"]["load_ok"] == 1
+        assert st["l2"][1]["counters"]["load_ok"] == 9
 
 
 def test_http_endpoints_reflect_operations(server, tmp_path):

@@ -454,7 +454,10 @@ def test_serde_over_s3(make_server, s3):
     a restart recovers them from the listing, and the bytes come back."""
     s = make_server(["--l2-adapter", s3_json(s3, serde={"type": "lz4"})])
     keys = keys_for("serde-s3", 4)
-    pay = [bytes(range(256)) * 256 for _ in range(4)]  # 64 KiB, compressible
+    # 64 KiB each, compressible, and each its own: a key served another
+    # key's object would show
+    pay = [bytes((b * (i + 3)) % 251 for b in range(256)) * 256 for i in range(4)]
+    assert len(set(pay)) == 4
     with s.client() as c:
         assert c.store(keys, pay) == 4
         c.flush()
