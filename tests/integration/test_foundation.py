@@ -119,33 +119,37 @@ def test_capacity_is_a_hard_cap(make_server, tmp_path):
     assert du_bytes(d) == st["used_bytes"] <= cap_gb * 2**30
 
 
-def test_bad_config_exits_2_naming_the_key(tmp_path):
-    cases = [
-        ("not json", "invalid JSON"),
-        ('{"type": "nope"}', "unknown type \"nope\""),
-        ('[1]', "must be a JSON object"),
-        ('{"base_path": "/x"}', "\"type\" is missing"),
-        ('{"type": "fs"}', "\"base_path\" is required"),
-        ('{"type": "fs", "base_path": "/x", "use_odirect": "yes"}', "\"use_odirect\" must be true or false"),
-        ('{"type": "fs", "base_path": "/x", "use_odirect": 1}', "\"use_odirect\" must be true or false"),
-        ('{"type": "fs", "base_path": "/x", "max_capacity_gb": "lots"}', "\"max_capacity_gb\" must be a number"),
-        ('{"type": "fs", "base_path": "/x", "read_ahead_size": -1}', "\"read_ahead_size\" must be between"),
-        ('{"type": "fs", "base_path": "/x", "bogus": 1}', "\"bogus\" is not a known field"),
-        ('{"type": "fs", "base_path": "/x", "eviction": {"eviction_policy": "MRU"}}', "unknown policy"),
-        ('{"type": "fs", "base_path": "/x", "relative_tmp_dir": "../out"}', "\"relative_tmp_dir\""),
-        ('{"type": "mock", "max_size_gb": 0, "mock_bandwidth_gb": 1}', "\"max_size_gb\" must be > 0"),
-    ]
-    for spec, msg in cases:
-        r = run_kvtier("server", "--dry-run", "--l2-adapter", '{"type":"mock","max_size_gb":1,"mock_bandwidth_gb":1}',
-                       "--l2-adapter", spec)
-        assert r.returncode == 2, (spec, r.stderr)
-        assert "--l2-adapter #1" in r.stderr and msg in r.stderr, (spec, r.stderr)
-    for flag, val in [("--l1-size-gb", "abc"), ("--eviction-ratio", "2"), ("--port", "0"),
-                      ("--l2-store-policy", "sometimes"), ("--eviction-policy", "MRU")]:
-        r = run_kvtier("server", "--dry-run", flag, val)
-        assert r.returncode == 2 and flag in r.stderr, (flag, r.stderr)
-    r = run_kvtier("server", "--dry-run", "--no-such-flag")
-    assert r.returncode == 2 and "--no-such-flag" in r.stderr
+BAD_ADAPTER_SPECS = [
+    ("not json", "invalid JSON"),
+    ('{"type": "nope"}', "unknown type \"nope\""),
+    ('[1]', "must be a JSON object"),
+    ('{"base_path": "/x"}', "\"type\" is missing"),
+    ('{"type": "fs"}', "\"base_path\" is required"),
+    ('{"type": "fs", "base_path": "/x", "use_odirect": "yes"}', "\"use_odirect\" must be true or false"),
+    ('{"type": "fs", "base_path": "/x", "use_odirect": 1}', "\"use_odirect\" must be true or false"),
+    ('{"type": "fs", "base_path": "/x", "max_capacity_gb": "lots"}', "\"max_capacity_gb\" must be a number"),
+    ('{"type": "fs", "base_path": "/x", "read_ahead_size": -1}', "\"read_ahead_size\" must be between"),
+    ('{"type": "fs", "base_path": "/x", "bogus": 1}', "\"bogus\" is not a known field"),
+    ('{"type": "fs", "base_path": "/x", "eviction": {"eviction_policy": "MRU"}}', "unknown policy"),
+    ('{"type": "fs", "base_path": "/x", "relative_tmp_dir": "../out"}', "\"relative_tmp_dir\""),
+    ('{"type": "mock", "max_size_gb": 0, "mock_bandwidth_gb": 1}', "\"max_size_gb\" must be > 0"),
+]
+
+
+@pytest.mark.parametrize("spec,msg", BAD_ADAPTER_SPECS)
+def test_bad_config_exits_2_naming_the_key(spec, msg):
+    r = run_kvtier("server", "--dry-run", "--l2-adapter", '{"type":"mock","max_size_gb":1,"mock_bandwidth_gb":1}',
+                   "--l2-adapter", spec)
+    assert r.returncode == 2, (spec, r.stderr)
+    assert "--l2-adapter #1" in r.stderr and msg in r.stderr, (spec, r.stderr)
+
+
+@pytest.mark.parametrize("args", [["--l1-size-gb", "abc"], ["--eviction-ratio", "2"], ["--port", "0"],
+                                  ["--l2-store-policy", "sometimes"], ["--eviction-policy", "MRU"],
+                                  ["--no-such-flag"]])
+def test_bad_flag_exits_2_naming_it(args):
+    r = run_kvtier("server", "--dry-run", *args)
+    assert r.returncode == 2 and args[0] in r.stderr, (args, r.stderr)
 
 
 def test_persist_enabled_strings(tmp_path):

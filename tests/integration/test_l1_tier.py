@@ -13,7 +13,7 @@ import time
 import pytest
 
 import kvtier
-from conftest import ROOT, adapter_json, fs_files, keys_for, random_payloads, run_kvtier
+from conftest import ROOT, adapter_json, fs_files, keys_for, random_payloads, run_kvtier, wait_for
 
 MiB = 1 << 20
 
@@ -86,9 +86,10 @@ def test_killed_client_between_prepare_and_commit_leaks_nothing(make_server):
         assert l1["write_leases"] == 1 and l1["objects_writing"] == 8
         assert l1["used_bytes"] == 8 * MiB
         # the reservation expires (1 s), is quarantined for one TTL, then freed
-        ok = wait_until(lambda: c.status()["l1"]["used_bytes"] == 0, timeout=10)
+        wait_for(lambda: c.status()["l1"]["counters"]["leases_expired_write"] == 1,
+                 what="the write lease to expire")
+        wait_for(lambda: c.status()["l1"]["used_bytes"] == 0, what="the reservation to be freed")
         l1 = c.status()["l1"]
-        assert ok, l1
         assert l1["write_leases"] == 0 and l1["objects_writing"] == 0
         assert l1["counters"]["leases_expired_write"] == 1
         # the keys were never published
@@ -101,7 +102,10 @@ def test_expired_read_lease_fails_the_reader(make_server):
     with s.client() as c:
         c.store(keys, random_payloads(2, 10000))
         rv = c.retrieve_view(keys)
-        time.sleep(1.0)  # the reader is too slow
+        # the reader is too slow: its lease runs out (0.3 s) before it ends
+        with s.client() as c2:
+            wait_for(lambda: c2.status()["l1"]["counters"]["leases_expired_read"] == 1,
+                     what="the read lease to expire")
         with pytest.raises(kvtier.KvtierError) as e:
             with rv as views:
                 assert len(views) == 2

@@ -342,7 +342,7 @@ def test_auth(make_server, tmp_path):
         r.kill()
 
 
-def test_valkey_type_and_config_errors(redis):
+def test_valkey_type(redis):
     ok = run_kvtier("server", "--dry-run", "--l2-adapter",
                     json.dumps({"type": "valkey", "startup_nodes": "127.0.0.1:%d,h2:6379" % redis.port,
                                 "key_prefix": "deploy1", "max_capacity_gb": "2"}))
@@ -350,23 +350,28 @@ def test_valkey_type_and_config_errors(redis):
     a = json.loads(ok.stdout)["l2_adapters"][0]
     assert a["type"] == "valkey" and a["num_workers"] == 8 and a["request_timeout"] == 5.0
     assert a["connection_timeout"] == 10.0 and a["max_capacity_gb"] == 2.0
-    cases = [
-        ({"type": "resp"}, '"host" is required'),
-        ({"type": "valkey"}, '"startup_nodes" is required'),
-        ({"type": "resp", "host": "h", "key_prefix": "a@b"}, '"key_prefix" must not contain \'@\''),
-        ({"type": "resp", "host": "h", "port": 0}, '"port" must be between'),
-        ({"type": "resp", "host": "h", "num_workers": 0}, '"num_workers" must be between'),
-        ({"type": "valkey", "startup_nodes": "nohost"}, '"startup_nodes" entries must be'),
-        ({"type": "valkey", "startup_nodes": "h:1", "host": "h"}, '"startup_nodes" and "host"'),
-        ({"type": "valkey", "startup_nodes": "h:1", "cluster_mode": True}, '"cluster_mode" is not supported'),
-        ({"type": "valkey", "startup_nodes": "h:1", "tls_enable": "true"}, '"tls_enable" is not supported'),
-        ({"type": "resp", "host": "h", "request_timeout": "soon"}, '"request_timeout" must be a number'),
-        ({"type": "resp", "host": "h", "colour": 1}, '"colour" is not a known field'),
-    ]
-    for spec, msg in cases:
-        r = run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(spec))
-        assert r.returncode == 2, (spec, r.stderr)
-        assert "--l2-adapter #0 (%s)" % spec["type"] in r.stderr and msg in r.stderr, (spec, r.stderr)
+
+
+RESP_BAD = [
+    ({"type": "resp"}, '"host" is required'),
+    ({"type": "valkey"}, '"startup_nodes" is required'),
+    ({"type": "resp", "host": "h", "key_prefix": "a@b"}, '"key_prefix" must not contain \'@\''),
+    ({"type": "resp", "host": "h", "port": 0}, '"port" must be between'),
+    ({"type": "resp", "host": "h", "num_workers": 0}, '"num_workers" must be between'),
+    ({"type": "valkey", "startup_nodes": "nohost"}, '"startup_nodes" entries must be'),
+    ({"type": "valkey", "startup_nodes": "h:1", "host": "h"}, '"startup_nodes" and "host"'),
+    ({"type": "valkey", "startup_nodes": "h:1", "cluster_mode": True}, '"cluster_mode" is not supported'),
+    ({"type": "valkey", "startup_nodes": "h:1", "tls_enable": "true"}, '"tls_enable" is not supported'),
+    ({"type": "resp", "host": "h", "request_timeout": "soon"}, '"request_timeout" must be a number'),
+    ({"type": "resp", "host": "h", "colour": 1}, '"colour" is not a known field'),
+]
+
+
+@pytest.mark.parametrize("spec,msg", RESP_BAD)
+def test_config_errors(spec, msg):
+    r = run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(spec))
+    assert r.returncode == 2, (spec, r.stderr)
+    assert "--l2-adapter #0 (%s)" % spec["type"] in r.stderr and msg in r.stderr, (spec, r.stderr)
 
 
 def test_unreachable_at_start_then_available(make_server, tmp_path):

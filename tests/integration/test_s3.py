@@ -336,56 +336,64 @@ def test_credentials_from_environment_and_file(make_server, s3, tmp_path):
     assert l2_status(s2)["counters"]["store_ok"] == 2
 
 
-def test_config_forms_and_errors():
-    def dry(spec):
-        return run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(spec))
+def s3_dry(spec):
+    return run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(spec))
 
-    forms = [
-        ({"type": "s3", "s3_endpoint": "s3://my-bucket", "s3_region": "us-west-2"},
-         "https://my-bucket.s3.us-west-2.amazonaws.com/", "my-bucket", "virtual"),
-        ({"type": "s3", "s3_endpoint": "s3://my-bucket", "s3_region": "us-west-2",
-          "s3_prefer_http2": False, "aws_access_key_id": "AKIA", "aws_secret_access_key": "abc"},
-         "https://my-bucket.s3.us-west-2.amazonaws.com/", "my-bucket", "virtual"),
-        ({"type": "s3", "s3_endpoint": "minio.local:9000", "s3_region": "us-east-1",
-          "disable_tls": True, "aws_access_key_id": "minio", "aws_secret_access_key": "minio123"},
-         "http://minio.local:9000/", "minio", "virtual"),
-        ({"type": "s3", "s3_endpoint": "127.0.0.1:9000", "s3_bucket": "kv", "s3_addressing": "path",
-          "s3_region": "us-east-1", "disable_tls": True},
-         "http://127.0.0.1:9000/kv/", "kv", "path"),
-        ({"type": "s3", "s3_endpoint": "https://s3.eu-west-1.amazonaws.com", "s3_bucket": "b-1",
-          "s3_region": "eu-west-1"},
-         "https://b-1.s3.eu-west-1.amazonaws.com/", "b-1", "virtual"),
-    ]
-    for spec, url, bucket, addr in forms:
-        r = dry(spec)
-        assert r.returncode == 0, (spec, r.stderr)
-        a = json.loads(r.stdout)["l2_adapters"][0]
-        assert (a["endpoint_url"], a["s3_bucket"], a["s3_addressing"]) == (url, bucket, addr), a
-        assert a["s3_num_io_threads"] == 64 and a["s3_enable_s3express"] is False
-        if "aws_secret_access_key" in spec:
-            assert a["aws_secret_access_key"] == "<set>" and spec["aws_secret_access_key"] not in r.stdout
-    base = {"type": "s3", "s3_endpoint": "127.0.0.1:9000", "s3_bucket": "kv", "s3_region": "us-east-1"}
-    cases = [
-        ({"type": "s3", "s3_endpoint": "s3://b"}, '"s3_region" is required'),
-        ({"type": "s3", "s3_region": "us-east-1"}, '"s3_endpoint" is required'),
-        (dict(base, s3_enable_s3express=True), '"s3_enable_s3express" is not supported'),
-        ({"type": "s3", "s3_endpoint": "localhost:9000", "s3_region": "us-east-1"}, "does not name a bucket"),
-        ({"type": "s3", "s3_endpoint": "h.example:9000", "s3_region": "us-east-1", "s3_addressing": "path"},
-         '"s3_addressing" "path" needs "s3_bucket"'),
-        (dict(base, s3_addressing="sideways"), '"s3_addressing" must be one of path, virtual'),
-        (dict(base, aws_access_key_id="AKIA"), '"aws_secret_access_key" is required with aws_access_key_id'),
-        (dict(base, s3_num_io_threads=0), '"s3_num_io_threads" must be between'),
-        (dict(base, key_prefix="a/../b"), '"key_prefix" must not contain'),
-        (dict(base, s3_endpoint="https://h:9000", disable_tls=True), '"disable_tls" contradicts'),
-        (dict(base, s3_endpoint="http://h:9000/some/path"), '"s3_endpoint" must be'),
-        (dict(base, s3_bucket="no/slash"), '"s3_bucket" must be a bucket name'),
-        (dict(base, s3_prefer_http2="maybe"), '"s3_prefer_http2" must be true or false'),
-        (dict(base, shoe_size=42), '"shoe_size" is not a known field'),
-    ]
-    for spec, msg in cases:
-        r = dry(spec)
-        assert r.returncode == 2, (spec, r.stderr)
-        assert "--l2-adapter #0 (s3)" in r.stderr and msg in r.stderr, (spec, r.stderr)
+
+S3_FORMS = [
+    ({"type": "s3", "s3_endpoint": "s3://my-bucket", "s3_region": "us-west-2"},
+     "https://my-bucket.s3.us-west-2.amazonaws.com/", "my-bucket", "virtual"),
+    ({"type": "s3", "s3_endpoint": "s3://my-bucket", "s3_region": "us-west-2",
+      "s3_prefer_http2": False, "aws_access_key_id": "AKIA", "aws_secret_access_key": "abc"},
+     "https://my-bucket.s3.us-west-2.amazonaws.com/", "my-bucket", "virtual"),
+    ({"type": "s3", "s3_endpoint": "minio.local:9000", "s3_region": "us-east-1",
+      "disable_tls": True, "aws_access_key_id": "minio", "aws_secret_access_key": "minio123"},
+     "http://minio.local:9000/", "minio", "virtual"),
+    ({"type": "s3", "s3_endpoint": "127.0.0.1:9000", "s3_bucket": "kv", "s3_addressing": "path",
+      "s3_region": "us-east-1", "disable_tls": True},
+     "http://127.0.0.1:9000/kv/", "kv", "path"),
+    ({"type": "s3", "s3_endpoint": "https://s3.eu-west-1.amazonaws.com", "s3_bucket": "b-1",
+      "s3_region": "eu-west-1"},
+     "https://b-1.s3.eu-west-1.amazonaws.com/", "b-1", "virtual"),
+]
+
+
+@pytest.mark.parametrize("spec,url,bucket,addr", S3_FORMS)
+def test_config_forms(spec, url, bucket, addr):
+    r = s3_dry(spec)
+    assert r.returncode == 0, (spec, r.stderr)
+    a = json.loads(r.stdout)["l2_adapters"][0]
+    assert (a["endpoint_url"], a["s3_bucket"], a["s3_addressing"]) == (url, bucket, addr), a
+    assert a["s3_num_io_threads"] == 64 and a["s3_enable_s3express"] is False
+    if "aws_secret_access_key" in spec:
+        assert a["aws_secret_access_key"] == "<set>" and spec["aws_secret_access_key"] not in r.stdout
+
+
+S3_BASE = {"type": "s3", "s3_endpoint": "127.0.0.1:9000", "s3_bucket": "kv", "s3_region": "us-east-1"}
+S3_BAD = [
+    ({"type": "s3", "s3_endpoint": "s3://b"}, '"s3_region" is required'),
+    ({"type": "s3", "s3_region": "us-east-1"}, '"s3_endpoint" is required'),
+    (dict(S3_BASE, s3_enable_s3express=True), '"s3_enable_s3express" is not supported'),
+    ({"type": "s3", "s3_endpoint": "localhost:9000", "s3_region": "us-east-1"}, "does not name a bucket"),
+    ({"type": "s3", "s3_endpoint": "h.example:9000", "s3_region": "us-east-1", "s3_addressing": "path"},
+     '"s3_addressing" "path" needs "s3_bucket"'),
+    (dict(S3_BASE, s3_addressing="sideways"), '"s3_addressing" must be one of path, virtual'),
+    (dict(S3_BASE, aws_access_key_id="AKIA"), '"aws_secret_access_key" is required with aws_access_key_id'),
+    (dict(S3_BASE, s3_num_io_threads=0), '"s3_num_io_threads" must be between'),
+    (dict(S3_BASE, key_prefix="a/../b"), '"key_prefix" must not contain'),
+    (dict(S3_BASE, s3_endpoint="https://h:9000", disable_tls=True), '"disable_tls" contradicts'),
+    (dict(S3_BASE, s3_endpoint="http://h:9000/some/path"), '"s3_endpoint" must be'),
+    (dict(S3_BASE, s3_bucket="no/slash"), '"s3_bucket" must be a bucket name'),
+    (dict(S3_BASE, s3_prefer_http2="maybe"), '"s3_prefer_http2" must be true or false'),
+    (dict(S3_BASE, shoe_size=42), '"shoe_size" is not a known field'),
+]
+
+
+@pytest.mark.parametrize("spec,msg", S3_BAD)
+def test_config_errors(spec, msg):
+    r = s3_dry(spec)
+    assert r.returncode == 2, (spec, r.stderr)
+    assert "--l2-adapter #0 (s3)" in r.stderr and msg in r.stderr, (spec, r.stderr)
 
 
 def test_mooncake_store_is_refused_clearly():
