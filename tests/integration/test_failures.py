@@ -12,8 +12,8 @@ import time
 import pytest
 
 import kvtier
-from conftest import (FAULTIO, ROOT, Kills, adapter_json, du_bytes, fs_files, keys_for, l2_status,
-                      needs_faultio, random_payloads, wait_for)
+from conftest import (FAULTIO, Kills, adapter_json, du_bytes, keys_for, l2_status, needs_faultio,
+                      random_payloads, wait_for)
 
 LONG = os.environ.get("KVT_LONG") == "1"
 

@@ -1,17 +1,18 @@
 """s3 adapter against a real S3-compatible server started by the tests on a
 free loopback port: s3rver (npm) behind AWS's own SigV4 signer, which
 refuses a wrongly signed request as AWS does (tests/integration/s3server).
-Round trip, large objects, concurrent transfers, wrong credentials, the
-circuit breaker opening and closing, corrupt objects, two kvtier servers
-sharing one bucket, the cap after a restart, config forms and errors.
-Also the mooncake_store refusal (no Mooncake client in this build)."""
+Large objects, concurrent transfers, wrong credentials, the circuit breaker
+opening and closing, config forms and errors. Also the mooncake_store
+refusal (no Mooncake client in this build). The contract it shares with
+resp (round trip and restart, two servers sharing, the cap after a
+restart, a corrupt object, persist_enabled: false) is in
+test_remote_contract.py."""
 
 import json
 import os
 import shutil
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -118,32 +119,6 @@ def s3_json(s3, **kw):
     return json.dumps(spec)
 
 
-def test_round_trip_and_restart(make_server, s3):
-    s = make_server(["--l2-adapter", s3_json(s3)])
-    keys = keys_for("org/model", 16)
-    pay = random_payloads(16, 300 * KiB, seed=1)
-    with s.client() as c:
-        assert c.store(keys, pay) == 16
-        c.flush()
-        a = c.status()["l2"][0]
-    objs = s3.objects("t/")
-    assert len(objs) == 16 and all(o.startswith("t/org-SEP-model@0x00000000@0@") for o in objs)
-    with open(s3.object_file(objs[0]), "rb") as f:
-        data = f.read()
-    assert data[:8] == b"KVTOBJ1\n" and len(data) == HDR + 300 * KiB
-    assert a["used_bytes"] == 16 * (HDR + 300 * KiB) and a["requests"]["put"] == 16
-    assert a["is_healthy"] and a["circuit_breaker"]["state"] == "closed"
-    s.kill(signal.SIGKILL)
-    s.start()
-    a = s.wait_recovered()["l2"][0]
-    assert a["recovery"]["objects"] == 16 and a["used_bytes"] == 16 * (HDR + 300 * KiB)
-    with s.client() as c:
-        assert c.lookup(keys) == 16
-        assert c.retrieve(keys) == pay
-    a = l2_status(s)
-    assert a["requests"]["head"] == 16 and a["requests"]["get"] == 16
-
-
 def test_large_objects(make_server, s3):
     s = make_server(["--l1-size-gb", "0.75", "--l1-init-size-gb", "0.75",
                      "--l2-store-policy", "skip_l1", "--l2-adapter", s3_json(s3)])
@@ -242,70 +217,6 @@ def test_breaker_opens_and_closes(make_server, s3, tmp_path):
         c.flush()
     assert l2_status(s)["counters"]["store_ok"] == 6
     assert "circuit closed" in s.read_log()
-
-
-def test_two_servers_share_one_bucket(make_server, s3):
-    s1 = make_server(["--l2-adapter", s3_json(s3)])
-    s2 = make_server(["--l2-adapter", s3_json(s3)])
-    keys = keys_for("shared", 8, salt="tenant-a")
-    pay = random_payloads(8, 100 * KiB, seed=8)
-    with s1.client() as c:
-        assert c.store(keys, pay) == 8
-        c.flush()
-    with s2.client() as c:
-        assert c.lookup(keys) == 8
-        assert c.retrieve(keys) == pay
-        assert c.lookup(keys_for("shared", 8, salt="tenant-b")) == 0
-    a = l2_status(s2)
-    assert a["counters"]["secondary_hits"] == 8 and a["requests"]["head"] >= 8
-
-
-def test_corrupt_object_is_a_miss_and_deleted(make_server, s3):
-    s = make_server(["--l2-adapter", s3_json(s3)])
-    keys = keys_for("bad", 6)
-    pay = random_payloads(6, 32 * KiB, seed=9)
-    with s.client() as c:
-        assert c.store(keys, pay) == 6
-        c.flush()
-    s.kill()
-    victim = [o for o in s3.objects("t/") if keys.hashes[2].hex() in o][0]
-    with open(s3.object_file(victim), "r+b") as f:
-        f.seek(HDR + 1000)
-        b = f.read(1)
-        f.seek(HDR + 1000)
-        f.write(bytes([b[0] ^ 0x40]))
-    s.start()
-    s.wait_recovered()
-    with s.client() as c:
-        assert c.lookup(keys) == 2
-        assert c.retrieve(keys) == pay[:2]
-        a = c.status()["l2"][0]
-    assert a["counters"]["corrupt"] == 1
-    wait_for(lambda: victim not in s3.objects("t/"), what="the corrupt object to be deleted", timeout=30)
-    assert len(s3.objects("t/")) == 5
-
-
-def test_cap_holds_after_restart(make_server, s3):
-    cap_gb = 6.5 * (64 * KiB + HDR) / 2**30  # room for 6
-    s = make_server(["--l2-adapter", s3_json(s3, max_capacity_gb=cap_gb)])
-    keys = keys_for("cap", 14)
-    pay = random_payloads(14, 64 * KiB, seed=10)
-    with s.client() as c:
-        for i in range(8):
-            c.store(keys[i:i + 1], pay[i:i + 1])
-        c.flush()
-        a = c.status()["l2"][0]
-    assert a["objects"] == 6 and a["counters"]["rejected_writes"] == 2
-    s.kill()
-    s.start()
-    with s.client() as c:
-        for i in range(8, 14):
-            c.store(keys[i:i + 1], pay[i:i + 1])
-        c.flush()
-        a = c.status()["l2"][0]
-    assert a["recovery"]["objects"] == 6 and a["objects"] == 6
-    assert a["counters"]["rejected_writes"] == 6 and a["used_bytes"] <= a["capacity_bytes"]
-    assert len(s3.objects("t/")) == 6
 
 
 def test_credentials_from_environment_and_file(make_server, s3, tmp_path):
@@ -438,23 +349,6 @@ def test_delete_removes_objects(make_server, s3):
     assert a["objects"] == 3 and a["requests"]["delete"] == 37
     assert a["used_bytes"] == 3 * (HDR + 10 * KiB)
     assert 1 < a["peak_transfers"] <= 8  # the DELETEs overlapped, within the limit
-
-
-def test_persist_enabled_false_deletes_at_close(make_server, s3):
-    s = make_server(["--l2-adapter", s3_json(s3, persist_enabled=False)])
-    keys = keys_for("gone", 30)
-    with s.client() as c:
-        assert c.store(keys, random_payloads(30, 4 * KiB, seed=13)) == 30
-        c.flush()
-    assert len(s3.objects("t/")) == 30
-    # a file that is not an object keeps the directory: s3rver answers 500
-    # when concurrent deletes empty a directory (its store removes empty
-    # directories racily; real S3 has no directories)
-    with open(os.path.join(s3.dir, s3.bucket, "t", "keep"), "w") as f:
-        f.write("x")
-    assert s.stop() == 0
-    assert s3.objects("t/") == []
-    assert "persist_enabled is false: deleted 30 objects" in s.read_log()
 
 
 def test_serde_over_s3(make_server, s3):
