@@ -255,6 +255,20 @@ def test_sigterm_drains_and_exits_0(make_server, tmp_path):
         assert c.status()["l2"][0]["counters"]["load_ok"] == 10
 
 
+def test_sigterm_with_mock_stores_pending_exits_0(make_server, tmp_path):
+    """The shutdown path with stores pending in a slow mock adapter, where
+    faultio cannot load (the sanitizer runs): exit 0, the fs copies on disk.
+    (That the pending stores are not dropped is test_sigterm_drains_and_exits_0.)"""
+    d = tmp_path / "drain"
+    s = make_server(["--l2-adapter", adapter_json(type="mock", max_size_gb=1, mock_bandwidth_gb=0.05),
+                     "--l2-adapter", adapter_json(type="fs", base_path=str(d))])
+    keys = keys_for("drain", 10)
+    with s.client() as c:
+        assert c.store(keys, random_payloads(10, MiB)) == 10
+    assert s.stop() == 0
+    assert len(fs_files(d)) == 10
+
+
 def test_dry_run_prints_resolved_config(tmp_path):
     r = run_kvtier("server", "--dry-run", "--l2-adapter",
                    '{"type": "fs", "base_path": "/data/lmcache/l2", "use_odirect": true}')
