@@ -280,6 +280,55 @@ static void test_journal_write_error_recovers(void)
     h_close(l2);
 }
 
+/* docs/persistent-adapters.md: a delete whose record was not yet written
+ * when the process died leaves the object, intact, after restart. The DEL
+ * record's journal block never reaches the device (KVT_IO_FAULT lost) and
+ * the process dies as soon as the delete returned. Were a recovery
+ * checkpoint (which would carry the DEL) written before the death, the
+ * checkpoint sequence after the restart says so, and the object is gone. */
+static void test_unwritten_del_leaves_the_object_intact(void)
+{
+    make_dev(32 << 20);
+    kvt_l2 *l2 = open_rb("");
+    TEST_ASSERT(h_store(l2, "rb/ud", 0, 10, 50000) == 10);
+    h_close(l2);
+    l2 = open_rb("");
+    uint32_t pos = (uint32_t)h_status_int(l2, "meta", "journal_next_block");
+    long long seq = h_status_int(l2, "meta", "checkpoint_seq");
+    h_close(l2);
+    int fd;
+    pid_t pid = fork_reporting(&fd);
+    if (pid == 0) {
+        char f[160];
+        uint64_t off = 786432 + (uint64_t)(pos % 64) * 4096;
+        snprintf(f, sizeof(f), "rate=1,lost,min_off=%llu,max_off=%llu,max=1",
+                 (unsigned long long)off, (unsigned long long)off + 4096);
+        setenv("KVT_IO_FAULT", f, 1);
+        kvt_l2 *c = open_rb(", \"meta_enable_periodic\": false, \"use_odirect\": false");
+        uint64_t removed = 0;
+        h_delete_bits(c, "rb/ud", 3, 1, &removed);
+        report_and_die(fd, &removed, sizeof(removed)); /* no close, no checkpoint */
+    }
+    uint64_t removed = 0;
+    collect_report(pid, fd, &removed, sizeof(removed));
+    l2 = open_rb("");
+    uint32_t ok3 = h_check(l2, "rb/ud", 3, 1, 50000);
+    long long seq2 = h_status_int(l2, "meta", "checkpoint_seq");
+    fprintf(stderr, "   delete reported %llu, checkpoint %lld -> %lld, key 3 after restart %u\n",
+            (unsigned long long)removed, seq, seq2, ok3);
+    TEST_ASSERT(h_check(l2, "rb/ud", 0, 3, 50000) == 3);
+    TEST_ASSERT(h_check(l2, "rb/ud", 4, 6, 50000) == 6);
+    if (seq2 == seq) /* the DEL is nowhere on the device: the object is intact */
+        TEST_ASSERT(ok3 == 1);
+    else
+        TEST_ASSERT(ok3 == 0);
+    struct kvt_l2_usage u;
+    kvt_l2_usage(l2, &u);
+    TEST_ASSERT(u.objects == 9 + ok3);
+    TEST_ASSERT(h_status_int(l2, "verify_failed", NULL) == 0);
+    h_close(l2);
+}
+
 static void test_damaged_slot_is_a_miss(void)
 {
     make_dev(16 << 20);
@@ -398,6 +447,7 @@ int main(void)
     RUN(test_misaligned_buffer);
     RUN(test_acknowledged_survives_death);
     RUN(test_journal_write_error_recovers);
+    RUN(test_unwritten_del_leaves_the_object_intact);
     RUN(test_damaged_slot_is_a_miss);
     RUN(test_checkpoint_too_big);
     RUN(test_refusals);
