@@ -181,7 +181,7 @@ static void jfault_child(uint32_t pos, uint32_t first, uint32_t nstore, uint32_t
          * journal at 786432, 64 blocks of 4096 */
         char f[160];
         uint64_t off = 786432 + (uint64_t)(pos % 64) * 4096;
-        snprintf(f, sizeof(f), "rate=1,eio,min_off=%llu,max_off=%llu,max=1",
+        snprintf(f, sizeof(f), "rate=1,lost,min_off=%llu,max_off=%llu,max=1",
                  (unsigned long long)off, (unsigned long long)off + 4096);
         setenv("KVT_IO_FAULT", f, 1);
         kvt_l2 *l2 = open_rb(", \"meta_enable_periodic\": false, \"use_odirect\": false");
