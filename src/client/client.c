@@ -528,6 +528,12 @@ static int call(kvt_client *c, const char *op, const msgpack_sbuffer *body,
     int rc = call_local(c, op, body, bufs, lens, nbufs, out);
     if (c->lfd >= 0 || rc == KVT_E_TIMEOUT || !strcmp(op, "hello"))
         return rc;
+    /* the server died: its ZeroMQ connection may not know yet, and a hello
+     * written into it would be lost (a wait of the whole timeout). Nothing of
+     * ours is queued there (requests went over the local socket). */
+    int sr = new_socket(c);
+    if (sr)
+        return sr;
     int hr = hello(c);
     if (hr)
         return hr;
