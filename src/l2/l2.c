@@ -37,6 +37,8 @@ kvt_l2_task *kvt_l2_task_new(enum kvt_l2_kind kind, uint32_t n)
     t->ok = kvt_xcalloc(kvt_bm_words(n), sizeof(uint64_t));
     if (kind != KVT_L2_LOOKUP)
         t->bufs = kvt_xcalloc(n, sizeof(kvt_buf));
+    if (kind == KVT_L2_STORE)
+        t->codes = kvt_xcalloc(n ? n : 1, sizeof(int32_t));
     return t;
 }
 
@@ -48,6 +50,7 @@ void kvt_l2_task_free(kvt_l2_task *t)
     free(t->meta);
     free(t->ok);
     free(t->bufs);
+    free(t->codes);
     free(t);
 }
 
@@ -60,7 +63,8 @@ void kvt_l2_task_ok(kvt_l2_task *t, uint32_t i, uint64_t bytes)
 
 void kvt_l2_task_fail(kvt_l2_task *t, uint32_t i, int err)
 {
-    (void)i;
+    if (t->codes && i < t->n)
+        t->codes[i] = err; /* one engine thread per key: no race on the slot */
     int zero = 0;
     atomic_compare_exchange_strong(&t->err, &zero, err);
 }
@@ -274,6 +278,8 @@ void kvt_l2_submit(kvt_l2 *l2, kvt_l2_task *t)
 {
     t->submit_ns = kvt_now_ns();
     memset(t->ok, 0, kvt_bm_words(t->n) * sizeof(uint64_t));
+    if (t->codes)
+        memset(t->codes, 0, t->n * sizeof(int32_t));
     atomic_store(&t->bytes, 0);
     atomic_store(&t->err, 0);
     t->staged = false;

@@ -89,6 +89,8 @@ typedef struct kvt_l2_task {
     kvt_buf *bufs;       /* STORE: sources; LOAD: destinations (arrays owned) */
     kvt_objmeta *meta;   /* n entries; STORE: in; LOOKUP/LOAD: out */
     uint64_t *ok;        /* result bitmap, n bits */
+    int32_t *codes;      /* STORE: n per-key errors from kvt_l2_task_fail (0: none
+                          * recorded: use err); NULL for other kinds */
     _Atomic uint64_t bytes;
     _Atomic uint32_t pending; /* engine's outstanding jobs */
     _Atomic int err;          /* first error seen, 0 if none */
