@@ -170,8 +170,8 @@ static void do_store(kvt_l2 *l2, struct dax_engine *e, kvt_l2_task *t, uint32_t 
     kvt_key ck;
     kvt_l2_canon(l2, &t->keys[i], &ck);
     if (src->len > e->slot_bytes || src->len > KVT_MAX_OBJECT) {
-        kvt_l2_task_fail(t, i, KVT_E_TOOBIG);
-        atomic_fetch_add(&l2->counters.store_failed, 1);
+        kvt_l2_too_big(l2, t, i, src->len, KVT_MIN(e->slot_bytes, KVT_MAX_OBJECT),
+                       "slot_bytes: raise it");
         return;
     }
     uint32_t logical = t->meta[i].len ? t->meta[i].len : (uint32_t)src->len;

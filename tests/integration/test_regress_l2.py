@@ -1,0 +1,156 @@
+"""Regression tests of issue 18 (silent L2 failures): a store that cannot
+reach L2 is loud (a warning, a counter) and flush() names it; an eviction
+policy makes room before a store is refused; an object file changed behind
+the server's back is corrupt (counted, removed, re-storable); dax checks its
+geometry; the seed's debug log lines for L2 activity."""
+
+import json
+import os
+import signal
+
+import pytest
+
+import kvtier
+from conftest import adapter_json, keys_for, l2_status, random_payloads, wait_for
+
+MiB = 1 << 20
+
+
+def make_file(path, size):
+    with open(path, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, size)
+    return str(path)
+
+
+def counters(server, i=0):
+    return l2_status(server, i)["counters"]
+
+
+# ------------------------------------------------------------------ item 4
+
+
+@pytest.mark.parametrize("label", ["raw_block", "dax", "nixl_store"])
+def test_object_larger_than_a_slot_is_loud(make_server, tmp_path, label):
+    """Description: the seed's raw_block example (slot_bytes 1 MiB) with
+    1 MiB chunks: the header takes part of the slot, so nothing fits. Each
+    such store is counted (too_big), warned about once, and flush() names
+    every key with E_TOOBIG. The same for the other slot adapters."""
+    spec = {
+        "raw_block": dict(type="raw_block", device_path=make_file(tmp_path / "rb.img", 24 * MiB),
+                          slot_bytes=MiB, meta_total_bytes=MiB),
+        "dax": dict(type="dax", device_path=str(tmp_path / "dax.img"), max_dax_size_gb=0.02,
+                    slot_bytes=MiB - 4096),
+        "nixl_store": dict(type="nixl_store", backend="POSIX", pool_size=1,
+                           backend_params={"file_path": str(tmp_path / "ns"),
+                                           "file_size": MiB}),
+    }[label]
+    s = make_server(["--l2-adapter", json.dumps(spec)])
+    keys = keys_for("big/" + label, 3)
+    pay = random_payloads(3, MiB)
+    with s.client() as c:
+        assert c.store(keys, pay) == 3  # L1 took them
+        res = c.flush()
+        assert res.l2_failed == 3 and len(res.failed) == 3 and not res.truncated, res
+        assert bool(res)
+        assert {f.hash for f in res.failed} == set(keys.hashes)
+        assert all(f.code == -1005 and f.error == "E_TOOBIG" and f.adapter == 0 and
+                   f.model == "big/" + label for f in res.failed), res
+        with pytest.raises(kvtier.KvtierError) as ei:
+            c.store(keys_for("big2/" + label, 1), pay[:1])
+            c.flush(check=True)
+        assert ei.value.name == "E_TOOBIG"
+        # each failure is reported once: the next flush is clean
+        assert not c.flush() and c.flush().l2_failed == 0
+    st = counters(s)
+    assert st["too_big"] == 4 and st["store_failed"] == 4, st
+    log = s.read_log()
+    assert log.count("this adapter holds at most") == 1, log
+
+
+def test_flush_reports_only_the_clients_own_failures(make_server, tmp_path):
+    """Description: failures are per client: a second client's flush does
+    not see (or take) the first one's."""
+    spec = adapter_json(type="dax", device_path=str(tmp_path / "dax.img"), max_dax_size_gb=0.01,
+                        slot_bytes=256 * 1024)
+    s = make_server(["--l2-adapter", spec])
+    with s.client() as a, s.client() as b:
+        a.store(keys_for("own", 2), random_payloads(2, 300000))
+        b.store(keys_for("own", 2, seed=9), random_payloads(2, 1000))
+        rb = b.flush()
+        assert rb.l2_failed == 0, rb
+        ra = a.flush()
+        assert ra.l2_failed == 2, ra
+
+
+# ------------------------------------------------------------------ item 5
+
+
+def test_burst_over_the_cap_evicts_instead_of_refusing(make_server, tmp_path):
+    """Description: with an eviction policy, a burst of stores larger than
+    the gap between the watermark and the cap makes room synchronously: every
+    store reaches L2 (flush reports none failed), usage never exceeds the
+    cap, the oldest objects went."""
+    ev = {"eviction_policy": "LRU", "trigger_watermark": 0.9, "eviction_ratio": 0.1}
+    spec = adapter_json(type="fs", base_path=str(tmp_path / "d"), max_capacity_gb=4 * MiB / (1 << 30),
+                        eviction=ev)
+    # a slow evictor (60 s): only the synchronous path can make room in time
+    s = make_server(["--l2-store-policy", "skip_l1", "--eviction-interval-ms", "60000",
+                     "--l2-adapter", spec])
+    size = 200000
+    with s.client() as c:
+        for r in range(4):  # 4 x 10 objects of 200 KB: 8 MB into a 4 MiB cap
+            keys = keys_for("burst", 10, seed=r)
+            assert c.store(keys, random_payloads(10, size, seed=r)) == 10
+            res = c.flush()
+            assert res.l2_failed == 0, res
+        st = c.status()["l2"][0]
+        assert st["used_bytes"] <= 4 * MiB, st
+        assert st["counters"]["rejected_writes"] == 0, st["counters"]
+        assert st["counters"]["sync_evictions"] > 0 and st["counters"]["evictions"] > 0
+        # the newest round is there, the first is gone
+        assert c.lookup(keys_for("burst", 10, seed=3)) == 10
+        assert c.lookup(keys_for("burst", 10, seed=0)) == 0
+
+
+def test_over_the_cap_without_eviction_is_reported(make_server, tmp_path):
+    """Description: without an eviction policy the cap refuses, and flush()
+    names the refused keys (E_FULL)."""
+    spec = adapter_json(type="fs", base_path=str(tmp_path / "d"), max_capacity_gb=MiB / (1 << 30))
+    s = make_server(["--l2-store-policy", "skip_l1", "--l2-adapter", spec])
+    keys = keys_for("full", 8)
+    with s.client() as c:
+        assert c.store(keys, random_payloads(8, 200000)) == 8
+        res = c.flush()
+        assert res.l2_failed == 3, res  # 5 x (512 + 200000) fit in 1 MiB
+        assert all(f.error == "E_FULL" for f in res.failed), res
+        stored = set(keys.hashes) - {f.hash for f in res.failed}
+        assert len(stored) == 5
+        assert c.status()["l2"][0]["counters"]["rejected_writes"] == 3
+
+
+# ----------------------------------------------------------------- item 19
+
+
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_debug_log_shows_l2_activity(make_server, tmp_path, how):
+    """Description: LMCACHE_LOG_LEVEL=DEBUG (the seed's way) or --log-level
+    debug prints the seed's three messages: submitted store task, store task
+    completed, prefetch request with L1 hits and the L2 remainder."""
+    args = ["--l2-store-policy", "skip_l1", "--l2-adapter",
+            adapter_json(type="fs", base_path=str(tmp_path / "d"))]
+    env = None
+    if how == "env":
+        env = {"LMCACHE_LOG_LEVEL": "DEBUG"}
+        os.environ.pop("KVT_LOG_LEVEL", None)
+    else:
+        args = ["--log-level", "debug"] + args
+    s = make_server(args, env=env)
+    keys = keys_for("dbg", 4)
+    with s.client() as c:
+        c.store(keys, random_payloads(4, 1000))
+        c.flush()
+        assert c.lookup(keys) == 4
+    log = s.read_log()
+    assert "Submitted store task" in log, log
+    assert "L2 store task" in log and "completed" in log, log
+    assert "Prefetch request submitted: 4 total keys, 0 L1 prefix hits, 4 remaining for L2" in log, log
