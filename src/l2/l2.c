@@ -1224,6 +1224,12 @@ void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0
     free(fv->v);
     fv->v = NULL;
     fv->n = fv->cap = 0;
+    if (fv->corrupt) {
+        atomic_fetch_add(&l2->counters.corrupt, fv->corrupt);
+        kvt_warn("%s: %llu object files under %s were shorter than an object header (emptied "
+                 "or torn): counted as corrupt and removed",
+                 l2->name, (unsigned long long)fv->corrupt, where);
+    }
     double secs = kvt_l2_recovery_done(l2, objs, bytes, t0_ns);
     kvt_info("%s: recovered %llu objects, %llu bytes from %s in %.3f s", l2->name,
              (unsigned long long)objs, (unsigned long long)bytes, where, secs);

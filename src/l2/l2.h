@@ -363,6 +363,7 @@ struct kvt_l2_found {
 struct kvt_l2_found_vec {
     struct kvt_l2_found *v;
     size_t n, cap;
+    uint64_t corrupt; /* object names found holding no valid object (removed) */
 };
 void kvt_l2_found_push(struct kvt_l2_found_vec *fv, const kvt_key *ck, uint32_t stored,
                        uint32_t len, uint32_t aux, uint8_t flags, int64_t mtime_ns);
