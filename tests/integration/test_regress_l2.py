@@ -241,3 +241,41 @@ def test_empty_object_file_at_restart_is_counted(make_server, tmp_path, label):
     st = s.wait_recovered()["l2"][0]
     assert st["counters"]["corrupt"] == 1 and st["objects"] == 2, st
     assert not os.path.exists(path)
+
+
+# ------------------------------------------------------------------ item 7
+
+
+def test_dax_slot_bytes_change_reformats_clearly(make_server, tmp_path):
+    """Description: dax restarted with another slot_bytes reformats the
+    mapping with a warning (status reformatted_at_start) instead of reusing
+    headers that point at other bytes (stale slots counted as used, then
+    failing as corrupt). The same slot_bytes keeps the objects."""
+    dev = str(tmp_path / "dax.img")
+
+    def spec(slot):
+        return adapter_json(type="dax", device_path=dev, max_dax_size_gb=0.02, slot_bytes=slot)
+
+    keys = keys_for("geom", 4)
+    pay = random_payloads(4, 100000)
+    s = make_server(["--l2-adapter", spec(256 * 1024)])
+    with s.client() as c:
+        assert c.store(keys, pay) == 4
+        assert c.flush().l2_failed == 0
+    s.kill(signal.SIGKILL)
+    s.start()
+    st = s.wait_recovered()["l2"][0]
+    assert st["objects"] == 4 and st["reformatted_at_start"] is None, st
+    s.kill(signal.SIGKILL)
+    s2 = make_server(["--l2-store-policy", "skip_l1", "--l2-adapter", spec(128 * 1024)])
+    st = s2.wait_recovered()["l2"][0]
+    assert st["objects"] == 0 and st["used_bytes"] == 0, st
+    assert "another layout" in st["reformatted_at_start"], st
+    assert "slot_bytes 262144" in s2.read_log()
+    with s2.client() as c:
+        assert c.lookup(keys) == 0
+        assert c.store(keys, pay) == 4
+        assert c.flush().l2_failed == 0
+        assert c.retrieve(keys) == pay  # from the slots (skip_l1)
+        st = c.status()["l2"][0]
+        assert st["counters"]["corrupt"] == 0 and st["counters"]["load_ok"] == 4, st["counters"]
