@@ -65,6 +65,8 @@ def test_object_larger_than_a_slot_is_loud(make_server, tmp_path, label):
     assert st["too_big"] == 4 and st["store_failed"] == 4, st
     log = s.read_log()
     assert log.count("this adapter holds at most") == 1, log
+    code, text = s.http_get("/metrics")
+    assert code == 200 and 'kvtier_l2_too_big_total{adapter="%s[0]"} 4' % label in text, text
 
 
 def test_flush_reports_only_the_clients_own_failures(make_server, tmp_path):
