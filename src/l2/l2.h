@@ -221,9 +221,10 @@ struct kvt_l2 {
 
     struct kvt_l2_counters counters;
     bool persist_enabled;
-    /* set by engines whose remove is a network round trip on the submit
-     * thread (resp, s3): a store over the cap is refused at once and the
-     * eviction controller makes room on its next wake */
+    /* set by engines that reserve on a thread where a remove must not be
+     * waited for (s3: the submitting thread): a store over the cap is
+     * refused at once and the eviction controller makes room on its next
+     * wake */
     bool no_sync_evict;
     _Atomic bool warned_too_big;
     void *engine; /* engine state */

@@ -1072,7 +1072,6 @@ int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_r
         snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
         return rc;
     }
-    l2->no_sync_evict = true; /* remove is a network round trip (l2.h) */
     struct resp_engine *e = kvt_xcalloc(1, sizeof(*e));
     pthread_mutex_init(&e->hlock, NULL);
     pthread_condattr_t ca;

@@ -12,6 +12,7 @@ import pytest
 
 import kvtier
 from conftest import adapter_json, keys_for, l2_status, random_payloads, wait_for
+from test_resp import redis  # noqa: F401  (the Redis server fixture)
 
 MiB = 1 << 20
 
@@ -281,3 +282,23 @@ def test_dax_slot_bytes_change_reformats_clearly(make_server, tmp_path):
         assert c.retrieve(keys) == pay  # from the slots (skip_l1)
         st = c.status()["l2"][0]
         assert st["counters"]["corrupt"] == 0 and st["counters"]["load_ok"] == 4, st["counters"]
+
+
+def test_resp_burst_over_the_cap_evicts(make_server, redis):
+    """Description: the same synchronous eviction on a Redis tier: a burst of
+    3x the cap with LRU is stored (flush reports nothing failed), the cap
+    holds."""
+    from test_resp import resp_json
+    ev = {"eviction_policy": "LRU", "trigger_watermark": 0.9, "eviction_ratio": 0.1}
+    s = make_server(["--l2-store-policy", "skip_l1", "--eviction-interval-ms", "60000",
+                     "--l2-adapter", resp_json(redis, max_capacity_gb=MiB / (1 << 30),
+                                               eviction=ev)])
+    with s.client() as c:
+        for r in range(3):
+            keys = keys_for("rburst", 5, seed=r)
+            assert c.store(keys, random_payloads(5, 200000, seed=r)) == 5
+            res = c.flush()
+            assert res.l2_failed == 0, res
+        st = c.status()["l2"][0]
+        assert st["used_bytes"] <= MiB and st["counters"]["sync_evictions"] > 0, st
+        assert c.lookup(keys_for("rburst", 5, seed=2)) == 5
