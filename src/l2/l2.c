@@ -927,6 +927,8 @@ static bool make_room(kvt_l2 *l2, uint32_t stored)
     pthread_mutex_unlock(&l2->lock);
     if (!cap || stored > cap)
         return false;
+    if (used + stored <= cap)
+        return true; /* another store thread made room meanwhile */
     uint64_t target = KVT_MIN(cap - stored, (uint64_t)((double)used * (1.0 - ratio)));
     uint64_t freed = kvt_l2_evict_to(l2, target, 256);
     if (freed) {
