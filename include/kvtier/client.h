@@ -83,8 +83,36 @@ int kvt_client_chunk_size(const kvt_client *c);
 int kvt_store(kvt_client *c, const kvt_keys *keys, const void *const *bufs, const size_t *lens,
               const kvt_meta *meta, size_t *accepted);
 /* Return once every store acknowledged before this call reached every L2
- * adapter (or failed there). */
+ * adapter (or failed there). Returns 0 also when some keys did not reach an
+ * adapter (L2 full, object too large for a slot, I/O error): use
+ * kvt_flush_ex to learn which. */
 int kvt_flush(kvt_client *c);
+
+/* One (key, adapter) pair that did not reach L2. */
+typedef struct kvt_flush_failure {
+    int adapter;      /* index of the L2 adapter (--l2-adapter order) */
+    int code;         /* why: KVT_E_FULL, KVT_E_TOOBIG, KVT_E_LIMIT, -errno, ... */
+    uint32_t kv_rank, group;
+    uint8_t hash[32];
+    size_t hash_len;
+    char model[256];  /* NUL-terminated (cut if longer) */
+    char salt[256];
+} kvt_flush_failure;
+
+typedef struct kvt_flush_report {
+    /* (key, adapter) pairs of this client's stores that did not reach L2
+     * since its previous flush (each failure is reported by one flush) */
+    uint64_t l2_failed;
+    size_t n;                   /* entries in failed (the server lists up to 1024) */
+    kvt_flush_failure *failed;  /* free with kvt_flush_report_free */
+    bool truncated;             /* l2_failed > n */
+} kvt_flush_report;
+
+/* kvt_flush, and which of this client's stores did not reach L2 (*out,
+ * zeroed first; free with kvt_flush_report_free). A client is one
+ * connection: stores and flush must go through the same kvt_client. */
+int kvt_flush_ex(kvt_client *c, kvt_flush_report *out);
+void kvt_flush_report_free(kvt_flush_report *r);
 /* Number of leading keys available (L2 hits are pulled into L1). The server
  * holds read locks on them until the next retrieve of these keys or
  * kvt_free_locks (or the read TTL). */

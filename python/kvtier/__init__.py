@@ -4,7 +4,8 @@
     c = kvtier.Client("tcp://127.0.0.1:5555")
     keys = kvtier.chunk_keys("my-model", tokens, chunk_size=256)
     c.store(keys, payloads)        # bytes-like, one per key -> number accepted
-    c.flush()                      # every earlier store reached every L2 adapter
+    c.flush()                      # every earlier store reached every L2 adapter or
+                                   # failed there: a FlushResult lists what did not
     n = c.lookup(keys)             # leading chunks available (L2 hits pulled into L1)
     data = c.retrieve(keys[:n])    # list of read-only memoryviews (bytes-like),
                                    # identical to what was stored
@@ -18,6 +19,7 @@ from the caller's buffer into the pool; retrieve() copies each object once,
 from the pool into a buffer the client owns and reuses (see retrieve()).
 """
 
+import collections
 import ctypes
 import ctypes.util
 import hashlib
@@ -28,6 +30,8 @@ from array import array
 
 __all__ = [
     "Client",
+    "FlushFailure",
+    "FlushResult",
     "Keys",
     "KvtierError",
     "chunk_hashes",
@@ -161,6 +165,52 @@ class _CRView(ctypes.Structure):
     ]
 
 
+class _CFlushFailure(ctypes.Structure):
+    _fields_ = [
+        ("adapter", ctypes.c_int),
+        ("code", ctypes.c_int),
+        ("kv_rank", ctypes.c_uint32),
+        ("group", ctypes.c_uint32),
+        ("hash", ctypes.c_uint8 * 32),
+        ("hash_len", ctypes.c_size_t),
+        ("model", ctypes.c_char * 256),
+        ("salt", ctypes.c_char * 256),
+    ]
+
+
+class _CFlushReport(ctypes.Structure):
+    _fields_ = [
+        ("l2_failed", ctypes.c_uint64),
+        ("n", ctypes.c_size_t),
+        ("failed", ctypes.POINTER(_CFlushFailure)),
+        ("truncated", ctypes.c_bool),
+    ]
+
+
+class FlushFailure(collections.namedtuple(
+        "FlushFailure", "adapter code error model kv_rank group salt hash")):
+    """One key of a store that did not reach L2 adapter `adapter` (its index)."""
+
+
+class FlushResult:
+    """What Client.flush() returns: l2_failed counts the (key, adapter) pairs
+    of this client's stores since its previous flush that did not reach L2
+    (each reported once); failed lists them (FlushFailure, at most 1024);
+    truncated says the list is cut. Falsy when everything reached L2."""
+
+    def __init__(self, l2_failed=0, failed=(), truncated=False):
+        self.l2_failed = l2_failed
+        self.failed = list(failed)
+        self.truncated = truncated
+
+    def __bool__(self):
+        return self.l2_failed > 0
+
+    def __repr__(self):
+        return "FlushResult(l2_failed=%d, failed=%r, truncated=%r)" % (
+            self.l2_failed, self.failed, self.truncated)
+
+
 class _COpts(ctypes.Structure):
     _fields_ = [("timeout_ms", ctypes.c_int), ("no_shm", ctypes.c_bool), ("no_local", ctypes.c_bool),
                 ("connect_timeout_ms", ctypes.c_int)]
@@ -207,6 +257,8 @@ def _L():
     lib.kvt_client_local_active.restype = ctypes.c_bool
     lib.kvt_store.argtypes = [vp, P(_CKeys), P(vp), P(sz), P(_CMeta), P(sz)]
     lib.kvt_flush.argtypes = [vp]
+    lib.kvt_flush_ex.argtypes = [vp, P(_CFlushReport)]
+    lib.kvt_flush_report_free.argtypes = [P(_CFlushReport)]
     lib.kvt_ping.argtypes = [vp]
     lib.kvt_lookup.argtypes = [vp, P(_CKeys), P(sz)]
     lib.kvt_free_locks.argtypes = [vp]
@@ -523,9 +575,29 @@ class Client:
             _release(views)
         return acc.value
 
-    def flush(self):
-        """Return once every earlier store reached every L2 adapter (or failed)."""
-        self._check(_L().kvt_flush(self._h))
+    def flush(self, check=False):
+        """Return once every earlier store reached every L2 adapter (or failed
+        there), as a FlushResult naming the keys of this client's stores that
+        did not reach an adapter since its previous flush (falsy when none).
+        check=True raises KvtierError (the first failure's code) instead."""
+        rep = _CFlushReport()
+        self._check(_L().kvt_flush_ex(self._h, ctypes.byref(rep)))
+        try:
+            failed = []
+            for i in range(rep.n):
+                f = rep.failed[i]
+                failed.append(FlushFailure(
+                    f.adapter, f.code, _L().kvt_errname(f.code).decode(),
+                    f.model.decode(errors="replace"), f.kv_rank, f.group,
+                    f.salt.decode(errors="replace"), bytes(f.hash[:f.hash_len])))
+            res = FlushResult(rep.l2_failed, failed, rep.truncated)
+        finally:
+            _L().kvt_flush_report_free(ctypes.byref(rep))
+        if check and res.l2_failed:
+            code = failed[0].code if failed else -5  # -EIO when none is listed
+            raise KvtierError(code, "%d store(s) did not reach L2 (first: %s)" % (
+                res.l2_failed, failed[0] if failed else "not listed"))
+        return res
 
     def ping(self):
         self._check(_L().kvt_ping(self._h))

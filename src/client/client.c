@@ -1040,11 +1040,74 @@ void kvt_store_abort(kvt_client *c, kvt_wview *v)
 
 int kvt_flush(kvt_client *c)
 {
+    return kvt_flush_ex(c, NULL);
+}
+
+/* A msgpack string or bin into a NUL-terminated buffer (cut to fit). */
+static void mp_copy_str(const msgpack_object *o, char *dst, size_t cap)
+{
+    dst[0] = 0;
+    if (!o || (o->type != MSGPACK_OBJECT_STR && o->type != MSGPACK_OBJECT_BIN))
+        return;
+    size_t n = KVT_MIN((size_t)o->via.str.size, cap - 1);
+    memcpy(dst, o->via.str.ptr, n);
+    dst[n] = 0;
+}
+
+int kvt_flush_ex(kvt_client *c, kvt_flush_report *out)
+{
+    if (out)
+        memset(out, 0, sizeof(*out));
     struct rep r;
     int rc = call(c, "flush", NULL, NULL, NULL, 0, &r);
-    if (!rc)
-        rep_free(&r);
-    return rc;
+    if (rc)
+        return rc;
+    if (out) {
+        const msgpack_object *b = &r.up.data;
+        uint64_t total = 0;
+        kvt_mp_u64(b, "l2_failed", false, &total, NULL);
+        out->l2_failed = total;
+        const msgpack_object *fa = kvt_mp_get(b, "failed");
+        if (fa && fa->type == MSGPACK_OBJECT_ARRAY && fa->via.array.size) {
+            out->failed = kvt_xcalloc(fa->via.array.size, sizeof(*out->failed));
+            for (uint32_t i = 0; i < fa->via.array.size; i++) {
+                const msgpack_object *e = &fa->via.array.ptr[i];
+                kvt_flush_failure *f = &out->failed[out->n++];
+                uint64_t v = 0;
+                kvt_mp_u64(e, "adapter", false, &v, NULL);
+                f->adapter = (int)v;
+                const msgpack_object *code = kvt_mp_get(e, "code");
+                if (code && (code->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ||
+                             code->type == MSGPACK_OBJECT_POSITIVE_INTEGER))
+                    f->code = (int)code->via.i64;
+                v = 0;
+                kvt_mp_u64(e, "kv_rank", false, &v, NULL);
+                f->kv_rank = (uint32_t)v;
+                v = 0;
+                kvt_mp_u64(e, "group", false, &v, NULL);
+                f->group = (uint32_t)v;
+                mp_copy_str(kvt_mp_get(e, "model"), f->model, sizeof(f->model));
+                mp_copy_str(kvt_mp_get(e, "salt"), f->salt, sizeof(f->salt));
+                const msgpack_object *h = kvt_mp_get(e, "hash");
+                if (h && h->type == MSGPACK_OBJECT_BIN) {
+                    f->hash_len = KVT_MIN((size_t)h->via.bin.size, sizeof(f->hash));
+                    memcpy(f->hash, h->via.bin.ptr, f->hash_len);
+                }
+            }
+        }
+        out->truncated = out->l2_failed > out->n;
+    }
+    rep_free(&r);
+    return 0;
+}
+
+void kvt_flush_report_free(kvt_flush_report *r)
+{
+    if (!r)
+        return;
+    free(r->failed);
+    r->failed = NULL;
+    r->n = 0;
 }
 
 int kvt_ping(kvt_client *c)

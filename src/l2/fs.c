@@ -345,14 +345,12 @@ static void run_load(struct fs_job *j, void *hdrbuf)
     struct stat st;
     int rc = 0;
     uint64_t plen = 0;
+    const char *why = "file size does not match the destination";
     if (fstat(fd, &st) < 0)
         rc = -errno;
-    else if ((uint64_t)st.st_size < hl)
-        rc = KVT_E_CORRUPT; /* shorter than its header: torn */
-    else if ((uint64_t)st.st_size - hl > dst->len)
-        rc = -EOVERFLOW; /* larger than the destination: never an overrun */
-    else
-        plen = (uint64_t)st.st_size - hl;
+    else /* a changed size is corrupt; larger than the destination: -EOVERFLOW */
+        rc = kvt_fileobj_load_size(l2, &t->keys[i], (uint64_t)st.st_size, hl, dst->len, &plen,
+                                   &why);
     if (!rc && direct && plen % e->od.blksz)
         direct = false; /* cannot happen for files we wrote with O_DIRECT */
     struct iovec iov[2] = {{hdrbuf, hl}, {dst->ptr, plen}};
@@ -376,7 +374,7 @@ static void run_load(struct fs_job *j, void *hdrbuf)
     }
     close(fd);
     kvt_fileobj_load_done(l2, e->dirfd, name, t, i, hdrbuf, hl, plen, rc,
-                          "file size does not match the destination");
+                          rc == KVT_E_CORRUPT ? why : "file shorter than its size at open");
 }
 
 /* ------------------------------------------------------------ submit */

@@ -406,17 +406,19 @@ static bool load_prep(struct nd_op *op)
     }
     struct stat st;
     int rc = 0;
+    const char *why = NULL;
     if (fstat(op->fd, &st) < 0)
         rc = -errno;
-    else if ((uint64_t)st.st_size < hl || (uint64_t)st.st_size - hl > dst->len)
-        rc = KVT_E_CORRUPT; /* shorter than a header, or larger than the destination */
+    else /* a changed size is corrupt; larger than the destination: -EOVERFLOW */
+        rc = kvt_fileobj_load_size(l2, &t->keys[i], (uint64_t)st.st_size, hl, dst->len,
+                                   &op->plen, &why);
     if (rc) {
         close(op->fd);
         op->fd = -1;
-        kvt_l2_task_fail(t, i, rc);
+        /* a corrupt file is counted, removed and forgotten there */
+        kvt_fileobj_load_done(l2, e->dirfd, op->rel, t, i, NULL, hl, 0, rc, why);
         return false;
     }
-    op->plen = (uint64_t)st.st_size - hl;
     if (op->direct && op->plen % e->od.blksz) {
         /* cannot happen for files we wrote with O_DIRECT; reopen buffered */
         close(op->fd);

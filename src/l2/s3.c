@@ -1215,6 +1215,10 @@ int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_
         snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
         return rc;
     }
+    /* stores reserve on the submitting thread (store-ctrl, or the listing's
+     * completion when parked tasks resume), where a batch of DELETEs must
+     * not be waited for: over the cap is refused, the controller evicts */
+    l2->no_sync_evict = true;
     struct s3_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->l2 = l2;
     pthread_mutex_init(&e->lock, NULL);

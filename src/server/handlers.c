@@ -183,8 +183,8 @@ static void do_store(struct store_job *j)
         accepted++;
     }
     kvt_l1_commit(s->l1, hs, k, 0);
-    if (k)
-        kvt_store_ctrl_submit(s->sc, refs, keys, k); /* references move to the controller */
+    if (k) /* references move to the controller */
+        kvt_store_ctrl_submit_for(s->sc, refs, keys, k, kvt_client_tag(j->r));
     msgpack_packer *pk = &j->r->pk;
     msgpack_pack_map(pk, 2);
     kvt_mp_str0(pk, "accepted");
@@ -272,17 +272,81 @@ static void h_store(struct kvt_server *s, struct request *q)
 
 /* ---------------------------------------------------------------- flush */
 
+uint64_t kvt_client_tag(const struct reply *r)
+{
+    /* FNV-1a of the routing id (ZeroMQ's, or the same-host socket's
+     * connection id): the same connection always gets the same tag */
+    const uint8_t *p = zmq_msg_data((zmq_msg_t *)&r->ident);
+    size_t n = zmq_msg_size((zmq_msg_t *)&r->ident);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h | 1;
+}
+
+#define FLUSH_LIST_MAX 1024 /* failed keys listed in one flush reply */
+
+/*
+ * The flush reply: {l2_failed, failed: [...], failed_truncated}. Built when
+ * it is sent (every store acknowledged before the flush has then finished
+ * on every adapter), from what the store controller recorded for this
+ * client: each (key, adapter) that did not reach L2 since the client's
+ * previous flush reply, reported once.
+ */
+static void pack_flush_reply(struct kvt_server *s, struct reply *r, uint64_t client)
+{
+    struct kvt_store_failure *fv = NULL;
+    uint32_t listed = 0;
+    uint64_t total = kvt_store_ctrl_take_failures(s->sc, client, FLUSH_LIST_MAX, &fv, &listed);
+    msgpack_packer *pk = &r->pk;
+    msgpack_pack_map(pk, 3);
+    kvt_mp_str0(pk, "l2_failed");
+    msgpack_pack_uint64(pk, total);
+    kvt_mp_str0(pk, "failed");
+    msgpack_pack_array(pk, listed);
+    for (uint32_t i = 0; i < listed; i++) {
+        const struct kvt_store_failure *f = &fv[i];
+        msgpack_pack_map(pk, 9);
+        kvt_mp_str0(pk, "adapter");
+        msgpack_pack_int(pk, f->adapter);
+        kvt_mp_str0(pk, "name");
+        kvt_mp_str0(pk, f->adapter < s->nl2 ? s->l2s[f->adapter]->name : "?");
+        kvt_mp_str0(pk, "code");
+        msgpack_pack_int32(pk, f->code);
+        kvt_mp_str0(pk, "error");
+        kvt_mp_str0(pk, kvt_errname(f->code));
+        kvt_mp_str0(pk, "model");
+        kvt_mp_str0(pk, kvt_ns_model(f->key.ns));
+        kvt_mp_str0(pk, "kv_rank");
+        msgpack_pack_uint32(pk, f->key.kv_rank);
+        kvt_mp_str0(pk, "group");
+        msgpack_pack_uint32(pk, f->key.group);
+        kvt_mp_str0(pk, "salt");
+        kvt_mp_str0(pk, kvt_ns_salt(f->key.ns));
+        kvt_mp_str0(pk, "hash");
+        msgpack_pack_bin(pk, f->key.hash_len);
+        msgpack_pack_bin_body(pk, f->key.hash, f->key.hash_len);
+    }
+    kvt_mp_str0(pk, "failed_truncated");
+    if (total > listed)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    free(fv);
+}
+
 static void h_flush(struct kvt_server *s, struct request *q)
 {
     uint64_t target = kvt_store_ctrl_last_seq(s->sc);
+    uint64_t client = kvt_client_tag(q->r);
     if (kvt_store_ctrl_done_seq(s->sc) >= target) {
-        msgpack_pack_map(&q->r->pk, 0);
+        pack_flush_reply(s, q->r, client);
         return;
     }
     struct flush_wait *f = kvt_xcalloc(1, sizeof(*f));
     f->seq = target;
+    f->client = client;
     f->r = q->r;
-    msgpack_pack_map(&f->r->pk, 0);
     q->r = NULL;
     if (s->fw_tail)
         s->fw_tail->next = f;
@@ -300,6 +364,7 @@ void kvt_flush_progress(struct kvt_server *s)
         s->fw_head = f->next;
         if (!s->fw_head)
             s->fw_tail = NULL;
+        pack_flush_reply(s, f->r, f->client);
         kvt_reply_send(s, f->r);
         free(f);
     }
@@ -447,6 +512,8 @@ static void h_fetch(struct kvt_server *s, struct request *q, enum kvt_op op)
         finish_fetch(f, f->m, true);
         return;
     }
+    kvt_debug("Prefetch request submitted: %u total keys, %u L1 prefix hits, %u remaining for L2",
+              f->n, f->m, f->n - f->m);
     kvt_prefetch_submit(s->pc, f->keys + f->m, f->n - f->m, on_prefetched, f);
 }
 
@@ -614,7 +681,7 @@ static void h_commit_store(struct kvt_server *s, struct request *q)
     for (int i = 0; i < committed; i++)
         kvt_l1_describe(s->l1, keep[i], &refs[i], &keys[i]);
     if (committed)
-        kvt_store_ctrl_submit(s->sc, refs, keys, (uint32_t)committed);
+        kvt_store_ctrl_submit_for(s->sc, refs, keys, (uint32_t)committed, kvt_client_tag(q->r));
     free(refs);
     free(keys);
     free(keep);

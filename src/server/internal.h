@@ -75,6 +75,7 @@ struct reply {
 struct flush_wait {
     struct flush_wait *next;
     uint64_t seq;
+    uint64_t client; /* kvt_client_tag of the requester */
     struct reply *r;
 };
 
@@ -163,6 +164,8 @@ struct request {
 };
 void kvt_handle(struct kvt_server *s, enum kvt_op op, struct request *q);
 void kvt_flush_progress(struct kvt_server *s);
+/* A nonzero tag naming the connection a request came from (its routing id). */
+uint64_t kvt_client_tag(const struct reply *r);
 
 /* status.c */
 json_t *kvt_server_status(struct kvt_server *s);

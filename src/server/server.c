@@ -593,6 +593,8 @@ static void shutdown_all(struct kvt_server *s)
         uint64_t pend = kvt_store_ctrl_last_seq(s->sc) - kvt_store_ctrl_done_seq(s->sc);
         if (pend)
             kvt_info("draining %llu pending L2 store batch(es)", (unsigned long long)pend);
+        kvt_store_ctrl_quiesce(s->sc);
+        kvt_flush_progress(s); /* pending flushes, with their clients' L2 failures */
         kvt_store_ctrl_stop(s->sc);
         s->sc = NULL;
     }
