@@ -902,20 +902,8 @@ int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
         }
     } else {
         lease_unlock_locked(l1, L);
-        for (uint32_t i = 0; i < L->n; i++) {
-            /* released unread (free_locks, or the next lookup's "release"):
-             * what the lookup pulled from L2 is wanted by some other reader
-             * (an engine's worker reads on its own connection), so it
-             * becomes an ordinary L1 object instead of being freed */
-            struct l1_obj *o = obj(l1, L->hs[i]);
-            if ((o->flags & F_TEMP) && o->state == ST_READY) {
-                o->flags &= (uint8_t)~F_TEMP;
-                struct kvt_policy_hint hint = {.prefix_pos = i, .bytes = o->meta.len};
-                kvt_policy_insert(l1->policy, L->hs[i], false, &hint);
-                o->flags |= F_TRACKED;
-            }
+        for (uint32_t i = 0; i < L->n; i++)
             put_locked(l1, L->hs[i]);
-        }
     }
     lease_free_locked(l1, L);
     pthread_mutex_unlock(&l1->lock);
