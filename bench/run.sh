@@ -2,7 +2,8 @@
 # kvtier benchmarks: every comparison side by side in one run, as ratios.
 #
 #   bench/run.sh [section...]      sections: fs persist l1 remote serde recovery replay
-#                                  (default: all)
+#                                  (default: all of these), and vllm (a real vLLM
+#                                  engine, needs `make venv`; QUICK=1: a smaller model)
 #
 # Environment: BENCH_DIR (a directory on the disk to test; default
 # /var/tmp/kvtier-bench), QUICK=1 for a short smoke run.
@@ -30,6 +31,18 @@ echo
 
 for s in "${sections[@]}"; do
 case "$s" in
+vllm)
+  echo "== vLLM (CPU build) time to first token: no connector, kvtier L1 / L2 hits, vLLM's own CPU offloading"
+  VPY=${VENV:-$B/venv}/bin/python
+  [ -x "$VPY" ] || { echo "no vLLM harness: run 'make venv' first"; exit 1; }
+  if [ "$QUICK" = 1 ]; then
+    KVTIER_LIB=$PWD/$B/libkvtier_client.so "$VPY" bench/bench_vllm.py --dir "$DIR" --bin "$BIN" \
+      --layers 4 --hidden 256 --heads 4 --vocab 4096 --prompt 1024 --rounds 2
+  else
+    KVTIER_LIB=$PWD/$B/libkvtier_client.so "$VPY" bench/bench_vllm.py --dir "$DIR" --bin "$BIN"
+  fi
+  echo
+  ;;
 fs)
   echo "== fs adapter vs fio (4 MiB objects, queue depth 4, same directory: $DIR)"
   n=256; r=5; [ "$QUICK" = 1 ] && { n=32; r=2; }

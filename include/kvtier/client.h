@@ -74,6 +74,11 @@ const char *kvt_client_open_error(void);
 void kvt_client_close(kvt_client *c);
 const char *kvt_client_last_error(const kvt_client *c);
 bool kvt_client_shm_active(const kvt_client *c);
+/* The mapping of the server's L1 pool (false, NULL, 0 without shared memory):
+ * for registering it with a device runtime (cudaHostRegister) so copies to
+ * and from pool slots are DMA. It changes when the client re-maps after a
+ * server restart. */
+bool kvt_client_pool(const kvt_client *c, void **base, size_t *size);
 bool kvt_client_local_active(const kvt_client *c);
 int kvt_client_chunk_size(const kvt_client *c);
 

@@ -252,6 +252,8 @@ def _L():
     lib.kvt_client_last_error.restype = ctypes.c_char_p
     lib.kvt_client_shm_active.argtypes = [vp]
     lib.kvt_client_shm_active.restype = ctypes.c_bool
+    lib.kvt_client_pool.argtypes = [vp, P(vp), P(sz)]
+    lib.kvt_client_pool.restype = ctypes.c_bool
     lib.kvt_client_chunk_size.argtypes = [vp]
     lib.kvt_client_local_active.argtypes = [vp]
     lib.kvt_client_local_active.restype = ctypes.c_bool
@@ -524,6 +526,14 @@ class Client:
     def shm_active(self):
         """True when bytes move through the server's shared-memory pool."""
         return bool(_L().kvt_client_shm_active(self._h))
+
+    @property
+    def pool(self):
+        """(address, size) of the mapped L1 pool, or None without shared memory."""
+        base, size = ctypes.c_void_p(), ctypes.c_size_t()
+        if not _L().kvt_client_pool(self._h, ctypes.byref(base), ctypes.byref(size)):
+            return None
+        return base.value, size.value
 
     @property
     def local_active(self):

@@ -20,6 +20,8 @@ Only torch is needed: nothing here imports vLLM, so the copy routines can be
 exercised (and benchmarked) with a plain paged tensor and random block tables.
 """
 
+import warnings
+
 import torch
 
 __all__ = ["PagedLayout", "LayoutError", "DTYPE_NAMES"]
@@ -121,7 +123,12 @@ class PagedLayout:
         return buf.view(self.dtype).view(shape)
 
     def _as_u8(self, mv):
-        return torch.frombuffer(mv, dtype=torch.uint8) if not isinstance(mv, torch.Tensor) else mv
+        if isinstance(mv, torch.Tensor):
+            return mv
+        with warnings.catch_warnings():
+            # a retrieve view is read-only; scatter only reads it
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            return torch.frombuffer(mv, dtype=torch.uint8)
 
     def matches(self, dtype_name, shape):
         return dtype_name == self.dtype_name and list(shape) == self.shape
@@ -184,22 +191,18 @@ class PagedLayout:
         return self._staging
 
 
-def register_pinned(mv):
-    """Register a host buffer (the mapped kvtier pool) with CUDA as pinned
-    memory so device copies to and from it are DMA. Returns a callable that
-    unregisters it, or None when CUDA is not available."""
+def register_pinned(address, size):
+    """Register a host range (the mapped kvtier pool: `Client.pool`) with CUDA
+    as pinned memory, so device copies to and from pool slots are DMA.
+    Returns a callable that unregisters it, or None without CUDA."""
     if not torch.cuda.is_available():
         return None
-    import ctypes
-
-    buf = (ctypes.c_char * len(mv)).from_buffer(mv)
-    ptr = ctypes.addressof(buf)
     rt = torch.cuda.cudart()
-    rc = rt.cudaHostRegister(ptr, len(mv), 0)
-    if int(rc) != 0:
-        raise RuntimeError("cudaHostRegister of the kvtier pool failed: %s" % rc)
+    rc = rt.cudaHostRegister(address, size, 0)
+    if int(getattr(rc, "value", rc)) != 0:
+        raise RuntimeError("cudaHostRegister of the kvtier pool (%d bytes) failed: %s" % (size, rc))
 
     def unregister():
-        rt.cudaHostUnregister(ptr)
+        rt.cudaHostUnregister(address)
 
     return unregister

@@ -35,7 +35,9 @@ Extra config keys (`kv_connector_extra_config`):
     load_failure_policy  "recompute" (default) or "fail"
 """
 
+import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -51,7 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 import kvtier
-from kvtier.kvcopy import LayoutError, PagedLayout
+from kvtier.kvcopy import LayoutError, PagedLayout, register_pinned
 
 try:  # vLLM >= 0.11
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -181,9 +183,21 @@ class _Scheduler:
         c = self.conn.get()
         if c is not None:
             cfg.set_chunk_size(c.chunk_size)
+            self._check_prefetch_policy(c)
         else:
             log.warning("kvtier: no server at %s at start; assuming chunk size %d until it answers",
                         cfg.url, cfg.chunk_size)
+
+    def _check_prefetch_policy(self, c):
+        try:
+            policy = c.status().get("prefetch", {}).get("policy")
+        except Exception:  # noqa: BLE001
+            return
+        if policy == "default":
+            log.warning("kvtier at %s runs --l2-prefetch-policy default: an object its lookup "
+                        "pulls from L2 is freed when the scheduler releases the lookup, so the "
+                        "worker reads it from L2 again; start kvtier with "
+                        "--l2-prefetch-policy retain for vLLM", self.cfg.url)
 
     def _state(self, request):
         st = self.reqs.get(request.request_id)
@@ -337,8 +351,19 @@ class _Worker:
                  "server %s (shared memory: %s)", len(self.layout.layers), self.cfg.chunk_size,
                  self.layout.blocks_per_chunk, self.layout.chunk_bytes, self.layout.dtype_name,
                  self.cfg.url, bool(c and c.shm_active))
+        self._pin(c)
         self.thread = threading.Thread(target=self._run, name="kvtier-io", daemon=True)
         self.thread.start()
+
+    def _pin(self, c):
+        """CUDA: register the mapped pool as pinned memory (DMA copies)."""
+        if self.layout.device.type != "cuda" or c is None or c.pool is None:
+            return
+        try:
+            self._unpin = register_pinned(*c.pool)
+            log.info("kvtier worker: pool of %d bytes registered as pinned memory", c.pool[1])
+        except Exception as e:  # noqa: BLE001 - copies still work, unpinned
+            log.warning("kvtier worker: cannot pin the pool (%s); device copies are not DMA", e)
 
     # --- called by vLLM on the model-runner thread
 
@@ -405,9 +430,17 @@ class _Worker:
             finally:
                 self.q.task_done()
 
+    def _record(self, rec):
+        try:
+            with open(self.cfg.stats_file, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        except OSError:
+            pass
+
     def _load(self, job):
         L = self.layout
         loaded = 0
+        t0 = time.perf_counter()
         c = self.conn.get()
         try:
             if c is None:
@@ -426,6 +459,9 @@ class _Worker:
         except Exception as e:  # noqa: BLE001 - whatever was scattered is not trusted
             loaded = 0
             self.conn.failed(e, "load")
+        if self.cfg.stats_file and loaded:
+            self._record({"op": "load", "chunks": loaded, "bytes": loaded * L.chunk_bytes,
+                          "seconds": time.perf_counter() - t0})
         bad = set()
         for row in job.blocks[loaded:]:
             bad.update(b for b in row if b >= 0)
@@ -482,6 +518,8 @@ class _Config:
         self.block_size = vllm_config.cache_config.block_size
         self.kv_rank = _kv_rank(world, rank)
         self.chunk_size = int(get("chunk_size", 256))
+        # benchmarks: one JSON line per load (chunks, bytes, seconds)
+        self.stats_file = os.environ.get("KVTIER_VLLM_STATS")
         self.disabled = False
         self._check_chunk()
 

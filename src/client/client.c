@@ -101,6 +101,13 @@ bool kvt_client_shm_active(const kvt_client *c)
     return c->shm != NULL;
 }
 
+bool kvt_client_pool(const kvt_client *c, void **base, size_t *size)
+{
+    *base = c->shm;
+    *size = c->shm ? (size_t)c->shm_size : 0;
+    return c->shm != NULL;
+}
+
 bool kvt_client_local_active(const kvt_client *c)
 {
     return c->lfd >= 0;

@@ -42,7 +42,10 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def kvt_server(tmp_path_factory):
     d = tmp_path_factory.mktemp("kvtier")
-    s = Server(["--chunk-size", str(CHUNK)], d, data_dir=str(d / "data"))
+    # retain: what a lookup pulls from L2 stays in L1 for the worker's load
+    # (docs/vllm.md)
+    s = Server(["--chunk-size", str(CHUNK), "--l2-prefetch-policy", "retain"], d,
+               data_dir=str(d / "data"))
     s.start()
     yield s
     s.kill()

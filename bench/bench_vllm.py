@@ -1,0 +1,218 @@
+"""bench/run.sh vllm: time to first token of a real vLLM engine (CPU build) on a
+prompt long enough that prefill dominates, in one run, alternating:
+
+  (a) no connector (cold prefill)
+  (b) kvtier connector, hit from L1
+  (c) kvtier connector, hit from the fs L2 after a kvtier restart
+  (d) vLLM's own CPU KV offloading (OffloadingConnector), hit from its CPU tier
+
+and the connector's load throughput against a memcpy of the same bytes in the
+same run. vLLM's prefix cache is reset before every timed request, so a hit
+can only come from the connector. The model is a ~100M-parameter Llama with
+random weights built locally (nothing downloaded).
+
+Last line: RESULT vllm ttft_hit_over_cold=<b/a> identical=<yes|no>
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "vllm"))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("KVTIER_LIB", os.path.join(ROOT, "build", "libkvtier_client.so"))
+
+import harness  # noqa: E402
+import kvtier  # noqa: E402
+
+BLOCK = 32
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Kvtier:
+    def __init__(self, binary, data, chunk, l1_gb, log):
+        self.cmd = [binary, "server", "--port", str(free_port()), "--http-port", "0",
+                    "--chunk-size", str(chunk), "--l1-size-gb", str(l1_gb), "--data-dir", data,
+                    "--log-level", "warn"]
+        self.url = "tcp://127.0.0.1:%s" % self.cmd[3]
+        self.log = log
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
+        for _ in range(400):
+            try:
+                with kvtier.Client(self.url, timeout_ms=500) as c:
+                    c.ping()
+                    st = c.status()
+                if all(a["recovery"]["state"] == "done" for a in st["l2"]):
+                    return
+            except kvtier.KvtierError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("kvtier did not start")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+    def held(self, keys):
+        with kvtier.Client(self.url, timeout_ms=5000) as c:
+            n = c.lookup(keys)
+            c.free_locks()
+            return n
+
+
+def ttft(eng, toks):
+    """Seconds of a 1-token generate (prefill + first token), inside the engine
+    process, and the token."""
+    r = eng.generate([{"tokens": toks}], max_tokens=1)
+    return r["seconds"], r["outputs"][0]["tokens"], r["metrics"]
+
+
+def memcpy_seconds(nbytes):
+    import torch
+    src = torch.empty(nbytes, dtype=torch.uint8)
+    dst = torch.empty(nbytes, dtype=torch.uint8)
+    src.fill_(1)
+    dst.copy_(src)
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--hidden", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--prompt", type=int, default=4096)
+    ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default=os.environ.get("BENCH_DIR", "/var/tmp/kvtier-bench"))
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "kvtier"))
+    a = ap.parse_args()
+
+    work = tempfile.mkdtemp(prefix="vllm-", dir=a.dir)
+    model = harness.make_tiny_model(
+        os.path.join(a.dir, "model-%dx%d" % (a.layers, a.hidden)), layers=a.layers,
+        hidden=a.hidden, heads=a.heads, kv_heads=a.heads, vocab=a.vocab,
+        intermediate=int(a.hidden * 8 / 3) // 64 * 64, max_pos=a.prompt + 1024)
+    nparams = a.layers * (4 * a.hidden ** 2 + 3 * a.hidden * (int(a.hidden * 8 / 3) // 64 * 64)) \
+        + 2 * a.vocab * a.hidden
+    kv_bytes = a.prompt * a.layers * 2 * a.hidden * 4
+    print("model: %d layers, hidden %d, ~%.0fM parameters (random), fp32; prompt %d tokens "
+          "(%.0f MiB of KV); chunk %d, block %d; %d rounds"
+          % (a.layers, a.hidden, nparams / 1e6, a.prompt, kv_bytes / 2 ** 20, a.chunk, BLOCK,
+             a.rounds))
+    stats_file = os.path.join(work, "loads.jsonl")
+    kvt = Kvtier(a.bin, os.path.join(work, "data"), a.chunk, max(1, kv_bytes * 4 // 2 ** 30 + 1),
+                 os.path.join(work, "kvtier.log"))
+    kvt.start()
+    common = dict(max_model_len=a.prompt + 1024, max_num_batched_tokens=a.prompt + 1024,
+                  max_num_seqs=2, env={"VLLM_CPU_KVCACHE_SPACE": "3"})
+    cfg_b = harness.kvtier_connector_config(kvt.url, timeout_ms=30000)
+    eng_a = harness.Engine(model, None, log=os.path.join(work, "engine-a.log"), **common)
+    eng_b = harness.Engine(model, cfg_b, log=os.path.join(work, "engine-b.log"),
+                           **dict(common, env={"VLLM_CPU_KVCACHE_SPACE": "3",
+                                               "KVTIER_VLLM_STATS": stats_file}))
+    eng_d, d_err = None, None
+    cfg_d = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+             "kv_connector_extra_config": {"cpu_bytes_to_use": kv_bytes * 4}}
+    try:
+        eng_d = harness.Engine(model, cfg_d, log=os.path.join(work, "engine-d.log"), **common)
+    except Exception as e:  # noqa: BLE001 - reported, the other rows still run
+        d_err = str(e).splitlines()
+        d_err = next((l for l in reversed(d_err) if "Error" in l), d_err[-1] if d_err else "?")
+
+    import random
+    rows = {"a": [], "b": [], "c": [], "d": []}
+    identical = True
+    loads = []
+    for i in range(a.rounds):
+        r = random.Random(1000 + i)
+        toks = [r.randrange(3, a.vocab - 1) for _ in range(a.prompt)]
+        keys = kvtier.chunk_keys(model, toks, chunk_size=a.chunk, kv_rank=kvtier.kv_rank(1, 0, 1, 0))
+        eng_a.reset()
+        t, cold_tok, _ = ttft(eng_a, toks)
+        rows["a"].append(t)
+        eng_b.reset()
+        ttft(eng_b, toks)                                  # computes and stores
+        for _ in range(600):
+            if kvt.held(keys) == len(keys):
+                break
+            time.sleep(0.1)
+        with kvtier.Client(kvt.url) as c:
+            c.flush()
+        eng_b.reset()
+        open(stats_file, "w").close()
+        t, tok, m = ttft(eng_b, toks)                      # (b) from L1
+        rows["b"].append(t)
+        identical &= tok == cold_tok
+        with open(stats_file) as f:
+            loads += [json.loads(l) for l in f if l.strip()]
+        kvt.stop()
+        kvt.start()
+        eng_b.reset()
+        t, tok, _ = ttft(eng_b, toks)                      # (c) from the fs L2
+        rows["c"].append(t)
+        identical &= tok == cold_tok
+        if eng_d is not None:
+            eng_d.reset()
+            ttft(eng_d, toks)                              # computes and offloads
+            time.sleep(1.0)                                # its offload is asynchronous
+            eng_d.reset()
+            t, tok, _ = ttft(eng_d, toks)
+            rows["d"].append(t)
+            identical &= tok == cold_tok
+        print("round %d: a %.3f s, b %.3f s, c %.3f s, d %s" % (
+            i + 1, rows["a"][-1], rows["b"][-1], rows["c"][-1],
+            "%.3f s" % rows["d"][-1] if rows["d"] else "n/a"), flush=True)
+    for e in (eng_a, eng_b, eng_d):
+        if e is not None:
+            e.close()
+    kvt.stop()
+
+    med = {k: statistics.median(v) for k, v in rows.items() if v}
+    print()
+    print("%-44s %10s %10s" % ("TTFT (median of %d)" % a.rounds, "seconds", "vs (a)"))
+    names = {"a": "(a) no connector, cold prefill", "b": "(b) kvtier, hit from L1",
+             "c": "(c) kvtier, hit from fs L2 after restart",
+             "d": "(d) vLLM OffloadingConnector (CPU tier)"}
+    for k in "abcd":
+        if k in med:
+            print("%-44s %10.3f %10.3f" % (names[k], med[k], med[k] / med["a"]))
+        else:
+            print("%-44s %10s %10s   (%s)" % (names[k], "n/a", "n/a", d_err or "not run"))
+    if loads:
+        lb = statistics.median(l["bytes"] for l in loads)
+        ls = statistics.median(l["seconds"] for l in loads)
+        mc = memcpy_seconds(int(lb))
+        print("connector load (b): %.1f MiB in %.3f s = %.2f GB/s; memcpy of the same bytes "
+              "%.3f s = %.2f GB/s; load time / memcpy time %.2f"
+              % (lb / 2 ** 20, ls, lb / ls / 1e9, mc, lb / mc / 1e9, ls / mc))
+    if "d" in med:
+        print("(b) / (d) %.2f, (c) / (d) %.2f" % (med["b"] / med["d"], med["c"] / med["d"]))
+    print("RESULT vllm ttft_hit_over_cold=%.3f identical=%s"
+          % (med["b"] / med["a"], "yes" if identical else "no"))
+
+
+if __name__ == "__main__":
+    main()

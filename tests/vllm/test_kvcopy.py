@@ -1,0 +1,95 @@
+"""kvtier.kvcopy without vLLM: paged KV tensors of the layouts vLLM uses,
+random block tables, gathered into a real kvtier server's shared-memory pool
+and scattered back into other blocks; every byte checked."""
+
+import random
+
+import pytest
+import torch
+
+import kvtier
+from conftest import Server
+from kvtier.kvcopy import LayoutError, PagedLayout
+
+NB, BS = 64, 16
+
+LAYOUTS = {
+    # vLLM's FlashAttention-style [2, num_blocks, block_size, heads, head_dim]
+    "kv_first": lambda dt: [torch.randn(2, NB, BS, 4, 8).to(dt) for _ in range(3)],
+    # vLLM's CPU backend [num_blocks, heads, block_size, 2 * head_dim]
+    "cpu_attn": lambda dt: [torch.randn(NB, 4, BS, 16).to(dt) for _ in range(3)],
+    # MLA: one latent tensor per layer [num_blocks, block_size, dim]
+    "mla": lambda dt: [torch.randn(NB, BS, 24).to(dt) for _ in range(3)],
+    # a permuted (non-contiguous) view, as a stride order gives
+    "strided": lambda dt: [torch.randn(NB, BS, 2, 4, 8).to(dt).permute(2, 0, 3, 1, 4)
+                           for _ in range(3)],
+}
+
+
+@pytest.fixture(scope="module")
+def kvt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kvcopy")
+    s = Server(["--chunk-size", str(BS * 4), "--no-l2"], d)
+    s.start()
+    yield s
+    s.kill()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_gather_scatter_round_trip_through_the_pool(kvt, layout, dtype):
+    layers = LAYOUTS[layout](dtype)
+    caches = {"model.layers.%d.attn" % i: t for i, t in enumerate(layers)}
+    L = PagedLayout(caches, NB, BS, BS * 4)
+    assert L.blocks_per_chunk == 4 and L.dtype_name == str(dtype).split(".")[1]
+    r = random.Random(hash((layout, str(dtype))) & 0xFFFF)
+    blocks = r.sample(range(NB), 32)
+    src_chunks = [blocks[i:i + 4] for i in range(0, 16, 4)]
+    dst_chunks = [blocks[i:i + 4] for i in range(16, 32, 4)]
+    dst_chunks[1][0] = -1                      # the engine already holds that block
+    keys = kvtier.chunk_keys("kvcopy-%s-%s" % (layout, dtype), list(range(BS * 4 * 4)),
+                             chunk_size=BS * 4)
+    with kvt.client() as c:
+        assert c.shm_active
+        with c.store_view(keys, [L.chunk_bytes] * 4, dtype=L.dtype_name, shape=L.shape) as views:
+            for v, ch in zip(views, src_chunks):
+                L.gather(ch, v)
+        before = [t.clone() for t in layers]
+        rv = c.retrieve_view(keys)
+        with rv as views:
+            assert len(views) == 4
+            for (dt, shape), v, ch in zip(rv.metas, views, dst_chunks):
+                assert L.matches(dt, shape)
+                L.scatter(v, ch)
+    for t, old in zip(layers, before):
+        bdim = [d for d, n in enumerate(t.shape) if n == NB][0]
+        for s_ch, d_ch in zip(src_chunks, dst_chunks):
+            for sb, db in zip(s_ch, d_ch):
+                if db < 0:
+                    assert torch.equal(t.select(bdim, sb), old.select(bdim, sb))
+                    continue
+                assert torch.equal(t.select(bdim, db), old.select(bdim, sb))
+        untouched = set(range(NB)) - {b for ch in dst_chunks for b in ch}
+        for b in untouched:
+            assert torch.equal(t.select(bdim, b), old.select(bdim, b))
+
+
+def test_layouts_that_cannot_be_carried_are_refused():
+    t = torch.zeros(2, NB, BS, 4, 8)
+    with pytest.raises(LayoutError, match="multiple of vLLM's block size"):
+        PagedLayout({"a": t}, NB, BS, BS * 4 + 1)
+    with pytest.raises(LayoutError, match="dtype"):
+        PagedLayout({"a": t.to(torch.int8)}, NB, BS, BS * 4)
+    with pytest.raises(LayoutError, match="no dimension of size num_blocks"):
+        PagedLayout({"a": t}, NB + 1, BS, BS * 4)
+    with pytest.raises(LayoutError, match="differs"):
+        PagedLayout({"a": t, "b": t.to(torch.float16)}, NB, BS, BS * 4)
+
+
+def test_an_object_of_another_layout_is_not_scattered():
+    t = torch.zeros(2, NB, BS, 4, 8)
+    a = PagedLayout({"a": t}, NB, BS, BS * 4)
+    b = PagedLayout({"a": torch.zeros(2, NB, BS // 2, 4, 8)}, NB, BS // 2, BS * 4)
+    assert not a.matches(b.dtype_name, b.shape)
+    with pytest.raises(ValueError):
+        a.scatter(bytearray(a.chunk_bytes - 1), [0, 1, 2, 3])
