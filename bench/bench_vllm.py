@@ -45,7 +45,7 @@ def free_port():
 class Kvtier:
     def __init__(self, binary, data, chunk, l1_gb, log):
         self.cmd = [binary, "server", "--port", str(free_port()), "--http-port", "0",
-                    "--chunk-size", str(chunk), "--l1-size-gb", str(l1_gb), "--data-dir", data,
+                    "--chunk-size", str(chunk), "--l2-prefetch-policy", "retain", "--l1-size-gb", str(l1_gb), "--data-dir", data,
                     "--log-level", "warn"]
         self.url = "tcp://127.0.0.1:%s" % self.cmd[3]
         self.log = log
