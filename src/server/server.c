@@ -391,6 +391,7 @@ static void read_boot_id(char *out, size_t cap)
 
 static void shutdown_all(struct kvt_server *s)
 {
+    kvt_lmc_stop(s); /* its thread uses L1 and the controllers */
     if (s->http)
         kvt_http_stop(s);
     if (s->workers) {
@@ -401,6 +402,7 @@ static void shutdown_all(struct kvt_server *s)
         kvt_prefetch_ctrl_stop(s->pc);
         s->pc = NULL;
     }
+    kvt_lmc_free(s); /* after the prefetch callbacks, before L1 goes */
     drain_replies(s);
     if (s->sc) {
         uint64_t pend = kvt_store_ctrl_last_seq(s->sc) - kvt_store_ctrl_done_seq(s->sc);
@@ -483,6 +485,8 @@ static int start(struct kvt_server *s)
         .policy = c->eviction_policy,
         .watermark = c->eviction_watermark,
         .ratio = c->eviction_ratio,
+        /* LMCache workers open the pool by name (docs/lmcache-protocol.md) */
+        .shm_name = c->lmc_port ? c->lmc_shm_name : NULL,
     };
     rc = kvt_l1_create(&lo, &s->l1, err, sizeof(err));
     if (rc) {
@@ -530,6 +534,13 @@ static int start(struct kvt_server *s)
         kvt_error("cannot listen on %s: %s", c->bind, zmq_strerror(errno));
         return -errno;
     }
+    if (c->lmc_port) {
+        rc = kvt_lmc_start(s, err, sizeof(err));
+        if (rc) {
+            kvt_error("%s", err);
+            return rc;
+        }
+    }
     return 0;
 }
 
@@ -546,6 +557,9 @@ static void banner(struct kvt_server *s)
              c->shm ? "; zero-copy path offered to local clients" : "");
     if (s->local)
         kvt_info("same-host clients: unix socket %s", kvt_local_name(s));
+    if (s->lmc)
+        kvt_info("LMCache protocol (lmcache 0.5.6, engine_driven) on %s; L1 pool /dev/shm/%s",
+                 kvt_lmc_endpoint(s), c->lmc_shm_name);
     for (int i = 0; i < s->nl2; i++) {
         json_t *st = kvt_l2_status(s->l2s[i]);
         const json_t *bp = json_object_get(st, "base_path");
