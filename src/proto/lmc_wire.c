@@ -3,6 +3,7 @@
  * input fully and never trusts lengths or types from the wire.
  */
 #include "proto/lmc_wire.h"
+#include "proto/wire.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +54,10 @@ const struct lmc_opinfo lmc_ops[LMC_OP_COUNT] = {
 int lmc_unpack(const void *p, size_t n, msgpack_unpacked *up)
 {
     size_t off = 0;
-    if (!p || n == 0)
+    if (!p || n == 0 || n > LMC_MAX_PAYLOAD)
+        return -1;
+    /* msgpack-c allocates from declared lengths: bound them by the bytes first */
+    if (kvt_wire_precheck(p, n))
         return -1;
     if (msgpack_unpack_next(up, p, n, &off) != MSGPACK_UNPACK_SUCCESS || off != n)
         return -1;

@@ -71,7 +71,9 @@ extern const struct lmc_opinfo lmc_ops[LMC_OP_COUNT];
  * its text in name), or -1 when the frame is not a msgpack int or str. */
 int lmc_decode_op(const void *p, size_t n, enum lmc_op *op, char *name, size_t cap);
 
-/* One payload frame: exactly one msgpack document, nothing after it. */
+#define LMC_MAX_PAYLOAD (64u << 20)
+/* One payload frame: exactly one msgpack document, nothing after it, no
+ * declared length beyond the frame, at most LMC_MAX_PAYLOAD bytes. */
 int lmc_unpack(const void *p, size_t n, msgpack_unpacked *up);
 
 /* IPCCacheServerKey. Strings point into the unpacked payload. */

@@ -468,7 +468,9 @@ static int decode_str(struct lmc_rq *q, uint32_t i, const char *name, const char
 static void xfer_id(int64_t inst, const struct lmc_key *k, uint32_t ns, const uint8_t *last_hash,
                     uint8_t out[32])
 {
-    uint8_t b[8 + 4 + 4 + 8 + 8 + 4 + 32];
+    /* LMCache leaves request_id out of the key's equality; kvtier keeps it in,
+     * so two requests with the same tokens never commit each other's slots */
+    uint8_t b[8 + 4 + 4 + 8 + 8 + 4 + 32 + 2 + LMC_MAX_RID];
     size_t o = 0;
     memcpy(b + o, &inst, 8), o += 8;
     memcpy(b + o, &k->world_size, 4), o += 4;
@@ -481,6 +483,9 @@ static void xfer_id(int64_t inst, const struct lmc_key *k, uint32_t ns, const ui
     else
         memset(b + o, 0, 32);
     o += 32;
+    uint16_t rl = (uint16_t)k->rid_len;
+    memcpy(b + o, &rl, 2), o += 2;
+    memcpy(b + o, k->rid, k->rid_len), o += k->rid_len;
     kvt_blake3(b, o, out);
 }
 
@@ -663,8 +668,9 @@ static void h_lookup(struct lmc_rq *q)
     struct lmc_sess *x = sess_get(m, k.rid, k.rid_len);
     sess_release(m, x); /* a new lookup replaces the previous one's locks */
     x->gen = ++m->gen;
-    x->state = LS_DONE; /* 0 hits unless the lookup gets further */
-    answer_waiters(m, x);
+    x->state = LS_NONE;
+    answer_waiters(m, x); /* waiters of the previous lookup: 0 */
+    x->state = LS_DONE;   /* 0 hits unless the lookup gets further */
     uint32_t ns, c0, c1;
     uint8_t *hashes = NULL;
     if (k.num_kv_readers < 1) {
@@ -860,6 +866,9 @@ static void h_prepare_store(struct lmc_rq *q)
     struct xfer_args a;
     if (xfer_begin(q, &a, true))
         return;
+    struct lmc_xfer **pp;
+    if (xfer_find(m, a.id, true, &pp)) /* a retried prepare: its first reservation goes */
+        xfer_drop(m, pp);
     uint32_t nc = a.c1 - a.c0, k = 0, rank = lmc_kv_rank(a.k.world_size, a.k.worker_id);
     uint32_t *hs = kvt_xmalloc((nc ? nc : 1) * sizeof(uint32_t));
     uint32_t *idx = kvt_xmalloc((nc ? nc : 1) * sizeof(uint32_t));

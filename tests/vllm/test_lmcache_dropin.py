@@ -317,3 +317,104 @@ def test_vllm_second_engine_hits_every_full_chunk(kvt, model, baseline, tmp_path
     assert toks == want
     assert s2.lmc()["chunks_retrieved"] == sum(full)
     assert cached == [f * CHUNK for f in full], cached
+
+
+def _run_paused(model, rounds, port, log, on_pause, env=None, timeout=900):
+    """Like harness.run_engine with the connector, but the engine process stops
+    before each round after the first and calls on_pause(i) here first."""
+    import tempfile
+    runner = harness._RUNNER.replace(
+        "    for batch in spec[\"rounds\"]:\n",
+        "    for _i, batch in enumerate(spec[\"rounds\"]):\n"
+        "        if _i:\n"
+        "            open(spec['pause'] + '.ready%d' % _i, 'w').close()\n"
+        "            while not os.path.exists(spec['pause'] + '.go%d' % _i):\n"
+        "                time.sleep(0.1)\n")
+    assert "spec['pause']" in runner
+    pause = tempfile.mktemp(prefix="kvt-pause-")
+    spec = dict(model=model, rounds=rounds, kv_transfer_config=_ktc(port), max_tokens=8,
+                block_size=BLOCK, max_model_len=1024, dtype="float32", pause=pause)
+    e = dict(os.environ)
+    e.update(harness.ENGINE_ENV)
+    e.update(LMC_ENV)
+    e.update(env or {})
+    p = subprocess.Popen([harness.venv_python(), "-c", runner], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=open(log, "a"), text=True, env=e)
+    p.stdin.write(json.dumps(spec))
+    p.stdin.close()
+    deadline = time.time() + timeout
+    for i in range(1, len(rounds)):
+        while not os.path.exists(pause + ".ready%d" % i):
+            assert p.poll() is None, "engine exited early: see " + log
+            assert time.time() < deadline
+            time.sleep(0.2)
+        on_pause(i)
+        open(pause + ".go%d" % i, "w").close()
+    out, _ = p.communicate(timeout=max(10, deadline - time.time()))
+    for line in out.splitlines():
+        if line.startswith("KVT_RESULT "):
+            r = json.loads(line[len("KVT_RESULT "):])
+            return [o["tokens"] for rd in r["rounds"] for o in rd["outputs"]]
+    raise RuntimeError("engine failed: see " + log)
+
+
+def test_vllm_killed_kvtier_does_not_fail_requests(kvt, model, baseline, tmp_path):
+    """kvtier is SIGKILLed while the engine runs: later requests still complete,
+    token-identical (served without the cache once the heartbeat notices)."""
+    rounds, want = baseline
+    s = kvt(tmp_path / "kdata")
+
+    def kill(i):
+        s.stop(signal.SIGKILL)
+        time.sleep(4)  # > two heartbeat intervals: the adapters mark the server unhealthy
+
+    ktc_env = {}
+    toks = _run_paused(model, [rounds[0][0:1], rounds[1][0:1], rounds[0][0:1]], s.lmc_port,
+                       str(tmp_path / "vllm-kill.log"), kill, env=ktc_env)
+    assert toks == [want[0], want[1], want[0]]
+
+
+def _lmcache_server(tmp_path, port, name):
+    exe = os.path.join(os.path.dirname(harness.venv_python()), "lmcache")
+    log = str(tmp_path / "lmcache-server.log")
+    cmd = [exe, "server", "--host", "127.0.0.1", "--port", str(port), "--http-port",
+           str(free_port()), "--l1-size-gb", "0.25", "--eviction-policy", "LRU",
+           "--chunk-size", str(CHUNK), "--supported-transfer-mode", "engine_driven",
+           "--shm-name", name, "--no-l1-use-lazy", "--disable-observability",
+           "--disable-metrics"]
+    env = dict(os.environ, LMCACHE_DISABLE_BANNER="1")
+    p = subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if p.poll() is not None:
+            pytest.skip("lmcache server does not start here (%s): %s" %
+                        (" ".join(cmd), open(log).read()[-1500:]))
+        if "server is running" in open(log, errors="replace").read():
+            return p
+        time.sleep(0.5)
+    p.kill()
+    pytest.skip("lmcache server did not come up in 180 s: " + open(log).read()[-1500:])
+
+
+def test_vllm_same_run_against_lmcache_server(model, baseline, tmp_path):
+    """The same two-engine run against LMCache's own server (pinned package,
+    CPU only, engine_driven): identical outputs and the same hits, so the test
+    above exercises LMCache's protocol, not kvtier's conventions."""
+    rounds, want = baseline
+    full = [len(b[0]["tokens"]) // CHUNK for b in rounds]
+    port = free_port()
+    p = _lmcache_server(tmp_path, port, "kvt_test_%d" % port)
+    try:
+        log = str(tmp_path / "vllm-lmc.log")
+        toks, _ = _run(model, rounds, port, log)
+        assert toks == want
+        toks, cached = _run(model, rounds, port, log)
+        assert toks == want
+        assert cached == [f * CHUNK for f in full], cached
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
