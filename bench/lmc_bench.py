@@ -46,6 +46,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--phase", default="all", choices=["all", "retrieve"])
     ap.add_argument("--timeout", type=float, default=60)
+    ap.add_argument("--settle", type=float, default=5.0,
+                    help="seconds between the store and retrieve phases (L2 writes finish)")
     a = ap.parse_args()
 
     import torch
@@ -111,6 +113,7 @@ def main():
             assert ok, "commit_store failed"
         out["store_cpu_s"] = cpu_s(a.pid) - c0
         out["store_ms"] = statistics.median(t_store) * 1e3
+        time.sleep(a.settle)
     t_ret = []
     h = hashlib.sha256()
     hits = 0

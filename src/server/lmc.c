@@ -115,6 +115,9 @@ struct kvt_lmc {
     struct lmc_xfer *xfers;
     uint64_t gen;
     char endpoint[200];
+    int64_t nudged[64]; /* unknown workers told "unhealthy" once by ping (a ring) */
+    uint32_t nnudged, nudge_pos;
+    _Atomic uint64_t unknown_instance;
     _Atomic uint64_t count[LMC_OP_COUNT], errors[LMC_OP_COUNT];
     _Atomic uint64_t bad_frames, sessions, contexts, pending_xfers;
     _Atomic uint64_t chunks_stored, chunks_retrieved, lookup_chunks, lookup_hits;
@@ -814,20 +817,56 @@ static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
         return -1;
     if (decode_i64(q, 1, "instance_id", &a->inst))
         goto fail;
-    a->c = ctx_find(q->m, a->inst);
-    if (!a->c) {
-        reply_err(q, "engine-driven context not registered (or unregistered) for instance ID "
-                     "%lld: call register_kv_cache_engine_driven_context first",
-                  (long long)a->inst);
-        goto fail;
-    }
-    a->c->last_seen_ns = kvt_now_ns();
     if (!a->k.has_worker) {
         reply_err(q, "a %s key needs worker_id", write ? "store" : "retrieve");
         goto fail;
     }
     if (key_ns(q, &a->k, &a->ns) || key_chunks(q, &a->k, false, &a->c0, &a->c1, &a->hashes))
         goto fail;
+    a->c = ctx_find(q->m, a->inst);
+    if (!a->c) {
+        /* a worker this server does not know: kvtier restarted under a running
+         * vLLM. An error would raise in the worker and fail its step, so the
+         * transfer degrades (nothing stored, a miss) while ping makes the
+         * worker register again (h_ping). */
+        uint64_t nth = atomic_fetch_add(&q->m->unknown_instance, 1) + 1;
+        if ((nth & (nth - 1)) == 0) /* 1st, 2nd, 4th, ...: no flood */
+            kvt_warn("lmcache: %s from instance %lld, which has not registered with this server: "
+                 "served as a miss until it registers again",
+                 lmc_ops[q->op].name, (long long)a->inst);
+        switch (q->op) {
+        case LMC_PREPARE_STORE: {
+            struct body b;
+            body_init(&b);
+            msgpack_pack_map(&b.pk, 1);
+            kvt_mp_str0(&b.pk, "context");
+            msgpack_pack_map(&b.pk, 2);
+            kvt_mp_str0(&b.pk, "slots");
+            msgpack_pack_array(&b.pk, 0);
+            kvt_mp_str0(&b.pk, "chunk_indices");
+            msgpack_pack_array(&b.pk, 0);
+            reply_body(q, &b);
+            break;
+        }
+        case LMC_PREPARE_RETRIEVE: {
+            struct body b;
+            body_init(&b);
+            msgpack_pack_map(&b.pk, 3);
+            kvt_mp_str0(&b.pk, "success");
+            msgpack_pack_false(&b.pk);
+            kvt_mp_str0(&b.pk, "data");
+            msgpack_pack_bin(&b.pk, 0);
+            kvt_mp_str0(&b.pk, "context");
+            msgpack_pack_map(&b.pk, 0);
+            reply_body(q, &b);
+            break;
+        }
+        default:
+            reply_bool(q, q->op == LMC_COMMIT_RETRIEVE);
+        }
+        goto fail;
+    }
+    a->c->last_seen_ns = kvt_now_ns();
     xfer_id(a->inst, &a->k, a->ns, a->c1 ? a->hashes + 32 * (a->c1 - 1) : NULL, a->id);
     return 0;
 fail:
@@ -1065,8 +1104,27 @@ static void h_ping(struct lmc_rq *q)
         if (decode_i64(q, 0, "instance_id", &inst))
             return;
         struct lmc_ctx *c = ctx_find(q->m, inst);
-        if (c)
+        if (c) {
             c->last_seen_ns = kvt_now_ns();
+        } else {
+            /* LMCache's worker re-registers (and re-maps the pool) on the
+             * unhealthy -> healthy edge of its heartbeat: answer false once to
+             * a worker this server does not know (kvtier restarted), true
+             * after, so that edge happens */
+            struct kvt_lmc *m = q->m;
+            bool seen = false;
+            for (uint32_t i = 0; i < m->nnudged; i++)
+                seen |= m->nudged[i] == inst;
+            if (!seen) {
+                m->nudged[m->nudge_pos++ % 64] = inst;
+                if (m->nnudged < 64)
+                    m->nnudged++;
+                kvt_info("lmcache: ping from unregistered instance %lld: asking it to "
+                         "register again", (long long)inst);
+                reply_bool(q, false);
+                return;
+            }
+        }
     }
     reply_bool(q, true);
 }
@@ -1437,6 +1495,7 @@ json_t *kvt_lmc_status(struct kvt_server *s)
     json_object_set_new(o, "sessions", N(sessions));
     json_object_set_new(o, "pending_transfers", N(pending_xfers));
     json_object_set_new(o, "bad_frames", N(bad_frames));
+    json_object_set_new(o, "unknown_instance_requests", N(unknown_instance));
     json_object_set_new(o, "lookup_chunks", N(lookup_chunks));
     json_object_set_new(o, "lookup_hit_chunks", N(lookup_hits));
     json_object_set_new(o, "chunks_stored", N(chunks_stored));

@@ -227,6 +227,20 @@ static void test_decode_register(void)
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* msgpack-c allocates an array from its declared size before reading it: a
+ * 6-byte payload declaring 2^31 elements must be refused before that (under
+ * RLIMIT_AS the unchecked unpack fails with an allocation error instead). */
+static void test_unpack_declared_lengths(void)
+{
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    TEST_ASSERT(lmc_unpack("\xdd\x7f\xff\xff\xff\x01", 6, &up) == -1);
+    TEST_ASSERT(lmc_unpack("\xdf\x00\x01\x00\x00", 5, &up) == -1);
+    TEST_ASSERT(lmc_unpack("\xc6\xff\xff\xff\xff", 5, &up) == -1);
+    TEST_ASSERT(lmc_unpack("\x92\x01\x02", 3, &up) == 0 && up.data.via.array.size == 2);
+    msgpack_unpacked_destroy(&up);
+}
+
 static void test_l1_named_pool(void)
 {
     char name[64];
@@ -279,6 +293,7 @@ int main(void)
     RUN(test_decode_op);
     RUN(test_decode_key);
     RUN(test_decode_register);
+    RUN(test_unpack_declared_lengths);
     RUN(test_l1_named_pool);
     return TEST_RESULT();
 }

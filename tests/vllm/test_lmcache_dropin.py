@@ -175,7 +175,7 @@ def test_lmcache_driven_mode_refused_with_clear_message(kvt):
     assert "LMCACHE_MP_TRANSFER_MODE=engine_driven" in r["err"], r
     # store/retrieve (lmcache_driven forms) likewise
     from_key = ("__import__('lmcache.v1.multiprocess.custom_types', fromlist=['x'])"
-                ".IPCCacheServerKey('m', 1, 0, (1,)*16, 0, 16, 'r', num_kv_readers=1)")
+                ".IPCCacheServerKey('m', 1, 0, (1,)*32, 0, 32, 'r', num_kv_readers=1)")
     r = _client_call(s.url(), "c.store(%s, 1, [[0]], b'').result(timeout=30)" % from_key)
     assert "LMCACHE_MP_TRANSFER_MODE=engine_driven" in r["err"], r
 
@@ -187,7 +187,7 @@ def test_pickle_transport_refused_with_clear_message(kvt):
             "model_name='m', world_size=1, block_size=16, num_layers=2, hidden_dim_size=8, "
             "dtype_str='float16', use_mla=False, num_physical_slots=16)).result(timeout=30), "
             "c.commit_store(__import__('lmcache.v1.multiprocess.custom_types', fromlist=['x'])"
-            ".IPCCacheServerKey('m', 1, 0, (1,)*16, 0, 16, 'r', num_kv_readers=1), 9, "
+            ".IPCCacheServerKey('m', 1, 0, (1,)*32, 0, 32, 'r', num_kv_readers=1), 9, "
             "b'pickled').result(timeout=30)]")
     r = _client_call(s.url(), code)
     assert "pickle" in r["err"] and "LMCACHE_MP_TRANSFER_MODE=engine_driven" in r["err"], r
@@ -218,6 +218,11 @@ cases = [
   [enc(11), enc(14), enc({"instance_id": 1})],         # register with missing fields
   [enc(12), enc(22), enc(None)],                       # ping: ok
   [enc(13)] + [enc(0)] * 20,                           # too many frames
+  [enc(14), enc(16), enc({"model_name": "m", "world_size": 1, "worker_id": 0,
+       "token_ids": [1] * 32, "start": 0, "end": 32, "request_id": "x",
+       "num_kv_readers": 1}), enc(12345)],             # unknown instance: a valid miss
+  [enc(15), enc(22), enc(12345)],                      # its ping: false once (re-register)
+  [enc(16), enc(22), enc(12345)],                      # then true
 ]
 out = []
 for c in cases:
@@ -232,6 +237,8 @@ for c in cases:
     except Exception:
         op = repr(op)
     out.append([r[0].hex(), op, len(r)])
+    if len(r) > 2:
+        out[-1].append(repr(msgspec.msgpack.decode(r[2])))
 print("RAW " + json.dumps(out))
 '''
     out = subprocess.run([harness.venv_python(), "-c", src, s.url()], capture_output=True,
@@ -241,11 +248,13 @@ print("RAW " + json.dumps(out))
     res = json.loads(line[0][4:])
     assert all(r is not None for r in res), res  # every request answered
     for i, r in enumerate(res):
-        if i == 11:
-            assert r[1] == 22, r  # ping answered normally
+        if i in (11, 13, 14, 15):
+            assert isinstance(r[1], int), (i, r)  # answered normally
         else:
             assert isinstance(r[1], str) and r[1].startswith("kvtier error:"), (i, r)
     assert "world_size" in res[10][1] or "missing field" in res[10][1]
+    assert "'slots': []" in res[13][3], res[13]  # nothing to store, no error in the worker
+    assert res[14][3] == "False" and res[15][3] == "True", res[13:]
     assert s.proc.poll() is None  # and the server is alive
 
 
@@ -324,12 +333,12 @@ def _run_paused(model, rounds, port, log, on_pause, env=None, timeout=900):
     before each round after the first and calls on_pause(i) here first."""
     import tempfile
     runner = harness._RUNNER.replace(
-        "    for batch in spec[\"rounds\"]:\n",
-        "    for _i, batch in enumerate(spec[\"rounds\"]):\n"
-        "        if _i:\n"
-        "            open(spec['pause'] + '.ready%d' % _i, 'w').close()\n"
-        "            while not os.path.exists(spec['pause'] + '.go%d' % _i):\n"
-        "                time.sleep(0.1)\n")
+        "for batch in spec[\"rounds\"]:\n",
+        "for _i, batch in enumerate(spec[\"rounds\"]):\n"
+        "    if _i:\n"
+        "        open(spec['pause'] + '.ready%d' % _i, 'w').close()\n"
+        "        while not os.path.exists(spec['pause'] + '.go%d' % _i):\n"
+        "            time.sleep(0.1)\n")
     assert "spec['pause']" in runner
     pause = tempfile.mktemp(prefix="kvt-pause-")
     spec = dict(model=model, rounds=rounds, kv_transfer_config=_ktc(port), max_tokens=8,
