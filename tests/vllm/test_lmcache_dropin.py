@@ -267,10 +267,11 @@ def _prompts(n=2, chunks=3, extra=5, seed=3):
             for _ in range(n)]
 
 
-def _ktc(port, host="tcp://127.0.0.1"):
+def _ktc(port, host="tcp://127.0.0.1", heartbeat=10.0):
     return {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
             "kv_connector_extra_config": {"lmcache.mp.host": host, "lmcache.mp.port": port,
-                                          "lmcache.mp.mq_timeout": 60.0}}
+                                          "lmcache.mp.mq_timeout": 60.0,
+                                          "lmcache.mp.heartbeat_interval": heartbeat}}
 
 
 LMC_ENV = {"LMCACHE_MP_TRANSFER_MODE": "engine_driven", "LMCACHE_DISABLE_BANNER": "1",
@@ -341,7 +342,8 @@ def _run_paused(model, rounds, port, log, on_pause, env=None, timeout=900):
         "            time.sleep(0.1)\n")
     assert "spec['pause']" in runner
     pause = tempfile.mktemp(prefix="kvt-pause-")
-    spec = dict(model=model, rounds=rounds, kv_transfer_config=_ktc(port), max_tokens=8,
+    spec = dict(model=model, rounds=rounds, kv_transfer_config=_ktc(port, heartbeat=1.0),
+                max_tokens=8,
                 block_size=BLOCK, max_model_len=1024, dtype="float32", pause=pause)
     e = dict(os.environ)
     e.update(harness.ENGINE_ENV)
@@ -367,20 +369,34 @@ def _run_paused(model, rounds, port, log, on_pause, env=None, timeout=900):
     raise RuntimeError("engine failed: see " + log)
 
 
-def test_vllm_killed_kvtier_does_not_fail_requests(kvt, model, baseline, tmp_path):
-    """kvtier is SIGKILLed while the engine runs: later requests still complete,
-    token-identical (served without the cache once the heartbeat notices)."""
+def test_vllm_kvtier_restart_and_kill_under_a_running_engine(kvt, model, baseline, tmp_path):
+    """One engine keeps running while kvtier restarts (the worker registers
+    again on its heartbeat and hits come from kvtier's L2), then while kvtier
+    is SIGKILLed: every request completes, token-identical to no cache."""
     rounds, want = baseline
+    full = len(rounds[0][0]["tokens"]) // CHUNK
     s = kvt(tmp_path / "kdata")
+    seen = {}
 
-    def kill(i):
-        s.stop(signal.SIGKILL)
-        time.sleep(4)  # > two heartbeat intervals: the adapters mark the server unhealthy
+    def pause(i):
+        if i == 1:  # restart on the same port; the L1 pool is new (new name)
+            s.flush()
+            s.stop()
+            s.start()
+            deadline = time.time() + 60
+            while s.lmc()["contexts"] < 1 and time.time() < deadline:
+                time.sleep(0.2)  # the worker's heartbeat: false once, then re-register
+            seen["contexts"] = s.lmc()["contexts"]
+        else:
+            seen["retrieved"] = s.lmc()["chunks_retrieved"]
+            s.stop(signal.SIGKILL)
+            time.sleep(4)  # > two heartbeat intervals: the adapters go degraded
 
-    ktc_env = {}
-    toks = _run_paused(model, [rounds[0][0:1], rounds[1][0:1], rounds[0][0:1]], s.lmc_port,
-                       str(tmp_path / "vllm-kill.log"), kill, env=ktc_env)
-    assert toks == [want[0], want[1], want[0]]
+    toks = _run_paused(model, [rounds[0][0:1], rounds[0][0:1], rounds[1][0:1]], s.lmc_port,
+                       str(tmp_path / "vllm-restart-kill.log"), pause)
+    assert toks == [want[0], want[0], want[1]]
+    assert seen["contexts"] == 1  # re-registered with the restarted server
+    assert seen["retrieved"] == full  # round 2 was served from the L2 after the restart
 
 
 def _lmcache_server(tmp_path, port, name):
