@@ -331,7 +331,8 @@ def test_vllm_second_engine_hits_every_full_chunk(kvt, model, baseline, tmp_path
 
 def _run_paused(model, rounds, port, log, on_pause, env=None, timeout=900):
     """Like harness.run_engine with the connector, but the engine process stops
-    before each round after the first and calls on_pause(i) here first."""
+    before each round after the first, calls on_pause(i) here, then empties
+    vLLM's own prefix cache (not the connector's) and goes on."""
     import tempfile
     runner = harness._RUNNER.replace(
         "for batch in spec[\"rounds\"]:\n",
@@ -339,7 +340,8 @@ def _run_paused(model, rounds, port, log, on_pause, env=None, timeout=900):
         "    if _i:\n"
         "        open(spec['pause'] + '.ready%d' % _i, 'w').close()\n"
         "        while not os.path.exists(spec['pause'] + '.go%d' % _i):\n"
-        "            time.sleep(0.1)\n")
+        "            time.sleep(0.1)\n"
+        "        llm.reset_prefix_cache()  # what follows can only hit kvtier\n")
     assert "spec['pause']" in runner
     pause = tempfile.mktemp(prefix="kvt-pause-")
     spec = dict(model=model, rounds=rounds, kv_transfer_config=_ktc(port, heartbeat=1.0),
@@ -349,8 +351,9 @@ def _run_paused(model, rounds, port, log, on_pause, env=None, timeout=900):
     e.update(harness.ENGINE_ENV)
     e.update(LMC_ENV)
     e.update(env or {})
+    outf = pause + ".out"
     p = subprocess.Popen([harness.venv_python(), "-c", runner], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=open(log, "a"), text=True, env=e)
+                         stdout=open(outf, "w"), stderr=open(log, "a"), text=True, env=e)
     p.stdin.write(json.dumps(spec))
     p.stdin.close()
     deadline = time.time() + timeout
@@ -361,7 +364,13 @@ def _run_paused(model, rounds, port, log, on_pause, env=None, timeout=900):
             time.sleep(0.2)
         on_pause(i)
         open(pause + ".go%d" % i, "w").close()
-    out, _ = p.communicate(timeout=max(10, deadline - time.time()))
+    p.wait(timeout=max(10, deadline - time.time()))
+    with open(outf) as f:
+        out = f.read()
+    for name in [outf] + [pause + ".%s%d" % (k, i) for k in ("ready", "go")
+                          for i in range(1, len(rounds))]:
+        if os.path.exists(name):
+            os.unlink(name)
     for line in out.splitlines():
         if line.startswith("KVT_RESULT "):
             r = json.loads(line[len("KVT_RESULT "):])
