@@ -38,7 +38,7 @@ fs)
   echo
   ;;
 l1)
-  echo "== L1 data paths (server --no-l2, L1 0.5 GiB) vs memcpy and redis-benchmark"
+  echo "== L1 data paths (server --no-l2, L1 0.5 GiB) vs memcpy and redis-benchmark; Python client vs an in-process copy"
   secs=3; [ "$QUICK" = 1 ] && secs=1
   port=$(free_port)
   $BIN server --no-l2 --l1-size-gb 0.5 --port "$port" --http-port 0 --log-level warn &
@@ -47,6 +47,11 @@ l1)
   url=tcp://127.0.0.1:$port
   zc=$($B/bench/bench_client zc "$url" --rounds 7)
   echo "$zc" | grep -v '^RESULT'
+  # the Python client (store / retrieve of 64 x 4 MiB = 256 MiB a call) vs an
+  # in-process copy of the same bytes in the same process and run
+  pyr=5; [ "$QUICK" = 1 ] && pyr=2
+  py=$(KVTIER_LIB=$PWD/$B/libkvtier_client.so /usr/bin/python3 bench/bench_py_client.py "$url" --rounds $pyr)
+  echo "$py" | grep -v '^RESULT'
   inl=$($B/bench/bench_client inline "$url" --conc 4 --seconds $secs --warmup-seconds 3)
   echo "$inl" | grep -v '^RESULT'
   sm=$($B/bench/bench_client small "$url" --conc 4 --seconds $secs)
@@ -67,6 +72,9 @@ l1)
   echo "ratios (kvtier / peer):"
   echo "  zero-copy store / memcpy      $(ratio "$(echo "$zc" | result zc_store_gbps)" "$(echo "$zc" | result memcpy_gbps)")   (goal >= 0.8)"
   echo "  zero-copy retrieve / memcpy   $(ratio "$(echo "$zc" | result zc_retrieve_gbps)" "$(echo "$zc" | result memcpy_gbps)")   (goal >= 0.8)"
+  echo "  python store / memcpy         $(ratio "$(echo "$py" | result py_store_gbps)" "$(echo "$py" | result py_copy_into_gbps)")   (goal >= 0.5; memcpy in the same Python process)"
+  echo "  python retrieve / memcpy      $(ratio "$(echo "$py" | result py_retrieve_gbps)" "$(echo "$py" | result py_copy_into_gbps)")   (goal >= 0.5)"
+  echo "  python retrieve, fresh memory / copy into new bytes  $(ratio "$(echo "$py" | result py_retrieve_new_gbps)" "$(echo "$py" | result py_copy_new_gbps)")   (keep_buffers=0)"
   echo "  inline store / redis SET      $(ratio "$(echo "$inl" | result inline_store_rps)" "$rset")   (goal >= 1.0)"
   echo "  inline retrieve / redis GET   $(ratio "$(echo "$inl" | result inline_retrieve_rps)" "$rget")   (goal >= 1.0)"
   echo "  ping / redis PING             $(ratio "$(echo "$sm" | result ping_ops)" "$rping")   (goal >= 1.0)"

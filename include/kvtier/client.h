@@ -55,13 +55,22 @@ typedef struct kvt_meta {
 } kvt_meta;
 
 typedef struct kvt_client_opts {
-    int timeout_ms; /* per request; 0 = 30000 */
-    bool no_shm;    /* never use the shared-memory path */
-    bool no_local;  /* never use the same-host socket (always ZeroMQ) */
+    int timeout_ms;         /* per request; 0 = 30000 */
+    bool no_shm;            /* never use the shared-memory path */
+    bool no_local;          /* never use the same-host socket (always ZeroMQ) */
+    int connect_timeout_ms; /* kvt_client_open's connect and hello (at most timeout_ms); 0 = 2000 */
 } kvt_client_opts;
 
-/* Connect and exchange "hello". opts may be NULL. */
+/* Connect and exchange "hello". opts may be NULL. url: tcp://host:port or
+ * ipc:///path (ipc://@name: abstract); anything else is -EINVAL at once.
+ * Nobody listening at url (refused, no socket file) fails within about
+ * 50 ms with -ECONNREFUSED / -ENOENT; a host that does not answer the
+ * connection attempt, or a listener that does not answer hello, fails with
+ * KVT_E_TIMEOUT after opts->connect_timeout_ms. After a failure,
+ * kvt_client_open_error() says why (as does stderr). */
 int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **out);
+/* The message of this thread's last failed kvt_client_open ("" if none). */
+const char *kvt_client_open_error(void);
 void kvt_client_close(kvt_client *c);
 const char *kvt_client_last_error(const kvt_client *c);
 bool kvt_client_shm_active(const kvt_client *c);
@@ -74,8 +83,36 @@ int kvt_client_chunk_size(const kvt_client *c);
 int kvt_store(kvt_client *c, const kvt_keys *keys, const void *const *bufs, const size_t *lens,
               const kvt_meta *meta, size_t *accepted);
 /* Return once every store acknowledged before this call reached every L2
- * adapter (or failed there). */
+ * adapter (or failed there). Returns 0 also when some keys did not reach an
+ * adapter (L2 full, object too large for a slot, I/O error): use
+ * kvt_flush_ex to learn which. */
 int kvt_flush(kvt_client *c);
+
+/* One (key, adapter) pair that did not reach L2. */
+typedef struct kvt_flush_failure {
+    int adapter;      /* index of the L2 adapter (--l2-adapter order) */
+    int code;         /* why: KVT_E_FULL, KVT_E_TOOBIG, KVT_E_LIMIT, -errno, ... */
+    uint32_t kv_rank, group;
+    uint8_t hash[32];
+    size_t hash_len;
+    char model[256];  /* NUL-terminated (cut if longer) */
+    char salt[256];
+} kvt_flush_failure;
+
+typedef struct kvt_flush_report {
+    /* (key, adapter) pairs of this client's stores that did not reach L2
+     * since its previous flush (each failure is reported by one flush) */
+    uint64_t l2_failed;
+    size_t n;                   /* entries in failed (the server lists up to 1024) */
+    kvt_flush_failure *failed;  /* free with kvt_flush_report_free */
+    bool truncated;             /* l2_failed > n */
+} kvt_flush_report;
+
+/* kvt_flush, and which of this client's stores did not reach L2 (*out,
+ * zeroed first; free with kvt_flush_report_free). A client is one
+ * connection: stores and flush must go through the same kvt_client. */
+int kvt_flush_ex(kvt_client *c, kvt_flush_report *out);
+void kvt_flush_report_free(kvt_flush_report *r);
 /* Number of leading keys available (L2 hits are pulled into L1). The server
  * holds read locks on them until the next retrieve of these keys or
  * kvt_free_locks (or the read TTL). */

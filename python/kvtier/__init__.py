@@ -4,17 +4,22 @@
     c = kvtier.Client("tcp://127.0.0.1:5555")
     keys = kvtier.chunk_keys("my-model", tokens, chunk_size=256)
     c.store(keys, payloads)        # bytes-like, one per key -> number accepted
-    c.flush()                      # every earlier store reached every L2 adapter
+    c.flush()                      # every earlier store reached every L2 adapter or
+                                   # failed there: a FlushResult lists what did not
     n = c.lookup(keys)             # leading chunks available (L2 hits pulled into L1)
-    data = c.retrieve(keys[:n])    # list of bytes, identical to what was stored
+    data = c.retrieve(keys[:n])    # list of read-only memoryviews (bytes-like),
+                                   # identical to what was stored
     c.status()                     # dict
 
 Only the standard library is used. On the same host the client maps the
 server's shared-memory pool and moves bytes through it; store_view() and
 retrieve_view() expose the pool as memoryviews so numpy/torch tensors can be
-copied in and out without extra copies.
+copied in and out without extra copies. store() copies each payload once,
+from the caller's buffer into the pool; retrieve() copies each object once,
+from the pool into a buffer the client owns and reuses (see retrieve()).
 """
 
+import collections
 import ctypes
 import ctypes.util
 import hashlib
@@ -25,6 +30,8 @@ from array import array
 
 __all__ = [
     "Client",
+    "FlushFailure",
+    "FlushResult",
     "Keys",
     "KvtierError",
     "chunk_hashes",
@@ -158,8 +165,55 @@ class _CRView(ctypes.Structure):
     ]
 
 
+class _CFlushFailure(ctypes.Structure):
+    _fields_ = [
+        ("adapter", ctypes.c_int),
+        ("code", ctypes.c_int),
+        ("kv_rank", ctypes.c_uint32),
+        ("group", ctypes.c_uint32),
+        ("hash", ctypes.c_uint8 * 32),
+        ("hash_len", ctypes.c_size_t),
+        ("model", ctypes.c_char * 256),
+        ("salt", ctypes.c_char * 256),
+    ]
+
+
+class _CFlushReport(ctypes.Structure):
+    _fields_ = [
+        ("l2_failed", ctypes.c_uint64),
+        ("n", ctypes.c_size_t),
+        ("failed", ctypes.POINTER(_CFlushFailure)),
+        ("truncated", ctypes.c_bool),
+    ]
+
+
+class FlushFailure(collections.namedtuple(
+        "FlushFailure", "adapter code error model kv_rank group salt hash")):
+    """One key of a store that did not reach L2 adapter `adapter` (its index)."""
+
+
+class FlushResult:
+    """What Client.flush() returns: l2_failed counts the (key, adapter) pairs
+    of this client's stores since its previous flush that did not reach L2
+    (each reported once); failed lists them (FlushFailure, at most 1024);
+    truncated says the list is cut. Falsy when everything reached L2."""
+
+    def __init__(self, l2_failed=0, failed=(), truncated=False):
+        self.l2_failed = l2_failed
+        self.failed = list(failed)
+        self.truncated = truncated
+
+    def __bool__(self):
+        return self.l2_failed > 0
+
+    def __repr__(self):
+        return "FlushResult(l2_failed=%d, failed=%r, truncated=%r)" % (
+            self.l2_failed, self.failed, self.truncated)
+
+
 class _COpts(ctypes.Structure):
-    _fields_ = [("timeout_ms", ctypes.c_int), ("no_shm", ctypes.c_bool), ("no_local", ctypes.c_bool)]
+    _fields_ = [("timeout_ms", ctypes.c_int), ("no_shm", ctypes.c_bool), ("no_local", ctypes.c_bool),
+                ("connect_timeout_ms", ctypes.c_int)]
 
 
 def _find_library():
@@ -191,6 +245,8 @@ def _L():
     vp = ctypes.c_void_p
     sz = ctypes.c_size_t
     lib.kvt_client_open.argtypes = [ctypes.c_char_p, P(_COpts), P(vp)]
+    lib.kvt_client_open_error.argtypes = []
+    lib.kvt_client_open_error.restype = ctypes.c_char_p
     lib.kvt_client_close.argtypes = [vp]
     lib.kvt_client_last_error.argtypes = [vp]
     lib.kvt_client_last_error.restype = ctypes.c_char_p
@@ -201,6 +257,8 @@ def _L():
     lib.kvt_client_local_active.restype = ctypes.c_bool
     lib.kvt_store.argtypes = [vp, P(_CKeys), P(vp), P(sz), P(_CMeta), P(sz)]
     lib.kvt_flush.argtypes = [vp]
+    lib.kvt_flush_ex.argtypes = [vp, P(_CFlushReport)]
+    lib.kvt_flush_report_free.argtypes = [P(_CFlushReport)]
     lib.kvt_ping.argtypes = [vp]
     lib.kvt_lookup.argtypes = [vp, P(_CKeys), P(sz)]
     lib.kvt_free_locks.argtypes = [vp]
@@ -223,6 +281,76 @@ def _L():
 
 _libc = ctypes.CDLL(None)
 _libc.free.argtypes = [ctypes.c_void_p]
+
+E_UNSUPPORTED = -1011
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's Py_buffer: the address of a read-only buffer without a copy."""
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_api = getattr(ctypes, "pythonapi", None)
+if _api is not None:
+    _api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+    _api.PyObject_GetBuffer.restype = ctypes.c_int
+    _api.PyBuffer_Release.argtypes = [ctypes.POINTER(_PyBuffer)]
+    _api.PyBuffer_Release.restype = None
+    _api.PyByteArray_FromStringAndSize.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+    _api.PyByteArray_FromStringAndSize.restype = ctypes.py_object
+    _api.PyByteArray_AsString.argtypes = [ctypes.py_object]
+    _api.PyByteArray_AsString.restype = ctypes.c_void_p
+
+
+def _new_buffer(n):
+    """A bytearray of n bytes, not zero-filled (the copy writes every byte):
+    one pass over fresh memory instead of two. Returns (buffer, address).
+    Made one byte longer and cut back, so that _idle()'s append fits in
+    what is allocated (no realloc, no move)."""
+    if _api is not None:
+        b = _api.PyByteArray_FromStringAndSize(None, n + 1)
+    else:
+        b = bytearray(n + 1)
+    del b[-1]
+    return b, _addr(b)
+
+
+def _addr(b):
+    if _api is not None:
+        return _api.PyByteArray_AsString(b)
+    if not len(b):
+        return 0
+    a = (ctypes.c_char * len(b)).from_buffer(b)
+    addr = ctypes.addressof(a)
+    del a  # its export would make the buffer look busy
+    return addr
+
+
+def _idle(b):
+    """True when no memoryview of b is alive (nobody holds a result in it):
+    a bytearray with exported buffers refuses to change size."""
+    try:
+        b.append(0)
+    except BufferError:
+        return False
+    b.pop()
+    return True
+
+
+_ALIGN = 64      # each object of a retrieve starts on a cache line (and tensor alignment)
+_SMALL = 1 << 20  # results below this total get a buffer of their own, never reused
 
 
 class KvtierError(Exception):
@@ -261,22 +389,38 @@ def _cmeta(dtype, shape):
     return m
 
 
-def _buffer_ptr(obj, keep):
-    """Address and length of a bytes-like object, without copying it."""
+def _buffer_ptr(obj, keep, views):
+    """Address and length of a bytes-like object, without copying it (also
+    when it is read-only). Buffers taken here go to views: release them
+    with _release() once the library is done with the addresses."""
     if isinstance(obj, bytes):
         keep.append(obj)
         return ctypes.cast(ctypes.c_char_p(obj), ctypes.c_void_p).value, len(obj)
     mv = memoryview(obj)
     if not mv.c_contiguous:
         raise ValueError("payloads must be C-contiguous")
+    keep.append(mv)
+    if mv.nbytes == 0:
+        return ctypes.cast(ctypes.c_char_p(b""), ctypes.c_void_p).value, 0
+    if _api is not None:
+        pb = _PyBuffer()
+        _api.PyObject_GetBuffer(mv, ctypes.byref(pb), 0)  # PyBUF_SIMPLE: raises on error
+        views.append(pb)
+        return pb.buf, pb.len
     mv = mv.cast("B")
-    if mv.readonly:
+    if mv.readonly:  # no C API to reach the bytes: one copy
         b = mv.tobytes()
         keep.append(b)
         return ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value, len(b)
     arr = (ctypes.c_char * len(mv)).from_buffer(mv)
     keep.append((mv, arr))
     return ctypes.addressof(arr), len(mv)
+
+
+def _release(views):
+    for pb in views:
+        _api.PyBuffer_Release(ctypes.byref(pb))
+    views.clear()
 
 
 class _StoreView:
@@ -342,17 +486,33 @@ class _RetrieveView:
 class Client:
     """A connection to one kvtier server. Not thread-safe: one per thread."""
 
-    def __init__(self, url="tcp://127.0.0.1:5555", timeout_ms=30000, shm=True, local=True):
-        """shm: move bytes through the server's shared-memory pool when it is
+    def __init__(self, url="tcp://127.0.0.1:5555", timeout_ms=30000, shm=True, local=True,
+                 connect_timeout_ms=2000, keep_buffers=2):
+        """url: tcp://host:port or ipc:///path.
+
+        timeout_ms: per request. connect_timeout_ms: the connection and the
+        first "hello"; nobody listening at url (connection refused, no
+        socket file) is reported at once as "no server at URL"
+        (ECONNREFUSED / ENOENT), a host or listener that does not answer
+        within connect_timeout_ms as E_TIMEOUT.
+
+        shm: move bytes through the server's shared-memory pool when it is
         on this host; local: send requests over its same-host Unix socket.
-        Both fall back to ZeroMQ frames automatically."""
+        Both fall back to ZeroMQ frames automatically.
+
+        keep_buffers: how many result buffers of retrieve() the client keeps
+        for reuse once their results are dropped (0: a fresh one each call).
+        """
         lib = _L()
         self._h = None
+        self._bufs = []
+        self._keep = max(0, int(keep_buffers))
         h = ctypes.c_void_p()
-        opts = _COpts(timeout_ms, not shm, not local)
+        opts = _COpts(timeout_ms, not shm, not local, connect_timeout_ms)
         rc = lib.kvt_client_open(url.encode(), ctypes.byref(opts), ctypes.byref(h))
         if rc:
-            raise KvtierError(rc, "cannot connect to %s: %s" % (url, lib.kvt_strerror(rc).decode()))
+            why = lib.kvt_client_open_error().decode(errors="replace")
+            raise KvtierError(rc, why or "cannot connect to %s: %s" % (url, lib.kvt_strerror(rc).decode()))
         self._h = h
         self.url = url
 
@@ -375,6 +535,7 @@ class Client:
         return _L().kvt_client_chunk_size(self._h)
 
     def close(self):
+        self._bufs = []  # results handed out keep their own buffer alive
         if self._h:
             _L().kvt_client_close(self._h)
             self._h = None
@@ -396,22 +557,47 @@ class Client:
         payloads = list(payloads)
         if len(payloads) != len(keys):
             raise ValueError("one payload per key (%d keys, %d payloads)" % (len(keys), len(payloads)))
-        keep = []
+        keep, views = [], []
         n = len(payloads)
         ptrs = (ctypes.c_void_p * max(n, 1))()
         lens = (ctypes.c_size_t * max(n, 1))()
-        for i, p in enumerate(payloads):
-            ptrs[i], lens[i] = _buffer_ptr(p, keep)
-        acc = ctypes.c_size_t()
-        ck = _ckeys(keys)
-        meta = _cmeta(dtype, shape)
-        self._check(_L().kvt_store(self._h, ctypes.byref(ck), ptrs, lens,
-                                   ctypes.byref(meta) if meta else None, ctypes.byref(acc)))
+        try:
+            for i, p in enumerate(payloads):
+                ptrs[i], lens[i] = _buffer_ptr(p, keep, views)
+            acc = ctypes.c_size_t()
+            ck = _ckeys(keys)
+            meta = _cmeta(dtype, shape)
+            # the library copies each payload once: into the pool (shared
+            # memory), or onto the socket (inline)
+            self._check(_L().kvt_store(self._h, ctypes.byref(ck), ptrs, lens,
+                                       ctypes.byref(meta) if meta else None, ctypes.byref(acc)))
+        finally:
+            _release(views)
         return acc.value
 
-    def flush(self):
-        """Return once every earlier store reached every L2 adapter (or failed)."""
-        self._check(_L().kvt_flush(self._h))
+    def flush(self, check=False):
+        """Return once every earlier store reached every L2 adapter (or failed
+        there), as a FlushResult naming the keys of this client's stores that
+        did not reach an adapter since its previous flush (falsy when none).
+        check=True raises KvtierError (the first failure's code) instead."""
+        rep = _CFlushReport()
+        self._check(_L().kvt_flush_ex(self._h, ctypes.byref(rep)))
+        try:
+            failed = []
+            for i in range(rep.n):
+                f = rep.failed[i]
+                failed.append(FlushFailure(
+                    f.adapter, f.code, _L().kvt_errname(f.code).decode(),
+                    f.model.decode(errors="replace"), f.kv_rank, f.group,
+                    f.salt.decode(errors="replace"), bytes(f.hash[:f.hash_len])))
+            res = FlushResult(rep.l2_failed, failed, rep.truncated)
+        finally:
+            _L().kvt_flush_report_free(ctypes.byref(rep))
+        if check and res.l2_failed:
+            code = failed[0].code if failed else -5  # -EIO when none is listed
+            raise KvtierError(code, "%d store(s) did not reach L2 (first: %s)" % (
+                res.l2_failed, failed[0] if failed else "not listed"))
+        return res
 
     def ping(self):
         self._check(_L().kvt_ping(self._h))
@@ -426,23 +612,88 @@ class Client:
     def free_locks(self):
         self._check(_L().kvt_free_locks(self._h))
 
+    def _buffer(self, need):
+        """A buffer of at least need bytes for one retrieve's results: an
+        idle kept one when one fits (its pages are mapped already: a copy
+        into fresh pages costs several times a copy into mapped ones), else
+        a new one, kept for later calls."""
+        if need < _SMALL or not self._keep:
+            return _new_buffer(need)
+        best = None
+        for i, b in enumerate(self._bufs):
+            if need <= len(b) <= 2 * need and (best is None or len(b) < len(self._bufs[best])) \
+                    and _idle(b):
+                best = i
+        if best is not None:
+            b = self._bufs[best]
+            return b, _addr(b)
+        b, addr = _new_buffer(need)
+        self._bufs.append(b)
+        while len(self._bufs) > self._keep:  # drop an idle one first, else the oldest
+            idle = [i for i, x in enumerate(self._bufs[:-1]) if _idle(x)]
+            del self._bufs[idle[0] if idle else 0]
+        return b, addr
+
+    def _copy_out(self, items, with_meta):
+        """One copy of each (address, length, dtype, shape) into one buffer;
+        read-only memoryview slices of it."""
+        offs, total = [], 0
+        for it in items:
+            offs.append(total)
+            total += (it[1] + _ALIGN - 1) // _ALIGN * _ALIGN
+        buf, addr = self._buffer(total)
+        whole = memoryview(buf)
+        res = []
+        for (p, ln, dt, sh), off in zip(items, offs):
+            if ln:
+                ctypes.memmove(addr + off, p, ln)  # releases the GIL
+            data = whole[off:off + ln].toreadonly()
+            res.append((data, dt, sh) if with_meta else data)
+        whole.release()
+        return res
+
     def retrieve(self, keys, with_meta=False):
-        """Bytes of the longest available prefix of keys (a list, maybe shorter)."""
+        """The longest available prefix of keys: a list (maybe shorter) of
+        read-only memoryviews, one per object, with the bytes that were
+        stored (bytes-like: ==, len, slicing, bytes(x), hashlib, numpy /
+        torch frombuffer work; bytes(x) for a bytes object).
+
+        Each object is copied once, from the pool (or the received frame)
+        into a buffer the client owns. The client keeps up to keep_buffers
+        such buffers and reuses one once every view of it is gone, so a
+        loop that drops the last results pays no page faults; a view kept
+        alive keeps its whole buffer (that call's results) alive.
+        with_meta: (data, dtype, shape) tuples."""
         lib = _L()
         ck = _ckeys(keys)
+        if self.shm_active:
+            v = ctypes.POINTER(_CRView)()
+            rc = lib.kvt_retrieve_begin(self._h, ctypes.byref(ck), ctypes.byref(v))
+            if not (rc == E_UNSUPPORTED and not self.shm_active):  # else: a restarted server
+                self._check(rc)                                    # that is not local: inline
+                try:
+                    r = v.contents
+                    items = []
+                    for i in range(r.n):
+                        m = r.meta[i]
+                        items.append((r.ptrs[i], r.lens[i], m.dtype.decode(), tuple(m.shape[: m.ndim])))
+                    res = self._copy_out(items, with_meta)
+                except BaseException:
+                    lib.kvt_retrieve_end(self._h, v)
+                    raise
+                # E_EXPIRED: the read lease ran out while copying: the bytes may
+                # have changed, so nothing is returned
+                self._check(lib.kvt_retrieve_end(self._h, v))
+                return res
         out = ctypes.POINTER(_CBlob)()
         n = ctypes.c_size_t()
         self._check(lib.kvt_retrieve(self._h, ctypes.byref(ck), ctypes.byref(out), ctypes.byref(n)))
         try:
-            res = []
+            items = []
             for i in range(n.value):
                 b = out[i]
-                data = ctypes.string_at(b.data, b.len) if b.len else b""
-                if with_meta:
-                    res.append((data, b.dtype.decode(), tuple(b.shape[: b.ndim])))
-                else:
-                    res.append(data)
-            return res
+                items.append((b.data, b.len, b.dtype.decode(), tuple(b.shape[: b.ndim])))
+            return self._copy_out(items, with_meta)
         finally:
             lib.kvt_blobs_free(out, n.value)
 

@@ -1,6 +1,7 @@
 /* kvtier C client: one DEALER socket, request/reply with ids, shm mapping. */
 #include "kvtier/client.h"
 #include "common/util.h"
+#include "common/url.h"
 #include "common/le.h"
 #include "key/key.h"
 #include "proto/wire.h"
@@ -26,6 +27,8 @@ struct kvt_client {
     void *ctx, *sock;
     char url[512];
     int timeout_ms;
+    int connect_timeout_ms; /* the hello of kvt_client_open */
+    bool opening;           /* in kvt_client_open: probe for a listener */
     uint64_t next_rid;
     char err[512];
     int chunk_size;
@@ -222,19 +225,42 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
             return seterr(c, -errno, "send failed: %s", zmq_strerror(errno));
         }
     }
-    uint64_t deadline = kvt_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    /* kvt_client_open's hello has a short timeout of its own, and when no
+     * reply came within 50 ms, a probe tells "nobody listens there" (ZeroMQ
+     * would keep reconnecting silently) from "a server that is slow" */
+    int tmo = c->opening ? KVT_MIN(c->connect_timeout_ms, c->timeout_ms) : c->timeout_ms;
+    uint64_t start = kvt_now_ns(), deadline = start + (uint64_t)tmo * 1000000ull;
+    uint64_t probe_at = c->opening ? start + (uint64_t)KVT_MIN(50, tmo) * 1000000ull : UINT64_MAX;
     for (;;) {
         uint64_t now = kvt_now_ns();
+        if (now >= probe_at && now < deadline) {
+            probe_at = UINT64_MAX;
+            char why[256];
+            int pr = kvt_url_probe(c->url, (int)((deadline - now) / 1000000ull) + 1, why,
+                                   sizeof(why));
+            if (pr) {
+                new_socket(c);
+                zc_wait(c);
+                return seterr(c, pr, "no server at %s: %s", c->url, why);
+            }
+            continue;
+        }
         if (now >= deadline) {
             /* drop the connection: a late reply must not be taken for the
              * next request's, and queued frames must be released */
             new_socket(c);
             zc_wait(c);
+            if (c->opening)
+                return seterr(c, KVT_E_TIMEOUT,
+                              "%s accepts connections but did not answer hello within %d ms "
+                              "(the connect timeout; is it a kvtier server?)",
+                              c->url, tmo);
             return seterr(c, KVT_E_TIMEOUT, "no reply to %s within %d ms from %s", op,
                           c->timeout_ms, c->url);
         }
         zmq_pollitem_t it = {.socket = c->sock, .events = ZMQ_POLLIN};
-        int pr = zmq_poll(&it, 1, (long)((deadline - now) / 1000000ull) + 1);
+        uint64_t until = KVT_MIN(deadline, probe_at);
+        int pr = zmq_poll(&it, 1, (long)((until - now) / 1000000ull) + 1);
         if (pr < 0 && errno != EINTR)
             return seterr(c, -errno, "poll failed: %s", zmq_strerror(errno));
         if (pr <= 0)
@@ -502,6 +528,12 @@ static int call(kvt_client *c, const char *op, const msgpack_sbuffer *body,
     int rc = call_local(c, op, body, bufs, lens, nbufs, out);
     if (c->lfd >= 0 || rc == KVT_E_TIMEOUT || !strcmp(op, "hello"))
         return rc;
+    /* the server died: its ZeroMQ connection may not know yet, and a hello
+     * written into it would be lost (a wait of the whole timeout). Nothing of
+     * ours is queued there (requests went over the local socket). */
+    int sr = new_socket(c);
+    if (sr)
+        return sr;
     int hr = hello(c);
     if (hr)
         return hr;
@@ -662,11 +694,27 @@ static int shm_reattach(kvt_client *c)
     return hello(c);
 }
 
+/* Why this thread's last kvt_client_open failed (its client is gone). */
+static _Thread_local char open_err[512];
+
+const char *kvt_client_open_error(void)
+{
+    return open_err;
+}
+
 int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **out)
 {
+    open_err[0] = 0;
+    int rc = kvt_url_check(url, open_err, sizeof(open_err));
+    if (rc) {
+        fprintf(stderr, "kvtier client: %s\n", open_err);
+        return rc;
+    }
     kvt_client *c = kvt_xcalloc(1, sizeof(*c));
+    c->lfd = -1; /* before any kvt_client_close: 0 is stdin */
     snprintf(c->url, sizeof(c->url), "%s", url);
     c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
+    c->connect_timeout_ms = opts && opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 2000;
     pthread_mutex_init(&c->zc_lock, NULL);
     pthread_cond_init(&c->zc_cond, NULL);
     c->ctx = ctx_get();
@@ -674,18 +722,21 @@ int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **o
         free(c);
         return -ENOMEM;
     }
-    int rc = new_socket(c);
+    rc = new_socket(c);
     if (rc) {
+        snprintf(open_err, sizeof(open_err), "%s", c->err[0] ? c->err : kvt_strerror(rc));
         kvt_client_close(c);
         return rc;
     }
     const char *no = getenv("KVTIER_NO_SHM"), *nl = getenv("KVTIER_NO_LOCAL");
     c->want_shm = !(opts && opts->no_shm) && !(no && *no && strcmp(no, "0"));
     c->want_local = !(opts && opts->no_local) && !(nl && *nl && strcmp(nl, "0"));
-    c->lfd = -1;
+    c->opening = true;
     rc = hello(c);
+    c->opening = false;
     if (rc) {
         /* keep the message for the caller: print it, since c goes away */
+        snprintf(open_err, sizeof(open_err), "%s", c->err);
         fprintf(stderr, "kvtier client: %s\n", c->err);
         kvt_client_close(c);
         return rc;
@@ -989,11 +1040,74 @@ void kvt_store_abort(kvt_client *c, kvt_wview *v)
 
 int kvt_flush(kvt_client *c)
 {
+    return kvt_flush_ex(c, NULL);
+}
+
+/* A msgpack string or bin into a NUL-terminated buffer (cut to fit). */
+static void mp_copy_str(const msgpack_object *o, char *dst, size_t cap)
+{
+    dst[0] = 0;
+    if (!o || (o->type != MSGPACK_OBJECT_STR && o->type != MSGPACK_OBJECT_BIN))
+        return;
+    size_t n = KVT_MIN((size_t)o->via.str.size, cap - 1);
+    memcpy(dst, o->via.str.ptr, n);
+    dst[n] = 0;
+}
+
+int kvt_flush_ex(kvt_client *c, kvt_flush_report *out)
+{
+    if (out)
+        memset(out, 0, sizeof(*out));
     struct rep r;
     int rc = call(c, "flush", NULL, NULL, NULL, 0, &r);
-    if (!rc)
-        rep_free(&r);
-    return rc;
+    if (rc)
+        return rc;
+    if (out) {
+        const msgpack_object *b = &r.up.data;
+        uint64_t total = 0;
+        kvt_mp_u64(b, "l2_failed", false, &total, NULL);
+        out->l2_failed = total;
+        const msgpack_object *fa = kvt_mp_get(b, "failed");
+        if (fa && fa->type == MSGPACK_OBJECT_ARRAY && fa->via.array.size) {
+            out->failed = kvt_xcalloc(fa->via.array.size, sizeof(*out->failed));
+            for (uint32_t i = 0; i < fa->via.array.size; i++) {
+                const msgpack_object *e = &fa->via.array.ptr[i];
+                kvt_flush_failure *f = &out->failed[out->n++];
+                uint64_t v = 0;
+                kvt_mp_u64(e, "adapter", false, &v, NULL);
+                f->adapter = (int)v;
+                const msgpack_object *code = kvt_mp_get(e, "code");
+                if (code && (code->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ||
+                             code->type == MSGPACK_OBJECT_POSITIVE_INTEGER))
+                    f->code = (int)code->via.i64;
+                v = 0;
+                kvt_mp_u64(e, "kv_rank", false, &v, NULL);
+                f->kv_rank = (uint32_t)v;
+                v = 0;
+                kvt_mp_u64(e, "group", false, &v, NULL);
+                f->group = (uint32_t)v;
+                mp_copy_str(kvt_mp_get(e, "model"), f->model, sizeof(f->model));
+                mp_copy_str(kvt_mp_get(e, "salt"), f->salt, sizeof(f->salt));
+                const msgpack_object *h = kvt_mp_get(e, "hash");
+                if (h && h->type == MSGPACK_OBJECT_BIN) {
+                    f->hash_len = KVT_MIN((size_t)h->via.bin.size, sizeof(f->hash));
+                    memcpy(f->hash, h->via.bin.ptr, f->hash_len);
+                }
+            }
+        }
+        out->truncated = out->l2_failed > out->n;
+    }
+    rep_free(&r);
+    return 0;
+}
+
+void kvt_flush_report_free(kvt_flush_report *r)
+{
+    if (!r)
+        return;
+    free(r->failed);
+    r->failed = NULL;
+    r->n = 0;
 }
 
 int kvt_ping(kvt_client *c)

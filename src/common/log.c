@@ -28,9 +28,13 @@ void kvt_log_set_level(int level)
     kvt_log_level_current = level;
 }
 
+/* KVT_LOG_LEVEL, else LMCACHE_LOG_LEVEL (the seed's way to see L2 activity:
+ * LMCACHE_LOG_LEVEL=DEBUG); --log-level overrides both. */
 __attribute__((constructor)) static void log_from_env(void)
 {
     const char *e = getenv("KVT_LOG_LEVEL");
+    if (!e || kvt_log_parse_level(e) < 0)
+        e = getenv("LMCACHE_LOG_LEVEL");
     if (e) {
         int l = kvt_log_parse_level(e);
         if (l >= 0)

@@ -1,7 +1,7 @@
 /*
  * Leveled logging to stderr, one line per record:
  *   2026-11-29T12:00:00.123Z WARN  fs[0]: O_DIRECT refused (EINVAL) ...
- * The level comes from kvt_log_init() (--log-level) or KVT_LOG_LEVEL.
+ * The level comes from --log-level, KVT_LOG_LEVEL or LMCACHE_LOG_LEVEL.
  * Thread-safe: each record is one write(2).
  */
 #ifndef KVT_LOG_H

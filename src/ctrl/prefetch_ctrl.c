@@ -90,6 +90,7 @@ static void finish_req(struct kvt_prefetch_ctrl *pc, struct req *r)
             kvt_l1_put(pc->l1, r->refs[i].h);
     }
     free(commit);
+    kvt_debug("Prefetch request completed: %u of %u keys from L2 (%u loaded)", count, r->n, nc);
     struct kvt_l1_ref *refs = r->refs;
     r->refs = NULL;
     r->cb(r->arg, count, refs);

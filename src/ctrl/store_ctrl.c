@@ -8,11 +8,17 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
+
+#define FAIL_LIST_MAX 1024   /* keys listed per client between two flushes */
+#define FAIL_CLIENTS_MAX 1024 /* clients with failures not yet taken */
 
 struct batch {
     struct batch *next; /* queue link (lock), then in-order list (thread) */
     uint64_t seq;
+    uint64_t client; /* tag of the submitting client, 0 = none */
+    uint64_t t0_ns;
     uint32_t n;
     struct kvt_l1_ref *refs;
     kvt_key *keys;
@@ -39,9 +45,94 @@ struct kvt_store_ctrl {
     /* thread-owned: batches in seq order, oldest first */
     struct batch *order_head, *order_tail;
 
+    /* failures per client, not yet taken by its flush */
+    pthread_mutex_t flock; /* a leaf: guards fails, nfails, fail_cap */
+    struct fail_client *fails;
+    uint32_t nfails, fail_cap;
+
     _Atomic uint64_t last_seq, done_seq;
     _Atomic uint64_t batches, keys_in, l2_ok, l2_failed, in_flight;
 };
+
+struct fail_client {
+    uint64_t client;
+    uint64_t total; /* failures since the last take (listed or not) */
+    uint32_t n, cap; /* listed, allocated */
+    struct kvt_store_failure *v;
+};
+
+/* Record the keys of t (a finished task of adapter a for batch b) that
+ * were not stored, for b's client. */
+static void record_failures(struct kvt_store_ctrl *sc, struct batch *b, int a, kvt_l2_task *t,
+                            size_t ok)
+{
+    if (!b->client || ok == t->n)
+        return;
+    pthread_mutex_lock(&sc->flock);
+    struct fail_client *fc = NULL;
+    for (uint32_t k = 0; k < sc->nfails; k++)
+        if (sc->fails[k].client == b->client) {
+            fc = &sc->fails[k];
+            break;
+        }
+    if (!fc) {
+        if (sc->nfails == FAIL_CLIENTS_MAX) { /* forget the oldest client's record */
+            free(sc->fails[0].v);
+            memmove(sc->fails, sc->fails + 1, (sc->nfails - 1) * sizeof(*sc->fails));
+            sc->nfails--;
+        }
+        if (sc->nfails == sc->fail_cap) {
+            sc->fail_cap = sc->fail_cap ? 2 * sc->fail_cap : 8;
+            sc->fails = kvt_xrealloc(sc->fails, sc->fail_cap * sizeof(*sc->fails));
+        }
+        fc = &sc->fails[sc->nfails++];
+        memset(fc, 0, sizeof(*fc));
+        fc->client = b->client;
+    }
+    int err = atomic_load(&t->err);
+    for (uint32_t i = 0; i < t->n; i++) {
+        if (kvt_bm_test(t->ok, i))
+            continue;
+        fc->total++;
+        if (fc->n == FAIL_LIST_MAX)
+            continue;
+        if (fc->n == fc->cap) {
+            fc->cap = fc->cap ? KVT_MIN(2 * fc->cap, FAIL_LIST_MAX) : 16;
+            fc->v = kvt_xrealloc(fc->v, fc->cap * sizeof(*fc->v));
+        }
+        int code = t->codes && t->codes[i] ? t->codes[i] : err;
+        fc->v[fc->n++] = (struct kvt_store_failure){
+            .key = t->keys[i], .adapter = a, .code = code ? code : -EIO};
+    }
+    pthread_mutex_unlock(&sc->flock);
+}
+
+uint64_t kvt_store_ctrl_take_failures(struct kvt_store_ctrl *sc, uint64_t client, uint32_t max,
+                                      struct kvt_store_failure **out, uint32_t *listed)
+{
+    *out = NULL;
+    *listed = 0;
+    uint64_t total = 0;
+    pthread_mutex_lock(&sc->flock);
+    for (uint32_t k = 0; k < sc->nfails; k++) {
+        struct fail_client *fc = &sc->fails[k];
+        if (fc->client != client)
+            continue;
+        total = fc->total;
+        uint32_t m = KVT_MIN(fc->n, max);
+        if (m) {
+            *out = kvt_xmalloc(m * sizeof(**out));
+            memcpy(*out, fc->v, m * sizeof(**out));
+        }
+        *listed = m;
+        free(fc->v);
+        memmove(fc, fc + 1, (sc->nfails - k - 1) * sizeof(*fc));
+        sc->nfails--;
+        break;
+    }
+    pthread_mutex_unlock(&sc->flock);
+    return total;
+}
 
 static void batch_finish(struct kvt_store_ctrl *sc, struct batch *b)
 {
@@ -91,6 +182,8 @@ static void start_batch(struct kvt_store_ctrl *sc, struct batch *b)
         bufs[i].len = b->refs[i].meta.len;
         metas[i] = b->refs[i].meta;
     }
+    kvt_debug("Submitted store task %llu: %u keys to %d L2 adapter%s",
+              (unsigned long long)b->seq, b->n, sc->nl2, sc->nl2 == 1 ? "" : "s");
     for (int a = 0; a < sc->nl2; a++) {
         kvt_l2_task *t = kvt_l2_task_new(KVT_L2_STORE, b->n);
         memcpy(t->keys, b->keys, b->n * sizeof(kvt_key));
@@ -139,6 +232,11 @@ static void *ctrl_main(void *arg)
                     size_t ok = kvt_bm_count(t->ok, t->n);
                     atomic_fetch_add(&sc->l2_ok, ok);
                     atomic_fetch_add(&sc->l2_failed, t->n - ok);
+                    record_failures(sc, b, who, t, ok);
+                    kvt_debug("L2 store task %llu completed on %s: %zu of %u keys stored "
+                              "in %.3f ms",
+                              (unsigned long long)b->seq, l2->name, ok, t->n,
+                              (double)(kvt_now_ns() - b->t0_ns) / 1e6);
                     kvt_l2_task_free(t);
                     if (--b->pending == 0)
                         batch_finish(sc, b);
@@ -167,6 +265,7 @@ int kvt_store_ctrl_start(struct kvt_store_ctrl **out, struct kvt_l1 *l1, kvt_l2 
     sc->on_progress = on_progress;
     sc->arg = arg;
     pthread_mutex_init(&sc->lock, NULL);
+    pthread_mutex_init(&sc->flock, NULL);
     sc->qfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     sc->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (sc->qfd < 0 || sc->epfd < 0)
@@ -196,8 +295,16 @@ fail:;
 uint64_t kvt_store_ctrl_submit(struct kvt_store_ctrl *sc, const struct kvt_l1_ref *refs,
                                const kvt_key *keys, uint32_t n)
 {
+    return kvt_store_ctrl_submit_for(sc, refs, keys, n, 0);
+}
+
+uint64_t kvt_store_ctrl_submit_for(struct kvt_store_ctrl *sc, const struct kvt_l1_ref *refs,
+                                   const kvt_key *keys, uint32_t n, uint64_t client)
+{
     struct batch *b = kvt_xcalloc(1, sizeof(*b));
     b->n = n;
+    b->client = client;
+    b->t0_ns = kvt_now_ns();
     b->refs = kvt_xmalloc((n ? n : 1) * sizeof(*refs));
     b->keys = kvt_xmalloc((n ? n : 1) * sizeof(kvt_key));
     memcpy(b->refs, refs, n * sizeof(*refs));
@@ -247,6 +354,14 @@ json_t *kvt_store_ctrl_status(struct kvt_store_ctrl *sc)
     return o;
 }
 
+void kvt_store_ctrl_quiesce(struct kvt_store_ctrl *sc)
+{
+    while (kvt_store_ctrl_done_seq(sc) < kvt_store_ctrl_last_seq(sc)) {
+        struct timespec ts = {0, 1000000}; /* shutdown only: 1 ms polls are fine */
+        nanosleep(&ts, NULL);
+    }
+}
+
 void kvt_store_ctrl_stop(struct kvt_store_ctrl *sc)
 {
     if (!sc)
@@ -261,5 +376,9 @@ void kvt_store_ctrl_stop(struct kvt_store_ctrl *sc)
     close(sc->qfd);
     close(sc->epfd);
     pthread_mutex_destroy(&sc->lock);
+    for (uint32_t k = 0; k < sc->nfails; k++)
+        free(sc->fails[k].v);
+    free(sc->fails);
+    pthread_mutex_destroy(&sc->flock);
     free(sc);
 }

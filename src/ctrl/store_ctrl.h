@@ -12,6 +12,12 @@
  * a flush waits until done_seq reaches the sequence number that was current
  * when the flush arrived.
  *
+ * Failures: a key that an adapter did not store is recorded for the client
+ * whose request submitted it (kvt_store_ctrl_submit_for); its flush takes
+ * them (kvt_store_ctrl_take_failures). Bounded: at most FAIL_LIST_MAX keys
+ * listed per client and FAIL_CLIENTS_MAX clients with untaken failures
+ * (the oldest record goes first); counts are never lost for a kept client.
+ *
  * Thread: one "store-ctrl" thread; epoll on its queue eventfd and on every
  * adapter's store eventfd. No polling, no walk of in-flight batches per wake.
  */
@@ -36,11 +42,33 @@ int kvt_store_ctrl_start(struct kvt_store_ctrl **out, struct kvt_l1 *l1, kvt_l2 
  * order). Takes ownership of the references. Returns the batch's seq. */
 uint64_t kvt_store_ctrl_submit(struct kvt_store_ctrl *sc, const struct kvt_l1_ref *refs,
                                const kvt_key *keys, uint32_t n);
+/* The same for a client (a nonzero tag naming the connection): the keys
+ * of the batch that do not reach an adapter are kept for that client's
+ * next kvt_store_ctrl_take_failures (its flush). */
+uint64_t kvt_store_ctrl_submit_for(struct kvt_store_ctrl *sc, const struct kvt_l1_ref *refs,
+                                   const kvt_key *keys, uint32_t n, uint64_t client);
+
+/* One (key, adapter) pair that did not reach L2. */
+struct kvt_store_failure {
+    kvt_key key;
+    int adapter; /* index of the adapter */
+    int code;    /* why (KVT_E_FULL, KVT_E_TOOBIG, -errno, ...) */
+};
+/* Take what is recorded for client: the failures of its batches that
+ * finished since its previous take, each reported once. Up to max of them
+ * are copied to out (a malloc'd array, caller frees; NULL when none);
+ * *listed says how many, the return value how many failures there were in
+ * all (more than *listed when the per-client list overflowed). Any thread. */
+uint64_t kvt_store_ctrl_take_failures(struct kvt_store_ctrl *sc, uint64_t client, uint32_t max,
+                                      struct kvt_store_failure **out, uint32_t *listed);
 /* Sequence number of the latest submitted batch. */
 uint64_t kvt_store_ctrl_last_seq(struct kvt_store_ctrl *sc);
 /* Every batch <= this has finished on every adapter. */
 uint64_t kvt_store_ctrl_done_seq(struct kvt_store_ctrl *sc);
 json_t *kvt_store_ctrl_status(struct kvt_store_ctrl *sc);
+/* Wait until every batch submitted so far finished (done_seq ==
+ * last_seq); the caller submits nothing meanwhile. */
+void kvt_store_ctrl_quiesce(struct kvt_store_ctrl *sc);
 /* Wait for every submitted batch, then stop the thread. */
 void kvt_store_ctrl_stop(struct kvt_store_ctrl *sc);
 

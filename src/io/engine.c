@@ -40,7 +40,9 @@ int kvt_ioeng_kind_parse(const char *s)
  * enabled kinds: eio (the request fails with EIO), enospc (a write fails
  * with ENOSPC), short (a transfer moves fewer bytes and is retried), torn (a
  * write reports success but part of what it wrote is zeroed on the device:
- * only the object checksums can catch it). Never set in production.
+ * only the object checksums can catch it), lost (a write fails with EIO and
+ * what it wrote is zeroed again: as if it never reached a zeroed device).
+ * Never set in production.
  * Narrower, for deterministic tests: min_off=/max_off= (only requests that
  * start in [min_off, max_off)) and max= (at most that many faults).
  */
@@ -65,6 +67,8 @@ static void fault_init(struct kvt_ioeng *e)
             e->f_short = true;
         else if (!strcmp(t, "torn"))
             e->f_torn = true;
+        else if (!strcmp(t, "lost"))
+            e->f_lost = true;
         else if (!strncmp(t, "min_off=", 8))
             e->fault_min_off = strtoull(t + 8, NULL, 0);
         else if (!strncmp(t, "max_off=", 8))
@@ -123,26 +127,31 @@ uint64_t kvt_ioeng_fault_short(struct kvt_ioeng *e, struct kvt_io *io, uint64_t 
 static int fault_complete(struct kvt_ioeng *e, struct kvt_io *io, int res)
 {
     uint64_t x;
-    if (res < 0 || io->op == KVT_IO_FSYNC || !(e->f_eio || e->f_enospc || e->f_torn) ||
+    if (res < 0 || io->op == KVT_IO_FSYNC || !(e->f_eio || e->f_enospc || e->f_torn || e->f_lost) ||
         !fault_in_window(e, io) || !fault_pick(e, &x))
         return res;
-    int kinds[3], n = 0;
+    int kinds[4], n = 0;
     if (e->f_eio)
         kinds[n++] = 1;
     if (e->f_enospc && io->op == KVT_IO_WRITE)
         kinds[n++] = 2;
     if (e->f_torn && io->op == KVT_IO_WRITE && io->len >= 2)
         kinds[n++] = 3;
+    if (e->f_lost && io->op == KVT_IO_WRITE)
+        kinds[n++] = 4;
     if (!n || !fault_take(e))
         return res;
-    switch (kinds[x % (uint64_t)n]) {
+    int kind = kinds[x % (uint64_t)n];
+    switch (kind) {
     case 1:
         return -EIO;
     case 2:
         return -ENOSPC;
     default: {
-        /* zero the second half of what was written, then claim success */
-        uint64_t start = io->off - io->done + io->len / 2, len = io->len - io->len / 2;
+        /* torn: zero the second half of what was written, then claim
+         * success; lost: zero all of it and fail */
+        uint64_t start = io->off - io->done + (kind == 3 ? io->len / 2 : 0);
+        uint64_t len = kind == 3 ? io->len - io->len / 2 : io->len;
         static const char zeros[4096];
         while (len) {
             size_t k = (size_t)KVT_MIN(len, sizeof(zeros));
@@ -151,7 +160,7 @@ static int fault_complete(struct kvt_ioeng *e, struct kvt_io *io, int res)
             start += k;
             len -= k;
         }
-        return res;
+        return kind == 3 ? res : -EIO;
     }
     }
 }

@@ -22,7 +22,7 @@ struct kvt_ioeng {
     /* fault injection for tests (KVT_IO_FAULT, read at creation) */
     double fault_rate;
     uint64_t fault_seed;
-    bool f_eio, f_enospc, f_short, f_torn;
+    bool f_eio, f_enospc, f_short, f_torn, f_lost;
     uint64_t fault_min_off, fault_max_off; /* only requests starting in [min, max); max 0: any */
     uint64_t fault_max;                    /* at most this many faults; 0: no limit */
     _Atomic uint64_t fault_counter, faults;

@@ -27,9 +27,8 @@
 struct ns_rec {
     char *model;
     char *salt;
-    char *name;                /* sanitized model ('/' -> "--") */
-    uint64_t hash;             /* of model + '\0' + salt */
-    _Atomic uint32_t canon[3]; /* per codec canonical id, 0 = not computed */
+    char *name;    /* namespace name: the model as the nixl codec writes it */
+    uint64_t hash; /* of model + '\0' + salt */
 };
 
 #define NS_CHUNK 1024u
@@ -77,21 +76,13 @@ static int has_component(const char *m, size_t len, const char *comp)
     return 0;
 }
 
-static size_t count_char(const char *s, size_t len, char c)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < len; i++)
-        n += s[i] == c;
-    return n;
-}
-
 int kvt_validate_model(const char *model, size_t len, const char **why)
 {
     const char *w = NULL;
     if (len == 0)
         w = "model name is empty";
     else if (len > KVT_MODEL_MAX)
-        w = "model name longer than 128 bytes";
+        w = "model name longer than 128 bytes (max_model_bytes)";
     else if (memchr(model, '@', len))
         w = "model name contains '@'";
     else if (has_component(model, len, "..") || has_component(model, len, "."))
@@ -111,7 +102,7 @@ int kvt_validate_salt(const char *salt, size_t len, const char **why)
 {
     const char *w = NULL;
     if (len > KVT_SALT_MAX)
-        w = "cache salt longer than 128 characters";
+        w = "cache salt longer than 128 bytes (max_salt_bytes)";
     else
         for (size_t i = 0; i < len; i++) {
             unsigned char c = (unsigned char)salt[i];
@@ -129,13 +120,124 @@ int kvt_validate_salt(const char *salt, size_t len, const char **why)
     return w ? KVT_E_BADKEY : 0;
 }
 
-/* Longest name any codec gives this (model, salt): the fs codec with a
- * 32-byte hash and a full group id is the longest. */
-static size_t worst_name_len(const char *model, size_t ml, size_t sl)
+/* ------------------------------------------------------------------
+ * Model escaping (key.h: "file-name codecs"). The fs/obj codecs write '/'
+ * as "-SEP-", the nixl codec as "--"; '%' is the escape character. Tokens:
+ *   '%'                      -> "%25"
+ *   '/'                      -> the codec's separator
+ *   '-' that would read as the start of a separator together with what
+ *       follows it (fs/obj: '-' followed by "SEP-" or "SEP/";
+ *       nixl: '-' followed by '-' or '/')       -> "%2D"
+ *   any other byte           -> itself
+ * A decoder reading left to right ("%XX", then the separator, else one
+ * literal byte) meets a literal '-' only where the next output bytes cannot
+ * complete a separator, so it recovers the tokens and the model exactly:
+ * the encoding is injective, and names of models without '%' or those '-'
+ * sequences are LMCache's names byte for byte.
+ * ---------------------------------------------------------------- */
+
+static bool dash_escaped(enum kvt_codec c, const char *m, size_t ml, size_t i)
 {
-    size_t slashes = count_char(model, ml, '/');
-    size_t enc = ml + slashes * 4; /* "/" -> "-SEP-" */
-    return enc + 1 + 10 + 1 + 8 + 1 + 2 * KVT_HASH_MAX + (sl ? 1 + sl : 0) + 5;
+    if (m[i] != '-')
+        return false;
+    if (c == KVT_CODEC_NIXL)
+        return i + 1 < ml && (m[i + 1] == '-' || m[i + 1] == '/');
+    return i + 4 < ml && memcmp(m + i + 1, "SEP", 3) == 0 && (m[i + 4] == '-' || m[i + 4] == '/');
+}
+
+/* Encode a model for codec c into out (NULL: only count); returns the length. */
+static size_t enc_model(enum kvt_codec c, const char *m, size_t ml, char *out)
+{
+    const char *sep = c == KVT_CODEC_NIXL ? "--" : "-SEP-";
+    size_t sl = strlen(sep), n = 0;
+    for (size_t i = 0; i < ml; i++) {
+        const char *t;
+        size_t tl;
+        char one = m[i];
+        if (m[i] == '%')
+            t = "%25", tl = 3;
+        else if (m[i] == '/')
+            t = sep, tl = sl;
+        else if (dash_escaped(c, m, ml, i))
+            t = "%2D", tl = 3;
+        else
+            t = &one, tl = 1;
+        if (out)
+            memcpy(out + n, t, tl);
+        n += tl;
+    }
+    return n;
+}
+
+static int hexdig_upper(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* Decode an encoded model into out (room for n bytes); returns its length,
+ * or -1 on a malformed escape. Whether the input is the canonical encoding
+ * is for the caller to check (encode again and compare). */
+static long dec_model(enum kvt_codec c, const char *s, size_t n, char *out)
+{
+    const char *sep = c == KVT_CODEC_NIXL ? "--" : "-SEP-";
+    size_t sl = strlen(sep), o = 0;
+    for (size_t i = 0; i < n;) {
+        if (s[i] == '%') {
+            int hi = i + 2 < n ? hexdig_upper(s[i + 1]) : -1;
+            int lo = hi >= 0 ? hexdig_upper(s[i + 2]) : -1;
+            if (lo < 0)
+                return -1;
+            out[o++] = (char)(hi << 4 | lo);
+            i += 3;
+        } else if (i + sl <= n && memcmp(s + i, sep, sl) == 0) {
+            out[o++] = '/';
+            i += sl;
+        } else {
+            out[o++] = s[i++];
+        }
+    }
+    return (long)o;
+}
+
+/* Fixed part of the longest name of each codec (32-byte hash, 8-digit
+ * group): fs "@0x%08x@%8x@<64 hex>" + ".data", nixl "_%08x_%8x_<64 hex>" +
+ * ".bin". The obj codec is the fs name without ".data". */
+#define FS_FIXED (1 + 10 + 1 + 8 + 1 + 2 * KVT_HASH_MAX + 5)
+#define NIXL_FIXED (1 + 8 + 1 + 8 + 1 + 2 * KVT_HASH_MAX + 4)
+
+size_t kvt_name_bytes(const char *model, size_t ml, size_t sl)
+{
+    size_t s = sl ? 1 + sl : 0;
+    size_t fs = enc_model(KVT_CODEC_FS, model, ml, NULL) + FS_FIXED + s;
+    size_t nx = enc_model(KVT_CODEC_NIXL, model, ml, NULL) + NIXL_FIXED + s;
+    return fs > nx ? fs : nx;
+}
+
+int kvt_ns_name_of(const char *model, size_t ml, char *out, size_t cap)
+{
+    size_t n = enc_model(KVT_CODEC_NIXL, model, ml, NULL);
+    if (n >= cap)
+        return -1;
+    enc_model(KVT_CODEC_NIXL, model, ml, out);
+    out[n] = 0;
+    return (int)n;
+}
+
+int kvt_ns_name_model(const char *name, size_t len, char *model, size_t cap)
+{
+    if (len == 0 || len > KVT_NAME_MAX || cap < len + 1)
+        return -1;
+    long ml = dec_model(KVT_CODEC_NIXL, name, len, model);
+    if (ml <= 0 || kvt_validate_model(model, (size_t)ml, NULL))
+        return -1;
+    char again[KVT_NAME_MAX + 1];
+    if (enc_model(KVT_CODEC_NIXL, model, (size_t)ml, NULL) != len)
+        return -1;
+    enc_model(KVT_CODEC_NIXL, model, (size_t)ml, again);
+    if (memcmp(again, name, len) != 0)
+        return -1;
+    model[ml] = 0;
+    return (int)ml;
 }
 
 static char *dup_n(const char *s, size_t n)
@@ -143,22 +245,6 @@ static char *dup_n(const char *s, size_t n)
     char *d = kvt_xmalloc(n + 1);
     memcpy(d, s, n);
     d[n] = 0;
-    return d;
-}
-
-static char *replace_slash(const char *s, size_t n, const char *rep)
-{
-    size_t rl = strlen(rep), out = n + count_char(s, n, '/') * (rl - 1);
-    char *d = kvt_xmalloc(out + 1), *p = d;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] == '/') {
-            memcpy(p, rep, rl);
-            p += rl;
-        } else {
-            *p++ = s[i];
-        }
-    }
-    *p = 0;
     return d;
 }
 
@@ -197,9 +283,16 @@ int kvt_ns_intern(const char *model, size_t ml, const char *salt, size_t sl, uin
         rc = kvt_validate_salt(salt, sl, why);
     if (rc)
         return rc;
-    if (worst_name_len(model, ml, sl) > KVT_NAME_MAX) {
+    size_t nb = kvt_name_bytes(model, ml, sl);
+    if (nb > KVT_NAME_MAX) {
+        /* thread-local: the caller copies it into its reply before interning again */
+        static _Thread_local char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "model and cache salt too long together: their object name would be %zu "
+                 "bytes, more than %d (max_name_bytes)",
+                 nb, KVT_NAME_MAX);
         if (why)
-            *why = "model and cache salt too long to encode as a file name";
+            *why = msg;
         return KVT_E_BADKEY;
     }
     uint64_t h = ns_hash(model, ml, salt, sl);
@@ -232,7 +325,8 @@ int kvt_ns_intern(const char *model, size_t ml, const char *salt, size_t sl, uin
     struct ns_rec *r = &chunk[id % NS_CHUNK];
     r->model = dup_n(model, ml);
     r->salt = dup_n(salt, sl);
-    r->name = replace_slash(model, ml, "--");
+    r->name = kvt_xmalloc(enc_model(KVT_CODEC_NIXL, model, ml, NULL) + 1);
+    r->name[enc_model(KVT_CODEC_NIXL, model, ml, r->name)] = 0;
     r->hash = h;
     /* release: the record's fields are written before the id becomes valid */
     atomic_store_explicit(&ns_next, id + 1, memory_order_release);
@@ -300,34 +394,16 @@ char *kvt_key_str(const kvt_key *k, char *out, size_t cap)
 
 /* -------------------------------------------------------------- codecs */
 
-static const char *codec_slash(enum kvt_codec c)
-{
-    return c == KVT_CODEC_NIXL ? "--" : "-SEP-";
-}
-
-static size_t put_model(char *p, const char *model, const char *rep)
-{
-    size_t n = 0, rl = strlen(rep);
-    for (const char *m = model; *m; m++) {
-        if (*m == '/') {
-            memcpy(p + n, rep, rl);
-            n += rl;
-        } else {
-            p[n++] = *m;
-        }
-    }
-    return n;
-}
-
 int kvt_key_encode(enum kvt_codec codec, const kvt_key *k, char *out)
 {
     char buf[1024];
     char hex[2 * KVT_HASH_MAX + 1];
     const char *model = kvt_ns_model(k->ns), *salt = kvt_ns_salt(k->ns);
-    if (strlen(model) * 5 + strlen(salt) + 200 > sizeof(buf))
+    size_t ml = strlen(model);
+    if (ml * 5 + strlen(salt) + 200 > sizeof(buf))
         return KVT_E_BADKEY;
     kvt_hex(k->hash, k->hash_len, hex);
-    size_t n = put_model(buf, model, codec_slash(codec));
+    size_t n = enc_model(codec, model, ml, buf);
     int m;
     if (codec == KVT_CODEC_NIXL)
         m = snprintf(buf + n, sizeof(buf) - n, "_%08x_%x_%s%s%s.bin", k->kv_rank, k->group, hex,
@@ -359,21 +435,6 @@ static int parse_hex_u32(const char *s, size_t n, uint32_t *out)
     }
     *out = v;
     return 0;
-}
-
-/* Replace every occurrence of rep by '/', left to right. */
-static size_t unreplace(const char *s, size_t n, const char *rep, char *out)
-{
-    size_t rl = strlen(rep), o = 0;
-    for (size_t i = 0; i < n;) {
-        if (i + rl <= n && memcmp(s + i, rep, rl) == 0) {
-            out[o++] = '/';
-            i += rl;
-        } else {
-            out[o++] = s[i++];
-        }
-    }
-    return o;
 }
 
 int kvt_key_decode(enum kvt_codec codec, const char *name, size_t len, kvt_key *k)
@@ -456,39 +517,17 @@ int kvt_key_decode(enum kvt_codec codec, const char *name, size_t len, kvt_key *
         hl == 0 || hl > KVT_HASH_MAX || kvt_unhex(f[3], fl[3], hash))
         return -EINVAL;
     char model[KVT_NAME_MAX + 1];
-    size_t ml = unreplace(f[0], fl[0], codec_slash(codec), model);
+    long ml = dec_model(codec, f[0], fl[0], model);
     uint32_t ns;
-    if (kvt_ns_intern(model, ml, salt, salt_len, &ns, NULL))
+    if (ml <= 0 || kvt_ns_intern(model, (size_t)ml, salt, salt_len, &ns, NULL) ||
+        kvt_key_make(k, ns, hash, hl, rank, group))
         return -EINVAL;
-    return kvt_key_make(k, ns, hash, hl, rank, group) ? -EINVAL : 0;
-}
-
-void kvt_key_canon(enum kvt_codec codec, const kvt_key *in, kvt_key *out)
-{
-    *out = *in;
-    struct ns_rec *r = ns_get(in->ns);
-    if (!r)
-        return;
-    unsigned ci = (unsigned)codec;
-    uint32_t c = atomic_load_explicit(&r->canon[ci], memory_order_relaxed);
-    if (!c) {
-        const char *rep = codec_slash(codec);
-        if (!strstr(r->model, rep)) {
-            c = in->ns;
-        } else {
-            size_t ml = strlen(r->model);
-            char *enc = replace_slash(r->model, ml, rep);
-            char *dec = kvt_xmalloc(strlen(enc) + 1);
-            size_t dl = unreplace(enc, strlen(enc), rep, dec);
-            if (kvt_ns_intern(dec, dl, r->salt, strlen(r->salt), &c, NULL))
-                c = in->ns;
-            free(enc);
-            free(dec);
-        }
-        /* relaxed: any thread computing it computes the same id */
-        atomic_store_explicit(&r->canon[ci], c, memory_order_relaxed);
-    }
-    out->ns = c;
+    /* only the canonical name of a key decodes to it (hex case, leading
+     * zeros, needless escapes are other names): decoding is injective too */
+    char again[KVT_NAME_MAX + 1];
+    if (kvt_key_encode(codec, k, again) != (int)len || memcmp(again, name, len) != 0)
+        return -EINVAL;
+    return 0;
 }
 
 /* ------------------------------------------------------------- hashing */

@@ -7,11 +7,14 @@
  * key is a fixed 48-byte value that can be hashed and compared with memcmp
  * and stored compactly in indexes.
  *
- * Validation (LMCache rules, plus path safety):
+ * Validation (LMCache rules, plus path safety). Limits are in bytes (UTF-8
+ * is not interpreted):
  *   model: 1..128 bytes, no '@', no NUL or control characters, and no
  *          '/'-separated component equal to "." or ".." (so "/../" is refused);
  *   salt:  0..128 bytes, none of '@' '/' '\\' NUL or control characters;
- *   hash:  1..32 bytes.
+ *   hash:  1..32 bytes;
+ *   together: the longest object name the (model, salt) can get,
+ *          kvt_name_bytes(), at most KVT_NAME_MAX (240) bytes.
  * File names built by the codecs below replace every '/', always contain at
  * least one '@' or '_' separated field and a suffix, so no encoded name can be
  * "." or "..", contain a '/', or escape its directory: by construction.
@@ -57,9 +60,21 @@ int kvt_ns_intern(const char *model, size_t model_len, const char *salt, size_t 
                   uint32_t *ns, const char **why);
 const char *kvt_ns_model(uint32_t ns);
 const char *kvt_ns_salt(uint32_t ns);
-/* Sanitized model identity used as the namespace name on disk and in status:
- * the model with every '/' replaced by "--" (the nixl_store_dynamic prefix). */
+/* Namespace name, used on disk, in status, quotas and purge: the model as
+ * the nixl codec writes it (every '/' as "--", '%' and a '-' before '-' or
+ * '/' escaped; see the codecs below), i.e. the nixl_store_dynamic file-name
+ * prefix. Distinct models have distinct names. */
 const char *kvt_ns_name(uint32_t ns);
+/* The namespace name of a model into out (NUL-terminated); its length, or
+ * -1 if it does not fit in cap. */
+int kvt_ns_name_of(const char *model, size_t ml, char *out, size_t cap);
+/* The model a namespace name stands for, into model (cap >= len + 1):
+ * its length, or -1 when name is not the namespace name of a valid model. */
+int kvt_ns_name_model(const char *name, size_t len, char *model, size_t cap);
+/* Longest object name any codec gives keys of (model, salt of sl bytes)
+ * (a 32-byte hash and an 8-digit group). kvt_ns_intern refuses more than
+ * KVT_NAME_MAX. */
+size_t kvt_name_bytes(const char *model, size_t ml, size_t sl);
 uint32_t kvt_ns_count(void);
 
 /* --- keys ---------------------------------------------------------------- */
@@ -77,10 +92,23 @@ char *kvt_key_str(const kvt_key *k, char *out, size_t cap);
 
 /* --- file-name codecs ---------------------------------------------------- */
 
+/*
+ * Names (docs/protocol.md "Keys"), with M the escaped model:
+ *   fs:   M@0x%08x(kv_rank)@%x(group)@hex(hash)[@salt].data   M: '/' -> "-SEP-"
+ *   obj:  the fs name without ".data" (s3 keys, Redis keys)
+ *   nixl: M_%08x(kv_rank)_%x(group)_hex(hash)[@salt].bin      M: '/' -> "--"
+ * M escapes '%' as "%25" and a '-' that would begin a separator with what
+ * follows it as "%2D" (fs/obj: '-' before "SEP-" or "SEP/"; nixl: '-' before
+ * '-' or '/'). A model without '%' and without those sequences gets LMCache's
+ * name byte for byte. Encoding is injective, and decoding accepts only the
+ * exact name encode gives (lower-case hex, no leading zeros in the group,
+ * no needless escapes): decode(encode(k)) == k, and distinct keys never
+ * share a name.
+ */
 enum kvt_codec {
-    KVT_CODEC_FS,   /* LMCache fs: model('/'->"-SEP-")@%#010x rank@group hex@hash hex[@salt].data */
-    KVT_CODEC_NIXL, /* nixl_store_dynamic: model('/'->"--")_%08x rank_%x group_hash hex[@salt].bin */
-    KVT_CODEC_OBJ,  /* object stores (s3, redis): the fs name without the ".data" suffix */
+    KVT_CODEC_FS,   /* LMCache fs */
+    KVT_CODEC_NIXL, /* nixl_store_dynamic */
+    KVT_CODEC_OBJ,  /* object stores (s3, redis) */
 };
 
 /* Encode a key's name; returns its length or KVT_E_BADKEY if it would exceed
@@ -89,11 +117,14 @@ int kvt_key_encode(enum kvt_codec codec, const kvt_key *k, char *out);
 /* Decode a name produced by kvt_key_encode (interning its namespace).
  * Returns 0, or -EINVAL when the name is not a cache object name. */
 int kvt_key_decode(enum kvt_codec codec, const char *name, size_t len, kvt_key *k);
-/* The key that the codec's name maps back to. Names are reversible except
- * for models that already contain the codec's '/' replacement ("--" or
- * "-SEP-"); such keys share a file with their decoded twin, so indexes of
- * file-backed adapters store canonical keys. Cheap when nothing changes. */
-void kvt_key_canon(enum kvt_codec codec, const kvt_key *in, kvt_key *out);
+/* The key an adapter indexes for k. Names are injective, so it is k itself
+ * (kept so that indexes and header checks compare keys exactly, by one
+ * rule, for every codec). */
+static inline void kvt_key_canon(enum kvt_codec codec, const kvt_key *in, kvt_key *out)
+{
+    (void)codec;
+    *out = *in;
+}
 
 /* --- element types ------------------------------------------------------ */
 

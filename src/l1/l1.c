@@ -34,15 +34,19 @@ struct l1_obj {
     uint8_t state;
     uint8_t flags;
     uint32_t next_free; /* free-list link when ST_FREE */
+    uint32_t rleases;   /* read leases holding it: delete skips it while > 0 */
 };
 
 struct lease {
-    uint64_t id; /* gen << 32 | slot; 0 = free slot */
+    uint64_t id; /* random, unique among live leases; 0 = free slot */
     uint8_t kind;
     uint64_t expire_ns;
     uint32_t n;
     uint32_t *hs;
     uint32_t prev, next; /* expiry FIFO of its kind, or free list (next) */
+    uint32_t hnext;      /* id hash chain */
+    uint32_t owner_len;
+    uint8_t *owner;      /* the taking connection's routing id (owned) */
 };
 
 struct quarantined {
@@ -72,7 +76,10 @@ struct kvt_l1 {
     uint32_t fifo_head[2], fifo_tail[2];
     uint64_t ttl_ns[2];
     uint32_t live_leases[2];
-    uint32_t gen;
+    uint32_t *lbucket; /* id hash: heads of hnext chains, nlbuckets (power of 2) */
+    uint32_t nlbuckets;
+    uint64_t rnd[64]; /* getrandom output not yet used for ids */
+    uint32_t nrnd;
     /* quarantine (FIFO by time) */
     struct quarantined *q;
     uint32_t q_head, q_tail, q_cap; /* positions modulo q_cap */
@@ -226,7 +233,6 @@ int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, s
     if (getrandom(&l1->pool_id, sizeof(l1->pool_id), 0) != sizeof(l1->pool_id))
         l1->pool_id = kvt_now_ns() ^ ((uint64_t)getpid() << 32);
     l1->pool_id |= 1; /* never 0 */
-    l1->gen = (uint32_t)(l1->pool_id >> 32);
     l1->policy = kvt_policy_create(o->policy ? o->policy : "LRU", o->watermark, o->ratio);
     if (!l1->policy) {
         snprintf(err, errcap, "--eviction-policy: unknown policy \"%s\" (known: %s)", o->policy,
@@ -255,9 +261,12 @@ void kvt_l1_destroy(struct kvt_l1 *l1)
         shm_unlink(path);
         free(l1->shm_name);
     }
-    for (uint32_t i = 0; i < l1->nleases_used; i++)
+    for (uint32_t i = 0; i < l1->nleases_used; i++) {
         free(l1->leases[i].hs);
+        free(l1->leases[i].owner);
+    }
     free(l1->leases);
+    free(l1->lbucket);
     free(l1->objs);
     free(l1->q);
     kvt_kindex_free(&l1->map);
@@ -640,6 +649,23 @@ bool kvt_l1_delete(struct kvt_l1 *l1, const kvt_key *k)
     return found;
 }
 
+int kvt_l1_delete_unleased(struct kvt_l1 *l1, const kvt_key *k)
+{
+    pthread_mutex_lock(&l1->lock);
+    uint32_t h = kvt_kindex_find(&l1->map, k);
+    int rc = 0;
+    if (h != KVT_NOHANDLE && obj(l1, h)->state == ST_READY) {
+        if (obj(l1, h)->rleases) {
+            rc = -EBUSY;
+        } else {
+            obj_unlink_locked(l1, h);
+            rc = 1;
+        }
+    }
+    pthread_mutex_unlock(&l1->lock);
+    return rc;
+}
+
 void kvt_l1_set_pressure_hook(struct kvt_l1 *l1, void (*fn)(void *), void *arg)
 {
     l1->pressure_fn = fn;
@@ -662,8 +688,82 @@ static void fifo_unlink_locked(struct kvt_l1 *l1, uint32_t s)
         l1->fifo_tail[k] = L->prev;
 }
 
+static uint32_t lbucket_of(const struct kvt_l1 *l1, uint64_t id)
+{
+    return (uint32_t)(id ^ (id >> 32)) & (l1->nlbuckets - 1);
+}
+
+static struct lease *lease_lookup_locked(struct kvt_l1 *l1, uint64_t id)
+{
+    if (id == 0 || !l1->nlbuckets)
+        return NULL;
+    for (uint32_t s = l1->lbucket[lbucket_of(l1, id)]; s != NIL; s = l1->leases[s].hnext)
+        if (l1->leases[s].id == id)
+            return &l1->leases[s];
+    return NULL;
+}
+
+/* One bucket per lease slot at least: chains stay short. */
+static void lhash_grow_locked(struct kvt_l1 *l1)
+{
+    if (l1->nlbuckets >= l1->cap_leases)
+        return;
+    uint32_t nb = l1->nlbuckets ? l1->nlbuckets : 64;
+    while (nb < l1->cap_leases)
+        nb *= 2;
+    free(l1->lbucket);
+    l1->lbucket = kvt_xmalloc(nb * sizeof(uint32_t));
+    l1->nlbuckets = nb;
+    for (uint32_t b = 0; b < nb; b++)
+        l1->lbucket[b] = NIL;
+    for (uint32_t s = 0; s < l1->nleases_used; s++) {
+        struct lease *L = &l1->leases[s];
+        if (!L->id)
+            continue;
+        uint32_t b = lbucket_of(l1, L->id);
+        L->hnext = l1->lbucket[b];
+        l1->lbucket[b] = s;
+    }
+}
+
+static void lhash_del_locked(struct kvt_l1 *l1, uint32_t s)
+{
+    uint32_t *pp = &l1->lbucket[lbucket_of(l1, l1->leases[s].id)];
+    while (*pp != s)
+        pp = &l1->leases[*pp].hnext;
+    *pp = l1->leases[s].hnext;
+}
+
+/* A fresh lease id: 64 random bits (getrandom, fetched 64 ids at a time so a
+ * lease costs no system call), not 0 and not a live lease's. */
+static uint64_t lease_id_new_locked(struct kvt_l1 *l1)
+{
+    for (;;) {
+        if (l1->nrnd == 0) {
+            size_t got = 0;
+            while (got < sizeof(l1->rnd)) {
+                ssize_t r = getrandom((char *)l1->rnd + got, sizeof(l1->rnd) - got, 0);
+                if (r < 0 && errno == EINTR)
+                    continue;
+                KVT_ASSERT(r > 0); /* the kernel's CSPRNG does not fail once seeded */
+                got += (size_t)r;
+            }
+            l1->nrnd = KVT_ARRAY_LEN(l1->rnd);
+        }
+        uint64_t id = l1->rnd[--l1->nrnd];
+        if (id != 0 && !lease_lookup_locked(l1, id))
+            return id;
+    }
+}
+
+static bool owner_eq(const struct lease *L, const struct kvt_l1_owner *o)
+{
+    uint32_t len = o ? o->len : 0;
+    return L->owner_len == len && (len == 0 || memcmp(L->owner, o->id, len) == 0);
+}
+
 uint64_t kvt_l1_lease_new(struct kvt_l1 *l1, enum kvt_lease_kind kind, const uint32_t *hs,
-                          uint32_t n)
+                          uint32_t n, const struct kvt_l1_owner *owner)
 {
     pthread_mutex_lock(&l1->lock);
     uint32_t s;
@@ -677,17 +777,28 @@ uint64_t kvt_l1_lease_new(struct kvt_l1 *l1, enum kvt_lease_kind kind, const uin
         }
         s = l1->nleases_used++;
         l1->leases[s].hs = NULL;
+        l1->leases[s].owner = NULL;
+        l1->leases[s].id = 0;
+        lhash_grow_locked(l1);
     }
+    uint64_t id = lease_id_new_locked(l1);
     struct lease *L = &l1->leases[s];
-    uint32_t gen = ++l1->gen;
-    if (gen == 0)
-        gen = ++l1->gen;
-    L->id = (uint64_t)gen << 32 | s;
+    L->id = id;
+    uint32_t b = lbucket_of(l1, id);
+    L->hnext = l1->lbucket[b];
+    l1->lbucket[b] = s;
     L->kind = (uint8_t)kind;
     L->expire_ns = kvt_now_ns() + l1->ttl_ns[kind];
     L->n = n;
     L->hs = kvt_xrealloc(L->hs, (n ? n : 1) * sizeof(uint32_t));
     memcpy(L->hs, hs, n * sizeof(uint32_t));
+    L->owner_len = owner ? owner->len : 0;
+    L->owner = kvt_xrealloc(L->owner, L->owner_len ? L->owner_len : 1);
+    if (L->owner_len)
+        memcpy(L->owner, owner->id, L->owner_len);
+    if (kind == KVT_LEASE_READ)
+        for (uint32_t i = 0; i < n; i++)
+            obj(l1, hs[i])->rleases++;
     /* append to the kind's FIFO: constant TTL, so FIFO order = expiry order */
     L->next = NIL;
     L->prev = l1->fifo_tail[kind];
@@ -697,52 +808,102 @@ uint64_t kvt_l1_lease_new(struct kvt_l1 *l1, enum kvt_lease_kind kind, const uin
         l1->fifo_head[kind] = s;
     l1->fifo_tail[kind] = s;
     l1->live_leases[kind]++;
-    uint64_t id = L->id;
     pthread_mutex_unlock(&l1->lock);
     return id;
 }
 
-static struct lease *lease_find_locked(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind)
+/* The live lease id of kind usable by owner: *rc 0, or KVT_E_EXPIRED /
+ * KVT_E_LEASE_OWNER with NULL. */
+static struct lease *lease_find_locked(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
+                                       const struct kvt_l1_owner *owner, int *rc)
 {
-    uint32_t s = (uint32_t)id;
-    if (id == 0 || s >= l1->nleases_used)
+    struct lease *L = lease_lookup_locked(l1, id);
+    if (!L || L->kind != kind) {
+        *rc = KVT_E_EXPIRED;
         return NULL;
-    struct lease *L = &l1->leases[s];
-    if (L->id != id || L->kind != kind)
+    }
+    if (!owner_eq(L, owner)) {
+        *rc = KVT_E_LEASE_OWNER;
         return NULL;
+    }
+    *rc = 0;
     return L;
 }
 
+/* A read lease stops locking its objects (before its references go). */
+static void lease_unlock_locked(struct kvt_l1 *l1, struct lease *L)
+{
+    if (L->kind == KVT_LEASE_READ)
+        for (uint32_t i = 0; i < L->n; i++)
+            obj(l1, L->hs[i])->rleases--;
+}
+
+/* Frees the slot; the caller dropped or moved the references first. */
 static void lease_free_locked(struct kvt_l1 *l1, struct lease *L)
 {
-    uint32_t s = (uint32_t)L->id;
+    uint32_t s = (uint32_t)(L - l1->leases);
     fifo_unlink_locked(l1, s);
+    lhash_del_locked(l1, s);
     l1->live_leases[L->kind]--;
     L->id = 0;
     L->next = l1->free_lease;
     l1->free_lease = s;
 }
 
-int kvt_l1_lease_handles(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind, uint32_t *hs,
-                         uint32_t cap)
+int kvt_l1_lease_handles(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
+                         const struct kvt_l1_owner *owner, uint32_t *hs, uint32_t cap)
 {
     pthread_mutex_lock(&l1->lock);
-    struct lease *L = lease_find_locked(l1, id, kind);
-    int n = L ? (int)L->n : KVT_E_EXPIRED;
+    int rc;
+    struct lease *L = lease_find_locked(l1, id, kind, owner, &rc);
+    int n = L ? (int)L->n : rc;
     if (L && cap)
         memcpy(hs, L->hs, (size_t)KVT_MIN(L->n, cap) * sizeof(uint32_t));
     pthread_mutex_unlock(&l1->lock);
     return n;
 }
 
-int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
-                     const uint64_t *written, uint32_t *keep, uint32_t keep_cap)
+int kvt_l1_lease_take(struct kvt_l1 *l1, uint64_t id, const struct kvt_l1_owner *owner,
+                      const kvt_key *keys, uint32_t n, struct kvt_l1_ref *refs)
 {
     pthread_mutex_lock(&l1->lock);
-    struct lease *L = lease_find_locked(l1, id, kind);
+    int rc;
+    struct lease *L = lease_find_locked(l1, id, KVT_LEASE_READ, owner, &rc);
     if (!L) {
         pthread_mutex_unlock(&l1->lock);
-        return KVT_E_EXPIRED;
+        return rc;
+    }
+    uint32_t lim = KVT_MIN(L->n, n);
+    for (uint32_t i = 0; i < lim; i++) {
+        struct l1_obj *o = obj(l1, L->hs[i]);
+        /* the lease's reference keeps the object READY: only the key can differ */
+        if (o->state != ST_READY || !kvt_key_eq(&o->key, &keys[i])) {
+            pthread_mutex_unlock(&l1->lock);
+            return KVT_E_LEASE_KEYS;
+        }
+    }
+    lease_unlock_locked(l1, L);
+    for (uint32_t i = 0; i < L->n; i++) {
+        if (i < lim)
+            fill_ref(l1, L->hs[i], &refs[i]); /* the lease's reference moves to refs */
+        else
+            put_locked(l1, L->hs[i]);
+    }
+    lease_free_locked(l1, L);
+    pthread_mutex_unlock(&l1->lock);
+    return (int)lim;
+}
+
+int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
+                     const struct kvt_l1_owner *owner, const uint64_t *written, uint32_t *keep,
+                     uint32_t keep_cap)
+{
+    pthread_mutex_lock(&l1->lock);
+    int rc;
+    struct lease *L = lease_find_locked(l1, id, kind, owner, &rc);
+    if (!L) {
+        pthread_mutex_unlock(&l1->lock);
+        return rc;
     }
     int committed = 0;
     if (kind == KVT_LEASE_WRITE) {
@@ -776,12 +937,41 @@ int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
             put_locked(l1, L->hs[i]);
         }
     } else {
-        for (uint32_t i = 0; i < L->n; i++)
+        lease_unlock_locked(l1, L);
+        for (uint32_t i = 0; i < L->n; i++) {
+            /* released unread (free_locks, or the next lookup's "release"):
+             * what the lookup pulled from L2 is wanted by some other reader
+             * (an engine's worker reads on its own connection), so it
+             * becomes an ordinary L1 object instead of being freed */
+            struct l1_obj *o = obj(l1, L->hs[i]);
+            if ((o->flags & F_TEMP) && o->state == ST_READY) {
+                o->flags &= (uint8_t)~F_TEMP;
+                struct kvt_policy_hint hint = {.prefix_pos = i, .bytes = o->meta.len};
+                kvt_policy_insert(l1->policy, L->hs[i], false, &hint);
+                o->flags |= F_TRACKED;
+            }
             put_locked(l1, L->hs[i]);
+        }
     }
     lease_free_locked(l1, L);
     pthread_mutex_unlock(&l1->lock);
     return committed;
+}
+
+/* A lease ends without its holder (expiry). */
+static void lease_abandon_locked(struct kvt_l1 *l1, struct lease *L)
+{
+    int k = L->kind;
+    lease_unlock_locked(l1, L);
+    for (uint32_t i = 0; i < L->n; i++) {
+        struct l1_obj *o = obj(l1, L->hs[i]);
+        /* the holder may still touch this memory: quarantine it */
+        o->flags |= F_QUARANTINE;
+        if (k == KVT_LEASE_WRITE && o->state == ST_WRITING)
+            obj_unlink_locked(l1, L->hs[i]);
+        put_locked(l1, L->hs[i]);
+    }
+    lease_free_locked(l1, L);
 }
 
 uint32_t kvt_l1_expire(struct kvt_l1 *l1)
@@ -791,20 +981,11 @@ uint32_t kvt_l1_expire(struct kvt_l1 *l1)
     pthread_mutex_lock(&l1->lock);
     for (int k = 0; k < 2; k++) {
         while (l1->fifo_head[k] != NIL && l1->leases[l1->fifo_head[k]].expire_ns <= now) {
-            struct lease *L = &l1->leases[l1->fifo_head[k]];
-            for (uint32_t i = 0; i < L->n; i++) {
-                struct l1_obj *o = obj(l1, L->hs[i]);
-                /* the holder may still touch this memory: quarantine it */
-                o->flags |= F_QUARANTINE;
-                if (k == KVT_LEASE_WRITE && o->state == ST_WRITING)
-                    obj_unlink_locked(l1, L->hs[i]);
-                put_locked(l1, L->hs[i]);
-            }
             if (k == KVT_LEASE_READ)
                 l1->c.leases_expired_read++;
             else
                 l1->c.leases_expired_write++;
-            lease_free_locked(l1, L);
+            lease_abandon_locked(l1, &l1->leases[l1->fifo_head[k]]);
             n++;
         }
     }

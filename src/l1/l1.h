@@ -35,6 +35,7 @@
 #ifndef KVT_L1_H
 #define KVT_L1_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -42,6 +43,7 @@
 #include <jansson.h>
 
 #include "key/key.h"
+#include "kvtier/error.h"
 #include "l2/l2.h" /* kvt_objmeta */
 
 struct kvt_l1;
@@ -130,25 +132,56 @@ void kvt_l1_touch(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n);
 void kvt_l1_drop(struct kvt_l1 *l1, uint32_t h);
 /* Remove a key if present; returns true if it was. */
 bool kvt_l1_delete(struct kvt_l1 *l1, const kvt_key *k);
+/* delete's rule: remove a READY key unless a read lease locks it.
+ * Returns 1 (removed), 0 (not in L1) or -EBUSY (locked: left in place). */
+int kvt_l1_delete_unleased(struct kvt_l1 *l1, const kvt_key *k);
 
 /* ---- leases ---- */
 
 enum kvt_lease_kind { KVT_LEASE_READ = 0, KVT_LEASE_WRITE = 1 };
 
-/* Move n references (already held by the caller) into a new lease. */
+/* A lease named by another connection than the one that took it (the
+ * protocol answers -EPERM), or by a retrieve of other keys (E_BADREQ). */
+#define KVT_E_LEASE_OWNER (-EPERM)
+#define KVT_E_LEASE_KEYS KVT_E_BADREQ
+
+/* Who may use a lease: the bytes of the connection's routing id (the server
+ * passes the request's identity frame). A lease is used only with the same
+ * bytes it was taken with; NULL is the empty owner. */
+struct kvt_l1_owner {
+    const void *id;
+    uint32_t len;
+};
+
+/* Lease ids are random 64-bit values (getrandom), unique among live leases
+ * and never 0: another connection cannot guess one, and an id kept from an
+ * earlier server instance names nothing in this one. */
+
+/* Move n references (already held by the caller) into a new lease owned by
+ * owner. A read lease locks its objects against kvt_l1_delete_unleased. */
 uint64_t kvt_l1_lease_new(struct kvt_l1 *l1, enum kvt_lease_kind kind, const uint32_t *hs,
-                          uint32_t n);
+                          uint32_t n, const struct kvt_l1_owner *owner);
 /* Size of a live lease, copying up to cap handles into hs (hs may be NULL
- * when cap is 0). Returns the lease's size or KVT_E_EXPIRED. */
-int kvt_l1_lease_handles(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind, uint32_t *hs,
-                         uint32_t cap);
+ * when cap is 0). Returns the lease's size, KVT_E_EXPIRED (unknown or
+ * expired) or KVT_E_LEASE_OWNER (another connection's lease: untouched). */
+int kvt_l1_lease_handles(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
+                         const struct kvt_l1_owner *owner, uint32_t *hs, uint32_t cap);
 /* End a lease. READ: drop its references. WRITE: commit objects whose bit is
  * set in written (may be NULL = all), abort the rest; references dropped.
  * keep (optional): for a WRITE lease, receives the committed handles with a
  * reference each, for the store controller. Returns the number committed
- * (WRITE) or 0 (READ), or KVT_E_EXPIRED if the lease is unknown/expired. */
+ * (WRITE) or 0 (READ), KVT_E_EXPIRED if the lease is unknown/expired, or
+ * KVT_E_LEASE_OWNER (nothing done) if owner is not the lease's. */
 int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
-                     const uint64_t *written, uint32_t *keep, uint32_t keep_cap);
+                     const struct kvt_l1_owner *owner, const uint64_t *written, uint32_t *keep,
+                     uint32_t keep_cap);
+/* Serve a read lease to a retrieve of keys[0..n): the first min(n, lease
+ * size) keys must be the lease's, in order. Then the lease's references
+ * move into refs (one each, in order), the lease ends and the count is
+ * returned. Otherwise nothing changes and the result is KVT_E_EXPIRED,
+ * KVT_E_LEASE_OWNER or KVT_E_LEASE_KEYS (the keys differ). */
+int kvt_l1_lease_take(struct kvt_l1 *l1, uint64_t id, const struct kvt_l1_owner *owner,
+                      const kvt_key *keys, uint32_t n, struct kvt_l1_ref *refs);
 /* Expire leases whose TTL passed; returns how many. */
 uint32_t kvt_l1_expire(struct kvt_l1 *l1);
 

@@ -30,6 +30,9 @@ struct kvt_l2_spec {
     struct kvt_serde *serde; /* "serde" chain (owned reference) or NULL */
     char name_prefix[40];    /* adapter name before "[index]"; "" = the type */
     json_t *quotas;          /* "namespace_quotas" resolved {name: bytes} (owned) or NULL */
+    /* what the user typed, for messages ("--data-dir", "--config FILE");
+     * "" = "--l2-adapter #<index> (<type>)". Set by the caller after parse. */
+    char origin[320];
 };
 
 /* Parse one --l2-adapter argument. On error returns KVT_E_CONFIG (or
@@ -45,6 +48,25 @@ int kvt_l2_open_into(const struct kvt_l2_spec *spec, kvt_l2 *l2, char *err, size
 /* Known adapter types, for messages. */
 const char *kvt_l2_types(void);
 
+/* ---- storage of a parsed spec (spec_check.c) ---- */
+/* The local path a spec stores into: a directory (fs, fs_native,
+ * nixl_store(_dynamic); *is_dir true) or a device or file (raw_block, dax);
+ * NULL for remote tiers. *field is its key ("base_path",
+ * "backend_params.file_path", "device_path"); fault_inject answers for its
+ * inner adapter. */
+const char *kvt_l2_spec_storage(const struct kvt_l2_spec *s, const char **field, bool *is_dir);
+/* What can be checked without opening anything (--dry-run runs it): the
+ * directory is one (or can be created: its parent exists and is writable)
+ * and is writable; the device exists (raw_block without capacity_bytes) and
+ * is of the right kind and read-write; s3 finds credentials. 0, or
+ * KVT_E_CONFIG with *field (NULL when the message is about no one key) and
+ * a message naming the path. */
+int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg, size_t cap);
+/* Do two paths name the same directory or file (same device and inode, or
+ * the same real path for one that does not exist yet)? shown: the real
+ * path, for messages (may be NULL). */
+bool kvt_l2_same_storage(const char *a, const char *b, char *shown, size_t cap);
+
 /* ---- fs / fs_native ---- */
 struct kvt_fs_opts {
     const char *base_path;
@@ -55,6 +77,7 @@ struct kvt_fs_opts {
     uint64_t max_capacity_bytes;
     bool durable;
     bool native; /* fs_native: O_DIRECT on a misaligned buffer is an error */
+    bool shared; /* "shared": other servers use base_path too (ops/dirlock.h) */
 };
 int kvt_fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native);
 int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_opts *o,
@@ -83,6 +106,7 @@ struct kvt_nixl_opts {
     int queue_depth;             /* io_uring */
     int num_workers;
     bool durable;
+    bool shared; /* dynamic: "shared", other servers use file_path too (ops/dirlock.h) */
 };
 int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic);
 int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
@@ -146,6 +170,10 @@ struct kvt_s3_opts {
     bool path_style;
 };
 int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o);
+/* Can a server started now sign requests? explicit_keys: the config has
+ * them; else the environment or the credentials file must (as at open).
+ * 0, or KVT_E_CONFIG with the message open would give. */
+int kvt_s3_creds_check(bool explicit_keys, char *err, size_t errcap);
 int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_opts *o,
                 char *err, size_t errcap);
 

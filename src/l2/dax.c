@@ -3,7 +3,12 @@
  * (/dev/daxX.Y: persistent memory, CXL memory) or of a file for tests.
  *
  * Layout of the mapping (max_dax_size_gb GiB):
- *   [header table: nslots x 1024 bytes, page rounded][slot 0][slot 1]...
+ *   [geometry record: 4096][header table: nslots x 1024 bytes, page
+ *   rounded][slot 0][slot 1]...
+ * The geometry record (magic, mapped bytes, slot_bytes, slots, offsets,
+ * checksum) says which layout the headers were written for: a mapping
+ * written with another slot_bytes or size (or without the record: an older
+ * kvtier) is reformatted at open, with a warning, never reinterpreted.
  * A slot holds exactly slot_bytes of payload (the seed's meaning: one whole
  * chunk fits); its 1024-byte header lives in the table: the object header
  * (objfmt.h: identity, lengths, checksum) and a trailer (slot, generation,
@@ -29,6 +34,7 @@
  * thread at start-up. Locks: e->lock guards the free list, readers and
  * generations; never held with l2->lock, never across a copy.
  */
+#include "common/le.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "io/tpool.h"
@@ -53,6 +59,8 @@
 #include <xxhash.h>
 
 #define DAX_HDR 1024u
+#define DAX_GEOM 4096u /* the geometry record at offset 0 */
+#define DAX_GEOM_MAGIC "KVTDAXG1"
 #define COPY_CHUNK (64u << 10)
 #define DAX_TRAILER_OFF (DAX_HDR - RB_TRAILER)
 
@@ -81,6 +89,7 @@ struct dax_engine {
     struct kvt_l2_park park;   /* stores waiting for the scan */
     struct kvt_l2_drain drain; /* live batches */
     _Atomic uint64_t invalid_headers;
+    char reformatted[200]; /* why the headers were discarded at open; "" = kept */
     _Atomic uint64_t msyncs; /* durable: ranges msync'ed (status "msyncs") */
 };
 
@@ -170,8 +179,8 @@ static void do_store(kvt_l2 *l2, struct dax_engine *e, kvt_l2_task *t, uint32_t 
     kvt_key ck;
     kvt_l2_canon(l2, &t->keys[i], &ck);
     if (src->len > e->slot_bytes || src->len > KVT_MAX_OBJECT) {
-        kvt_l2_task_fail(t, i, KVT_E_TOOBIG);
-        atomic_fetch_add(&l2->counters.store_failed, 1);
+        kvt_l2_too_big(l2, t, i, src->len, KVT_MIN(e->slot_bytes, KVT_MAX_OBJECT),
+                       "slot_bytes: raise it");
         return;
     }
     uint32_t logical = t->meta[i].len ? t->meta[i].len : (uint32_t)src->len;
@@ -351,6 +360,58 @@ static int dax_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
     return 0;
 }
 
+/* ----------------------------------------------------------- geometry */
+
+static void geom_encode(const struct dax_engine *e, uint8_t *g)
+{
+    memset(g, 0, 64);
+    memcpy(g, DAX_GEOM_MAGIC, 8);
+    kvt_put32(g + 8, 1); /* version */
+    kvt_put32(g + 12, DAX_HDR);
+    kvt_put64(g + 16, e->map_bytes);
+    kvt_put64(g + 24, e->slot_bytes);
+    kvt_put32(g + 32, e->nslots);
+    kvt_put64(g + 40, (uint64_t)(e->table - e->map));
+    kvt_put64(g + 48, (uint64_t)(e->data - e->map));
+    kvt_put64(g + 56, XXH3_64bits(g, 56));
+}
+
+/*
+ * Keep the slot headers only when the geometry record says they were
+ * written for exactly this layout; otherwise wipe the header table (synced)
+ * and then write the record (synced): a crash in between leaves no record
+ * or the old one, and the next open reformats again. Never reinterprets a
+ * header of another layout (its slot would point at other bytes).
+ */
+static void geom_check(kvt_l2 *l2, struct dax_engine *e)
+{
+    uint8_t want[64], *have = e->map;
+    geom_encode(e, want);
+    if (memcmp(have, want, 64) == 0)
+        return;
+    bool ours = memcmp(have, DAX_GEOM_MAGIC, 8) == 0 && kvt_get64(have + 56) == XXH3_64bits(have, 56);
+    uint64_t table_bytes = (uint64_t)(e->data - e->table);
+    bool blank = true;
+    for (uint64_t k = 0; k < DAX_GEOM + table_bytes && blank; k++)
+        blank = e->map[k] == 0;
+    if (ours)
+        snprintf(e->reformatted, sizeof(e->reformatted),
+                 "written for another layout (slot_bytes %llu, %u slots, %llu bytes mapped)",
+                 (unsigned long long)kvt_get64(have + 24), kvt_get32(have + 32),
+                 (unsigned long long)kvt_get64(have + 16));
+    else if (!blank)
+        snprintf(e->reformatted, sizeof(e->reformatted),
+                 "no kvtier dax geometry record (an older kvtier's layout, or other data)");
+    if (e->reformatted[0])
+        kvt_warn("%s: %s: %s; now slot_bytes %llu, %u slots: its slot headers are discarded "
+                 "(reformatted), objects stored there are gone",
+                 l2->name, e->path, e->reformatted, (unsigned long long)e->slot_bytes, e->nslots);
+    memset(e->map, 0, DAX_GEOM + table_bytes);
+    msync(e->map, DAX_GEOM + table_bytes, MS_SYNC);
+    memcpy(e->map, want, 64);
+    msync(e->map, 4096, MS_SYNC);
+}
+
 /* ------------------------------------------------------------ restart */
 
 /* Scan the header table: valid, committed headers become index entries
@@ -437,6 +498,8 @@ static void dax_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "num_load_workers", json_integer(e->nload));
     json_object_set_new(out, "invalid_headers_at_start",
                         json_integer((json_int_t)atomic_load(&e->invalid_headers)));
+    json_object_set_new(out, "reformatted_at_start",
+                        e->reformatted[0] ? json_string(e->reformatted) : json_null());
     json_object_set_new(out, "msyncs", json_integer((json_int_t)atomic_load(&e->msyncs)));
     pthread_mutex_lock(&e->lock);
     json_object_set_new(out, "free_slots", json_integer(e->nfree));
@@ -513,7 +576,7 @@ int kvt_dax_parse(struct kvt_cfg *c, struct kvt_dax_opts *o)
     kvt_cfg_bool(c, "durable", false, &o->durable);
     if (c->rc)
         return c->rc;
-    if (o->size_bytes / (o->slot_bytes + DAX_HDR) == 0)
+    if (o->size_bytes <= DAX_GEOM || (o->size_bytes - DAX_GEOM) / (o->slot_bytes + DAX_HDR) == 0)
         return kvt_cfg_fail(c, "slot_bytes",
                             "is larger than the configured DAX arena (max_dax_size_gb %g = %llu "
                             "bytes): not even one slot fits",
@@ -581,9 +644,9 @@ int kvt_dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_da
         e->map = NULL;
         goto fail;
     }
-    uint64_t n = e->map_bytes / (e->slot_bytes + DAX_HDR);
+    uint64_t n = e->map_bytes > DAX_GEOM ? (e->map_bytes - DAX_GEOM) / (e->slot_bytes + DAX_HDR) : 0;
     uint64_t table = KVT_ALIGN_UP(n * DAX_HDR, 4096);
-    while (n && table + n * e->slot_bytes > e->map_bytes) {
+    while (n && DAX_GEOM + table + n * e->slot_bytes > e->map_bytes) {
         n--;
         table = KVT_ALIGN_UP(n * DAX_HDR, 4096);
     }
@@ -594,8 +657,8 @@ int kvt_dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_da
         goto fail;
     }
     e->nslots = (uint32_t)n;
-    e->table = e->map;
-    e->data = e->map + table;
+    e->table = e->map + DAX_GEOM;
+    e->data = e->table + table;
     e->freev = kvt_xcalloc(e->nslots, sizeof(uint32_t));
     e->readers = kvt_xcalloc(e->nslots, sizeof(uint16_t));
     e->zombie = kvt_xcalloc(e->nslots, 1);
@@ -605,6 +668,7 @@ int kvt_dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_da
         goto fail;
     }
     l2->engine = e;
+    geom_check(l2, e); /* before the scan reads a header */
     char nm[16];
     snprintf(nm, sizeof(nm), "daxs%d", spec->index);
     rc = kvt_tpool_create(&e->spool, nm, e->nstore, NULL, NULL, NULL);

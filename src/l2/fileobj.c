@@ -129,6 +129,34 @@ int kvt_fileobj_load_hdr_len(kvt_l2 *l2, int dirfd, const char *name, const kvt_
     return 0;
 }
 
+int kvt_fileobj_load_size(kvt_l2 *l2, const kvt_key *key, uint64_t st_size, uint16_t hl,
+                          uint64_t cap, uint64_t *plen, const char **why)
+{
+    kvt_key ck;
+    kvt_l2_canon(l2, key, &ck);
+    uint64_t stored = 0;
+    pthread_mutex_lock(&l2->lock);
+    const struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
+    if (o && kvt_l2_obj_state(o) == KVT_OBJ_READY)
+        stored = o->stored;
+    pthread_mutex_unlock(&l2->lock);
+    if (st_size < hl) {
+        *why = "file shorter than its header (emptied or torn)";
+        return KVT_E_CORRUPT;
+    }
+    if (stored && st_size != stored) {
+        *why = st_size > stored ? "file larger than the object written (extended behind the "
+                                  "server's back)"
+                                : "file smaller than the object written (cut behind the "
+                                  "server's back)";
+        return KVT_E_CORRUPT;
+    }
+    if (st_size - hl > cap)
+        return -EOVERFLOW;
+    *plen = st_size - hl;
+    return 0;
+}
+
 void kvt_fileobj_load_done(kvt_l2 *l2, int dirfd, const char *name, kvt_l2_task *t, uint32_t i,
                            const void *hdr, uint16_t hl, uint64_t plen, int rc, const char *why)
 {

@@ -52,6 +52,16 @@ void kvt_fileobj_lookup(kvt_l2 *l2, int dirfd, const char *name, kvt_l2_task *t,
 int kvt_fileobj_load_hdr_len(kvt_l2 *l2, int dirfd, const char *name, const kvt_key *key,
                              uint32_t max_hl, uint16_t *hl);
 
+/* The payload bytes to read for a LOAD of key from a file of st_size bytes
+ * with an hl-byte header into a destination of cap bytes. A file whose size
+ * differs from what the index recorded for it (extended, emptied or cut
+ * behind the server's back), or shorter than its header, is KVT_E_CORRUPT
+ * with *why (the caller reports it through kvt_fileobj_load_done, which
+ * counts, removes and forgets it); a valid object larger than cap is
+ * -EOVERFLOW (never an overrun). Returns 0 with *plen set. */
+int kvt_fileobj_load_size(kvt_l2 *l2, const kvt_key *key, uint64_t st_size, uint16_t hl,
+                          uint64_t cap, uint64_t *plen, const char **why);
+
 /* End a LOAD of key i of t: hl header bytes at hdr and plen payload bytes
  * at t->bufs[i].ptr were read from dirfd/name. rc is the transfer's result
  * (0, -errno, or KVT_E_CORRUPT with why saying what was short). With rc 0

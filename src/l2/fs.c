@@ -38,6 +38,7 @@
 #include "l2/l2.h"
 #include "l2/objfmt.h"
 #include "l2/scanq.h"
+#include "ops/dirlock.h"
 #include "ops/tmpguard.h"
 
 #include <dirent.h>
@@ -77,6 +78,8 @@ struct fs_engine {
     char *base;
     char *tmp_rel; /* relative_tmp_dir or "" */
     int dirfd, tmpfd;
+    int lockfd; /* ops/dirlock.h: held until close; -1 where locks are unsupported */
+    bool shared;
     struct kvt_odirect od;
     uint64_t read_ahead;
     bool durable;
@@ -342,14 +345,12 @@ static void run_load(struct fs_job *j, void *hdrbuf)
     struct stat st;
     int rc = 0;
     uint64_t plen = 0;
+    const char *why = "file size does not match the destination";
     if (fstat(fd, &st) < 0)
         rc = -errno;
-    else if ((uint64_t)st.st_size < hl)
-        rc = KVT_E_CORRUPT; /* shorter than its header: torn */
-    else if ((uint64_t)st.st_size - hl > dst->len)
-        rc = -EOVERFLOW; /* larger than the destination: never an overrun */
-    else
-        plen = (uint64_t)st.st_size - hl;
+    else /* a changed size is corrupt; larger than the destination: -EOVERFLOW */
+        rc = kvt_fileobj_load_size(l2, &t->keys[i], (uint64_t)st.st_size, hl, dst->len, &plen,
+                                   &why);
     if (!rc && direct && plen % e->od.blksz)
         direct = false; /* cannot happen for files we wrote with O_DIRECT */
     struct iovec iov[2] = {{hdrbuf, hl}, {dst->ptr, plen}};
@@ -373,7 +374,7 @@ static void run_load(struct fs_job *j, void *hdrbuf)
     }
     close(fd);
     kvt_fileobj_load_done(l2, e->dirfd, name, t, i, hdrbuf, hl, plen, rc,
-                          "file size does not match the destination");
+                          rc == KVT_E_CORRUPT ? why : "file shorter than its size at open");
 }
 
 /* ------------------------------------------------------------ submit */
@@ -542,6 +543,7 @@ static void fs_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "queued_jobs", json_integer((json_int_t)kvt_tpool_queued(e->pool)));
     kvt_odirect_status(&e->od, out);
     json_object_set_new(out, "durable", json_boolean(e->durable));
+    json_object_set_new(out, "shared", json_boolean(e->shared));
     if (e->native)
         json_object_set_new(out, "odirect_misaligned",
                             json_integer((json_int_t)atomic_load(&e->od.misaligned)));
@@ -568,6 +570,8 @@ static void fs_close(kvt_l2 *l2)
     if (e->tmpfd != e->dirfd)
         close(e->tmpfd);
     close(e->dirfd);
+    if (e->lockfd >= 0)
+        close(e->lockfd); /* last: the files above were ours to remove */
     free(e->base);
     free(e->tmp_rel);
     kvt_l2_park_destroy(&e->park);
@@ -616,6 +620,7 @@ int kvt_fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native)
     kvt_cfg_num(c, "max_capacity_gb", false, 0, 0, 1e9, &cap);
     o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
     kvt_cfg_bool(c, "durable", false, &o->durable);
+    kvt_cfg_bool(c, "shared", false, &o->shared);
     o->native = native;
     if (c->rc)
         return c->rc;
@@ -640,18 +645,22 @@ int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_
         return rc;
     }
     struct fs_engine *e = kvt_xcalloc(1, sizeof(*e));
-    e->dirfd = e->tmpfd = -1;
+    e->dirfd = e->tmpfd = e->lockfd = -1;
     kvt_l2_park_init(&e->park);
     char abs[PATH_MAX];
-    if (o->base_path[0] != '/' && getcwd(abs, sizeof(abs)))
-        snprintf(abs + strlen(abs), sizeof(abs) - strlen(abs), "/%s", o->base_path);
+    const char *rel = o->base_path;
+    while (rel[0] == '.' && rel[1] == '/') /* "./kvtier-data": no "/./" in messages */
+        rel += 2;
+    if (rel[0] != '/' && getcwd(abs, sizeof(abs)))
+        snprintf(abs + strlen(abs), sizeof(abs) - strlen(abs), "/%s", rel[0] ? rel : ".");
     else
-        snprintf(abs, sizeof(abs), "%s", o->base_path);
+        snprintf(abs, sizeof(abs), "%s", rel);
     e->base = kvt_xstrdup(abs);
     e->tmp_rel = kvt_xstrdup(o->relative_tmp_dir);
     e->read_ahead = o->read_ahead_size;
     e->durable = o->durable;
     e->native = o->native;
+    e->shared = o->shared;
     e->nworkers = o->num_workers;
     e->pid = getpid();
     e->starttime = kvt_proc_starttime(e->pid);
@@ -659,6 +668,22 @@ int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_
     rc = open_dir(e->base, &e->dirfd, err, errcap, "base_path");
     if (rc)
         goto fail;
+    if (access(e->base, W_OK) < 0) {
+        snprintf(err, errcap, "base_path %s is not writable: %s", e->base, strerror(errno));
+        rc = -errno;
+        goto fail;
+    }
+    /* one owner: before anything in the directory is read or changed */
+    rc = kvt_dirlock_take(e->dirfd, e->base, "base_path", e->shared, NULL, err, errcap);
+    if (rc == -ENOLCK) {
+        kvt_warn("%s: %s", l2->name, err);
+        err[0] = 0;
+    } else if (rc < 0) {
+        goto fail;
+    } else {
+        e->lockfd = rc;
+    }
+    rc = 0;
     if (e->tmp_rel[0]) {
         char tp[PATH_MAX];
         snprintf(tp, sizeof(tp), "%s/%s", e->base, e->tmp_rel);
@@ -669,11 +694,6 @@ int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_
         e->tmpfd = e->dirfd;
     }
     kvt_odirect_init(&e->od, o->use_odirect, e->dirfd, 32768, e->base);
-    if (access(e->base, W_OK) < 0) {
-        snprintf(err, errcap, "base_path %s is not writable: %s", e->base, strerror(errno));
-        rc = -errno;
-        goto fail;
-    }
     rc = kvt_tpool_create(&e->pool, "fs", e->nworkers, worker_ctx_new, worker_ctx_free, e);
     if (rc) {
         snprintf(err, errcap, "cannot start I/O threads: %s", strerror(-rc));
@@ -696,6 +716,8 @@ fail:
         close(e->tmpfd);
     if (e->dirfd >= 0)
         close(e->dirfd);
+    if (e->lockfd >= 0)
+        close(e->lockfd);
     free(e->base);
     free(e->tmp_rel);
     free(e);

@@ -37,6 +37,8 @@ kvt_l2_task *kvt_l2_task_new(enum kvt_l2_kind kind, uint32_t n)
     t->ok = kvt_xcalloc(kvt_bm_words(n), sizeof(uint64_t));
     if (kind != KVT_L2_LOOKUP)
         t->bufs = kvt_xcalloc(n, sizeof(kvt_buf));
+    if (kind == KVT_L2_STORE)
+        t->codes = kvt_xcalloc(n ? n : 1, sizeof(int32_t));
     return t;
 }
 
@@ -48,6 +50,7 @@ void kvt_l2_task_free(kvt_l2_task *t)
     free(t->meta);
     free(t->ok);
     free(t->bufs);
+    free(t->codes);
     free(t);
 }
 
@@ -60,7 +63,8 @@ void kvt_l2_task_ok(kvt_l2_task *t, uint32_t i, uint64_t bytes)
 
 void kvt_l2_task_fail(kvt_l2_task *t, uint32_t i, int err)
 {
-    (void)i;
+    if (t->codes && i < t->n)
+        t->codes[i] = err; /* one engine thread per key: no race on the slot */
     int zero = 0;
     atomic_compare_exchange_strong(&t->err, &zero, err);
 }
@@ -274,6 +278,8 @@ void kvt_l2_submit(kvt_l2 *l2, kvt_l2_task *t)
 {
     t->submit_ns = kvt_now_ns();
     memset(t->ok, 0, kvt_bm_words(t->n) * sizeof(uint64_t));
+    if (t->codes)
+        memset(t->codes, 0, t->n * sizeof(int32_t));
     atomic_store(&t->bytes, 0);
     atomic_store(&t->err, 0);
     t->staged = false;
@@ -387,6 +393,21 @@ void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
     uint64_t one = 1;
     ssize_t w = write(l2->efd[k], &one, sizeof(one));
     (void)w; /* EAGAIN only if the counter is saturated: already readable */
+}
+
+void kvt_l2_too_big(kvt_l2 *l2, kvt_l2_task *t, uint32_t i, uint64_t len, uint64_t max,
+                    const char *what)
+{
+    atomic_fetch_add(&l2->counters.too_big, 1);
+    atomic_fetch_add(&l2->counters.store_failed, 1);
+    kvt_l2_task_fail(t, i, KVT_E_TOOBIG);
+    char ks[400];
+    kvt_warn_once(&l2->warned_too_big,
+                  "%s: refused a store of %llu bytes (%s): this adapter holds at most %llu "
+                  "bytes per object (%s); such stores are counted in too_big and reported by "
+                  "flush (logged once)",
+                  l2->name, (unsigned long long)len, kvt_key_str(&t->keys[i], ks, sizeof(ks)),
+                  (unsigned long long)max, what);
 }
 
 void kvt_l2_task_job_done(kvt_l2 *l2, kvt_l2_task *t)
@@ -771,10 +792,15 @@ json_t *kvt_l2_status(kvt_l2 *l2)
         json_object_set_new(per_salt, salt, json_integer(v + (cur ? json_integer_value(cur) : 0)));
     }
     uint64_t logical = 0, stored_known = 0, unknown = 0;
+    /* objects per namespace id, counted in the walk below (ids past the
+     * byte table have no bytes yet: not listed) */
+    uint32_t *ns_objs = kvt_xcalloc(l2->ns_bytes_cap + 1, sizeof(uint32_t));
     for (uint32_t h = 0; h < l2->idx.hwm; h++) {
         const struct kvt_l2_obj *ob = &l2->idx.objs[h];
         if (st(ob) == KVT_OBJ_FREE)
             continue;
+        if (ob->key.ns < l2->ns_bytes_cap)
+            ns_objs[ob->key.ns]++;
         if (ob->pins)
             pinned++;
         if (ob->len) {
@@ -799,6 +825,16 @@ json_t *kvt_l2_status(kvt_l2 *l2)
             json_object_set_new(quotas, qt->name, e);
         }
     }
+    json_t *per_ns_objs = json_object();
+    for (uint32_t ns = 1; ns < l2->ns_bytes_cap; ns++) {
+        if (!ns_objs[ns])
+            continue;
+        const char *name = kvt_ns_name(ns);
+        json_t *cur = json_object_get(per_ns_objs, name);
+        json_object_set_new(per_ns_objs, name,
+                            json_integer(ns_objs[ns] + (cur ? json_integer_value(cur) : 0)));
+    }
+    free(ns_objs);
     bool recovering = l2->recovering;
     uint64_t robjs = l2->recovered_objs, rbytes = l2->recovered_bytes;
     double rsec = l2->recovery_seconds;
@@ -807,6 +843,7 @@ json_t *kvt_l2_status(kvt_l2 *l2)
            ratio = l2->policy ? l2->policy->eviction_ratio : 0;
     pthread_mutex_unlock(&l2->lock);
     json_object_set_new(o, "per_namespace_bytes", per_ns);
+    json_object_set_new(o, "per_namespace_objects", per_ns_objs);
     json_object_set_new(o, "namespace_quotas", quotas ? quotas : json_null());
     json_object_set_new(o, "bytes_by_cache_salt", per_salt);
     json_object_set_new(o, "pinned_objects", json_integer(pinned));
@@ -850,6 +887,8 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(c, "bytes_read", C(bytes_read));
     json_object_set_new(c, "deleted", C(deleted));
     json_object_set_new(c, "evictions", C(evictions));
+    json_object_set_new(c, "sync_evictions", C(sync_evictions));
+    json_object_set_new(c, "too_big", C(too_big));
     json_object_set_new(c, "reclaimed_bytes", C(reclaimed_bytes));
     json_object_set_new(c, "odirect_fallbacks", C(odirect_fallbacks));
     json_object_set_new(c, "serde_mismatches", C(serde_mismatches));
@@ -888,11 +927,51 @@ void kvt_l2_close(kvt_l2 *l2)
 
 /* ------------------------------------------------------ engine helpers */
 
+/*
+ * A store that does not fit under the cap, on an adapter with an eviction
+ * policy: make room now, as the eviction controller would on its next
+ * wake (down to used x (1 - eviction_ratio)), but at least room for this
+ * object; the policy chooses, pinned and in-flight objects are never taken
+ * (kvt_l2_evict_to). Runs on the engine's store thread, without l2->lock.
+ * Returns whether anything was freed.
+ */
+static bool make_room(kvt_l2 *l2, uint32_t stored)
+{
+    pthread_mutex_lock(&l2->lock);
+    uint64_t used = l2->used_bytes, cap = l2->cap_bytes;
+    double ratio = l2->policy ? l2->policy->eviction_ratio : 0;
+    pthread_mutex_unlock(&l2->lock);
+    if (!cap || stored > cap)
+        return false;
+    if (used + stored <= cap)
+        return true; /* another store thread made room meanwhile */
+    uint64_t target = KVT_MIN(cap - stored, (uint64_t)((double)used * (1.0 - ratio)));
+    uint64_t freed = kvt_l2_evict_to(l2, target, 256);
+    if (freed) {
+        atomic_fetch_add(&l2->counters.sync_evictions, 1);
+        kvt_debug("%s: a store of %u bytes did not fit under the cap: evicted %llu bytes now",
+                  l2->name, stored, (unsigned long long)freed);
+    }
+    return freed > 0;
+}
+
 int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
                    uint8_t flags)
 {
     int rc = 0, q;
-    pthread_mutex_lock(&l2->lock);
+    for (int attempt = 0;; attempt++) {
+        pthread_mutex_lock(&l2->lock);
+        bool over = !l2->closing && l2->cap_bytes && l2->used_bytes + stored > l2->cap_bytes &&
+                    idx_find(&l2->idx, ck) == NOHANDLE;
+        bool evict = over && l2->policy && !l2->no_sync_evict && attempt < 4;
+        if (!evict)
+            break; /* with the lock held */
+        pthread_mutex_unlock(&l2->lock);
+        if (!make_room(l2, stored)) {
+            pthread_mutex_lock(&l2->lock);
+            break; /* everything left is pinned or in flight: refused below */
+        }
+    }
     if (l2->closing) {
         rc = -ESHUTDOWN;
     } else if (idx_find(&l2->idx, ck) != NOHANDLE) {
@@ -1163,6 +1242,12 @@ void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0
     free(fv->v);
     fv->v = NULL;
     fv->n = fv->cap = 0;
+    if (fv->corrupt) {
+        atomic_fetch_add(&l2->counters.corrupt, fv->corrupt);
+        kvt_warn("%s: %llu object files under %s were shorter than an object header (emptied "
+                 "or torn): counted as corrupt and removed",
+                 l2->name, (unsigned long long)fv->corrupt, where);
+    }
     double secs = kvt_l2_recovery_done(l2, objs, bytes, t0_ns);
     kvt_info("%s: recovered %llu objects, %llu bytes from %s in %.3f s", l2->name,
              (unsigned long long)objs, (unsigned long long)bytes, where, secs);

@@ -89,6 +89,8 @@ typedef struct kvt_l2_task {
     kvt_buf *bufs;       /* STORE: sources; LOAD: destinations (arrays owned) */
     kvt_objmeta *meta;   /* n entries; STORE: in; LOOKUP/LOAD: out */
     uint64_t *ok;        /* result bitmap, n bits */
+    int32_t *codes;      /* STORE: n per-key errors from kvt_l2_task_fail (0: none
+                          * recorded: use err); NULL for other kinds */
     _Atomic uint64_t bytes;
     _Atomic uint32_t pending; /* engine's outstanding jobs */
     _Atomic int err;          /* first error seen, 0 if none */
@@ -171,6 +173,8 @@ struct kvt_l2_counters {
     _Atomic uint64_t load_ok, load_failed, corrupt;
     _Atomic uint64_t bytes_written, bytes_read;
     _Atomic uint64_t deleted, evictions, reclaimed_bytes;
+    _Atomic uint64_t sync_evictions; /* stores that evicted to fit under the cap */
+    _Atomic uint64_t too_big;        /* stores refused: larger than a slot/object can hold */
     _Atomic uint64_t odirect_fallbacks;
     _Atomic uint64_t serde_mismatches; /* a serde-encoded object read without its chain */
     _Atomic uint64_t quota_rejections, quota_evictions; /* namespace quotas */
@@ -217,6 +221,12 @@ struct kvt_l2 {
 
     struct kvt_l2_counters counters;
     bool persist_enabled;
+    /* set by engines that reserve on a thread where a remove must not be
+     * waited for (s3: the submitting thread): a store over the cap is
+     * refused at once and the eviction controller makes room on its next
+     * wake */
+    bool no_sync_evict;
+    _Atomic bool warned_too_big;
     void *engine; /* engine state */
     /* serde stage, or NULL: set by kvt_serde_stage_attach before the first
      * submit, cleared in kvt_l2_close after the engine closed */
@@ -272,6 +282,11 @@ static inline void kvt_l2_canon(const kvt_l2 *l2, const kvt_key *in, kvt_key *ou
     kvt_key_canon(l2->codec, in, out);
 }
 
+/* A store of len bytes that this adapter can never hold (max bytes per
+ * object or slot): count it (too_big, store_failed), warn once naming the
+ * limit and the config key (what), and fail key i of t with KVT_E_TOOBIG. */
+void kvt_l2_too_big(kvt_l2 *l2, kvt_l2_task *t, uint32_t i, uint64_t len, uint64_t max,
+                    const char *what);
 /* Mark the task finished (release) and queue it for the controller. */
 void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t);
 /* Record one key's result; called from any engine thread. */
@@ -283,7 +298,11 @@ void kvt_l2_task_job_done(kvt_l2 *l2, kvt_l2_task *t);
 /* Reserve room for a new object before writing it. Returns 0 (entry is now
  * WRITING and counted), -EEXIST (already indexed or being written: skip),
  * KVT_E_FULL (over the cap: refused and counted), KVT_E_LIMIT (over its
- * namespace quota: refused and counted), or -ESHUTDOWN. */
+ * namespace quota: refused and counted), or -ESHUTDOWN. Over the cap on an
+ * adapter with an eviction policy, it first evicts (policy order, never
+ * pinned or in-flight objects) on the caller's thread: call it from an
+ * engine thread that may block on ops->remove, holding no engine lock that
+ * remove takes (or set l2->no_sync_evict). */
 int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
                    uint8_t flags);
 /* The write succeeded: WRITING -> READY, the policy learns the key. */
@@ -345,6 +364,7 @@ struct kvt_l2_found {
 struct kvt_l2_found_vec {
     struct kvt_l2_found *v;
     size_t n, cap;
+    uint64_t corrupt; /* object names found holding no valid object (removed) */
 };
 void kvt_l2_found_push(struct kvt_l2_found_vec *fv, const kvt_key *ck, uint32_t stored,
                        uint32_t len, uint32_t aux, uint8_t flags, int64_t mtime_ns);

@@ -25,6 +25,10 @@
  * Close:  persist_enabled keeps the files, otherwise indexed files are
  *         removed; tmp leftovers are always removed (ours, dead writers',
  *         and foreign-format ones older than 15 minutes: ops/tmpguard.h).
+ * Owner:  file_path is locked for the adapter's life (ops/dirlock.h):
+ *         exclusively, or shared with other servers that all set "shared"
+ *         (persist_enabled false is refused with it: nothing removes files
+ *         of another server at close).
  *
  * The pipeline per key: a metadata worker (tpool "nixlm<i>", num_workers
  * threads) prepares and opens, the I/O engine (posix threads or io_uring)
@@ -46,6 +50,7 @@
 #include "l2/l2.h"
 #include "l2/objfmt.h"
 #include "l2/scanq.h"
+#include "ops/dirlock.h"
 #include "ops/tmpguard.h"
 
 #include <dirent.h>
@@ -96,6 +101,8 @@ struct nd_batch {
 struct nd_engine {
     char *base;
     int dirfd;
+    int lockfd; /* ops/dirlock.h: held until close; -1 where locks are unsupported */
+    bool shared;
     const char *backend;
     bool shard;
     struct kvt_odirect od;
@@ -399,17 +406,19 @@ static bool load_prep(struct nd_op *op)
     }
     struct stat st;
     int rc = 0;
+    const char *why = NULL;
     if (fstat(op->fd, &st) < 0)
         rc = -errno;
-    else if ((uint64_t)st.st_size < hl || (uint64_t)st.st_size - hl > dst->len)
-        rc = KVT_E_CORRUPT; /* shorter than a header, or larger than the destination */
+    else /* a changed size is corrupt; larger than the destination: -EOVERFLOW */
+        rc = kvt_fileobj_load_size(l2, &t->keys[i], (uint64_t)st.st_size, hl, dst->len,
+                                   &op->plen, &why);
     if (rc) {
         close(op->fd);
         op->fd = -1;
-        kvt_l2_task_fail(t, i, rc);
+        /* a corrupt file is counted, removed and forgotten there */
+        kvt_fileobj_load_done(l2, e->dirfd, op->rel, t, i, NULL, hl, 0, rc, why);
         return false;
     }
-    op->plen = (uint64_t)st.st_size - hl;
     if (op->direct && op->plen % e->od.blksz) {
         /* cannot happen for files we wrote with O_DIRECT; reopen buffered */
         close(op->fd);
@@ -689,6 +698,7 @@ static void nd_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "io", kvt_ioeng_status(e->io));
     kvt_odirect_status(&e->od, out);
     json_object_set_new(out, "durable", json_boolean(e->durable));
+    json_object_set_new(out, "shared", json_boolean(e->shared));
     json_object_set_new(out, "tmp_removed", json_integer((json_int_t)atomic_load(&e->tmp_removed)));
     json_object_set_new(out, "tmp_kept", json_integer((json_int_t)atomic_load(&e->tmp_kept)));
     json_object_set_new(out, "tmp_kept_bytes",
@@ -718,6 +728,8 @@ static void engine_free(struct nd_engine *e)
 {
     if (e->dirfd >= 0)
         close(e->dirfd);
+    if (e->lockfd >= 0)
+        close(e->lockfd); /* last: what close removed was ours to remove */
     free(e->base);
     kvt_l2_park_destroy(&e->park);
     kvt_l2_drain_destroy(&e->drain);
@@ -835,6 +847,11 @@ int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic)
         int64_t ps = 0;
         kvt_cfg_int(c, "pool_size", true, 0, 1, 1 << 24, &ps);
         o->pool_size = (uint32_t)ps;
+        /* the pool's index is volatile whatever persist_enabled says, and
+         * its files are preallocated in full: --dry-run shows both */
+        json_object_set_new(c->resolved, "persist_enabled", json_false());
+        json_object_set_new(c->resolved, "preallocated_bytes",
+                            json_integer((json_int_t)(o->pool_size * o->file_size)));
     }
     static const char *const engines[] = {"posix", "io_uring", NULL};
     const char *eng = "posix";
@@ -846,6 +863,8 @@ int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic)
     o->queue_depth = (int)qd;
     o->num_workers = (int)nw;
     kvt_cfg_bool(c, "durable", false, &o->durable);
+    if (dynamic)
+        kvt_cfg_bool(c, "shared", false, &o->shared);
     return c->rc;
 }
 
@@ -860,7 +879,7 @@ int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
         return rc;
     }
     struct nd_engine *e = kvt_xcalloc(1, sizeof(*e));
-    e->dirfd = -1;
+    e->dirfd = e->lockfd = -1;
     kvt_l2_park_init(&e->park);
     kvt_l2_drain_init(&e->drain);
     char abs[PATH_MAX];
@@ -892,6 +911,18 @@ int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
         snprintf(err, errcap, "file_path %s is not writable: %s", e->base, strerror(errno));
         goto fail;
     }
+    /* one owner: before the scan reads or removes anything */
+    rc = kvt_dirlock_take(e->dirfd, e->base, "file_path", o->shared, NULL, err, errcap);
+    if (rc == -ENOLCK) {
+        kvt_warn("%s: %s", l2->name, err);
+        err[0] = 0;
+    } else if (rc < 0) {
+        goto fail;
+    } else {
+        e->lockfd = rc;
+    }
+    rc = 0;
+    e->shared = o->shared;
     kvt_odirect_init(&e->od, o->use_direct_io, e->dirfd, ND_HDR_MAX, e->base);
     char nm[16];
     snprintf(nm, sizeof(nm), "nixlio%d", spec->index);

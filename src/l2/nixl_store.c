@@ -393,9 +393,11 @@ static void submit_store(kvt_l2 *l2, struct ns_engine *e, struct ns_task *nt)
             atomic_fetch_add(&l2->counters.store_failed, 1);
             continue;
         }
-        if (src->len > KVT_MAX_OBJECT || src->len > (uint64_t)e->pages * e->page) {
-            kvt_l2_task_fail(t, i, KVT_E_TOOBIG);
-            atomic_fetch_add(&l2->counters.store_failed, 1);
+        if (src->len > KVT_MAX_OBJECT || src->len + e->page > (uint64_t)e->pages * e->page) {
+            /* one header page + the payload pages must fit the pool */
+            kvt_l2_too_big(l2, t, i, src->len,
+                           KVT_MIN((uint64_t)(e->pages - 1) * e->page, KVT_MAX_OBJECT),
+                           "pool_size x file_size minus one header page: raise them");
             continue;
         }
         uint32_t npages = 1 + (uint32_t)((src->len + e->page - 1) / e->page);
@@ -799,6 +801,9 @@ int kvt_nixl_store_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct
                  l2->name, e->page, e->od.blksz);
         e->od.on = false;
     }
+    kvt_info("%s: preallocating %.2f GiB under %s (pool_size %u x file_size %.2f MiB)",
+             l2->name, (double)o->pool_size * (double)o->file_size / KVT_GIB, e->base,
+             o->pool_size, (double)o->file_size / (1 << 20));
     for (uint32_t i = 0; i < e->nfiles; i++) {
         rc = open_pool_file(l2, e, i, o->file_size, err, errcap);
         if (rc)

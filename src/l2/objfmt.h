@@ -21,6 +21,7 @@
  * 112   reserved               u64
  * 120   model bytes, salt bytes
  *  ..   header_xxh3            u64   XXH3-64 of every byte before it
+ *  ..   zeros up to hdr_len          (verified: a nonzero byte is corrupt)
  *
  * A torn, truncated, foreign or corrupt object fails kvt_objhdr_decode or
  * kvt_objhdr_check_payload and is a miss, never a hit.
@@ -56,11 +57,13 @@ int kvt_objhdr_encode(void *buf, uint16_t hdr_len, const kvt_key *key, const kvt
 
 /* Decode and verify a header from len bytes at buf. Returns 0, or
  * KVT_E_CORRUPT with *why naming the failed check (magic, version, length,
- * header checksum, bad key fields). */
+ * header checksum, nonzero padding within the len bytes given, bad key
+ * fields). Pass the whole header area (hdr_len bytes) where it was read, so
+ * that every byte of it is checked. */
 int kvt_objhdr_decode(const void *buf, size_t len, struct kvt_objhdr *h, const char **why);
 
-/* Does the header's key name the same object as want (compared in the
- * codec's canonical form)? */
+/* Is the header's key exactly want (same model and salt bytes, kv_rank,
+ * group and hash)? */
 int kvt_objhdr_matches(const struct kvt_objhdr *h, enum kvt_codec codec, const kvt_key *want);
 
 uint64_t kvt_payload_hash(const void *p, size_t n);

@@ -290,7 +290,11 @@ static void store_prep(struct rb_op *op)
     kvt_key ck;
     kvt_l2_canon(l2, &t->keys[i], &ck);
     if (src->len > e->g.slot_bytes - e->g.header_bytes || src->len > KVT_MAX_OBJECT) {
-        store_fail(l2, op, KVT_E_TOOBIG);
+        /* a slot holds header_bytes of header, then the payload (LMCache's
+         * layout): loud, counted and reported by flush, never silent */
+        kvt_l2_too_big(l2, t, i, src->len,
+                       KVT_MIN(e->g.slot_bytes - e->g.header_bytes, KVT_MAX_OBJECT),
+                       "slot_bytes minus header_bytes: raise slot_bytes");
         batch_op_done(b);
         return;
     }
@@ -1046,9 +1050,11 @@ int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
         goto fail_base;
     }
     e->rec_started = true;
-    kvt_info("%s: %s: %u slots of %llu bytes, meta %llu bytes (2 x %llu checkpoint, %u journal "
-             "blocks), %s, %s engine",
+    kvt_info("%s: %s: %u slots of %llu bytes (objects up to %llu bytes: slot_bytes minus "
+             "header_bytes %u), meta %llu bytes (2 x %llu checkpoint, %u journal blocks), %s, "
+             "%s engine",
              l2->name, e->path, e->g.nslots, (unsigned long long)e->g.slot_bytes,
+             (unsigned long long)(e->g.slot_bytes - e->g.header_bytes), e->g.header_bytes,
              (unsigned long long)e->g.meta_total, (unsigned long long)e->g.ckpt_bytes,
              e->g.jrnl_blocks, e->odirect && !e->odirect_refused ? "O_DIRECT" : "buffered",
              kvt_ioeng_kind_name((enum kvt_ioeng_kind)o->io_engine));

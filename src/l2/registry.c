@@ -246,6 +246,15 @@ int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *
         te->parse(&c, &o);
     if (!c.rc)
         kvt_cfg_finish(&c);
+    /* a directory shared by several servers ("shared": fs, nixl_store_dynamic):
+     * removing "our" files at close would remove the others' too, and no
+     * server's cap can bound what all of them write */
+    if (!c.rc && json_is_true(json_object_get(c.resolved, "shared")) && !s->persist_enabled)
+        kvt_cfg_fail(&c, "shared",
+                     "true cannot be combined with \"persist_enabled\": false: a server would "
+                     "remove the files of the other servers sharing the directory when it "
+                     "stops (keep persist_enabled true, or give each server its own "
+                     "directory)");
     int rc = c.rc;
     if (!rc) {
         s->resolved = json_object();
@@ -278,7 +287,10 @@ int kvt_l2_open_into(const struct kvt_l2_spec *s, kvt_l2 *l2, char *err, size_t 
     rc = te->open(l2, s, &o, oerr, sizeof(oerr));
     kvt_cfg_free(&c);
     if (rc) {
-        snprintf(err, errcap, "--l2-adapter #%d (%s): %s", s->index, s->type, oerr);
+        if (s->origin[0])
+            snprintf(err, errcap, "%s: %s", s->origin, oerr);
+        else
+            snprintf(err, errcap, "--l2-adapter #%d (%s): %s", s->index, s->type, oerr);
         return rc;
     }
     /* the serde stage goes in front of whatever engine was opened (for a

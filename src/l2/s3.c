@@ -1029,6 +1029,8 @@ static int check_prefix(struct kvt_cfg *c, const char *p)
     return 0;
 }
 
+static int load_creds(const struct kvt_s3_opts *o, struct s3_creds *c, char *err, size_t cap);
+
 int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
 {
     memset(o, 0, sizeof(*o));
@@ -1096,6 +1098,18 @@ int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
              o->path_style ? o->bucket : "");
     json_object_set_new(c->resolved, "endpoint_url", json_string(url));
     return 0;
+}
+
+int kvt_s3_creds_check(bool explicit_keys, char *err, size_t errcap)
+{
+    if (explicit_keys)
+        return 0;
+    struct kvt_s3_opts o;
+    memset(&o, 0, sizeof(o));
+    struct s3_creds cr;
+    int rc = load_creds(&o, &cr, err, errcap);
+    explicit_bzero(&cr, sizeof(cr));
+    return rc;
 }
 
 /* "key = value" lines of [profile] in an AWS credentials file. */
@@ -1201,6 +1215,10 @@ int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_
         snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
         return rc;
     }
+    /* stores reserve on the submitting thread (store-ctrl, or the listing's
+     * completion when parked tasks resume), where a batch of DELETEs must
+     * not be waited for: over the cap is refused, the controller evicts */
+    l2->no_sync_evict = true;
     struct s3_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->l2 = l2;
     pthread_mutex_init(&e->lock, NULL);

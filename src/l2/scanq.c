@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define BATCH 256
 
@@ -36,7 +37,14 @@ struct kvt_l2_scanq *kvt_l2_scanq_new(struct kvt_l2_found_vec *fv)
 static void found(struct kvt_l2_scanq *q, struct ent *e)
 {
     const struct statx *sx = &e->sx;
-    if (!S_ISREG(sx->stx_mode) || sx->stx_size < KVT_OBJHDR_MIN || sx->stx_size > UINT32_MAX)
+    if (S_ISREG(sx->stx_mode) && sx->stx_size < KVT_OBJHDR_MIN) {
+        /* an object name (published by rename: complete when written) that
+         * cannot hold a header: emptied or torn, a mismatch like any other */
+        if (unlinkat(e->dirfd, e->name, 0) == 0)
+            q->fv->corrupt++;
+        return;
+    }
+    if (!S_ISREG(sx->stx_mode) || sx->stx_size > UINT32_MAX)
         return;
     kvt_l2_found_push(q->fv, &e->key, (uint32_t)sx->stx_size, 0, 0, 0,
                       (int64_t)sx->stx_mtime.tv_sec * 1000000000 + sx->stx_mtime.tv_nsec);

@@ -1,5 +1,6 @@
 /* Operator command helpers (see cli.h). */
 #include "ops/cli.h"
+#include "common/url.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -40,6 +41,12 @@ int kvt_cli_target(const char *cmd, const char *config, const char *root, const 
     snprintf(t->url, sizeof(t->url), "%s",
              url ? url : t->have_cfg ? t->cfg.url : KVT_DEFAULT_URL);
     t->url_given = url || (t->have_cfg && t->cfg.url_set);
+    char uerr[400];
+    if (kvt_url_check(t->url, uerr, sizeof(uerr))) {
+        fprintf(stderr, "kvtier %s: %s: %s\n", cmd, url ? "--url" : "KVP_SERVER_URL", uerr);
+        kvt_cli_target_free(t);
+        return 2;
+    }
     const char *want = root ? root : t->have_cfg ? t->cfg.root : NULL;
     if (!want) {
         if (!need_root)
@@ -50,7 +57,13 @@ int kvt_cli_target(const char *cmd, const char *config, const char *root, const 
         return 2;
     }
     if (!realpath(want, t->root)) {
-        fprintf(stderr, "kvtier %s: cache root %s: %s\n", cmd, want, strerror(errno));
+        if (errno == ENOENT && !root) /* a fresh machine: no server created it yet */
+            fprintf(stderr, "kvtier %s: the cache root %s (KVP_CACHE_ROOT of %s) does not exist "
+                            "yet: nothing has been stored there. A server started with this "
+                            "config creates it (kvtier server --config %s).\n",
+                    cmd, want, config, config);
+        else
+            fprintf(stderr, "kvtier %s: cache root %s: %s\n", cmd, want, strerror(errno));
         kvt_cli_target_free(t);
         return 2;
     }
@@ -81,6 +94,12 @@ void kvt_cli_target_free(struct kvt_cli_target *t)
     t->have_cfg = false;
 }
 
+const char *kvt_cli_adapter_root(const json_t *ad)
+{
+    const char *fp = json_string_value(json_object_get(ad, "file_path"));
+    return fp ? fp : json_string_value(json_object_get(ad, "base_path"));
+}
+
 json_t *kvt_cli_pick_adapter(const json_t *status, const char *root)
 {
     const json_t *l2 = json_object_get(status, "l2");
@@ -88,7 +107,7 @@ json_t *kvt_cli_pick_adapter(const json_t *status, const char *root)
     json_t *a, *first_file = NULL;
     json_array_foreach(l2, i, a)
     {
-        const char *fp = json_string_value(json_object_get(a, "file_path"));
+        const char *fp = kvt_cli_adapter_root(a);
         if (!fp)
             continue;
         if (root && root[0] && kvt_same_dir(fp, root))

@@ -34,8 +34,13 @@ void kvt_cli_target_free(struct kvt_cli_target *t);
 /* Same directory (device and inode). */
 bool kvt_same_dir(const char *a, const char *b);
 
+/* The directory an adapter of a server status keeps its files in: its
+ * "file_path" (nixl_store_dynamic, nixl_store) or "base_path" (fs,
+ * fs_native); NULL when it has none. */
+const char *kvt_cli_adapter_root(const json_t *ad);
+
 /* The adapter of a server status that keeps its files in root; without a
- * root the first one with a file_path, else the first. NULL: none. */
+ * root the first one with a directory, else the first. NULL: none. */
 json_t *kvt_cli_pick_adapter(const json_t *status, const char *root);
 
 /* "1.23 GiB" */

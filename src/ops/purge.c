@@ -29,11 +29,12 @@ static bool selected(const struct kvt_purge_req *q, const struct kvt_entry *e)
 void kvt_purge_l2_root(kvt_l2 *l2, char *out, size_t cap)
 {
     out[0] = 0;
-    if (strcmp(l2->type, "nixl_store_dynamic") != 0 || !l2->ops->status)
+    bool fs = !strcmp(l2->type, "fs") || !strcmp(l2->type, "fs_native");
+    if ((strcmp(l2->type, "nixl_store_dynamic") != 0 && !fs) || !l2->ops->status)
         return;
     json_t *st = json_object();
     l2->ops->status(l2, st); /* the engine's own fields only: cheap */
-    const char *fp = json_string_value(json_object_get(st, "file_path"));
+    const char *fp = json_string_value(json_object_get(st, fs ? "base_path" : "file_path"));
     if (fp)
         snprintf(out, cap, "%s", fp);
     json_decref(st);

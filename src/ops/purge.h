@@ -59,8 +59,8 @@ int kvt_purge_l2(kvt_l2 *l2, const char *root, const struct kvt_purge_req *q,
                  struct kvt_purge_res *r);
 
 /* The directory an adapter keeps its files in ("" when it has none that
- * purge understands: only nixl_store_dynamic's layout is walked). Builds
- * the adapter's status: ask once per purge request. */
+ * purge understands: nixl_store_dynamic's and fs's layouts are walked).
+ * Builds the adapter's status: ask once per purge request. */
 void kvt_purge_l2_root(kvt_l2 *l2, char *out, size_t cap);
 
 /* Progress of an offline purge: done of total files. */

@@ -5,64 +5,45 @@
 #include "key/key.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define NS_NAME_MAX 256 /* 128-byte model, each '/' doubled */
+#define NS_NAME_MAX 256 /* > any interned namespace name (names <= KVT_NAME_MAX) */
+
+/* A name without '/' that is the namespace name of a valid model. */
+static bool is_ns_name(const char *in)
+{
+    char model[KVT_NAME_MAX + 1];
+    return !strchr(in, '/') && kvt_ns_name_model(in, strlen(in), model, sizeof(model)) >= 0;
+}
 
 int kvt_quota_ns_name(const char *in, char *out, size_t cap)
 {
-    size_t n = 0;
-    for (const char *p = in; *p; p++) {
-        size_t need = *p == '/' ? 2 : 1;
-        if (n + need >= cap)
+    size_t n = strlen(in);
+    if (is_ns_name(in)) {
+        if (n >= cap)
             return -1;
-        if (*p == '/') {
-            out[n++] = '-';
-            out[n++] = '-';
-        } else {
-            out[n++] = *p;
-        }
+        memcpy(out, in, n + 1);
+        return (int)n;
     }
-    out[n] = 0;
-    return (int)n;
+    return kvt_ns_name_of(in, n, out, cap);
 }
 
 /*
- * A quota's name: a model or a namespace name (the model with each '/' as
- * "--", key.c's kvt_ns_name, which only interned namespaces have). Up to
- * 128 bytes it must pass kvt_validate_model as written; a longer one can
- * only be a namespace name of a model with '/': the model it stands for
- * ("--" read back as '/') must pass. 0, or -1 with *why.
+ * A quota's name: a namespace name (key.c's kvt_ns_name: the model as the
+ * nixl codec writes it, "--" for each '/'), taken as written when it is the
+ * namespace name of a valid model and has no '/'; otherwise a model, which
+ * must pass kvt_validate_model. 0, or -1 with *why.
  */
 static int quota_name_ok(const char *name, const char **why)
 {
-    size_t len = strlen(name);
-    if (len <= KVT_MODEL_MAX)
-        return kvt_validate_model(name, len, why) ? -1 : 0;
-    if (strchr(name, '/') || len > NS_NAME_MAX) {
-        *why = "longer than 128 bytes";
-        return -1;
-    }
-    char model[NS_NAME_MAX + 1];
-    size_t n = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (name[i] == '-' && name[i + 1] == '-') {
-            model[n++] = '/';
-            i++;
-        } else {
-            model[n++] = name[i];
-        }
-    }
-    if (kvt_validate_model(model, n, why)) {
-        if (n > KVT_MODEL_MAX)
-            *why = "longer than 128 bytes (as a model, each \"--\" a '/')";
-        return -1;
-    }
-    return 0;
+    if (is_ns_name(name))
+        return 0;
+    return kvt_validate_model(name, strlen(name), why) ? -1 : 0;
 }
 
 /* A size in GiB from a JSON number or a numeric string. */
@@ -139,8 +120,12 @@ int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap)
         json_error_t je;
         file = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
         if (!file) {
-            snprintf(err, errcap, "cannot read quotas file %s: %s (line %d)", path, je.text,
-                     je.line);
+            /* jansson gives line -1 when the file cannot be opened at all */
+            if (je.line > 0)
+                snprintf(err, errcap, "cannot read quotas file %s: %s (line %d)", path, je.text,
+                         je.line);
+            else
+                snprintf(err, errcap, "cannot read quotas file %s: %s", path, je.text);
             return -1;
         }
         v = file;

@@ -1,8 +1,9 @@
 /*
  * Per-namespace quotas: the "namespace_quotas" adapter key and quotas.json.
  *
- * A namespace is the sanitized model identity of the file-name prefix
- * (kvt_ns_name: the model with every '/' replaced by "--"). A quota caps the
+ * A namespace is the model as the nixl codec writes it in file names
+ * (kvt_ns_name: every '/' as "--", '%' as "%25", a '-' before '-' or '/' as
+ * "%2D"; key.h). A quota caps the
  * bytes one namespace may hold in one adapter; the base refuses a write that
  * would exceed it (KVT_E_LIMIT, counted) and, with an "eviction" block, the
  * eviction controller keeps each namespace under its quota (l2.h).
@@ -12,7 +13,10 @@
  *                        "C": {"max_bytes": 1000000}, "D": "12.5"}
  *   "namespace_quotas": "/etc/kvtier/quotas.json"   (the same object in a file)
  * Numbers are GiB (JSON numbers or numeric strings); names may be given as
- * the model ("/models/B/v2") or as the sanitized name ("--models--B--v2").
+ * the model ("/models/B/v2") or as the namespace name ("--models--B--v2").
+ * A name without '/' that is a namespace name is taken as one ("a--b" is the
+ * namespace of "a/b"); a model without '/' whose namespace name differs
+ * ("a--b", "50%") is named by its namespace name ("a%2D-b", "50%25").
  *
  * Leaf module (jansson + libc): the adapter registry uses it at parse time.
  */
@@ -28,8 +32,8 @@
  * message (without the adapter prefix) goes to err and -1 is returned. */
 int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap);
 
-/* Sanitize a model or namespace name into out ('/' -> "--"); returns its
- * length, or -1 if it does not fit. */
+/* The namespace name of a quota's name (a model or a namespace name, rules
+ * above) into out; returns its length, or -1 if it does not fit. */
 int kvt_quota_ns_name(const char *in, char *out, size_t cap);
 
 #endif

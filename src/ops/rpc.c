@@ -1,5 +1,6 @@
 /* One request/reply with a kvtier server (see rpc.h). */
 #include "ops/rpc.h"
+#include "common/url.h"
 #include "kvtier/error.h"
 #include "proto/wire.h"
 
@@ -39,6 +40,11 @@ int kvt_ops_call(const char *url, const char *op, const json_t *body, int timeou
         snprintf(err, errcap, "cannot connect to %s: %s", url, zmq_strerror(errno));
         goto out;
     }
+    /* ZeroMQ connects in the background and never says that nobody listens:
+     * ask the socket layer first, so that a missing server is said at once */
+    rc = kvt_url_probe(url, timeout_ms < 1000 ? timeout_ms : 1000, err, errcap);
+    if (rc)
+        goto out;
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     if (body)

@@ -1,6 +1,7 @@
 /* Offline walk and scan of a cache root (see scan.h). */
 #include "ops/scan.h"
 #include "key/key.h"
+#include "ops/dirlock.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -28,11 +29,21 @@ bool kvt_ns_name_ok(const char *name)
 bool kvt_object_key(const char *name, kvt_key *k, const char **ns)
 {
     size_t len = strlen(name);
-    if (len < 5 || strcmp(name + len - 4, ".bin") != 0 || len > KVT_NAME_MAX)
+    if (len > KVT_NAME_MAX)
         return false;
-    if (kvt_key_decode(KVT_CODEC_NIXL, name, len, k))
+    /* nixl_store_dynamic's "*.bin", or the fs adapter's "*.data" (the
+     * embedded default of `kvtier server`, ./kvtier-data) */
+    enum kvt_codec codec;
+    if (len >= 5 && strcmp(name + len - 4, ".bin") == 0)
+        codec = KVT_CODEC_NIXL;
+    else if (len >= 6 && strcmp(name + len - 5, ".data") == 0)
+        codec = KVT_CODEC_FS;
+    else
         return false;
-    /* the on-disk prefix: the model with '/' -> "--", as the codec wrote it */
+    if (kvt_key_decode(codec, name, len, k))
+        return false;
+    /* the namespace as the server reports it (kvt_ns_name: the escaped nixl
+     * model, injective: key.h), whichever codec wrote the name */
     *ns = kvt_ns_name(k->ns);
     return (*ns)[0] != 0;
 }
@@ -99,6 +110,8 @@ static int walk_dir(struct walk *w, int dfd, int depth)
         const char *nm = de->d_name;
         if (!strcmp(nm, ".") || !strcmp(nm, ".."))
             continue;
+        if (depth == 0 && !strcmp(nm, KVT_DIRLOCK_NAME))
+            continue; /* the owner's lock file (ops/dirlock.h) is no cache file */
         bool tmp = kvt_tmpguard_is_tmp(nm);
         if (w->tmp_only && !tmp && !(depth < 2 && is_hex2(nm)))
             continue;

@@ -1,12 +1,13 @@
 /*
  * Walking a cache root offline: the nixl_store_dynamic layout (flat *.bin
- * files, or hex[0:2]/hex[2:4]/ shard directories), tmp files, registry
- * markers, legacy kvp-* directories. Used by `kvtier status --root` and by
+ * files, or hex[0:2]/hex[2:4]/ shard directories), the fs adapter's flat
+ * *.data files, tmp files, registry markers, legacy kvp-* directories. Used by `kvtier status --root` and by
  * `kvtier purge` when no server serves the root.
  *
  * Namespaces are the file-name prefix of an object name
  *   {namespace}_{kv_rank:08x}_{group:x}_{chunk hex}[@salt].bin
- * i.e. the sanitized model (kvt_ns_name) exactly as on disk.
+ * i.e. the escaped model (kvt_ns_name, key.h) exactly as on disk; for an fs
+ * name the same kvt_ns_name of its decoded model, as the server reports it.
  *
  * Nothing here follows a symbolic link: entries are lstat'ed, directories
  * opened with O_NOFOLLOW, and only regular files are reported as objects or
@@ -48,7 +49,7 @@ int kvt_walk_root(int rootfd, kvt_walk_fn fn, void *arg);
 
 /* Decode an object file name into *k and its namespace name (*ns, from
  * kvt_ns_name: valid for the process); false when the name is not a cache
- * object name (nixl_store_dynamic's codec, ".bin"). */
+ * object name (nixl_store_dynamic's codec, ".bin", or fs's, ".data"). */
 bool kvt_object_key(const char *name, kvt_key *k, const char **ns);
 
 /* A namespace name an operator may pass to purge: not empty, no '/', no

@@ -96,7 +96,7 @@ int kvt_wire_keys_decode(const msgpack_object *body, kvt_key **keys_out, uint32_
     kvt_key *keys = kvt_xmalloc((n ? n : 1) * sizeof(kvt_key));
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *h = &hs->via.array.ptr[i];
-        if (h->type != MSGPACK_OBJECT_BIN && h->type != MSGPACK_OBJECT_STR) {
+        if (h->type != MSGPACK_OBJECT_BIN) { /* a str is text, not a hash */
             free(keys);
             return bad(why, "each hash must be bin");
         }

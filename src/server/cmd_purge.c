@@ -24,11 +24,14 @@
 #include "common/util.h"
 #include "kvtier/error.h"
 #include "ops/cli.h"
+#include "ops/dirlock.h"
 #include "ops/purge.h"
 #include "ops/rpc.h"
 #include "ops/scan.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,8 +52,10 @@ static void usage(FILE *f)
             "usage: kvtier purge (--namespace=NAME | NAME | --all | --tmp) --yes\n"
             "                    [--config FILE | --root DIR] [--url URL] [--offline] [--json]\n"
             "  NAME is a namespace exactly as `kvtier status` lists it (file-name prefix, e.g.\n"
-            "  --models--MyModel--a84fadf1); --namespace=NAME and the positional form accept\n"
-            "  names that begin with '-'. Without --yes nothing is removed.\n");
+            "  --models--MyModel--a84fadf1); --namespace=NAME, -- NAME, and the positional form\n"
+            "  (when the root holds that namespace) accept names that begin with '-'; any other\n"
+            "  word that begins with '-' is an unknown option (exit 2). A NAME that matches\n"
+            "  nothing exits 1 and lists the namespaces. Without --yes nothing is removed.\n");
 }
 
 struct bar {
@@ -85,7 +90,10 @@ static void bar_end(struct bar *b)
         fputc('\n', stderr);
 }
 
-/* An option's value: "--opt=V" or "--opt V". Returns the value or NULL. */
+/* An option's value: "--opt=V" or "--opt V". Returns the value or NULL.
+ * The separate form never takes a word that begins with '-': in
+ * "--namespace --yes" the name is missing, not "--yes" (names that begin
+ * with '-' are given as --namespace=NAME). */
 static const char *optval(int argc, char **argv, int *i, const char *opt, bool *bad)
 {
     size_t n = strlen(opt);
@@ -95,12 +103,73 @@ static const char *optval(int argc, char **argv, int *i, const char *opt, bool *
         return argv[*i] + n + 1;
     if (argv[*i][n] != 0)
         return NULL;
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "kvtier purge: %s needs a value\n", opt);
+    if (*i + 1 >= argc || argv[*i + 1][0] == '-') {
+        if (*i + 1 < argc)
+            fprintf(stderr, "kvtier purge: %s needs a value ('%s' is an option); for a value "
+                            "that begins with '-' write %s=VALUE\n",
+                    opt, argv[*i + 1], opt);
+        else
+            fprintf(stderr, "kvtier purge: %s needs a value\n", opt);
         *bad = true;
         return NULL;
     }
     return argv[++*i];
+}
+
+/* Namespaces the root holds, sorted: the server's index (adapter status
+ * ad, may be NULL), and when want is not there (the server's start-up scan
+ * may still run) or there is no server, a scan of the root. */
+static json_t *known_namespaces(const char *root, const json_t *ad, const char *want)
+{
+    json_t *set = json_object();
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)json_object_get(ad, "per_namespace_bytes"), k, v)
+        json_object_set(set, k, json_true());
+    if (!want || !json_object_get(set, want)) {
+        struct kvt_scan sc;
+        if (kvt_scan_root(root, &sc, false) == 0) {
+            json_object_foreach(sc.per_ns_bytes, k, v) json_object_set(set, k, json_true());
+            kvt_scan_free(&sc);
+        }
+    }
+    json_t *names = json_array();
+    json_object_foreach(set, k, v)
+    {
+        size_t n = json_array_size(names), at = n;
+        while (at > 0 && strcmp(json_string_value(json_array_get(names, at - 1)), k) > 0)
+            at--;
+        json_array_insert_new(names, at, json_string(k));
+    }
+    json_decref(set);
+    return names;
+}
+
+static bool has_name(const json_t *names, const char *n)
+{
+    size_t i;
+    const json_t *v;
+    json_array_foreach(names, i, v) if (!strcmp(json_string_value(v), n)) return true;
+    return false;
+}
+
+/* "a, ab, --models--x" (at most 20, then how many more); "none" */
+static void list_names(const json_t *names, char *out, size_t cap)
+{
+    out[0] = 0;
+    size_t i, n = json_array_size(names);
+    const json_t *v;
+    json_array_foreach(names, i, v)
+    {
+        size_t l = strlen(out);
+        if (i == 20) {
+            snprintf(out + l, cap - l, ", ... (%zu more)", n - 20);
+            break;
+        }
+        snprintf(out + l, cap - l, "%s%s", i ? ", " : "", json_string_value(v));
+    }
+    if (!n)
+        snprintf(out, cap, "none: no cache files");
 }
 
 /* Add the integer fields of one into sum. keep_state: the fields of what
@@ -183,8 +252,9 @@ static int via_server(const char *url, const char *root, const struct kvt_purge_
 int kvt_cmd_purge(int argc, char **argv)
 {
     const char *config = NULL, *root = NULL, *url = NULL, *name = NULL;
+    const char *unknown = NULL; /* a word that begins with '-' and is no option */
     bool yes = false, all = false, tmp = false, as_json = false, offline = false, bad = false;
-    int positional = 0, named = 0;
+    int positional = 0, named = 0, nunknown = 0;
     bool only_positional = false;
     for (int i = 1; i < argc && !bad; i++) {
         const char *a = argv[i], *v;
@@ -215,15 +285,32 @@ int kvt_cmd_purge(int argc, char **argv)
             root = v;
         } else if ((v = optval(argc, argv, &i, "--url", &bad))) {
             url = v;
-        } else if (!bad) {
-            /* anything else is the positional NAME: namespace names often
-             * begin with "--" (a sanitized "/models/...") */
+        } else if (bad) {
+            break;
+        } else if (a[0] == '-' && a[1]) {
+            /* a mistyped option ("--al") or a positional namespace that
+             * begins with '-' ("--models--x", as the seed writes it):
+             * decided below against the namespaces the root holds */
+            unknown = a;
+            nunknown++;
+        } else {
             name = a;
             positional++;
         }
     }
     if (bad)
         return 2;
+    if (nunknown > 1 || (nunknown && (name || all || tmp))) {
+        fprintf(stderr, "kvtier purge: unknown option '%s' (a namespace that begins with '-': "
+                        "--namespace=NAME, or -- NAME)\n",
+                unknown);
+        usage(stderr);
+        return 2;
+    }
+    if (unknown) {
+        name = unknown; /* only if the root holds it, checked once the root is known */
+        positional++;
+    }
     if (positional + named > 1) {
         fprintf(stderr, "kvtier purge: one namespace at a time\n");
         return 2;
@@ -264,18 +351,51 @@ int kvt_cmd_purge(int argc, char **argv)
     if (name)
         json_object_set_new(out, "namespace", json_string(name));
     int status = 0;
+    int lockfd = -1;
     /* 1. a server that keeps its files here? */
     json_t *st = NULL, *ad = NULL;
     char err[512];
+    bool answered = false;
     if (!offline) {
         int timeout = url ? 5000 : 1500;
-        if (kvt_ops_call(t.url, "status", NULL, timeout, &st, err, sizeof(err)) == 0)
+        if (kvt_ops_call(t.url, "status", NULL, timeout, &st, err, sizeof(err)) == 0) {
+            answered = true;
             ad = kvt_cli_pick_adapter(st, t.root);
-        else if (url) {
+        } else if (url) {
             fprintf(stderr, "kvtier purge: cannot reach a server at %s: %s\n", t.url, err);
             status = 1;
             goto out;
         }
+    }
+    if (answered && !ad && url) {
+        fprintf(stderr, "kvtier purge: the server at %s keeps no adapter in %s: nothing "
+                        "removed (purge through the server that does, or --offline once no "
+                        "server uses %s)\n",
+                t.url, t.root, t.root);
+        status = 2;
+        goto out;
+    }
+    /* 2. the name: a word that begins with '-' is a namespace only if the
+     * root holds one of that name; any name that matches nothing is said
+     * so, with the names there are */
+    if (name) {
+        json_t *names = known_namespaces(t.root, ad, name);
+        if (!has_name(names, name)) {
+            char list[2048];
+            list_names(names, list, sizeof(list));
+            if (unknown)
+                fprintf(stderr, "kvtier purge: unknown option '%s', and no namespace of that "
+                                "name in %s (namespaces: %s); see kvtier purge --help\n",
+                        name, t.root, list);
+            else
+                fprintf(stderr, "kvtier purge: no namespace '%s' in %s: nothing removed "
+                                "(namespaces: %s)\n",
+                        name, t.root, list);
+            json_decref(names);
+            status = unknown ? 2 : 1;
+            goto out;
+        }
+        json_decref(names);
     }
     if (ad) {
         uint64_t ns_bytes = name ? (uint64_t)json_integer_value(json_object_get(
@@ -298,13 +418,51 @@ int kvt_cmd_purge(int argc, char **argv)
         status = via_server(t.url, t.root, &q, &b, out);
         goto out;
     }
-    /* 2. offline: nobody else may be using the root */
+    /* 3. offline: nobody else may be using the root. A kvtier server holds
+     * its lock file (ops/dirlock.h); this purge takes it for the time it
+     * deletes, so no server starts under it. Other processes that hold the
+     * root open are found in /proc. */
+    if (yes) {
+        int dfd = open(t.root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        pid_t holder = 0;
+        char lerr[PATH_MAX + 256];
+        lockfd = dfd < 0 ? -errno
+                         : kvt_dirlock_take_existing(dfd, t.root, "cache root", &holder, lerr,
+                                                     sizeof(lerr));
+        if (dfd >= 0)
+            close(dfd);
+        if (lockfd == -EBUSY) {
+            char who[48] = "a kvtier server";
+            if (holder > 0)
+                snprintf(who, sizeof(who), "kvtier server pid %d", (int)holder);
+            else if (holder < 0)
+                snprintf(who, sizeof(who), "kvtier servers sharing it");
+            if (answered)
+                fprintf(stderr, "kvtier purge: refused: %s holds %s, and the server at %s "
+                                "does not serve it: purge through the server that does with "
+                                "--url URL, or stop it first\n",
+                        who, t.root, t.url);
+            else
+                fprintf(stderr, "kvtier purge: refused: %s holds %s but no server answered "
+                                "at %s: purge through it with --url URL, or stop it first\n",
+                        who, t.root, t.url);
+            status = 1;
+            goto out;
+        }
+    }
     pid_t pids[8];
     int users = kvt_root_users(t.root, pids, 8);
     if (users > 0 && yes) {
-        fprintf(stderr, "kvtier purge: refused: process %d holds %s open (a kvtier server?) but "
-                        "no server serving it answered at %s; purge through it with --url, or "
-                        "stop it first\n", (int)pids[0], t.root, t.url);
+        if (answered)
+            fprintf(stderr, "kvtier purge: refused: process %d holds %s open (a kvtier "
+                            "server?), and the server at %s does not serve it: purge through "
+                            "the server that does with --url URL, or stop it first\n",
+                    (int)pids[0], t.root, t.url);
+        else
+            fprintf(stderr, "kvtier purge: refused: process %d holds %s open (a kvtier "
+                            "server?) but no server answered at %s; purge through it with "
+                            "--url URL, or stop it first\n",
+                    (int)pids[0], t.root, t.url);
         status = 1;
         goto out;
     }
@@ -335,7 +493,8 @@ out:
     if (status == 0) {
         const json_t *res = json_object_get(out, "result");
         if (as_json) {
-            char *js = json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS);
+            char *js =
+                json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
             printf("%s\n", js);
             free(js);
         } else {
@@ -364,6 +523,8 @@ out:
             printf("\n");
         }
     }
+    if (lockfd >= 0)
+        close(lockfd);
     json_decref(out);
     json_decref(st);
     kvt_cli_target_free(&t);

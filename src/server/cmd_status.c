@@ -177,7 +177,7 @@ static json_t *report_online(const json_t *st, const json_t *ad, const struct kv
     const json_t *ev = json_object_get(ad, "eviction");
     const json_t *wmv = json_object_get(ev, "trigger_watermark");
     double wm = wmv ? json_real_value(wmv) : t->have_cfg ? t->cfg.watermark : 0.9;
-    const char *fp = json_string_value(json_object_get(ad, "file_path"));
+    const char *fp = kvt_cli_adapter_root(ad);
     json_object_set_new(o, "source", json_string("server"));
     json_object_set_new(o, "url", json_string(t->url));
     json_object_set_new(o, "root", fp ? json_string(fp) : json_null());
@@ -185,6 +185,9 @@ static json_t *report_online(const json_t *st, const json_t *ad, const struct kv
     put_usage(o, (uint64_t)ji(ad, "used_bytes"), (uint64_t)ji(ad, "capacity_bytes"), wm);
     set_u(o, "objects", (uint64_t)ji(ad, "objects"));
     put_namespaces(o, json_object_get(ad, "per_namespace_bytes"));
+    const json_t *pno = json_object_get(ad, "per_namespace_objects");
+    if (pno)
+        json_object_set(o, "per_namespace_objects", (json_t *)pno);
     set_u(o, "evictions", (uint64_t)ji(c, "evictions"));
     set_u(o, "reclaimed_bytes", (uint64_t)ji(c, "reclaimed_bytes"));
     set_u(o, "rejected_writes", (uint64_t)ji(c, "rejected_writes"));
@@ -461,12 +464,15 @@ int kvt_cmd_status(int argc, char **argv)
         }
         if (ad) {
             report = report_online(st, ad, &t);
+        } else if (st && !t.root[0]) {
+            /* a server without L2 adapters (--no-l2): its tiers are the
+             * whole report, there is no cache directory to describe */
         } else {
             json_decref(st);
             st = NULL;
         }
     }
-    if (!report) { /* offline */
+    if (!report && !st) { /* offline */
         struct kvt_scan sc;
         rc = kvt_scan_root(t.root, &sc, false);
         if (rc) {
@@ -474,23 +480,29 @@ int kvt_cmd_status(int argc, char **argv)
             kvt_cli_target_free(&t);
             return 1;
         }
-        double b = budget_gb ? budget_gb : t.have_cfg ? t.cfg.budget_gb : 1500;
+        /* no budget given (--budget-gb, KVP_CACHE_BUDGET_GB): no cap to
+         * compare with, rather than a 1500 GiB default that warns on most
+         * disks */
+        double b = budget_gb ? budget_gb : t.have_cfg ? t.cfg.budget_gb : 0;
         report = report_offline(&sc, &t, b);
         kvt_scan_free(&sc);
     }
     if (as_json) {
         json_t *out = report;
         if (st) { /* the server's full status with the seed's fields on top */
-            json_object_update(st, report);
+            if (report)
+                json_object_update(st, report);
             out = st;
         }
-        char *js = json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS);
+        char *js =
+            json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
         printf("%s\n", js);
         free(js);
     } else {
         if (st)
             print_table(st);
-        print_cache(report);
+        if (report)
+            print_cache(report);
     }
     json_decref(report);
     json_decref(st);

@@ -47,6 +47,7 @@ enum {
     O_NO_L2,
     O_NO_LOCAL,
     O_DRY_RUN,
+    O_NO_STORAGE_CHECK,
     O_LOG_LEVEL,
     O_CONFIG,
     O_LMC_PORT,
@@ -85,6 +86,7 @@ static const struct option opts[] = {
     {"no-l2", no_argument, NULL, O_NO_L2},
     {"no-local-socket", no_argument, NULL, O_NO_LOCAL},
     {"dry-run", no_argument, NULL, O_DRY_RUN},
+    {"no-storage-check", no_argument, NULL, O_NO_STORAGE_CHECK},
     {"log-level", required_argument, NULL, O_LOG_LEVEL},
     {"config", required_argument, NULL, O_CONFIG},
     {"lmcache-port", required_argument, NULL, O_LMC_PORT},
@@ -143,7 +145,10 @@ void kvt_server_usage(FILE *f)
             "  --lmcache-shm-name NAME       POSIX shm name of the L1 pool handed to workers\n"
             "                                (lmcache_l1_pool_kvtier_<pid>)\n"
             "Other\n"
-            "  --dry-run                     validate, print the resolved config, exit\n"
+            "  --dry-run                     validate (config, directories, devices,\n"
+            "                                credentials), print the resolved config, exit\n"
+            "  --no-storage-check            with --dry-run: the config only, not the storage\n"
+            "                                it names (a config for another machine)\n"
             "  --log-level debug|info|warn|error (info)\n");
 }
 
@@ -192,6 +197,62 @@ static const char *flag_name(int code)
         if (o->val == code)
             return o->name;
     return "?";
+}
+
+/* An adapter as the user named it: "--data-dir", "--config FILE", or
+ * "--l2-adapter #i (type)"; field: the key or flag holding its path. */
+static void label(const struct kvt_l2_spec *a, const char *field, char *out, size_t cap,
+                  char *fout, size_t fcap)
+{
+    if (a->origin[0])
+        snprintf(out, cap, "%s", a->origin);
+    else
+        snprintf(out, cap, "--l2-adapter #%d (%s)", a->index, a->type);
+    if (!strcmp(a->origin, "--data-dir") || !field)
+        fout[0] = 0;
+    else if (!strncmp(a->origin, "--config", 8))
+        snprintf(fout, fcap, "KVP_CACHE_ROOT: ");
+    else
+        snprintf(fout, fcap, "\"%s\": ", field);
+}
+
+/* Storage checks that need nothing opened (--dry-run runs them too): each
+ * adapter's directory or device (kvt_l2_spec_check), and no two adapters
+ * on one directory or device: they would split one server's objects and
+ * each count only its own against the cap. Returns 0 or 2 (printed). */
+static int check_storage(const struct kvt_server_cfg *c)
+{
+    char msg[PATH_MAX + 256], la[400], lb[400], fa[64], fb[64];
+    for (int i = 0; i < c->nadapters && !c->no_storage_check; i++) {
+        const char *field = NULL;
+        if (kvt_l2_spec_check(&c->adapters[i], &field, msg, sizeof(msg))) {
+            label(&c->adapters[i], field, la, sizeof(la), fa, sizeof(fa));
+            fprintf(stderr, "kvtier server: %s: %s%s\n", la, fa, msg);
+            return 2;
+        }
+    }
+    for (int i = 0; i < c->nadapters; i++) {
+        const char *fi = NULL;
+        bool di = false;
+        const char *pi = kvt_l2_spec_storage(&c->adapters[i], &fi, &di);
+        for (int j = 0; pi && j < i; j++) {
+            const char *fj = NULL;
+            bool dj = false;
+            const char *pj = kvt_l2_spec_storage(&c->adapters[j], &fj, &dj);
+            char shown[PATH_MAX];
+            if (!pj || !kvt_l2_same_storage(pi, pj, shown, sizeof(shown)))
+                continue;
+            label(&c->adapters[j], fj, la, sizeof(la), fa, sizeof(fa));
+            label(&c->adapters[i], fi, lb, sizeof(lb), fb, sizeof(fb));
+            fprintf(stderr,
+                    "kvtier server: %s and %s use the same %s %s (given as \"%s\" and "
+                    "\"%s\"): two adapters of one server would split its objects between "
+                    "them; give each its own\n",
+                    la, lb, di && dj ? "directory" : "path", shown, pj, pi);
+            return 2;
+        }
+    }
+    return 0;
 }
 
 int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
@@ -384,6 +445,9 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         case O_DRY_RUN:
             c->dry_run = true;
             break;
+        case O_NO_STORAGE_CHECK:
+            c->no_storage_check = true;
+            break;
         case O_LOG_LEVEL: {
             int lv = kvt_log_parse_level(optarg);
             if (lv < 0)
@@ -410,6 +474,11 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
     }
     if (optind < argc) {
         fprintf(stderr, "kvtier server: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (c->no_storage_check && !c->dry_run) {
+        fprintf(stderr, "kvtier server: --no-storage-check goes with --dry-run only (a server "
+                        "checks what it opens)\n");
         return 2;
     }
     /* --config: the operator's file becomes adapter #0 (before any
@@ -448,6 +517,10 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         l2_args[0] = cfg_adapter;
         nl2++;
     }
+    /* the initial size is capped at the pool size (L1 does so too): show
+     * what is used, not 20 GiB for a 0.25 GiB pool */
+    if (c->l1_init_size_gb > c->l1_size_gb)
+        c->l1_init_size_gb = c->l1_size_gb;
     if (c->l1_align > c->l1_size_gb * KVT_GIB) {
         fprintf(stderr, "kvtier server: --l1-align-bytes larger than --l1-size-gb\n");
         free(cfg_adapter);
@@ -492,7 +565,11 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         }
         c->nadapters = 1;
         c->default_adapter = true;
-        return 0;
+        snprintf(c->adapters[0].origin, sizeof(c->adapters[0].origin), "--data-dir");
+        rc = check_storage(c);
+        if (rc)
+            kvt_server_cfg_free(c);
+        return rc;
     }
     for (int i = 0; i < nl2; i++) {
         rc = kvt_l2_spec_parse(l2_args[i], i, &c->adapters[i], err, sizeof(err));
@@ -504,10 +581,16 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
             kvt_server_cfg_free(c);
             return 2;
         }
+        if (cfg_adapter && i == 0)
+            snprintf(c->adapters[0].origin, sizeof(c->adapters[0].origin), "--config %s",
+                     config_path);
         c->nadapters = i + 1;
     }
     free(cfg_adapter);
-    return 0;
+    rc = check_storage(c);
+    if (rc)
+        kvt_server_cfg_free(c);
+    return rc;
 }
 
 void kvt_server_cfg_free(struct kvt_server_cfg *c)

@@ -53,6 +53,7 @@ struct kvt_server_cfg {
     bool no_l2; /* memory-only */
     bool local; /* offer the same-host unix socket (with shm) */
     bool dry_run;
+    bool no_storage_check; /* --no-storage-check (with --dry-run): skip kvt_l2_spec_check */
     int log_level;
     json_t *config_file; /* --config: the file's values and the pre-flight (owned), or NULL */
 };

@@ -40,6 +40,24 @@ static void pack_meta(msgpack_packer *pk, const kvt_objmeta *m)
         msgpack_pack_uint32(pk, m->shape[d]);
 }
 
+/* Leases belong to the connection that took them: its routing id. */
+static struct kvt_l1_owner owner_of(struct reply *r)
+{
+    return (struct kvt_l1_owner){zmq_msg_data(&r->ident), (uint32_t)zmq_msg_size(&r->ident)};
+}
+
+/* The error reply for a lease that cannot be used as named (nothing of it
+ * changed): another connection's, or a retrieve of other keys. */
+static void lease_refused(struct reply *r, int rc, uint64_t lease)
+{
+    if (rc == KVT_E_LEASE_OWNER)
+        kvt_reply_error(r, rc, "lease %llu belongs to another connection",
+                        (unsigned long long)lease);
+    else
+        kvt_reply_error(r, rc, "lease %llu covers other keys than this request's",
+                        (unsigned long long)lease);
+}
+
 static int get_keys(struct request *q, kvt_key **keys, uint32_t *n)
 {
     const char *why = "invalid keys";
@@ -54,20 +72,26 @@ static int get_keys(struct request *q, kvt_key **keys, uint32_t *n)
 static void h_hello(struct kvt_server *s, struct request *q)
 {
     struct reply *r = q->r;
-    uint64_t v = KVT_PROTO_VERSION;
-    const char *why;
-    if (kvt_mp_u64(&q->body, "version", false, &v, &why)) {
-        kvt_reply_error(r, KVT_E_BADREQ, "%s", why);
+    /* version is required; any integer other than ours (negative too) is a
+     * version mismatch, anything else a malformed hello */
+    const msgpack_object *ver = kvt_mp_get(&q->body, "version");
+    if (!ver || (ver->type != MSGPACK_OBJECT_POSITIVE_INTEGER &&
+                 ver->type != MSGPACK_OBJECT_NEGATIVE_INTEGER)) {
+        kvt_reply_error(r, KVT_E_BADREQ, "hello needs {version: %d} (an integer)",
+                        KVT_PROTO_VERSION);
         return;
     }
-    if (v != KVT_PROTO_VERSION) {
-        kvt_reply_error(r, KVT_E_PROTO, "client speaks protocol %llu, server speaks %d",
-                        (unsigned long long)v, KVT_PROTO_VERSION);
+    if (ver->type == MSGPACK_OBJECT_NEGATIVE_INTEGER || ver->via.u64 != KVT_PROTO_VERSION) {
+        kvt_reply_error(r, KVT_E_PROTO, "client speaks protocol %lld, server speaks %d",
+                        ver->type == MSGPACK_OBJECT_NEGATIVE_INTEGER
+                            ? (long long)ver->via.i64
+                            : (long long)KVT_MIN(ver->via.u64, (uint64_t)INT64_MAX),
+                        KVT_PROTO_VERSION);
         return;
     }
     msgpack_packer *pk = &r->pk;
     const char *local = kvt_local_name(s);
-    msgpack_pack_map(pk, local ? 9 : 7);
+    msgpack_pack_map(pk, local ? 12 : 10);
     if (local) {
         kvt_mp_str0(pk, "local");
         kvt_mp_str0(pk, local);
@@ -84,6 +108,13 @@ static void h_hello(struct kvt_server *s, struct request *q)
     msgpack_pack_uint64(pk, s->cfg->max_object_bytes);
     kvt_mp_str0(pk, "max_batch");
     msgpack_pack_uint32(pk, KVT_MAX_BATCH);
+    /* key limits in bytes (docs/protocol.md "Keys"; key.h) */
+    kvt_mp_str0(pk, "max_model_bytes");
+    msgpack_pack_uint32(pk, KVT_MODEL_MAX);
+    kvt_mp_str0(pk, "max_salt_bytes");
+    msgpack_pack_uint32(pk, KVT_SALT_MAX);
+    kvt_mp_str0(pk, "max_name_bytes");
+    msgpack_pack_uint32(pk, KVT_NAME_MAX);
     kvt_mp_str0(pk, "l2_adapters");
     msgpack_pack_int(pk, s->nl2);
     kvt_mp_str0(pk, "shm");
@@ -152,8 +183,8 @@ static void do_store(struct store_job *j)
         accepted++;
     }
     kvt_l1_commit(s->l1, hs, k, 0);
-    if (k)
-        kvt_store_ctrl_submit(s->sc, refs, keys, k); /* references move to the controller */
+    if (k) /* references move to the controller */
+        kvt_store_ctrl_submit_for(s->sc, refs, keys, k, kvt_client_tag(j->r));
     msgpack_packer *pk = &j->r->pk;
     msgpack_pack_map(pk, 2);
     kvt_mp_str0(pk, "accepted");
@@ -241,17 +272,81 @@ static void h_store(struct kvt_server *s, struct request *q)
 
 /* ---------------------------------------------------------------- flush */
 
+uint64_t kvt_client_tag(const struct reply *r)
+{
+    /* FNV-1a of the routing id (ZeroMQ's, or the same-host socket's
+     * connection id): the same connection always gets the same tag */
+    const uint8_t *p = zmq_msg_data((zmq_msg_t *)&r->ident);
+    size_t n = zmq_msg_size((zmq_msg_t *)&r->ident);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h | 1;
+}
+
+#define FLUSH_LIST_MAX 1024 /* failed keys listed in one flush reply */
+
+/*
+ * The flush reply: {l2_failed, failed: [...], failed_truncated}. Built when
+ * it is sent (every store acknowledged before the flush has then finished
+ * on every adapter), from what the store controller recorded for this
+ * client: each (key, adapter) that did not reach L2 since the client's
+ * previous flush reply, reported once.
+ */
+static void pack_flush_reply(struct kvt_server *s, struct reply *r, uint64_t client)
+{
+    struct kvt_store_failure *fv = NULL;
+    uint32_t listed = 0;
+    uint64_t total = kvt_store_ctrl_take_failures(s->sc, client, FLUSH_LIST_MAX, &fv, &listed);
+    msgpack_packer *pk = &r->pk;
+    msgpack_pack_map(pk, 3);
+    kvt_mp_str0(pk, "l2_failed");
+    msgpack_pack_uint64(pk, total);
+    kvt_mp_str0(pk, "failed");
+    msgpack_pack_array(pk, listed);
+    for (uint32_t i = 0; i < listed; i++) {
+        const struct kvt_store_failure *f = &fv[i];
+        msgpack_pack_map(pk, 9);
+        kvt_mp_str0(pk, "adapter");
+        msgpack_pack_int(pk, f->adapter);
+        kvt_mp_str0(pk, "name");
+        kvt_mp_str0(pk, f->adapter < s->nl2 ? s->l2s[f->adapter]->name : "?");
+        kvt_mp_str0(pk, "code");
+        msgpack_pack_int32(pk, f->code);
+        kvt_mp_str0(pk, "error");
+        kvt_mp_str0(pk, kvt_errname(f->code));
+        kvt_mp_str0(pk, "model");
+        kvt_mp_str0(pk, kvt_ns_model(f->key.ns));
+        kvt_mp_str0(pk, "kv_rank");
+        msgpack_pack_uint32(pk, f->key.kv_rank);
+        kvt_mp_str0(pk, "group");
+        msgpack_pack_uint32(pk, f->key.group);
+        kvt_mp_str0(pk, "salt");
+        kvt_mp_str0(pk, kvt_ns_salt(f->key.ns));
+        kvt_mp_str0(pk, "hash");
+        msgpack_pack_bin(pk, f->key.hash_len);
+        msgpack_pack_bin_body(pk, f->key.hash, f->key.hash_len);
+    }
+    kvt_mp_str0(pk, "failed_truncated");
+    if (total > listed)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    free(fv);
+}
+
 static void h_flush(struct kvt_server *s, struct request *q)
 {
     uint64_t target = kvt_store_ctrl_last_seq(s->sc);
+    uint64_t client = kvt_client_tag(q->r);
     if (kvt_store_ctrl_done_seq(s->sc) >= target) {
-        msgpack_pack_map(&q->r->pk, 0);
+        pack_flush_reply(s, q->r, client);
         return;
     }
     struct flush_wait *f = kvt_xcalloc(1, sizeof(*f));
     f->seq = target;
+    f->client = client;
     f->r = q->r;
-    msgpack_pack_map(&f->r->pk, 0);
     q->r = NULL;
     if (s->fw_tail)
         s->fw_tail->next = f;
@@ -269,6 +364,7 @@ void kvt_flush_progress(struct kvt_server *s)
         s->fw_head = f->next;
         if (!s->fw_head)
             s->fw_tail = NULL;
+        pack_flush_reply(s, f->r, f->client);
         kvt_reply_send(s, f->r);
         free(f);
     }
@@ -306,7 +402,8 @@ static void finish_fetch(struct fetch *f, uint32_t total, bool on_rpc)
         r->nframes = total;
         f->refs = NULL;
     } else {
-        uint64_t lease = total ? kvt_l1_lease_new(s->l1, KVT_LEASE_READ, hs, total) : 0;
+        struct kvt_l1_owner ow = owner_of(r);
+        uint64_t lease = total ? kvt_l1_lease_new(s->l1, KVT_LEASE_READ, hs, total, &ow) : 0;
         if (f->op == OP_LOOKUP) {
             msgpack_pack_map(pk, 2);
             kvt_mp_str0(pk, "hits");
@@ -345,23 +442,15 @@ static void on_prefetched(void *arg, uint32_t k, struct kvt_l1_ref *refs)
     finish_fetch(f, f->m + k, false);
 }
 
-/* Serve the request's keys from a lease taken by an earlier lookup: the
- * handles must still hold the same keys. Returns how many were referenced,
- * or -1 when the lease is gone (then the caller looks up again). */
+/* Serve the request's keys from a lease taken by an earlier lookup of this
+ * connection: the first keys must be the lease's. Returns how many were
+ * referenced, KVT_E_EXPIRED when the lease is gone (then the caller looks up
+ * again), or the refusal (another connection's lease, other keys: the lease
+ * is left as it was). */
 static int from_lease(struct kvt_server *s, uint64_t lease, struct fetch *f)
 {
-    uint32_t *hs = kvt_xmalloc((f->n ? f->n : 1) * sizeof(uint32_t));
-    int nl = kvt_l1_lease_handles(s->l1, lease, KVT_LEASE_READ, hs, f->n);
-    if (nl < 0) {
-        free(hs);
-        return -1;
-    }
-    uint32_t k = 0, lim = KVT_MIN((uint32_t)nl, f->n);
-    while (k < lim && kvt_l1_get_handle(s->l1, hs[k], &f->keys[k], &f->refs[k]) == 0)
-        k++;
-    kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, NULL, NULL, 0);
-    free(hs);
-    return (int)k;
+    struct kvt_l1_owner ow = owner_of(f->r);
+    return kvt_l1_lease_take(s->l1, lease, &ow, f->keys, f->n, f->refs);
 }
 
 static void h_fetch(struct kvt_server *s, struct request *q, enum kvt_op op)
@@ -376,15 +465,30 @@ static void h_fetch(struct kvt_server *s, struct request *q, enum kvt_op op)
     f->refs = kvt_xcalloc(f->n ? f->n : 1, sizeof(*f->refs));
     uint64_t lease = 0, release = 0;
     const char *why;
-    /* a lookup may release the client's previous, unused read lease */
-    if (op == OP_LOOKUP && kvt_mp_u64(&q->body, "release", false, &release, &why) == 0 && release)
-        kvt_l1_lease_end(s->l1, release, KVT_LEASE_READ, NULL, NULL, 0);
-    if (op != OP_LOOKUP && kvt_mp_u64(&q->body, "lease", false, &lease, &why)) {
+    int rc = 0;
+    if (op == OP_LOOKUP)
+        rc = kvt_mp_u64(&q->body, "release", false, &release, &why);
+    else
+        rc = kvt_mp_u64(&q->body, "lease", false, &lease, &why);
+    if (rc) {
         kvt_reply_error(q->r, KVT_E_BADREQ, "%s", why);
         free(f->keys);
         free(f->refs);
         free(f);
         return;
+    }
+    /* a lookup may release the client's previous, unused read lease (one
+     * that expired meanwhile is no error; another connection's is) */
+    if (release) {
+        struct kvt_l1_owner ow = owner_of(q->r);
+        rc = kvt_l1_lease_end(s->l1, release, KVT_LEASE_READ, &ow, NULL, NULL, 0);
+        if (rc == KVT_E_LEASE_OWNER) {
+            lease_refused(q->r, rc, release);
+            free(f->keys);
+            free(f->refs);
+            free(f);
+            return;
+        }
     }
     f->r = q->r;
     q->r = NULL;
@@ -394,12 +498,22 @@ static void h_fetch(struct kvt_server *s, struct request *q, enum kvt_op op)
             finish_fetch(f, (uint32_t)k, true);
             return;
         }
+        if (k != KVT_E_EXPIRED) {
+            q->r = f->r; /* answered by kvt_handle */
+            lease_refused(q->r, k, lease);
+            free(f->keys);
+            free(f->refs);
+            free(f);
+            return;
+        }
     }
     f->m = kvt_l1_get_prefix(s->l1, f->keys, f->n, f->refs);
     if (f->m == f->n || s->nl2 == 0) {
         finish_fetch(f, f->m, true);
         return;
     }
+    kvt_debug("Prefetch request submitted: %u total keys, %u L1 prefix hits, %u remaining for L2",
+              f->n, f->m, f->n - f->m);
     kvt_prefetch_submit(s->pc, f->keys + f->m, f->n - f->m, on_prefetched, f);
 }
 
@@ -411,7 +525,12 @@ static void h_free_locks(struct kvt_server *s, struct request *q)
         kvt_reply_error(q->r, KVT_E_BADREQ, "%s", why);
         return;
     }
-    int rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, NULL, NULL, 0);
+    struct kvt_l1_owner ow = owner_of(q->r);
+    int rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, &ow, NULL, NULL, 0);
+    if (rc == KVT_E_LEASE_OWNER) {
+        lease_refused(q->r, rc, lease);
+        return;
+    }
     msgpack_pack_map(&q->r->pk, 1);
     kvt_mp_str0(&q->r->pk, "released");
     if (rc < 0)
@@ -428,7 +547,12 @@ static void h_commit_retrieve(struct kvt_server *s, struct request *q)
         kvt_reply_error(q->r, KVT_E_BADREQ, "%s", why);
         return;
     }
-    int rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, NULL, NULL, 0);
+    struct kvt_l1_owner ow = owner_of(q->r);
+    int rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, &ow, NULL, NULL, 0);
+    if (rc == KVT_E_LEASE_OWNER) {
+        lease_refused(q->r, rc, lease);
+        return;
+    }
     if (rc < 0) {
         kvt_reply_error(q->r, KVT_E_EXPIRED,
                         "read lease %llu expired or unknown: discard what was read",
@@ -488,7 +612,8 @@ static void h_prepare_store(struct kvt_server *s, struct request *q)
             codes[i] = rc == -EEXIST ? 0 : rc; /* present: nothing to write */
         }
     }
-    uint64_t lease = k ? kvt_l1_lease_new(s->l1, KVT_LEASE_WRITE, hs, k) : 0;
+    struct kvt_l1_owner ow = owner_of(q->r);
+    uint64_t lease = k ? kvt_l1_lease_new(s->l1, KVT_LEASE_WRITE, hs, k, &ow) : 0;
     msgpack_packer *pk = &q->r->pk;
     msgpack_pack_map(pk, 4);
     kvt_mp_str0(pk, "pool"); /* offsets are only meaningful in this pool */
@@ -518,7 +643,12 @@ static void h_commit_store(struct kvt_server *s, struct request *q)
         return;
     }
     const msgpack_object *w = kvt_mp_get(&q->body, "written");
-    int nl = kvt_l1_lease_handles(s->l1, lease, KVT_LEASE_WRITE, NULL, 0);
+    struct kvt_l1_owner ow = owner_of(q->r);
+    int nl = kvt_l1_lease_handles(s->l1, lease, KVT_LEASE_WRITE, &ow, NULL, 0);
+    if (nl == KVT_E_LEASE_OWNER) {
+        lease_refused(q->r, nl, lease);
+        return;
+    }
     if (nl < 0) {
         kvt_reply_error(q->r, KVT_E_EXPIRED,
                         "write lease %llu expired or unknown: nothing was stored",
@@ -537,7 +667,7 @@ static void h_commit_store(struct kvt_server *s, struct request *q)
         memcpy(bits, w->via.bin.ptr, KVT_MIN(w->via.bin.size, kvt_bm_words(total) * 8));
     }
     uint32_t *keep = kvt_xmalloc((total ? total : 1) * sizeof(uint32_t));
-    int committed = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_WRITE, bits, keep, total);
+    int committed = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_WRITE, &ow, bits, keep, total);
     free(bits);
     if (committed < 0) {
         free(keep);
@@ -551,7 +681,7 @@ static void h_commit_store(struct kvt_server *s, struct request *q)
     for (int i = 0; i < committed; i++)
         kvt_l1_describe(s->l1, keep[i], &refs[i], &keys[i]);
     if (committed)
-        kvt_store_ctrl_submit(s->sc, refs, keys, (uint32_t)committed);
+        kvt_store_ctrl_submit_for(s->sc, refs, keys, (uint32_t)committed, kvt_client_tag(q->r));
     free(refs);
     free(keys);
     free(keep);
@@ -582,17 +712,32 @@ static void delete_job_fn(struct kvt_job *job, void *ctx)
     (void)ctx;
     struct delete_job *j = (struct delete_job *)job;
     struct kvt_server *s = j->s;
-    uint32_t l1n = 0;
-    for (uint32_t i = 0; i < j->n; i++)
-        l1n += kvt_l1_delete(s->l1, &j->keys[i]);
+    uint32_t l1n = 0, nskip = 0, k = 0;
+    uint32_t *skipped = kvt_xmalloc((j->n ? j->n : 1) * sizeof(uint32_t));
+    /* a key read-locked by a lease (lookup -> retrieve) is skipped in every
+     * tier: it stays whole and the reply names it */
+    for (uint32_t i = 0; i < j->n; i++) {
+        int rc = kvt_l1_delete_unleased(s->l1, &j->keys[i]);
+        if (rc < 0) {
+            skipped[nskip++] = i;
+            continue;
+        }
+        l1n += (uint32_t)rc;
+        j->keys[k++] = j->keys[i];
+    }
     msgpack_packer *pk = &j->r->pk;
-    msgpack_pack_map(pk, 2);
+    msgpack_pack_map(pk, 3);
     kvt_mp_str0(pk, "removed_l1");
     msgpack_pack_uint32(pk, l1n);
     kvt_mp_str0(pk, "removed_l2");
     msgpack_pack_array(pk, s->nl2);
     for (int a = 0; a < s->nl2; a++)
-        msgpack_pack_uint32(pk, kvt_l2_delete(s->l2s[a], j->keys, j->n, NULL));
+        msgpack_pack_uint32(pk, kvt_l2_delete(s->l2s[a], j->keys, k, NULL));
+    kvt_mp_str0(pk, "skipped");
+    msgpack_pack_array(pk, nskip);
+    for (uint32_t i = 0; i < nskip; i++)
+        msgpack_pack_uint32(pk, skipped[i]);
+    free(skipped);
     kvt_reply_post(s, j->r);
     free(j->keys);
     free(j);

@@ -25,6 +25,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 {
     (void)version, (void)upload, (void)upload_size, (void)con_cls;
     struct kvt_server *s = cls;
+    /* acquire: pairs with the release at the end of start-up */
+    if (!atomic_load_explicit(&s->ready, memory_order_acquire))
+        return respond(c, MHD_HTTP_SERVICE_UNAVAILABLE, strdup("starting\n"), 9, "text/plain");
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return respond(c, MHD_HTTP_METHOD_NOT_ALLOWED, strdup("method not allowed\n"), 19,
                        "text/plain");
@@ -38,7 +41,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (strcmp(url, "/status") == 0) {
         json_t *st = kvt_server_status(s);
-        char *body = json_dumps(st, JSON_INDENT(2) | JSON_SORT_KEYS);
+        char *body =
+            json_dumps(st, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
         json_decref(st);
         return respond(c, MHD_HTTP_OK, body, strlen(body), "application/json");
     }

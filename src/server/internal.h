@@ -60,7 +60,8 @@ struct op_stats {
 struct reply {
     struct reply *next;
     zmq_msg_t ident;
-    uint8_t rid[KVT_MAX_RID];
+    uint8_t *rid; /* the request id as it came: rid_buf, or malloc'd when longer */
+    uint8_t rid_buf[KVT_MAX_RID];
     size_t rid_len;
     int32_t status;
     msgpack_sbuffer body;
@@ -74,8 +75,27 @@ struct reply {
 struct flush_wait {
     struct flush_wait *next;
     uint64_t seq;
+    uint64_t client; /* kvt_client_tag of the requester */
     struct reply *r;
 };
+
+/* One connection (ZeroMQ routing id or same-host socket) with a request in
+ * flight or queued: its requests run one at a time, in arrival order. */
+struct pending_msg {
+    struct pending_msg *next;
+    zmq_msg_t *parts; /* parts[0] = routing id */
+    uint32_t n;
+    bool truncated;
+};
+struct conn_order {
+    struct conn_order *hnext, *rnext; /* ident hash chain; ready list */
+    struct pending_msg *qh, *qt;
+    bool busy;     /* a request was dispatched and its reply is not sent yet */
+    bool on_ready; /* on the ready list */
+    uint32_t idlen;
+    uint8_t id[];
+};
+#define KVT_ORDER_BUCKETS 1024
 
 struct kvt_server {
     struct kvt_server_cfg *cfg;
@@ -93,12 +113,16 @@ struct kvt_server {
     int reply_efd, progress_efd, sig_fd;
 
     struct flush_wait *fw_head, *fw_tail; /* rpc thread only */
+    /* per-connection request order (server.c), rpc thread only */
+    struct conn_order *order[KVT_ORDER_BUCKETS];
+    struct conn_order *ready_head, *ready_tail, *dispatching;
 
     struct op_stats ops[OP_COUNT];
     _Atomic uint64_t bytes_in, bytes_out, bad_requests;
     uint64_t start_ns;
     char boot_id[64];
     void *http; /* struct MHD_Daemon */
+    _Atomic bool ready; /* start-up done: HTTP may read the components */
     struct kvt_local *local; /* same-host socket (local.c), rpc thread only */
     struct kvt_lmc *lmc;     /* LMCache protocol front end (lmc.c), or NULL */
     volatile int stop;
@@ -115,8 +139,11 @@ void kvt_reply_send(struct kvt_server *s, struct reply *r);
 void kvt_reply_post(struct kvt_server *s, struct reply *r);
 void kvt_reply_free(struct reply *r);
 
-/* server.c: one whole message (parts[0] = routing id), from ZeroMQ or local */
-void kvt_handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated);
+/* server.c: one whole message (parts[0] = routing id), from ZeroMQ or local.
+ * Queued behind the connection's earlier requests; takes the parts and the
+ * parts array (malloc'd). Dispatched by kvt_run_ready (rpc loop). */
+void kvt_dispatch_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated);
+void kvt_run_ready(struct kvt_server *s);
 
 /* local.c: the same-host transport */
 struct kvt_local;
@@ -130,10 +157,13 @@ void kvt_local_send(struct kvt_server *s, struct reply *r, char *body, size_t bl
 uint32_t kvt_local_conns(struct kvt_server *s);
 
 /* lmc.c: LMCache's multi-process protocol on --lmcache-port, own thread.
- * stop: before the worker pool, controllers and L1 go (joins the thread);
+ * listen: with the other listeners, before storage opens; start: when
+ * everything it uses exists. stop: before the worker pool, controllers and
+ * L1 go (joins the thread);
  * free: after the prefetch controller stopped, before L1 is destroyed. */
 struct kvt_lmc;
-int kvt_lmc_start(struct kvt_server *s, char *err, size_t cap);
+int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap); /* bind, early */
+int kvt_lmc_start(struct kvt_server *s, char *err, size_t cap);  /* its thread, last */
 void kvt_lmc_stop(struct kvt_server *s);
 void kvt_lmc_free(struct kvt_server *s);
 const char *kvt_lmc_endpoint(struct kvt_server *s);
@@ -148,6 +178,8 @@ struct request {
 };
 void kvt_handle(struct kvt_server *s, enum kvt_op op, struct request *q);
 void kvt_flush_progress(struct kvt_server *s);
+/* A nonzero tag naming the connection a request came from (its routing id). */
+uint64_t kvt_client_tag(const struct reply *r);
 
 /* status.c */
 json_t *kvt_server_status(struct kvt_server *s);

@@ -369,6 +369,13 @@ static struct lmc_xfer *xfer_find(struct kvt_lmc *m, const uint8_t id[32], bool 
     return NULL;
 }
 
+/* A transfer's lease belongs to the worker instance that prepared it. */
+static struct kvt_l1_owner inst_owner(const int64_t *inst)
+{
+    struct kvt_l1_owner o = {.id = inst, .len = sizeof(*inst)};
+    return o;
+}
+
 /* end a transfer's lease: a write that is not committed is aborted */
 static void xfer_drop(struct kvt_lmc *m, struct lmc_xfer **pp)
 {
@@ -376,10 +383,12 @@ static void xfer_drop(struct kvt_lmc *m, struct lmc_xfer **pp)
     *pp = x->next;
     if (x->write) {
         uint64_t *none = kvt_xcalloc(kvt_bm_words(x->n ? x->n : 1), sizeof(uint64_t));
-        kvt_l1_lease_end(m->s->l1, x->lease, KVT_LEASE_WRITE, none, NULL, 0);
+        struct kvt_l1_owner ow = inst_owner(&x->instance_id);
+        kvt_l1_lease_end(m->s->l1, x->lease, KVT_LEASE_WRITE, &ow, none, NULL, 0);
         free(none);
     } else {
-        kvt_l1_lease_end(m->s->l1, x->lease, KVT_LEASE_READ, NULL, NULL, 0);
+        struct kvt_l1_owner ow = inst_owner(&x->instance_id);
+        kvt_l1_lease_end(m->s->l1, x->lease, KVT_LEASE_READ, &ow, NULL, NULL, 0);
     }
     free(x);
     atomic_fetch_sub(&m->pending_xfers, 1);
@@ -925,8 +934,10 @@ static void h_prepare_store(struct lmc_rq *q)
             kvt_debug("lmcache: prepare_store: chunk %u not stored: %s", c, kvt_strerror(rc));
         }
     }
-    if (k)
-        xfer_add(m, &a, true, kvt_l1_lease_new(m->s->l1, KVT_LEASE_WRITE, hs, k), k);
+    if (k) {
+        struct kvt_l1_owner ow = inst_owner(&a.inst);
+        xfer_add(m, &a, true, kvt_l1_lease_new(m->s->l1, KVT_LEASE_WRITE, hs, k, &ow), k);
+    }
     struct body b;
     body_init(&b);
     msgpack_pack_map(&b.pk, 1);
@@ -984,7 +995,8 @@ static void h_commit_store(struct lmc_rq *q)
     free(x);
     atomic_fetch_sub(&m->pending_xfers, 1);
     uint32_t *keep = kvt_xmalloc((n ? n : 1) * sizeof(uint32_t));
-    int committed = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_WRITE, NULL, keep, n);
+    struct kvt_l1_owner ow = inst_owner(&a.inst);
+    int committed = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_WRITE, &ow, NULL, keep, n);
     if (committed > 0) {
         struct kvt_l1_ref *refs = kvt_xmalloc((size_t)committed * sizeof(*refs));
         kvt_key *keys = kvt_xmalloc((size_t)committed * sizeof(kvt_key));
@@ -1064,7 +1076,8 @@ static void h_prepare_retrieve(struct lmc_rq *q)
     msgpack_pack_array(&b.pk, nc);
     for (uint32_t i = 0; i < nc; i++)
         pack_slot(&b.pk, a.c, refs[i].off);
-    xfer_add(m, &a, false, kvt_l1_lease_new(l1, KVT_LEASE_READ, hs, nc), nc);
+    struct kvt_l1_owner ow = inst_owner(&a.inst);
+    xfer_add(m, &a, false, kvt_l1_lease_new(l1, KVT_LEASE_READ, hs, nc, &ow), nc);
     atomic_fetch_add_explicit(&m->chunks_retrieved, nc, memory_order_relaxed);
     reply_body(q, &b);
     free(hs);
@@ -1083,12 +1096,13 @@ static void h_commit_retrieve(struct lmc_rq *q)
     bool ok = true;
     if (x) {
         uint32_t *hs = kvt_xmalloc((x->n ? x->n : 1) * sizeof(uint32_t));
-        int n = kvt_l1_lease_handles(m->s->l1, x->lease, KVT_LEASE_READ, hs, x->n);
+        struct kvt_l1_owner ow = inst_owner(&x->instance_id);
+        int n = kvt_l1_lease_handles(m->s->l1, x->lease, KVT_LEASE_READ, &ow, hs, x->n);
         if (n > 0)
             kvt_l1_touch(m->s->l1, hs, (uint32_t)n);
         free(hs);
         /* an expired lease: the slots may have been reused while the worker read */
-        ok = kvt_l1_lease_end(m->s->l1, x->lease, KVT_LEASE_READ, NULL, NULL, 0) >= 0;
+        ok = kvt_l1_lease_end(m->s->l1, x->lease, KVT_LEASE_READ, &ow, NULL, NULL, 0) >= 0;
         *pp = x->next;
         free(x);
         atomic_fetch_sub(&m->pending_xfers, 1);
@@ -1376,7 +1390,7 @@ static void *lmc_main(void *arg)
 
 /* --------------------------------------------------------------- setup */
 
-int kvt_lmc_start(struct kvt_server *s, char *err, size_t cap)
+int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
 {
     struct kvt_server_cfg *c = s->cfg;
     struct kvt_lmc *m = kvt_xcalloc(1, sizeof(*m));
@@ -1412,6 +1426,12 @@ int kvt_lmc_start(struct kvt_server *s, char *err, size_t cap)
                  m->efd < 0 ? strerror(errno) : zmq_strerror(errno));
         return -EADDRINUSE;
     }
+    return 0;
+}
+
+int kvt_lmc_start(struct kvt_server *s, char *err, size_t cap)
+{
+    struct kvt_lmc *m = s->lmc;
     if (pthread_create(&m->th, NULL, lmc_main, m)) {
         snprintf(err, cap, "--lmcache-port: cannot start its thread");
         return -EAGAIN;

@@ -15,8 +15,10 @@
  * connection id); ZeroMQ's own routing ids are 5 bytes and peers cannot set
  * ids starting with 0x00, so the two never mix.
  *
- * Only the owner's uid may connect (SO_PEERCRED). A peer that sends more
- * frames or larger frames than the limits is disconnected.
+ * Only the owner's uid may connect (SO_PEERCRED). A message of 0 frames or
+ * of more than MAX_FRAMES frames is read whole and answered E_BADREQ, as
+ * over ZeroMQ; a frame over the size limit (which ZeroMQ answers by
+ * dropping the connection) disconnects the peer.
  *
  * Thread: everything here runs on the rpc thread.
  */
@@ -44,7 +46,7 @@ struct out {
     struct iovec *iov; /* remaining pieces; in this allocation, they point into it */
     int niov;
     uint8_t *lens;       /* the length prefixes (in this allocation) */
-    uint8_t rid[KVT_MAX_RID];
+    uint8_t *rid;        /* the request id (in this allocation) */
     uint8_t status[4];
     void *body;          /* owned */
     struct kvt_l1_ref *refs; /* data frames from L1, one reference each */
@@ -57,8 +59,8 @@ struct lconn {
     /* input */
     uint8_t rbuf[RBUF];
     size_t rlen, rpos;
-    int state; /* 0: frame count, 1: frame length, 2: frame bytes */
-    uint32_t nframes, got;
+    int state; /* 0: frame count, 1: frame length, 2: frame bytes, 3: bytes of a frame beyond MAX_FRAMES */
+    uint32_t nframes, got, seen; /* frames announced, kept, read */
     uint32_t cur_len, cur_done;
     zmq_msg_t *frames; /* the message being read; frames[-1] is kept for the identity */
     /* output */
@@ -130,7 +132,8 @@ int kvt_local_start(struct kvt_server *s, char *err, size_t cap)
 {
     struct kvt_local *L = kvt_xcalloc(1, sizeof(*L));
     L->lfd = L->ep = -1;
-    L->max_frame = s->cfg->max_object_bytes + (1u << 20);
+    /* as ZMQ_MAXMSGSIZE: a full batch's body fits whatever --max-object-mb is */
+    L->max_frame = KVT_MAX(s->cfg->max_object_bytes, (uint64_t)KVT_MAX_BODY) + (1u << 20);
     struct kvt_l1_shm shm;
     kvt_l1_shm(s->l1, &shm);
     /* abstract namespace: nothing to clean up after a SIGKILL */
@@ -210,17 +213,17 @@ static void accept_all(struct kvt_server *s)
 /* A whole message arrived: hand it to the same path as ZeroMQ messages. */
 static void deliver(struct kvt_server *s, struct lconn *c)
 {
-    uint32_t n = c->nframes;
+    uint32_t n = c->got;
+    bool truncated = c->got < c->nframes;
     zmq_msg_t *parts = c->frames - 1; /* the slot in front is for the identity */
     uint8_t ident[9] = {0};
     memcpy(ident + 1, &c->id, 8);
     zmq_msg_init_size(&parts[0], sizeof(ident));
     memcpy(zmq_msg_data(&parts[0]), ident, sizeof(ident));
     c->frames = NULL;
-    c->got = 0;
+    c->got = c->seen = 0;
     c->state = 0;
-    kvt_handle_message(s, parts, n + 1, false);
-    free(parts);
+    kvt_dispatch_message(s, parts, n + 1, truncated); /* takes parts */
 }
 
 /* Parse what is buffered; false when the peer broke the framing. */
@@ -235,35 +238,48 @@ static bool consume(struct kvt_server *s, struct lconn *c)
             uint32_t v = kvt_get32(c->rbuf + c->rpos);
             c->rpos += 4;
             if (c->state == 0) {
-                if (v == 0 || v > MAX_FRAMES)
-                    return false;
                 c->nframes = v;
-                c->got = 0;
-                /* one slot in front: deliver() puts the identity there */
-                c->frames = (zmq_msg_t *)kvt_xmalloc((v + 1) * sizeof(zmq_msg_t)) + 1;
+                c->got = c->seen = 0;
+                /* one slot in front: deliver() puts the identity there;
+                 * frames beyond MAX_FRAMES are read and dropped */
+                c->frames = (zmq_msg_t *)kvt_xmalloc((KVT_MIN(v, MAX_FRAMES) + 1) *
+                                                     sizeof(zmq_msg_t)) + 1;
                 c->state = 1;
+                if (v == 0) { /* no frames: answered E_BADREQ like ZeroMQ's */
+                    deliver(s, c);
+                    if (c->dead)
+                        return false;
+                    continue;
+                }
             } else {
                 if (v > L->max_frame)
                     return false;
                 c->cur_len = v;
                 c->cur_done = 0;
-                zmq_msg_init_size(&c->frames[c->got], v);
-                c->state = 2;
+                if (c->got < MAX_FRAMES) {
+                    zmq_msg_init_size(&c->frames[c->got], v);
+                    c->state = 2;
+                } else {
+                    c->state = 3;
+                }
             }
         }
-        if (c->state == 2) {
+        if (c->state == 2 || c->state == 3) {
             size_t take = KVT_MIN(c->rlen - c->rpos, (size_t)(c->cur_len - c->cur_done));
             if (take) {
-                memcpy((uint8_t *)zmq_msg_data(&c->frames[c->got]) + c->cur_done,
-                       c->rbuf + c->rpos, take);
+                if (c->state == 2)
+                    memcpy((uint8_t *)zmq_msg_data(&c->frames[c->got]) + c->cur_done,
+                           c->rbuf + c->rpos, take);
                 c->rpos += take;
                 c->cur_done += (uint32_t)take;
             }
             if (c->cur_done < c->cur_len)
                 break;
-            c->got++;
+            if (c->state == 2)
+                c->got++;
+            c->seen++;
             c->state = 1;
-            if (c->got == c->nframes) {
+            if (c->seen == c->nframes) {
                 deliver(s, c); /* resets state to 0; may answer at once */
                 if (c->dead)
                     return false;
@@ -369,9 +385,11 @@ void kvt_local_send(struct kvt_server *s, struct reply *r, char *body, size_t bl
     memcpy(&id, (const uint8_t *)zmq_msg_data(&r->ident) + 1, 8);
     uint32_t nf = 3 + r->nframes;
     /* one allocation: the entry, its iovecs, its length prefixes */
-    struct out *o = kvt_xcalloc(1, sizeof(*o) + (2 * nf + 1) * sizeof(struct iovec) + 4 * (nf + 1));
+    struct out *o = kvt_xcalloc(1, sizeof(*o) + (2 * nf + 1) * sizeof(struct iovec) + 4 * (nf + 1) +
+                                       r->rid_len);
     o->iov = (struct iovec *)(o + 1);
     o->lens = (uint8_t *)(o->iov + 2 * nf + 1);
+    o->rid = o->lens + 4 * (nf + 1);
     o->body = body;
     o->refs = r->frames; /* references travel with the entry until written */
     o->nrefs = r->nframes;

@@ -46,7 +46,8 @@ static int cmd_server(int argc, char **argv)
         return rc;
     if (cfg.dry_run) {
         json_t *j = kvt_server_cfg_json(&cfg);
-        char *s = json_dumps(j, JSON_INDENT(2));
+        /* 15 significant digits: 0.8, not 0.80000000000000004 */
+        char *s = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
         printf("%s\n", s);
         free(s);
         json_decref(j);

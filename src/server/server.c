@@ -1,9 +1,13 @@
 /*
  * kvtier server: component setup, the rpc loop, replies, shutdown.
  *
- * Start-up order: L2 adapters (their recovery scans start in the
- * background), L1, controllers, eviction threads, handler pool, HTTP, then
- * the ROUTER socket binds. Shutdown (SIGTERM/SIGINT) reverses it: stop
+ * Start-up order: the listeners first (the ROUTER socket binds, the HTTP
+ * daemon answers 503 "starting" until the end of start-up), so that a
+ * mistaken second start that fails on its port has touched no storage;
+ * then the L2 adapters (each locks its directory or device; their recovery
+ * scans start in the background), L1, controllers, eviction threads,
+ * handler pool, the same-host socket. Requests queue in the bound socket
+ * until the rpc loop runs. Shutdown (SIGTERM/SIGINT) reverses it: stop
  * receiving, finish handler jobs, stop prefetching, drain every pending L2
  * write, close adapters, exit 0.
  */
@@ -47,9 +51,12 @@ struct reply *kvt_reply_new(const zmq_msg_t *ident, const void *rid, size_t rid_
     zmq_msg_init(&r->ident);
     if (ident)
         zmq_msg_copy(&r->ident, (zmq_msg_t *)ident);
-    r->rid_len = KVT_MIN(rid_len, sizeof(r->rid));
+    /* echoed as it came, also when it is too long (the client matches its
+     * error reply by it) */
+    r->rid = rid_len > sizeof(r->rid_buf) ? kvt_xmalloc(rid_len) : r->rid_buf;
+    r->rid_len = rid_len;
     if (rid_len)
-        memcpy(r->rid, rid, r->rid_len);
+        memcpy(r->rid, rid, rid_len);
     msgpack_sbuffer_init(&r->body);
     msgpack_packer_init(&r->pk, &r->body, msgpack_sbuffer_write);
     r->op = op;
@@ -62,6 +69,8 @@ void kvt_reply_free(struct reply *r)
     if (!r)
         return;
     zmq_msg_close(&r->ident);
+    if (r->rid != r->rid_buf)
+        free(r->rid);
     msgpack_sbuffer_destroy(&r->body);
     for (uint32_t i = 0; i < r->nframes; i++)
         kvt_l1_put(g_l1, r->frames[i].h);
@@ -69,13 +78,46 @@ void kvt_reply_free(struct reply *r)
     free(r);
 }
 
+/* Copy in to out as valid UTF-8: every byte that does not start a
+ * well-formed sequence (RFC 3629: no overlong forms, no surrogates, at most
+ * U+10FFFF) becomes the four characters \xNN. out holds 4 * strlen(in) + 1. */
+static void utf8_escape(const char *in, char *out)
+{
+    const uint8_t *p = (const uint8_t *)in;
+    char *o = out;
+    while (*p) {
+        uint8_t b = *p;
+        int len = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3
+                             : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
+        bool ok = len > 0;
+        for (int i = 1; ok && i < len; i++)
+            ok = (p[i] & 0xc0) == 0x80; /* also stops at the terminating NUL */
+        if (ok && len == 3)
+            ok = !(b == 0xe0 && p[1] < 0xa0) && !(b == 0xed && p[1] >= 0xa0);
+        if (ok && len == 4)
+            ok = !(b == 0xf0 && p[1] < 0x90) && !(b == 0xf4 && p[1] >= 0x90);
+        if (!ok) {
+            o += sprintf(o, "\\x%02x", b);
+            p++;
+            continue;
+        }
+        memcpy(o, p, (size_t)len);
+        o += len;
+        p += len;
+    }
+    *o = 0;
+}
+
 void kvt_reply_error(struct reply *r, int code, const char *fmt, ...)
 {
-    char msg[512];
+    char raw[512], msg[4 * sizeof(raw)];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    vsnprintf(raw, sizeof(raw), fmt, ap);
     va_end(ap);
+    /* messages quote what the client sent (an op name, a namespace): msgpack
+     * str must be UTF-8, and a cut at 511 bytes may split a character */
+    utf8_escape(raw, msg);
     msgpack_sbuffer_clear(&r->body);
     for (uint32_t i = 0; i < r->nframes; i++)
         kvt_l1_put(g_l1, r->frames[i].h);
@@ -117,9 +159,12 @@ static void record(struct kvt_server *s, struct reply *r)
     atomic_fetch_add_explicit(&st->bucket[b], 1, memory_order_relaxed);
 }
 
+static void order_done(struct kvt_server *s, const zmq_msg_t *ident);
+
 void kvt_reply_send(struct kvt_server *s, struct reply *r)
 {
     record(s, r);
+    order_done(s, &r->ident); /* the connection's next request may run */
     if (kvt_local_is_ident(&r->ident)) {
         size_t blen = r->body.size;
         char *body = msgpack_sbuffer_release(&r->body);
@@ -216,7 +261,7 @@ static enum kvt_op op_of(const zmq_msg_t *m)
     return OP_UNKNOWN;
 }
 
-#define MAX_PARTS (KVT_MAX_BATCH + 8)
+#define MAX_PARTS (KVT_MAX_BATCH + 8 + 1) /* 65,544 frames as sent, plus the routing id */
 
 /* Receive one whole multipart message (ZeroMQ delivers all parts or none). */
 static int recv_message(void *sock, zmq_msg_t **parts_out, uint32_t *n_out, bool *truncated)
@@ -261,7 +306,145 @@ static void close_parts(zmq_msg_t *parts, uint32_t from, uint32_t n)
         zmq_msg_close(&parts[i]);
 }
 
-void kvt_handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated)
+/* ------------------------------------------------ per-connection order */
+
+/*
+ * Requests of one connection take effect in the order sent and are answered
+ * in that order: a connection's next request is dispatched only once the
+ * reply to its previous one was sent (kvt_reply_send), whether that request
+ * was answered inline, on a worker, by the prefetch thread or by a flush.
+ * Other connections are not held up. A connection has an entry here only
+ * while it has a request in flight or queued.
+ */
+
+static uint32_t order_hash(const void *id, size_t len)
+{
+    const uint8_t *p = id;
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ p[i]) * 16777619u;
+    return h % KVT_ORDER_BUCKETS;
+}
+
+static struct conn_order **order_slot(struct kvt_server *s, const void *id, size_t len)
+{
+    struct conn_order **pp = &s->order[order_hash(id, len)];
+    while (*pp && !((*pp)->idlen == len && memcmp((*pp)->id, id, len) == 0))
+        pp = &(*pp)->hnext;
+    return pp;
+}
+
+static void order_ready(struct kvt_server *s, struct conn_order *c)
+{
+    if (c->on_ready)
+        return;
+    c->on_ready = true;
+    c->rnext = NULL;
+    if (s->ready_tail)
+        s->ready_tail->rnext = c;
+    else
+        s->ready_head = c;
+    s->ready_tail = c;
+}
+
+/* Drop an entry with nothing in flight, queued or on the ready list. */
+static void order_release(struct kvt_server *s, struct conn_order *c)
+{
+    if (c->busy || c->qh || c->on_ready || c == s->dispatching)
+        return;
+    struct conn_order **pp = order_slot(s, c->id, c->idlen);
+    *pp = c->hnext;
+    free(c);
+}
+
+static void order_done(struct kvt_server *s, const zmq_msg_t *ident)
+{
+    size_t len = zmq_msg_size((zmq_msg_t *)ident);
+    struct conn_order *c = *order_slot(s, zmq_msg_data((zmq_msg_t *)ident), len);
+    if (!c)
+        return; /* not a dispatched request's reply (shutdown) */
+    c->busy = false;
+    if (c->qh)
+        order_ready(s, c);
+    else
+        order_release(s, c);
+}
+
+void kvt_dispatch_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated)
+{
+    size_t len = zmq_msg_size(&parts[0]);
+    const void *id = zmq_msg_data(&parts[0]);
+    struct conn_order **pp = order_slot(s, id, len);
+    struct conn_order *c = *pp;
+    if (!c) {
+        c = kvt_xcalloc(1, sizeof(*c) + len);
+        c->idlen = (uint32_t)len;
+        memcpy(c->id, id, len);
+        *pp = c;
+    }
+    struct pending_msg *m = kvt_xmalloc(sizeof(*m));
+    *m = (struct pending_msg){.parts = parts, .n = n, .truncated = truncated};
+    if (c->qt)
+        c->qt->next = m;
+    else
+        c->qh = m;
+    c->qt = m;
+    if (!c->busy)
+        order_ready(s, c);
+}
+
+static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated);
+
+void kvt_run_ready(struct kvt_server *s)
+{
+    while (s->ready_head) {
+        struct conn_order *c = s->ready_head;
+        s->ready_head = c->rnext;
+        if (!s->ready_head)
+            s->ready_tail = NULL;
+        c->on_ready = false;
+        if (c->busy || !c->qh) {
+            order_release(s, c);
+            continue;
+        }
+        struct pending_msg *m = c->qh;
+        c->qh = m->next;
+        if (!c->qh)
+            c->qt = NULL;
+        c->busy = true;
+        s->dispatching = c; /* an inline reply must not free c under us */
+        handle_message(s, m->parts, m->n, m->truncated);
+        s->dispatching = NULL;
+        free(m->parts);
+        free(m);
+        if (!c->busy && c->qh)
+            order_ready(s, c);
+        else
+            order_release(s, c);
+    }
+}
+
+/* Shutdown: requests never dispatched get no reply (their clients' sockets
+ * close with the server). */
+static void order_drop_all(struct kvt_server *s)
+{
+    for (int b = 0; b < KVT_ORDER_BUCKETS; b++)
+        while (s->order[b]) {
+            struct conn_order *c = s->order[b];
+            s->order[b] = c->hnext;
+            while (c->qh) {
+                struct pending_msg *m = c->qh;
+                c->qh = m->next;
+                close_parts(m->parts, 0, m->n);
+                free(m->parts);
+                free(m);
+            }
+            free(c);
+        }
+    s->ready_head = s->ready_tail = NULL;
+}
+
+static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated)
 {
     uint64_t t0 = kvt_now_ns();
     /* parts[0] = routing id (ROUTER), [1] = request id, [2] = op, [3] = body */
@@ -269,11 +452,19 @@ void kvt_handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool
     size_t rid_len = n > 1 ? zmq_msg_size(&parts[1]) : 0;
     enum kvt_op op = n > 2 ? op_of(&parts[2]) : OP_UNKNOWN;
     struct reply *r = kvt_reply_new(&parts[0], rid, rid_len, op, t0);
-    if (n < 3 || rid_len > KVT_MAX_RID) {
+    /* n counts the routing id: a request is at least [id][op][body] */
+    if (n < 4 || rid_len == 0 || rid_len > KVT_MAX_RID) {
         atomic_fetch_add(&s->bad_requests, 1);
-        kvt_reply_error(r, KVT_E_BADREQ,
-                        n < 3 ? "a request needs frames [request id][op][body]"
-                              : "request id longer than 32 bytes");
+        kvt_reply_error(r, KVT_E_BADREQ, "%s",
+                        n < 4 ? "a request needs frames [request id][op][body]"
+                              : "the request id must be 1..32 bytes");
+        kvt_reply_send(s, r);
+        close_parts(parts, 0, n);
+        return;
+    }
+    if (truncated) {
+        atomic_fetch_add(&s->bad_requests, 1);
+        kvt_reply_error(r, KVT_E_BADREQ, "too many frames (max %u)", MAX_PARTS - 1);
         kvt_reply_send(s, r);
         close_parts(parts, 0, n);
         return;
@@ -281,15 +472,10 @@ void kvt_handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool
     if (op == OP_UNKNOWN) {
         atomic_fetch_add(&s->bad_requests, 1);
         size_t l = zmq_msg_size(&parts[2]);
-        kvt_reply_error(r, KVT_E_BADOP, "unknown operation '%.*s'", (int)KVT_MIN(l, 64),
-                        (const char *)zmq_msg_data(&parts[2]));
-        kvt_reply_send(s, r);
-        close_parts(parts, 0, n);
-        return;
-    }
-    if (truncated) {
-        atomic_fetch_add(&s->bad_requests, 1);
-        kvt_reply_error(r, KVT_E_BADREQ, "too many frames (max %u)", MAX_PARTS);
+        char name[65]; /* printed up to its first NUL; kvt_reply_error escapes non-UTF-8 */
+        memcpy(name, zmq_msg_data(&parts[2]), KVT_MIN(l, 64));
+        name[KVT_MIN(l, 64)] = 0;
+        kvt_reply_error(r, KVT_E_BADOP, "unknown operation '%s'%s", name, l > 64 ? "..." : "");
         kvt_reply_send(s, r);
         close_parts(parts, 0, n);
         return;
@@ -364,10 +550,10 @@ static void rpc_loop(struct kvt_server *s)
                 bool trunc = false;
                 if (recv_message(s->sock, &parts, &np, &trunc))
                     break;
-                kvt_handle_message(s, parts, np, trunc);
-                free(parts);
+                kvt_dispatch_message(s, parts, np, trunc); /* takes parts */
             }
         }
+        kvt_run_ready(s);
     }
 }
 
@@ -404,10 +590,13 @@ static void shutdown_all(struct kvt_server *s)
     }
     kvt_lmc_free(s); /* after the prefetch callbacks, before L1 goes */
     drain_replies(s);
+    order_drop_all(s);
     if (s->sc) {
         uint64_t pend = kvt_store_ctrl_last_seq(s->sc) - kvt_store_ctrl_done_seq(s->sc);
         if (pend)
             kvt_info("draining %llu pending L2 store batch(es)", (unsigned long long)pend);
+        kvt_store_ctrl_quiesce(s->sc);
+        kvt_flush_progress(s); /* pending flushes, with their clients' L2 failures */
         kvt_store_ctrl_stop(s->sc);
         s->sc = NULL;
     }
@@ -466,6 +655,38 @@ static int start(struct kvt_server *s)
     s->sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
     signal(SIGPIPE, SIG_IGN);
 
+    /* listeners before storage: a port in use fails here, before any
+     * adapter has locked, scanned or changed its directory */
+    s->zctx = zmq_ctx_new();
+    s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
+    /* a frame is a data frame (<= max_object_bytes) or a body (<= 16 MiB,
+     * enough for a full batch of 65,536 keys): a smaller --max-object-mb
+     * must not make ZeroMQ drop a valid batch without a reply */
+    int64_t maxmsg = (int64_t)KVT_MAX(c->max_object_bytes, KVT_MAX_BODY) + (1 << 20);
+    int zero = 0;
+    zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+    zmq_setsockopt(s->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
+    if (zmq_bind(s->sock, c->bind) < 0) {
+        int e = errno;
+        kvt_error("cannot listen on %s: %s%s", c->bind, zmq_strerror(e),
+                  e == EADDRINUSE ? " (another server there? nothing was opened or changed)"
+                                  : "");
+        return -e;
+    }
+    if (c->lmc_port) { /* LMCache's port too: bound now, its thread starts last */
+        rc = kvt_lmc_listen(s, err, sizeof(err));
+        if (rc) {
+            kvt_error("%s", err);
+            return rc;
+        }
+    }
+    if (c->http_port) { /* answers 503 "starting" until s->ready */
+        rc = kvt_http_start(s, err, sizeof(err));
+        if (rc) {
+            kvt_error("http: %s", err);
+            return rc;
+        }
+    }
     for (int i = 0; i < c->nadapters; i++) {
         rc = kvt_l2_open(&c->adapters[i], &s->l2s[i], err, sizeof(err));
         if (rc) {
@@ -511,36 +732,21 @@ static int start(struct kvt_server *s)
         kvt_error("cannot start server threads: %s", kvt_strerror(rc));
         return rc;
     }
-    if (c->http_port) {
-        rc = kvt_http_start(s, err, sizeof(err));
-        if (rc) {
-            kvt_error("http: %s", err);
-            return rc;
-        }
-    }
     if (c->local && c->shm) {
         rc = kvt_local_start(s, err, sizeof(err));
         if (rc) /* not fatal: clients use ZeroMQ */
             kvt_warn("%s: same-host clients will use %s", err, c->bind);
         rc = 0;
     }
-    s->zctx = zmq_ctx_new();
-    s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
-    int64_t maxmsg = (int64_t)c->max_object_bytes + (1 << 20);
-    int zero = 0;
-    zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-    zmq_setsockopt(s->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
-    if (zmq_bind(s->sock, c->bind) < 0) {
-        kvt_error("cannot listen on %s: %s", c->bind, zmq_strerror(errno));
-        return -errno;
-    }
-    if (c->lmc_port) {
+    if (c->lmc_port) { /* bound above; requests are served from now on */
         rc = kvt_lmc_start(s, err, sizeof(err));
         if (rc) {
             kvt_error("%s", err);
             return rc;
         }
     }
+    /* release: the HTTP thread reads the components set up above */
+    atomic_store_explicit(&s->ready, true, memory_order_release);
     return 0;
 }
 

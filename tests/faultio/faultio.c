@@ -10,6 +10,14 @@
  *   enospc  a write fails with ENOSPC
  *   short   a write or read transfers only part of what was asked
  * Deterministic for a seed (a counter-based hash, not rand()).
+ *
+ * Observation, for tests of what the server promises (no faults needed):
+ *   delay_ms=N     each read or write of such a file, and each fsync or
+ *                  fdatasync of one or of a directory under dir, first
+ *                  sleeps N ms (a slow disk: what waits for it shows)
+ *   synclog=PATH   each fsync/fdatasync of a file or directory under dir
+ *                  appends "fsync PATH" or "fdatasync PATH" to PATH, before
+ *                  the call returns
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -40,6 +48,8 @@ static _Atomic uint8_t watched[MAXFD];
 static _Atomic uint64_t wdev[MAXFD], wino[MAXFD];
 static _Atomic uint64_t counter;
 static bool enabled;
+static long delay_ms;
+static int synclog = -1;
 
 static int (*real_openat)(int, const char *, int, ...);
 static int (*real_open)(const char *, int, ...);
@@ -49,6 +59,8 @@ static ssize_t (*real_pwritev)(int, const struct iovec *, int, off_t);
 static ssize_t (*real_write)(int, const void *, size_t);
 static ssize_t (*real_pread)(int, void *, size_t, off_t);
 static ssize_t (*real_preadv)(int, const struct iovec *, int, off_t);
+static int (*real_fsync)(int);
+static int (*real_fdatasync)(int);
 
 /* dlsym returns void *; POSIX guarantees it converts to a function pointer */
 #define LOAD(var, name) do { void *p_ = dlsym(RTLD_NEXT, name); memcpy(&var, &p_, sizeof(p_)); } while (0)
@@ -63,6 +75,8 @@ __attribute__((constructor)) static void init(void)
     LOAD(real_write, "write");
     LOAD(real_pread, "pread");
     LOAD(real_preadv, "preadv");
+    LOAD(real_fsync, "fsync");
+    LOAD(real_fdatasync, "fdatasync");
     const char *e = getenv("KVT_FAULTIO");
     if (!e)
         return;
@@ -81,9 +95,13 @@ __attribute__((constructor)) static void init(void)
             k_enospc = true;
         else if (!strcmp(tok, "short"))
             k_short = true;
+        else if (!strncmp(tok, "delay_ms=", 9))
+            delay_ms = atol(tok + 9);
+        else if (!strncmp(tok, "synclog=", 8))
+            synclog = real_open(tok + 8, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     }
     dirlen = strlen(dir);
-    enabled = dirlen > 0 && rate > 0;
+    enabled = dirlen > 0 && (rate > 0 || delay_ms > 0 || synclog >= 0);
 }
 
 static uint64_t mix(uint64_t x)
@@ -106,6 +124,8 @@ static int pick(int fd, bool is_write)
         atomic_store(&watched[fd], 0);
         return 0;
     }
+    if (delay_ms > 0)
+        usleep((useconds_t)delay_ms * 1000);
     uint64_t r = mix(seed * 0x9e3779b97f4a7c15ull + atomic_fetch_add(&counter, 1));
     if ((double)(r % 1000000) >= rate * 1000000.0)
         return 0;
@@ -227,4 +247,47 @@ ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off)
     if (k == 3 && cnt > 0 && iov[0].iov_len > 1)
         return real_pread(fd, iov[0].iov_base, iov[0].iov_len / 2, off);
     return k && k != 3 ? fail(k) : real_preadv(fd, iov, cnt, off);
+}
+
+/* synclog: which file or directory under dir was synced, in call order */
+static void log_sync(const char *what, int fd)
+{
+    if (synclog < 0 || !enabled)
+        return;
+    char lnk[64], target[4096], line[4200];
+    snprintf(lnk, sizeof(lnk), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(lnk, target, sizeof(target) - 1);
+    if (n <= 0)
+        return;
+    target[n] = 0;
+    if (strncmp(target, dir, dirlen) != 0)
+        return;
+    int len = snprintf(line, sizeof(line), "%s %s\n", what, target);
+    if (len > 0 && real_write(synclog, line, (size_t)len) < 0)
+        return;
+}
+
+static void sync_delay(int fd)
+{
+    char lnk[64], target[4096];
+    snprintf(lnk, sizeof(lnk), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(lnk, target, sizeof(target) - 1);
+    if (enabled && delay_ms > 0 && n > 0 && (target[n] = 0, !strncmp(target, dir, dirlen)))
+        usleep((useconds_t)delay_ms * 1000);
+}
+
+int fsync(int fd)
+{
+    sync_delay(fd);
+    int r = real_fsync(fd);
+    log_sync("fsync", fd);
+    return r;
+}
+
+int fdatasync(int fd)
+{
+    sync_delay(fd);
+    int r = real_fdatasync(fd);
+    log_sync("fdatasync", fd);
+    return r;
 }

@@ -22,8 +22,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 BIN = os.environ.get("KVTIER_BIN", os.path.join(ROOT, "build", "kvtier"))
 os.environ.setdefault("KVTIER_LIB", os.path.join(ROOT, "build", "libkvtier_client.so"))
-
 import kvtier  # noqa: E402
+
+# tests/faultio: an LD_PRELOAD library that fails, slows down or logs a
+# server's file I/O (see its header); not loadable into sanitized servers
+FAULTIO = os.path.join(os.path.dirname(os.environ["KVTIER_LIB"]), "libkvt_faultio.so")
+
+
+def needs_faultio(test):
+    test = pytest.mark.skipif(not os.path.exists(FAULTIO), reason="libkvt_faultio.so not built")(test)
+    return pytest.mark.skipif(bool(os.environ.get("KVTIER_SANITIZER")),
+                              reason="an uninstrumented LD_PRELOAD library cannot load into a "
+                              "sanitized server")(test)
 
 
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "WARNING: ThreadSanitizer",
@@ -34,6 +44,25 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_on_free_port(obj, launch, new_ports, attempts=5):
+    """Start a server process on ports from free_port(), which cannot reserve
+    them: between it and the server's bind another process (a client's
+    ephemeral port, another test server) may take one. launch() starts once:
+    True when ready, False when it exited for a port in use (or, on a
+    restart, a resource its killed predecessor still held); it raises on any
+    other failure. A first start moves to fresh ports (new_ports()); a
+    restart keeps them (clients and adapters hold them) and tries again."""
+    for attempt in range(attempts):
+        if launch():
+            obj.started = True
+            return obj
+        if getattr(obj, "started", False):
+            time.sleep(0.5)
+        else:
+            new_ports()
+    raise RuntimeError("%s did not start in %d attempts (ports in use)" % (type(obj).__name__, attempts))
 
 
 class Server:
@@ -58,11 +87,7 @@ class Server:
         return c + self.args
 
     def start(self, wait=True):
-        # free_port() cannot reserve a port: between it and the server's bind
-        # another process (a client's ephemeral port, an S3 or Redis test
-        # server) may take it. A start that fails only for that moves to
-        # fresh ports and tries again.
-        for attempt in range(5):
+        def launch():
             self.log = open(self.log_path, "ab")
             self.log_start = self.log.tell()
             env = dict(os.environ)
@@ -71,23 +96,25 @@ class Server:
             self.proc = subprocess.Popen(self.cmd(), stdout=self.log, stderr=subprocess.STDOUT,
                                          cwd=self.workdir, env=env)
             if not wait:
-                return self
+                return True
             try:
                 self.wait_ready()
-                self.started = True
-                return self
+                return True
             except RuntimeError:
-                if attempt == 4 or self.proc.poll() is None or \
-                        "Address already in use" not in self.read_log()[self.log_start:]:
-                    raise
-            self.log.close()
-            if getattr(self, "started", False):
-                time.sleep(0.5)  # a restart keeps its URL: clients hold it
-                continue
-            self.port = free_port()
-            self.http_port = free_port() if self.http_port else 0
-            self.url = "tcp://127.0.0.1:%d" % self.port
-        return self
+                log = self.read_log()[self.log_start:]
+                self.log.close()
+                # a restart right after a SIGKILL can meet the dead server's
+                # device lock still held by its io_uring teardown
+                if self.proc.poll() is not None and ("Address already in use" in log or (
+                        getattr(self, "started", False) and "in use by another process" in log)):
+                    return False
+                raise
+        return start_on_free_port(self, launch, self.new_ports)
+
+    def new_ports(self):
+        self.port = free_port()
+        self.http_port = free_port() if self.http_port else 0
+        self.url = "tcp://127.0.0.1:%d" % self.port
 
     def wait_ready(self, timeout=20):
         deadline = time.time() + timeout
@@ -188,6 +215,39 @@ def wait_for(pred, timeout=20, what="condition"):
             return v
         time.sleep(0.05)
     raise AssertionError("timed out waiting for " + what)
+
+
+class Kills:
+    """SIGKILLs under a client load. A load thread reads `done` before each
+    request: an error is the kill's only if a kill began since and it is a
+    connection or timeout error; anything else (E_FULL, E_CORRUPT, ...) is a
+    real failure. A store is acknowledged only if no kill began between its
+    send and its flush's reply. The server's same-host socket reports a kill
+    at once and the client says hello again over a fresh ZeroMQ connection,
+    so start the server again before joining the load thread: its request
+    ends on the new server. Only a request that went out over ZeroMQ just
+    before the kill (the client's first hello) is lost with the connection
+    and ends at timeout_ms, excused only then."""
+
+    # a killed server's replies never come, its connection drops, and what
+    # the client held of it (shared-memory leases) is unknown to the next one
+    EXCUSED = ("E_TIMEOUT", "E_PROTO", "E_CLOSED", "E_EXPIRED")
+    timeout_ms = 10000
+
+    def __init__(self):
+        self.begun = self.done = 0
+        self.timeouts = 0
+
+    def kill(self, server):
+        self.begun += 1
+        server.kill(signal.SIGKILL)
+        self.done += 1
+
+    def excused(self, since, e):
+        if self.begun == since or not (e.name in self.EXCUSED or -1000 < e.code < 0):
+            return False
+        self.timeouts += e.name == "E_TIMEOUT"
+        return True
 
 
 def l2_status(server, i=0):

@@ -4,7 +4,6 @@ misbehaving clients. Bounded for CI; KVT_LONG=1 runs the longer forms."""
 import hashlib
 import os
 import random
-import signal
 import socket
 import subprocess
 import threading
@@ -13,11 +12,10 @@ import time
 import pytest
 
 import kvtier
-from conftest import (ROOT, adapter_json, du_bytes, fs_files, keys_for, l2_status, random_payloads,
-                      wait_for)
+from conftest import (FAULTIO, Kills, adapter_json, du_bytes, keys_for, l2_status, needs_faultio,
+                      random_payloads, wait_for)
 
 LONG = os.environ.get("KVT_LONG") == "1"
-FAULTIO = os.path.join(os.path.dirname(os.environ.get("KVTIER_LIB", "")), "libkvt_faultio.so")
 
 
 def digest(b):
@@ -49,33 +47,57 @@ def faulty_round(c, model, rng, model_name, n, max_units, unit):
         model.digests[h] = digest(p)
     c.store(kvtier.Keys(model_name, hashes), pays)
     c.flush()
+    asked = returned = 0
     for _ in range(3):
         keys = kvtier.Keys(model_name, rng.sample(sorted(model.digests), n))
         got = c.retrieve(keys)
         model.check(keys[:len(got)], got)
+        asked += n
+        returned += len(got)
+    return asked, returned
 
 
 def retrieve_each(c, model, model_name):
     """Retrieve every key the model knows, one at a time, checking every
-    byte that comes back; returns how many came back."""
-    found = 0
+    byte that comes back; returns the set of hashes that came back."""
+    found = set()
     for h in list(model.digests):
         keys = kvtier.Keys(model_name, [h])
         got = c.retrieve(keys)
         model.check(keys, got)
-        found += len(got)
+        if got:
+            found.add(h)
     return found
 
 
-def run_load(url, model, stop, rng, errors):
-    """Mixed store / flush / lookup / retrieve until stop or the server dies."""
+def check_acknowledged_survive(before, after, found_before, found_after):
+    """After a restart without faults: every object served intact before the
+    kill is served again, and every store the adapter acknowledged (store_ok)
+    comes back except those a torn write destroyed, which are detected and
+    counted as corrupt (before or after the restart), never served."""
+    lost = found_before - found_after
+    assert not lost, "%d objects served before the restart are gone after it" % len(lost)
+    cb, ca = before["counters"], after["counters"]
+    # file engines remove a torn object when they detect it, slot engines
+    # once it is unpinned: nothing else may be missing after the restart
+    assert after["objects"] >= cb["store_ok"] - cb["corrupt"], (after["objects"], cb)
+    torn = cb["corrupt"] + ca["corrupt"]
+    assert len(found_after) >= cb["store_ok"] - torn > 0, \
+        ("acknowledged stores lost", len(found_after), cb, ca)
+    # every recovered object is served intact, or detected and counted as corrupt
+    assert len(found_after) + ca["corrupt"] == after["objects"], (len(found_after), ca, after["objects"])
+
+
+def run_load(server, model, stop, rng, errors, kills):
+    """Mixed store / flush / lookup / retrieve until stop; a kill's errors
+    end it (conftest.Kills), any other error is recorded in errors."""
+    since = kills.done
+    c = None
+    pending, pending_since = [], None
     try:
-        c = kvtier.Client(url, timeout_ms=700)
-    except kvtier.KvtierError:
-        return
-    pending = []
-    try:
+        c = server.client(timeout_ms=Kills.timeout_ms)
         while not stop.is_set():
+            since = kills.done
             op = rng.random()
             if op < 0.45:
                 n = rng.randint(1, 4)
@@ -84,11 +106,14 @@ def run_load(url, model, stop, rng, errors):
                 for h, p in zip(hashes, pays):
                     model.digests[h] = digest(p)
                 keys = kvtier.Keys("campaign", hashes)
-                if c.store(keys, pays) == n:
-                    pending += hashes
+                if not pending:
+                    pending_since = since
+                assert c.store(keys, pays) == n, "a store was refused"
+                pending += hashes
             elif op < 0.6:
                 c.flush()
-                model.acked.update(pending)  # acknowledged: must survive
+                if kills.begun == pending_since:  # acknowledged by the server that took them
+                    model.acked.update(pending)
                 pending = []
             elif model.digests:
                 hs = rng.sample(sorted(model.digests), min(4, len(model.digests)))
@@ -98,12 +123,14 @@ def run_load(url, model, stop, rng, errors):
                     model.check(keys[:n], c.retrieve(keys[:n]))
                 else:
                     model.check(keys, c.retrieve(keys))
-    except kvtier.KvtierError:
-        pass  # the server was killed under us
+    except kvtier.KvtierError as e:
+        if not kills.excused(since, e):
+            errors.append(e)
     except AssertionError as e:
         errors.append(e)
     finally:
-        c.close()
+        if c is not None:
+            c.close()
 
 
 # 100 kills in the normal run, 30 in the (slower) sanitizer reruns, 300 with KVT_LONG=1
@@ -119,16 +146,18 @@ def test_sigkill_campaign(make_server, tmp_path, kills):
     model = Model()
     rng = random.Random(1234)
     errors = []
+    killer = Kills()
     for k in range(kills):
         stop = threading.Event()
-        t = threading.Thread(target=run_load, args=(s.url, model, stop, random.Random(k), errors))
+        t = threading.Thread(target=run_load, args=(s, model, stop, random.Random(k), errors, killer))
         t.start()
-        time.sleep(rng.uniform(0.02, 0.25))
-        s.kill(signal.SIGKILL)
+        time.sleep(rng.uniform(0.02, 0.25))  # a random moment under load
+        killer.kill(s)
         stop.set()
-        t.join(timeout=30)
-        assert not errors, errors[0]
         s.start()
+        t.join(timeout=60)
+        assert not t.is_alive()
+        assert not errors, errors[0]
         if k % 10 == 9 or k == kills - 1:
             s.wait_recovered()
             acked = sorted(model.acked)
@@ -139,6 +168,8 @@ def test_sigkill_campaign(make_server, tmp_path, kills):
                     assert len(got) == len(keys), "an acknowledged store was lost"
                     model.check(keys, got)
     assert len(model.acked) > 50
+    print("%d requests lost with a killed connection (%d ms timeouts)" %
+          (killer.timeouts, Kills.timeout_ms))
     # no tmp files of dead writers survive a restart
     s.wait_recovered()
     assert not [f for f in os.listdir(d) if ".tmp." in f]
@@ -194,26 +225,55 @@ def test_disk_full(make_server, tmp_path):
 
 
 def test_fault_inject_trims_prefix_never_wrong_bytes(make_server, tmp_path):
-    spec = adapter_json(type="fault_inject", rate=0.2, seed=3, gap_tail_ratios=[0.5],
-                        inner={"type": "fs", "base_path": str(tmp_path / "fi")})
-    s = make_server(["--l2-store-policy", "skip_l1", "--l2-adapter", spec])
+    """fault_inject drops chosen loads that lookup reported present: the
+    prefix is cut exactly at the first dropped key, the bytes before it are
+    exact. Drops by rate are per key (the same key drops at every load);
+    gap_tail_ratios picks a position in each load batch."""
+    inner = {"type": "fs", "base_path": str(tmp_path / "fi")}
     keys = keys_for("fi", 40)
     pay = random_payloads(40, 20000, seed=9)
+    # by rate alone: which keys drop, one at a time, then where a batch is cut
+    s = make_server(["--l2-store-policy", "skip_l1", "--l2-adapter",
+                     adapter_json(type="fault_inject", rate=0.2, seed=3, inner=inner)])
     with s.client() as c:
         assert c.store(keys, pay) == 40
         c.flush()
-        n = c.lookup(keys)
-        assert n < 20  # the middle chunk (and maybe earlier ones) fail to load
+        dropped = []
+        for i in range(40):
+            n1 = c.lookup(keys[i:i + 1])
+            c.free_locks()
+            assert n1 == c.lookup(keys[i:i + 1])  # the same key drops the same way
+            c.free_locks()
+            if n1 == 0:
+                dropped.append(i)
+        assert 2 <= len(dropped) <= 20, dropped  # rate 0.2 of 40
+        cut = dropped[0]
+        assert c.lookup(keys) == cut
         got = c.retrieve(keys)
-        assert got == pay[:len(got)]
+        assert len(got) == cut and got == pay[:cut]
+        # after the cut, the next kept stretch is served again from its start
+        nxt = [i for i in range(cut + 1, 40) if i not in dropped]
+        if nxt:
+            j = nxt[0]
+            stop = next((d for d in dropped if d > j), 40)
+            assert c.retrieve(keys[j:40]) == pay[j:stop]
         st = c.status()["l2"][0]
-        assert st["fault_inject"]["dropped_loads"] >= 1
+        assert st["fault_inject"]["dropped_loads"] >= 2 * len(dropped)
         assert st["name"].startswith("fault_inject(fs)")
+    s.kill()
+    # by position: 0.5 is the middle of each load batch, lround(0.5 * (n - 1))
+    s = make_server(["--l2-store-policy", "skip_l1", "--l2-adapter",
+                     adapter_json(type="fault_inject", gap_tail_ratios=[0.5], inner=inner)])
+    s.wait_recovered()
+    with s.client() as c:
+        assert c.lookup(keys) == 20
+        c.free_locks()
+        assert c.retrieve(keys) == pay[:20]  # one load batch of 40
+        assert c.retrieve(keys[10:20]) == pay[10:15]  # one of 10
+        assert c.status()["l2"][0]["fault_inject"]["dropped_loads"] >= 3
 
 
-@pytest.mark.skipif(not os.path.exists(FAULTIO), reason="libkvt_faultio.so not built")
-@pytest.mark.skipif(bool(os.environ.get("KVTIER_SANITIZER")),
-                    reason="an uninstrumented LD_PRELOAD library cannot load into a sanitized server")
+@needs_faultio
 def test_injected_io_errors(make_server, tmp_path):
     """EIO, ENOSPC and short transfers on a fraction of the fs adapter's
     reads and writes: never a crash, never a wrong byte, failures counted."""
@@ -224,23 +284,30 @@ def test_injected_io_errors(make_server, tmp_path):
                      "--l2-adapter", adapter_json(type="fs", base_path=str(d))], env=env)
     model = Model()
     rng = random.Random(11)
+    asked = returned = 0
     with s.client() as c:
         for _ in range(20):
-            faulty_round(c, model, rng, "io", 8, 200, 512)
-        a = c.status()["l2"][0]
-        assert a["counters"]["store_failed"] > 0
-        assert a["counters"]["store_ok"] > 0
+            a_, r_ = faulty_round(c, model, rng, "io", 8, 200, 512)
+            asked, returned = asked + a_, returned + r_
+        # 15% of the reads and writes fail and cut the prefix there: much of
+        # what was asked still comes back (measured: 213-234 of 480)
+        assert returned >= asked * 0.3, (returned, asked)
+        found_before = retrieve_each(c, model, "io")
+        before = c.status()["l2"][0]
+        assert before["counters"]["store_failed"] > 0
+        assert before["counters"]["store_ok"] > 0
         c.ping()
     assert s.proc.poll() is None
-    # what is on disk is only complete, verified objects
+    # what is on disk is only complete, verified objects, and all of the
+    # acknowledged ones (measured: 142-145 of 142-145 store_ok come back)
     s.kill()
     s.env = None
     s.start()
     s.wait_recovered()
     with s.client() as c:
-        for h in list(model.digests)[:60]:
-            keys = kvtier.Keys("io", [h])
-            model.check(keys, c.retrieve(keys))
+        found_after = retrieve_each(c, model, "io")
+        after = c.status()["l2"][0]
+    check_acknowledged_survive(before, after, found_before, found_after)
 
 
 def test_thousand_connections(server):
@@ -382,28 +449,28 @@ def test_engine_injected_faults(make_server, tmp_path, label):
     assert failed > 0
     with s.client() as c:
         c.ping()
-        found = retrieve_each(c, model, "eng")
-        a = c.status()["l2"][0]
-        if label.startswith("raw_block") and not a["is_healthy"]:
-            assert "journal write failed" in a["health"], a["health"]
-        # faults hit one transfer in ten: most acknowledged objects must come
-        # back (a run where nothing is returned would prove nothing)
-        assert found >= a["counters"]["store_ok"] // 2 > 0, (found, a["counters"])
+        found_before = retrieve_each(c, model, "eng")
+        before = c.status()["l2"][0]
+        if label.startswith("raw_block") and not before["is_healthy"]:
+            assert "journal write failed" in before["health"], before["health"]
+        # faults hit one transfer in ten (reads too): most acknowledged objects
+        # come back even under faults (measured: 51-75 of 64-83 store_ok)
+        assert len(found_before) >= before["counters"]["store_ok"] * 0.6 > 0, \
+            (len(found_before), before["counters"])
     assert s.proc.poll() is None
     s.kill()
     s.env = None
     s.start()
     s.wait_recovered()
     with s.client() as c:
-        recovered = c.status()["l2"][0]["objects"]
-        found = retrieve_each(c, model, "eng")
-        a = c.status()["l2"][0]
-        assert a["is_healthy"], a["health"]
-        # every recovered object is served intact, or (a torn payload that
-        # was acknowledged) detected and counted as corrupt: never wrong
-        # (and then removed: at once by file engines, once unpinned by slot engines)
-        assert found + a["counters"]["corrupt"] == recovered, (found, a["counters"], recovered)
-        assert recovered > 0 and found >= recovered // 2, (found, recovered)
+        found_after = retrieve_each(c, model, "eng")
+        after = c.status()["l2"][0]
+        assert after["is_healthy"], after["health"]
+        # without faults, every acknowledged store is back but the torn ones,
+        # which are counted as corrupt, never served (measured in 6 runs of
+        # each: objects after the restart = store_ok - corrupt detected before
+        # it, found = objects - corrupt detected after it)
+        check_acknowledged_survive(before, after, found_before, found_after)
         # without faults the adapter stores and serves again
         hashes = [rng.randbytes(32) for _ in range(6)]
         pays = [rng.randbytes(20 * 1024) for _ in range(6)]

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import kvtier
-from conftest import ROOT, adapter_json, fs_files, keys_for, random_payloads, run_kvtier
+from conftest import ROOT, adapter_json, fs_files, keys_for, random_payloads, run_kvtier, wait_for
 
 MiB = 1 << 20
 
@@ -86,9 +86,10 @@ def test_killed_client_between_prepare_and_commit_leaks_nothing(make_server):
         assert l1["write_leases"] == 1 and l1["objects_writing"] == 8
         assert l1["used_bytes"] == 8 * MiB
         # the reservation expires (1 s), is quarantined for one TTL, then freed
-        ok = wait_until(lambda: c.status()["l1"]["used_bytes"] == 0, timeout=10)
+        wait_for(lambda: c.status()["l1"]["counters"]["leases_expired_write"] == 1,
+                 what="the write lease to expire")
+        wait_for(lambda: c.status()["l1"]["used_bytes"] == 0, what="the reservation to be freed")
         l1 = c.status()["l1"]
-        assert ok, l1
         assert l1["write_leases"] == 0 and l1["objects_writing"] == 0
         assert l1["counters"]["leases_expired_write"] == 1
         # the keys were never published
@@ -101,7 +102,10 @@ def test_expired_read_lease_fails_the_reader(make_server):
     with s.client() as c:
         c.store(keys, random_payloads(2, 10000))
         rv = c.retrieve_view(keys)
-        time.sleep(1.0)  # the reader is too slow
+        # the reader is too slow: its lease runs out (0.3 s) before it ends
+        with s.client() as c2:
+            wait_for(lambda: c2.status()["l1"]["counters"]["leases_expired_read"] == 1,
+                     what="the read lease to expire")
         with pytest.raises(kvtier.KvtierError) as e:
             with rv as views:
                 assert len(views) == 2
@@ -126,6 +130,10 @@ def test_l1_eviction_under_load_larger_than_l1(make_server, tmp_path):
             assert frac is not None, c.status()["l1"]
             peak = max(peak, frac)
         l1 = c.status()["l1"]
+        # L1 is filled up to the trigger watermark (0.8) and an eviction pass
+        # frees its ratio (0.2), not everything (measured peak: 0.797)
+        assert 0.7 <= peak <= 0.8, peak
+        assert l1["usage_fraction"] >= 0.5, l1
         assert l1["counters"]["evictions"] > 100
         assert l1["used_bytes"] <= l1["capacity_bytes"]
         # the oldest keys left L1 but are served from L2, byte-exact
@@ -213,12 +221,24 @@ def test_two_adapters_cascade(make_server, tmp_path):
         st = c.status()
         assert st["l2"][0]["counters"]["load_ok"] == 0
         assert st["l2"][1]["counters"]["load_ok"] == 10
-    # and with both present, the first adapter serves
+    # a store goes to both again (adapter 1 already holds it and skips it)
     s.restart()
     s.wait_recovered()
     with s.client() as c:
-        c.store(keys[:1], pay[:1])  # already held by L2 #1; L1 copy goes to both again
+        assert c.store(keys[:1], pay[:1]) == 1
         c.flush()
+        st = c.status()
+        assert st["l2"][0]["objects"] == 1 and st["l2"][1]["objects"] == 10, st["l2"]
+        assert st["l2"][1]["counters"]["store_ok"] == 0
+    assert len(fs_files(d1)) == 1
+    # and with both holding it, the first adapter serves
+    s.restart()
+    s.wait_recovered()
+    with s.client() as c:
+        assert c.retrieve(keys) == pay
+        st = c.status()
+        assert st["l2"][0]["counters"]["load_ok"] == 1
+        assert st["l2"][1]["counters"]["load_ok"] == 9
 
 
 def test_http_endpoints_reflect_operations(server, tmp_path):
@@ -304,6 +324,38 @@ def test_client_survives_server_restart(server, shm, local):
         assert c.shm_active == shm
 
 
+def test_request_in_flight_at_a_kill_fails_fast_and_reconnects(server):
+    """A same-host client whose server dies under a request falls back to
+    ZeroMQ and says hello there. Its ZeroMQ connection to the dead server may
+    not have noticed the death yet: a hello written into it is lost, and the
+    client used to wait its whole timeout (30 s by default) for a server that
+    was back within a second. The fallback goes over a fresh connection."""
+    import threading
+    for _ in range(6):
+        done = threading.Event()
+        errors = []
+
+        def pinger():
+            with server.client(timeout_ms=20000) as c:
+                assert c.local_active
+                try:
+                    while not done.is_set():
+                        c.ping()  # the one in flight at the kill ends on the new server
+                except kvtier.KvtierError as e:
+                    errors.append(e)
+
+        t = threading.Thread(target=pinger)
+        t.start()
+        time.sleep(0.05)
+        server.kill()
+        done.set()
+        server.start()
+        t0 = time.time()
+        t.join(timeout=60)
+        assert not t.is_alive() and not errors, errors
+        assert time.time() - t0 < 3, "a request waited %.1f s for a restarted server" % (time.time() - t0)
+
+
 def test_local_socket_oversize_payload_is_an_error(make_server):
     """A payload over the server's limit is refused with an error over the
     same-host socket too (the server would have to drop the connection),
@@ -316,6 +368,17 @@ def test_local_socket_oversize_payload_is_an_error(make_server):
             c.store(keys[:1], [bytes(2 << 20)])
         assert c.local_active
         assert c.store(keys[1:], [b"ok"]) == 1
+    # the client refused that one itself: the server's own check, raw (a
+    # frame over the object limit but within the frame limit is answered)
+    pytest.importorskip("zmq")
+    from rawproto import RawLocal, keys_body, local_name
+    loc = RawLocal(local_name(s))
+    try:
+        r = loc.call([b"big", b"store", keys_body(keys[:1]), bytes(2 << 20)])
+        assert r.rid == b"big" and r.status == -1005 and r.body["error"] == "E_TOOBIG", r
+        assert loc.call([b"p", b"ping", b"\x80"]).status == 0
+    finally:
+        loc.close()
 
 
 def test_local_socket_server_gone_is_an_error_not_sigpipe(make_server):

@@ -235,7 +235,7 @@ def test_nixl_store_dynamic_secondary_lookup_and_tmp_cleanup(make_server, tmp_pa
     c2 = make_server(["--l2-adapter", json.dumps(np_spec)])
     c2.wait_recovered()
     assert c2.stop() == 0
-    assert sorted(os.listdir(d)) == ["elsewhere"]
+    assert sorted(os.listdir(d)) == [".kvtier.lock", "elsewhere"]  # the owner's (empty) lock
 
 
 def losetup(path):

@@ -6,14 +6,13 @@ and no key ever returns other bytes than the ones stored for it."""
 import hashlib
 import os
 import random
-import signal
 import threading
 import time
 
 import pytest
 
 import kvtier
-from conftest import adapter_json
+from conftest import Kills, adapter_json
 
 MiB = 1 << 20
 # 20 kills per adapter; 10 in the (much slower) sanitizer reruns, 100 with KVT_LONG=1
@@ -36,30 +35,43 @@ def batch_payloads(tag, bid):
 
 class Writer(threading.Thread):
     """Stores batches, flushing after every second one; a batch counts as
-    acknowledged once a flush() issued after its store returned."""
+    acknowledged once a flush() issued after its store returned, with no
+    kill in between (conftest.Kills). An error that no kill explains is kept
+    in .error and fails the round."""
 
-    def __init__(self, server, tag, first_bid):
+    def __init__(self, server, tag, first_bid, kills):
         super().__init__(daemon=True)
-        self.server, self.tag, self.bid = server, tag, first_bid
+        self.server, self.tag, self.bid, self.kills = server, tag, first_bid, kills
         self.stop = threading.Event()
         self.acked, self.attempted = [], []
+        self.error = None
 
     def run(self):
-        pending = []
+        pending, pending_since = [], None
+        since = self.kills.done
         try:
-            with self.server.client(timeout_ms=500) as c:
+            with self.server.client(timeout_ms=Kills.timeout_ms) as c:
                 while not self.stop.is_set() and len(self.attempted) < MAX_BATCHES_PER_ROUND:
+                    since = self.kills.done
                     bid = self.bid
                     self.bid += 1
                     self.attempted.append(bid)
-                    c.store(batch_keys(self.tag, bid), batch_payloads(self.tag, bid))
+                    if not pending:
+                        pending_since = since
+                    n = c.store(batch_keys(self.tag, bid), batch_payloads(self.tag, bid))
+                    assert n == BATCH, "batch %d: %d of %d stored" % (bid, n, BATCH)
                     pending.append(bid)
                     if len(pending) == 2:
+                        since = self.kills.done
                         c.flush()
-                        self.acked.extend(pending)
+                        if self.kills.begun == pending_since:
+                            self.acked.extend(pending)
                         pending = []
-        except kvtier.KvtierError:
-            pass  # the server is gone
+        except kvtier.KvtierError as e:
+            if not self.kills.excused(since, e):
+                self.error = e
+        except AssertionError as e:
+            self.error = e
 
 
 def check_exact(c, tag, bid):
@@ -77,17 +89,19 @@ def kill_loop(s, tag, seed):
     rnd = random.Random(seed)
     acked, bid = [], 0
     t0 = time.time()
+    killer = Kills()
     for k in range(KILLS):
-        w = Writer(s, tag, bid)
+        w = Writer(s, tag, bid, killer)
         w.start()
-        time.sleep(rnd.uniform(0.02, 0.3))
-        s.kill(signal.SIGKILL)
+        time.sleep(rnd.uniform(0.02, 0.3))  # a random moment under load
+        killer.kill(s)
         w.stop.set()
-        w.join(timeout=30)
+        s.start()
+        w.join(timeout=60)
         assert not w.is_alive()
+        assert w.error is None, w.error
         bid = w.bid
         acked.extend(w.acked)
-        s.start()
         st = s.wait_recovered()["l2"][0]
         assert st["is_healthy"], st["health"]
         unacked = [b for b in w.attempted if b not in set(w.acked)]
@@ -104,6 +118,8 @@ def kill_loop(s, tag, seed):
         for b in acked:
             check_exact(c, tag, b)
     assert len(acked) > KILLS  # the load was sustained, not idle
+    print("%s: %d requests lost with a killed connection (%d ms timeouts)" %
+          (tag, killer.timeouts, Kills.timeout_ms))
     return len(acked), time.time() - t0
 
 

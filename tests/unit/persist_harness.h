@@ -120,8 +120,11 @@ __attribute__((unused)) static void *h_payload(size_t len, uint32_t seed)
     return p;
 }
 
-/* Store n keys [first, first+n) of len bytes; returns how many succeeded. */
-__attribute__((unused)) static uint32_t h_store(kvt_l2 *l2, const char *model, uint32_t first, uint32_t n, size_t len)
+/* Store n keys [first, first+n) of len bytes; returns how many succeeded
+ * and, when ok_bits is not NULL, sets bit i there for each key first+i the
+ * adapter acknowledged (n <= 64). */
+__attribute__((unused)) static uint32_t h_store_bits(kvt_l2 *l2, const char *model, uint32_t first, uint32_t n,
+                                                     size_t len, uint64_t *ok_bits)
 {
     kvt_l2_task *t = kvt_l2_task_new(KVT_L2_STORE, n);
     for (uint32_t i = 0; i < n; i++) {
@@ -132,10 +135,18 @@ __attribute__((unused)) static uint32_t h_store(kvt_l2 *l2, const char *model, u
     }
     h_run(l2, t);
     uint32_t ok = (uint32_t)kvt_bm_count(t->ok, n);
+    if (ok_bits)
+        for (uint32_t i = 0; i < n && i < 64; i++)
+            *ok_bits |= (uint64_t)kvt_bm_test(t->ok, i) << i;
     for (uint32_t i = 0; i < n; i++)
         free(t->bufs[i].ptr);
     kvt_l2_task_free(t);
     return ok;
+}
+
+__attribute__((unused)) static uint32_t h_store(kvt_l2 *l2, const char *model, uint32_t first, uint32_t n, size_t len)
+{
+    return h_store_bits(l2, model, first, n, len, NULL);
 }
 
 /* Lookup-and-lock then load n keys; returns how many came back with the
@@ -170,14 +181,27 @@ __attribute__((unused)) static uint32_t h_check(kvt_l2 *l2, const char *model, u
     return good;
 }
 
-__attribute__((unused)) static uint32_t h_delete(kvt_l2 *l2, const char *model, uint32_t first, uint32_t n)
+/* Delete keys [first, first+n); bit i of removed_bits (may be NULL, n <= 64)
+ * is set for each key the adapter reports removed. */
+__attribute__((unused)) static uint32_t h_delete_bits(kvt_l2 *l2, const char *model, uint32_t first, uint32_t n,
+                                                      uint64_t *removed_bits)
 {
     kvt_key *k = calloc(n, sizeof(*k));
+    uint64_t *rm = calloc((n + 63) / 64, sizeof(*rm));
     for (uint32_t i = 0; i < n; i++)
         h_key(&k[i], model, first + i);
-    uint32_t r = kvt_l2_delete(l2, k, n, NULL);
+    uint32_t r = kvt_l2_delete(l2, k, n, rm);
+    if (removed_bits)
+        for (uint32_t i = 0; i < n && i < 64; i++)
+            *removed_bits |= (uint64_t)kvt_bm_test(rm, i) << i;
+    free(rm);
     free(k);
     return r;
+}
+
+__attribute__((unused)) static uint32_t h_delete(kvt_l2 *l2, const char *model, uint32_t first, uint32_t n)
+{
+    return h_delete_bits(l2, model, first, n, NULL);
 }
 
 /* A field of the adapter's status (integers; -1 when absent). */

@@ -143,11 +143,11 @@ static void test_temp_and_leases(void)
     struct kvt_l1_ref r;
     TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &r) == 0);
     kvt_l1_commit(l1, &r.h, 1, KVT_L1_TEMP);
-    uint64_t lease = kvt_l1_lease_new(l1, KVT_LEASE_READ, &r.h, 1);
+    uint64_t lease = kvt_l1_lease_new(l1, KVT_LEASE_READ, &r.h, 1, NULL);
     TEST_ASSERT(kvt_l1_contains(l1, &k));
-    TEST_ASSERT(kvt_l1_lease_end(l1, lease, KVT_LEASE_READ, NULL, NULL, 0) == 0);
+    TEST_ASSERT(kvt_l1_lease_end(l1, lease, KVT_LEASE_READ, NULL, NULL, NULL, 0) == 0);
     TEST_ASSERT(!kvt_l1_contains(l1, &k)); /* temp: gone with its last reader */
-    TEST_ASSERT(kvt_l1_lease_end(l1, lease, KVT_LEASE_READ, NULL, NULL, 0) == KVT_E_EXPIRED);
+    TEST_ASSERT(kvt_l1_lease_end(l1, lease, KVT_LEASE_READ, NULL, NULL, NULL, 0) == KVT_E_EXPIRED);
 
     /* write lease: commit only what was written */
     kvt_key a = key(3001), b = key(3002);
@@ -155,9 +155,9 @@ static void test_temp_and_leases(void)
     TEST_ASSERT(kvt_l1_reserve(l1, &a, &m, &ra) == 0);
     TEST_ASSERT(kvt_l1_reserve(l1, &b, &m, &rb) == 0);
     uint32_t hs[2] = {ra.h, rb.h}, keep[2];
-    uint64_t wl = kvt_l1_lease_new(l1, KVT_LEASE_WRITE, hs, 2);
+    uint64_t wl = kvt_l1_lease_new(l1, KVT_LEASE_WRITE, hs, 2, NULL);
     uint64_t bits = 1; /* only a */
-    TEST_ASSERT(kvt_l1_lease_end(l1, wl, KVT_LEASE_WRITE, &bits, keep, 2) == 1);
+    TEST_ASSERT(kvt_l1_lease_end(l1, wl, KVT_LEASE_WRITE, NULL, &bits, keep, 2) == 1);
     TEST_ASSERT(keep[0] == ra.h);
     TEST_ASSERT(kvt_l1_contains(l1, &a) && !kvt_l1_contains(l1, &b));
     kvt_l1_put(l1, keep[0]);
@@ -176,13 +176,13 @@ static void test_expiry(void)
     kvt_objmeta m = {.len = 4096};
     struct kvt_l1_ref r;
     TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &r) == 0);
-    uint64_t wl = kvt_l1_lease_new(l1, KVT_LEASE_WRITE, &r.h, 1);
+    uint64_t wl = kvt_l1_lease_new(l1, KVT_LEASE_WRITE, &r.h, 1, NULL);
     struct kvt_l1_usage u;
     kvt_l1_usage(l1, &u);
     TEST_ASSERT(u.used_bytes == 4096);
     usleep(1000);
     TEST_ASSERT(kvt_l1_expire(l1) == 1);
-    TEST_ASSERT(kvt_l1_lease_end(l1, wl, KVT_LEASE_WRITE, NULL, NULL, 0) == KVT_E_EXPIRED);
+    TEST_ASSERT(kvt_l1_lease_end(l1, wl, KVT_LEASE_WRITE, NULL, NULL, NULL, 0) == KVT_E_EXPIRED);
     TEST_ASSERT(!kvt_l1_contains(l1, &k));
     kvt_l1_usage(l1, &u);
     TEST_ASSERT(u.used_bytes == 4096); /* quarantined for one TTL */
@@ -193,6 +193,72 @@ static void test_expiry(void)
     kvt_l1_destroy(l1);
 }
 
+/* Leases belong to the connection that took them, name only their own keys,
+ * have unguessable ids, and lock their objects against delete. */
+static void test_lease_owner_keys_and_delete(void)
+{
+    struct kvt_l1 *l1 = mk(1 << 20, "LRU");
+    kvt_key a = key(5001), b = key(5002);
+    kvt_objmeta m = {.len = 100};
+    struct kvt_l1_ref ra, rb, refs[2];
+    TEST_ASSERT(kvt_l1_reserve(l1, &a, &m, &ra) == 0);
+    TEST_ASSERT(kvt_l1_reserve(l1, &b, &m, &rb) == 0);
+    uint32_t hs[2] = {ra.h, rb.h};
+    kvt_l1_commit(l1, hs, 2, 0);
+    kvt_l1_put(l1, rb.h); /* a's reservation reference moves into the lease */
+    struct kvt_l1_owner me = {"\0conn1", 6}, other = {"\0conn2", 6};
+    uint64_t lease = kvt_l1_lease_new(l1, KVT_LEASE_READ, hs, 1, &me); /* a only */
+    TEST_ASSERT(lease != 0);
+    /* another connection can neither use nor end it */
+    TEST_ASSERT(kvt_l1_lease_handles(l1, lease, KVT_LEASE_READ, &other, NULL, 0) ==
+                KVT_E_LEASE_OWNER);
+    TEST_ASSERT(kvt_l1_lease_end(l1, lease, KVT_LEASE_READ, &other, NULL, NULL, 0) ==
+                KVT_E_LEASE_OWNER);
+    TEST_ASSERT(kvt_l1_lease_end(l1, lease, KVT_LEASE_READ, NULL, NULL, NULL, 0) ==
+                KVT_E_LEASE_OWNER);
+    TEST_ASSERT(kvt_l1_lease_take(l1, lease, &other, &a, 1, refs) == KVT_E_LEASE_OWNER);
+    /* other keys: refused, the lease stays */
+    TEST_ASSERT(kvt_l1_lease_take(l1, lease, &me, &b, 1, refs) == KVT_E_LEASE_KEYS);
+    TEST_ASSERT(kvt_l1_lease_handles(l1, lease, KVT_LEASE_READ, &me, NULL, 0) == 1);
+    /* a read-locked key survives delete; an unlocked one does not */
+    TEST_ASSERT(kvt_l1_delete_unleased(l1, &a) == -EBUSY);
+    TEST_ASSERT(kvt_l1_contains(l1, &a));
+    TEST_ASSERT(kvt_l1_delete_unleased(l1, &b) == 1);
+    TEST_ASSERT(kvt_l1_delete_unleased(l1, &b) == 0);
+    /* the owner's retrieve of its keys (a longer batch) takes it */
+    kvt_key ab[2] = {a, b};
+    TEST_ASSERT(kvt_l1_lease_take(l1, lease, &me, ab, 2, refs) == 1);
+    TEST_ASSERT(refs[0].h == ra.h);
+    TEST_ASSERT(kvt_l1_lease_take(l1, lease, &me, ab, 2, refs) == KVT_E_EXPIRED);
+    kvt_l1_put(l1, refs[0].h);
+    TEST_ASSERT(kvt_l1_delete_unleased(l1, &a) == 1); /* unlocked with the lease */
+
+    /* ids: unique, never 0, not a counter (the old ids stepped by 2^32 + 1) */
+    kvt_key c = key(5003);
+    struct kvt_l1_ref rc;
+    TEST_ASSERT(kvt_l1_reserve(l1, &c, &m, &rc) == 0);
+    kvt_l1_commit(l1, &rc.h, 1, 0);
+    kvt_l1_put(l1, rc.h);
+    uint64_t ids[200];
+    int steps = 0;
+    for (int i = 0; i < 200; i++) {
+        kvt_l1_ref(l1, rc.h);
+        ids[i] = kvt_l1_lease_new(l1, KVT_LEASE_READ, &rc.h, 1, &me);
+        TEST_ASSERT(ids[i] != 0);
+        for (int j = 0; j < i; j++)
+            TEST_ASSERT(ids[j] != ids[i]);
+        if (i && ids[i] - ids[i - 1] < (1ull << 40))
+            steps++;
+    }
+    TEST_ASSERT(steps < 5); /* random: neighbours are far apart */
+    TEST_ASSERT(kvt_l1_delete_unleased(l1, &c) == -EBUSY);
+    for (int i = 0; i < 200; i++)
+        TEST_ASSERT(kvt_l1_lease_end(l1, ids[i], KVT_LEASE_READ, &me, NULL, NULL, 0) == 0);
+    TEST_ASSERT(kvt_l1_lease_handles(l1, ids[7], KVT_LEASE_READ, &me, NULL, 0) == KVT_E_EXPIRED);
+    TEST_ASSERT(kvt_l1_delete_unleased(l1, &c) == 1);
+    kvt_l1_destroy(l1);
+}
+
 int main(void)
 {
     RUN(test_basic);
@@ -200,5 +266,6 @@ int main(void)
     RUN(test_restore_refreshes_and_evicts_only_what_is_needed);
     RUN(test_temp_and_leases);
     RUN(test_expiry);
+    RUN(test_lease_owner_keys_and_delete);
     return TEST_RESULT();
 }

@@ -111,6 +111,7 @@ static void test_cap_and_eviction(void)
              dir, cap_gb);
     kvt_l2 *l2 = open_adapter(spec);
     wait_recovered(l2);
+    l2->no_sync_evict = true; /* the cap alone: refused (the next test evicts) */
     static char buf[1 << 20];
     int stored = 0, refused = 0;
     for (int i = 0; i < 8; i++) {
@@ -144,12 +145,52 @@ static void test_cap_and_eviction(void)
     close_adapter(l2);
 }
 
+/* Description: with an eviction policy, a store over the cap evicts
+ * synchronously (oldest first) instead of being refused: all 8 of 8 are
+ * stored, usage stays under the cap. */
+static void test_store_over_cap_evicts(void)
+{
+    char spec[512];
+    double cap_gb = 5.0 * (1048576 + 512) / 1073741824.0;
+    snprintf(spec, sizeof(spec),
+             "{\"type\":\"fs\",\"base_path\":\"%s/c\",\"max_capacity_gb\":%.12f,"
+             "\"eviction\":{\"eviction_policy\":\"LRU\",\"trigger_watermark\":0.8,"
+             "\"eviction_ratio\":0.2}}",
+             dir, cap_gb);
+    kvt_l2 *l2 = open_adapter(spec);
+    wait_recovered(l2);
+    static char buf[1 << 20];
+    for (int i = 0; i < 8; i++) {
+        kvt_l2_task *t = kvt_l2_task_new(KVT_L2_STORE, 1);
+        t->keys[0] = hkey("ev", "", i);
+        t->bufs[0].ptr = buf;
+        t->bufs[0].len = sizeof(buf);
+        run_task(l2, t);
+        TEST_ASSERT(kvt_bm_test(t->ok, 0));
+        kvt_l2_task_free(t);
+        struct kvt_l2_usage u;
+        kvt_l2_usage(l2, &u);
+        TEST_ASSERT(u.used_bytes <= u.cap_bytes);
+    }
+    TEST_ASSERT(atomic_load(&l2->counters.rejected_writes) == 0);
+    TEST_ASSERT(atomic_load(&l2->counters.sync_evictions) > 0);
+    kvt_l2_task *t = kvt_l2_task_new(KVT_L2_LOOKUP, 8);
+    for (int i = 0; i < 8; i++)
+        t->keys[i] = hkey("ev", "", i);
+    run_task(l2, t);
+    TEST_ASSERT(!kvt_bm_test(t->ok, 0) && kvt_bm_test(t->ok, 7)); /* oldest went */
+    kvt_l2_unlock(l2, t->keys, 8);
+    kvt_l2_task_free(t);
+    close_adapter(l2);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/kvt-unit-fs-%d", (int)getpid());
     mkdir(dir, 0755);
     RUN(test_contract);
     RUN(test_cap_and_eviction);
+    RUN(test_store_over_cap_evicts);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     if (system(cmd)) {

@@ -198,6 +198,27 @@ static bool has_key(kvt_l2 *l2, const char *model, int i)
     return hit;
 }
 
+/* issue 18: quota names resolve to the injective namespace names of key.c */
+static void test_quota_names_escaped(void)
+{
+    char ns[300];
+    TEST_ASSERT(kvt_quota_ns_name("/models/a-b/v1", ns, sizeof(ns)) > 0 &&
+                strcmp(ns, "--models--a-b--v1") == 0);
+    TEST_ASSERT(kvt_quota_ns_name("x--y", ns, sizeof(ns)) > 0 && strcmp(ns, "x--y") == 0);
+    TEST_ASSERT(kvt_quota_ns_name("x%2D-y", ns, sizeof(ns)) > 0 && strcmp(ns, "x%2D-y") == 0);
+    TEST_ASSERT(kvt_quota_ns_name("50%", ns, sizeof(ns)) > 0 && strcmp(ns, "50%25") == 0);
+    TEST_ASSERT(kvt_quota_ns_name("a-/b", ns, sizeof(ns)) > 0 && strcmp(ns, "a%2D--b") == 0);
+    /* the model x--y and the namespace of x/y are two quotas */
+    char err[400];
+    json_t *out = NULL;
+    json_t *v = json_loads("{\"x/y\": 1, \"x%2D-y\": 2}", 0, NULL);
+    TEST_ASSERT(kvt_quota_parse(v, &out, err, sizeof(err)) == 0);
+    TEST_ASSERT(json_integer_value(json_object_get(out, "x--y")) == 1ll << 30);
+    TEST_ASSERT(json_integer_value(json_object_get(out, "x%2D-y")) == 2ll << 30);
+    json_decref(out);
+    json_decref(v);
+}
+
 static void test_quota_enforced(void)
 {
     char spec[1024];
@@ -258,6 +279,7 @@ int main(void)
     TEST_ASSERT(mkdir(dir, 0755) == 0);
     RUN(test_envcfg);
     RUN(test_quota_parse);
+    RUN(test_quota_names_escaped);
     RUN(test_quota_enforced);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);

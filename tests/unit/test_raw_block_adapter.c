@@ -159,49 +159,87 @@ static void test_acknowledged_survives_death(void)
     h_close(l2);
 }
 
+/* What a jfault_child did, reported through a pipe: counts, and which keys
+ * (bit i: key base + i) the adapter acknowledged as stored and as deleted. */
+struct jf_report {
+    int64_t faults, recovered, stored_after, objects, leaked;
+    uint64_t acked_stores, acked_deletes;
+};
+
 /* In a child process with one EIO injected into the journal block at ring
  * position pos: store keys [first, first + nstore) (none if nstore is 0),
- * delete [del, del + 4), wait for health, store [20, 30). Reports through r:
- * injected faults, recovered (healthy after one recovery checkpoint), stored
- * after, objects, leaked slots. Dies without closing. */
+ * delete [del, del + 4), wait for health, store [20 + first, 30 + first).
+ * Keys are reported relative to first. Dies without closing. */
 static void jfault_child(uint32_t pos, uint32_t first, uint32_t nstore, uint32_t del,
-                         int64_t r[5])
+                         struct jf_report *r)
 {
     int fd;
+    memset(r, 0, sizeof(*r));
     pid_t pid = fork_reporting(&fd);
     if (pid == 0) {
         /* meta_total_bytes 1 MiB: two 384 KiB checkpoint copies, then the
          * journal at 786432, 64 blocks of 4096 */
         char f[160];
         uint64_t off = 786432 + (uint64_t)(pos % 64) * 4096;
-        snprintf(f, sizeof(f), "rate=1,eio,min_off=%llu,max_off=%llu,max=1",
+        snprintf(f, sizeof(f), "rate=1,lost,min_off=%llu,max_off=%llu,max=1",
                  (unsigned long long)off, (unsigned long long)off + 4096);
         setenv("KVT_IO_FAULT", f, 1);
         kvt_l2 *l2 = open_rb(", \"meta_enable_periodic\": false, \"use_odirect\": false");
+        uint64_t bits = 0;
         if (nstore)
-            h_store(l2, "rb/jf", first, nstore, 50000);
-        h_delete(l2, "rb/jf", del, 4); /* waits for its DEL records, or their failure */
-        r[0] = h_status_int(l2, "io", "injected_faults");
+            h_store_bits(l2, "rb/jf", first, nstore, 50000, &bits);
+        r->acked_stores = bits;
+        bits = 0;
+        /* waits for its DEL records, or their failure */
+        h_delete_bits(l2, "rb/jf", del, 4, &bits);
+        r->acked_deletes = bits << (del - first);
+        r->faults = h_status_int(l2, "io", "injected_faults");
         for (int w = 0; w < 3000 && !healthy(l2); w++) /* 30 s: sanitizer builds */
             usleep(10000);
-        r[1] = healthy(l2) && h_status_int(l2, "meta", "journal_recoveries") == 1;
-        r[2] = h_store(l2, "rb/jf", 20 + first, 10, 50000);
+        r->recovered = healthy(l2) && h_status_int(l2, "meta", "journal_recoveries") == 1;
+        bits = 0;
+        r->stored_after = h_store_bits(l2, "rb/jf", 20 + first, 10, 50000, &bits);
+        r->acked_stores |= bits << 20;
         struct kvt_l2_usage u;
         kvt_l2_usage(l2, &u);
-        r[3] = (int64_t)u.objects;
-        r[4] = h_status_int(l2, "slots", NULL) - h_status_int(l2, "free_slots", NULL) -
-               (int64_t)u.objects;
+        r->objects = (int64_t)u.objects;
+        r->leaked = h_status_int(l2, "slots", NULL) - h_status_int(l2, "free_slots", NULL) -
+                    (int64_t)u.objects;
         /* no close: the journal after the recovery checkpoint must replay */
-        report_and_die(fd, r, 5 * sizeof(*r));
+        report_and_die(fd, r, sizeof(*r));
     }
-    collect_report(pid, fd, r, 5 * sizeof(*r));
+    collect_report(pid, fd, r, sizeof(*r));
     fprintf(stderr, "   faults %lld, recovered %lld, stored after %lld, objects %lld, leaked "
-                    "slots %lld\n",
-            (long long)r[0], (long long)r[1], (long long)r[2], (long long)r[3], (long long)r[4]);
-    TEST_ASSERT(r[0] == 1);  /* the fault really happened */
-    TEST_ASSERT(r[1] == 1);  /* healthy again, by one recovery checkpoint */
-    TEST_ASSERT(r[2] == 10); /* and it stores again */
-    TEST_ASSERT(r[4] == 0);  /* no slot lost with the records */
+                    "slots %lld, acked stores %#llx, acked deletes %#llx\n",
+            (long long)r->faults, (long long)r->recovered, (long long)r->stored_after,
+            (long long)r->objects, (long long)r->leaked, (unsigned long long)r->acked_stores,
+            (unsigned long long)r->acked_deletes);
+    TEST_ASSERT(r->faults == 1);       /* the fault really happened */
+    TEST_ASSERT(r->recovered == 1);    /* healthy again, by one recovery checkpoint */
+    TEST_ASSERT(r->stored_after == 10); /* and it stores again */
+    TEST_ASSERT(r->leaked == 0);       /* no slot lost with the records */
+}
+
+/* After the child died: every store it was told succeeded and did not
+ * delete is there with its bytes, every delete it was told succeeded is
+ * gone; held (bit i: key base + i) were there before the child. Returns
+ * the keys present. */
+static uint64_t jf_verify(kvt_l2 *l2, uint32_t base, uint64_t held, const struct jf_report *r)
+{
+    uint64_t present = 0;
+    for (uint32_t i = 0; i < 64; i++)
+        present |= (uint64_t)(h_check(l2, "rb/jf", base + i, 1, 50000) == 1) << i;
+    uint64_t must = (held | r->acked_stores) & ~r->acked_deletes;
+    if ((present & must) != must || (present & r->acked_deletes))
+        fprintf(stderr, "   present %#llx, must be %#llx, deleted %#llx\n",
+                (unsigned long long)present, (unsigned long long)must,
+                (unsigned long long)r->acked_deletes);
+    TEST_ASSERT((present & must) == must);     /* nothing acknowledged was lost */
+    TEST_ASSERT((present & r->acked_deletes) == 0); /* nothing deleted came back */
+    struct kvt_l2_usage u;
+    kvt_l2_usage(l2, &u);
+    TEST_ASSERT(u.objects == (uint64_t)__builtin_popcountll(present));
+    return present;
 }
 
 /* A journal write fails: its records are lost, the adapter refuses stores
@@ -212,17 +250,14 @@ static void jfault_child(uint32_t pos, uint32_t first, uint32_t nstore, uint32_t
 static void test_journal_write_error_recovers(void)
 {
     make_dev(32 << 20);
-    int64_t r[5] = {-1, -1, -1, -1, -1};
-    jfault_child(1, 0, 10, 0, r);
+    struct jf_report r;
+    jfault_child(1, 0, 10, 0, &r);
     kvt_l2 *l2 = open_rb("");
-    struct kvt_l2_usage u;
-    kvt_l2_usage(l2, &u);
-    TEST_ASSERT((int64_t)u.objects == r[3]);
     TEST_ASSERT(h_status_int(l2, "meta", "journal_offset") == 786432);
-    TEST_ASSERT(h_check(l2, "rb/jf", 20, 10, 50000) == 10);
-    /* of 0..9: what was acknowledged and not deleted (deletes are refused
-     * while the journal is down) */
-    TEST_ASSERT((int64_t)h_check(l2, "rb/jf", 0, 10, 50000) == r[3] - 10);
+    uint64_t present = jf_verify(l2, 0, 0, &r);
+    TEST_ASSERT((present >> 20) == 0x3ff); /* 20..29, stored after the recovery */
+    /* deletes are refused while the journal is down: some of 0..3 survive */
+    TEST_ASSERT(r.acked_deletes != 0xf);
     /* 10 known objects, and where the next journal block goes */
     h_delete(l2, "rb/jf", 0, 30);
     TEST_ASSERT(h_store(l2, "rb/jf", 100, 10, 50000) == 10);
@@ -232,15 +267,65 @@ static void test_journal_write_error_recovers(void)
     h_close(l2); /* nothing since the final checkpoint: no write */
     /* deletes go one by one, each waiting for its DEL record: the DEL of
      * 100 is the block that fails, 101..103 are refused while it is down */
-    jfault_child(pos, 100, 0, 100, r);
-    TEST_ASSERT(r[3] == 9 + 10);
+    jfault_child(pos, 100, 0, 100, &r);
+    TEST_ASSERT(r.objects == 9 + 10);
+    /* the DEL of 100 is reported done (the recovery checkpoint carries it),
+     * 101..103 were refused */
+    TEST_ASSERT(r.acked_deletes == 0x1);
     l2 = open_rb("");
-    kvt_l2_usage(l2, &u);
-    TEST_ASSERT(u.objects == 19);
-    TEST_ASSERT(h_check(l2, "rb/jf", 100, 1, 50000) == 0); /* the recovery checkpoint has its DEL */
-    TEST_ASSERT(h_check(l2, "rb/jf", 101, 9, 50000) == 9);
-    TEST_ASSERT(h_check(l2, "rb/jf", 120, 10, 50000) == 10);
+    present = jf_verify(l2, 100, 0x3ff, &r);
+    TEST_ASSERT(!(present & 1)); /* the recovery checkpoint has the DEL of 100 */
+    TEST_ASSERT(present == ((0x3ffull << 20) | 0x3fe));
     TEST_ASSERT(h_status_int(l2, "slots", NULL) - h_status_int(l2, "free_slots", NULL) == 19);
+    h_close(l2);
+}
+
+/* docs/persistent-adapters.md: a delete whose record was not yet written
+ * when the process died leaves the object, intact, after restart. The DEL
+ * record's journal block never reaches the device (KVT_IO_FAULT lost) and
+ * the process dies as soon as the delete returned. Were a recovery
+ * checkpoint (which would carry the DEL) written before the death, the
+ * checkpoint sequence after the restart says so, and the object is gone. */
+static void test_unwritten_del_leaves_the_object_intact(void)
+{
+    make_dev(32 << 20);
+    kvt_l2 *l2 = open_rb("");
+    TEST_ASSERT(h_store(l2, "rb/ud", 0, 10, 50000) == 10);
+    h_close(l2);
+    l2 = open_rb("");
+    uint32_t pos = (uint32_t)h_status_int(l2, "meta", "journal_next_block");
+    long long seq = h_status_int(l2, "meta", "checkpoint_seq");
+    h_close(l2);
+    int fd;
+    pid_t pid = fork_reporting(&fd);
+    if (pid == 0) {
+        char f[160];
+        uint64_t off = 786432 + (uint64_t)(pos % 64) * 4096;
+        snprintf(f, sizeof(f), "rate=1,lost,min_off=%llu,max_off=%llu,max=1",
+                 (unsigned long long)off, (unsigned long long)off + 4096);
+        setenv("KVT_IO_FAULT", f, 1);
+        kvt_l2 *c = open_rb(", \"meta_enable_periodic\": false, \"use_odirect\": false");
+        uint64_t removed = 0;
+        h_delete_bits(c, "rb/ud", 3, 1, &removed);
+        report_and_die(fd, &removed, sizeof(removed)); /* no close, no checkpoint */
+    }
+    uint64_t removed = 0;
+    collect_report(pid, fd, &removed, sizeof(removed));
+    l2 = open_rb("");
+    uint32_t ok3 = h_check(l2, "rb/ud", 3, 1, 50000);
+    long long seq2 = h_status_int(l2, "meta", "checkpoint_seq");
+    fprintf(stderr, "   delete reported %llu, checkpoint %lld -> %lld, key 3 after restart %u\n",
+            (unsigned long long)removed, seq, seq2, ok3);
+    TEST_ASSERT(h_check(l2, "rb/ud", 0, 3, 50000) == 3);
+    TEST_ASSERT(h_check(l2, "rb/ud", 4, 6, 50000) == 6);
+    if (seq2 == seq) /* the DEL is nowhere on the device: the object is intact */
+        TEST_ASSERT(ok3 == 1);
+    else
+        TEST_ASSERT(ok3 == 0);
+    struct kvt_l2_usage u;
+    kvt_l2_usage(l2, &u);
+    TEST_ASSERT(u.objects == 9 + ok3);
+    TEST_ASSERT(h_status_int(l2, "verify_failed", NULL) == 0);
     h_close(l2);
 }
 
@@ -362,6 +447,7 @@ int main(void)
     RUN(test_misaligned_buffer);
     RUN(test_acknowledged_survives_death);
     RUN(test_journal_write_error_recovers);
+    RUN(test_unwritten_del_leaves_the_object_intact);
     RUN(test_damaged_slot_is_a_miss);
     RUN(test_checkpoint_too_big);
     RUN(test_refusals);

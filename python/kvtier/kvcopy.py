@@ -1,0 +1,205 @@
+"""Gather and scatter of paged KV-cache blocks to and from kvtier objects.
+
+An inference engine keeps its attention KV cache in pages ("blocks") of
+`block_size` tokens: per layer one tensor with a block dimension (vLLM:
+`[2, num_blocks, ...]` for K and V, or `[num_blocks, ...]` for MLA or the CPU
+backend). A kvtier object holds one chunk of `chunk_size` tokens of every
+layer: for each layer, in the engine's layer order, the chunk's blocks of that
+layer's tensor, as `tensor.index_select(block_dim, chunk_blocks)` would lay
+them out (contiguous).
+
+`gather` copies the blocks of a chunk straight into a writable buffer (a view
+of kvtier's shared-memory pool) and `scatter` copies them back from a buffer
+into the blocks of another request: one copy each way, no staging buffer on
+the CPU. On CUDA the pool is registered as pinned host memory
+(`cudaHostRegister`) so the copies are DMA: the blocks are gathered on the
+device into one contiguous staging tensor and moved with a single
+device-to-host copy (and the reverse on load).
+
+Only torch is needed: nothing here imports vLLM, so the copy routines can be
+exercised (and benchmarked) with a plain paged tensor and random block tables.
+"""
+
+import torch
+
+__all__ = ["PagedLayout", "LayoutError", "DTYPE_NAMES"]
+
+# kvtier object dtypes (docs/protocol.md, `store`) for the KV cache dtypes we carry.
+DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
+
+
+class LayoutError(ValueError):
+    """The KV cache cannot be carried in kvtier chunks (clear message for the operator)."""
+
+
+class _Layer:
+    __slots__ = ("name", "tensor", "bdim", "block_bytes", "off")
+
+    def __init__(self, name, tensor, bdim, block_bytes, off):
+        self.name = name
+        self.tensor = tensor
+        self.bdim = bdim
+        self.block_bytes = block_bytes
+        self.off = off
+
+
+def _block_dim(name, t, num_blocks):
+    dims = [d for d, n in enumerate(t.shape) if n == num_blocks]
+    if not dims:
+        raise LayoutError("layer %s: no dimension of size num_blocks=%d in KV tensor of shape %s"
+                          % (name, num_blocks, tuple(t.shape)))
+    if len(dims) == 1:
+        return dims[0]
+    # [2, num_blocks, ...] (K and V) puts blocks second; otherwise blocks lead.
+    return 1 if t.shape[0] == 2 and 1 in dims else dims[0]
+
+
+class PagedLayout:
+    """The chunk <-> paged-block mapping of one engine worker's KV caches.
+
+    kv_caches: {layer_name: tensor} in the engine's layer order (vLLM's
+    register_kv_caches); num_blocks and block_size of the paged cache;
+    chunk_size: tokens per kvtier object (a multiple of block_size).
+    """
+
+    def __init__(self, kv_caches, num_blocks, block_size, chunk_size):
+        if block_size <= 0 or chunk_size <= 0 or chunk_size % block_size:
+            raise LayoutError(
+                "kvtier's chunk size (%d tokens) must be a multiple of vLLM's block size (%d): "
+                "start kvtier with --chunk-size N*%d or vLLM with --block-size dividing %d"
+                % (chunk_size, block_size, block_size, chunk_size))
+        if not kv_caches:
+            raise LayoutError("no KV cache tensors to carry")
+        self.block_size = block_size
+        self.chunk_size = chunk_size
+        self.blocks_per_chunk = chunk_size // block_size
+        self.layers = []
+        seen = {}
+        dtype = None
+        device = None
+        off = 0
+        for name, t in kv_caches.items():
+            if isinstance(t, (list, tuple)):
+                raise LayoutError("layer %s: a list of KV tensors per layer is not supported" % name)
+            key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+            if key in seen:  # layers sharing one KV cache (cross-layer sharing): carried once
+                continue
+            seen[key] = name
+            if dtype is None:
+                dtype, device = t.dtype, t.device
+            if t.dtype != dtype or t.device != device:
+                raise LayoutError("layer %s: KV dtype/device %s/%s differs from %s/%s"
+                                  % (name, t.dtype, t.device, dtype, device))
+            if t.dtype not in DTYPE_NAMES:
+                raise LayoutError("layer %s: KV cache dtype %s is not supported "
+                                  "(float32, float16, bfloat16)" % (name, t.dtype))
+            bdim = _block_dim(name, t, num_blocks)
+            block_bytes = t.numel() // t.shape[bdim] * t.element_size()
+            self.layers.append(_Layer(name, t, bdim, block_bytes, off))
+            off += block_bytes * self.blocks_per_chunk
+        self.dtype = dtype
+        self.device = device
+        self.dtype_name = DTYPE_NAMES[dtype]
+        self.chunk_bytes = off
+        self.elem = torch.tensor([], dtype=dtype).element_size()
+        # stored with every object and checked on load: an object written
+        # with another block size, layer count or layout is never scattered
+        self.shape = [len(self.layers), self.blocks_per_chunk, block_size,
+                      self.layers[0].block_bytes]
+        self._staging = None
+
+    # ------------------------------------------------------------ helpers
+
+    def _out(self, buf, layer, nblocks):
+        """A tensor over `buf` shaped like `layer` with `nblocks` blocks."""
+        shape = list(layer.tensor.shape)
+        shape[layer.bdim] = nblocks
+        return buf.view(self.dtype).view(shape)
+
+    def _as_u8(self, mv):
+        return torch.frombuffer(mv, dtype=torch.uint8) if not isinstance(mv, torch.Tensor) else mv
+
+    def matches(self, dtype_name, shape):
+        return dtype_name == self.dtype_name and list(shape) == self.shape
+
+    # --------------------------------------------------------------- copies
+
+    def gather(self, block_ids, dst):
+        """Copy the chunk made of `block_ids` (blocks_per_chunk of them) into `dst`
+        (a writable buffer of chunk_bytes, e.g. a pool memoryview)."""
+        if len(block_ids) != self.blocks_per_chunk:
+            raise ValueError("a chunk is %d blocks, got %d" % (self.blocks_per_chunk, len(block_ids)))
+        u8 = self._as_u8(dst)
+        if u8.numel() != self.chunk_bytes:
+            raise ValueError("buffer of %d bytes for a chunk of %d" % (u8.numel(), self.chunk_bytes))
+        n = self.blocks_per_chunk
+        if self.device.type == "cpu":
+            idx = torch.tensor(block_ids, dtype=torch.long)
+            for L in self.layers:
+                out = self._out(u8[L.off:L.off + L.block_bytes * n], L, n)
+                torch.index_select(L.tensor, L.bdim, idx, out=out)
+            return
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        stage = self._staging_for(self.chunk_bytes)
+        for L in self.layers:
+            out = self._out(stage[L.off:L.off + L.block_bytes * n], L, n)
+            torch.index_select(L.tensor, L.bdim, idx, out=out)
+        u8.copy_(stage[:self.chunk_bytes], non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+
+    def scatter(self, src, block_ids):
+        """Copy a chunk from `src` (chunk_bytes) into `block_ids`; an id < 0 skips
+        that block (the engine already holds it)."""
+        if len(block_ids) != self.blocks_per_chunk:
+            raise ValueError("a chunk is %d blocks, got %d" % (self.blocks_per_chunk, len(block_ids)))
+        u8 = self._as_u8(src)
+        if u8.numel() != self.chunk_bytes:
+            raise ValueError("object of %d bytes for a chunk of %d" % (u8.numel(), self.chunk_bytes))
+        n = self.blocks_per_chunk
+        keep = [i for i, b in enumerate(block_ids) if b >= 0]
+        if not keep:
+            return
+        dev = self.device
+        if dev.type != "cpu":
+            stage = self._staging_for(self.chunk_bytes)
+            stage[:self.chunk_bytes].copy_(u8, non_blocking=True)
+            u8 = stage
+        dst_idx = torch.tensor([block_ids[i] for i in keep], dtype=torch.long, device=dev)
+        sel = None if len(keep) == n else torch.tensor(keep, dtype=torch.long, device=dev)
+        for L in self.layers:
+            part = self._out(u8[L.off:L.off + L.block_bytes * n], L, n)
+            if sel is not None:
+                part = part.index_select(L.bdim, sel)
+            L.tensor.index_copy_(L.bdim, dst_idx, part)
+        if dev.type != "cpu":
+            torch.cuda.current_stream(dev).synchronize()
+
+    def _staging_for(self, nbytes):
+        if self._staging is None or self._staging.numel() < nbytes:
+            self._staging = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self._staging
+
+
+def register_pinned(mv):
+    """Register a host buffer (the mapped kvtier pool) with CUDA as pinned
+    memory so device copies to and from it are DMA. Returns a callable that
+    unregisters it, or None when CUDA is not available."""
+    if not torch.cuda.is_available():
+        return None
+    import ctypes
+
+    buf = (ctypes.c_char * len(mv)).from_buffer(mv)
+    ptr = ctypes.addressof(buf)
+    rt = torch.cuda.cudart()
+    rc = rt.cudaHostRegister(ptr, len(mv), 0)
+    if int(rc) != 0:
+        raise RuntimeError("cudaHostRegister of the kvtier pool failed: %s" % rc)
+
+    def unregister():
+        rt.cudaHostUnregister(ptr)
+
+    return unregister

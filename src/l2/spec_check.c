@@ -1,0 +1,185 @@
+/*
+ * Storage checks a parsed spec allows before anything is opened (--dry-run
+ * runs them too), and the storage identity two adapters of one server must
+ * not share. See adapters.h.
+ */
+#include "l2/adapters.h"
+#include "kvtier/error.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The resolved object of the adapter that really stores (fault_inject
+ * wraps its inner spec, whose resolved object it keeps under "inner"). */
+static const json_t *storing(const json_t *r)
+{
+    for (int depth = 0; depth < 4 && r; depth++) {
+        const char *t = json_string_value(json_object_get(r, "type"));
+        if (!t || strcmp(t, "fault_inject") != 0)
+            return r;
+        r = json_object_get(r, "inner");
+    }
+    return r;
+}
+
+const char *kvt_l2_spec_storage(const struct kvt_l2_spec *s, const char **field, bool *is_dir)
+{
+    const json_t *r = storing(s->resolved);
+    const char *t = json_string_value(json_object_get(r, "type"));
+    if (!t)
+        return NULL;
+    *is_dir = true;
+    if (!strcmp(t, "fs") || !strcmp(t, "fs_native")) {
+        *field = "base_path";
+        return json_string_value(json_object_get(r, "base_path"));
+    }
+    if (!strcmp(t, "nixl_store_dynamic") || !strcmp(t, "nixl_store")) {
+        *field = "backend_params.file_path";
+        return json_string_value(
+            json_object_get(json_object_get(r, "backend_params"), "file_path"));
+    }
+    *is_dir = false;
+    if (!strcmp(t, "raw_block") || !strcmp(t, "dax")) {
+        *field = "device_path";
+        return json_string_value(json_object_get(r, "device_path"));
+    }
+    return NULL;
+}
+
+/* The parent directory of path (for one that does not exist yet). */
+static void parent_of(const char *path, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", path);
+    size_t n = strlen(out);
+    while (n > 1 && out[n - 1] == '/')
+        out[--n] = 0;
+    char *sl = strrchr(out, '/');
+    if (!sl)
+        snprintf(out, cap, ".");
+    else if (sl == out)
+        out[1] = 0;
+    else
+        *sl = 0;
+}
+
+/* A directory that will be created must have a writable parent: the
+ * adapters create one level only (a missing mount point is never papered
+ * over by a new tree on the root file system). */
+static int check_new(const char *path, char *msg, size_t cap)
+{
+    char par[PATH_MAX];
+    parent_of(path, par, sizeof(par));
+    struct stat st;
+    if (stat(par, &st) < 0) {
+        snprintf(msg, cap, "%s cannot be created: its parent %s: %s", path, par, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(msg, cap, "%s cannot be created: its parent %s is not a directory", path, par);
+        return -1;
+    }
+    if (access(par, W_OK | X_OK) < 0) {
+        snprintf(msg, cap, "%s cannot be created: its parent %s is not writable: %s", path, par,
+                 strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg, size_t cap)
+{
+    bool is_dir = false;
+    const json_t *r = storing(s->resolved);
+    const char *t = json_string_value(json_object_get(r, "type"));
+    *field = NULL;
+    if (t && !strcmp(t, "s3"))
+        return kvt_s3_creds_check(json_is_string(json_object_get(r, "aws_access_key_id")), msg,
+                                  cap);
+    const char *p = kvt_l2_spec_storage(s, field, &is_dir);
+    if (!p || !p[0])
+        return 0;
+    struct stat st;
+    if (stat(p, &st) < 0) {
+        int e = errno;
+        if (e != ENOENT) {
+            snprintf(msg, cap, "%s: %s", p, strerror(e));
+            return KVT_E_CONFIG;
+        }
+        if (!strcmp(t, "raw_block") &&
+            json_integer_value(json_object_get(r, "capacity_bytes")) == 0) {
+            snprintf(msg, cap,
+                     "%s does not exist (give a block device or a pre-sized file: fallocate -l "
+                     "SIZE %s, or set capacity_bytes to create one)",
+                     p, p);
+            return KVT_E_CONFIG;
+        }
+        return check_new(p, msg, cap) ? KVT_E_CONFIG : 0;
+    }
+    if (is_dir) {
+        if (!S_ISDIR(st.st_mode)) {
+            snprintf(msg, cap, "%s is not a directory", p);
+            return KVT_E_CONFIG;
+        }
+        if (access(p, W_OK | X_OK) < 0) {
+            snprintf(msg, cap, "%s is not writable: %s", p, strerror(errno));
+            return KVT_E_CONFIG;
+        }
+        return 0;
+    }
+    bool ok = !strcmp(t, "raw_block") ? S_ISBLK(st.st_mode) || S_ISREG(st.st_mode)
+                                       : S_ISCHR(st.st_mode) || S_ISREG(st.st_mode);
+    if (!ok) {
+        snprintf(msg, cap, "%s is neither a %s nor a regular file", p,
+                 !strcmp(t, "raw_block") ? "block device" : "DAX character device");
+        return KVT_E_CONFIG;
+    }
+    if (access(p, R_OK | W_OK) < 0) {
+        snprintf(msg, cap, "%s cannot be opened for reading and writing: %s", p,
+                 strerror(errno));
+        return KVT_E_CONFIG;
+    }
+    return 0;
+}
+
+/* A path made comparable: the real path when it exists, else the real path
+ * of its parent plus the last component, else the absolute spelling. */
+static void canon(const char *path, char *out, size_t cap)
+{
+    char buf[PATH_MAX];
+    if (realpath(path, buf)) {
+        snprintf(out, cap, "%s", buf);
+        return;
+    }
+    char par[PATH_MAX];
+    parent_of(path, par, sizeof(par));
+    const char *last = strrchr(path, '/');
+    last = last ? last + 1 : path;
+    int n;
+    if (realpath(par, buf))
+        n = snprintf(out, cap, "%s/%s", strcmp(buf, "/") ? buf : "", last);
+    else if (path[0] != '/' && getcwd(buf, sizeof(buf)))
+        n = snprintf(out, cap, "%s/%s", buf, path);
+    else
+        n = snprintf(out, cap, "%s", path);
+    if (n < 0 || (size_t)n >= cap)
+        snprintf(out, cap, "%s", path); /* too long to resolve: compared as given */
+}
+
+bool kvt_l2_same_storage(const char *a, const char *b, char *shown, size_t cap)
+{
+    struct stat x, y;
+    char ca[PATH_MAX], cb[PATH_MAX];
+    canon(a, ca, sizeof(ca));
+    canon(b, cb, sizeof(cb));
+    bool same = (stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev &&
+                 x.st_ino == y.st_ino) ||
+                strcmp(ca, cb) == 0;
+    if (same && shown)
+        snprintf(shown, cap, "%s", ca);
+    return same;
+}

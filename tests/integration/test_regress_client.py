@@ -1,0 +1,206 @@
+"""Regressions of issue 18, items 18 and 21: the Python client's first contact
+(no server, a URL without a scheme, a listener that never answers), the
+operator commands' (status) view of the same, and retrieve()/store() copies.
+
+Copies are counted with tracemalloc, which sees every Python-owned buffer:
+retrieve() must copy each object once into a buffer it reuses once the
+previous results are dropped, and store() must not copy a read-only payload
+in Python at all (the library copies it once, into the pool).
+"""
+
+import errno
+import gc
+import os
+import socket
+import time
+import tracemalloc
+
+import pytest
+
+import kvtier
+from conftest import free_port, keys_for, random_payloads, run_kvtier
+
+MiB = 1 << 20
+
+
+def peak_during(fn):
+    """fn()'s result and the peak of Python-owned memory allocated during it."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        r = fn()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    return r, peak
+
+
+# ------------------------------------------------------------ first contact
+
+
+def test_client_without_server_says_so_at_once():
+    url = "tcp://127.0.0.1:%d" % free_port()
+    t0 = time.monotonic()
+    with pytest.raises(kvtier.KvtierError) as e:
+        kvtier.Client(url)  # default timeouts: the request timeout is 30 s
+    took = time.monotonic() - t0
+    assert e.value.code == -errno.ECONNREFUSED, e.value
+    assert "no server at " + url in str(e.value) and "connection refused" in str(e.value)
+    assert took < 2.0, "took %.1f s to say that nobody listens" % took
+
+
+def test_client_ipc_without_socket_says_so(tmp_path):
+    path = tmp_path / "none.sock"
+    t0 = time.monotonic()
+    with pytest.raises(kvtier.KvtierError) as e:
+        kvtier.Client("ipc://%s" % path)
+    assert time.monotonic() - t0 < 2.0
+    assert e.value.code == -errno.ENOENT and "no server at ipc://" in str(e.value), e.value
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:5555", "localhost", "http://127.0.0.1:5555",
+                                 "tcp://127.0.0.1", "tcp://127.0.0.1:0", "ipc://"])
+def test_client_url_without_scheme_names_the_format(url):
+    with pytest.raises(kvtier.KvtierError) as e:
+        kvtier.Client(url)
+    assert e.value.code == -errno.EINVAL
+    assert "tcp://host:port" in str(e.value) and "ipc:///path" in str(e.value), e.value
+
+
+def test_silent_listener_fails_after_the_connect_timeout():
+    """Something accepts TCP connections but never speaks: E_TIMEOUT after
+    connect_timeout_ms, not after the 30 s request timeout."""
+    with socket.socket() as ls:
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(16)
+        url = "tcp://127.0.0.1:%d" % ls.getsockname()[1]
+        t0 = time.monotonic()
+        with pytest.raises(kvtier.KvtierError) as e:
+            kvtier.Client(url, connect_timeout_ms=300)
+        took = time.monotonic() - t0
+    assert e.value.name == "E_TIMEOUT" and "did not answer hello within 300 ms" in str(e.value)
+    assert 0.25 < took < 5.0, took
+
+
+def test_connect_timeout_leaves_the_request_timeout_alone(server):
+    with server.client(connect_timeout_ms=100, timeout_ms=20000) as c:
+        c.ping()
+        assert c.status()["l1"]["capacity_bytes"] > 0
+
+
+def test_status_without_server_says_so_at_once():
+    url = "tcp://127.0.0.1:%d" % free_port()
+    t0 = time.monotonic()
+    r = run_kvtier("status", "--url", url)
+    took = time.monotonic() - t0
+    assert r.returncode == 1 and "connection refused" in r.stderr and url in r.stderr, r.stderr
+    assert took < 2.0, "took %.1f s" % took
+
+
+def test_status_url_without_scheme_is_a_usage_error():
+    r = run_kvtier("status", "--url", "127.0.0.1:5555")
+    assert r.returncode == 2, r.stderr
+    assert "--url" in r.stderr and "tcp://host:port" in r.stderr, r.stderr
+
+
+def test_status_config_with_missing_root_says_so(tmp_path):
+    root = tmp_path / "not-yet"
+    env = tmp_path / "cache.env"
+    env.write_text("KVP_CACHE_ROOT=%s\nKVP_SERVER_URL=tcp://127.0.0.1:%d\n" % (root, free_port()))
+    r = run_kvtier("status", "--config", str(env))
+    assert r.returncode != 0 and not root.exists()
+    assert "does not exist yet" in r.stderr and str(root) in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- copies
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_retrieve_copies_once_into_a_reused_buffer(server, shm):
+    keys = keys_for("reuse", 8, seed=1)
+    pay = random_payloads(8, 4 * MiB + 3, seed=1)
+    with server.client(shm=shm) as c:
+        assert c.shm_active == shm
+        assert c.store(keys, pay) == 8
+        first = c.retrieve(keys)
+        assert first == pay and all(isinstance(x, memoryview) and x.readonly for x in first)
+        del first
+        # the first call's buffer is idle now: the second one allocates
+        # nothing big (before: two 32 MiB copies, one of them in Python)
+        got, peak = peak_during(lambda: c.retrieve(keys))
+        assert got == pay
+        assert peak < MiB, "retrieve allocated %d bytes in Python" % peak
+
+
+def test_retrieve_never_reuses_a_buffer_still_held(server):
+    ka, kb = keys_for("held", 6, seed=2), keys_for("held", 6, seed=3)
+    pa, pb = random_payloads(6, 2 * MiB, seed=2), random_payloads(6, 2 * MiB, seed=3)
+    with server.client() as c:
+        assert c.store(ka, pa) == 6 and c.store(kb, pb) == 6
+        a = c.retrieve(ka)
+        one = a[3]  # a single view keeps its call's buffer
+        del a
+        for _ in range(4):
+            b = c.retrieve(kb)
+            assert b == pb
+        assert one == pa[3]
+        x = bytes(one)
+        assert x == pa[3] and isinstance(x, bytes)
+        m = c.retrieve(ka, with_meta=True)
+        assert [g[0] for g in m] == pa and m[0][1] == "raw" and m[0][2] == ()
+    assert one == pa[3] and b == pb  # results outlive the client
+
+
+def test_retrieve_meta_and_empty_objects(server):
+    keys = keys_for("meta", 4, seed=4)
+    pay = [b"", b"x", bytes(range(256)) * 4097, b""]
+    with server.client() as c:
+        assert c.store(keys, pay, dtype="float16", shape=[2, 3]) == 4
+        got = c.retrieve(keys, with_meta=True)
+    assert [g[0] for g in got] == pay
+    assert all(g[1] == "float16" and g[2] == (2, 3) for g in got)
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_store_does_not_copy_a_readonly_payload(server, shm):
+    keys = keys_for("ro", 4, seed=5)
+    pay = random_payloads(4, 8 * MiB, seed=5)
+    views = [memoryview(p).toreadonly() for p in pay]
+    with server.client(shm=shm) as c:
+        acc, peak = peak_during(lambda: c.store(keys, views))
+        assert acc == 4
+        assert peak < MiB, "store copied %d bytes in Python" % peak
+        assert c.retrieve(keys) == pay
+        # writable and multi-byte buffers too, without a copy
+        import array
+        arr = array.array("d", range(1 << 18))
+        k2 = keys_for("ro", 1, seed=6)
+        acc, peak = peak_during(lambda: c.store(k2, [arr]))
+        assert acc == 1 and peak < MiB
+        assert c.retrieve(k2) == [arr.tobytes()]
+        with pytest.raises(ValueError):
+            c.store(keys_for("ro", 1, seed=7), [memoryview(pay[0])[::2]])
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_client_survives_server_restart(server, shm):
+    keys = keys_for("restart", 6, seed=8)
+    pay = random_payloads(6, MiB + 17, seed=8)
+    c = server.client(shm=shm)
+    try:
+        assert c.store(keys, pay) == 6
+        c.flush()
+        held = c.retrieve(keys)
+        server.restart()
+        server.wait_recovered()
+        assert c.lookup(keys) == 6
+        assert c.retrieve(keys) == pay
+        assert c.shm_active == shm
+        k2 = keys_for("restart", 3, seed=9)
+        p2 = random_payloads(3, 3 * MiB, seed=9)
+        assert c.store(k2, p2) == 3 and c.retrieve(k2) == p2
+        assert held == pay
+    finally:
+        c.close()
