@@ -145,9 +145,20 @@ static void test_temp_and_leases(void)
     kvt_l1_commit(l1, &r.h, 1, KVT_L1_TEMP);
     uint64_t lease = kvt_l1_lease_new(l1, KVT_LEASE_READ, &r.h, 1, NULL);
     TEST_ASSERT(kvt_l1_contains(l1, &k));
-    TEST_ASSERT(kvt_l1_lease_end(l1, lease, KVT_LEASE_READ, NULL, NULL, NULL, 0) == 0);
-    TEST_ASSERT(!kvt_l1_contains(l1, &k)); /* temp: gone with its last reader */
+    struct kvt_l1_ref got;
+    TEST_ASSERT(kvt_l1_lease_take(l1, lease, NULL, &k, 1, &got) == 1);
+    kvt_l1_put(l1, got.h);
+    TEST_ASSERT(!kvt_l1_contains(l1, &k)); /* temp: gone with the reader it served */
     TEST_ASSERT(kvt_l1_lease_end(l1, lease, KVT_LEASE_READ, NULL, NULL, NULL, 0) == KVT_E_EXPIRED);
+
+    /* a temp object whose lease is released unread stays, as an ordinary
+     * object: its reader is on another connection */
+    TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &r) == 0);
+    kvt_l1_commit(l1, &r.h, 1, KVT_L1_TEMP);
+    lease = kvt_l1_lease_new(l1, KVT_LEASE_READ, &r.h, 1, NULL);
+    TEST_ASSERT(kvt_l1_lease_end(l1, lease, KVT_LEASE_READ, NULL, NULL, NULL, 0) == 0);
+    TEST_ASSERT(kvt_l1_contains(l1, &k));
+    TEST_ASSERT(kvt_l1_delete(l1, &k));
 
     /* write lease: commit only what was written */
     kvt_key a = key(3001), b = key(3002);
