@@ -263,7 +263,7 @@ print("RAW " + json.dumps(out))
 def _prompts(n=2, chunks=3, extra=5, seed=3):
     import random
     rnd = random.Random(seed)
-    return [[{"tokens": [rnd.randrange(3, 2000) for _ in range(chunks * CHUNK + extra)]}]
+    return [{"tokens": [rnd.randrange(3, 2000) for _ in range(chunks * CHUNK + extra)]}
             for _ in range(n)]
 
 
@@ -278,6 +278,17 @@ LMC_ENV = {"LMCACHE_MP_TRANSFER_MODE": "engine_driven", "LMCACHE_DISABLE_BANNER"
            "LMCACHE_USAGE_TRACK": "0", "LMCACHE_TRACK_USAGE": "false"}
 
 
+def _engine(model, log, port=None, heartbeat=10.0):
+    return harness.Engine(model, _ktc(port, heartbeat=heartbeat) if port else None,
+                          block_size=BLOCK, max_model_len=1024, env=LMC_ENV, log=log)
+
+
+def _each(eng, prompts):
+    """One prompt per generate call, as in every run here (same batch shapes)."""
+    outs = [eng.generate([p])["outputs"][0] for p in prompts]
+    return [o["tokens"] for o in outs], [o["num_cached_tokens"] for o in outs]
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return harness.make_tiny_model(str(tmp_path_factory.mktemp("model") / "tiny"))
@@ -285,35 +296,27 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def baseline(model, tmp_path_factory):
-    rounds = _prompts()
-    r = harness.run_engine(model, rounds, block_size=BLOCK, max_model_len=1024,
-                           log=str(tmp_path_factory.mktemp("logs") / "baseline.log"))
-    return rounds, [o["tokens"] for rd in r["rounds"] for o in rd["outputs"]]
-
-
-def _run(model, rounds, port, log, env=None):
-    e = dict(LMC_ENV)
-    e.update(env or {})
-    r = harness.run_engine(model, rounds, kv_transfer_config=_ktc(port), block_size=BLOCK,
-                           max_model_len=1024, env=e, log=log)
-    toks = [o["tokens"] for rd in r["rounds"] for o in rd["outputs"]]
-    cached = [o["num_cached_tokens"] for rd in r["rounds"] for o in rd["outputs"]]
-    return toks, cached
+    prompts = _prompts()
+    with _engine(model, str(tmp_path_factory.mktemp("logs") / "baseline.log")) as eng:
+        toks, _ = _each(eng, prompts)
+    return prompts, toks
 
 
 def test_vllm_second_engine_hits_every_full_chunk(kvt, model, baseline, tmp_path):
-    rounds, want = baseline
-    full = [len(b[0]["tokens"]) // CHUNK for b in rounds]
+    prompts, want = baseline
+    full = [len(p["tokens"]) // CHUNK for p in prompts]
     data = tmp_path / "vdata"
     s = kvt(data)
     log = str(tmp_path / "vllm.log")
     # engine 1: cold, stores every full chunk
-    toks, _ = _run(model, rounds, s.lmc_port, log)
+    with _engine(model, log, s.lmc_port) as eng:
+        toks, _ = _each(eng, prompts)
     assert toks == want
     st = s.lmc()
     assert st["chunks_stored"] == sum(full), st
     # engine 2: a fresh instance: every full chunk comes from kvtier
-    toks, cached = _run(model, rounds, s.lmc_port, log)
+    with _engine(model, log, s.lmc_port) as eng:
+        toks, cached = _each(eng, prompts)
     assert toks == want
     st = s.lmc()
     assert st["chunks_retrieved"] == sum(full), st
@@ -323,89 +326,40 @@ def test_vllm_second_engine_hits_every_full_chunk(kvt, model, baseline, tmp_path
     s.flush()
     s.stop()
     s2 = kvt(data)
-    toks, cached = _run(model, rounds, s2.lmc_port, log)
+    with _engine(model, log, s2.lmc_port) as eng:
+        toks, cached = _each(eng, prompts)
     assert toks == want
     assert s2.lmc()["chunks_retrieved"] == sum(full)
     assert cached == [f * CHUNK for f in full], cached
-
-
-def _run_paused(model, rounds, port, log, on_pause, env=None, timeout=900):
-    """Like harness.run_engine with the connector, but the engine process stops
-    before each round after the first, calls on_pause(i) here, then empties
-    vLLM's own prefix cache (not the connector's) and goes on."""
-    import tempfile
-    runner = harness._RUNNER.replace(
-        "for batch in spec[\"rounds\"]:\n",
-        "for _i, batch in enumerate(spec[\"rounds\"]):\n"
-        "    if _i:\n"
-        "        open(spec['pause'] + '.ready%d' % _i, 'w').close()\n"
-        "        while not os.path.exists(spec['pause'] + '.go%d' % _i):\n"
-        "            time.sleep(0.1)\n"
-        "        llm.reset_prefix_cache()  # what follows can only hit kvtier\n")
-    assert "spec['pause']" in runner
-    pause = tempfile.mktemp(prefix="kvt-pause-")
-    spec = dict(model=model, rounds=rounds, kv_transfer_config=_ktc(port, heartbeat=1.0),
-                max_tokens=8,
-                block_size=BLOCK, max_model_len=1024, dtype="float32", pause=pause)
-    e = dict(os.environ)
-    e.update(harness.ENGINE_ENV)
-    e.update(LMC_ENV)
-    e.update(env or {})
-    outf = pause + ".out"
-    p = subprocess.Popen([harness.venv_python(), "-c", runner], stdin=subprocess.PIPE,
-                         stdout=open(outf, "w"), stderr=open(log, "a"), text=True, env=e)
-    p.stdin.write(json.dumps(spec))
-    p.stdin.close()
-    deadline = time.time() + timeout
-    for i in range(1, len(rounds)):
-        while not os.path.exists(pause + ".ready%d" % i):
-            assert p.poll() is None, "engine exited early: see " + log
-            assert time.time() < deadline
-            time.sleep(0.2)
-        on_pause(i)
-        open(pause + ".go%d" % i, "w").close()
-    p.wait(timeout=max(10, deadline - time.time()))
-    with open(outf) as f:
-        out = f.read()
-    for name in [outf] + [pause + ".%s%d" % (k, i) for k in ("ready", "go")
-                          for i in range(1, len(rounds))]:
-        if os.path.exists(name):
-            os.unlink(name)
-    for line in out.splitlines():
-        if line.startswith("KVT_RESULT "):
-            r = json.loads(line[len("KVT_RESULT "):])
-            return [o["tokens"] for rd in r["rounds"] for o in rd["outputs"]]
-    raise RuntimeError("engine failed: see " + log)
 
 
 def test_vllm_kvtier_restart_and_kill_under_a_running_engine(kvt, model, baseline, tmp_path):
     """One engine keeps running while kvtier restarts (the worker registers
     again on its heartbeat and hits come from kvtier's L2), then while kvtier
     is SIGKILLed: every request completes, token-identical to no cache."""
-    rounds, want = baseline
-    full = len(rounds[0][0]["tokens"]) // CHUNK
+    prompts, want = baseline
+    full = len(prompts[0]["tokens"]) // CHUNK
     s = kvt(tmp_path / "kdata")
-    seen = {}
-
-    def pause(i):
-        if i == 1:  # restart on the same port; the L1 pool is new (new name)
-            s.flush()
-            s.stop()
-            s.start()
-            deadline = time.time() + 60
-            while s.lmc()["contexts"] < 1 and time.time() < deadline:
-                time.sleep(0.2)  # the worker's heartbeat: false once, then re-register
-            seen["contexts"] = s.lmc()["contexts"]
-        else:
-            seen["retrieved"] = s.lmc()["chunks_retrieved"]
-            s.stop(signal.SIGKILL)
-            time.sleep(4)  # > two heartbeat intervals: the adapters go degraded
-
-    toks = _run_paused(model, [rounds[0][0:1], rounds[0][0:1], rounds[1][0:1]], s.lmc_port,
-                       str(tmp_path / "vllm-restart-kill.log"), pause)
-    assert toks == [want[0], want[0], want[1]]
-    assert seen["contexts"] == 1  # re-registered with the restarted server
-    assert seen["retrieved"] == full  # round 2 was served from the L2 after the restart
+    with _engine(model, str(tmp_path / "vllm-restart-kill.log"), s.lmc_port, 1.0) as eng:
+        toks, _ = _each(eng, prompts[:1])
+        assert toks == want[:1]
+        # restart on the same port; the L1 pool is new (a new name)
+        s.flush()
+        s.stop()
+        s.start()
+        deadline = time.time() + 60
+        while s.lmc()["contexts"] < 1 and time.time() < deadline:
+            time.sleep(0.2)  # the worker's heartbeat: false once, then it registers again
+        assert s.lmc()["contexts"] == 1
+        eng.reset()  # vLLM's own prefix cache: what follows can only hit kvtier
+        toks, cached = _each(eng, prompts[:1])
+        assert toks == want[:1]
+        assert s.lmc()["chunks_retrieved"] == full  # served from the L2 after the restart
+        assert cached == [full * CHUNK]
+        s.stop(signal.SIGKILL)
+        time.sleep(4)  # > two heartbeat intervals: the adapters go degraded
+        toks, _ = _each(eng, prompts[1:])
+        assert toks == want[1:]
 
 
 def _lmcache_server(tmp_path, port, name):
@@ -434,15 +388,17 @@ def test_vllm_same_run_against_lmcache_server(model, baseline, tmp_path):
     """The same two-engine run against LMCache's own server (pinned package,
     CPU only, engine_driven): identical outputs and the same hits, so the test
     above exercises LMCache's protocol, not kvtier's conventions."""
-    rounds, want = baseline
-    full = [len(b[0]["tokens"]) // CHUNK for b in rounds]
+    prompts, want = baseline
+    full = [len(p["tokens"]) // CHUNK for p in prompts]
     port = free_port()
     p = _lmcache_server(tmp_path, port, "kvt_test_%d" % port)
     try:
         log = str(tmp_path / "vllm-lmc.log")
-        toks, _ = _run(model, rounds, port, log)
+        with _engine(model, log, port) as eng:
+            toks, _ = _each(eng, prompts)
         assert toks == want
-        toks, cached = _run(model, rounds, port, log)
+        with _engine(model, log, port) as eng:
+            toks, cached = _each(eng, prompts)
         assert toks == want
         assert cached == [f * CHUNK for f in full], cached
     finally:
