@@ -110,7 +110,7 @@ def main():
             ok = c.commit_store(key(tk, rid, 0, a.chunks * C), inst, b"").result(timeout=T)
             c.end_session(rid).result(timeout=T)
             t_store.append(time.perf_counter() - t)
-            assert ok, "commit_store failed"
+            out["commit_store_false"] = out.get("commit_store_false", 0) + (not ok)
         out["store_cpu_s"] = cpu_s(a.pid) - c0
         out["store_ms"] = statistics.median(t_store) * 1e3
         time.sleep(a.settle)

@@ -175,6 +175,8 @@ line("server CPU s, L2 retrieve phase", k1, l1, "retrieve_cpu_s", "%.3f")
 for x in (k0, l0):
     if x: x["rss_peak_kb"] /= 1024
 line("server peak RSS (MiB)", k0, l0, "rss_peak_kb", "%.0f")
+line("commit_store answered false", k0, l0, "commit_store_false", "%d")
+line("chunks hit after the restart", k1, l1, "hit_chunks", "%d")
 if not k or not l:
     print("RESULT lmcache ttft_kvtier_over_lmcache=n/a cpu_ratio=n/a identical=%s"
           % ("n/a" if not l else "no"))
