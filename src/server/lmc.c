@@ -107,7 +107,7 @@ struct kvt_lmc {
     pthread_t th;
     bool started;
     int efd;
-    volatile int stop;
+    _Atomic int stop; /* set by kvt_lmc_stop (main thread), read by the loop */
     pthread_mutex_t done_lock;
     struct lmc_fetch *done; /* prefetch results, newest first */
     struct lmc_ctx *ctxs;
@@ -1322,7 +1322,7 @@ static void *lmc_main(void *arg)
         {.fd = m->efd, .events = ZMQ_POLLIN},
     };
     uint64_t next_sweep = 0, next_deadline = UINT64_MAX;
-    while (!m->stop) {
+    while (!atomic_load_explicit(&m->stop, memory_order_relaxed)) {
         uint64_t now = kvt_now_ns();
         if (now >= next_sweep || now >= next_deadline) {
             next_deadline = UINT64_MAX;
@@ -1346,7 +1346,7 @@ static void *lmc_main(void *arg)
         }
         if (!(items[0].revents & ZMQ_POLLIN))
             continue;
-        for (int b = 0; b < 64 && !m->stop; b++) {
+        for (int b = 0; b < 64 && !atomic_load_explicit(&m->stop, memory_order_relaxed); b++) {
             zmq_msg_t parts[3 + MAX_ARGS + 1];
             uint32_t n = 0;
             bool over = false;
@@ -1445,7 +1445,7 @@ void kvt_lmc_stop(struct kvt_server *s)
     struct kvt_lmc *m = s->lmc;
     if (!m)
         return;
-    m->stop = 1;
+    atomic_store_explicit(&m->stop, 1, memory_order_relaxed); /* the eventfd write wakes it */
     if (m->started) {
         uint64_t one = 1;
         ssize_t w = write(m->efd, &one, sizeof(one));
