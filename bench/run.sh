@@ -2,8 +2,9 @@
 # kvtier benchmarks: every comparison side by side in one run, as ratios.
 #
 #   bench/run.sh [section...]      sections: fs persist l1 remote serde recovery replay
-#                                  (default: all of these), and vllm (a real vLLM
-#                                  engine, needs `make venv`; QUICK=1: a smaller model)
+#                                  (default: all of these), and vllm / lmcache (a real
+#                                  vLLM engine / LMCache's client: need `make venv`;
+#                                  QUICK=1: a smaller model)
 #
 # Environment: BENCH_DIR (a directory on the disk to test; default
 # /var/tmp/kvtier-bench), QUICK=1 for a short smoke run.
@@ -130,6 +131,81 @@ replay)
   PIDS+=($!)
   wait_port "$port"
   $BIN replay --url tcp://127.0.0.1:$port --trace "$trace" --block-bytes $bb --budget-blocks $blocks 2>/dev/null
+  cleanup; PIDS=()
+  echo
+  ;;
+lmcache)
+  # Needs the pinned lmcache package (the vLLM venv): KVT_VENV_PYTHON or build/venv.
+  PY=${KVT_VENV_PYTHON:-$B/venv/bin/python}
+  LMC=$(dirname "$PY")/lmcache
+  req=48; ch=8; [ "$QUICK" = 1 ] && { req=12; ch=4; }
+  lay=8; hid=512   # chunk object: 2 x 8 layers x 256 tokens x 512 x fp16 = 4 MiB
+  echo "== LMCache protocol, same client (lmcache $("$PY" -c 'import importlib.metadata as m; print(m.version("lmcache"))')'s own, engine_driven, no vLLM):"
+  echo "   kvtier --lmcache-port vs lmcache server; 1 GiB L1, one fs L2 under $DIR; $req requests x $ch chunks of 4 MiB"
+  wait_long() { for _ in $(seq 600); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+  lmc_run() { # name start_cmd... ; prints the two BENCH lines (cold+warm, then warm after a restart)
+    local name=$1; shift
+    "$@" > "$DIR/lmc-$name.log" 2>&1 &
+    local pid=$!; PIDS+=($pid); wait_long "$LP"
+    "$PY" bench/lmc_bench.py "tcp://127.0.0.1:$LP" --pid $pid --requests $req --chunks $ch --layers $lay --hidden $hid | grep '^BENCH'
+    sleep 2   # let the store controller write L2
+    kill -INT $pid; wait $pid 2>/dev/null || true
+    "$@" >> "$DIR/lmc-$name.log" 2>&1 &
+    pid=$!; PIDS+=($pid); wait_long "$LP"
+    "$PY" bench/lmc_bench.py "tcp://127.0.0.1:$LP" --pid $pid --requests $req --chunks $ch --layers $lay --hidden $hid --phase retrieve | grep '^BENCH'
+    kill -INT $pid; wait $pid 2>/dev/null || true
+  }
+  rm -rf "$DIR/lmc-l2-kvtier" "$DIR/lmc-l2-lmcache"; mkdir -p "$DIR/lmc-l2-kvtier" "$DIR/lmc-l2-lmcache"
+  LP=$(free_port); KP=$(free_port)
+  kv=$(lmc_run kvtier $BIN server --port "$KP" --http-port 0 --lmcache-port "$LP" --lmcache-host 127.0.0.1 \
+        --chunk-size 256 --l1-size-gb 1 --l1-init-size-gb 1 --data-dir "$DIR/lmc-l2-kvtier" --log-level warn)
+  LP=$(free_port)
+  lm=$(lmc_run lmcache env LMCACHE_DISABLE_BANNER=1 "$LMC" server --host 127.0.0.1 --port "$LP" --http-port "$(free_port)" \
+        --l1-size-gb 1 --eviction-policy LRU --chunk-size 256 --supported-transfer-mode engine_driven \
+        --shm-name "kvtbench$$" --no-l1-use-lazy --disable-observability --disable-metrics \
+        --l2-adapter "{\"type\":\"fs\",\"base_path\":\"$DIR/lmc-l2-lmcache\"}" || true)
+  "$PY" - "$kv" "$lm" <<'PYEOF'
+import json, sys
+def rows(t):
+    r = [json.loads(l[6:]) for l in t.splitlines() if l.startswith("BENCH ")]
+    return r if len(r) == 2 else None
+k, l = rows(sys.argv[1]), rows(sys.argv[2])
+def f(x, key, fmt="%.2f"):
+    return fmt % x[key] if x and key in x else "n/a"
+print("%-44s %12s %12s %8s" % ("", "kvtier", "lmcache", "ratio"))
+def line(name, a, b, key, fmt="%.2f"):
+    va = a[key] if a and key in a else None
+    vb = b[key] if b and key in b else None
+    ratio = "%.2f" % (va / vb) if va is not None and vb else "n/a"
+    print("%-44s %12s %12s %8s" % (name, fmt % va if va is not None else "n/a",
+                                    fmt % vb if vb is not None else "n/a", ratio))
+k0, k1 = (k or [None, None]); l0, l1 = (l or [None, None])
+line("store request (ms, median)", k0, l0, "store_ms")
+line("retrieve from L1 (ms, lookup..commit)", k0, l0, "retrieve_ms")
+line("retrieve from L2 after restart (ms)", k1, l1, "retrieve_ms")
+line("server CPU s, store phase", k0, l0, "store_cpu_s", "%.3f")
+line("server CPU s, L1 retrieve phase", k0, l0, "retrieve_cpu_s", "%.3f")
+line("server CPU s, L2 retrieve phase", k1, l1, "retrieve_cpu_s", "%.3f")
+for x in (k0, l0):
+    if x: x["rss_peak_kb"] /= 1024
+line("server peak RSS (MiB)", k0, l0, "rss_peak_kb", "%.0f")
+line("commit_store answered false", k0, l0, "commit_store_false", "%d")
+line("chunks hit after the restart", k1, l1, "hit_chunks", "%d")
+if not k or not l:
+    print("RESULT lmcache ttft_kvtier_over_lmcache=n/a cpu_ratio=n/a identical=%s"
+          % ("n/a" if not l else "no"))
+    sys.exit(0)
+ttft = max(k0["retrieve_ms"] / l0["retrieve_ms"], k1["retrieve_ms"] / l1["retrieve_ms"])
+def cpu_per_gb(a, b):
+    return (a["store_cpu_s"] + a["retrieve_cpu_s"] + b["retrieve_cpu_s"]) / \
+        ((a["bytes_moved"] + b["bytes_moved"]) / 2**30)
+cpu = cpu_per_gb(k0, k1) / max(cpu_per_gb(l0, l1), 1e-9)
+same = k0["digest"] == l0["digest"] == k1["digest"] == l1["digest"] and \
+    k0["hit_chunks"] == l0["hit_chunks"] == k1["hit_chunks"] == l1["hit_chunks"]
+print("(ttft = the worse of the L1 and L2 retrieve ratios; cpu_ratio = server CPU per GB moved)")
+print("RESULT lmcache ttft_kvtier_over_lmcache=%.2f cpu_ratio=%.2f identical=%s"
+      % (ttft, cpu, "yes" if same else "no"))
+PYEOF
   cleanup; PIDS=()
   echo
   ;;

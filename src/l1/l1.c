@@ -63,6 +63,7 @@ struct kvt_l1 {
     uint64_t pool_id;
     uint32_t align;
     bool lazy, huge;
+    char *shm_name; /* named POSIX shm (unlinked at destroy), or NULL */
     struct kvt_palloc pa;
     /* objects */
     struct l1_obj *objs;
@@ -101,7 +102,8 @@ static int pool_resize_locked(struct kvt_l1 *l1, uint64_t bytes)
         bytes = l1->map_size;
     if (bytes <= l1->cur_size)
         return 0;
-    if (ftruncate(l1->fd, (off_t)bytes) < 0)
+    /* a named pool has its full size from the start (openers map it all) */
+    if (!l1->shm_name && ftruncate(l1->fd, (off_t)bytes) < 0)
         return -errno;
     l1->cur_size = bytes;
     kvt_palloc_grow(&l1->pa, bytes / l1->align);
@@ -157,7 +159,35 @@ int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, s
     kvt_palloc_init(&l1->pa);
     kvt_kindex_init(&l1->map, sizeof(struct l1_obj), offsetof(struct l1_obj, key));
     int rc = 0;
-    l1->fd = memfd_create("kvtier-l1", MFD_CLOEXEC | (o->hugepages ? MFD_HUGETLB : 0));
+    if (o->shm_name) {
+        char path[256];
+        if (o->hugepages || snprintf(path, sizeof(path), "/%s", o->shm_name) >= (int)sizeof(path) ||
+            strchr(o->shm_name, '/') || !o->shm_name[0]) {
+            snprintf(err, errcap, "L1 shared-memory name \"%s\" is invalid%s", o->shm_name,
+                     o->hugepages ? " with huge pages" : "");
+            rc = KVT_E_CONFIG;
+            goto fail;
+        }
+        l1->fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (l1->fd < 0) {
+            rc = -errno;
+            snprintf(err, errcap, "cannot create the L1 shared memory /dev/shm/%s: %s%s",
+                     o->shm_name, strerror(errno),
+                     errno == EEXIST ? " (another server uses that name, or a crashed one left "
+                                       "it: remove it or choose another --lmcache-shm-name)"
+                                     : "");
+            goto fail;
+        }
+        l1->shm_name = kvt_xstrdup(o->shm_name);
+        if (ftruncate(l1->fd, (off_t)size) < 0) {
+            rc = -errno;
+            snprintf(err, errcap, "cannot size the L1 shared memory /dev/shm/%s: %s",
+                     o->shm_name, strerror(errno));
+            goto fail;
+        }
+    } else {
+        l1->fd = memfd_create("kvtier-l1", MFD_CLOEXEC | (o->hugepages ? MFD_HUGETLB : 0));
+    }
     if (l1->fd < 0) {
         rc = -errno;
         snprintf(err, errcap, "cannot create the L1 shared memory%s: %s",
@@ -225,6 +255,12 @@ void kvt_l1_destroy(struct kvt_l1 *l1)
         munmap(l1->base, l1->map_size);
     if (l1->fd >= 0)
         close(l1->fd);
+    if (l1->shm_name) {
+        char path[256];
+        snprintf(path, sizeof(path), "/%s", l1->shm_name);
+        shm_unlink(path);
+        free(l1->shm_name);
+    }
     for (uint32_t i = 0; i < l1->nleases_used; i++) {
         free(l1->leases[i].hs);
         free(l1->leases[i].owner);

@@ -57,6 +57,11 @@ struct kvt_l1_opts {
     uint64_t write_ttl_ns, read_ttl_ns;
     const char *policy; /* "LRU" or "noop" */
     double watermark, ratio;
+    /* NULL: an anonymous memfd. Otherwise the pool is the POSIX shared-memory
+     * object of that name (created exclusively, sized to the whole pool at
+     * once, sparse; unlinked by kvt_l1_destroy), so that processes which open
+     * shared memory by name (LMCache's engine-driven workers) can map it. */
+    const char *shm_name;
 };
 
 struct kvt_l1_shm {

@@ -376,3 +376,8 @@ int kvt_wire_body_decode(const void *data, size_t len, msgpack_unpacked *up, con
         return bad(why, "body must be a msgpack map");
     return 0;
 }
+
+int kvt_wire_precheck(const void *data, size_t len)
+{
+    return mp_precheck(data, len);
+}

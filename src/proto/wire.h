@@ -47,6 +47,9 @@ int kvt_wire_keys_decode(const msgpack_object *body, kvt_key **keys, uint32_t *n
 /* Decode a request body: a msgpack map (an empty frame is an empty map).
  * up must be initialized; on success up->data is the map. */
 int kvt_wire_body_decode(const void *data, size_t len, msgpack_unpacked *up, const char **why);
+/* 0 when data is one msgpack value whose every declared length fits in len
+ * (nesting <= 32), so unpacking it allocates at most O(len); -1 otherwise. */
+int kvt_wire_precheck(const void *data, size_t len);
 /* Optional "dtype" (name) and "shape" (<= 6 dims) of a request into m. */
 int kvt_wire_meta_decode(const msgpack_object *body, kvt_objmeta *m, const char **why);
 

@@ -50,6 +50,9 @@ enum {
     O_NO_STORAGE_CHECK,
     O_LOG_LEVEL,
     O_CONFIG,
+    O_LMC_PORT,
+    O_LMC_HOST,
+    O_LMC_SHM,
     O_HELP,
 };
 
@@ -86,6 +89,9 @@ static const struct option opts[] = {
     {"no-storage-check", no_argument, NULL, O_NO_STORAGE_CHECK},
     {"log-level", required_argument, NULL, O_LOG_LEVEL},
     {"config", required_argument, NULL, O_CONFIG},
+    {"lmcache-port", required_argument, NULL, O_LMC_PORT},
+    {"lmcache-host", required_argument, NULL, O_LMC_HOST},
+    {"lmcache-shm-name", required_argument, NULL, O_LMC_SHM},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -132,6 +138,12 @@ void kvt_server_usage(FILE *f)
             "                                nixl_store_dynamic adapter under KVP_CACHE_ROOT with\n"
             "                                the hard cap KVP_CACHE_BUDGET_GB (adapter #0); see\n"
             "                                docs/operations.md\n"
+            "LMCache drop-in (docs/lmcache-protocol.md)\n"
+            "  --lmcache-port N              also answer LMCache's multi-process protocol\n"
+            "                                (vLLM's LMCacheMPConnector, engine_driven) on N (0 = off)\n"
+            "  --lmcache-host HOST           its bind address (localhost, as lmcache server)\n"
+            "  --lmcache-shm-name NAME       POSIX shm name of the L1 pool handed to workers\n"
+            "                                (lmcache_l1_pool_kvtier_<pid>)\n"
             "Other\n"
             "  --dry-run                     validate (config, directories, devices,\n"
             "                                credentials), print the resolved config, exit\n"
@@ -268,6 +280,7 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
     c->local = true;
     c->log_level = kvt_log_level_current;
     snprintf(c->data_dir, sizeof(c->data_dir), "./kvtier-data");
+    snprintf(c->lmc_host, sizeof(c->lmc_host), "localhost");
 
     const char *l2_args[KVT_MAX_ADAPTERS];
     int nl2 = 0;
@@ -398,6 +411,28 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
             rc = num(f, optarg, 0.001, (double)KVT_MAX_OBJECT / 1048576.0, &d);
             c->max_object_bytes = (uint64_t)(d * 1048576.0);
             break;
+        case O_LMC_PORT:
+            rc = integer(f, optarg, 0, 65535, &l);
+            c->lmc_port = (int)l;
+            break;
+        case O_LMC_HOST:
+            if (!optarg[0] || strlen(optarg) >= sizeof(c->lmc_host))
+                return fail(f, "expected a host name or address, got '%s'", optarg);
+            snprintf(c->lmc_host, sizeof(c->lmc_host), "%s", optarg);
+            break;
+        case O_LMC_SHM: {
+            /* LMCache's rule: the name always starts with lmcache_l1_pool_ */
+            const char *b = optarg;
+            while (*b == '/')
+                b++;
+            bool pre = strncmp(b, "lmcache_l1_pool_", 16) == 0;
+            size_t bl = strlen(b);
+            if (!bl || bl > 200 || strchr(b, '/'))
+                return fail(f, "expected a POSIX shared-memory name (no '/', at most 200 "
+                               "characters), got '%s'", optarg);
+            snprintf(c->lmc_shm_name, sizeof(c->lmc_shm_name), "%s%.200s", pre ? "" : "lmcache_l1_pool_", b);
+            break;
+        }
         case O_NO_SHM:
             c->shm = false;
             break;
@@ -494,6 +529,19 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
     }
     if (!c->bind[0])
         snprintf(c->bind, sizeof(c->bind), "tcp://%s:%d", c->host, c->port);
+    if (c->lmc_port && c->l1_hugepages) {
+        fprintf(stderr, "kvtier server: --lmcache-port: LMCache workers open the L1 pool by its "
+                        "POSIX shm name, which huge pages cannot have; drop --l1-use-hugepages\n");
+        return 2;
+    }
+    if (c->lmc_port && !c->shm) {
+        fprintf(stderr, "kvtier server: --lmcache-port: the LMCache engine-driven path needs "
+                        "the shared-memory pool; drop --no-shm\n");
+        return 2;
+    }
+    if (c->lmc_port && !c->lmc_shm_name[0])
+        snprintf(c->lmc_shm_name, sizeof(c->lmc_shm_name), "lmcache_l1_pool_kvtier_%d",
+                 (int)getpid());
     char err[1024];
     if (c->no_l2) {
         if (nl2) {
@@ -591,5 +639,10 @@ json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
     json_object_set_new(o, "http", http);
     if (c->config_file)
         json_object_set(o, "config_file", c->config_file);
+    json_t *lmc = json_object();
+    json_object_set_new(lmc, "port", json_integer(c->lmc_port));
+    json_object_set_new(lmc, "host", json_string(c->lmc_host));
+    json_object_set_new(lmc, "shm_name", json_string(c->lmc_shm_name));
+    json_object_set_new(o, "lmcache", lmc);
     return o;
 }

@@ -43,6 +43,11 @@ struct kvt_server_cfg {
     char http_host[128];
     int http_port; /* 0 = off */
 
+    /* LMCache multi-process protocol front end (src/server/lmc.c) */
+    int lmc_port; /* 0 = off */
+    char lmc_host[128];
+    char lmc_shm_name[224]; /* the L1 pool's POSIX shm name when lmc_port is set */
+
     uint64_t max_object_bytes;
     bool shm;   /* offer the zero-copy path */
     bool no_l2; /* memory-only */

@@ -124,6 +124,7 @@ struct kvt_server {
     void *http; /* struct MHD_Daemon */
     _Atomic bool ready; /* start-up done: HTTP may read the components */
     struct kvt_local *local; /* same-host socket (local.c), rpc thread only */
+    struct kvt_lmc *lmc;     /* LMCache protocol front end (lmc.c), or NULL */
     volatile int stop;
 };
 
@@ -154,6 +155,19 @@ void kvt_local_poll(struct kvt_server *s);
 bool kvt_local_is_ident(const zmq_msg_t *ident);
 void kvt_local_send(struct kvt_server *s, struct reply *r, char *body, size_t blen);
 uint32_t kvt_local_conns(struct kvt_server *s);
+
+/* lmc.c: LMCache's multi-process protocol on --lmcache-port, own thread.
+ * listen: with the other listeners, before storage opens; start: when
+ * everything it uses exists. stop: before the worker pool, controllers and
+ * L1 go (joins the thread);
+ * free: after the prefetch controller stopped, before L1 is destroyed. */
+struct kvt_lmc;
+int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap); /* bind, early */
+int kvt_lmc_start(struct kvt_server *s, char *err, size_t cap);  /* its thread, last */
+void kvt_lmc_stop(struct kvt_server *s);
+void kvt_lmc_free(struct kvt_server *s);
+const char *kvt_lmc_endpoint(struct kvt_server *s);
+json_t *kvt_lmc_status(struct kvt_server *s);
 
 /* a decoded request (handlers.c) */
 struct request {

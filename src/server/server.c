@@ -577,6 +577,7 @@ static void read_boot_id(char *out, size_t cap)
 
 static void shutdown_all(struct kvt_server *s)
 {
+    kvt_lmc_stop(s); /* its thread uses L1 and the controllers */
     if (s->http)
         kvt_http_stop(s);
     if (s->workers) {
@@ -587,6 +588,7 @@ static void shutdown_all(struct kvt_server *s)
         kvt_prefetch_ctrl_stop(s->pc);
         s->pc = NULL;
     }
+    kvt_lmc_free(s); /* after the prefetch callbacks, before L1 goes */
     drain_replies(s);
     order_drop_all(s);
     if (s->sc) {
@@ -671,6 +673,13 @@ static int start(struct kvt_server *s)
                                   : "");
         return -e;
     }
+    if (c->lmc_port) { /* LMCache's port too: bound now, its thread starts last */
+        rc = kvt_lmc_listen(s, err, sizeof(err));
+        if (rc) {
+            kvt_error("%s", err);
+            return rc;
+        }
+    }
     if (c->http_port) { /* answers 503 "starting" until s->ready */
         rc = kvt_http_start(s, err, sizeof(err));
         if (rc) {
@@ -697,6 +706,8 @@ static int start(struct kvt_server *s)
         .policy = c->eviction_policy,
         .watermark = c->eviction_watermark,
         .ratio = c->eviction_ratio,
+        /* LMCache workers open the pool by name (docs/lmcache-protocol.md) */
+        .shm_name = c->lmc_port ? c->lmc_shm_name : NULL,
     };
     rc = kvt_l1_create(&lo, &s->l1, err, sizeof(err));
     if (rc) {
@@ -727,6 +738,13 @@ static int start(struct kvt_server *s)
             kvt_warn("%s: same-host clients will use %s", err, c->bind);
         rc = 0;
     }
+    if (c->lmc_port) { /* bound above; requests are served from now on */
+        rc = kvt_lmc_start(s, err, sizeof(err));
+        if (rc) {
+            kvt_error("%s", err);
+            return rc;
+        }
+    }
     /* release: the HTTP thread reads the components set up above */
     atomic_store_explicit(&s->ready, true, memory_order_release);
     return 0;
@@ -745,6 +763,9 @@ static void banner(struct kvt_server *s)
              c->shm ? "; zero-copy path offered to local clients" : "");
     if (s->local)
         kvt_info("same-host clients: unix socket %s", kvt_local_name(s));
+    if (s->lmc)
+        kvt_info("LMCache protocol (lmcache 0.5.6, engine_driven) on %s; L1 pool /dev/shm/%s",
+                 kvt_lmc_endpoint(s), c->lmc_shm_name);
     for (int i = 0; i < s->nl2; i++) {
         json_t *st = kvt_l2_status(s->l2s[i]);
         const json_t *bp = json_object_get(st, "base_path");

@@ -45,6 +45,8 @@ json_t *kvt_server_status(struct kvt_server *s)
     json_object_set_new(o, "l2", l2);
     json_object_set_new(o, "store", kvt_store_ctrl_status(s->sc));
     json_object_set_new(o, "prefetch", kvt_prefetch_ctrl_status(s->pc));
+    if (s->lmc)
+        json_object_set_new(o, "lmcache", kvt_lmc_status(s));
     json_t *rpc = json_object();
     json_t *ops = json_object();
     for (int i = 0; i < OP_COUNT; i++) {
