@@ -148,18 +148,6 @@ int lmc_decode_op(const void *p, size_t n, enum lmc_op *op, char *name, size_t c
     return rc;
 }
 
-static const msgpack_object *field(const msgpack_object *m, const char *key)
-{
-    size_t kl = strlen(key);
-    for (uint32_t i = 0; i < m->via.map.size; i++) {
-        const msgpack_object *k = &m->via.map.ptr[i].key;
-        if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == kl &&
-            memcmp(k->via.str.ptr, key, kl) == 0)
-            return &m->via.map.ptr[i].val;
-    }
-    return NULL;
-}
-
 #define WHY(...)                                                                                   \
     do {                                                                                           \
         snprintf(why, cap, __VA_ARGS__);                                                           \
@@ -169,7 +157,7 @@ static const msgpack_object *field(const msgpack_object *m, const char *key)
 static int req_uint(const msgpack_object *m, const char *key, uint64_t max, uint64_t *v,
                     char *why, size_t cap)
 {
-    const msgpack_object *f = field(m, key);
+    const msgpack_object *f = kvt_mp_get(m, key);
     int64_t i;
     if (!f)
         WHY("missing field \"%s\"", key);
@@ -182,7 +170,7 @@ static int req_uint(const msgpack_object *m, const char *key, uint64_t max, uint
 static int req_str(const msgpack_object *m, const char *key, bool required, const char **s,
                    size_t *n, char *why, size_t cap)
 {
-    const msgpack_object *f = field(m, key);
+    const msgpack_object *f = kvt_mp_get(m, key);
     if (!f) {
         if (required)
             WHY("missing field \"%s\"", key);
@@ -208,7 +196,7 @@ int lmc_key_decode(const msgpack_object *o, struct lmc_key *k, char *why, size_t
     if (v == 0)
         WHY("world_size must be at least 1");
     k->world_size = (uint32_t)v;
-    const msgpack_object *w = field(o, "worker_id");
+    const msgpack_object *w = kvt_mp_get(o, "worker_id");
     if (!w)
         WHY("missing field \"worker_id\"");
     if (!lmc_is_nil(w)) {
@@ -227,14 +215,14 @@ int lmc_key_decode(const msgpack_object *o, struct lmc_key *k, char *why, size_t
         WHY("request_id longer than %u bytes", LMC_MAX_RID);
     if (req_str(o, "cache_salt", false, &k->salt, &k->salt_len, why, cap))
         return -1;
-    const msgpack_object *r = field(o, "num_kv_readers");
+    const msgpack_object *r = kvt_mp_get(o, "num_kv_readers");
     if (r) {
         int64_t i;
         if (lmc_get_int(r, &i) || i < 0 || i > 65535)
             WHY("num_kv_readers must be an integer in [0, 65535]");
         k->num_kv_readers = (uint32_t)i;
     }
-    const msgpack_object *t = field(o, "token_ids");
+    const msgpack_object *t = kvt_mp_get(o, "token_ids");
     if (!t)
         WHY("missing field \"token_ids\"");
     if (t->type != MSGPACK_OBJECT_ARRAY)
@@ -287,7 +275,7 @@ int lmc_register_decode(const msgpack_object *o, struct lmc_register *r, char *w
     memset(r, 0, sizeof(*r));
     if (o->type != MSGPACK_OBJECT_MAP)
         WHY("RegisterEngineDrivenContextPayload must be a map");
-    const msgpack_object *f = field(o, "instance_id");
+    const msgpack_object *f = kvt_mp_get(o, "instance_id");
     if (!f || lmc_get_int(f, &r->instance_id))
         WHY("field \"instance_id\" must be an integer");
     uint64_t v;
@@ -319,11 +307,11 @@ int lmc_register_decode(const msgpack_object *o, struct lmc_register *r, char *w
         WHY("invalid dtype_str '%s': must be a torch dtype name (e.g. 'float16', 'bfloat16', "
             "'float32')",
             r->dtype);
-    f = field(o, "use_mla");
+    f = kvt_mp_get(o, "use_mla");
     if (!f || f->type != MSGPACK_OBJECT_BOOLEAN)
         WHY("field \"use_mla\" must be a bool");
     r->use_mla = f->via.boolean;
-    f = field(o, "num_physical_slots");
+    f = kvt_mp_get(o, "num_physical_slots");
     if (f && !lmc_is_nil(f)) {
         int64_t i;
         if (lmc_get_int(f, &i) || i <= 0 || i > (1 << 24))

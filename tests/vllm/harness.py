@@ -2,7 +2,7 @@
 
 Nothing is downloaded: `make_tiny_model` builds a small Llama-style model with
 random weights (fixed seed) through transformers' `from_config` and saves it;
-prompts are token ids, so no tokenizer is needed. `run_engine` starts one vLLM
+prompts are token ids, so no tokenizer is needed. `Engine` starts one vLLM
 engine in a fresh Python process (so two runs are two engine instances and
 vLLM's own prefix cache cannot serve the second), generates greedily and
 returns the output token ids with vLLM's prefix-cache statistics.
@@ -214,12 +214,6 @@ class Engine:
 
     def __exit__(self, *a):
         self.close()
-
-
-def run_engine(model, prompts, kv_transfer_config=None, max_tokens=8, **kw):
-    """One engine instance, one batch of prompts: the generate reply."""
-    with Engine(model, kv_transfer_config, **kw) as eng:
-        return eng.generate(prompts, max_tokens=max_tokens)
 
 
 def kvtier_connector_config(url, **extra):
