@@ -7,7 +7,9 @@ cudaMemcpy between pinned host memory and the device on CUDA.
 
     python bench/bench_kvcopy.py tcp://127.0.0.1:5555 [--device cuda] [--chunks 64]
 
-The server must run on this host with a chunk size of --chunk tokens.
+The server must run on this host with a chunk size of --chunk tokens. On the
+CPU the copies go through kvt_copy_blocks (memcpy per block, without the GIL);
+the same rounds through torch's indexing kernels are printed for comparison.
 Last line: RESULT kvcopy store_over_limit=<x> load_over_limit=<y>
 """
 
@@ -83,37 +85,52 @@ def main():
     total = L.chunk_bytes * a.chunks
     print("%s: %d layers, chunk %d tokens = %.2f MiB, %d chunks = %.1f MiB a round, %s"
           % (dev, a.layers, a.chunk, L.chunk_bytes / 2 ** 20, a.chunks, total / 2 ** 20, a.dtype))
-    r = random.Random(7)
-    st, ld = [], []
-    for rnd in range(a.rounds):
-        blocks = r.sample(range(nb), a.chunks * bpc * 2)
-        src = [blocks[i * bpc:(i + 1) * bpc] for i in range(a.chunks)]
-        dst = [blocks[(a.chunks + i) * bpc:(a.chunks + i + 1) * bpc] for i in range(a.chunks)]
-        toks = [r.randrange(1 << 30) for _ in range(a.chunk * a.chunks)]
-        keys = kvtier.chunk_keys("kvcopy-bench", toks, chunk_size=a.chunk)
-        t0 = time.perf_counter()
-        with c.store_view(keys, [L.chunk_bytes] * a.chunks, dtype=L.dtype_name, shape=L.shape) as vs:
-            for v, ch in zip(vs, src):
-                L.gather(ch, v)
-        st.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        with c.retrieve_view(keys) as vs:
-            assert len(vs) == a.chunks
-            for v, ch in zip(vs, dst):
-                L.scatter(v, ch)
-        sync(dev)
-        ld.append(time.perf_counter() - t0)
-        if rnd == 0:
-            for t in caches.values():
-                assert torch.equal(t[:, dst[0]], t[:, src[0]]), "scatter(gather(x)) != x"
-        c.delete(keys)
+
+    def rounds(paths):
+        r = random.Random(7)
+        st, ld = [], []
+        for rnd in range(a.rounds):
+            blocks = r.sample(range(nb), a.chunks * bpc * 2)
+            src = [blocks[i * bpc:(i + 1) * bpc] for i in range(a.chunks)]
+            dst = [blocks[(a.chunks + i) * bpc:(a.chunks + i + 1) * bpc] for i in range(a.chunks)]
+            toks = [r.randrange(1 << 30) for _ in range(a.chunk * a.chunks)]
+            keys = kvtier.chunk_keys("kvcopy-bench", toks, chunk_size=a.chunk)
+            t0 = time.perf_counter()
+            with c.store_view(keys, [L.chunk_bytes] * a.chunks, dtype=L.dtype_name,
+                              shape=L.shape) as vs:
+                for v, ch in zip(vs, src):
+                    paths.gather(ch, v)
+            st.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            with c.retrieve_view(keys) as vs:
+                assert len(vs) == a.chunks
+                for v, ch in zip(vs, dst):
+                    paths.scatter(v, ch)
+            sync(dev)
+            ld.append(time.perf_counter() - t0)
+            if rnd == 0:
+                for t in caches.values():
+                    assert torch.equal(t[:, dst[0]], t[:, src[0]]), "scatter(gather(x)) != x"
+            c.delete(keys)
+        return min(st), min(ld)
+
+    s, l = rounds(L)
+    torch_path = None
+    if L._ccopy is not None:
+        # the same copies through torch's indexing kernels, for comparison
+        T = PagedLayout(caches, nb, a.block, a.chunk)
+        T._ccopy = None
+        torch_path = rounds(T)
     lim_store, lim_load = limit_seconds(total, dev)
-    s, l = min(st), min(ld)
     what = "memcpy" if dev.type == "cpu" else "cudaMemcpy pinned"
     print("store (gather into pool + commit): %.3f s = %.2f GB/s; %s %.3f s = %.2f GB/s; ratio %.2f"
           % (s, total / s / 1e9, what, lim_store, total / lim_store / 1e9, lim_store / s))
     print("load (retrieve + scatter):         %.3f s = %.2f GB/s; %s %.3f s = %.2f GB/s; ratio %.2f"
           % (l, total / l / 1e9, what, lim_load, total / lim_load / 1e9, lim_load / l))
+    if torch_path:
+        ts, tl = torch_path
+        print("torch index_select/index_copy_ instead of kvt_copy_blocks: store %.3f s (%.2f GB/s), "
+              "load %.3f s (%.2f GB/s)" % (ts, total / ts / 1e9, tl, total / tl / 1e9))
     if unpin:
         unpin()
     c.close()

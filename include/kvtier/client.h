@@ -177,6 +177,31 @@ int kvt_ping(kvt_client *c);
 /* Delete keys from every tier; *removed = objects removed from L2 (sum). */
 int kvt_delete(kvt_client *c, const kvt_keys *keys, size_t *removed);
 
+/* ---- paged KV-cache block copies (engine connectors) ----
+ *
+ * One layer of an engine's paged KV cache in host memory, as a kvtier
+ * object carries it (docs/vllm.md): `lead` leading slices (2 for K and V of a
+ * [2, num_blocks, ...] tensor, 1 when blocks lead), each holding num_blocks
+ * blocks of seg_bytes contiguous bytes, block_stride apart, the slices
+ * lead_stride apart. In the object the layer starts at obj_off and holds, for
+ * each slice in turn, the chunk's blocks in chunk order. */
+typedef struct kvt_copy_layer {
+    uint64_t base; /* address of the layer's first byte */
+    uint64_t obj_off;
+    uint64_t seg_bytes;
+    uint64_t block_stride;
+    uint64_t lead_stride;
+    uint64_t num_blocks;
+    uint32_t lead;
+} kvt_copy_layer;
+
+/* Copy the nblocks blocks named by blocks[] (chunk order; an id < 0 is
+ * skipped) of every layer into the object (to_object) or out of it into the
+ * cache. KVT_E_BADREQ, copying nothing, when a block id is out of range or a
+ * layer does not fit in object_len bytes. */
+int kvt_copy_blocks(bool to_object, const kvt_copy_layer *layers, uint32_t nlayers, void *object,
+                    size_t object_len, const int64_t *blocks, uint32_t nblocks);
+
 /* Prefix-chained SHA-256 chunk hashes of tokens (32 bytes each, full chunks
  * only); returns the number of hashes written to out. */
 size_t kvt_chunk_hashes(const uint32_t *tokens, size_t n_tokens, size_t chunk_size, uint8_t *out);

@@ -93,3 +93,48 @@ def test_an_object_of_another_layout_is_not_scattered():
     assert not a.matches(b.dtype_name, b.shape)
     with pytest.raises(ValueError):
         a.scatter(bytearray(a.chunk_bytes - 1), [0, 1, 2, 3])
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_memcpy_path_writes_the_layout_the_torch_path_does(layout):
+    """kvt_copy_blocks (the CPU memcpy path) and torch's index_select /
+    index_copy_ give the same object bytes and the same cache contents, so
+    objects written by either (or by the CUDA path) load through the other."""
+    layers = LAYOUTS[layout](torch.float16)
+    caches = {"l%d" % i: t for i, t in enumerate(layers)}
+    fast = PagedLayout(caches, NB, BS, BS * 4)
+    slow = PagedLayout(caches, NB, BS, BS * 4)
+    slow._ccopy = None
+    # every contiguous layout takes the memcpy path; the permuted view cannot
+    assert (fast._ccopy is not None) == (layout != "strided")
+    chunk = [5, 17, 2, 40]
+    a, b = bytearray(fast.chunk_bytes), bytearray(fast.chunk_bytes)
+    fast.gather(chunk, memoryview(a))
+    slow.gather(chunk, memoryview(b))
+    assert a == b
+    before = [t.clone() for t in layers]
+    # scatter one chunk's bytes into other blocks (one skipped) both ways
+    dst = [9, -1, 33, 63]
+    fast.scatter(memoryview(a), dst)
+    after_fast = [t.clone() for t in layers]
+    for t, old in zip(layers, before):
+        t.copy_(old)
+    slow.scatter(memoryview(b), dst)
+    for t, f in zip(layers, after_fast):
+        assert torch.equal(t, f)
+    for t, old in zip(layers, before):
+        assert not torch.equal(t, old)
+
+
+def test_memcpy_path_refuses_block_ids_out_of_range():
+    t = torch.randn(2, NB, BS, 4, 8)
+    L = PagedLayout({"a": t}, NB, BS, BS * 4)
+    assert L._ccopy is not None
+    before = t.clone()
+    buf = bytearray(L.chunk_bytes)
+    buf[:] = b"\x01" * len(buf)
+    with pytest.raises(ValueError, match="out of range"):
+        L.scatter(memoryview(buf), [0, 1, 2, NB])
+    assert torch.equal(t, before)  # checked first: nothing copied
+    with pytest.raises(ValueError, match="out of range"):
+        L.gather([NB + 5, 0, 1, 2], memoryview(buf))
