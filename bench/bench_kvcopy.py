@@ -83,8 +83,10 @@ def main():
         sys.exit("no shared-memory pool: run the server on this host")
     unpin = register_pinned(*c.pool) if dev.type == "cuda" else None
     total = L.chunk_bytes * a.chunks
-    print("%s: %d layers, chunk %d tokens = %.2f MiB, %d chunks = %.1f MiB a round, %s"
-          % (dev, a.layers, a.chunk, L.chunk_bytes / 2 ** 20, a.chunks, total / 2 ** 20, a.dtype))
+    print("%s: %d layers, chunk %d tokens = %.2f MiB, %d chunks = %.1f MiB a round, %s, "
+          "%d copy threads; memcpy = torch's copy_ with %d threads"
+          % (dev, a.layers, a.chunk, L.chunk_bytes / 2 ** 20, a.chunks, total / 2 ** 20, a.dtype,
+             L.copy_threads if L._ccopy is not None else 1, torch.get_num_threads()))
 
     def rounds(paths):
         r = random.Random(7)
@@ -98,14 +100,12 @@ def main():
             t0 = time.perf_counter()
             with c.store_view(keys, [L.chunk_bytes] * a.chunks, dtype=L.dtype_name,
                               shape=L.shape) as vs:
-                for v, ch in zip(vs, src):
-                    paths.gather(ch, v)
+                paths.gather_many(zip(src, vs))
             st.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             with c.retrieve_view(keys) as vs:
                 assert len(vs) == a.chunks
-                for v, ch in zip(vs, dst):
-                    paths.scatter(v, ch)
+                paths.scatter_many(zip(vs, dst))
             sync(dev)
             ld.append(time.perf_counter() - t0)
             if rnd == 0:

@@ -29,7 +29,9 @@ with a plain paged tensor and random block tables.
 
 import ctypes
 import math
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -117,10 +119,12 @@ class PagedLayout:
 
     kv_caches: {layer_name: tensor} in the engine's layer order (vLLM's
     register_kv_caches); num_blocks and block_size of the paged cache;
-    chunk_size: tokens per kvtier object (a multiple of block_size).
+    chunk_size: tokens per kvtier object (a multiple of block_size);
+    copy_threads: how many threads `gather_many` / `scatter_many` copy with on
+    the memcpy path (default: the CPUs this process may use, at most 4).
     """
 
-    def __init__(self, kv_caches, num_blocks, block_size, chunk_size):
+    def __init__(self, kv_caches, num_blocks, block_size, chunk_size, copy_threads=None):
         if block_size <= 0 or chunk_size <= 0 or chunk_size % block_size:
             raise LayoutError(
                 "kvtier's chunk size (%d tokens) must be a multiple of vLLM's block size (%d): "
@@ -172,6 +176,10 @@ class PagedLayout:
             fn = _c_copy() if all(c is not None for c in cl) else None
             if fn is not None:
                 self._ccopy = (fn, (_CCopyLayer * len(cl))(*cl), len(cl))
+        if copy_threads is None:
+            copy_threads = min(4, len(os.sched_getaffinity(0)))
+        self.copy_threads = max(1, int(copy_threads))
+        self._pool = None
 
     # ------------------------------------------------------------ helpers
 
@@ -249,6 +257,47 @@ class PagedLayout:
             L.tensor.index_copy_(L.bdim, dst_idx, part)
         if dev.type != "cpu":
             torch.cuda.current_stream(dev).synchronize()
+
+    def gather_many(self, pairs):
+        """gather(block_ids, dst) for each (block_ids, dst) of a batch."""
+        self._many(self.gather, pairs)
+
+    def scatter_many(self, pairs):
+        """scatter(src, block_ids) for each (src, block_ids) of a batch."""
+        self._many(self.scatter, pairs)
+
+    def _many(self, fn, pairs):
+        """The chunks of a batch split over copy_threads threads on the memcpy
+        path (each kvt_copy_blocks call runs without the GIL), in order on
+        one otherwise. The first error is raised once every copy is done."""
+        pairs = list(pairs)
+        k = min(self.copy_threads, len(pairs)) if self._ccopy is not None else 1
+        if k <= 1:
+            for a, b in pairs:
+                fn(a, b)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.copy_threads - 1,
+                                            thread_name_prefix="kvtier-copy")
+
+        def run(part):
+            for a, b in part:
+                fn(a, b)
+
+        parts = [pairs[i::k] for i in range(k)]
+        futs = [self._pool.submit(run, part) for part in parts[1:]]
+        err = None
+        try:
+            run(parts[0])
+        except Exception as e:  # noqa: BLE001 - raised after the others finish
+            err = e
+        for f in futs:
+            try:
+                f.result()
+            except Exception as e:  # noqa: BLE001
+                err = err or e
+        if err is not None:
+            raise err
 
     def _memcpy_ok(self, u8):
         return (self._ccopy is not None and u8.dtype == torch.uint8 and u8.is_contiguous()

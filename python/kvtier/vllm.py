@@ -33,6 +33,8 @@ Extra config keys (`kv_connector_extra_config`):
                    (default 256; the server's `hello` decides otherwise)
     shm            false: never map the server's pool (inline frames only)
     load_failure_policy  "recompute" (default) or "fail"
+    copy_threads   threads a load or store copies its chunks with on the CPU
+                   (default: the CPUs the worker may use, at most 4)
 """
 
 import json
@@ -345,7 +347,8 @@ class _Worker:
         if c is not None:
             self.cfg.set_chunk_size(c.chunk_size)
         try:
-            self.layout = PagedLayout(kv_caches, num_blocks, self.cfg.block_size, self.cfg.chunk_size)
+            self.layout = PagedLayout(kv_caches, num_blocks, self.cfg.block_size, self.cfg.chunk_size,
+                                      copy_threads=self.cfg.copy_threads)
         except LayoutError as e:
             raise ValueError("kvtier connector: %s" % e) from None
         log.info("kvtier worker: %d KV layers, chunk %d tokens = %d blocks = %d bytes, dtype %s, "
@@ -457,15 +460,15 @@ class _Worker:
                 raise ConnectionError("no kvtier server")
             rv = c.retrieve_view(self.cfg.keys(job.hashes, job.salt))
             with rv as views:
-                for i, mv in enumerate(views):
-                    if i >= len(job.blocks):
-                        break
+                n = 0
+                for i, mv in enumerate(views[:len(job.blocks)]):
                     dt, shape = rv.metas[i]
                     if len(mv) != L.chunk_bytes or not L.matches(dt, shape):
                         self.stats["layout_mismatch"] = self.stats.get("layout_mismatch", 0) + 1
                         break
-                    L.scatter(mv, job.blocks[i])
-                    loaded += 1
+                    n += 1
+                L.scatter_many(zip(views[:n], job.blocks[:n]))
+                loaded = n
         except Exception as e:  # noqa: BLE001 - whatever was scattered is not trusted
             loaded = 0
             self.conn.failed(e, "load")
@@ -494,9 +497,7 @@ class _Worker:
             keys = self.cfg.keys(job.hashes, job.salt)
             sv = c.store_view(keys, [L.chunk_bytes] * len(job.hashes), dtype=L.dtype_name, shape=L.shape)
             with sv as views:
-                for v, blocks in zip(views, job.blocks):
-                    if v is not None:
-                        L.gather(blocks, v)
+                L.gather_many((blocks, v) for v, blocks in zip(views, job.blocks) if v is not None)
             self.stats["store_chunks"] = self.stats.get("store_chunks", 0) + len(job.hashes)
         except Exception as e:  # noqa: BLE001
             self.conn.failed(e, "store")
@@ -528,6 +529,11 @@ class _Config:
         self.block_size = vllm_config.cache_config.block_size
         self.kv_rank = _kv_rank(world, rank)
         self.chunk_size = int(get("chunk_size", 256))
+        ct = get("copy_threads", None)
+        if ct is not None and (isinstance(ct, bool) or not isinstance(ct, int) or ct < 1):
+            raise ValueError("kvtier connector: copy_threads must be a positive integer, got %r"
+                             % (ct,))
+        self.copy_threads = ct
         # benchmarks: one JSON line per load (chunks, bytes, seconds)
         self.stats_file = os.environ.get("KVTIER_VLLM_STATS")
         self.disabled = False

@@ -138,3 +138,29 @@ def test_memcpy_path_refuses_block_ids_out_of_range():
     assert torch.equal(t, before)  # checked first: nothing copied
     with pytest.raises(ValueError, match="out of range"):
         L.gather([NB + 5, 0, 1, 2], memoryview(buf))
+
+
+def test_batches_copy_on_several_threads_like_one():
+    """gather_many / scatter_many split a batch over copy_threads threads on
+    the memcpy path: the same bytes as one chunk at a time, and an error in
+    any chunk is raised after every other copy finished."""
+    layers = LAYOUTS["kv_first"](torch.float32)
+    caches = {"l%d" % i: t for i, t in enumerate(layers)}
+    par = PagedLayout(caches, NB, BS, BS * 4, copy_threads=3)
+    one = PagedLayout(caches, NB, BS, BS * 4, copy_threads=1)
+    chunks = [[4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3] for i in range(7)]
+    a = [bytearray(par.chunk_bytes) for _ in chunks]
+    b = [bytearray(par.chunk_bytes) for _ in chunks]
+    par.gather_many((ch, memoryview(x)) for ch, x in zip(chunks, a))
+    one.gather_many((ch, memoryview(x)) for ch, x in zip(chunks, b))
+    assert a == b and len(set(map(bytes, a))) == len(chunks)
+    dst = [[NB - 1 - j for j in ch] for ch in chunks]
+    par.scatter_many((memoryview(x), d) for x, d in zip(a, dst))
+    for t in layers:
+        for ch, d in zip(chunks, dst):
+            for sb, db in zip(ch, d):
+                assert torch.equal(t[:, db], t[:, sb]) or sb == db
+    bad = list(zip(map(memoryview, a), dst))
+    bad[3] = (bad[3][0], [0, 1, 2, NB])
+    with pytest.raises(ValueError, match="out of range"):
+        par.scatter_many(bad)
