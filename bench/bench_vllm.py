@@ -83,6 +83,11 @@ def ttft(eng, toks):
     return r["seconds"], r["outputs"][0]["tokens"], r["metrics"]
 
 
+def _torch_threads():
+    import torch
+    return torch.get_num_threads()
+
+
 def memcpy_seconds(nbytes):
     import torch
     src = torch.empty(nbytes, dtype=torch.uint8)
@@ -214,10 +219,13 @@ def main():
     if loads:
         lb = statistics.median(l["bytes"] for l in loads)
         ls = statistics.median(l["seconds"] for l in loads)
+        cs = statistics.median(l.get("copy_seconds", l["seconds"]) for l in loads)
         mc = memcpy_seconds(int(lb))
-        print("connector load (b): %.1f MiB in %.3f s = %.2f GB/s; memcpy of the same bytes "
+        print("connector load (b): %.1f MiB in %.3f s = %.2f GB/s (of it the copy into the paged "
+              "cache %.3f s = %.2f GB/s); memcpy of the same bytes (torch copy_, %d threads) "
               "%.3f s = %.2f GB/s; load time / memcpy time %.2f"
-              % (lb / 2 ** 20, ls, lb / ls / 1e9, mc, lb / mc / 1e9, ls / mc))
+              % (lb / 2 ** 20, ls, lb / ls / 1e9, cs, lb / cs / 1e9, _torch_threads(), mc,
+                 lb / mc / 1e9, ls / mc))
     if "d" in med:
         print("(b) / (d) %.2f, (c) / (d) %.2f" % (med["b"] / med["d"], med["c"] / med["d"]))
     print("RESULT vllm ttft_hit_over_cold=%.3f identical=%s"

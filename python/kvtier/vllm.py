@@ -459,6 +459,7 @@ class _Worker:
             if c is None:
                 raise ConnectionError("no kvtier server")
             rv = c.retrieve_view(self.cfg.keys(job.hashes, job.salt))
+            t1 = time.perf_counter()
             with rv as views:
                 n = 0
                 for i, mv in enumerate(views[:len(job.blocks)]):
@@ -468,13 +469,14 @@ class _Worker:
                         break
                     n += 1
                 L.scatter_many(zip(views[:n], job.blocks[:n]))
+                t2 = time.perf_counter()
                 loaded = n
         except Exception as e:  # noqa: BLE001 - whatever was scattered is not trusted
             loaded = 0
             self.conn.failed(e, "load")
         if self.cfg.stats_file and loaded:
             self._record({"op": "load", "chunks": loaded, "bytes": loaded * L.chunk_bytes,
-                          "seconds": time.perf_counter() - t0})
+                          "seconds": time.perf_counter() - t0, "copy_seconds": t2 - t1})
         bad = set()
         for row in job.blocks[loaded:]:
             bad.update(b for b in row if b >= 0)
