@@ -142,7 +142,7 @@ lmcache)
   echo "   same model, prompts, L1 size; one fs L2 each under $DIR"
   if [ "$QUICK" = 1 ]; then
     "$PY" bench/lmc_vllm_bench.py --dir "$DIR" --bin "$BIN" --layers 2 --hidden 256 --heads 4 \
-      --prompt-chunks 4 --rounds 3 --workload 12 --workload-blocks 4
+      --prompt-chunks 4 --rounds 2 --workload 12 --workload-blocks 4 --l2-modes buffered
   else
     "$PY" bench/lmc_vllm_bench.py --dir "$DIR" --bin "$BIN"
   fi
