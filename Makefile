@@ -10,7 +10,7 @@ endif
 PYTEST ?= /usr/bin/python3 -m pytest
 
 .PHONY: all deps configure build run test unit integration clean format check-format bench \
-	test-asan test-tsan test-sanitize fuzz check-clang venv test-vllm install deb
+	test-asan test-tsan test-sanitize fuzz check-clang venv test-vllm install deb debroot
 
 all: build
 
@@ -37,6 +37,12 @@ install: build
 # packaging/cpack.cmake).
 deb: build
 	cd $(BUILD) && cpack -G DEB >/dev/null && ls $(abspath $(BUILD))/deb/*.deb
+
+# A fresh Debian 12 root (debootstrap) for the package test to install the
+# .deb into (scripts/make-debroot.sh; minutes, needs deb.debian.org). Without
+# it tests/integration/test_package.py checks an extracted package instead.
+debroot: deb
+	./scripts/make-debroot.sh
 
 run: build
 	$(BUILD)/kvtier server $(ARGS)

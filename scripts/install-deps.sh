@@ -8,6 +8,10 @@ PKGS=(
   liburing-dev libhiredis-dev libcurl4-openssl-dev liblz4-dev libzstd-dev
   python3 python3-pytest python3-zmq
   redis-server redis-tools fio
+  # packaging and service tests: dpkg-shlibdeps (make deb), lintian,
+  # debootstrap (make debroot), systemd-analyze, promtool (from prometheus,
+  # about 20 MB: a minute or two with its dependencies)
+  dpkg-dev lintian debootstrap systemd prometheus
 )
 # Node.js runs the S3-compatible test server (tests/integration/s3server);
 # a nodejs already on PATH (e.g. NodeSource's) is used as it is.

@@ -19,6 +19,45 @@ HAVE_INSTALL = os.path.exists(os.path.join(BUILD, "cmake_install.cmake"))
 needs_build_tree = pytest.mark.skipif(not HAVE_INSTALL, reason="KVTIER_BIN is not in a CMake build tree")
 
 
+# store, lookup and retrieve one object through the C API; argv[1] = url
+ROUND_TRIP_C = textwrap.dedent(r"""
+        #include <kvtier/client.h>
+        #include <stdio.h>
+        #include <string.h>
+        int main(int argc, char **argv)
+        {
+            (void)argc;
+            kvt_client_opts o = {.no_shm = true, .no_local = true};
+            kvt_client *c = NULL;
+            if (kvt_client_open(argv[1], &o, &c)) {
+                fprintf(stderr, "open: %s\n", kvt_client_open_error());
+                return 1;
+            }
+            uint8_t h[32];
+            memset(h, 7, sizeof(h));
+            kvt_keys k = {.model = "pc-test", .hashes = h, .hash_len = 32, .n = 1};
+            const char payload[] = "hello from the C API";
+            const void *bufs[1] = {payload};
+            size_t lens[1] = {sizeof(payload)}, acc = 0, hits = 0, n = 0;
+            kvt_blob *b = NULL;
+            int rc = kvt_store(c, &k, bufs, lens, NULL, &acc);
+            if (!rc)
+                rc = kvt_lookup(c, &k, &hits);
+            if (!rc)
+                rc = kvt_retrieve(c, &k, &b, &n);
+            if (rc || acc != 1 || hits != 1 || n != 1) {
+                fprintf(stderr, "rc %d (%s) acc %zu hits %zu n %zu\n", rc, kvt_strerror(rc), acc,
+                        hits, n);
+                return 1;
+            }
+            printf("%.*s\n", (int)b[0].len, (const char *)b[0].data);
+            kvt_blobs_free(b, n);
+            kvt_client_close(c);
+            return 0;
+        }
+    """)
+
+
 class InstalledServer(Server):
     """A Server started from another binary (an installed one)."""
 
@@ -109,42 +148,7 @@ def test_pkg_config_builds_against_installed_library(make_server, tmp_path):
                            capture_output=True, text=True, check=True).stdout.split()
     assert "-I%s/opt/kvt/include" % root in flags and "-lkvtier_client" in flags, flags
     src = tmp_path / "rt.c"
-    src.write_text(textwrap.dedent(r"""
-        #include <kvtier/client.h>
-        #include <stdio.h>
-        #include <string.h>
-        int main(int argc, char **argv)
-        {
-            (void)argc;
-            kvt_client_opts o = {.no_shm = true, .no_local = true};
-            kvt_client *c = NULL;
-            if (kvt_client_open(argv[1], &o, &c)) {
-                fprintf(stderr, "open: %s\n", kvt_client_open_error());
-                return 1;
-            }
-            uint8_t h[32];
-            memset(h, 7, sizeof(h));
-            kvt_keys k = {.model = "pc-test", .hashes = h, .hash_len = 32, .n = 1};
-            const char payload[] = "hello from pkg-config";
-            const void *bufs[1] = {payload};
-            size_t lens[1] = {sizeof(payload)}, acc = 0, hits = 0, n = 0;
-            kvt_blob *b = NULL;
-            int rc = kvt_store(c, &k, bufs, lens, NULL, &acc);
-            if (!rc)
-                rc = kvt_lookup(c, &k, &hits);
-            if (!rc)
-                rc = kvt_retrieve(c, &k, &b, &n);
-            if (rc || acc != 1 || hits != 1 || n != 1) {
-                fprintf(stderr, "rc %d (%s) acc %zu hits %zu n %zu\n", rc, kvt_strerror(rc), acc,
-                        hits, n);
-                return 1;
-            }
-            printf("%.*s\n", (int)b[0].len, (const char *)b[0].data);
-            kvt_blobs_free(b, n);
-            kvt_client_close(c);
-            return 0;
-        }
-        """))
+    src.write_text(ROUND_TRIP_C)
     exe = tmp_path / "rt"
     cc = subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", "-o", str(exe), str(src)] + flags,
                         capture_output=True, text=True)
@@ -153,7 +157,7 @@ def test_pkg_config_builds_against_installed_library(make_server, tmp_path):
     r = subprocess.run([str(exe), s.url], capture_output=True, text=True, timeout=30,
                        env=dict(os.environ, LD_LIBRARY_PATH=str(root / "opt/kvt/lib")))
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "hello from pkg-config\n"
+    assert r.stdout == "hello from the C API\n"
     # the program records the soname, and the installed copy is the one loaded
     ldd = subprocess.run(["ldd", str(exe)], capture_output=True, text=True,
                          env=dict(os.environ, LD_LIBRARY_PATH=str(root / "opt/kvt/lib"))).stdout
