@@ -788,6 +788,7 @@ static void banner(struct kvt_server *s)
 int kvt_server_run(struct kvt_server_cfg *cfg)
 {
     kvt_log_set_level(cfg->log_level);
+    kvt_log_set_format(cfg->log_format);
     struct kvt_server *s = kvt_xcalloc(1, sizeof(*s));
     s->cfg = cfg;
     s->sig_fd = -1;

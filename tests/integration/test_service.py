@@ -111,3 +111,31 @@ def test_watchdog_pid_of_another_process_means_no_pings(tmp_path):
     finally:
         s.kill()
         sock.close()
+
+
+def test_json_lines_log(tmp_path):
+    """--log-format json (and KVT_LOG_FORMAT=json): every line is one JSON
+    object with ts, level and msg; a bad value exits 2 naming the flag or
+    the variable."""
+    import json
+    for args, env in (([ "--log-format", "json"], None), ([], {"KVT_LOG_FORMAT": "json"})):
+        s = Server(args, tmp_path, data_dir=str(tmp_path / "data"), env=env)
+        s.start()
+        with s.client() as c:
+            c.ping()
+        s.stop()
+        lines = s.read_log().splitlines()
+        assert len(lines) >= 4, lines
+        recs = [json.loads(l) for l in lines]  # all of them, or this raises
+        for r in recs:
+            assert set(r) == {"ts", "level", "msg"} and r["level"] in ("debug", "info", "warn",
+                                                                         "error"), r
+            assert r["ts"].endswith("Z")
+        assert any(r["msg"].startswith("kvtier ") and "listening on" in r["msg"] for r in recs)
+        assert recs[-1]["msg"] == "stopped"
+    r = subprocess.run([BIN, "server", "--log-format", "yaml", "--dry-run"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "--log-format" in r.stderr, r.stderr
+    r = subprocess.run([BIN, "server", "--dry-run"], capture_output=True, text=True,
+                       env=dict(os.environ, KVT_LOG_FORMAT="yaml"))
+    assert r.returncode == 2 and "KVT_LOG_FORMAT" in r.stderr, r.stderr
