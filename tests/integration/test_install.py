@@ -4,6 +4,7 @@ to it, and `pkg-config --cflags --libs kvtier` builds a C program against the
 installed headers and library.
 """
 
+import re
 import os
 import shutil
 import subprocess
@@ -166,3 +167,29 @@ def test_pkg_config_builds_against_installed_library(make_server, tmp_path):
     ldd = subprocess.run(["ldd", str(exe)], capture_output=True, text=True,
                          env=dict(os.environ, LD_LIBRARY_PATH=str(root / "opt/kvt/lib"))).stdout
     assert "libkvtier_client.so.0 => %s/opt/kvt/lib/libkvtier_client.so.0" % root in ldd, ldd
+
+
+@pytest.mark.skipif(not shutil.which("man"), reason="man missing (Debian's man-db)")
+def test_man_pages_render_and_cover_every_command():
+    """kvtier(1) documents every command `kvtier help` lists and both pages
+    format without groff warnings."""
+    usage = subprocess.run([BIN, "help"], capture_output=True, text=True, check=True).stdout
+    commands = re.findall(r"^  (\w+)\s", usage, re.M)
+    assert {"server", "status", "purge", "replay", "version"} <= set(commands), usage
+    pages = {}
+    for page in ("kvtier.1", "kvtier-cache.env.5"):
+        r = subprocess.run(["man", "--warnings", "-l", os.path.join(ROOT, "man", page)],
+                           capture_output=True, text=True, env=dict(os.environ, MANWIDTH="100"))
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        pages[page] = r.stdout
+    text = pages["kvtier.1"]
+    body = text[text.index("COMMANDS"):text.index("EXIT STATUS")]
+    for cmd in commands:
+        assert re.search(r"^\s+%s\b" % cmd, body, re.M), cmd
+    # kvtier-cache.env(5) names every variable the config parser knows
+    env = pages["kvtier-cache.env.5"]
+    with open(os.path.join(ROOT, "src", "ops", "envcfg.c")) as f:
+        known = set(re.findall(r'\{"(KVP_[A-Z_]+)", V_', f.read()))
+    assert len(known) >= 10
+    for v in known:
+        assert v in env, v
