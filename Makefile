@@ -10,7 +10,7 @@ endif
 PYTEST ?= /usr/bin/python3 -m pytest
 
 .PHONY: all deps configure build run test unit integration clean format check-format bench \
-	test-asan test-tsan test-sanitize fuzz check-clang venv test-vllm
+	test-asan test-tsan test-sanitize fuzz check-clang venv test-vllm install deb debroot
 
 all: build
 
@@ -24,6 +24,25 @@ configure: deps $(BUILD)/Makefile
 
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
+
+# `make install PREFIX=/usr DESTDIR=/tmp/root`: the binary, the client library
+# with its headers and kvtier.pc, man pages, example configs under
+# PREFIX/etc/kvtier (/etc/kvtier for PREFIX=/usr) and the systemd unit
+# (packaging/install.cmake).
+PREFIX ?= /usr/local
+install: build
+	DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
+
+# `make deb`: build/deb/kvtier_<version>-1_<arch>.deb (CPack's DEB generator,
+# packaging/cpack.cmake).
+deb: build
+	cd $(BUILD) && cpack -G DEB >/dev/null && ls $(abspath $(BUILD))/deb/*.deb
+
+# A fresh Debian 12 root (debootstrap) for the package test to install the
+# .deb into (scripts/make-debroot.sh; minutes, needs deb.debian.org). Without
+# it tests/integration/test_package.py checks an extracted package instead.
+debroot: deb
+	./scripts/make-debroot.sh
 
 run: build
 	$(BUILD)/kvtier server $(ARGS)

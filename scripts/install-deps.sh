@@ -7,7 +7,13 @@ PKGS=(
   libzmq3-dev libmsgpack-dev libjansson-dev libssl-dev libxxhash-dev libmicrohttpd-dev
   liburing-dev libhiredis-dev libcurl4-openssl-dev liblz4-dev libzstd-dev
   python3 python3-pytest python3-zmq
+  # pip install ./python (tests/integration/test_pip.py: offline, in a venv)
+  python3-venv python3-pip python3-setuptools python3-wheel
   redis-server redis-tools fio
+  # packaging and service tests: dpkg-shlibdeps (make deb), lintian,
+  # debootstrap (make debroot), systemd-analyze, promtool (from prometheus,
+  # about 20 MB: a minute or two with its dependencies)
+  dpkg-dev lintian debootstrap systemd prometheus
 )
 # Node.js runs the S3-compatible test server (tests/integration/s3server);
 # a nodejs already on PATH (e.g. NodeSource's) is used as it is.

@@ -216,7 +216,28 @@ class _COpts(ctypes.Structure):
                 ("connect_timeout_ms", ctypes.c_int)]
 
 
+def _pkg_config_library():
+    """libkvtier_client.so.0 in the libdir kvtier.pc names, or None."""
+    import subprocess
+    try:
+        r = subprocess.run(["pkg-config", "--variable=libdir", "kvtier"], capture_output=True,
+                           text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    libdir = r.stdout.strip()
+    if r.returncode or not libdir:
+        return None
+    for name in ("libkvtier_client.so.0", "libkvtier_client.so"):
+        cand = os.path.join(libdir, name)
+        if os.path.exists(cand):
+            return cand
+    return None
+
+
 def _find_library():
+    """Where libkvtier_client is: KVTIER_LIB, a copy next to this module, the
+    tree's build/ (a checkout), pkg-config's libdir for kvtier (make install,
+    the Debian package), then the dynamic linker's search path."""
     env = os.environ.get("KVTIER_LIB")
     if env:
         return env
@@ -227,10 +248,11 @@ def _find_library():
     ):
         if os.path.exists(cand):
             return os.path.abspath(cand)
-    found = ctypes.util.find_library("kvtier_client")
+    found = _pkg_config_library() or ctypes.util.find_library("kvtier_client")
     if found:
         return found
-    raise ImportError("libkvtier_client.so not found: run `make` or set KVTIER_LIB")
+    raise ImportError("libkvtier_client.so not found: run `make` (or `make install`, or install "
+                      "the kvtier package), or set KVTIER_LIB to its path")
 
 
 _lib = None

@@ -1,6 +1,9 @@
 /*
  * Leveled logging to stderr, one line per record:
  *   2026-11-29T12:00:00.123Z WARN  fs[0]: O_DIRECT refused (EINVAL) ...
+ * or, in the JSON-lines format (--log-format json, KVT_LOG_FORMAT=json), one
+ * JSON object per line for log shippers (journald, Loki, Vector):
+ *   {"ts":"2026-11-29T12:00:00.123Z","level":"warn","msg":"fs[0]: O_DIRECT ..."}
  * The level comes from --log-level, KVT_LOG_LEVEL or LMCACHE_LOG_LEVEL.
  * Thread-safe: each record is one write(2).
  */
@@ -11,12 +14,17 @@
 #include <stdbool.h>
 
 enum kvt_log_level { KVT_LOG_DEBUG = 0, KVT_LOG_INFO, KVT_LOG_WARN, KVT_LOG_ERROR, KVT_LOG_OFF };
+enum kvt_log_format { KVT_LOG_TEXT = 0, KVT_LOG_JSON };
 
 extern int kvt_log_level_current;
 
 /* Parse "debug|info|warn|error|off"; returns -1 when unknown. */
 int kvt_log_parse_level(const char *s);
 void kvt_log_set_level(int level);
+/* Parse "text|json"; returns -1 when unknown. */
+int kvt_log_parse_format(const char *s);
+/* Set before the threads that log start (not synchronized). */
+void kvt_log_set_format(int format);
 void kvt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define kvt_debug(...)                                                                             \

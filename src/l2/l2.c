@@ -274,6 +274,36 @@ void kvt_l2_base_destroy(kvt_l2 *l2)
 
 /* ------------------------------------------------------------ contract */
 
+/* L2 batches run from tens of microseconds (a lookup in the index) to
+ * seconds (a large load from S3) */
+const double kvt_l2_lat_bounds[KVT_L2_LAT_BUCKETS] = {
+    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
+    25e-3, 50e-3,  100e-3, 250e-3, 500e-3, 1.0,  5.0,  1e300,
+};
+
+static void record_latency(kvt_l2 *l2, const kvt_l2_task *t)
+{
+    struct kvt_l2_lat_hist *h = &l2->lat[t->kind];
+    uint64_t dt = kvt_now_ns() - t->submit_ns;
+    double sec = (double)dt / 1e9;
+    int b = 0;
+    while (b < KVT_L2_LAT_BUCKETS - 1 && sec > kvt_l2_lat_bounds[b])
+        b++;
+    /* relaxed: statistics, read without ordering against anything else */
+    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_ns, dt, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->bucket[b], 1, memory_order_relaxed);
+}
+
+void kvt_l2_latency(kvt_l2 *l2, enum kvt_l2_kind kind, struct kvt_l2_latency *out)
+{
+    const struct kvt_l2_lat_hist *h = &l2->lat[kind];
+    for (int b = 0; b < KVT_L2_LAT_BUCKETS; b++)
+        out->bucket[b] = atomic_load_explicit(&h->bucket[b], memory_order_relaxed);
+    out->sum_ns = atomic_load_explicit(&h->sum_ns, memory_order_relaxed);
+    out->count = atomic_load_explicit(&h->count, memory_order_relaxed);
+}
+
 void kvt_l2_submit(kvt_l2 *l2, kvt_l2_task *t)
 {
     t->submit_ns = kvt_now_ns();
@@ -346,6 +376,8 @@ void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
     /* the hook sees what the controller will see: outer tasks only */
     if (l2->finish_hook)
         l2->finish_hook(l2, t);
+    if (t->n)
+        record_latency(l2, t);
     uint32_t hits = (uint32_t)kvt_bm_count(t->ok, t->n);
     switch (t->kind) {
     case KVT_L2_STORE:

@@ -180,6 +180,21 @@ struct kvt_l2_counters {
     _Atomic uint64_t quota_rejections, quota_evictions; /* namespace quotas */
 };
 
+/* Latency of the batches submitted to the adapter, per kind (store, lookup,
+ * load): from kvt_l2_submit to the task's finish, serde stage included.
+ * Bucket k counts batches of at most kvt_l2_lat_bounds[k] seconds (the last
+ * bound is +Inf), not cumulative. Relaxed atomics: these are statistics. */
+#define KVT_L2_LAT_BUCKETS 16
+extern const double kvt_l2_lat_bounds[KVT_L2_LAT_BUCKETS];
+struct kvt_l2_latency {
+    uint64_t count, sum_ns;
+    uint64_t bucket[KVT_L2_LAT_BUCKETS];
+};
+struct kvt_l2_lat_hist {
+    _Atomic uint64_t count, sum_ns;
+    _Atomic uint64_t bucket[KVT_L2_LAT_BUCKETS];
+};
+
 /* A per-namespace quota (namespace = kvt_ns_name, the sanitized model).
  * The list is built by kvt_l2_base_init from the spec and never changes. */
 struct kvt_l2_quota {
@@ -220,6 +235,7 @@ struct kvt_l2 {
     uint32_t nreap, reap_cap;
 
     struct kvt_l2_counters counters;
+    struct kvt_l2_lat_hist lat[3]; /* per enum kvt_l2_kind */
     bool persist_enabled;
     /* set by engines that reserve on a thread where a remove must not be
      * waited for (s3: the submitting thread): a store over the cap is
@@ -271,6 +287,8 @@ struct kvt_l2_usage {
 void kvt_l2_usage(kvt_l2 *l2, struct kvt_l2_usage *u);
 /* Full status object (jansson, caller decrefs). */
 json_t *kvt_l2_status(kvt_l2 *l2);
+/* A snapshot of one kind's batch latencies (see struct kvt_l2_latency). */
+void kvt_l2_latency(kvt_l2 *l2, enum kvt_l2_kind kind, struct kvt_l2_latency *out);
 bool kvt_l2_healthy(kvt_l2 *l2, char *msg, size_t cap);
 void kvt_l2_close(kvt_l2 *l2);
 

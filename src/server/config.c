@@ -49,6 +49,7 @@ enum {
     O_DRY_RUN,
     O_NO_STORAGE_CHECK,
     O_LOG_LEVEL,
+    O_LOG_FORMAT,
     O_CONFIG,
     O_LMC_PORT,
     O_LMC_HOST,
@@ -88,6 +89,7 @@ static const struct option opts[] = {
     {"dry-run", no_argument, NULL, O_DRY_RUN},
     {"no-storage-check", no_argument, NULL, O_NO_STORAGE_CHECK},
     {"log-level", required_argument, NULL, O_LOG_LEVEL},
+    {"log-format", required_argument, NULL, O_LOG_FORMAT},
     {"config", required_argument, NULL, O_CONFIG},
     {"lmcache-port", required_argument, NULL, O_LMC_PORT},
     {"lmcache-host", required_argument, NULL, O_LMC_HOST},
@@ -149,7 +151,9 @@ void kvt_server_usage(FILE *f)
             "                                credentials), print the resolved config, exit\n"
             "  --no-storage-check            with --dry-run: the config only, not the storage\n"
             "                                it names (a config for another machine)\n"
-            "  --log-level debug|info|warn|error (info)\n");
+            "  --log-level debug|info|warn|error (info)\n"
+            "  --log-format text|json        json: one JSON object per line {ts, level, msg}\n"
+            "                                (text; or KVT_LOG_FORMAT)\n");
 }
 
 static int fail(const char *flag, const char *fmt, const char *val)
@@ -279,6 +283,14 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
     c->shm = true;
     c->local = true;
     c->log_level = kvt_log_level_current;
+    const char *lf = getenv("KVT_LOG_FORMAT");
+    if (lf && lf[0]) {
+        c->log_format = kvt_log_parse_format(lf);
+        if (c->log_format < 0) {
+            fprintf(stderr, "kvtier server: KVT_LOG_FORMAT: expected text or json, got '%s'\n", lf);
+            return 2;
+        }
+    }
     snprintf(c->data_dir, sizeof(c->data_dir), "./kvtier-data");
     snprintf(c->lmc_host, sizeof(c->lmc_host), "localhost");
 
@@ -455,6 +467,11 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
             c->log_level = lv;
             break;
         }
+        case O_LOG_FORMAT:
+            c->log_format = kvt_log_parse_format(optarg);
+            if (c->log_format < 0)
+                return fail(f, "expected text or json, got '%s'", optarg);
+            break;
         case O_CONFIG:
             config_path = optarg;
             break;

@@ -16,6 +16,7 @@
 #include "common/util.h"
 #include "kvtier/error.h"
 #include "server/internal.h"
+#include "server/notify.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -517,8 +518,17 @@ static void rpc_loop(struct kvt_server *s)
         {.fd = kvt_local_fd(s), .events = ZMQ_POLLIN},
     };
     int nitems = s->local ? 5 : 4;
+    /* the service manager's watchdog: WATCHDOG=1 from this loop at half the
+     * period it asked for, so a wedged rpc thread gets the service restarted */
+    uint64_t wd_ns = kvt_notify_watchdog_usec() * 1000 / 2;
+    uint64_t wd_last = kvt_now_ns();
+    long timeout_ms = wd_ns ? (long)(wd_ns / 1000000) + 1 : -1;
     while (!s->stop) {
-        int n = zmq_poll(items, nitems, -1);
+        int n = zmq_poll(items, nitems, timeout_ms);
+        if (wd_ns && kvt_now_ns() - wd_last >= wd_ns) {
+            kvt_notify("WATCHDOG=1");
+            wd_last = kvt_now_ns();
+        }
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -778,13 +788,23 @@ static void banner(struct kvt_server *s)
 int kvt_server_run(struct kvt_server_cfg *cfg)
 {
     kvt_log_set_level(cfg->log_level);
+    kvt_log_set_format(cfg->log_format);
     struct kvt_server *s = kvt_xcalloc(1, sizeof(*s));
     s->cfg = cfg;
     s->sig_fd = -1;
     int rc = start(s);
     if (rc == 0) {
         banner(s);
+        /* listeners bound, adapters open with their recovery scans started:
+         * the service manager may start what depends on the cache */
+        char msg[400];
+        snprintf(msg, sizeof(msg), "READY=1\nSTATUS=listening on %s\nMAINPID=%d", cfg->bind,
+                 (int)getpid());
+        int nrc = kvt_notify(msg);
+        if (nrc)
+            kvt_warn("NOTIFY_SOCKET: %s", strerror(-nrc));
         rpc_loop(s);
+        kvt_notify("STOPPING=1");
     }
     shutdown_all(s);
     free(s);

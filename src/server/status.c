@@ -100,6 +100,24 @@ static void metric(struct sb *b, const char *name, const char *type, const char 
     sbf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* One histogram's series: buckets[] are per-bucket counts (not cumulative)
+ * for the bounds[] in seconds, the last bound being +Inf. */
+static void histogram(struct sb *b, const char *name, const char *labels, const double *bounds,
+                      const uint64_t *buckets, int n, uint64_t sum_ns, uint64_t count)
+{
+    uint64_t cum = 0;
+    for (int k = 0; k < n; k++) {
+        cum += buckets[k];
+        if (k == n - 1)
+            sbf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels, (unsigned long long)cum);
+        else
+            sbf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels, bounds[k],
+                (unsigned long long)cum);
+    }
+    sbf(b, "%s_sum{%s} %.9f\n", name, labels, (double)sum_ns / 1e9);
+    sbf(b, "%s_count{%s} %llu\n", name, labels, (unsigned long long)count);
+}
+
 static uint64_t jint(const json_t *o, const char *path1, const char *path2)
 {
     const json_t *v = json_object_get(o, path1);
@@ -172,6 +190,19 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
             sbf(&b, "%s{adapter=\"%s\"} %llu\n", l2c[m].metric, s->l2s[i]->name,
                 (unsigned long long)jint(st[i], "counters", l2c[m].field));
     }
+    static const char *const kinds[3] = {"store", "lookup", "load"};
+    metric(&b, "kvtier_l2_operation_duration_seconds", "histogram",
+           "Time from submitting a batch to an L2 adapter to its completion, per operation.");
+    for (int i = 0; i < s->nl2; i++) {
+        for (int k = 0; k < 3; k++) {
+            struct kvt_l2_latency lat;
+            kvt_l2_latency(s->l2s[i], (enum kvt_l2_kind)k, &lat);
+            char lab[128];
+            snprintf(lab, sizeof(lab), "adapter=\"%s\",op=\"%s\"", s->l2s[i]->name, kinds[k]);
+            histogram(&b, "kvtier_l2_operation_duration_seconds", lab, kvt_l2_lat_bounds,
+                      lat.bucket, KVT_L2_LAT_BUCKETS, lat.sum_ns, lat.count);
+        }
+    }
     metric(&b, "kvtier_l2_healthy", "gauge", "1 if the adapter is healthy.");
     for (int i = 0; i < s->nl2; i++)
         sbf(&b, "kvtier_l2_healthy{adapter=\"%s\"} %d\n", s->l2s[i]->name,
@@ -190,20 +221,13 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
     metric(&b, "kvtier_rpc_latency_seconds", "histogram",
            "Time from request receipt to reply per operation.");
     for (int i = 0; i < OP_COUNT; i++) {
-        uint64_t cum = 0;
-        for (int k = 0; k < KVT_LAT_BUCKETS; k++) {
-            cum += atomic_load(&s->ops[i].bucket[k]);
-            if (k == KVT_LAT_BUCKETS - 1)
-                sbf(&b, "kvtier_rpc_latency_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n",
-                    kvt_op_names[i], (unsigned long long)cum);
-            else
-                sbf(&b, "kvtier_rpc_latency_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n",
-                    kvt_op_names[i], kvt_lat_bounds[k], (unsigned long long)cum);
-        }
-        sbf(&b, "kvtier_rpc_latency_seconds_sum{op=\"%s\"} %.9f\n", kvt_op_names[i],
-            (double)atomic_load(&s->ops[i].sum_ns) / 1e9);
-        sbf(&b, "kvtier_rpc_latency_seconds_count{op=\"%s\"} %llu\n", kvt_op_names[i],
-            (unsigned long long)atomic_load(&s->ops[i].count));
+        uint64_t bk[KVT_LAT_BUCKETS];
+        for (int k = 0; k < KVT_LAT_BUCKETS; k++)
+            bk[k] = atomic_load(&s->ops[i].bucket[k]);
+        char lab[64];
+        snprintf(lab, sizeof(lab), "op=\"%s\"", kvt_op_names[i]);
+        histogram(&b, "kvtier_rpc_latency_seconds", lab, kvt_lat_bounds, bk, KVT_LAT_BUCKETS,
+                  atomic_load(&s->ops[i].sum_ns), atomic_load(&s->ops[i].count));
     }
     metric(&b, "kvtier_rpc_bytes_total", "counter", "Payload bytes received and sent inline.");
     sbf(&b, "kvtier_rpc_bytes_total{dir=\"in\"} %llu\n",
