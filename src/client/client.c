@@ -30,8 +30,7 @@ struct kvt_client {
     int timeout_ms;
     int connect_timeout_ms; /* the hello of kvt_client_open */
     bool opening;           /* in kvt_client_open: probe for a listener */
-    bool curve;             /* CURVE with the keys below (docs/security.md) */
-    char curve_server[41], curve_public[41], curve_secret[41]; /* Z85; the secret never shown */
+    struct kvt_curve_keys curve; /* CURVE when curve.on (docs/security.md); never shown */
     uint64_t next_rid;
     char err[512];
     int chunk_size;
@@ -162,10 +161,9 @@ static int new_socket(kvt_client *c)
     int linger = 0, zero = 0;
     zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(c->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
-    if (c->curve && (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, c->curve_server, 40) ||
-                     zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->curve_public, 40) ||
-                     zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->curve_secret, 40)))
-        return seterr(c, -errno, "cannot set up CURVE: %s", zmq_strerror(errno));
+    int rc = kvt_curve_keys_apply(c->sock, &c->curve);
+    if (rc)
+        return seterr(c, rc, "cannot set up CURVE: %s", zmq_strerror(-rc));
     if (zmq_connect(c->sock, c->url) < 0)
         return seterr(c, -errno, "cannot connect to %s: %s", c->url, zmq_strerror(errno));
     return 0;
@@ -269,7 +267,7 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
                               "%s accepts connections but did not answer hello within %d ms "
                               "(the connect timeout; is it a kvtier server?%s)",
                               c->url, tmo,
-                              c->curve ? " With CURVE: does it admit this client's key, and "
+                              c->curve.on ? " With CURVE: does it admit this client's key, and "
                                          "is the server key its public key?"
                                        : " If it requires authentication, give a key pair: "
                                          "KVTIER_SERVER_KEY and KVTIER_CLIENT_KEY");
@@ -720,46 +718,13 @@ const char *kvt_client_open_error(void)
     return open_err;
 }
 
-static const char *opt_or_env(const char *v, const char *env)
-{
-    if (v && *v)
-        return v;
-    v = getenv(env);
-    return v && *v ? v : NULL;
-}
-
-/* The CURVE keys named by opts or the environment, into c. 0 (also when
- * none is named) or -EINVAL / -errno with c->err set. */
+/* The CURVE keys named by opts or the environment, into c (secret.h). */
 static int load_curve(kvt_client *c, const kvt_client_opts *opts)
 {
-    const char *sk = opt_or_env(opts ? opts->server_key : NULL, "KVTIER_SERVER_KEY");
-    const char *ck = opt_or_env(opts ? opts->client_key : NULL, "KVTIER_CLIENT_KEY");
-    if (!sk && !ck)
-        return 0;
-    if (!sk || !ck)
-        return seterr(c, -EINVAL, "CURVE needs both keys: the server's public key "
-                                  "(KVTIER_SERVER_KEY) and this client's secret key "
-                                  "(KVTIER_CLIENT_KEY); only the %s was given",
-                      sk ? "server's" : "client's");
-    if (!zmq_has("curve"))
-        return seterr(c, -EINVAL, "this libzmq has no CURVE support");
-    char why[1200];
-    int rc = kvt_secret_read(sk, false, c->curve_server, sizeof(c->curve_server), why,
-                             sizeof(why));
-    if (!rc && !kvt_z85_key_ok(c->curve_server))
-        snprintf(why, sizeof(why), "%s: not a CURVE public key (40 Z85 characters)", sk), rc = -EINVAL;
-    if (rc)
-        return seterr(c, rc < -1000 ? -EINVAL : rc, "server key: %s", why);
-    rc = kvt_secret_read(ck, true, c->curve_secret, sizeof(c->curve_secret), why, sizeof(why));
-    if (!rc && (!kvt_z85_key_ok(c->curve_secret) ||
-                zmq_curve_public(c->curve_public, c->curve_secret)))
-        snprintf(why, sizeof(why), "%s: not a CURVE secret key (40 Z85 characters)", ck), rc = -EINVAL;
-    if (rc) {
-        kvt_secret_wipe(c->curve_secret, sizeof(c->curve_secret));
-        return seterr(c, rc < -1000 ? -EINVAL : rc, "client key: %s", why);
-    }
-    c->curve = true;
-    return 0;
+    char why[1400];
+    int rc = kvt_curve_keys_load(opts ? opts->server_key : NULL, opts ? opts->client_key : NULL,
+                                 &c->curve, why, sizeof(why));
+    return rc ? seterr(c, rc, "%s", why) : 0;
 }
 
 int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **out)
@@ -834,7 +799,7 @@ void kvt_client_close(kvt_client *c)
     shm_detach(c);
     pthread_mutex_destroy(&c->zc_lock);
     pthread_cond_destroy(&c->zc_cond);
-    kvt_secret_wipe(c->curve_secret, sizeof(c->curve_secret));
+    kvt_secret_wipe(&c->curve, sizeof(c->curve));
     free(c);
 }
 

@@ -5,9 +5,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <zmq.h>
 
 #define SECRET_FILE_MAX 65536
 
@@ -114,4 +117,65 @@ bool kvt_secret_equal(const char *a, const char *b)
     for (size_t i = 0; i < la; i++)
         d |= (unsigned char)(a[i] ^ b[i % (lb ? lb : 1)]);
     return d == 0 && lb == la;
+}
+
+static const char *opt_or_env(const char *v, const char *env)
+{
+    if (v && *v)
+        return v;
+    v = getenv(env);
+    return v && *v ? v : NULL;
+}
+
+int kvt_curve_keys_load(const char *server_file, const char *client_file,
+                        struct kvt_curve_keys *k, char *err, size_t ecap)
+{
+    const char *sk = opt_or_env(server_file, "KVTIER_SERVER_KEY");
+    const char *ck = opt_or_env(client_file, "KVTIER_CLIENT_KEY");
+    char why[1200];
+    memset(k, 0, sizeof(*k));
+    if (!sk && !ck)
+        return 0;
+    if (!sk || !ck) {
+        snprintf(err, ecap, "CURVE needs both keys: the server's public key (KVTIER_SERVER_KEY) "
+                            "and this client's secret key (KVTIER_CLIENT_KEY); only the %s was "
+                            "given", sk ? "server's" : "client's");
+        return -EINVAL;
+    }
+    if (!zmq_has("curve")) {
+        snprintf(err, ecap, "this libzmq has no CURVE support");
+        return -EINVAL;
+    }
+    int rc = kvt_secret_read(sk, false, k->server, sizeof(k->server), why, sizeof(why));
+    if (!rc && !kvt_z85_key_ok(k->server)) {
+        snprintf(why, sizeof(why), "%s: not a CURVE public key (40 Z85 characters)", sk);
+        rc = -EINVAL;
+    }
+    if (rc) {
+        snprintf(err, ecap, "server key: %s", why);
+        return rc < -1000 ? -EINVAL : rc;
+    }
+    rc = kvt_secret_read(ck, true, k->sec, sizeof(k->sec), why, sizeof(why));
+    if (!rc && (!kvt_z85_key_ok(k->sec) || zmq_curve_public(k->pub, k->sec))) {
+        snprintf(why, sizeof(why), "%s: not a CURVE secret key (40 Z85 characters)", ck);
+        rc = -EINVAL;
+    }
+    if (rc) {
+        kvt_secret_wipe(k, sizeof(*k));
+        snprintf(err, ecap, "client key: %s", why);
+        return rc < -1000 ? -EINVAL : rc;
+    }
+    k->on = true;
+    return 0;
+}
+
+int kvt_curve_keys_apply(void *sock, const struct kvt_curve_keys *k)
+{
+    if (!k->on)
+        return 0;
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, k->server, 40) ||
+        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, k->pub, 40) ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, k->sec, 40))
+        return -errno;
+    return 0;
 }

@@ -31,4 +31,19 @@ void kvt_secret_wipe(void *p, size_t n);
  * tokens): true if equal. */
 bool kvt_secret_equal(const char *a, const char *b);
 
+/* A CURVE client's keys (Z85, NUL-terminated); on = false: no CURVE. */
+struct kvt_curve_keys {
+    bool on;
+    char server[41], pub[41], sec[41]; /* sec: wipe after use */
+};
+
+/* The keys named by server_file / client_file, each taking the environment
+ * variable KVTIER_SERVER_KEY / KVTIER_CLIENT_KEY when NULL or "": none
+ * named is no CURVE (0, k->on false); both must be given. 0, or -EINVAL /
+ * -errno with err filled. */
+int kvt_curve_keys_load(const char *server_file, const char *client_file,
+                        struct kvt_curve_keys *k, char *err, size_t ecap);
+/* Set k on a ZeroMQ socket before it connects: 0 or -errno. */
+int kvt_curve_keys_apply(void *sock, const struct kvt_curve_keys *k);
+
 #endif

@@ -307,6 +307,10 @@ def test_no_secret_in_logs_dry_run_or_status(auth_server, keys, tmp_path):
                                  headers={"Authorization": "Bearer " + z85(keys["token"])})
     with urllib.request.urlopen(req, timeout=10) as r:
         outputs.append(r.read().decode())
+    # the command-line tools take the key pair from the environment (admin's)
+    r = subprocess.run([BIN, "status", "--url", s.url, "--json"], capture_output=True, text=True)
+    assert r.returncode == 0 and '"auth"' in r.stdout, r.stderr
+    outputs += [r.stdout, r.stderr]
     cf = str(tmp_path / "clients")
     r = subprocess.run([BIN, "server", "--no-l2", "--dry-run", "--auth-key", keys["server"][0],
                         "--auth-clients", cf, "--http-token", keys["token"]],
@@ -323,3 +327,17 @@ def test_no_secret_in_logs_dry_run_or_status(auth_server, keys, tmp_path):
     assert "E_DENIED" in text and "refused a connection" in text
     for sec in secrets:
         assert sec not in text
+
+
+def test_remote_tier_credentials_not_shown_by_dry_run():
+    """The Redis password and the S3 secret are read but --dry-run says
+    only that they are set."""
+    for spec, secret in (
+            ('{"type":"resp","host":"127.0.0.1","port":6379,"password":"hunter2-pw-xyz"}',
+             "hunter2-pw-xyz"),
+            ('{"type":"s3","s3_endpoint":"s3://b","s3_region":"us-west-2","aws_access_key_id":"AK",'
+             '"aws_secret_access_key":"s3-secret-xyz"}', "s3-secret-xyz")):
+        r = subprocess.run([BIN, "server", "--dry-run", "--no-storage-check", "--l2-adapter", spec],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "<set>" in r.stdout and secret not in r.stdout + r.stderr
