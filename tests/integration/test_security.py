@@ -3,6 +3,7 @@ the RPC socket, the authorized-clients file, E_DENIED, the HTTP bearer token,
 the refusal to listen beyond loopback without authentication, and no secret
 in logs, --dry-run or status."""
 
+import json
 import os
 import stat
 import subprocess
@@ -171,7 +172,9 @@ def test_tenant_cannot_touch_another_tenants_objects(auth_server, keys, shm):
         assert r.status == E_DENIED and r.body["error"] == "E_DENIED"
         r = rz.call([b"2", b"purge", mp_pack({"all": True})])
         assert r.status == E_DENIED
-        assert rz.call([b"3", b"hello", hello_body()]).status == 0
+        h = rz.call([b"3", b"hello", hello_body()])
+        # with authentication the same-host socket is not offered: it has no key
+        assert h.status == 0 and "local" not in h.body
     finally:
         rz.close()
     # alice's objects are whole
@@ -341,3 +344,54 @@ def test_remote_tier_credentials_not_shown_by_dry_run():
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         assert "<set>" in r.stdout and secret not in r.stdout + r.stderr
+
+
+OTHER_UID_PROBE = r"""
+import json, os, socket, struct, sys
+name, pid, fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out = {"uid": os.getuid()}
+try:
+    os.open("/proc/%d/fd/%d" % (pid, fd), os.O_RDWR)
+    out["map"] = "opened"
+except OSError as e:
+    out["map"] = e.__class__.__name__
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(10)
+try:
+    s.connect("\0" + name[1:])
+    frames = [b"r", b"ping", b"\x80"]
+    s.sendall(struct.pack("<I", 3) + b"".join(struct.pack("<I", len(f)) + f for f in frames))
+    out["reply"] = s.recv(64).hex()
+except OSError as e:
+    out["reply"] = e.__class__.__name__
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a probe as another uid "
+                    "(this machine has no sudo); the uid check itself is the kernel's")
+def test_another_uid_can_neither_connect_nor_map_the_pool(make_server):
+    """Same host without authentication: the abstract socket (SO_PEERCRED)
+    and the memfd pool (/proc/PID/fd) are the server's uid's only."""
+    s = make_server(["--no-l2"])
+    z = RawZmq(s.url)
+    try:
+        h = z.call([b"h", b"hello", hello_body()]).body
+    finally:
+        z.close()
+    assert h["local"] and h["shm"]
+
+    def as_nobody():
+        os.setgid(65534)
+        os.setuid(65534)
+    r = subprocess.run(["/usr/bin/python3", "-c", OTHER_UID_PROBE, h["local"], str(h["shm"]["pid"]),
+                        str(h["shm"]["fd"])], capture_output=True, text=True, preexec_fn=as_nobody,
+                       cwd="/")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["uid"] == 65534
+    assert out["map"] == "PermissionError"
+    assert out["reply"] in ("", "ConnectionResetError", "BrokenPipeError"), out
+    # the server's own uid gets both
+    with s.client() as c:
+        assert c.shm_active and c.local_active
