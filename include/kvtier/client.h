@@ -71,8 +71,10 @@ typedef struct kvt_client_opts {
  * Nobody listening at url (refused, no socket file) fails within about
  * 50 ms with -ECONNREFUSED / -ENOENT; a host that does not answer the
  * connection attempt, or a listener that does not answer hello, fails with
- * KVT_E_TIMEOUT after opts->connect_timeout_ms (also what a CURVE
- * handshake the server refuses looks like). A key file that is missing,
+ * KVT_E_TIMEOUT after opts->connect_timeout_ms. With CURVE: KVT_E_DENIED
+ * when the server refused this client's key at the handshake; a wrong
+ * server key, or no key for a server that needs one, is KVT_E_TIMEOUT (the
+ * server cannot answer those). A key file that is missing,
  * malformed or readable by group or others: -EINVAL / -errno at once, before
  * connecting. After a failure,
  * kvt_client_open_error() says why (as does stderr). */

@@ -108,9 +108,11 @@ def test_unauthenticated_clients_are_refused_and_counted(auth_server, keys, monk
     with pytest.raises(kvtier.KvtierError) as e:
         kvtier.Client(s.url, connect_timeout_ms=500, shm=False)
     assert e.value.code == E_TIMEOUT and "KVTIER_SERVER_KEY" in str(e.value)
-    # a key pair that is not in the authorized-clients file
-    with pytest.raises(kvtier.KvtierError):
-        client(s, keys, "mallory", connect_timeout_ms=500)
+    # a key pair that is not in the authorized-clients file: the client is
+    # told at the handshake
+    with pytest.raises(kvtier.KvtierError) as e:
+        client(s, keys, "mallory", connect_timeout_ms=5000)
+    assert e.value.code == E_DENIED and "authorized-clients" in str(e.value)
     # a listed client key, but a wrong server key
     with pytest.raises(kvtier.KvtierError):
         kvtier.Client(s.url, server_key=keys["mallory"][1], client_key=keys["alice"][0],
@@ -135,8 +137,9 @@ def test_removed_key_is_refused_after_restart(auth_server, keys, tmp_path):
     s.kill()
     clients_file(keys, str(tmp_path / "clients"), ("alice", "carol", "admin"))
     s.start()
-    with pytest.raises(kvtier.KvtierError):
-        client(s, keys, "bob", connect_timeout_ms=500)
+    with pytest.raises(kvtier.KvtierError) as e:
+        client(s, keys, "bob", connect_timeout_ms=5000)
+    assert e.value.code == E_DENIED
     assert wait_counter(s, keys, "handshakes_refused", 1) >= 1
     with client(s, keys, "alice") as c:
         c.ping()
