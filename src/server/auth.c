@@ -308,6 +308,7 @@ struct kvt_zap {
     pthread_t tid;
     void *sock;
     struct kvt_auth *a;
+    uint64_t last_log_ns; /* zap thread only */
 };
 
 static void zap_send(void *sock, const char *s, size_t l, bool more)
@@ -355,9 +356,15 @@ static int zap_one(struct kvt_zap *z)
         if (n >= 4)
             snprintf(addr, sizeof(addr), "%.*s", (int)KVT_MIN(zmq_msg_size(&f[3]), 60),
                      (const char *)zmq_msg_data(&f[3]));
-        kvt_warn("auth: refused a connection from %s: its key is not in the authorized-clients "
-                 "file",
-                 addr);
+        /* at most one line a second: a peer looping on handshakes must not
+         * flood the log (the counter has them all) */
+        uint64_t now = kvt_now_ns();
+        if (now - z->last_log_ns >= 1000000000ull) {
+            kvt_warn("auth: refused a connection from %s: its key is not in the "
+                     "authorized-clients file (%llu refused so far)",
+                     addr, (unsigned long long)atomic_load(&z->a->handshakes_refused));
+            z->last_log_ns = now;
+        }
     }
     zap_send(z->sock, "1.0", 3, true);
     if (n >= 2)

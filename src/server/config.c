@@ -366,7 +366,8 @@ static int check_auth(struct kvt_server_cfg *c)
         return 0;
     static const char hint[] = "give --insecure-no-auth to accept that (docs/security.md)";
     if (!c->auth && !kvt_endpoint_is_local(c->bind)) {
-        fprintf(stderr, "kvtier server: --host: %s is reachable beyond this host and "
+        fprintf(stderr, "kvtier server: --host: %s (--host, --bind or --config's KVP_SERVER_URL) "
+                        "is reachable beyond this host and "
                         "authentication is off: give --auth-key and --auth-clients, or %s\n",
                 c->bind, hint);
         return 2;

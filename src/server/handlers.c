@@ -60,8 +60,9 @@ static void lease_refused(struct reply *r, int rc, uint64_t lease)
 
 static void deny(struct reply *r, const char *fmt, const char *arg)
 {
-    atomic_fetch_add(&r->who->denied, 1);
-    kvt_reply_error(r, KVT_E_DENIED, fmt, r->who->name, arg);
+    if (r->who)
+        atomic_fetch_add(&r->who->denied, 1);
+    kvt_reply_error(r, KVT_E_DENIED, fmt, r->who ? r->who->name : "(none)", arg);
 }
 
 bool kvt_auth_allows(struct kvt_server *s, struct reply *r, const kvt_key *keys, uint32_t n,
@@ -69,6 +70,10 @@ bool kvt_auth_allows(struct kvt_server *s, struct reply *r, const kvt_key *keys,
 {
     if (!s->cfg->auth)
         return true;
+    if (!r->who) {
+        deny(r, "key %s: this connection has no authenticated key%s", "");
+        return false;
+    }
     if (write && !r->who->rw) {
         deny(r, "key %s is read-only: it may not %s", kvt_op_names[r->op]);
         return false;
@@ -91,7 +96,7 @@ bool kvt_auth_allows(struct kvt_server *s, struct reply *r, const kvt_key *keys,
 /* status and purge: operators only, with authentication on */
 static bool admin_only(struct kvt_server *s, struct reply *r)
 {
-    if (!s->cfg->auth || r->who->admin)
+    if (!s->cfg->auth || (r->who && r->who->admin))
         return true;
     deny(r, "key %s is not an admin key: %s is for operators", kvt_op_names[r->op]);
     return false;
