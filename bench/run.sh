@@ -71,6 +71,23 @@ l1)
   echo "$inl" | grep -v '^RESULT'
   sm=$($B/bench/bench_client small "$url" --conc 4 --seconds $secs)
   echo "$sm" | grep -v '^RESULT'
+  # the same inline and zero-copy runs against a server with CURVE on
+  # (docs/security.md): the cost of encrypting every inline byte
+  kd="$DIR/curve-keys"; rm -rf "$kd"; mkdir -p "$kd"
+  $BIN keygen "$kd/server" >/dev/null && $BIN keygen "$kd/bench" >/dev/null
+  echo "$(cat "$kd/bench.pub") rw * admin name=bench" > "$kd/clients"
+  cport=$(free_port)
+  $BIN server --no-l2 --l1-size-gb 0.5 --port "$cport" --http-port 0 --log-level warn \
+    --auth-key "$kd/server.key" --auth-clients "$kd/clients" &
+  PIDS+=($!)
+  wait_port "$cport"
+  curl_env=(env KVTIER_SERVER_KEY="$kd/server.pub" KVTIER_CLIENT_KEY="$kd/bench.key")
+  czc=$("${curl_env[@]}" $B/bench/bench_client zc "tcp://127.0.0.1:$cport" --rounds 7)
+  cinl=$("${curl_env[@]}" $B/bench/bench_client inline "tcp://127.0.0.1:$cport" --conc 4 \
+    --seconds $secs --warmup-seconds 3)
+  echo "with CURVE (--auth-key):"
+  echo "$czc" | grep -v '^RESULT'
+  echo "$cinl" | grep -v '^RESULT'
   rport=$(free_port)
   redis-server --port "$rport" --save "" --appendonly no --daemonize no --loglevel warning >/dev/null &
   PIDS+=($!)
@@ -92,6 +109,9 @@ l1)
   echo "  python retrieve, fresh memory / copy into new bytes  $(ratio "$(echo "$py" | result py_retrieve_new_gbps)" "$(echo "$py" | result py_copy_new_gbps)")   (keep_buffers=0)"
   echo "  inline store / redis SET      $(ratio "$(echo "$inl" | result inline_store_rps)" "$rset")   (goal >= 1.0)"
   echo "  inline retrieve / redis GET   $(ratio "$(echo "$inl" | result inline_retrieve_rps)" "$rget")   (goal >= 1.0)"
+  echo "  inline store, CURVE / plain   $(ratio "$(echo "$cinl" | result inline_store_rps)" "$(echo "$inl" | result inline_store_rps)")   (goal >= 0.8)"
+  echo "  inline retrieve, CURVE / plain $(ratio "$(echo "$cinl" | result inline_retrieve_rps)" "$(echo "$inl" | result inline_retrieve_rps)")   (goal >= 0.8)"
+  echo "  zero-copy store, CURVE / plain $(ratio "$(echo "$czc" | result zc_store_gbps)" "$(echo "$zc" | result zc_store_gbps)")   (the same-host path: goal ~1.0)"
   echo "  ping / redis PING             $(ratio "$(echo "$sm" | result ping_ops)" "$rping")   (goal >= 1.0)"
   echo "  lookup / redis GET (small)    $(ratio "$(echo "$sm" | result lookup_ops)" "$rsget")   (goal >= 1.0)"
   cleanup; PIDS=()

@@ -59,6 +59,11 @@ typedef struct kvt_client_opts {
     bool no_shm;            /* never use the shared-memory path */
     bool no_local;          /* never use the same-host socket (always ZeroMQ) */
     int connect_timeout_ms; /* kvt_client_open's connect and hello (at most timeout_ms); 0 = 2000 */
+    /* CURVE authentication (docs/security.md): both or neither. NULL or ""
+     * takes the environment variable named; with neither, no CURVE. */
+    const char *server_key; /* file: the server's public key (its NAME.pub); $KVTIER_SERVER_KEY */
+    const char *client_key; /* file: this client's secret key (NAME.key, mode 0600 or stricter);
+                               $KVTIER_CLIENT_KEY */
 } kvt_client_opts;
 
 /* Connect and exchange "hello". opts may be NULL. url: tcp://host:port or
@@ -66,7 +71,12 @@ typedef struct kvt_client_opts {
  * Nobody listening at url (refused, no socket file) fails within about
  * 50 ms with -ECONNREFUSED / -ENOENT; a host that does not answer the
  * connection attempt, or a listener that does not answer hello, fails with
- * KVT_E_TIMEOUT after opts->connect_timeout_ms. After a failure,
+ * KVT_E_TIMEOUT after opts->connect_timeout_ms. With CURVE: KVT_E_DENIED
+ * when the server refused this client's key at the handshake; a wrong
+ * server key, or no key for a server that needs one, is KVT_E_TIMEOUT (the
+ * server cannot answer those). A key file that is missing,
+ * malformed or readable by group or others: -EINVAL / -errno at once, before
+ * connecting. After a failure,
  * kvt_client_open_error() says why (as does stderr). */
 int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **out);
 /* The message of this thread's last failed kvt_client_open ("" if none). */

@@ -34,6 +34,7 @@ enum kvt_error {
     KVT_E_LIMIT = -1014,       /* a configured limit was reached */
     KVT_E_FATAL = -1015,       /* component entered a fatal state earlier */
     KVT_E_UNHEALTHY = -1016,   /* backend unreachable (circuit open, connection down) */
+    KVT_E_DENIED = -1017,      /* the client's key may not do this (tenant, read-only, admin) */
     KVT_E_LAST = -1099,
 };
 

@@ -213,7 +213,8 @@ class FlushResult:
 
 class _COpts(ctypes.Structure):
     _fields_ = [("timeout_ms", ctypes.c_int), ("no_shm", ctypes.c_bool), ("no_local", ctypes.c_bool),
-                ("connect_timeout_ms", ctypes.c_int)]
+                ("connect_timeout_ms", ctypes.c_int),
+                ("server_key", ctypes.c_char_p), ("client_key", ctypes.c_char_p)]
 
 
 def _pkg_config_library():
@@ -511,7 +512,7 @@ class Client:
     """A connection to one kvtier server. Not thread-safe: one per thread."""
 
     def __init__(self, url="tcp://127.0.0.1:5555", timeout_ms=30000, shm=True, local=True,
-                 connect_timeout_ms=2000, keep_buffers=2):
+                 connect_timeout_ms=2000, keep_buffers=2, server_key=None, client_key=None):
         """url: tcp://host:port or ipc:///path.
 
         timeout_ms: per request. connect_timeout_ms: the connection and the
@@ -526,13 +527,20 @@ class Client:
 
         keep_buffers: how many result buffers of retrieve() the client keeps
         for reuse once their results are dropped (0: a fresh one each call).
+
+        server_key, client_key: CURVE authentication (docs/security.md):
+        the file with the server's public key (its NAME.pub) and the file
+        with this client's secret key (NAME.key, mode 0600). Both or
+        neither; None takes $KVTIER_SERVER_KEY and $KVTIER_CLIENT_KEY.
         """
         lib = _L()
         self._h = None
         self._bufs = []
         self._keep = max(0, int(keep_buffers))
         h = ctypes.c_void_p()
-        opts = _COpts(timeout_ms, not shm, not local, connect_timeout_ms)
+        opts = _COpts(timeout_ms, not shm, not local, connect_timeout_ms,
+                      os.fsencode(server_key) if server_key else None,
+                      os.fsencode(client_key) if client_key else None)
         rc = lib.kvt_client_open(url.encode(), ctypes.byref(opts), ctypes.byref(h))
         if rc:
             why = lib.kvt_client_open_error().decode(errors="replace")

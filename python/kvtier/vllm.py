@@ -32,6 +32,10 @@ Extra config keys (`kv_connector_extra_config`):
     chunk_size     used only while the server cannot be reached at start
                    (default 256; the server's `hello` decides otherwise)
     shm            false: never map the server's pool (inline frames only)
+    server_key     a server with --auth-key: the file with its public key
+    client_key     and the file with this engine's secret key (mode 0600);
+                   both or neither (default: $KVTIER_SERVER_KEY and
+                   $KVTIER_CLIENT_KEY; docs/security.md)
     load_failure_policy  "recompute" (default) or "fail"
     copy_threads   threads a load or store copies its chunks with on the CPU
                    (default: the CPUs the worker may use, at most 4)
@@ -101,8 +105,9 @@ class _Conn:
     after a failure it waits `retry_s` before the next try (a circuit
     breaker), so a dead server costs one timeout, not one per request."""
 
-    def __init__(self, url, timeout_ms, retry_s, shm, stats, who):
+    def __init__(self, url, timeout_ms, retry_s, shm, stats, who, keys=(None, None)):
         self.url = url
+        self.keys = keys
         self.timeout_ms = timeout_ms
         self.retry_s = retry_s
         self.shm = shm
@@ -119,7 +124,8 @@ class _Conn:
         if now < self.down_until:
             return None
         try:
-            self.client = kvtier.Client(self.url, timeout_ms=self.timeout_ms, shm=self.shm)
+            self.client = kvtier.Client(self.url, timeout_ms=self.timeout_ms, shm=self.shm,
+                                        server_key=self.keys[0], client_key=self.keys[1])
             if self.stats.get("disconnects"):
                 log.info("kvtier %s: connected to %s again", self.who, self.url)
         except Exception as e:  # noqa: BLE001 - any failure means "no cache now"
@@ -180,7 +186,8 @@ class _Scheduler:
     def __init__(self, cfg):
         self.cfg = cfg
         self.stats = {}
-        self.conn = _Conn(cfg.url, cfg.timeout_ms, cfg.retry_s, False, self.stats, "scheduler")
+        self.conn = _Conn(cfg.url, cfg.timeout_ms, cfg.retry_s, False, self.stats, "scheduler",
+                          cfg.keys)
         self.reqs = {}
         self.loads = []
         c = self.conn.get()
@@ -342,7 +349,7 @@ class _Worker:
 
     def register_kv_caches(self, kv_caches, num_blocks):
         self.conn = _Conn(self.cfg.url, self.cfg.timeout_ms, self.cfg.retry_s, self.cfg.shm,
-                          self.stats, "worker")
+                          self.stats, "worker", self.cfg.keys)
         c = self.conn.get()
         if c is not None:
             self.cfg.set_chunk_size(c.chunk_size)
@@ -528,6 +535,7 @@ class _Config:
         self.timeout_ms = int(get("timeout_ms", 5000))
         self.retry_s = float(get("retry_s", 2.0))
         self.shm = bool(get("shm", True))
+        self.keys = (get("server_key", None), get("client_key", None))
         self.block_size = vllm_config.cache_config.block_size
         self.kv_rank = _kv_rank(world, rank)
         self.chunk_size = int(get("chunk_size", 256))

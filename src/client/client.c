@@ -3,6 +3,7 @@
 #include "common/util.h"
 #include "common/url.h"
 #include "common/le.h"
+#include "common/secret.h"
 #include "key/key.h"
 #include "proto/wire.h"
 
@@ -21,6 +22,7 @@
 #include <stddef.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <stdatomic.h>
 #include <zmq.h>
 
 struct kvt_client {
@@ -29,6 +31,8 @@ struct kvt_client {
     int timeout_ms;
     int connect_timeout_ms; /* the hello of kvt_client_open */
     bool opening;           /* in kvt_client_open: probe for a listener */
+    struct kvt_curve_keys curve; /* CURVE when curve.on (docs/security.md); never shown */
+    void *mon; /* with CURVE: PAIR of sock's monitor, tells a refused key from silence */
     uint64_t next_rid;
     char err[512];
     int chunk_size;
@@ -151,6 +155,9 @@ static void ctx_put(void)
 
 static int new_socket(kvt_client *c)
 {
+    if (c->mon)
+        zmq_close(c->mon);
+    c->mon = NULL;
     if (c->sock)
         zmq_close(c->sock);
     c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
@@ -159,9 +166,51 @@ static int new_socket(kvt_client *c)
     int linger = 0, zero = 0;
     zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(c->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
+    int rc = kvt_curve_keys_apply(c->sock, &c->curve);
+    if (rc)
+        return seterr(c, rc, "cannot set up CURVE: %s", zmq_strerror(-rc));
+    if (c->curve.on) { /* the server's ZAP refusal arrives as a monitor event */
+        static _Atomic unsigned seq;
+        char ep[96];
+        snprintf(ep, sizeof(ep), "inproc://kvtier-client-mon-%p-%u", (void *)c,
+                 atomic_fetch_add(&seq, 1));
+        if (zmq_socket_monitor(c->sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
+            c->mon = zmq_socket(c->ctx, ZMQ_PAIR);
+            if (c->mon && zmq_connect(c->mon, ep) < 0) {
+                zmq_close(c->mon);
+                c->mon = NULL;
+            }
+        }
+    }
     if (zmq_connect(c->sock, c->url) < 0)
         return seterr(c, -errno, "cannot connect to %s: %s", c->url, zmq_strerror(errno));
     return 0;
+}
+
+/* Read the monitor's events; true if one says the server refused our key. */
+static bool key_refused(kvt_client *c)
+{
+    bool refused = false;
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, c->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return refused;
+        }
+        if (zmq_msg_size(&m) >= 2) {
+            uint16_t ev;
+            memcpy(&ev, zmq_msg_data(&m), 2); /* host order, as libzmq writes it */
+            refused |= ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+        }
+        bool more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        while (more) { /* the endpoint frame */
+            zmq_msg_init(&m);
+            more = zmq_msg_recv(&m, c->mon, 0) >= 0 && zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+    }
 }
 
 static void zc_free(void *data, void *hint)
@@ -260,17 +309,30 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
             if (c->opening)
                 return seterr(c, KVT_E_TIMEOUT,
                               "%s accepts connections but did not answer hello within %d ms "
-                              "(the connect timeout; is it a kvtier server?)",
-                              c->url, tmo);
+                              "(the connect timeout; is it a kvtier server?%s)",
+                              c->url, tmo,
+                              c->curve.on ? " With CURVE: does it admit this client's key, and "
+                                         "is the server key its public key?"
+                                       : " If it requires authentication, give a key pair: "
+                                         "KVTIER_SERVER_KEY and KVTIER_CLIENT_KEY");
             return seterr(c, KVT_E_TIMEOUT, "no reply to %s within %d ms from %s", op,
                           c->timeout_ms, c->url);
         }
-        zmq_pollitem_t it = {.socket = c->sock, .events = ZMQ_POLLIN};
+        zmq_pollitem_t it[2] = {{.socket = c->sock, .events = ZMQ_POLLIN},
+                                {.socket = c->mon, .events = ZMQ_POLLIN}};
         uint64_t until = KVT_MIN(deadline, probe_at);
-        int pr = zmq_poll(&it, 1, (long)((until - now) / 1000000ull) + 1);
+        int pr = zmq_poll(it, c->mon ? 2 : 1, (long)((until - now) / 1000000ull) + 1);
         if (pr < 0 && errno != EINTR)
             return seterr(c, -errno, "poll failed: %s", zmq_strerror(errno));
-        if (pr <= 0)
+        if (pr > 0 && c->mon && (it[1].revents & ZMQ_POLLIN) && key_refused(c)) {
+            new_socket(c);
+            zc_wait(c);
+            return seterr(c, KVT_E_DENIED,
+                          "%s refused this client's key at the CURVE handshake: it is not in "
+                          "the server's authorized-clients file (docs/security.md)",
+                          c->url);
+        }
+        if (pr <= 0 || !(it[0].revents & ZMQ_POLLIN))
             continue;
         /* read one whole reply */
         zmq_msg_t parts[3];
@@ -709,6 +771,15 @@ const char *kvt_client_open_error(void)
     return open_err;
 }
 
+/* The CURVE keys named by opts or the environment, into c (secret.h). */
+static int load_curve(kvt_client *c, const kvt_client_opts *opts)
+{
+    char why[1400];
+    int rc = kvt_curve_keys_load(opts ? opts->server_key : NULL, opts ? opts->client_key : NULL,
+                                 &c->curve, why, sizeof(why));
+    return rc ? seterr(c, rc, "%s", why) : 0;
+}
+
 int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **out)
 {
     open_err[0] = 0;
@@ -729,7 +800,9 @@ int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **o
         free(c);
         return -ENOMEM;
     }
-    rc = new_socket(c);
+    rc = load_curve(c, opts);
+    if (!rc)
+        rc = new_socket(c);
     if (rc) {
         snprintf(open_err, sizeof(open_err), "%s", c->err[0] ? c->err : kvt_strerror(rc));
         kvt_client_close(c);
@@ -772,6 +845,8 @@ void kvt_client_close(kvt_client *c)
     lease_forget(c);
     local_close(c);
     free(c->lbuf);
+    if (c->mon)
+        zmq_close(c->mon);
     if (c->sock)
         zmq_close(c->sock);
     if (c->ctx)
@@ -779,6 +854,7 @@ void kvt_client_close(kvt_client *c)
     shm_detach(c);
     pthread_mutex_destroy(&c->zc_lock);
     pthread_cond_destroy(&c->zc_cond);
+    kvt_secret_wipe(&c->curve, sizeof(c->curve));
     free(c);
 }
 

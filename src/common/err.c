@@ -27,6 +27,7 @@ static const struct code_text codes[] = {
     {KVT_E_LIMIT, "E_LIMIT", "limit reached"},
     {KVT_E_FATAL, "E_FATAL", "component in fatal state"},
     {KVT_E_UNHEALTHY, "E_UNHEALTHY", "backend unhealthy"},
+    {KVT_E_DENIED, "E_DENIED", "permission denied for this client's key"},
 };
 
 static const struct code_text *find(int err)

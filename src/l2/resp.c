@@ -1001,6 +1001,8 @@ int kvt_resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
     kvt_cfg_str(c, "startup_nodes", false, NULL, &nodes);
     kvt_cfg_str(c, "username", false, "", &o->username);
     kvt_cfg_str(c, "password", false, "", &o->password);
+    if (o->password && o->password[0]) /* read, never echoed by --dry-run or status */
+        json_object_set_new(c->resolved, "password", json_string("<set>"));
     kvt_cfg_str(c, "key_prefix", false, "", &o->key_prefix);
     kvt_cfg_int(c, "num_workers", false, 8, 1, 256, &nw);
     kvt_cfg_num(c, "connection_timeout", false, 10.0, 0.001, 3600, &ct);

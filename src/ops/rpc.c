@@ -1,6 +1,7 @@
 /* One request/reply with a kvtier server (see rpc.h). */
 #include "ops/rpc.h"
 #include "common/url.h"
+#include "common/secret.h"
 #include "kvtier/error.h"
 #include "proto/wire.h"
 
@@ -35,6 +36,18 @@ int kvt_ops_call(const char *url, const char *op, const json_t *body, int timeou
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms));
     zmq_setsockopt(sock, ZMQ_SNDTIMEO, &timeout_ms, sizeof(timeout_ms));
+    /* a server with --auth-key: the key pair from KVTIER_SERVER_KEY and
+     * KVTIER_CLIENT_KEY (docs/security.md); status and purge need admin */
+    struct kvt_curve_keys ck;
+    rc = kvt_curve_keys_load(NULL, NULL, &ck, err, errcap);
+    if (!rc)
+        rc = kvt_curve_keys_apply(sock, &ck);
+    kvt_secret_wipe(&ck, sizeof(ck));
+    if (rc) {
+        if (!err[0])
+            snprintf(err, errcap, "cannot set up CURVE: %s", zmq_strerror(-rc));
+        goto out;
+    }
     if (zmq_connect(sock, url) < 0) {
         rc = -errno;
         snprintf(err, errcap, "cannot connect to %s: %s", url, zmq_strerror(errno));

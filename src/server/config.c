@@ -7,6 +7,10 @@
 #include "kvtier/error.h"
 #include "ops/envcfg.h"
 #include "ops/preflight.h"
+#include "common/secret.h"
+
+#include <arpa/inet.h>
+#include <zmq.h>
 
 #include <errno.h>
 #include <getopt.h>
@@ -54,6 +58,10 @@ enum {
     O_LMC_PORT,
     O_LMC_HOST,
     O_LMC_SHM,
+    O_AUTH_KEY,
+    O_AUTH_CLIENTS,
+    O_HTTP_TOKEN,
+    O_INSECURE,
     O_HELP,
 };
 
@@ -94,6 +102,10 @@ static const struct option opts[] = {
     {"lmcache-port", required_argument, NULL, O_LMC_PORT},
     {"lmcache-host", required_argument, NULL, O_LMC_HOST},
     {"lmcache-shm-name", required_argument, NULL, O_LMC_SHM},
+    {"auth-key", required_argument, NULL, O_AUTH_KEY},
+    {"auth-clients", required_argument, NULL, O_AUTH_CLIENTS},
+    {"http-token", required_argument, NULL, O_HTTP_TOKEN},
+    {"insecure-no-auth", no_argument, NULL, O_INSECURE},
     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -146,6 +158,14 @@ void kvt_server_usage(FILE *f)
             "  --lmcache-host HOST           its bind address (localhost, as lmcache server)\n"
             "  --lmcache-shm-name NAME       POSIX shm name of the L1 pool handed to workers\n"
             "                                (lmcache_l1_pool_kvtier_<pid>)\n"
+            "Authentication (docs/security.md)\n"
+            "  --auth-key FILE               the server's CURVE secret key (kvtier keygen; mode\n"
+            "                                0600): TCP clients must present a listed key\n"
+            "  --auth-clients FILE           authorized clients: one public key a line with\n"
+            "                                ro|rw, its tenants (cache salts) and [admin]\n"
+            "  --http-token FILE             bearer token /status and /metrics require (mode 0600)\n"
+            "  --insecure-no-auth            allow listening beyond loopback without\n"
+            "                                authentication (warned at start, shown in /healthz)\n"
             "Other\n"
             "  --dry-run                     validate (config, directories, devices,\n"
             "                                credentials), print the resolved config, exit\n"
@@ -255,6 +275,119 @@ static int check_storage(const struct kvt_server_cfg *c)
                     la, lb, di && dj ? "directory" : "path", shown, pj, pi);
             return 2;
         }
+    }
+    return 0;
+}
+
+bool kvt_host_is_loopback(const char *host)
+{
+    char h[256];
+    size_t l = strlen(host);
+    if (l >= sizeof(h))
+        return false;
+    if (l >= 2 && host[0] == '[' && host[l - 1] == ']') { /* [::1] */
+        memcpy(h, host + 1, l - 2);
+        h[l - 2] = 0;
+    } else {
+        memcpy(h, host, l + 1);
+    }
+    if (!strcasecmp(h, "localhost"))
+        return true;
+    struct in_addr a4;
+    if (inet_pton(AF_INET, h, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    struct in6_addr a6;
+    return inet_pton(AF_INET6, h, &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6);
+}
+
+bool kvt_endpoint_is_local(const char *ep)
+{
+    if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9))
+        return true; /* file permissions / abstract socket on this host */
+    if (strncmp(ep, "tcp://", 6))
+        return false;
+    const char *h = ep + 6, *colon = strrchr(h, ':');
+    if (!colon || colon == h || (size_t)(colon - h) >= 256 || memchr(h, ';', (size_t)(colon - h)))
+        return false; /* "tcp://src;dst" and the like: not judged, not local */
+    char host[256];
+    memcpy(host, h, (size_t)(colon - h));
+    host[colon - h] = 0;
+    return kvt_host_is_loopback(host);
+}
+
+/* Load the key, the clients and the token the flags name, and refuse to
+ * listen beyond loopback without authentication (unless --insecure-no-auth).
+ * 0 or 2 (message printed, naming the flag). */
+static int check_auth(struct kvt_server_cfg *c)
+{
+    char err[1200];
+    if (!c->auth_key_file[0] != !c->auth_clients_file[0]) {
+        fprintf(stderr, "kvtier server: --%s: --auth-key and --auth-clients go together (the "
+                        "server's key, and the keys it admits)\n",
+                c->auth_key_file[0] ? "auth-clients" : "auth-key");
+        return 2;
+    }
+    if (c->auth_key_file[0]) {
+        if (!zmq_has("curve")) {
+            fprintf(stderr, "kvtier server: --auth-key: this libzmq has no CURVE support\n");
+            return 2;
+        }
+        if (kvt_secret_read(c->auth_key_file, true, c->auth_secret, sizeof(c->auth_secret), err,
+                            sizeof(err))) {
+            fprintf(stderr, "kvtier server: --auth-key: %s\n", err);
+            return 2;
+        }
+        if (!kvt_z85_key_ok(c->auth_secret) || zmq_curve_public(c->auth_public, c->auth_secret)) {
+            kvt_secret_wipe(c->auth_secret, sizeof(c->auth_secret));
+            fprintf(stderr, "kvtier server: --auth-key: %s does not hold a CURVE secret key (40 "
+                            "Z85 characters, as kvtier keygen writes to NAME.key)\n",
+                    c->auth_key_file);
+            return 2;
+        }
+        if (kvt_auth_load(c->auth_clients_file, &c->auth, err, sizeof(err))) {
+            fprintf(stderr, "kvtier server: --auth-clients: %s\n", err);
+            return 2;
+        }
+        /* the same-host socket carries no key: with authentication every
+         * request travels over CURVE (docs/security.md) */
+        c->local = false;
+    }
+    if (c->http_token_file[0]) {
+        if (kvt_secret_read(c->http_token_file, true, c->http_token, sizeof(c->http_token), err,
+                            sizeof(err))) {
+            fprintf(stderr, "kvtier server: --http-token: %s\n", err);
+            return 2;
+        }
+        if (strlen(c->http_token) < 16 || strpbrk(c->http_token, " \t")) {
+            kvt_secret_wipe(c->http_token, sizeof(c->http_token));
+            fprintf(stderr, "kvtier server: --http-token: %s: the token must be at least 16 "
+                            "characters without spaces\n",
+                    c->http_token_file);
+            return 2;
+        }
+    }
+    if (c->insecure_no_auth)
+        return 0;
+    static const char hint[] = "give --insecure-no-auth to accept that (docs/security.md)";
+    if (!c->auth && !kvt_endpoint_is_local(c->bind)) {
+        fprintf(stderr, "kvtier server: --host: %s (--host, --bind or --config's KVP_SERVER_URL) "
+                        "is reachable beyond this host and "
+                        "authentication is off: give --auth-key and --auth-clients, or %s\n",
+                c->bind, hint);
+        return 2;
+    }
+    if (c->http_port && !c->http_token[0] && !kvt_host_is_loopback(c->http_host)) {
+        fprintf(stderr, "kvtier server: --http-host: %s is beyond loopback and /status and "
+                        "/metrics have no token: give --http-token, or %s\n",
+                c->http_host, hint);
+        return 2;
+    }
+    if (c->lmc_port && (c->auth || !kvt_host_is_loopback(c->lmc_host))) {
+        fprintf(stderr, "kvtier server: --lmcache-port: the LMCache protocol front end does not "
+                        "authenticate its clients%s; %s\n",
+                c->auth ? " (it would bypass --auth-key)" : " and --lmcache-host is beyond loopback",
+                hint);
+        return 2;
     }
     return 0;
 }
@@ -475,6 +608,20 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         case O_CONFIG:
             config_path = optarg;
             break;
+        case O_AUTH_KEY:
+        case O_AUTH_CLIENTS:
+        case O_HTTP_TOKEN: {
+            char *dst = ch == O_AUTH_KEY       ? c->auth_key_file
+                        : ch == O_AUTH_CLIENTS ? c->auth_clients_file
+                                               : c->http_token_file;
+            if (!optarg[0] || strlen(optarg) >= sizeof(c->auth_key_file))
+                return fail(f, "expected a file path, got '%s'", optarg);
+            snprintf(dst, sizeof(c->auth_key_file), "%s", optarg);
+            break;
+        }
+        case O_INSECURE:
+            c->insecure_no_auth = true;
+            break;
         case O_HELP:
             kvt_server_usage(stdout);
             return 1;
@@ -546,6 +693,12 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
     }
     if (!c->bind[0])
         snprintf(c->bind, sizeof(c->bind), "tcp://%s:%d", c->host, c->port);
+    rc = check_auth(c);
+    if (rc) {
+        free(cfg_adapter);
+        kvt_server_cfg_free(c);
+        return rc;
+    }
     if (c->lmc_port && c->l1_hugepages) {
         fprintf(stderr, "kvtier server: --lmcache-port: LMCache workers open the L1 pool by its "
                         "POSIX shm name, which huge pages cannot have; drop --l1-use-hugepages\n");
@@ -612,6 +765,10 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
 
 void kvt_server_cfg_free(struct kvt_server_cfg *c)
 {
+    kvt_auth_free(c->auth);
+    c->auth = NULL;
+    kvt_secret_wipe(c->auth_secret, sizeof(c->auth_secret));
+    kvt_secret_wipe(c->http_token, sizeof(c->http_token));
     for (int i = 0; i < c->nadapters; i++)
         kvt_l2_spec_free(&c->adapters[i]);
     c->nadapters = 0;
@@ -661,5 +818,17 @@ json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
     json_object_set_new(lmc, "host", json_string(c->lmc_host));
     json_object_set_new(lmc, "shm_name", json_string(c->lmc_shm_name));
     json_object_set_new(o, "lmcache", lmc);
+    /* file names and the public key only: never a secret */
+    json_t *au = json_object();
+    json_object_set_new(au, "enabled", json_boolean(c->auth != NULL));
+    json_object_set_new(au, "key_file", c->auth ? json_string(c->auth_key_file) : json_null());
+    json_object_set_new(au, "public_key", c->auth ? json_string(c->auth_public) : json_null());
+    json_object_set_new(au, "clients_file",
+                        c->auth ? json_string(c->auth_clients_file) : json_null());
+    json_object_set_new(au, "clients", json_integer(c->auth ? c->auth->n : 0));
+    json_object_set_new(au, "http_token_file",
+                        c->http_token[0] ? json_string(c->http_token_file) : json_null());
+    json_object_set_new(au, "insecure_no_auth", json_boolean(c->insecure_no_auth));
+    json_object_set_new(o, "auth", au);
     return o;
 }

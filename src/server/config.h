@@ -13,6 +13,7 @@
 #include "ctrl/prefetch_ctrl.h"
 #include "ctrl/store_ctrl.h"
 #include "l2/adapters.h"
+#include "server/auth.h"
 
 #define KVT_MAX_ADAPTERS 16
 
@@ -57,7 +58,22 @@ struct kvt_server_cfg {
     int log_level;
     int log_format; /* enum kvt_log_format */
     json_t *config_file; /* --config: the file's values and the pre-flight (owned), or NULL */
+
+    /* authentication (server/auth.h, docs/security.md) */
+    char auth_key_file[1024];     /* --auth-key: the server's CURVE secret key */
+    char auth_clients_file[1024]; /* --auth-clients */
+    char auth_secret[41];         /* read from auth_key_file: never logged or shown */
+    char auth_public[41];         /* derived from it (public) */
+    struct kvt_auth *auth;        /* the authorized clients (owned); NULL = no authentication */
+    char http_token_file[1024];   /* --http-token */
+    char http_token[256];         /* read from it: never logged or shown; "" = none */
+    bool insecure_no_auth;        /* --insecure-no-auth: beyond loopback without auth */
 };
+
+/* true if a ZeroMQ endpoint (tcp://host:port, ipc://, inproc://) or a host
+ * name / address is reachable from this host only. */
+bool kvt_endpoint_is_local(const char *endpoint);
+bool kvt_host_is_loopback(const char *host);
 
 /* Parse argv (after the "server" word). On error prints a message naming the
  * flag or adapter key to stderr and returns 2; returns 1 for --help (printed);

@@ -58,13 +58,66 @@ static void lease_refused(struct reply *r, int rc, uint64_t lease)
                         (unsigned long long)lease);
 }
 
-static int get_keys(struct request *q, kvt_key **keys, uint32_t *n)
+static void deny(struct reply *r, const char *fmt, const char *arg)
+{
+    if (r->who)
+        atomic_fetch_add(&r->who->denied, 1);
+    kvt_reply_error(r, KVT_E_DENIED, fmt, r->who ? r->who->name : "(none)", arg);
+}
+
+bool kvt_auth_allows(struct kvt_server *s, struct reply *r, const kvt_key *keys, uint32_t n,
+                     bool write)
+{
+    if (!s->cfg->auth)
+        return true;
+    if (!r->who) {
+        deny(r, "key %s: this connection has no authenticated key%s", "");
+        return false;
+    }
+    if (write && !r->who->rw) {
+        deny(r, "key %s is read-only: it may not %s", kvt_op_names[r->op]);
+        return false;
+    }
+    uint32_t ns = 0; /* a batch has one salt: check each distinct one once */
+    for (uint32_t i = 0; i < n; i++) {
+        if (keys[i].ns == ns)
+            continue;
+        ns = keys[i].ns;
+        if (!kvt_auth_salt_ok(r->who, kvt_ns_salt(ns))) {
+            const char *salt = kvt_ns_salt(ns);
+            deny(r, "key %s may not use the cache salt \"%s\" (not one of its tenants)",
+                 salt[0] ? salt : "(none)");
+            return false;
+        }
+    }
+    return true;
+}
+
+/* status and purge: operators only, with authentication on */
+static bool admin_only(struct kvt_server *s, struct reply *r)
+{
+    if (!s->cfg->auth || (r->who && r->who->admin))
+        return true;
+    deny(r, "key %s is not an admin key: %s is for operators", kvt_op_names[r->op]);
+    return false;
+}
+
+/* The request's keys, decoded and checked against its key's tenants. */
+static int get_keys(struct kvt_server *s, struct request *q, kvt_key **keys, uint32_t *n,
+                    bool write)
 {
     const char *why = "invalid keys";
     int rc = kvt_wire_keys_decode(&q->body, keys, n, &why);
-    if (rc)
+    if (rc) {
         kvt_reply_error(q->r, rc, "%s", why);
-    return rc;
+        return rc;
+    }
+    if (!kvt_auth_allows(s, q->r, *keys, *n, write)) {
+        free(*keys);
+        *keys = NULL;
+        return KVT_E_DENIED;
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- hello */
@@ -220,7 +273,7 @@ static void h_store(struct kvt_server *s, struct request *q)
 {
     kvt_key *keys;
     uint32_t n;
-    if (get_keys(q, &keys, &n))
+    if (get_keys(s, q, &keys, &n, true))
         return;
     const char *why;
     kvt_objmeta meta;
@@ -458,7 +511,7 @@ static void h_fetch(struct kvt_server *s, struct request *q, enum kvt_op op)
     struct fetch *f = kvt_xcalloc(1, sizeof(*f));
     f->s = s;
     f->op = op;
-    if (get_keys(q, &f->keys, &f->n)) {
+    if (get_keys(s, q, &f->keys, &f->n, false)) {
         free(f);
         return;
     }
@@ -570,7 +623,7 @@ static void h_prepare_store(struct kvt_server *s, struct request *q)
 {
     kvt_key *keys;
     uint32_t n;
-    if (get_keys(q, &keys, &n))
+    if (get_keys(s, q, &keys, &n, true))
         return;
     const char *why;
     kvt_objmeta meta;
@@ -694,6 +747,8 @@ static void h_commit_store(struct kvt_server *s, struct request *q)
 
 static void h_status(struct kvt_server *s, struct request *q)
 {
+    if (!admin_only(s, q->r))
+        return;
     json_t *st = kvt_server_status(s);
     kvt_mp_pack_json(&q->r->pk, st);
     json_decref(st);
@@ -746,7 +801,7 @@ static void delete_job_fn(struct kvt_job *job, void *ctx)
 static void h_delete(struct kvt_server *s, struct request *q)
 {
     struct delete_job *j = kvt_xcalloc(1, sizeof(*j));
-    if (get_keys(q, &j->keys, &j->n)) {
+    if (get_keys(s, q, &j->keys, &j->n, true)) {
         free(j);
         return;
     }
@@ -852,6 +907,9 @@ static void h_purge(struct kvt_server *s, struct request *q)
     bool all = false, tmp = false;
     uint64_t max = 0;
     int rc;
+    /* a namespace is a model: it spans every tenant's salt */
+    if (!admin_only(s, q->r))
+        return;
     if ((rc = kvt_mp_str(&q->body, "namespace", false, &ns, &nsl, &why)) ||
         (rc = kvt_mp_str(&q->body, "root", false, &root, &rl, &why)) ||
         (rc = kvt_mp_bool(&q->body, "all", &all, &why)) ||
@@ -896,6 +954,10 @@ static void h_purge(struct kvt_server *s, struct request *q)
 
 void kvt_handle(struct kvt_server *s, enum kvt_op op, struct request *q)
 {
+    if (s->cfg->auth && !q->r->who) { /* never expected: ZAP named every peer */
+        kvt_reply_error(q->r, KVT_E_DENIED, "this connection has no authenticated key");
+        op = OP_COUNT;
+    }
     switch (op) {
     case OP_HELLO:
         h_hello(s, q);
@@ -935,6 +997,8 @@ void kvt_handle(struct kvt_server *s, enum kvt_op op, struct request *q)
     case OP_PURGE:
         h_purge(s, q);
         break;
+    case OP_COUNT:
+        break; /* refused above */
     default:
         kvt_reply_error(q->r, KVT_E_BADOP, "unknown operation");
     }

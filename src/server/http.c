@@ -1,5 +1,8 @@
-/* HTTP endpoints on libmicrohttpd (its own thread): /healthz /status /metrics. */
+/* HTTP endpoints on libmicrohttpd (its own thread): /healthz /status /metrics.
+ * With --http-token, /status and /metrics need the bearer token; /healthz
+ * stays open (docs/security.md). */
 #include "common/log.h"
+#include "common/secret.h"
 #include "server/internal.h"
 
 #include <arpa/inet.h>
@@ -8,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, char *body, size_t len,
                                const char *ctype)
@@ -17,6 +21,21 @@ static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, char *
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+/* With --http-token: "Authorization: Bearer <token>" (compared without an
+ * early exit). Always true without one. */
+static bool token_ok(struct kvt_server *s, struct MHD_Connection *c)
+{
+    if (!s->cfg->http_token[0])
+        return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7))
+        return false;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    return kvt_secret_equal(h, s->cfg->http_token);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -31,14 +50,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return respond(c, MHD_HTTP_METHOD_NOT_ALLOWED, strdup("method not allowed\n"), 19,
                        "text/plain");
-    if (strcmp(url, "/healthz") == 0) {
+    if (strcmp(url, "/healthz") == 0) { /* open to all: it shows nothing of the cache */
         char why[1024];
         bool ok = kvt_server_health(s, why, sizeof(why));
         char *body;
-        int n = asprintf(&body, "%s\n", why);
+        int n = asprintf(&body, "%s%s\n", why,
+                         s->cfg->insecure_no_auth
+                             ? "; insecure: no authentication required (--insecure-no-auth)"
+                             : "");
         return respond(c, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, body, (size_t)n,
                        "text/plain");
     }
+    if ((!strcmp(url, "/status") || !strcmp(url, "/metrics")) && !token_ok(s, c))
+        return respond(c, MHD_HTTP_UNAUTHORIZED,
+                       strdup("401: /status and /metrics need Authorization: Bearer <token>\n"),
+                       61, "text/plain");
     if (strcmp(url, "/status") == 0) {
         json_t *st = kvt_server_status(s);
         char *body =

@@ -70,6 +70,7 @@ struct reply {
     struct kvt_l1_ref *frames; /* data frames sent zero-copy from L1, one ref each */
     enum kvt_op op;
     uint64_t t0;
+    struct kvt_auth_client *who; /* the request's key (authentication on), else NULL */
 };
 
 struct flush_wait {
@@ -125,6 +126,8 @@ struct kvt_server {
     _Atomic bool ready; /* start-up done: HTTP may read the components */
     struct kvt_local *local; /* same-host socket (local.c), rpc thread only */
     struct kvt_lmc *lmc;     /* LMCache protocol front end (lmc.c), or NULL */
+    struct kvt_zap *zap;     /* ZAP handler thread (auth.c) with --auth-key, or NULL */
+    void *mon;               /* PAIR socket: the ROUTER's handshake failures (rpc thread) */
     volatile int stop;
 };
 
@@ -155,6 +158,12 @@ void kvt_local_poll(struct kvt_server *s);
 bool kvt_local_is_ident(const zmq_msg_t *ident);
 void kvt_local_send(struct kvt_server *s, struct reply *r, char *body, size_t blen);
 uint32_t kvt_local_conns(struct kvt_server *s);
+
+/* handlers.c: with authentication on, may r's key use these keys' salts
+ * (write: store or delete)? Otherwise r becomes an E_DENIED reply, counted
+ * for the key. Always true without authentication. */
+bool kvt_auth_allows(struct kvt_server *s, struct reply *r, const kvt_key *keys, uint32_t n,
+                     bool write);
 
 /* lmc.c: LMCache's multi-process protocol on --lmcache-port, own thread.
  * listen: with the other listeners, before storage opens; start: when

@@ -15,6 +15,7 @@
 int kvt_cmd_status(int argc, char **argv);
 int kvt_cmd_replay(int argc, char **argv);
 int kvt_cmd_purge(int argc, char **argv);
+int kvt_cmd_keygen(int argc, char **argv);
 
 static void usage(FILE *f)
 {
@@ -26,6 +27,7 @@ static void usage(FILE *f)
                "             (kvtier status --help)\n"
                "  purge      delete a namespace, everything, or crash residue (kvtier purge --help)\n"
                "  replay     replay a Mooncake trace against a server (kvtier replay --help)\n"
+               "  keygen     make a CURVE key pair for authentication (kvtier keygen --help)\n"
                "  version    print the version\n");
 }
 
@@ -72,6 +74,8 @@ int main(int argc, char **argv)
         return kvt_cmd_status(argc - 1, argv + 1);
     if (strcmp(cmd, "purge") == 0)
         return kvt_cmd_purge(argc - 1, argv + 1);
+    if (strcmp(cmd, "keygen") == 0)
+        return kvt_cmd_keygen(argc - 1, argv + 1);
     if (strcmp(cmd, "replay") == 0)
         return kvt_cmd_replay(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

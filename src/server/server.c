@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -453,6 +454,14 @@ static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, b
     size_t rid_len = n > 1 ? zmq_msg_size(&parts[1]) : 0;
     enum kvt_op op = n > 2 ? op_of(&parts[2]) : OP_UNKNOWN;
     struct reply *r = kvt_reply_new(&parts[0], rid, rid_len, op, t0);
+    if (s->cfg->auth && n > 1) {
+        /* the ZAP handler's user id: the key's index in the table */
+        const char *uid = zmq_msg_gets(&parts[1], "User-Id");
+        char *end = NULL;
+        unsigned long i = uid ? strtoul(uid, &end, 10) : ULONG_MAX;
+        if (uid && end != uid && !*end && i < s->cfg->auth->n)
+            r->who = &s->cfg->auth->c[i];
+    }
     /* n counts the routing id: a request is at least [id][op][body] */
     if (n < 4 || rid_len == 0 || rid_len > KVT_MAX_RID) {
         atomic_fetch_add(&s->bad_requests, 1);
@@ -508,16 +517,25 @@ static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, b
         close_parts(q.frames, 0, q.nframes);
 }
 
+static void drain_monitor(struct kvt_server *s);
+
 static void rpc_loop(struct kvt_server *s)
 {
-    zmq_pollitem_t items[5] = {
+    zmq_pollitem_t items[6] = {
         {.socket = s->sock, .events = ZMQ_POLLIN},
         {.fd = s->reply_efd, .events = ZMQ_POLLIN},
         {.fd = s->progress_efd, .events = ZMQ_POLLIN},
         {.fd = s->sig_fd, .events = ZMQ_POLLIN},
         {.fd = kvt_local_fd(s), .events = ZMQ_POLLIN},
+        {.socket = s->mon, .events = ZMQ_POLLIN},
     };
     int nitems = s->local ? 5 : 4;
+    int mon_at = -1;
+    if (s->mon) { /* authentication on: no same-host socket */
+        mon_at = nitems;
+        items[mon_at] = items[5];
+        nitems++;
+    }
     /* the service manager's watchdog: WATCHDOG=1 from this loop at half the
      * period it asked for, so a wedged rpc thread gets the service restarted */
     uint64_t wd_ns = kvt_notify_watchdog_usec() * 1000 / 2;
@@ -550,8 +568,10 @@ static void rpc_loop(struct kvt_server *s)
             (void)rr;
             kvt_flush_progress(s);
         }
-        if (nitems > 4 && (items[4].revents & ZMQ_POLLIN))
+        if (s->local && (items[4].revents & ZMQ_POLLIN))
             kvt_local_poll(s);
+        if (mon_at >= 0 && (items[mon_at].revents & ZMQ_POLLIN))
+            drain_monitor(s);
         if (items[0].revents & ZMQ_POLLIN) {
             /* bounded batch per wake so replies from workers are not starved */
             for (int i = 0; i < 64; i++) {
@@ -632,6 +652,14 @@ static void shutdown_all(struct kvt_server *s)
         zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof(linger));
         zmq_close(s->sock);
     }
+    if (s->mon) {
+        zmq_close(s->mon);
+    }
+    if (s->zctx && s->zap) {
+        zmq_ctx_shutdown(s->zctx); /* the ZAP thread's recv returns ETERM */
+        kvt_zap_join(s->zap);
+        s->zap = NULL;
+    }
     if (s->zctx)
         zmq_ctx_term(s->zctx); /* waits for zero-copy frames to be released */
     for (int i = 0; i < s->nl2; i++)
@@ -643,6 +671,65 @@ static void shutdown_all(struct kvt_server *s)
     if (s->sig_fd >= 0)
         close(s->sig_fd);
     pthread_mutex_destroy(&s->reply_lock);
+}
+
+/*
+ * CURVE on the ROUTER socket (docs/security.md): the ZAP handler first
+ * (without one libzmq would admit every key), then the server's key pair,
+ * then a monitor that counts the handshakes that fail before ZAP is asked
+ * (no key, a wrong server key).
+ */
+static int setup_curve(struct kvt_server *s)
+{
+    struct kvt_server_cfg *c = s->cfg;
+    int one = 1;
+    int rc = kvt_zap_start(s->zctx, c->auth, &s->zap);
+    if (rc) {
+        kvt_error("auth: cannot start the ZAP handler: %s", zmq_strerror(-rc));
+        return rc;
+    }
+    if (zmq_setsockopt(s->sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) ||
+        zmq_setsockopt(s->sock, ZMQ_CURVE_SECRETKEY, c->auth_secret, 40) ||
+        zmq_setsockopt(s->sock, ZMQ_ZAP_DOMAIN, "kvtier", 6)) {
+        rc = -errno;
+        kvt_error("auth: cannot set up CURVE: %s", zmq_strerror(errno));
+        return rc;
+    }
+    if (zmq_socket_monitor(s->sock, "inproc://kvtier-monitor",
+                           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) == 0) {
+        s->mon = zmq_socket(s->zctx, ZMQ_PAIR);
+        if (s->mon && zmq_connect(s->mon, "inproc://kvtier-monitor") < 0) {
+            zmq_close(s->mon);
+            s->mon = NULL;
+        }
+    }
+    return 0;
+}
+
+/* A monitor event: [u16 event, u32 value][endpoint]. */
+static void drain_monitor(struct kvt_server *s)
+{
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, s->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        bool more = zmq_msg_more(&m), event = zmq_msg_size(&m) >= 6;
+        zmq_msg_close(&m);
+        while (more) { /* the endpoint */
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, s->mon, 0) < 0)
+                more = false;
+            else
+                more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        if (event)
+            atomic_fetch_add(&s->cfg->auth->handshakes_failed, 1);
+    }
 }
 
 static int start(struct kvt_server *s)
@@ -676,6 +763,11 @@ static int start(struct kvt_server *s)
     int zero = 0;
     zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
     zmq_setsockopt(s->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
+    if (c->auth) {
+        rc = setup_curve(s);
+        if (rc)
+            return rc;
+    }
     if (zmq_bind(s->sock, c->bind) < 0) {
         int e = errno;
         kvt_error("cannot listen on %s: %s%s", c->bind, zmq_strerror(e),
@@ -766,6 +858,15 @@ static void banner(struct kvt_server *s)
     struct kvt_l1_shm shm;
     kvt_l1_shm(s->l1, &shm);
     kvt_info("kvtier %s listening on %s (pid %d)", KVT_VERSION, c->bind, (int)getpid());
+    if (c->auth)
+        kvt_info("auth: CURVE on %s, %u authorized client key(s) from %s; server public key %s; "
+                 "same-host socket off (requests travel over CURVE)",
+                 c->bind, c->auth->n, c->auth_clients_file, c->auth_public);
+    if (c->insecure_no_auth)
+        kvt_warn("--insecure-no-auth: %s%s%s", c->auth ? "" : "any process that reaches "
+                 "the RPC port can read, overwrite and delete every tenant's cache",
+                 c->auth ? "" : "; ",
+                 c->http_token[0] ? "" : "/status and /metrics are open to anyone who reaches them");
     if (c->http_port)
         kvt_info("http: http://%s:%d/healthz /status /metrics", c->http_host, c->http_port);
     kvt_info("L1: %.3g GiB shared memory (%s, align %u, policy %s)%s", c->l1_size_gb,

@@ -69,6 +69,12 @@ json_t *kvt_server_status(struct kvt_server *s)
     json_object_set_new(rpc, "workers_queued",
                         json_integer((json_int_t)kvt_tpool_queued(s->workers)));
     json_object_set_new(o, "rpc", rpc);
+    /* who may connect and what was refused; public keys only, never a secret */
+    json_t *au = s->cfg->auth ? kvt_auth_status(s->cfg->auth) : json_object();
+    json_object_set_new(au, "enabled", json_boolean(s->cfg->auth != NULL));
+    json_object_set_new(au, "insecure_no_auth", json_boolean(s->cfg->insecure_no_auth));
+    json_object_set_new(au, "http_token", json_boolean(s->cfg->http_token[0] != 0));
+    json_object_set_new(o, "auth", au);
     return o;
 }
 
@@ -234,6 +240,22 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
         (unsigned long long)atomic_load(&s->bytes_in));
     sbf(&b, "kvtier_rpc_bytes_total{dir=\"out\"} %llu\n",
         (unsigned long long)atomic_load(&s->bytes_out));
+    if (s->cfg->auth) {
+        const struct kvt_auth *a = s->cfg->auth;
+        metric(&b, "kvtier_auth_handshakes_refused_total", "counter",
+               "CURVE handshakes refused: the client's key is not authorized.");
+        sbf(&b, "kvtier_auth_handshakes_refused_total %llu\n",
+            (unsigned long long)atomic_load(&a->handshakes_refused));
+        metric(&b, "kvtier_auth_handshakes_failed_total", "counter",
+               "Handshakes that failed before the key was checked (no key, wrong server key).");
+        sbf(&b, "kvtier_auth_handshakes_failed_total %llu\n",
+            (unsigned long long)atomic_load(&a->handshakes_failed));
+        metric(&b, "kvtier_auth_denied_total", "counter",
+               "Requests answered E_DENIED, per client key.");
+        for (uint32_t i = 0; i < a->n; i++)
+            sbf(&b, "kvtier_auth_denied_total{client=\"%s\"} %llu\n", a->c[i].name,
+                (unsigned long long)atomic_load(&a->c[i].denied));
+    }
     *len = b.len;
     return b.p;
 }

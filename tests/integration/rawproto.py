@@ -127,11 +127,16 @@ class Reply:
 
 
 class RawZmq:
-    def __init__(self, url, timeout_ms=15000):
+    def __init__(self, url, timeout_ms=15000, curve=None):
+        """curve: (server public, client public, client secret), Z85 bytes."""
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if curve:
+            self.sock.setsockopt(zmq.CURVE_SERVERKEY, curve[0])
+            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, curve[1])
+            self.sock.setsockopt(zmq.CURVE_SECRETKEY, curve[2])
         self.sock.connect(url)
 
     def send(self, frames):

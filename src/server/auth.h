@@ -1,0 +1,73 @@
+/*
+ * Authentication and tenants (docs/security.md).
+ *
+ * The authorized-clients file (--auth-clients): one client a line,
+ *
+ *   <public key> <ro|rw> <tenants> [admin] [name=LABEL]   # comment
+ *
+ * public key: the client's CURVE public key in Z85 (40 characters, as
+ * `kvtier keygen` writes it to NAME.pub); ro|rw: whether it may store and
+ * delete; tenants: '*' (every cache salt) or a comma-separated list of the
+ * cache salts it may use, "@none" standing for requests without a salt and
+ * %XX for a byte a salt may hold but the file cannot (space, ',', '#', '%');
+ * admin: it may also read status and purge (operators). Empty lines, lines
+ * starting with '#' and a trailing word starting with '#' and what follows
+ * are comments (so a key may not start with '#'; kvtier keygen never makes
+ * one). A key listed twice is an error.
+ *
+ * Thread rules: the table is built before the server starts and never
+ * changes; the counters in it are atomics (any thread).
+ */
+#ifndef KVT_SERVER_AUTH_H
+#define KVT_SERVER_AUTH_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#define KVT_AUTH_MAX_CLIENTS 4096
+#define KVT_AUTH_MAX_TENANTS 256 /* salts listed for one key */
+
+struct kvt_auth_client {
+    char key[41];     /* Z85 public key (not secret) */
+    uint8_t bin[32];  /* the same, decoded */
+    char name[64];    /* name=LABEL, or the key's first 8 characters */
+    bool rw, admin, any_tenant;
+    uint32_t ntenants;
+    char **tenants;   /* the salts it may use (decoded; "" = no salt) */
+    _Atomic uint64_t denied; /* requests answered E_DENIED */
+};
+
+struct kvt_auth {
+    uint32_t n;
+    struct kvt_auth_client *c;
+    _Atomic uint64_t handshakes_refused; /* ZAP: key not in the file */
+    _Atomic uint64_t handshakes_failed;  /* no key, wrong server key, bad handshake */
+};
+
+/* Parse an authorized-clients file's text (len bytes, no NUL needed).
+ * 0, or KVT_E_CONFIG with err naming origin and the line. */
+int kvt_auth_parse(const char *text, size_t len, const char *origin, struct kvt_auth **out,
+                   char *err, size_t cap);
+/* Read and parse path (refused when writable by group or others). */
+int kvt_auth_load(const char *path, struct kvt_auth **out, char *err, size_t cap);
+void kvt_auth_free(struct kvt_auth *a);
+/* The client with this public key (32 bytes), or NULL. */
+struct kvt_auth_client *kvt_auth_find(const struct kvt_auth *a, const uint8_t *bin);
+/* May c use this salt (NUL-terminated, "" = none)? */
+bool kvt_auth_salt_ok(const struct kvt_auth_client *c, const char *salt);
+/* The clients and counters, for status (no secret in it). */
+json_t *kvt_auth_status(const struct kvt_auth *a);
+
+/* The ZAP handler (RFC 27) on zctx: answers every CURVE handshake of the
+ * context's sockets, admitting the keys in a. Start before binding a CURVE
+ * socket (without a handler libzmq admits every key); it ends when zctx is
+ * shut down (zmq_ctx_shutdown), then join it with kvt_zap_join. */
+struct kvt_zap;
+int kvt_zap_start(void *zctx, struct kvt_auth *a, struct kvt_zap **out);
+void kvt_zap_join(struct kvt_zap *z);
+
+#endif

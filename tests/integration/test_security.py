@@ -1,0 +1,400 @@
+"""Authentication and tenant isolation (issue 16, docs/security.md): CURVE on
+the RPC socket, the authorized-clients file, E_DENIED, the HTTP bearer token,
+the refusal to listen beyond loopback without authentication, and no secret
+in logs, --dry-run or status."""
+
+import json
+import os
+import stat
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+import kvtier
+from conftest import BIN
+from rawproto import RawZmq, hello_body, mp_pack
+
+E_DENIED = -1017
+E_TIMEOUT = -1012
+
+
+def keygen(d, name):
+    r = subprocess.run([BIN, "keygen", os.path.join(d, name)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return os.path.join(d, name + ".key"), os.path.join(d, name + ".pub")
+
+
+def z85(path):
+    """The key in a keygen file (first line that is not a comment)."""
+    with open(path) as f:
+        return [l.strip() for l in f if l.strip() and not l.startswith("#")][0]
+
+
+@pytest.fixture
+def keys(tmp_path):
+    d = str(tmp_path / "keys")
+    os.mkdir(d)
+    k = {n: keygen(d, n) for n in ("server", "alice", "bob", "carol", "admin", "mallory")}
+    token = os.path.join(d, "http.token")
+    with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write("tok-" + os.urandom(16).hex() + "\n")
+    k["token"] = token
+    return k
+
+
+def clients_file(keys, path, names=("alice", "bob", "carol", "admin")):
+    lines = {
+        "alice": "%s rw team-a name=alice" % z85(keys["alice"][1]),
+        "bob": "%s rw team-b,@none name=bob   # two tenants" % z85(keys["bob"][1]),
+        "carol": "%s ro team-a name=carol" % z85(keys["carol"][1]),
+        "admin": "%s rw * admin name=ops" % z85(keys["admin"][1]),
+    }
+    with open(path, "w") as f:
+        f.write("# kvtier authorized clients\n\n")
+        for n in names:
+            f.write(lines[n] + "\n")
+    return path
+
+
+@pytest.fixture
+def auth_server(make_server, keys, tmp_path, monkeypatch):
+    """A server with CURVE on; the test process's default key is the admin's
+    (the fixture's readiness probe and plain kvtier.Client() use it)."""
+    monkeypatch.setenv("KVTIER_SERVER_KEY", keys["server"][1])
+    monkeypatch.setenv("KVTIER_CLIENT_KEY", keys["admin"][0])
+
+    def make(extra=(), names=("alice", "bob", "carol", "admin")):
+        cf = clients_file(keys, str(tmp_path / "clients"), names)
+        return make_server(["--no-l2", "--auth-key", keys["server"][0], "--auth-clients", cf]
+                           + list(extra))
+    return make
+
+
+def client(server, keys, who, **kw):
+    kw.setdefault("connect_timeout_ms", 1000)
+    return kvtier.Client(server.url, server_key=keys["server"][1], client_key=keys[who][0], **kw)
+
+
+def wait_counter(server, keys, field, at_least):
+    """status.auth[field] once it reaches at_least (handshake failures are
+    counted by the server's monitor after the client gave up)."""
+    deadline = time.time() + 10
+    while True:
+        with client(server, keys, "admin") as c:
+            v = c.status()["auth"][field]
+        if v >= at_least or time.time() > deadline:
+            return v
+        time.sleep(0.05)
+
+
+def test_keygen_writes_private_secret_and_never_overwrites(tmp_path):
+    key, pub = keygen(str(tmp_path), "k")
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    assert len(z85(key)) == 40 and len(z85(pub)) == 40 and z85(key) != z85(pub)
+    r = subprocess.run([BIN, "keygen", str(tmp_path / "k")], capture_output=True, text=True)
+    assert r.returncode == 2 and "never overwritten" in r.stderr
+
+
+def test_unauthenticated_clients_are_refused_and_counted(auth_server, keys, monkeypatch):
+    s = auth_server()
+    with client(s, keys, "alice") as c:
+        c.ping()
+    # no key at all
+    monkeypatch.delenv("KVTIER_CLIENT_KEY")
+    monkeypatch.delenv("KVTIER_SERVER_KEY")
+    with pytest.raises(kvtier.KvtierError) as e:
+        kvtier.Client(s.url, connect_timeout_ms=500, shm=False)
+    assert e.value.code == E_TIMEOUT and "KVTIER_SERVER_KEY" in str(e.value)
+    # a key pair that is not in the authorized-clients file: the client is
+    # told at the handshake
+    with pytest.raises(kvtier.KvtierError) as e:
+        client(s, keys, "mallory", connect_timeout_ms=5000)
+    assert e.value.code == E_DENIED and "authorized-clients" in str(e.value)
+    # a listed client key, but a wrong server key
+    with pytest.raises(kvtier.KvtierError):
+        kvtier.Client(s.url, server_key=keys["mallory"][1], client_key=keys["alice"][0],
+                      connect_timeout_ms=500)
+    monkeypatch.setenv("KVTIER_SERVER_KEY", keys["server"][1])
+    monkeypatch.setenv("KVTIER_CLIENT_KEY", keys["admin"][0])
+    assert wait_counter(s, keys, "handshakes_refused", 1) >= 1  # mallory
+    assert wait_counter(s, keys, "handshakes_failed", 2) >= 2  # no key, wrong server key
+    assert "refused a connection" in s.read_log()
+    # the server is unaffected
+    assert s.proc.poll() is None
+    with client(s, keys, "alice") as c:
+        k = kvtier.Keys("m", [b"\x01" * 32], salt="team-a")
+        assert c.store(k, [b"x" * 100]) == 1
+        assert c.lookup(k) == 1
+
+
+def test_removed_key_is_refused_after_restart(auth_server, keys, tmp_path):
+    s = auth_server()
+    with client(s, keys, "bob") as c:
+        c.ping()
+    s.kill()
+    clients_file(keys, str(tmp_path / "clients"), ("alice", "carol", "admin"))
+    s.start()
+    with pytest.raises(kvtier.KvtierError) as e:
+        client(s, keys, "bob", connect_timeout_ms=5000)
+    assert e.value.code == E_DENIED
+    assert wait_counter(s, keys, "handshakes_refused", 1) >= 1
+    with client(s, keys, "alice") as c:
+        c.ping()
+
+
+@pytest.mark.parametrize("shm", [True, False], ids=["shm", "inline"])
+def test_tenant_cannot_touch_another_tenants_objects(auth_server, keys, shm):
+    s = auth_server()
+    ka = kvtier.Keys("m", [bytes([i]) * 32 for i in range(3)], salt="team-a")
+    with client(s, keys, "alice", shm=shm) as a:
+        assert a.store(ka, [b"A" * 4096] * 3) == 3
+        a.flush()
+    with client(s, keys, "bob", shm=shm) as b:
+        for call in (lambda: b.lookup(ka), lambda: b.retrieve(ka), lambda: b.delete(ka),
+                     lambda: b.store(ka, [b"B" * 4096] * 3), lambda: b.status()):
+            with pytest.raises(kvtier.KvtierError) as e:
+                call()
+            assert e.value.code == E_DENIED, e.value
+        if shm:
+            with pytest.raises(kvtier.KvtierError) as e:
+                b.retrieve_view(ka).__enter__()
+            assert e.value.code == E_DENIED
+        # its own tenants work: a listed salt and no salt (@none)
+        kb = kvtier.Keys("m", [b"\x07" * 32], salt="team-b")
+        kn = kvtier.Keys("m", [b"\x08" * 32])
+        assert b.store(kb, [b"b"]) == 1 and b.store(kn, [b"n"]) == 1
+        assert b.lookup(kb) == 1 and b.lookup(kn) == 1
+    # purge spans every tenant's salt: operators only
+    rz = RawZmq(s.url, curve=(z85(keys["server"][1]).encode(), z85(keys["bob"][1]).encode(),
+                              z85(keys["bob"][0]).encode()))
+    try:
+        r = rz.call([b"1", b"purge", mp_pack({"namespace": "m"})])
+        assert r.status == E_DENIED and r.body["error"] == "E_DENIED"
+        r = rz.call([b"2", b"purge", mp_pack({"all": True})])
+        assert r.status == E_DENIED
+        h = rz.call([b"3", b"hello", hello_body()])
+        # with authentication the same-host socket is not offered: it has no key
+        assert h.status == 0 and "local" not in h.body
+    finally:
+        rz.close()
+    # alice's objects are whole
+    with client(s, keys, "alice", shm=shm) as a:
+        assert a.lookup(ka) == 3
+        assert [bytes(x) for x in a.retrieve(ka)] == [b"A" * 4096] * 3
+    with client(s, keys, "admin") as adm:
+        st = adm.status()
+        denied = {c["name"]: c["denied"] for c in st["auth"]["clients"]}
+        assert denied["bob"] >= 7 and denied["alice"] == 0
+    code, body = s.http_get("/metrics")
+    assert code == 200 and 'kvtier_auth_denied_total{client="bob"}' in body
+
+
+def test_read_only_key_cannot_store_or_delete(auth_server, keys):
+    s = auth_server()
+    k = kvtier.Keys("m", [b"\x02" * 32], salt="team-a")
+    with client(s, keys, "alice") as a:
+        assert a.store(k, [b"v" * 64]) == 1
+    for shm in (True, False):
+        with client(s, keys, "carol", shm=shm) as c:
+            assert c.lookup(k) == 1
+            assert [bytes(x) for x in c.retrieve(k)] == [b"v" * 64]
+            k2 = kvtier.Keys("m", [b"\x03" * 32], salt="team-a")
+            for call in (lambda: c.store(k2, [b"w"]), lambda: c.delete(k)):
+                with pytest.raises(kvtier.KvtierError) as e:
+                    call()
+                assert e.value.code == E_DENIED and "read-only" in str(e.value)
+            if shm:
+                with pytest.raises(kvtier.KvtierError) as e:
+                    c.store_view(k2, [16]).__enter__()
+                assert e.value.code == E_DENIED
+    with client(s, keys, "alice") as a:
+        assert a.lookup(k) == 1
+        assert a.lookup(kvtier.Keys("m", [b"\x03" * 32], salt="team-a")) == 0
+
+
+def test_bad_auth_config_exits_2_naming_the_flag(keys, tmp_path):
+    cf = clients_file(keys, str(tmp_path / "clients"))
+    srv = keys["server"][0]
+    open_key = str(tmp_path / "open.key")
+    with open(open_key, "w") as f:
+        f.write(z85(srv) + "\n")
+    os.chmod(open_key, 0o644)
+    bad_clients = str(tmp_path / "bad")
+    with open(bad_clients, "w") as f:
+        f.write("%s rw team-a\nnot-a-key rw *\n" % z85(keys["alice"][1]))
+    dup = str(tmp_path / "dup")
+    with open(dup, "w") as f:
+        f.write("%s rw a\n%s ro b\n" % (z85(keys["alice"][1]), z85(keys["alice"][1])))
+    cases = [
+        (["--auth-key", srv], "--auth-clients"),
+        (["--auth-clients", cf], "--auth-key"),
+        (["--auth-key", open_key, "--auth-clients", cf], "too open"),
+        (["--auth-key", keys["server"][1], "--auth-clients", cf], "--auth-key"),  # 0644 .pub
+        (["--auth-key", srv, "--auth-clients", bad_clients], "line 2"),
+        (["--auth-key", srv, "--auth-clients", dup], "listed twice"),
+        (["--host", "0.0.0.0"], "--host"),
+        (["--bind", "tcp://*:5999"], "--host"),
+        (["--http-host", "0.0.0.0"], "--http-host"),
+        (["--lmcache-port", "5998", "--lmcache-host", "0.0.0.0"], "--lmcache-port"),
+        (["--auth-key", srv, "--auth-clients", cf, "--lmcache-port", "5998"], "--lmcache-port"),
+        (["--http-token", open_key], "--http-token"),
+    ]
+    for args, needle in cases:
+        r = subprocess.run([BIN, "server", "--no-l2", "--dry-run"] + args, capture_output=True,
+                           text=True)
+        assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)
+    # beyond loopback is allowed with authentication, or when asked for
+    for args in (["--host", "0.0.0.0", "--auth-key", srv, "--auth-clients", cf],
+                 ["--host", "0.0.0.0", "--http-host", "0.0.0.0", "--insecure-no-auth"],
+                 ["--http-host", "0.0.0.0", "--http-token", keys["token"]]):
+        r = subprocess.run([BIN, "server", "--no-l2", "--dry-run"] + args, capture_output=True,
+                           text=True)
+        assert r.returncode == 0, (args, r.stderr)
+
+
+def test_client_refuses_an_open_secret_key_file(auth_server, keys, tmp_path):
+    s = auth_server()
+    leaky = str(tmp_path / "leaky.key")
+    with open(leaky, "w") as f:
+        f.write(z85(keys["alice"][0]) + "\n")
+    os.chmod(leaky, 0o640)
+    with pytest.raises(kvtier.KvtierError) as e:
+        kvtier.Client(s.url, server_key=keys["server"][1], client_key=leaky)
+    assert "too open" in str(e.value)
+    with pytest.raises(kvtier.KvtierError) as e:
+        kvtier.Client(s.url, server_key=None, client_key=str(tmp_path / "missing.key"))
+    assert "missing.key" in str(e.value)
+
+
+def test_http_token_and_insecure_mode(make_server, keys):
+    s = make_server(["--no-l2", "--http-token", keys["token"]])
+    assert s.http_get("/healthz")[0] == 200
+    assert s.http_get("/status")[0] == 401 and s.http_get("/metrics")[0] == 401
+    tok = z85(keys["token"])
+    for path in ("/status", "/metrics"):
+        req = urllib.request.Request("http://127.0.0.1:%d%s" % (s.http_port, path),
+                                     headers={"Authorization": "Bearer " + tok})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
+        req = urllib.request.Request("http://127.0.0.1:%d%s" % (s.http_port, path),
+                                     headers={"Authorization": "Bearer " + tok[:-1] + "x"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 401
+    s2 = make_server(["--no-l2", "--insecure-no-auth"])
+    code, body = s2.http_get("/healthz")
+    assert code == 200 and "insecure" in body
+    with s2.client() as c:
+        st = c.status()
+    assert st["auth"]["insecure_no_auth"] is True and st["auth"]["enabled"] is False
+    assert "--insecure-no-auth" in s2.read_log()
+
+
+def test_no_secret_in_logs_dry_run_or_status(auth_server, keys, tmp_path):
+    secrets = [z85(keys[n][0]) for n in ("server", "alice", "bob", "carol", "admin", "mallory")]
+    secrets.append(z85(keys["token"]))
+    s = auth_server(["--log-level", "debug", "--http-token", keys["token"]])
+    outputs = []
+    with client(s, keys, "alice") as a:
+        a.store(kvtier.Keys("m", [b"\x05" * 32], salt="team-a"), [b"z"])
+    with client(s, keys, "bob") as b:
+        with pytest.raises(kvtier.KvtierError) as e:
+            b.lookup(kvtier.Keys("m", [b"\x05" * 32], salt="team-a"))
+        outputs.append(str(e.value))
+    with pytest.raises(kvtier.KvtierError) as e:
+        client(s, keys, "mallory", connect_timeout_ms=300)
+    outputs.append(str(e.value))
+    with client(s, keys, "admin") as adm:
+        outputs.append(repr(adm.status()))
+    req = urllib.request.Request("http://127.0.0.1:%d/status" % s.http_port,
+                                 headers={"Authorization": "Bearer " + z85(keys["token"])})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        outputs.append(r.read().decode())
+    # the command-line tools take the key pair from the environment (admin's)
+    r = subprocess.run([BIN, "status", "--url", s.url, "--json"], capture_output=True, text=True)
+    assert r.returncode == 0 and '"auth"' in r.stdout, r.stderr
+    outputs += [r.stdout, r.stderr]
+    cf = str(tmp_path / "clients")
+    r = subprocess.run([BIN, "server", "--no-l2", "--dry-run", "--auth-key", keys["server"][0],
+                        "--auth-clients", cf, "--http-token", keys["token"]],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert z85(keys["server"][1]) in r.stdout  # the public key is shown
+    outputs += [r.stdout, r.stderr]
+    r = subprocess.run([BIN, "keygen", str(tmp_path / "new")], capture_output=True, text=True)
+    secrets.append(z85(str(tmp_path / "new.key")))
+    outputs += [r.stdout, r.stderr]
+    s.stop()
+    outputs.append(s.read_log())
+    text = "\n".join(outputs)
+    assert "E_DENIED" in text and "refused a connection" in text
+    for sec in secrets:
+        assert sec not in text
+
+
+def test_remote_tier_credentials_not_shown_by_dry_run():
+    """The Redis password and the S3 secret are read but --dry-run says
+    only that they are set."""
+    for spec, secret in (
+            ('{"type":"resp","host":"127.0.0.1","port":6379,"password":"hunter2-pw-xyz"}',
+             "hunter2-pw-xyz"),
+            ('{"type":"s3","s3_endpoint":"s3://b","s3_region":"us-west-2","aws_access_key_id":"AK",'
+             '"aws_secret_access_key":"s3-secret-xyz"}', "s3-secret-xyz")):
+        r = subprocess.run([BIN, "server", "--dry-run", "--no-storage-check", "--l2-adapter", spec],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "<set>" in r.stdout and secret not in r.stdout + r.stderr
+
+
+OTHER_UID_PROBE = r"""
+import json, os, socket, struct, sys
+name, pid, fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out = {"uid": os.getuid()}
+try:
+    os.open("/proc/%d/fd/%d" % (pid, fd), os.O_RDWR)
+    out["map"] = "opened"
+except OSError as e:
+    out["map"] = e.__class__.__name__
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(10)
+try:
+    s.connect("\0" + name[1:])
+    frames = [b"r", b"ping", b"\x80"]
+    s.sendall(struct.pack("<I", 3) + b"".join(struct.pack("<I", len(f)) + f for f in frames))
+    out["reply"] = s.recv(64).hex()
+except OSError as e:
+    out["reply"] = e.__class__.__name__
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a probe as another uid "
+                    "(this machine has no sudo); the uid check itself is the kernel's")
+def test_another_uid_can_neither_connect_nor_map_the_pool(make_server):
+    """Same host without authentication: the abstract socket (SO_PEERCRED)
+    and the memfd pool (/proc/PID/fd) are the server's uid's only."""
+    s = make_server(["--no-l2"])
+    z = RawZmq(s.url)
+    try:
+        h = z.call([b"h", b"hello", hello_body()]).body
+    finally:
+        z.close()
+    assert h["local"] and h["shm"]
+
+    def as_nobody():
+        os.setgid(65534)
+        os.setuid(65534)
+    r = subprocess.run(["/usr/bin/python3", "-c", OTHER_UID_PROBE, h["local"], str(h["shm"]["pid"]),
+                        str(h["shm"]["fd"])], capture_output=True, text=True, preexec_fn=as_nobody,
+                       cwd="/")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["uid"] == 65534
+    assert out["map"] == "PermissionError"
+    assert out["reply"] in ("", "ConnectionResetError", "BrokenPipeError"), out
+    # the server's own uid gets both
+    with s.client() as c:
+        assert c.shm_active and c.local_active
