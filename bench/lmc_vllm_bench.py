@@ -226,7 +226,7 @@ class KvtierServer(Server):
         return [self.binary, "server", "--port", str(free_port()), "--http-port", str(self.http),
                 "--lmcache-port", str(self.port), "--lmcache-host", "127.0.0.1",
                 "--chunk-size", str(self.chunk), "--l1-size-gb", str(self.l1_gb),
-                "--l1-init-size-gb", str(self.l1_gb), "--l2-adapter", self.l2_json(),
+                "--no-l1-use-lazy", "--l2-adapter", self.l2_json(),
                 "--log-level", "warn"]
 
     def status(self):
