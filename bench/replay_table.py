@@ -4,8 +4,8 @@ line, with the offline results of every policy for the same budget)."""
 import json
 import sys
 
-POLS = ["LRU", "ARC", "LFU", "value"]
-DEFAULT = "LRU"  # the L1 default (--eviction-policy)
+POLS = ["LRU", "ARC", "LFU", "value", "adaptive"]
+DEFAULT = "adaptive"  # the L1 default (--eviction-policy)
 
 
 def main():

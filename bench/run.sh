@@ -144,7 +144,7 @@ replay)
     u=$($BIN replay --trace "$trace" --offline --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["unique_blocks"])')
     for pct in 10 25; do
       blocks=$((u * pct / 100))
-      for pol in LRU ARC LFU value; do
+      for pol in LRU ARC LFU value adaptive; do
         port=$(free_port)
         $BIN server --no-l2 --l1-size-gb "$(awk -v b=$blocks -v s=$bb 'BEGIN{printf "%.12f", b*s/2^30}')" \
           --eviction-policy $pol --eviction-trigger-watermark 1.0 --port "$port" --http-port 0 --log-level warn &

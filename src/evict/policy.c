@@ -43,7 +43,7 @@ static const struct kvt_policy_ops noop_ops = {
 
 const char *kvt_policy_names(void)
 {
-    return "LRU, ARC, LFU, noop, value";
+    return "LRU, ARC, LFU, adaptive, noop, value";
 }
 
 struct kvt_policy *kvt_policy_create(const char *name, double watermark, double ratio)
@@ -55,6 +55,8 @@ struct kvt_policy *kvt_policy_create(const char *name, double watermark, double 
         p = kvt_arc_create();
     } else if (strcasecmp(name, "LFU") == 0) {
         p = kvt_lfu_create();
+    } else if (strcasecmp(name, "adaptive") == 0) {
+        p = kvt_adaptive_create();
     } else if (strcasecmp(name, "value") == 0) {
         p = kvt_value_create(NULL);
     } else if (strcasecmp(name, "noop") == 0) {

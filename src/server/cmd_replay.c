@@ -422,7 +422,7 @@ int kvt_cmd_replay(int argc, char **argv)
     if (!budget)
         budget = u / 4;
     /* every policy through its vtable (the code the server runs), and MIN */
-    static const char *const pols[] = {"LRU", "ARC", "LFU", "value"};
+    static const char *const pols[] = {"LRU", "ARC", "LFU", "value", "adaptive"};
     enum { NPOL = sizeof(pols) / sizeof(pols[0]) };
     struct simres res[NPOL];
     for (int i = 0; i < NPOL; i++)

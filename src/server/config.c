@@ -122,7 +122,8 @@ void kvt_server_usage(FILE *f)
             "  --l1-use-hugepages            back the pool with huge pages\n"
             "  --l1-write-ttl-seconds S      write reservation TTL (600)\n"
             "  --l1-read-ttl-seconds S       read lock TTL (300)\n"
-            "  --eviction-policy P           L1 policy: LRU, ARC, LFU, value, noop (LRU)\n"
+            "  --eviction-policy P           L1 policy: adaptive, LRU, ARC, LFU, value, noop\n"
+            "                                (adaptive)\n"
             "  --eviction-trigger-watermark F  (0.8)\n"
             "  --eviction-ratio F            (0.2)\n"
             "  --eviction-interval-ms N      eviction controller period (1000)\n"
@@ -268,7 +269,7 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
     c->l1_align = 4096;
     c->l1_write_ttl_s = 600;
     c->l1_read_ttl_s = 300;
-    snprintf(c->eviction_policy, sizeof(c->eviction_policy), "LRU");
+    snprintf(c->eviction_policy, sizeof(c->eviction_policy), "adaptive");
     c->eviction_watermark = 0.8;
     c->eviction_ratio = 0.2;
     c->eviction_interval_ms = 1000;

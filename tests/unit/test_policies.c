@@ -3,7 +3,9 @@
  * ARC keeps a scan out of T2 and adapts its target p through the ghosts; LFU's
  * priority is L + min(uses, cap), the cap holds, evicting raises L so that
  * old favourites age out, and a recovered (cold) object goes first; on ties
- * both evict a request's deeper chunk before its head; names parse for L1
+ * all evict a request's deeper chunk before its head; the adaptive policy
+ * follows ARC where a hot set outlives LRU's window and does as well as LRU
+ * where blocks come back soon; names parse for L1
  * and in an adapter's "eviction" block, an unknown one is refused.
  */
 #include "test.h"
@@ -50,8 +52,8 @@ static void ins_request(struct kvt_policy *p, uint32_t h0, uint32_t n)
 
 static void test_prefix_order_on_ties(void)
 {
-    const char *names[] = {"LRU", "ARC", "LFU"};
-    for (int k = 0; k < 3; k++) {
+    const char *names[] = {"LRU", "ARC", "LFU", "adaptive"};
+    for (int k = 0; k < 4; k++) {
         fprintf(stderr, "   %s\n", names[k]);
         struct kvt_policy *p = kvt_policy_create(names[k], 1, 0);
         ins_request(p, 0, 5);
@@ -145,10 +147,73 @@ static void test_arc_scan_and_adaptation(void)
     kvt_policy_destroy(p);
 }
 
+/* A tier of C objects in front of the policy: a use of key k (handle k) is
+ * a hit (access) or a miss (evict the first victim when full, insert). */
+static bool use(struct kvt_policy *p, uint8_t *in, uint32_t *n, uint32_t C, uint32_t k)
+{
+    if (in[k]) {
+        p->ops->access(p, k);
+        return true;
+    }
+    if (*n >= C) {
+        uint32_t v = evict(p);
+        TEST_ASSERT(v != UINT32_MAX);
+        in[v] = 0;
+        --*n;
+    }
+    ins(p, k, 0);
+    in[k] = 1;
+    ++*n;
+    return false;
+}
+
+static void test_adaptive_follows_the_better_expert(void)
+{
+    /* a hot set of 4, each used twice in a row and again after 15 other
+     * uses (3 one-time blocks after each hot pair), in a tier of 8: LRU's
+     * window is too short for the first use of a pair, ARC keeps the hot set
+     * in T2; the adaptive policy follows ARC and hits every first use too */
+    struct kvt_policy *p = kvt_policy_create("adaptive", 1, 0);
+    static uint8_t in[200000];
+    uint32_t n = 0, scan = 1000, hits = 0;
+    for (int round = 0; round < 5000; round++) {
+        for (uint32_t k = 0; k < 4; k++) {
+            bool hit = use(p, in, &n, 8, k);
+            use(p, in, &n, 8, k);
+            if (round >= 4000)
+                hits += hit;
+            for (int j = 0; j < 3; j++)
+                use(p, in, &n, 8, scan++);
+        }
+    }
+    double score[2];
+    int lead = kvt_adaptive_state(p, score);
+    fprintf(stderr, "   leader %d, shadow hits LRU %.1f ARC %.1f, hot hits %u of 4000\n", lead, score[0], score[1], hits);
+    TEST_ASSERT(lead == 1 && score[1] > score[0]);
+    TEST_ASSERT(hits > 3600); /* of 4000 in the last 1000 rounds */
+    kvt_policy_destroy(p);
+    /* a stream of requests whose blocks come back soon: recency; the
+     * adaptive policy does as well as LRU */
+    struct kvt_policy *l = kvt_policy_create("LRU", 1, 0);
+    p = kvt_policy_create("adaptive", 1, 0);
+    static uint8_t in2[200000];
+    memset(in, 0, sizeof(in));
+    uint32_t n2 = 0, hl = 0, ha = 0;
+    n = 0;
+    for (uint32_t i = 0; i < 20000; i++) {
+        uint32_t k = i / 3 + (i % 3) * 5; /* each key used 3 times within 16 uses */
+        hl += use(l, in, &n, 16, k);
+        ha += use(p, in2, &n2, 16, k);
+    }
+    TEST_ASSERT(ha >= hl);
+    kvt_policy_destroy(l);
+    kvt_policy_destroy(p);
+}
+
 static void test_names_and_config(void)
 {
-    const char *ok[] = {"lru", "arc", "lfu", "Value", "noop"};
-    for (int i = 0; i < 5; i++) {
+    const char *ok[] = {"lru", "arc", "lfu", "Adaptive", "Value", "noop"};
+    for (int i = 0; i < 6; i++) {
         struct kvt_policy *p = kvt_policy_create(ok[i], 0.9, 0.1);
         TEST_ASSERT(p != NULL);
         kvt_policy_destroy(p);
@@ -174,6 +239,7 @@ int main(void)
     RUN(test_prefix_order_on_ties);
     RUN(test_lfu_aging);
     RUN(test_arc_scan_and_adaptation);
+    RUN(test_adaptive_follows_the_better_expert);
     RUN(test_names_and_config);
     return TEST_RESULT();
 }
