@@ -8,9 +8,10 @@
  *   lookup(blocks) -> h leading hits; retrieve(blocks[:h]) (bytes verified:
  *   each block's payload is derived from its id); store(blocks[h:]).
  * Prints the prefix hit ratio, bytes moved, wrong bytes (must be 0), latency
- * percentiles, and for the same budget the hit ratios of LRU, of the value
- * policy (both through the policy vtable the server runs) and of Belady's
- * optimum (MIN: evict the block used farthest in the future) computed offline.
+ * percentiles, and for the same budget the hit ratios of every policy (LRU,
+ * ARC, LFU, value, adaptive: through the policy vtable the server runs, fed
+ * as the live L1 feeds it) and of Belady's optimum (MIN: evict the block used
+ * farthest in the future) computed offline.
  */
 #include "common/util.h"
 #include "evict/policy.h"
