@@ -69,10 +69,11 @@ void kvt_arc_state(const struct kvt_policy *p, double *target, uint32_t n[4]);
 uint64_t kvt_lfu_priority(const struct kvt_policy *p, uint32_t h, uint64_t *inflation);
 
 /* The value-aware policy (value.c): parameters of
- * V = 2^(-age/half_life) x (1+reuses)^reuse_w x (1+prefix_len/len_scale)^len_w
- *     x (bytes/1MiB)^-cost_w */
+ * V = freshness x (1+reuses)^reuse_w x (1+prefix_len/len_scale)^len_w
+ *     x (bytes/1MiB)^-cost_w, freshness = GreedyDual aging (half_life_s 0)
+ *     or 2^(-age/half_life) */
 struct kvt_value_params {
-    double half_life_s; /* 86400: the seed's 24 h freshness decay */
+    double half_life_s; /* 0: aging (default); > 0: a fixed decay (the seed: 86400) */
     double reuse_w;     /* 1 */
     double len_w;       /* 1 */
     double len_scale;   /* 32 chunks */

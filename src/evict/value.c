@@ -4,9 +4,17 @@
  * The seed's retention ranking, made a real policy: an object is worth
  *
  *   V = freshness x reuse x prefix length x cost
- *     = 2^(-age / half_life) x (1 + reuses)^a x (1 + len / L)^b x (bytes / 1 MiB)^-c
  *
- * (half_life 24 h; age = time since the last store or read; reuses = reads
+ * Freshness has two forms. Default (half_life 0): GreedyDual aging, no
+ * clock: the key is H = L + (1 + min(reuses, 2))^a x (1 + len / L)^b
+ * x (bytes / 1 MiB)^-c, fixed at the last touch, and L becomes the key of
+ * each object evicted, so what was not touched falls behind at the pace of
+ * the cache's own turnover (a fixed 24 h decay lost 12 points to LRU on a
+ * cache that turns over in minutes; docs/operations.md). With a half-life:
+ *
+ *   V = 2^(-age / half_life) x (1 + reuses)^a x (1 + len / L)^b x (bytes / 1 MiB)^-c
+ *
+ * (age = time since the last store or read; reuses = reads
  * and repeated stores after the first; len = chunks in the request that
  * stored it: long histories are protected; bytes = storage cost). The least
  * valuable object is evicted first. Within one request (same age, reuses
@@ -15,7 +23,8 @@
  * chunks before it, so the tail must go first (as with LRU's reverse
  * insertion); a position weight of its own was measured to hurt.
  *
- * Why a heap with static keys works: log V = (t_last - now) / tau + w, where
+ * Why a heap with static keys works (aging: H changes only at a touch; the
+ * decay:) log V = (t_last - now) / tau + w, where
  * w (reuse, position, cost) changes only when the object is touched. The
  * term now / tau is the same for every object, so the order by
  * k = t_last / tau + w never changes as time passes (the same trick as
