@@ -4,8 +4,8 @@
 #   bench/ops.sh [section...]     sections: replay live scan purge (default: all)
 #
 #   replay  offline hit ratios on the Mooncake trace, budget = 25% of its
-#           unique blocks: LRU, value (24 h half-life, and one scaled to the
-#           trace's 17 minutes), Belady's optimum
+#           unique blocks: every policy (value with its aging, and with a
+#           fixed half-life scaled to the trace's 17 minutes), Belady's optimum
 #   live    the same trace through a live server (nixl_store_dynamic, cap =
 #           25% of unique blocks x stored block size, L1 20 MB), per policy
 #   scan    `kvtier status --root` vs `du -sb` on N files, alternating rounds
@@ -55,7 +55,8 @@ replay)
   echo
   echo "== offline replay of $TRACE (budget 25% of unique blocks)"
   $BIN replay --trace "$TRACE" --offline
-  $BIN replay --trace "$TRACE" --offline --value-half-life 40 | grep "offline value"
+  echo "  value with a fixed 40 s half-life:"
+  $BIN replay --trace "$TRACE" --offline --value-half-life 40 | grep "offline prefix"
   ;;
 live)
   echo
@@ -63,7 +64,7 @@ live)
   # the offline default budget (25% of the unique blocks); replay has no cheaper way to print it
   budget_blocks=$($BIN replay --trace "$TRACE" --offline --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["budget_blocks"])')
   cap=$(/usr/bin/python3 -c "print($budget_blocks * (16384 + 512) / 2**30)")
-  for pol in 'LRU' 'value' 'value:0.0001'; do
+  for pol in 'LRU' 'adaptive' 'value' 'value:0.0001'; do
     name=${pol%%:*}; hl=${pol#*:}
     ev="{\"eviction_policy\":\"$name\",\"trigger_watermark\":0.95,\"eviction_ratio\":0.05"
     [ "$hl" != "$pol" ] && ev="$ev,\"half_life_hours\":$hl"

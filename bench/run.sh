@@ -143,16 +143,42 @@ recovery)
   echo
   ;;
 replay)
-  echo "== Mooncake trace replay, budget 25% of unique blocks: live kvtier (L1 LRU) vs offline LRU and Belady"
-  trace=../shared/data/mooncake_synthetic_trace.jsonl
-  port=$(free_port)
-  blocks=10981; bb=16384
-  $BIN server --no-l2 --l1-size-gb "$(awk -v b=$blocks -v s=$bb 'BEGIN{print b*s/2^30}')" \
-    --eviction-trigger-watermark 1.0 --port "$port" --http-port 0 --log-level warn &
-  PIDS+=($!)
-  wait_port "$port"
-  $BIN replay --url tcp://127.0.0.1:$port --trace "$trace" --block-bytes $bb --budget-blocks $blocks 2>/dev/null
-  cleanup; PIDS=()
+  # Every trace x budget (10%, 25% of its unique blocks) x policy: the live
+  # server (L1 only, watermark 1.0: it fills to its budget and evicts on
+  # demand) beside the same policy replayed offline, and Belady's optimum.
+  echo "== Mooncake-format trace replay: live kvtier L1 vs offline, every policy, beside Belady"
+  tdir=$DIR/traces; mkdir -p "$tdir"
+  traces=()
+  t0=${KVT_TRACE:-../shared/data/mooncake_synthetic_trace.jsonl}
+  if [ -f "$t0" ]; then traces+=("$t0"); else echo "(no $t0: set KVT_TRACE)"; fi
+  n=4000; [ "$QUICK" = 1 ] && n=1000
+  # synthetic variants (bench/gen_trace.py): reuse skew, session length, request size
+  /usr/bin/python3 bench/gen_trace.py "$tdir/chat.jsonl" --seed 1 --requests $n
+  /usr/bin/python3 bench/gen_trace.py "$tdir/long-sessions.jsonl" --seed 2 --requests $n --skew 0.6 --turns 10 --turn-blocks 4
+  /usr/bin/python3 bench/gen_trace.py "$tdir/big-prompts.jsonl" --seed 3 --requests $n --skew 1.4 --turns 2 --prompt-blocks 20 --turn-blocks 16 --prompts 50
+  /usr/bin/python3 bench/gen_trace.py "$tdir/many-users.jsonl" --seed 4 --requests $n --turns 6 --open 256 --prompts 1000
+  traces+=("$tdir/chat.jsonl" "$tdir/long-sessions.jsonl" "$tdir/big-prompts.jsonl" "$tdir/many-users.jsonl")
+  [ -n "${TRACES:-}" ] && read -r -a traces <<< "$TRACES"
+  bb=16384
+  out=$DIR/replay.jsonl; : > "$out"
+  for trace in "${traces[@]}"; do
+    u=$($BIN replay --trace "$trace" --offline --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["unique_blocks"])')
+    for pct in 10 25; do
+      blocks=$((u * pct / 100))
+      for pol in LRU ARC LFU value adaptive; do
+        port=$(free_port)
+        $BIN server --no-l2 --l1-size-gb "$(awk -v b=$blocks -v s=$bb 'BEGIN{printf "%.12f", b*s/2^30}')" \
+          --eviction-policy $pol --eviction-trigger-watermark 1.0 --port "$port" --http-port 0 --log-level warn &
+        PIDS+=($!)
+        wait_port "$port"
+        $BIN replay --url tcp://127.0.0.1:$port --trace "$trace" --block-bytes $bb --budget-blocks $blocks --json 2>/dev/null |
+          /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); d.update(trace=sys.argv[1], pct=int(sys.argv[2]), policy=sys.argv[3]); print(json.dumps(d))' \
+          "$(basename "$trace" .jsonl)" $pct $pol >> "$out"
+        cleanup; PIDS=()
+      done
+    done
+  done
+  /usr/bin/python3 bench/replay_table.py "$out"
   echo
   ;;
 lmcache)

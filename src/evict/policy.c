@@ -43,7 +43,7 @@ static const struct kvt_policy_ops noop_ops = {
 
 const char *kvt_policy_names(void)
 {
-    return "LRU, noop, value";
+    return "LRU, ARC, LFU, adaptive, noop, value";
 }
 
 struct kvt_policy *kvt_policy_create(const char *name, double watermark, double ratio)
@@ -51,6 +51,12 @@ struct kvt_policy *kvt_policy_create(const char *name, double watermark, double 
     struct kvt_policy *p = NULL;
     if (strcasecmp(name, "LRU") == 0) {
         p = kvt_lru_create();
+    } else if (strcasecmp(name, "ARC") == 0) {
+        p = kvt_arc_create();
+    } else if (strcasecmp(name, "LFU") == 0) {
+        p = kvt_lfu_create();
+    } else if (strcasecmp(name, "adaptive") == 0) {
+        p = kvt_adaptive_create();
     } else if (strcasecmp(name, "value") == 0) {
         p = kvt_value_create(NULL);
     } else if (strcasecmp(name, "noop") == 0) {
@@ -224,7 +230,10 @@ json_t *kvt_policy_describe(const struct kvt_policy *p)
     json_object_set_new(r, "eviction_ratio", json_real(p->eviction_ratio));
     struct kvt_value_params prm;
     if (kvt_value_get_params(p, &prm)) {
-        json_object_set_new(r, "half_life_hours", json_real(prm.half_life_s / 3600.0));
+        /* no half-life: freshness by aging (value.c), no clock */
+        json_object_set_new(r, "half_life_hours", prm.half_life_s > 0
+                                                      ? json_real(prm.half_life_s / 3600.0)
+                                                      : json_null());
         json_object_set_new(r, "reuse_weight", json_real(prm.reuse_w));
         json_object_set_new(r, "length_weight", json_real(prm.len_w));
         json_object_set_new(r, "cost_weight", json_real(prm.cost_w));

@@ -6,9 +6,9 @@
  * it adds a few bytes per object instead of a second key map: LRU keeps two
  * u32 links per handle.
  *
- * Policies are a vtable (like Valkey's dictType): LRU, noop, and the
- * value-aware policy plug in here; the next ones (S3-FIFO, ARC) drop in the
- * same way.
+ * Policies are a vtable (like Valkey's dictType): LRU, ARC, LFU (with
+ * aging), noop, and the value-aware policy plug in here; the next ones
+ * (S3-FIFO, ...) drop in the same way.
  *
  * Thread rules: a policy has no lock of its own. Every call is made with the
  * owning tier's lock held (l2->lock or the L1 lock).
@@ -23,11 +23,13 @@
 
 struct kvt_policy;
 
-/* Extra facts a value-aware policy may use; others ignore them. */
+/* Extra facts a policy may use; each ignores what it does not need. */
 struct kvt_policy_hint {
     uint32_t prefix_pos; /* position of the chunk in its request (0 = head) */
     uint32_t prefix_len; /* chunks in that request (the prefix length); 0 = unknown */
     uint32_t bytes;      /* storage cost */
+    uint64_t fp;         /* the key's identity across handles (kvt_key_hash); 0 = none:
+                            ARC remembers evicted keys by it */
 };
 
 struct kvt_policy_ops {
@@ -52,12 +54,26 @@ struct kvt_policy {
 
 /* Constructors of the built-in policies (used by kvt_policy_create). */
 struct kvt_policy *kvt_lru_create(void);
+struct kvt_policy *kvt_arc_create(void);
+struct kvt_policy *kvt_lfu_create(void);
+struct kvt_policy *kvt_adaptive_create(void);
+/* For tests: the expert the adaptive policy follows (0 LRU, 1 ARC) and
+ * each one's decayed shadow hits; -1 for other policies. */
+int kvt_adaptive_state(const struct kvt_policy *p, double score[2]);
+
+/* LFU's frequency cap: a use count stops growing here (lfu.c). */
+#define KVT_LFU_FCAP 3
+/* For tests: ARC's target size of T1 and |T1|, |T2|, |B1|, |B2|; LFU's
+ * priority of h (0 when absent) and its inflation value. */
+void kvt_arc_state(const struct kvt_policy *p, double *target, uint32_t n[4]);
+uint64_t kvt_lfu_priority(const struct kvt_policy *p, uint32_t h, uint64_t *inflation);
 
 /* The value-aware policy (value.c): parameters of
- * V = 2^(-age/half_life) x (1+reuses)^reuse_w x (1+prefix_len/len_scale)^len_w
- *     x (bytes/1MiB)^-cost_w */
+ * V = freshness x (1+reuses)^reuse_w x (1+prefix_len/len_scale)^len_w
+ *     x (bytes/1MiB)^-cost_w, freshness = GreedyDual aging (half_life_s 0)
+ *     or 2^(-age/half_life) */
 struct kvt_value_params {
-    double half_life_s; /* 86400: the seed's 24 h freshness decay */
+    double half_life_s; /* 0: aging (default); > 0: a fixed decay (the seed: 86400) */
     double reuse_w;     /* 1 */
     double len_w;       /* 1 */
     double len_scale;   /* 32 chunks */
@@ -73,7 +89,8 @@ bool kvt_value_get_params(const struct kvt_policy *p, struct kvt_value_params *o
 /* The current value V of a handle (NAN when absent), for tests and status. */
 double kvt_value_of(struct kvt_policy *p, uint32_t h);
 
-/* Create a policy by name ("LRU", "noop", "value"); NULL if unknown. */
+/* Create a policy by name ("LRU", "ARC", "LFU", "noop", "value"; any case);
+ * NULL if unknown. */
 struct kvt_policy *kvt_policy_create(const char *name, double watermark, double ratio);
 void kvt_policy_destroy(struct kvt_policy *p);
 /* Names accepted by kvt_policy_create, for error messages. */

@@ -4,9 +4,17 @@
  * The seed's retention ranking, made a real policy: an object is worth
  *
  *   V = freshness x reuse x prefix length x cost
- *     = 2^(-age / half_life) x (1 + reuses)^a x (1 + len / L)^b x (bytes / 1 MiB)^-c
  *
- * (half_life 24 h; age = time since the last store or read; reuses = reads
+ * Freshness has two forms. Default (half_life 0): GreedyDual aging, no
+ * clock: the key is H = L + (1 + min(reuses, 2))^a x (1 + len / L)^b
+ * x (bytes / 1 MiB)^-c, fixed at the last touch, and L becomes the key of
+ * each object evicted, so what was not touched falls behind at the pace of
+ * the cache's own turnover (a fixed 24 h decay lost 12 points to LRU on a
+ * cache that turns over in minutes; docs/operations.md). With a half-life:
+ *
+ *   V = 2^(-age / half_life) x (1 + reuses)^a x (1 + len / L)^b x (bytes / 1 MiB)^-c
+ *
+ * (age = time since the last store or read; reuses = reads
  * and repeated stores after the first; len = chunks in the request that
  * stored it: long histories are protected; bytes = storage cost). The least
  * valuable object is evicted first. Within one request (same age, reuses
@@ -15,7 +23,8 @@
  * chunks before it, so the tail must go first (as with LRU's reverse
  * insertion); a position weight of its own was measured to hurt.
  *
- * Why a heap with static keys works: log V = (t_last - now) / tau + w, where
+ * Why a heap with static keys works (aging: H changes only at a touch; the
+ * decay:) log V = (t_last - now) / tau + w, where
  * w (reuse, position, cost) changes only when the object is touched. The
  * term now / tau is the same for every object, so the order by
  * k = t_last / tau + w never changes as time passes (the same trick as
@@ -62,6 +71,7 @@ struct value {
     double (*clock)(void *);
     void *clock_arg;
     double epoch;
+    double L; /* aging: the key of the last object evicted (GreedyDual's inflation) */
 };
 
 static double mono_clock(void *arg)
@@ -75,15 +85,27 @@ static double now_s(struct value *v)
     return v->clock(v->clock_arg) - v->epoch;
 }
 
-/* The static part w of log V for a handle (see the top comment). */
-static double weight(const struct value *v, uint32_t h)
+/* log of reuse x prefix length x cost for a handle (see the top comment);
+ * aging caps the reuse count as LFU does. */
+static double log_factors(const struct value *v, uint32_t h)
 {
     const struct kvt_value_params *p = &v->prm;
-    double w = p->reuse_w * log1p((double)v->reuse[h]);
+    double r = v->inv_tau > 0 ? v->reuse[h] : KVT_MIN(v->reuse[h], KVT_LFU_FCAP - 1);
+    double w = p->reuse_w * log1p(r);
     w += p->len_w * log1p((double)v->plen[h] / p->len_scale);
     if (v->costc[h])
         w -= p->cost_w * ((double)v->costc[h] - 21.0) * M_LN2; /* relative to 1 MiB */
-    return w - 1e-9 * (double)v->prefix[h];                     /* tie-break: head first */
+    return w;
+}
+
+/* The heap key of a handle touched now. Decay: now / tau + log V's static
+ * part. Aging: L + the factors' product. Either way the head of a request
+ * outranks its tail by a tie-break far below any real difference. */
+static double key_now(struct value *v, uint32_t h)
+{
+    if (v->inv_tau > 0)
+        return now_s(v) * v->inv_tau + log_factors(v, h) - 1e-9 * (double)v->prefix[h];
+    return v->L + exp(log_factors(v, h)) * (1.0 - 1e-7 * (double)v->prefix[h]);
 }
 
 static void place(struct value *v, uint32_t i, struct hent e)
@@ -180,11 +202,10 @@ static void value_insert(struct kvt_policy *p, uint32_t h, bool cold,
     v->plen[h] = (uint16_t)KVT_MIN(hint ? hint->prefix_len : 0, UINT16_MAX);
     v->costc[h] = cost_class(hint ? hint->bytes : 0);
     double k;
-    if (cold)
-        /* below everything present, each recovered object below the last */
-        k = (v->n ? (double)v->heap[0].key : now_s(v) * v->inv_tau) - 1e-3;
+    if (cold) /* below everything present, each recovered object below the last */
+        k = (v->n ? v->heap[0].key : v->inv_tau > 0 ? now_s(v) * v->inv_tau : v->L) - 1e-3;
     else
-        k = now_s(v) * v->inv_tau + weight(v, h);
+        k = key_now(v, h);
     v->heap[v->n] = (struct hent){k, h};
     v->pos[h] = v->n++;
     sift_up(v, v->n - 1);
@@ -198,7 +219,7 @@ static void value_access(struct kvt_policy *p, uint32_t h)
     if (v->reuse[h] < UINT16_MAX)
         v->reuse[h]++;
     uint32_t i = v->pos[h];
-    double k = now_s(v) * v->inv_tau + weight(v, h);
+    double k = key_now(v, h);
     double old = v->heap[i].key;
     v->heap[i].key = k;
     if (k < old)
@@ -210,8 +231,11 @@ static void value_access(struct kvt_policy *p, uint32_t h)
 static void value_remove(struct kvt_policy *p, uint32_t h)
 {
     struct value *v = (struct value *)p;
-    if (present(v, h))
-        heap_remove(v, h);
+    if (!present(v, h))
+        return;
+    if (v->pos[h] == 0 && v->inv_tau == 0)
+        v->L = v->heap[0].key; /* the least valuable went: everyone ages */
+    heap_remove(v, h);
 }
 
 /* Least valuable first: a frontier heap of heap positions, ordered by key,
@@ -284,7 +308,7 @@ static const struct kvt_policy_ops value_ops = {
 
 void kvt_value_defaults(struct kvt_value_params *p)
 {
-    p->half_life_s = 24 * 3600.0;
+    p->half_life_s = 0; /* aging */
     p->reuse_w = 1.0;
     p->len_w = 1.0;
     p->len_scale = 32.0;
@@ -300,10 +324,10 @@ struct kvt_policy *kvt_value_create(const struct kvt_value_params *prm)
     else
         kvt_value_defaults(&v->prm);
     if (!(v->prm.half_life_s > 0))
-        v->prm.half_life_s = 24 * 3600.0;
+        v->prm.half_life_s = 0;
     if (!(v->prm.len_scale > 0))
         v->prm.len_scale = 1.0;
-    v->inv_tau = M_LN2 / v->prm.half_life_s;
+    v->inv_tau = v->prm.half_life_s > 0 ? M_LN2 / v->prm.half_life_s : 0;
     v->clock = mono_clock;
     v->epoch = mono_clock(NULL);
     return &v->base;
@@ -332,6 +356,9 @@ double kvt_value_of(struct kvt_policy *p, uint32_t h)
     struct value *v = (struct value *)p;
     if (p->ops != &value_ops || !present(v, h))
         return NAN;
+    double k = v->heap[v->pos[h]].key;
+    if (v->inv_tau == 0) /* aging: the priority above today's inflation */
+        return k - v->L;
     /* log V = key - now / tau */
-    return exp((double)v->heap[v->pos[h]].key - now_s(v) * v->inv_tau);
+    return exp(k - now_s(v) * v->inv_tau);
 }

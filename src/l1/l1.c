@@ -507,7 +507,8 @@ void kvt_l1_commit(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n, unsigned f
         if (flags & KVT_L1_TEMP) {
             o->flags |= F_TEMP;
         } else {
-            struct kvt_policy_hint hint = {.prefix_pos = i, .bytes = o->meta.len};
+            struct kvt_policy_hint hint = {.prefix_pos = i, .prefix_len = n,
+                                           .bytes = o->meta.len, .fp = kvt_key_hash(&o->key)};
             kvt_policy_insert(l1->policy, hs[i], false, &hint);
             o->flags |= F_TRACKED;
         }
@@ -920,7 +921,8 @@ int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
             l1->nwriting--;
             l1->nready++;
             l1->c.stores++;
-            struct kvt_policy_hint hint = {.prefix_pos = i, .bytes = o->meta.len};
+            struct kvt_policy_hint hint = {.prefix_pos = i, .prefix_len = L->n,
+                                           .bytes = o->meta.len, .fp = kvt_key_hash(&o->key)};
             kvt_policy_insert(l1->policy, h, false, &hint);
             o->flags |= F_TRACKED;
             committed++;
@@ -1014,7 +1016,7 @@ uint64_t kvt_l1_evict_cycle(struct kvt_l1 *l1)
 {
     struct kvt_l1_usage u;
     kvt_l1_usage(l1, &u);
-    if (u.fraction < l1->watermark || u.used_bytes == 0)
+    if (l1->watermark >= 1.0 || u.fraction < l1->watermark || u.used_bytes == 0)
         return 0;
     return kvt_l1_evict_to(l1, (uint64_t)((double)u.used_bytes * (1.0 - l1->ratio)));
 }

@@ -347,7 +347,7 @@ static void finish_policy_locked(kvt_l2 *l2, kvt_l2_task *t)
             kvt_policy_access(l2->policy, h);
         } else {
             struct kvt_policy_hint hint = {.prefix_pos = i, .prefix_len = t->n,
-                                           .bytes = o->stored};
+                                           .bytes = o->stored, .fp = kvt_key_hash(&ck)};
             kvt_policy_insert(l2->policy, h, false, &hint);
             o->state |= ST_TRACKED;
         }
@@ -1149,7 +1149,8 @@ bool kvt_l2_adopt(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, 
         o->state = KVT_OBJ_READY;
         account_locked(l2, o, +1);
         if (l2->policy) {
-            struct kvt_policy_hint hint = {.prefix_pos = 0, .bytes = stored};
+            struct kvt_policy_hint hint = {.prefix_pos = 0, .bytes = stored,
+                                           .fp = kvt_key_hash(ck)};
             kvt_policy_insert(l2->policy, h, at_cold_end, &hint);
             o->state |= ST_TRACKED;
         }
@@ -1261,7 +1262,8 @@ void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0
             o->state = KVT_OBJ_READY;
             account_locked(l2, o, +1);
             if (l2->policy) {
-                struct kvt_policy_hint hint = {.prefix_pos = 0, .bytes = f->stored};
+                struct kvt_policy_hint hint = {.prefix_pos = 0, .bytes = f->stored,
+                                               .fp = kvt_key_hash(&f->key)};
                 kvt_policy_insert(l2->policy, h, true, &hint);
                 o->state |= ST_TRACKED;
             }

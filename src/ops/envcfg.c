@@ -270,8 +270,9 @@ static const struct var {
     {"KVP_CACHE_DEVICE", V_PATH, "", "device or mount point for the pre-flight check"},
     {"KVP_TRIGGER_WATERMARK", V_UNIT, "0.9", "eviction starts at this fraction of the budget"},
     {"KVP_EVICTION_RATIO", V_UNIT, "0.1", "each eviction cycle frees this fraction of used"},
-    {"KVP_EVICTION_POLICY", V_STR, "LRU", "LRU, value, or none (hard cap only)"},
-    {"KVP_VALUE_HALF_LIFE_HOURS", V_NUM, "24", "freshness half-life of the value policy"},
+    {"KVP_EVICTION_POLICY", V_STR, "LRU", "LRU, ARC, LFU, value, or none (hard cap only)"},
+    {"KVP_VALUE_HALF_LIFE_HOURS", V_NUM, "0",
+     "freshness half-life of the value policy; 0: aging, no clock"},
     {"KVP_QUOTAS_FILE", V_PATH, "", "per-namespace quotas (JSON)"},
     {"KVP_SERVER_URL", V_STR, "tcp://127.0.0.1:5555", "where the server listens"},
     {"KVP_USE_DIRECT_IO", V_BOOL, "false", "O_DIRECT for cache files"},
@@ -383,11 +384,15 @@ int kvt_envcfg_load(const char *path, struct kvt_envcfg *c, char *err, size_t er
         double num = 0;
         bool b = false;
         if (d->kind == V_NUM || d->kind == V_UNIT || d->kind == V_INT) {
+            /* the value policy's half-life may be 0: freshness by aging */
+            bool zero_ok = !strcmp(d->name, "KVP_VALUE_HALF_LIFE_HOURS");
             if (parse_num(val, &num) || (d->kind == V_UNIT && (num < 0 || num > 1)) ||
-                (d->kind != V_UNIT && num <= 0) || (d->kind == V_INT && num != floor(num))) {
+                (d->kind != V_UNIT && (num < 0 || (num == 0 && !zero_ok))) ||
+                (d->kind == V_INT && num != floor(num))) {
                 rc = verr(err, errcap, v, d->name,
                           d->kind == V_UNIT  ? "expected a number in [0, 1], got '%s'"
                           : d->kind == V_INT ? "expected a whole number > 0, got '%s'"
+                          : zero_ok          ? "expected a number >= 0, got '%s'"
                                              : "expected a number > 0, got '%s'",
                           val);
                 goto out;
@@ -422,12 +427,13 @@ int kvt_envcfg_load(const char *path, struct kvt_envcfg *c, char *err, size_t er
         } else if (!strcmp(n, "KVP_EVICTION_RATIO")) {
             c->ratio = num;
         } else if (!strcmp(n, "KVP_EVICTION_POLICY")) {
-            const char *known[] = {"LRU", "value", "none"};
+            const char *known[] = {"LRU", "ARC", "LFU", "value", "none"};
             size_t k = 0;
-            while (k < 3 && strcasecmp(val, known[k]))
+            while (k < 5 && strcasecmp(val, known[k]))
                 k++;
-            if (k == 3) {
-                rc = verr(err, errcap, v, n, "expected LRU, value or none, got '%s'", val);
+            if (k == 5) {
+                rc = verr(err, errcap, v, n, "expected LRU, ARC, LFU, value or none, got '%s'",
+                          val);
                 goto out;
             }
             snprintf(c->policy, sizeof(c->policy), "%s", known[k]);
@@ -498,7 +504,7 @@ char *kvt_envcfg_adapter_json(const struct kvt_envcfg *c)
         json_object_set_new(ev, "eviction_policy", json_string(c->policy));
         json_object_set_new(ev, "trigger_watermark", json_real(c->watermark));
         json_object_set_new(ev, "eviction_ratio", json_real(c->ratio));
-        if (strcmp(c->policy, "value") == 0)
+        if (strcmp(c->policy, "value") == 0 && c->half_life_h > 0)
             json_object_set_new(ev, "half_life_hours", json_real(c->half_life_h));
         json_object_set_new(j, "eviction", ev);
     }

@@ -37,7 +37,7 @@ struct kvt_envcfg {
     double watermark;     /* KVP_TRIGGER_WATERMARK: 0.9 */
     double ratio;         /* KVP_EVICTION_RATIO: 0.1 */
     char policy[16];      /* KVP_EVICTION_POLICY: LRU | value | none */
-    double half_life_h;   /* KVP_VALUE_HALF_LIFE_HOURS: 24 (value policy) */
+    double half_life_h;   /* KVP_VALUE_HALF_LIFE_HOURS: 0 = aging (value policy) */
     char quotas[PATH_MAX];/* KVP_QUOTAS_FILE: "" = no quotas */
     char url[300];        /* KVP_SERVER_URL: tcp://127.0.0.1:5555 */
     bool url_set;         /* KVP_SERVER_URL was given */

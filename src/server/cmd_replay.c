@@ -8,9 +8,10 @@
  *   lookup(blocks) -> h leading hits; retrieve(blocks[:h]) (bytes verified:
  *   each block's payload is derived from its id); store(blocks[h:]).
  * Prints the prefix hit ratio, bytes moved, wrong bytes (must be 0), latency
- * percentiles, and for the same budget the hit ratios of LRU, of the value
- * policy (both through the policy vtable the server runs) and of Belady's
- * optimum (MIN: evict the block used farthest in the future) computed offline.
+ * percentiles, and for the same budget the hit ratios of every policy (LRU,
+ * ARC, LFU, value, adaptive: through the policy vtable the server runs, fed
+ * as the live L1 feeds it) and of Belady's optimum (MIN: evict the block used
+ * farthest in the future) computed offline.
  */
 #include "common/util.h"
 #include "evict/policy.h"
@@ -244,11 +245,16 @@ static struct simres sim_belady(const struct trace *t, const uint32_t *d, uint32
     return r;
 }
 
-/* Any eviction policy through its vtable (the code the server runs): dense
- * ids are the handles; each request's blocks are accessed or inserted tail
- * first (as the L2 base does, hint = position in the request), then the
- * least valuable blocks go until the budget holds. The policy's clock is
- * the trace's time. */
+/* Any eviction policy through its vtable (the code the server runs), fed
+ * exactly as the live L1 feeds it, so that live and offline agree: dense
+ * ids are the handles. For each request: the lookup's prefix hits are
+ * touched tail first (kvt_l1_touch); the store of the rest goes in order,
+ * a block already cached is a use (reserve's -EEXIST) and a new one takes
+ * a slot, evicting the policy's first victim when the budget is full (new
+ * blocks are not in the policy until the commit, so never victims); the
+ * commit then inserts the new blocks tail first, hint = position among
+ * them and their count, as kvt_l1_commit does. The policy's clock is the
+ * trace's time. */
 struct sim_clock {
     double now;
 };
@@ -264,6 +270,8 @@ static bool first_victim(uint32_t h, void *arg)
     return false;
 }
 
+enum { OUT = 0, CACHED = 1, PENDING = 2 };
+
 static struct simres sim_policy(const struct trace *t, const uint32_t *d, uint32_t u,
                                 uint64_t cap, struct kvt_policy *p, uint32_t block)
 {
@@ -277,26 +285,41 @@ static struct simres sim_policy(const struct trace *t, const uint32_t *d, uint32
         uint32_t a = t->start[q], b = t->start[q + 1];
         clk.now = t->ts[q];
         count_hits(d, a, b, in, &r);
-        for (uint32_t i = b; i-- > a;) {
+        uint32_t h = a;
+        while (h < b && in[d[h]] == CACHED)
+            h++;
+        for (uint32_t i = h; i-- > a;)
+            p->ops->access(p, d[i]);
+        uint32_t nnew = 0;
+        for (uint32_t i = h; i < b; i++) {
             uint32_t x = d[i];
-            if (in[x]) {
+            if (in[x] == CACHED) {
                 p->ops->access(p, x);
-            } else {
-                struct kvt_policy_hint hint = {.prefix_pos = i - a, .prefix_len = b - a,
-                                               .bytes = block};
-                p->ops->insert(p, x, false, &hint);
-                in[x] = 1;
-                size++;
+                continue;
             }
+            if (in[x] == PENDING)
+                continue;
+            while (size >= cap) {
+                uint32_t v = UINT32_MAX;
+                p->ops->walk(p, first_victim, &v);
+                if (v == UINT32_MAX)
+                    break;
+                p->ops->remove(p, v);
+                in[v] = OUT;
+                size--;
+            }
+            in[x] = PENDING;
+            size++;
+            nnew++;
         }
-        while (size > cap) {
-            uint32_t v = UINT32_MAX;
-            p->ops->walk(p, first_victim, &v);
-            if (v == UINT32_MAX)
-                break;
-            p->ops->remove(p, v);
-            in[v] = 0;
-            size--;
+        for (uint32_t i = b, k = nnew; i-- > h;) {
+            uint32_t x = d[i];
+            if (in[x] != PENDING)
+                continue;
+            struct kvt_policy_hint hint = {.prefix_pos = --k, .prefix_len = nnew,
+                                           .bytes = block, .fp = (uint64_t)x + 1};
+            p->ops->insert(p, x, false, &hint);
+            in[x] = CACHED;
         }
     }
     free(in);
@@ -307,7 +330,7 @@ static struct simres sim_named(const struct trace *t, const uint32_t *d, uint32_
                                uint64_t cap, const char *name, uint32_t block, double half_life)
 {
     struct kvt_policy *p;
-    if (strcmp(name, "value") == 0) {
+    if (strcmp(name, "value") == 0 && half_life > 0) {
         struct kvt_value_params prm;
         kvt_value_defaults(&prm);
         prm.half_life_s = half_life;
@@ -361,7 +384,7 @@ int kvt_cmd_replay(int argc, char **argv)
     uint64_t budget = 0;
     uint32_t limit = 0;
     bool offline = false, as_json = false;
-    double half_life = 86400; /* the value policy's default: the seed's 24 h */
+    double half_life = 0; /* the value policy's default: aging, no clock */
     int ch;
     optind = 1;
     opterr = 0;
@@ -380,14 +403,15 @@ int kvt_cmd_replay(int argc, char **argv)
             printf("usage: kvtier replay --trace FILE [--url URL] [--block-bytes 16384]\n"
                    "                     [--budget-blocks N (default 25%% of unique blocks)]\n"
                    "                     [--limit REQUESTS] [--model NAME] [--offline] [--json]\n"
-                   "                     [--value-half-life SECONDS (offline value policy; 86400)]\n");
+                   "                     [--value-half-life SECONDS (offline value policy with a\n"
+                   "                      fixed half-life; default: its own aging)]\n");
             return 0;
         default:
             fprintf(stderr, "kvtier replay: unknown option '%s'\n", argv[optind - 1]);
             return 2;
         }
     }
-    if (!path || block == 0 || !(half_life > 0)) {
+    if (!path || block == 0 || !(half_life >= 0)) {
         fprintf(stderr, "kvtier replay: --trace FILE is required (and --block-bytes > 0)\n");
         return 2;
     }
@@ -398,9 +422,12 @@ int kvt_cmd_replay(int argc, char **argv)
     uint32_t *d = densify(&t, &u);
     if (!budget)
         budget = u / 4;
-    /* LRU and value through the policy vtable: the code the server runs */
-    struct simres lru = sim_named(&t, d, u, budget, "LRU", (uint32_t)block, half_life);
-    struct simres val = sim_named(&t, d, u, budget, "value", (uint32_t)block, half_life);
+    /* every policy through its vtable (the code the server runs), and MIN */
+    static const char *const pols[] = {"LRU", "ARC", "LFU", "value", "adaptive"};
+    enum { NPOL = sizeof(pols) / sizeof(pols[0]) };
+    struct simres res[NPOL];
+    for (int i = 0; i < NPOL; i++)
+        res[i] = sim_named(&t, d, u, budget, pols[i], (uint32_t)block, half_life);
     struct simres bel = sim_belady(&t, d, u, budget);
     json_t *out = json_object();
     json_object_set_new(out, "requests", json_integer(t.nreq));
@@ -408,14 +435,25 @@ int kvt_cmd_replay(int argc, char **argv)
     json_object_set_new(out, "unique_blocks", json_integer(u));
     json_object_set_new(out, "budget_blocks", json_integer((json_int_t)budget));
     json_object_set_new(out, "block_bytes", json_integer((json_int_t)block));
-    json_t *off = json_object();
-    json_object_set_new(off, "lru_prefix_hit_ratio", json_real((double)lru.prefix_hits / (double)t.nacc));
-    json_object_set_new(off, "lru_block_hit_ratio", json_real((double)lru.block_hits / (double)t.nacc));
+    json_t *off = json_object(), *by = json_object();
+    for (int i = 0; i <= NPOL; i++) {
+        const struct simres *x = i < NPOL ? &res[i] : &bel;
+        const char *name = i < NPOL ? pols[i] : "Belady";
+        json_t *o = json_object();
+        json_object_set_new(o, "prefix_hit_ratio", json_real((double)x->prefix_hits / (double)t.nacc));
+        json_object_set_new(o, "block_hit_ratio", json_real((double)x->block_hits / (double)t.nacc));
+        json_object_set_new(by, name, o);
+    }
+    json_object_set_new(off, "policies", by);
+    /* the flat names of earlier versions (bench/ops.sh, tests) */
+    json_object_set_new(off, "lru_prefix_hit_ratio", json_real((double)res[0].prefix_hits / (double)t.nacc));
+    json_object_set_new(off, "lru_block_hit_ratio", json_real((double)res[0].block_hits / (double)t.nacc));
     json_object_set_new(off, "belady_prefix_hit_ratio", json_real((double)bel.prefix_hits / (double)t.nacc));
-    json_object_set_new(off, "value_prefix_hit_ratio", json_real((double)val.prefix_hits / (double)t.nacc));
-    json_object_set_new(off, "value_block_hit_ratio", json_real((double)val.block_hits / (double)t.nacc));
-    json_object_set_new(off, "value_half_life_seconds", json_real(half_life));
     json_object_set_new(off, "belady_block_hit_ratio", json_real((double)bel.block_hits / (double)t.nacc));
+    json_object_set_new(off, "value_prefix_hit_ratio", json_real((double)res[3].prefix_hits / (double)t.nacc));
+    json_object_set_new(off, "value_block_hit_ratio", json_real((double)res[3].block_hits / (double)t.nacc));
+    if (half_life > 0)
+        json_object_set_new(off, "value_half_life_seconds", json_real(half_life));
     json_object_set_new(out, "offline", off);
     int rc = 0;
     if (!offline) {
@@ -522,13 +560,13 @@ int kvt_cmd_replay(int argc, char **argv)
                "(%.1f%% of unique) of %zu bytes\n",
                path, t.nreq, (unsigned long long)t.nacc, u, (unsigned long long)budget,
                100.0 * (double)budget / u, block);
-        printf("  offline LRU     prefix hit ratio %.4f  (block hit ratio %.4f)\n",
-               (double)lru.prefix_hits / (double)t.nacc, (double)lru.block_hits / (double)t.nacc);
-        printf("  offline value   prefix hit ratio %.4f  (block hit ratio %.4f; half-life %g s)\n",
-               (double)val.prefix_hits / (double)t.nacc, (double)val.block_hits / (double)t.nacc,
-               half_life);
-        printf("  offline Belady  prefix hit ratio %.4f  (block hit ratio %.4f)\n",
-               (double)bel.prefix_hits / (double)t.nacc, (double)bel.block_hits / (double)t.nacc);
+        printf("  offline prefix hit ratio:");
+        for (int i = 0; i < NPOL; i++)
+            printf("  %s %.4f", pols[i], (double)res[i].prefix_hits / (double)t.nacc);
+        printf("  Belady %.4f", (double)bel.prefix_hits / (double)t.nacc);
+        if (half_life > 0)
+            printf("  (value: half-life %g s)", half_life);
+        printf("\n");
         json_t *live = json_object_get(out, "live");
         if (live)
             printf("  kvtier (live)   prefix hit ratio %.4f; %.1f MB retrieved, %.1f MB stored; "

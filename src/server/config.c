@@ -136,7 +136,8 @@ void kvt_server_usage(FILE *f)
             "  --l1-use-hugepages            back the pool with huge pages\n"
             "  --l1-write-ttl-seconds S      write reservation TTL (600)\n"
             "  --l1-read-ttl-seconds S       read lock TTL (300)\n"
-            "  --eviction-policy LRU|noop    L1 policy (LRU)\n"
+            "  --eviction-policy P           L1 policy: adaptive, LRU, ARC, LFU, value, noop\n"
+            "                                (adaptive)\n"
             "  --eviction-trigger-watermark F  (0.8)\n"
             "  --eviction-ratio F            (0.2)\n"
             "  --eviction-interval-ms N      eviction controller period (1000)\n"
@@ -405,7 +406,7 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
     c->l1_align = 4096;
     c->l1_write_ttl_s = 600;
     c->l1_read_ttl_s = 300;
-    snprintf(c->eviction_policy, sizeof(c->eviction_policy), "LRU");
+    snprintf(c->eviction_policy, sizeof(c->eviction_policy), "adaptive");
     c->eviction_watermark = 0.8;
     c->eviction_ratio = 0.2;
     c->eviction_interval_ms = 1000;
@@ -491,11 +492,9 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
             break;
         case O_EV_POLICY: {
             struct kvt_policy *p = kvt_policy_create(optarg, 0.8, 0.2);
-            if (!p || strcasecmp(optarg, "value") == 0) {
-                kvt_policy_destroy(p);
-                fprintf(stderr, "kvtier server: --eviction-policy: unknown policy '%s' (L1 "
-                                "policies: LRU, noop)\n",
-                        optarg);
+            if (!p) {
+                fprintf(stderr, "kvtier server: --eviction-policy: unknown policy '%s' (known: %s)\n",
+                        optarg, kvt_policy_names());
                 return 2;
             }
             snprintf(c->eviction_policy, sizeof(c->eviction_policy), "%s", p->ops->name);

@@ -432,6 +432,7 @@ struct fetch {
     kvt_key *keys;
     uint32_t n, m; /* m: served from L1 before prefetching */
     struct kvt_l1_ref *refs;
+    bool leased; /* served from a lookup's lease: that lookup was the use */
 };
 
 static void finish_fetch(struct fetch *f, uint32_t total, bool on_rpc)
@@ -441,7 +442,10 @@ static void finish_fetch(struct fetch *f, uint32_t total, bool on_rpc)
     uint32_t *hs = kvt_xmalloc((total ? total : 1) * sizeof(uint32_t));
     for (uint32_t i = 0; i < total; i++)
         hs[i] = f->refs[i].h;
-    kvt_l1_touch(s->l1, hs, total);
+    /* one use per request: a frequency policy (LFU, ARC) must not count the
+     * lookup and the retrieve that follows it as two */
+    if (!f->leased)
+        kvt_l1_touch(s->l1, hs, total);
     msgpack_packer *pk = &r->pk;
     if (f->op == OP_RETRIEVE) {
         msgpack_pack_map(pk, 2);
@@ -548,6 +552,7 @@ static void h_fetch(struct kvt_server *s, struct request *q, enum kvt_op op)
     if (lease) {
         int k = from_lease(s, lease, f);
         if (k >= 0) {
+            f->leased = true;
             finish_fetch(f, (uint32_t)k, true);
             return;
         }

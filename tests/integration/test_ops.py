@@ -74,7 +74,7 @@ def test_config_file_becomes_the_adapter(tmp_path):
     assert a["backend_params"]["max_capacity_gb"] == 2.0  # hard cap = budget
     assert a["eviction"]["eviction_policy"] == "value"
     assert a["eviction"]["trigger_watermark"] == 0.9 and a["eviction"]["eviction_ratio"] == 0.1
-    assert a["eviction"]["half_life_hours"] == 24.0
+    assert a["eviction"]["half_life_hours"] is None  # freshness by aging, no fixed clock
     assert out["config_file"]["sources"]["KVP_CACHE_BUDGET_GB"].endswith("cache.env.local:1")
     # the seed's default budget
     cfg2 = write_config(tmp_path / "plain.env", root)

@@ -88,12 +88,13 @@ def test_flush_reports_only_the_clients_own_failures(make_server, tmp_path):
 # ------------------------------------------------------------------ item 5
 
 
-def test_burst_over_the_cap_evicts_instead_of_refusing(make_server, tmp_path):
-    """Description: with an eviction policy, a burst of stores larger than
-    the gap between the watermark and the cap makes room synchronously: every
-    store reaches L2 (flush reports none failed), usage never exceeds the
-    cap, the oldest objects went."""
-    ev = {"eviction_policy": "LRU", "trigger_watermark": 0.9, "eviction_ratio": 0.1}
+@pytest.mark.parametrize("policy", ["LRU", "ARC", "LFU", "value"])
+def test_burst_over_the_cap_evicts_instead_of_refusing(make_server, tmp_path, policy):
+    """Description: with an eviction policy (each of them), a burst of stores
+    larger than the gap between the watermark and the cap makes room
+    synchronously: every store reaches L2 (flush reports none failed), usage
+    never exceeds the cap, the oldest objects went."""
+    ev = {"eviction_policy": policy, "trigger_watermark": 0.9, "eviction_ratio": 0.1}
     spec = adapter_json(type="fs", base_path=str(tmp_path / "d"), max_capacity_gb=4 * MiB / (1 << 30),
                         eviction=ev)
     # a slow evictor (60 s): only the synchronous path can make room in time

@@ -259,6 +259,92 @@ static void test_lease_owner_keys_and_delete(void)
     kvt_l1_destroy(l1);
 }
 
+/* Store n objects of sizes from size_of(i) pages into a pool with watermark
+ * 1.0 (on-demand eviction only), running the watermark cycle after each
+ * store as the evict-l1 thread would. Returns the lowest usage fraction
+ * seen just before a store that had to evict, and the mean usage after each
+ * store once the pool first evicted (what fragmentation costs: pages freed
+ * beyond what the object needed, because they were not contiguous). */
+static void fill_run(uint64_t pool_pages, int n, uint32_t (*size_of)(int), double *min_fill,
+                     double *mean_fill, uint64_t *objects_end)
+{
+    struct kvt_l1_opts o = {.size_bytes = pool_pages * 4096, .init_bytes = pool_pages * 4096,
+                            .lazy = true, .align = 4096, .write_ttl_ns = 600e9,
+                            .read_ttl_ns = 300e9, .policy = "LRU", .watermark = 1.0,
+                            .ratio = 0.2};
+    struct kvt_l1 *l1 = NULL;
+    char err[256];
+    TEST_ASSERT(kvt_l1_create(&o, &l1, err, sizeof(err)) == 0);
+    double lo = 1, sum = 0;
+    uint64_t nev = 0, nsteady = 0;
+    for (int i = 0; i < n; i++) {
+        struct kvt_l1_usage u;
+        struct kvt_l1_counters c0, c1;
+        kvt_l1_usage(l1, &u);
+        kvt_l1_counters(l1, &c0);
+        kvt_key k = key(100000 + i);
+        kvt_objmeta m = {.len = size_of(i) * 4096};
+        struct kvt_l1_ref r;
+        TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &r) == 0);
+        kvt_l1_commit(l1, &r.h, 1, 0);
+        kvt_l1_put(l1, r.h);
+        kvt_l1_counters(l1, &c1);
+        if (c1.evictions > c0.evictions) {
+            lo = u.fraction < lo ? u.fraction : lo;
+            nev++;
+        }
+        TEST_ASSERT(kvt_l1_evict_cycle(l1) == 0); /* watermark 1.0: on demand only */
+        if (nev) {
+            kvt_l1_usage(l1, &u);
+            sum += u.fraction;
+            nsteady++;
+        }
+    }
+    struct kvt_l1_usage u;
+    kvt_l1_usage(l1, &u);
+    TEST_ASSERT(u.used_bytes <= u.cap_bytes);
+    TEST_ASSERT(nev > 0);
+    *min_fill = lo;
+    *mean_fill = sum / (double)nsteady;
+    *objects_end = u.objects;
+    kvt_l1_destroy(l1);
+}
+
+static uint32_t equal_size(int i)
+{
+    (void)i;
+    return 4;
+}
+
+/* KV chunks of a few sizes: mostly full chunks, partial last chunks, and
+ * objects of other models (bigger). Deterministic. */
+static uint32_t mixed_size(int i)
+{
+    uint32_t x = (uint32_t)i * 2654435761u;
+    x ^= x >> 15;
+    switch (x % 8) {
+    case 0: return 1 + (x >> 8) % 4;  /* partial last chunk */
+    case 1: return 16;                /* another model's chunk */
+    case 2: return 8;
+    default: return 4;
+    }
+}
+
+static void test_fill_before_evict(void)
+{
+    double lo, mean;
+    uint64_t objs;
+    /* 1000 objects of 4 pages fit exactly: every eviction happens at 100% */
+    fill_run(4000, 5000, equal_size, &lo, &mean, &objs);
+    fprintf(stderr, "   equal sizes: fill before eviction min %.4f, mean usage %.4f, %llu objects of 1000\n",
+            lo, mean, (unsigned long long)objs);
+    TEST_ASSERT(lo >= 0.99);
+    TEST_ASSERT(objs >= 990);
+    fill_run(4000, 20000, mixed_size, &lo, &mean, &objs);
+    fprintf(stderr, "   mixed sizes: fill before eviction min %.4f, mean usage %.4f\n", lo, mean);
+    TEST_ASSERT(mean >= 0.97);
+}
+
 int main(void)
 {
     RUN(test_basic);
@@ -267,5 +353,6 @@ int main(void)
     RUN(test_temp_and_leases);
     RUN(test_expiry);
     RUN(test_lease_owner_keys_and_delete);
+    RUN(test_fill_before_evict);
     return TEST_RESULT();
 }

@@ -57,7 +57,7 @@ static void test_envcfg(void)
     TEST_ASSERT(strcmp(c.root, "/data/nvme/kv cache") == 0);
     TEST_ASSERT(c.budget_gb == 100); /* .local wins */
     TEST_ASSERT(strcmp(c.policy, "value") == 0 && c.direct_io);
-    TEST_ASSERT(c.watermark == 0.9 && c.ratio == 0.1 && c.half_life_h == 24);
+    TEST_ASSERT(c.watermark == 0.9 && c.ratio == 0.1 && c.half_life_h == 0);
     char want[600];
     snprintf(want, sizeof(want), "%s/quotas.json", dir); /* relative to the file */
     TEST_ASSERT(strcmp(c.quotas, want) == 0);
@@ -87,7 +87,8 @@ static void test_envcfg(void)
         {"KVP_CACHE_ROOT=/d\nKVP_CACHE_BUDGET_GB=ten\n", "cache.env:2: KVP_CACHE_BUDGET_GB",
          "got 'ten'"},
         {"KVP_CACHE_ROOT=/d\nKVP_TRIGGER_WATERMARK=1.5\n", "KVP_TRIGGER_WATERMARK", "[0, 1]"},
-        {"KVP_CACHE_ROOT=/d\nKVP_EVICTION_POLICY=LFU\n", "KVP_EVICTION_POLICY", "LRU, value"},
+        {"KVP_CACHE_ROOT=/d\nKVP_EVICTION_POLICY=MRU\n", "KVP_EVICTION_POLICY", "LRU, ARC, LFU"},
+        {"KVP_CACHE_ROOT=/d\nKVP_VALUE_HALF_LIFE_HOURS=-1\n", "KVP_VALUE_HALF_LIFE_HOURS", ">= 0"},
         {"KVP_CACHE_ROOT=/d\nKVP_USE_DIRECT_IO=maybe\n", "KVP_USE_DIRECT_IO", "true or false"},
         {"KVP_CACHE_ROOT=$KVT_TEST_UNSET/x\n", "cache.env:1", "is not set"},
         {"KVP_CACHE_ROOT = /d\n", "cache.env:1", "NAME=VALUE"},
