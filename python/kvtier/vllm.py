@@ -187,7 +187,7 @@ class _Scheduler:
         self.cfg = cfg
         self.stats = {}
         self.conn = _Conn(cfg.url, cfg.timeout_ms, cfg.retry_s, False, self.stats, "scheduler",
-                          cfg.keys)
+                          cfg.auth_keys)
         self.reqs = {}
         self.loads = []
         c = self.conn.get()
@@ -349,7 +349,7 @@ class _Worker:
 
     def register_kv_caches(self, kv_caches, num_blocks):
         self.conn = _Conn(self.cfg.url, self.cfg.timeout_ms, self.cfg.retry_s, self.cfg.shm,
-                          self.stats, "worker", self.cfg.keys)
+                          self.stats, "worker", self.cfg.auth_keys)
         c = self.conn.get()
         if c is not None:
             self.cfg.set_chunk_size(c.chunk_size)
@@ -535,7 +535,7 @@ class _Config:
         self.timeout_ms = int(get("timeout_ms", 5000))
         self.retry_s = float(get("retry_s", 2.0))
         self.shm = bool(get("shm", True))
-        self.keys = (get("server_key", None), get("client_key", None))
+        self.auth_keys = (get("server_key", None), get("client_key", None))
         self.block_size = vllm_config.cache_config.block_size
         self.kv_rank = _kv_rank(world, rank)
         self.chunk_size = int(get("chunk_size", 256))
