@@ -268,15 +268,21 @@ static void test_journal_write_error_recovers(void)
     /* deletes go one by one, each waiting for its DEL record: the DEL of
      * 100 is the block that fails, 101..103 are refused while it is down */
     jfault_child(pos, 100, 0, 100, &r);
-    TEST_ASSERT(r.objects == 9 + 10);
-    /* the DEL of 100 is reported done (the recovery checkpoint carries it),
-     * 101..103 were refused */
-    TEST_ASSERT(r.acked_deletes == 0x1);
+    /* the DEL of 100 is reported done (the recovery checkpoint carries it);
+     * 101..103 are refused while the journal is down, but the recovery
+     * checkpoint is tried at once, so on a loaded machine it can be back
+     * before the next delete arrives: those are then done too. Either
+     * way every acknowledged delete is gone and every other object stays. */
+    TEST_ASSERT(r.acked_deletes & 0x1);
+    TEST_ASSERT(!(r.acked_deletes & ~0xfull));
+    int gone = __builtin_popcountll(r.acked_deletes);
+    TEST_ASSERT(r.objects == 9 + 10 + 1 - gone);
     l2 = open_rb("");
     present = jf_verify(l2, 100, 0x3ff, &r);
     TEST_ASSERT(!(present & 1)); /* the recovery checkpoint has the DEL of 100 */
-    TEST_ASSERT(present == ((0x3ffull << 20) | 0x3fe));
-    TEST_ASSERT(h_status_int(l2, "slots", NULL) - h_status_int(l2, "free_slots", NULL) == 19);
+    TEST_ASSERT(present == ((0x3ffull << 20) | (0x3ffull & ~r.acked_deletes)));
+    TEST_ASSERT(h_status_int(l2, "slots", NULL) - h_status_int(l2, "free_slots", NULL) ==
+                9 + 10 + 1 - gone);
     h_close(l2);
 }
 
