@@ -35,16 +35,9 @@ import kvtier  # noqa: E402
 BLOCK = 32
 
 
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Kvtier:
     def __init__(self, binary, data, chunk, l1_gb, log):
-        self.cmd = [binary, "server", "--port", str(free_port()), "--http-port", "0",
+        self.cmd = [binary, "server", "--port", str(harness.free_port()), "--http-port", "0",
                     "--chunk-size", str(chunk), "--l2-prefetch-policy", "retain", "--l1-size-gb", str(l1_gb), "--data-dir", data,
                     "--log-level", "warn"]
         self.url = "tcp://127.0.0.1:%s" % self.cmd[3]

@@ -33,7 +33,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,12 +62,6 @@ def _end_live():
 
 
 atexit.register(_end_live)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tree(pid):
@@ -220,10 +213,10 @@ class KvtierServer(Server):
     def __init__(self, binary, port, l2, log, chunk, l1_gb):
         super().__init__("kvtier", port, l2, log)
         self.binary, self.chunk, self.l1_gb = binary, chunk, l1_gb
-        self.http = free_port()
+        self.http = harness.free_port()
 
     def cmd(self):
-        return [self.binary, "server", "--port", str(free_port()), "--http-port", str(self.http),
+        return [self.binary, "server", "--port", str(harness.free_port()), "--http-port", str(self.http),
                 "--lmcache-port", str(self.port), "--lmcache-host", "127.0.0.1",
                 "--chunk-size", str(self.chunk), "--l1-size-gb", str(self.l1_gb),
                 "--no-l1-use-lazy", "--l2-adapter", self.l2_json(),
@@ -260,7 +253,7 @@ class LmcacheServer(Server):
 
     def cmd(self):
         return [self.exe, "server", "--host", "127.0.0.1", "--port", str(self.port),
-                "--http-port", str(free_port()), "--l1-size-gb", str(self.l1_gb),
+                "--http-port", str(harness.free_port()), "--l1-size-gb", str(self.l1_gb),
                 "--eviction-policy", "LRU", "--chunk-size", str(self.chunk),
                 "--supported-transfer-mode", "engine_driven", "--shm-name", self.shm,
                 "--no-l1-use-lazy", "--disable-observability", "--disable-metrics",
@@ -364,9 +357,9 @@ def main():
 
     lmc_exe = os.path.join(os.path.dirname(harness.venv_python()), "lmcache")
     srv = {
-        "kvtier": KvtierServer(a.bin, free_port(), None, os.path.join(work, "kvtier.log"),
+        "kvtier": KvtierServer(a.bin, harness.free_port(), None, os.path.join(work, "kvtier.log"),
                                a.chunk, a.l1_gb),
-        "lmcache": LmcacheServer(lmc_exe, free_port(), None, os.path.join(work, "lmcache.log"),
+        "lmcache": LmcacheServer(lmc_exe, harness.free_port(), None, os.path.join(work, "lmcache.log"),
                                  a.chunk, a.l1_gb),
     }
     common = dict(block_size=BLOCK, max_model_len=max_len, max_num_seqs=2,

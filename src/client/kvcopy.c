@@ -26,9 +26,7 @@
  * Older kernels refuse (EINVAL) and the copy faults them in as before. */
 static void populate(void *p, size_t len, bool write)
 {
-    static long pg;
-    if (!pg)
-        pg = sysconf(_SC_PAGESIZE);
+    long pg = sysconf(_SC_PAGESIZE);
     uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1);
     uintptr_t e = ((uintptr_t)p + len + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
     (void)madvise((void *)a, e - a, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);

@@ -10,6 +10,7 @@ returns the output token ids with vLLM's prefix-cache statistics.
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -29,6 +30,13 @@ ENGINE_ENV = {
     "OMP_NUM_THREADS": "2",
     "TOKENIZERS_PARALLELISM": "false",
 }
+
+
+def free_port():
+    """A TCP port free on loopback now (the kernel's pick)."""
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
 
 
 def make_tiny_model(path, layers=2, hidden=128, heads=4, kv_heads=2, vocab=2048,

@@ -9,7 +9,6 @@ Run: KVT_VENV_PYTHON=<venv>/bin/python <venv>/bin/python -m pytest tests/vllm/te
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,20 +27,14 @@ CHUNK = 32
 BLOCK = 32
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Kvtier:
     def __init__(self, workdir, data_dir, extra=()):
         self.workdir = str(workdir)
         self.data_dir = str(data_dir)
         self.extra = list(extra)
-        self.port = free_port()
-        self.lmc_port = free_port()
-        self.http_port = free_port()
+        self.port = harness.free_port()
+        self.lmc_port = harness.free_port()
+        self.http_port = harness.free_port()
         self.proc = None
         self.log = os.path.join(self.workdir, "kvtier-%d.log" % self.lmc_port)
 
@@ -371,7 +364,7 @@ def _lmcache_server(tmp_path, port, name):
     exe = os.path.join(os.path.dirname(harness.venv_python()), "lmcache")
     log = str(tmp_path / "lmcache-server.log")
     cmd = [exe, "server", "--host", "127.0.0.1", "--port", str(port), "--http-port",
-           str(free_port()), "--l1-size-gb", "0.25", "--eviction-policy", "LRU",
+           str(harness.free_port()), "--l1-size-gb", "0.25", "--eviction-policy", "LRU",
            "--chunk-size", str(CHUNK), "--supported-transfer-mode", "engine_driven",
            "--shm-name", name, "--no-l1-use-lazy", "--disable-observability",
            "--disable-metrics"]
@@ -395,7 +388,7 @@ def test_vllm_same_run_against_lmcache_server(model, baseline, tmp_path):
     above exercises LMCache's protocol, not kvtier's conventions."""
     prompts, want = baseline
     full = [len(p["tokens"]) // CHUNK for p in prompts]
-    port = free_port()
+    port = harness.free_port()
     p = _lmcache_server(tmp_path, port, "kvt_test_%d" % port)
     try:
         log = str(tmp_path / "vllm-lmc.log")

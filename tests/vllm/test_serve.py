@@ -35,7 +35,7 @@ def metric(text, name):
 
 @pytest.fixture(scope="module")
 def serve(tiny_model, kvt_server, tmp_path_factory):
-    port = _itg_free_port()
+    port = harness.free_port()
     cfg = harness.kvtier_connector_config(kvt_server.url, retry_s=1, timeout_ms=3000)
     log_path = str(tmp_path_factory.mktemp("logs") / "vllm-serve.log")
     env = dict(os.environ)
@@ -69,13 +69,6 @@ def serve(tiny_model, kvt_server, tmp_path_factory):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def _itg_free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def complete(port, model, toks):
