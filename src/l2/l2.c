@@ -231,6 +231,7 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
         }
     }
     l2->idx.free_head = NOHANDLE;
+    pthread_cond_init(&l2->evict_cv, NULL);
     kvt_kindex_init(&l2->idx.map, sizeof(struct kvt_l2_obj), offsetof(struct kvt_l2_obj, key));
     for (int i = 0; i < 3; i++) {
         l2->efd[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -270,6 +271,7 @@ void kvt_l2_base_destroy(kvt_l2 *l2)
     l2->nquotas = 0;
     kvt_policy_destroy(l2->policy);
     l2->policy = NULL;
+    pthread_cond_destroy(&l2->evict_cv);
 }
 
 /* ------------------------------------------------------------ contract */
@@ -537,6 +539,8 @@ static uint64_t remove_marked(kvt_l2 *l2, uint32_t *hs, struct kvt_l2_obj *copie
     pthread_mutex_lock(&l2->lock);
     for (uint32_t i = 0; i < n; i++) {
         struct kvt_l2_obj *o = &l2->idx.objs[hs[i]];
+        if (eviction) /* marked by victim_visit: settled now, either way */
+            l2->evicting_bytes -= KVT_MIN(l2->evicting_bytes, (uint64_t)copies[i].stored);
         if (rcs[i] == 0 || rcs[i] == -ENOENT) {
             freed += o->stored;
             cnt++;
@@ -559,6 +563,8 @@ static uint64_t remove_marked(kvt_l2 *l2, uint32_t *hs, struct kvt_l2_obj *copie
                      kvt_key_str(&copies[i].key, ks, sizeof(ks)), kvt_strerror(rcs[i]));
         }
     }
+    if (eviction)
+        pthread_cond_broadcast(&l2->evict_cv);
     pthread_mutex_unlock(&l2->lock);
     free(rcs);
     if (nremoved)
@@ -671,13 +677,17 @@ static bool victim_visit(uint32_t h, void *arg)
         o->state = (uint8_t)((o->state & ST_TRACKED) | KVT_OBJ_DELETING);
         v->hs[v->n] = h;
         v->copies[v->n++] = *o;
+        v->l2->evicting_bytes += o->stored;
         v->need = v->need > o->stored ? v->need - o->stored : 0;
     }
     return v->n < v->max && v->need > 0;
 }
 
-uint64_t kvt_l2_evict_to(kvt_l2 *l2, uint64_t target, uint32_t batch)
+/* kvt_l2_evict_to; *stuck: it stopped above the target because nothing
+ * left could be marked (pinned, in flight, or marked by another eviction). */
+static uint64_t evict_to(kvt_l2 *l2, uint64_t target, uint32_t batch, bool *stuck)
 {
+    *stuck = false;
     if (!l2->policy || batch == 0)
         return 0;
     uint64_t total = 0;
@@ -686,23 +696,34 @@ uint64_t kvt_l2_evict_to(kvt_l2 *l2, uint64_t target, uint32_t batch)
     for (;;) {
         struct victim_ctx v = {.l2 = l2, .hs = hs, .copies = copies, .max = batch};
         pthread_mutex_lock(&l2->lock);
-        if (l2->used_bytes <= target || l2->closing) {
+        uint64_t live = l2->used_bytes - KVT_MIN(l2->used_bytes, l2->evicting_bytes);
+        if (live <= target || l2->closing) {
             pthread_mutex_unlock(&l2->lock);
-            break;
+            break; /* there, or other evictions in flight will get it there */
         }
-        v.need = l2->used_bytes - target;
+        v.need = live - target;
         l2->policy->ops->walk(l2->policy, victim_visit, &v);
         pthread_mutex_unlock(&l2->lock);
-        if (v.n == 0)
-            break; /* everything left is pinned or in flight: retry next wake */
+        if (v.n == 0) {
+            *stuck = true; /* everything left is pinned or in flight: retry next wake */
+            break;
+        }
         uint64_t freed = remove_marked(l2, hs, copies, v.n, NULL, NULL, true, NULL);
         total += freed;
-        if (freed == 0)
+        if (freed == 0) {
+            *stuck = true;
             break;
+        }
     }
     free(hs);
     free(copies);
     return total;
+}
+
+uint64_t kvt_l2_evict_to(kvt_l2 *l2, uint64_t target, uint32_t batch)
+{
+    bool stuck;
+    return evict_to(l2, target, batch, &stuck);
 }
 
 struct qvictim_ctx {
@@ -959,32 +980,64 @@ void kvt_l2_close(kvt_l2 *l2)
 
 /* ------------------------------------------------------ engine helpers */
 
+/* Wait (l2->lock held) until an eviction in flight settles, at most 2 s.
+ * Returns whether there was one to wait for. */
+static bool wait_evictions_locked(kvt_l2 *l2)
+{
+    if (!l2->evicting_bytes || l2->closing)
+        return false;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 2;
+    uint64_t before = l2->evicting_bytes;
+    while (!l2->closing && l2->evicting_bytes == before)
+        if (pthread_cond_timedwait(&l2->evict_cv, &l2->lock, &until) == ETIMEDOUT)
+            break;
+    return true;
+}
+
 /*
  * A store that does not fit under the cap, on an adapter with an eviction
  * policy: make room now, as the eviction controller would on its next
  * wake (down to used x (1 - eviction_ratio)), but at least room for this
  * object; the policy chooses, pinned and in-flight objects are never taken
  * (kvt_l2_evict_to). Runs on the engine's store thread, without l2->lock.
- * Returns whether anything was freed.
+ * Returns whether the store may try again: this thread freed something, or
+ * there is room now (evictions in flight elsewhere made it).
  */
 static bool make_room(kvt_l2 *l2, uint32_t stored)
 {
     pthread_mutex_lock(&l2->lock);
     uint64_t used = l2->used_bytes, cap = l2->cap_bytes;
+    uint64_t live = used - KVT_MIN(used, l2->evicting_bytes);
     double ratio = l2->policy ? l2->policy->eviction_ratio : 0;
+    bool evict = cap && stored <= cap && used + stored > cap && live + stored > cap;
+    if (cap && stored <= cap && !evict && used + stored > cap)
+        wait_evictions_locked(l2); /* the evictions in flight make the room */
     pthread_mutex_unlock(&l2->lock);
     if (!cap || stored > cap)
-        return false;
-    if (used + stored <= cap)
-        return true; /* another store thread made room meanwhile */
-    uint64_t target = KVT_MIN(cap - stored, (uint64_t)((double)used * (1.0 - ratio)));
-    uint64_t freed = kvt_l2_evict_to(l2, target, 256);
+        return false; /* never fits */
+    if (!evict)
+        return true; /* room now, or after the evictions in flight: look again */
+    uint64_t target = KVT_MIN(cap - stored, (uint64_t)((double)live * (1.0 - ratio)));
+    bool stuck;
+    uint64_t freed = evict_to(l2, target, 256, &stuck);
     if (freed) {
         atomic_fetch_add(&l2->counters.sync_evictions, 1);
         kvt_debug("%s: a store of %u bytes did not fit under the cap: evicted %llu bytes now",
                   l2->name, stored, (unsigned long long)freed);
+        return true;
     }
-    return freed > 0;
+    /* Nothing freed by this thread: other threads got there first (their
+     * evictions settled down to the target, or are in flight with what this
+     * one would have marked), or everything left is pinned or in flight.
+     * Only the last is a refusal. */
+    if (!stuck)
+        return true; /* the target was reached by others: look again */
+    pthread_mutex_lock(&l2->lock);
+    bool again = wait_evictions_locked(l2) || l2->used_bytes + stored <= l2->cap_bytes;
+    pthread_mutex_unlock(&l2->lock);
+    return again;
 }
 
 int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
@@ -995,7 +1048,7 @@ int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len,
         pthread_mutex_lock(&l2->lock);
         bool over = !l2->closing && l2->cap_bytes && l2->used_bytes + stored > l2->cap_bytes &&
                     idx_find(&l2->idx, ck) == NOHANDLE;
-        bool evict = over && l2->policy && !l2->no_sync_evict && attempt < 4;
+        bool evict = over && l2->policy && !l2->no_sync_evict && attempt < 16;
         if (!evict)
             break; /* with the lock held */
         pthread_mutex_unlock(&l2->lock);

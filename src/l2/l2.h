@@ -233,6 +233,13 @@ struct kvt_l2 {
     uint32_t *reap_h;
     struct kvt_l2_obj *reap_copy;
     uint32_t nreap, reap_cap;
+    /* bytes of entries an eviction walk marked DELETING and whose removal
+     * has not settled yet: concurrent evictions (store threads making room,
+     * the eviction thread) count them as already gone instead of marking
+     * more victims, and a store that finds nothing left to mark waits for
+     * them on evict_cv (broadcast whenever a removal settles) */
+    uint64_t evicting_bytes;
+    pthread_cond_t evict_cv;
 
     struct kvt_l2_counters counters;
     struct kvt_l2_lat_hist lat[3]; /* per enum kvt_l2_kind */
