@@ -85,9 +85,12 @@ l1)
   czc=$("${curl_env[@]}" $B/bench/bench_client zc "tcp://127.0.0.1:$cport" --rounds 7)
   cinl=$("${curl_env[@]}" $B/bench/bench_client inline "tcp://127.0.0.1:$cport" --conc 4 \
     --seconds $secs --warmup-seconds 3)
+  # small requests of a same-host client: the same-host socket, bound to the key by a ticket
+  csm=$("${curl_env[@]}" $B/bench/bench_client small "tcp://127.0.0.1:$cport" --conc 4 --seconds $secs)
   echo "with CURVE (--auth-key):"
   echo "$czc" | grep -v '^RESULT'
   echo "$cinl" | grep -v '^RESULT'
+  echo "$csm" | grep -v '^RESULT'
   rport=$(free_port)
   redis-server --port "$rport" --save "" --appendonly no --daemonize no --loglevel warning >/dev/null &
   PIDS+=($!)
@@ -112,6 +115,8 @@ l1)
   echo "  inline store, CURVE / plain   $(ratio "$(echo "$cinl" | result inline_store_rps)" "$(echo "$inl" | result inline_store_rps)")   (goal >= 0.8)"
   echo "  inline retrieve, CURVE / plain $(ratio "$(echo "$cinl" | result inline_retrieve_rps)" "$(echo "$inl" | result inline_retrieve_rps)")   (goal >= 0.8)"
   echo "  zero-copy store, CURVE / plain $(ratio "$(echo "$czc" | result zc_store_gbps)" "$(echo "$zc" | result zc_store_gbps)")   (the same-host path: goal ~1.0)"
+  echo "  ping, CURVE / plain           $(ratio "$(echo "$csm" | result ping_ops)" "$(echo "$sm" | result ping_ops)")   (same-host socket bound to the key: goal ~1.0)"
+  echo "  lookup, CURVE / plain         $(ratio "$(echo "$csm" | result lookup_ops)" "$(echo "$sm" | result lookup_ops)")   (goal ~1.0)"
   echo "  ping / redis PING             $(ratio "$(echo "$sm" | result ping_ops)" "$rping")   (goal >= 1.0)"
   echo "  lookup / redis GET (small)    $(ratio "$(echo "$sm" | result lookup_ops)" "$rsget")   (goal >= 1.0)"
   cleanup; PIDS=()

@@ -680,6 +680,24 @@ static bool same_boot(const char *boot, size_t bl)
     return bl == strlen(mine) && memcmp(mine, boot, bl) == 0;
 }
 
+/* A hello's body into sb (initialised here): {version, client, ticket?}. */
+static void hello_body(msgpack_sbuffer *sb, const uint8_t *ticket, uint32_t tl)
+{
+    msgpack_sbuffer_init(sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, ticket ? 3 : 2);
+    kvt_mp_str0(&pk, "version");
+    msgpack_pack_int(&pk, KVT_PROTO_VERSION);
+    kvt_mp_str0(&pk, "client");
+    kvt_mp_str0(&pk, "libkvtier_client");
+    if (ticket) {
+        kvt_mp_str0(&pk, "ticket");
+        msgpack_pack_bin(&pk, tl);
+        msgpack_pack_bin_body(&pk, ticket, tl);
+    }
+}
+
 /* Connect the same-host socket named in hello (abstract namespace). */
 static void try_local(kvt_client *c, const msgpack_object *hello)
 {
@@ -706,6 +724,31 @@ static void try_local(kvt_client *c, const msgpack_object *hello)
         c->lbuf = kvt_xmalloc(LBUF);
     c->lfd = fd;
     c->lpos = c->llen = 0;
+    /* With authentication the connection is nobody's until it presents the
+     * single-use ticket that this hello over CURVE brought (docs/protocol.md
+     * "Authentication"); without one (an older server) it stays unused. */
+    if (!c->curve.on)
+        return;
+    const msgpack_object *t = kvt_mp_get(hello, "ticket");
+    uint8_t ticket[64];
+    if (!t || t->type != MSGPACK_OBJECT_BIN || t->via.bin.size > sizeof(ticket)) {
+        local_close(c);
+        return;
+    }
+    uint32_t tl = t->via.bin.size;
+    memcpy(ticket, t->via.bin.ptr, tl); /* the reply may live in lbuf, reused below */
+    msgpack_sbuffer sb;
+    hello_body(&sb, ticket, tl);
+    struct rep r;
+    int rc = call_local(c, "hello", &sb, NULL, NULL, 0, &r);
+    kvt_secret_wipe(sb.data, sb.size);
+    kvt_secret_wipe(ticket, sizeof(ticket));
+    msgpack_sbuffer_destroy(&sb);
+    if (rc) {
+        local_close(c); /* refused or broken: requests travel over CURVE */
+        return;
+    }
+    rep_free(&r);
 }
 
 static void shm_detach(kvt_client *c)
@@ -723,19 +766,16 @@ static void lease_forget(kvt_client *c);
 static int hello(kvt_client *c)
 {
     msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 2);
-    kvt_mp_str0(&pk, "version");
-    msgpack_pack_int(&pk, KVT_PROTO_VERSION);
-    kvt_mp_str0(&pk, "client");
-    kvt_mp_str0(&pk, "libkvtier_client");
+    hello_body(&sb, NULL, 0);
+    /* with authentication a hello over the bound same-host connection keeps
+     * it: a new one would need a new ticket, which only CURVE hands out */
+    bool keep_local = c->lfd >= 0 && c->curve.on;
     struct rep r;
     int rc = call(c, "hello", &sb, NULL, NULL, 0, &r);
     msgpack_sbuffer_destroy(&sb);
     if (rc)
         return rc;
+    keep_local = keep_local && c->lfd >= 0;
     uint64_t cs = 0, mo = 0;
     kvt_mp_u64(&r.up.data, "chunk_size", false, &cs, NULL);
     kvt_mp_u64(&r.up.data, "max_object_bytes", false, &mo, NULL);
@@ -744,9 +784,11 @@ static int hello(kvt_client *c)
     shm_detach(c);
     if (c->want_shm)
         try_shm(c, &r.up.data);
-    local_close(c);
-    if (c->want_local)
-        try_local(c, &r.up.data);
+    if (!keep_local) {
+        local_close(c);
+        if (c->want_local)
+            try_local(c, &r.up.data);
+    }
     rep_free(&r);
     return 0;
 }

@@ -349,9 +349,8 @@ static int check_auth(struct kvt_server_cfg *c)
             fprintf(stderr, "kvtier server: --auth-clients: %s\n", err);
             return 2;
         }
-        /* the same-host socket carries no key: with authentication every
-         * request travels over CURVE (docs/security.md) */
-        c->local = false;
+        /* the same-host socket stays: a connection there is bound to a key
+         * by a ticket from a hello over CURVE (local.c, docs/security.md) */
     }
     if (c->http_token_file[0]) {
         if (kvt_secret_read(c->http_token_file, true, c->http_token, sizeof(c->http_token), err,

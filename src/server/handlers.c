@@ -142,14 +142,38 @@ static void h_hello(struct kvt_server *s, struct request *q)
                         KVT_PROTO_VERSION);
         return;
     }
+    bool same_host = kvt_local_is_ident(&r->ident);
+    if (s->cfg->auth && same_host && !r->who) {
+        /* authentication on: this same-host connection is nobody's until it
+         * presents a ticket that a hello over CURVE handed to a key */
+        const msgpack_object *t = kvt_mp_get(&q->body, "ticket");
+        if (!t || t->type != MSGPACK_OBJECT_BIN ||
+            !(r->who = kvt_local_redeem(s, &r->ident, t->via.bin.ptr, t->via.bin.size))) {
+            atomic_fetch_add(&s->local_denied, 1);
+            kvt_reply_error(r, KVT_E_DENIED,
+                            "this same-host connection has no key: its first request must be "
+                            "a hello with the ticket (bin, single use, 30 s) from a hello over "
+                            "CURVE (docs/protocol.md)");
+            return;
+        }
+        atomic_fetch_add(&s->local_bound, 1);
+    }
     msgpack_packer *pk = &r->pk;
     const char *local = kvt_local_name(s);
-    msgpack_pack_map(pk, local ? 12 : 10);
+    uint8_t ticket[KVT_LOCAL_TICKET_BYTES];
+    bool give = local && s->cfg->auth && !same_host && kvt_local_ticket(s, r->who, ticket) == 0;
+    msgpack_pack_map(pk, (local ? 12 : 10) + (give ? 1 : 0));
     if (local) {
         kvt_mp_str0(pk, "local");
         kvt_mp_str0(pk, local);
         kvt_mp_str0(pk, "boot_id");
         kvt_mp_str0(pk, s->boot_id);
+    }
+    if (give) {
+        kvt_mp_str0(pk, "ticket");
+        msgpack_pack_bin(pk, sizeof(ticket));
+        msgpack_pack_bin_body(pk, ticket, sizeof(ticket));
+        explicit_bzero(ticket, sizeof(ticket));
     }
     kvt_mp_str0(pk, "version");
     msgpack_pack_int(pk, KVT_PROTO_VERSION);
@@ -959,7 +983,9 @@ static void h_purge(struct kvt_server *s, struct request *q)
 
 void kvt_handle(struct kvt_server *s, enum kvt_op op, struct request *q)
 {
-    if (s->cfg->auth && !q->r->who) { /* never expected: ZAP named every peer */
+    /* over CURVE never expected: ZAP named every peer; a same-host
+     * connection gets its key from the ticket in its first hello */
+    if (s->cfg->auth && !q->r->who && !(op == OP_HELLO && kvt_local_is_ident(&q->r->ident))) {
         kvt_reply_error(q->r, KVT_E_DENIED, "this connection has no authenticated key");
         op = OP_COUNT;
     }

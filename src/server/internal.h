@@ -120,6 +120,8 @@ struct kvt_server {
 
     struct op_stats ops[OP_COUNT];
     _Atomic uint64_t bytes_in, bytes_out, bad_requests;
+    _Atomic uint64_t local_bound;  /* auth on: same-host connections bound to a key by a ticket */
+    _Atomic uint64_t local_denied; /* auth on: same-host hellos without a valid ticket */
     uint64_t start_ns;
     char boot_id[64];
     void *http; /* struct MHD_Daemon */
@@ -158,6 +160,17 @@ void kvt_local_poll(struct kvt_server *s);
 bool kvt_local_is_ident(const zmq_msg_t *ident);
 void kvt_local_send(struct kvt_server *s, struct reply *r, char *body, size_t blen);
 uint32_t kvt_local_conns(struct kvt_server *s);
+/* Authentication on (local.c): a single-use ticket for who, handed out in
+ * a hello over CURVE; the key a same-host connection's ticket bound (NULL:
+ * none yet); redeem binds the connection to the ticket's key (NULL:
+ * unknown, used or expired). All on the rpc thread. */
+#define KVT_LOCAL_TICKET_BYTES 32
+struct kvt_auth_client;
+int kvt_local_ticket(struct kvt_server *s, struct kvt_auth_client *who,
+                     uint8_t out[KVT_LOCAL_TICKET_BYTES]);
+struct kvt_auth_client *kvt_local_who(struct kvt_server *s, const zmq_msg_t *ident);
+struct kvt_auth_client *kvt_local_redeem(struct kvt_server *s, const zmq_msg_t *ident,
+                                         const void *ticket, size_t len);
 
 /* handlers.c: with authentication on, may r's key use these keys' salts
  * (write: store or delete)? Otherwise r becomes an E_DENIED reply, counted

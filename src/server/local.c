@@ -15,7 +15,13 @@
  * connection id); ZeroMQ's own routing ids are 5 bytes and peers cannot set
  * ids starting with 0x00, so the two never mix.
  *
- * Only the owner's uid may connect (SO_PEERCRED). A message of 0 frames or
+ * Only the owner's uid may connect (SO_PEERCRED). With authentication on,
+ * that is not enough: a connection is nobody's until its first request, a
+ * hello carrying a ticket that a hello over CURVE handed out to a key
+ * (single use, TICKET_TTL_S, at most NTICKETS outstanding: the oldest goes);
+ * every later request of the connection is that key's, checked against its
+ * line as over CURVE. A same-uid process without a key has no ticket.
+ * A message of 0 frames or
  * of more than MAX_FRAMES frames is read whole and answered E_BADREQ, as
  * over ZeroMQ; a frame over the size limit (which ZeroMQ answers by
  * dropping the connection) disconnects the peer.
@@ -33,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -40,6 +47,8 @@
 
 #define MAX_FRAMES (KVT_MAX_BATCH + 8)
 #define RBUF 65536
+#define NTICKETS 256
+#define TICKET_TTL_S 30
 
 struct out {
     struct out *next;
@@ -67,7 +76,14 @@ struct lconn {
     struct out *oq_head, *oq_tail;
     bool want_out;
     bool dead; /* a write failed: closed by kvt_local_poll, never mid-request */
+    struct kvt_auth_client *who; /* authentication on: the key its ticket bound, else NULL */
     struct lconn *hnext; /* id hash chain */
+};
+
+struct ticket {
+    uint8_t t[KVT_LOCAL_TICKET_BYTES];
+    struct kvt_auth_client *who; /* NULL: free or used */
+    uint64_t expires_ns;
 };
 
 #define HBUCKETS 1024
@@ -79,6 +95,8 @@ struct kvt_local {
     struct lconn *byid[HBUCKETS];
     _Atomic uint32_t nconns; /* read by status from other threads */
     uint64_t max_frame;
+    struct ticket tickets[NTICKETS]; /* a ring: the next one overwrites the oldest */
+    uint32_t tnext;
 };
 
 static struct kvt_l1 *l1_of(struct kvt_server *s)
@@ -182,8 +200,63 @@ void kvt_local_stop(struct kvt_server *s)
             conn_close(s, L->byid[b]);
     close(L->lfd);
     close(L->ep);
+    explicit_bzero(L->tickets, sizeof(L->tickets));
     free(L);
     s->local = NULL;
+}
+
+static struct lconn *conn_of(struct kvt_server *s, const zmq_msg_t *ident)
+{
+    if (!s->local || !kvt_local_is_ident(ident))
+        return NULL;
+    uint64_t id;
+    memcpy(&id, (const uint8_t *)zmq_msg_data((zmq_msg_t *)ident) + 1, 8);
+    return find(s->local, id);
+}
+
+int kvt_local_ticket(struct kvt_server *s, struct kvt_auth_client *who,
+                     uint8_t out[KVT_LOCAL_TICKET_BYTES])
+{
+    struct kvt_local *L = s->local;
+    if (!L || !who)
+        return -ENOENT;
+    if (getrandom(out, KVT_LOCAL_TICKET_BYTES, 0) != KVT_LOCAL_TICKET_BYTES)
+        return -EIO;
+    struct ticket *t = &L->tickets[L->tnext++ % NTICKETS];
+    memcpy(t->t, out, KVT_LOCAL_TICKET_BYTES);
+    t->who = who;
+    t->expires_ns = kvt_now_ns() + (uint64_t)TICKET_TTL_S * 1000000000ull;
+    return 0;
+}
+
+struct kvt_auth_client *kvt_local_who(struct kvt_server *s, const zmq_msg_t *ident)
+{
+    struct lconn *c = conn_of(s, ident);
+    return c ? c->who : NULL;
+}
+
+struct kvt_auth_client *kvt_local_redeem(struct kvt_server *s, const zmq_msg_t *ident,
+                                         const void *ticket, size_t len)
+{
+    struct kvt_local *L = s->local;
+    struct lconn *c = conn_of(s, ident);
+    if (!c || len != KVT_LOCAL_TICKET_BYTES)
+        return NULL;
+    uint64_t now = kvt_now_ns();
+    for (int i = 0; i < NTICKETS; i++) {
+        struct ticket *t = &L->tickets[i];
+        uint8_t d = 0; /* constant time: a guess learns nothing from the timing */
+        for (int k = 0; k < KVT_LOCAL_TICKET_BYTES; k++)
+            d |= (uint8_t)(t->t[k] ^ ((const uint8_t *)ticket)[k]);
+        if (d || !t->who)
+            continue;
+        struct kvt_auth_client *who = now <= t->expires_ns ? t->who : NULL;
+        explicit_bzero(t, sizeof(*t)); /* single use, expired or not */
+        if (who)
+            c->who = who;
+        return who;
+    }
+    return NULL;
 }
 
 static void accept_all(struct kvt_server *s)

@@ -461,6 +461,8 @@ static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, b
         unsigned long i = uid ? strtoul(uid, &end, 10) : ULONG_MAX;
         if (uid && end != uid && !*end && i < s->cfg->auth->n)
             r->who = &s->cfg->auth->c[i];
+        else if (kvt_local_is_ident(&parts[0]))
+            r->who = kvt_local_who(s, &parts[0]); /* bound by its ticket, or NULL */
     }
     /* n counts the routing id: a request is at least [id][op][body] */
     if (n < 4 || rid_len == 0 || rid_len > KVT_MAX_RID) {
@@ -531,7 +533,7 @@ static void rpc_loop(struct kvt_server *s)
     };
     int nitems = s->local ? 5 : 4;
     int mon_at = -1;
-    if (s->mon) { /* authentication on: no same-host socket */
+    if (s->mon) { /* authentication on: the monitor of CURVE handshakes */
         mon_at = nitems;
         items[mon_at] = items[5];
         nitems++;
@@ -860,8 +862,10 @@ static void banner(struct kvt_server *s)
     kvt_info("kvtier %s listening on %s (pid %d)", KVT_VERSION, c->bind, (int)getpid());
     if (c->auth)
         kvt_info("auth: CURVE on %s, %u authorized client key(s) from %s; server public key %s; "
-                 "same-host socket off (requests travel over CURVE)",
-                 c->bind, c->auth->n, c->auth_clients_file, c->auth_public);
+                 "same-host socket %s",
+                 c->bind, c->auth->n, c->auth_clients_file, c->auth_public,
+                 s->local ? "on, each connection bound to a key by a ticket from a hello "
+                            "over CURVE" : "off");
     if (c->insecure_no_auth)
         kvt_warn("--insecure-no-auth: %s%s%s", c->auth ? "" : "any process that reaches "
                  "the RPC port can read, overwrite and delete every tenant's cache",

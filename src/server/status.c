@@ -74,6 +74,15 @@ json_t *kvt_server_status(struct kvt_server *s)
     json_object_set_new(au, "enabled", json_boolean(s->cfg->auth != NULL));
     json_object_set_new(au, "insecure_no_auth", json_boolean(s->cfg->insecure_no_auth));
     json_object_set_new(au, "http_token", json_boolean(s->cfg->http_token[0] != 0));
+    if (s->cfg->auth) {
+        /* the same-host socket under authentication: connections bound to a
+         * key by a ticket, hellos refused without a valid one */
+        json_t *sh = json_object();
+        json_object_set_new(sh, "enabled", json_boolean(kvt_local_name(s) != NULL));
+        json_object_set_new(sh, "bound", json_integer((json_int_t)atomic_load(&s->local_bound)));
+        json_object_set_new(sh, "denied", json_integer((json_int_t)atomic_load(&s->local_denied)));
+        json_object_set_new(au, "same_host", sh);
+    }
     json_object_set_new(o, "auth", au);
     return o;
 }
@@ -255,6 +264,10 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
         for (uint32_t i = 0; i < a->n; i++)
             sbf(&b, "kvtier_auth_denied_total{client=\"%s\"} %llu\n", a->c[i].name,
                 (unsigned long long)atomic_load(&a->c[i].denied));
+        metric(&b, "kvtier_auth_same_host_denied_total", "counter",
+               "Same-host connections refused: their hello had no valid ticket.");
+        sbf(&b, "kvtier_auth_same_host_denied_total %llu\n",
+            (unsigned long long)atomic_load(&s->local_denied));
     }
     *len = b.len;
     return b.p;

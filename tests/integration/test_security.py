@@ -15,7 +15,7 @@ import pytest
 
 import kvtier
 from conftest import BIN
-from rawproto import RawZmq, hello_body, mp_pack
+from rawproto import RawLocal, RawZmq, hello_body, keys_body, mp_pack
 
 E_DENIED = -1017
 E_TIMEOUT = -1012
@@ -176,8 +176,8 @@ def test_tenant_cannot_touch_another_tenants_objects(auth_server, keys, shm):
         r = rz.call([b"2", b"purge", mp_pack({"all": True})])
         assert r.status == E_DENIED
         h = rz.call([b"3", b"hello", hello_body()])
-        # with authentication the same-host socket is not offered: it has no key
-        assert h.status == 0 and "local" not in h.body
+        # with authentication the same-host socket comes with a ticket for this key
+        assert h.status == 0 and h.body["local"] and len(h.body["ticket"]) == 32
     finally:
         rz.close()
     # alice's objects are whole
@@ -398,3 +398,74 @@ def test_another_uid_can_neither_connect_nor_map_the_pool(make_server):
     # the server's own uid gets both
     with s.client() as c:
         assert c.shm_active and c.local_active
+
+
+def test_same_host_socket_needs_the_key_too(auth_server, keys):
+    """With authentication the same-host socket stays (two thread hops less
+    than ZeroMQ), but a connection there is nobody's until its first hello
+    presents the single-use ticket that a hello over CURVE gave a key: a
+    same-uid process without a key, a made-up ticket, a used one get
+    E_DENIED and nothing else; a bound connection is its key's, with the
+    key's tenants and rights."""
+    s = auth_server()
+    curve = lambda who: (z85(keys["server"][1]).encode(), z85(keys[who][1]).encode(),
+                         z85(keys[who][0]).encode())
+    ka = kvtier.Keys("m", [bytes([i]) * 32 for i in range(3)], salt="team-a")
+    kb = kvtier.Keys("m", [b"\x09" * 32], salt="team-b")
+    # the C client (and so the Python binding) binds its same-host connection
+    with client(s, keys, "alice") as a:
+        assert a.local_active
+        assert a.store(ka, [b"A" * 4096] * 3) == 3
+        a.flush()
+        assert a.lookup(ka) == 3 and [bytes(x) for x in a.retrieve(ka)] == [b"A" * 4096] * 3
+        with pytest.raises(kvtier.KvtierError) as e:  # still alice's tenants only
+            a.lookup(kb)
+        assert e.value.code == E_DENIED
+        assert a.local_active
+    with client(s, keys, "carol") as c:  # read-only stays read-only
+        assert c.local_active and c.lookup(ka) == 3
+        with pytest.raises(kvtier.KvtierError) as e:
+            c.store(ka, [b"C" * 4096] * 3)
+        assert e.value.code == E_DENIED
+
+    z = RawZmq(s.url, curve=curve("alice"))
+    try:
+        h = z.call([b"h", b"hello", hello_body()])
+    finally:
+        z.close()
+    assert h.status == 0, h
+    name, ticket = h.body["local"], h.body["ticket"]
+    # no key: nothing but E_DENIED, whatever the request
+    nobody = RawLocal(name)
+    try:
+        for i, frames in enumerate([[b"hello", hello_body()], [b"ping", mp_pack({})],
+                                    [b"lookup", keys_body(ka)],
+                                    [b"hello", mp_pack({"version": 1, "ticket": b"\0" * 32})],
+                                    [b"hello", mp_pack({"version": 1, "ticket": ticket[:16]})],
+                                    [b"hello", mp_pack({"version": 1, "ticket": "text"})]]):
+            r = nobody.call([b"n%d" % i] + frames)
+            assert r.status == E_DENIED and r.body["error"] == "E_DENIED", (frames[0], r)
+    finally:
+        nobody.close()
+    # alice's ticket binds a connection to alice, once
+    bound = RawLocal(name)
+    try:
+        r = bound.call([b"b1", b"hello", mp_pack({"version": 1, "ticket": ticket})])
+        assert r.status == 0 and "ticket" not in r.body, r
+        r = bound.call([b"b2", b"lookup", keys_body(ka)])
+        assert r.status == 0 and r.body["hits"] == 3, r
+        r = bound.call([b"b3", b"lookup", keys_body(kb)])
+        assert r.status == E_DENIED, r
+    finally:
+        bound.close()
+    again = RawLocal(name)
+    try:
+        r = again.call([b"a1", b"hello", mp_pack({"version": 1, "ticket": ticket})])
+        assert r.status == E_DENIED, r  # single use
+    finally:
+        again.close()
+    with client(s, keys, "admin") as adm:
+        sh = adm.status()["auth"]["same_host"]
+    assert sh["enabled"] and sh["denied"] >= 4 and sh["bound"] >= 3, sh
+    code, body = s.http_get("/metrics")
+    assert code == 200 and "kvtier_auth_same_host_denied_total" in body
