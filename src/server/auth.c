@@ -28,15 +28,63 @@
 
 void kvt_auth_free(struct kvt_auth *a)
 {
-    if (!a)
-        return;
-    for (uint32_t i = 0; i < a->n; i++) {
-        for (uint32_t t = 0; t < a->c[i].ntenants; t++)
-            free(a->c[i].tenants[t]);
-        free(a->c[i].tenants);
+    while (a) { /* the newest table and the ones it superseded */
+        struct kvt_auth *older = a->older;
+        for (uint32_t i = 0; i < a->n; i++) {
+            for (uint32_t t = 0; t < a->c[i].ntenants; t++)
+                free(a->c[i].tenants[t]);
+            free(a->c[i].tenants);
+        }
+        free(a->c);
+        free(a);
+        a = older;
     }
-    free(a->c);
-    free(a);
+}
+
+void kvt_auth_supersede(struct kvt_auth *cur, struct kvt_auth *fresh, uint32_t *added,
+                        uint32_t *removed)
+{
+    fresh->gen = cur->gen + 1;
+    fresh->older = cur;
+    *added = *removed = 0;
+    for (uint32_t i = 0; i < fresh->n; i++) {
+        struct kvt_auth_client *o = kvt_auth_find(cur, fresh->c[i].bin);
+        if (o) /* a counter must not go back (Prometheus) */
+            atomic_store(&fresh->c[i].denied, atomic_load(&o->denied));
+        else
+            (*added)++;
+    }
+    for (struct kvt_auth *t = cur; t; t = t->older)
+        for (uint32_t i = 0; i < t->n; i++) {
+            struct kvt_auth_client *o = &t->c[i];
+            o->successor = kvt_auth_find(fresh, o->bin);
+            o->stale = true;
+            if (t == cur && !o->successor)
+                (*removed)++;
+        }
+}
+
+struct kvt_auth_client *kvt_auth_live(struct kvt_auth_client *e)
+{
+    return e && e->stale ? e->successor : e;
+}
+
+struct kvt_auth_client *kvt_auth_by_uid(struct kvt_auth *cur, const char *uid)
+{
+    if (!uid)
+        return NULL;
+    char *end = NULL;
+    unsigned long gen = strtoul(uid, &end, 10);
+    if (end == uid || *end != ':')
+        return NULL;
+    const char *p = end + 1;
+    unsigned long i = strtoul(p, &end, 10);
+    if (end == p || *end)
+        return NULL;
+    for (struct kvt_auth *t = cur; t; t = t->older)
+        if (t->gen == gen)
+            return i < t->n ? kvt_auth_live(&t->c[i]) : NULL;
+    return NULL;
 }
 
 static int hexval(char ch)
@@ -280,13 +328,17 @@ bool kvt_auth_salt_ok(const struct kvt_auth_client *c, const char *salt)
     return false;
 }
 
-json_t *kvt_auth_status(const struct kvt_auth *a)
+json_t *kvt_auth_status(const struct kvt_auth *root, const struct kvt_auth *a)
 {
     json_t *o = json_object(), *arr = json_array();
     json_object_set_new(o, "handshakes_refused",
-                        json_integer((json_int_t)atomic_load(&a->handshakes_refused)));
+                        json_integer((json_int_t)atomic_load(&root->handshakes_refused)));
     json_object_set_new(o, "handshakes_failed",
-                        json_integer((json_int_t)atomic_load(&a->handshakes_failed)));
+                        json_integer((json_int_t)atomic_load(&root->handshakes_failed)));
+    json_object_set_new(o, "generation", json_integer((json_int_t)a->gen));
+    json_object_set_new(o, "reloads", json_integer((json_int_t)atomic_load(&root->reloads)));
+    json_object_set_new(o, "reload_failures",
+                        json_integer((json_int_t)atomic_load(&root->reload_failures)));
     for (uint32_t i = 0; i < a->n; i++) {
         const struct kvt_auth_client *c = &a->c[i];
         json_t *j = json_object();
@@ -307,9 +359,15 @@ json_t *kvt_auth_status(const struct kvt_auth *a)
 struct kvt_zap {
     pthread_t tid;
     void *sock;
-    struct kvt_auth *a;
+    struct kvt_auth *root;        /* the first table: its counters */
+    struct kvt_auth *_Atomic cur; /* the table that admits (kvt_zap_set) */
     uint64_t last_log_ns; /* zap thread only */
 };
+
+void kvt_zap_set(struct kvt_zap *z, struct kvt_auth *a)
+{
+    atomic_store_explicit(&z->cur, a, memory_order_release);
+}
 
 static void zap_send(void *sock, const char *s, size_t l, bool more)
 {
@@ -341,17 +399,20 @@ static int zap_one(struct kvt_zap *z)
             zmq_msg_close(&m);
     }
     const char *status = "400", *text = "unknown key";
-    char uid[16] = "";
+    char uid[32] = "";
     struct kvt_auth_client *c = NULL;
+    struct kvt_auth *a = atomic_load_explicit(&z->cur, memory_order_acquire);
     if (n >= 7 && zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) &&
         zmq_msg_size(&f[6]) == 32)
-        c = kvt_auth_find(z->a, zmq_msg_data(&f[6]));
+        c = kvt_auth_find(a, zmq_msg_data(&f[6]));
     if (c) {
         status = "200";
         text = "OK";
-        snprintf(uid, sizeof(uid), "%u", (unsigned)(c - z->a->c));
+        /* the table's generation and the key's index: the rpc thread finds
+         * the entry in O(1) (plus the tables since, after a reload) */
+        snprintf(uid, sizeof(uid), "%u:%u", (unsigned)a->gen, (unsigned)(c - a->c));
     } else {
-        atomic_fetch_add(&z->a->handshakes_refused, 1);
+        atomic_fetch_add(&z->root->handshakes_refused, 1);
         char addr[64] = "?";
         if (n >= 4)
             snprintf(addr, sizeof(addr), "%.*s", (int)KVT_MIN(zmq_msg_size(&f[3]), 60),
@@ -362,7 +423,7 @@ static int zap_one(struct kvt_zap *z)
         if (now - z->last_log_ns >= 1000000000ull) {
             kvt_warn("auth: refused a connection from %s: its key is not in the "
                      "authorized-clients file (%llu refused so far)",
-                     addr, (unsigned long long)atomic_load(&z->a->handshakes_refused));
+                     addr, (unsigned long long)atomic_load(&z->root->handshakes_refused));
             z->last_log_ns = now;
         }
     }
@@ -395,7 +456,8 @@ static void *zap_main(void *arg)
 int kvt_zap_start(void *zctx, struct kvt_auth *a, struct kvt_zap **out)
 {
     struct kvt_zap *z = kvt_xcalloc(1, sizeof(*z));
-    z->a = a;
+    z->root = a;
+    atomic_init(&z->cur, a);
     z->sock = zmq_socket(zctx, ZMQ_REP);
     if (!z->sock || zmq_bind(z->sock, "inproc://zeromq.zap.01") < 0) {
         int e = errno;

@@ -15,8 +15,16 @@
  * are comments (so a key may not start with '#'; kvtier keygen never makes
  * one). A key listed twice is an error.
  *
- * Thread rules: the table is built before the server starts and never
- * changes; the counters in it are atomics (any thread).
+ * Reload (SIGHUP): the file is read again into a new table, which becomes
+ * the current one; the old tables stay until exit (requests in flight and
+ * status may still point into them), each entry marked stale with its
+ * successor, the same key's entry in the newest table (NULL: removed).
+ * kvt_auth_live maps an entry to its live one: so connections admitted
+ * before a reload get the new rights, or E_DENIED when their key went.
+ *
+ * Thread rules: a table never changes once published, except the counters
+ * (atomics, any thread) and the stale/successor marks, written and read by
+ * the rpc thread only (kvt_auth_supersede, kvt_auth_live, kvt_auth_by_uid).
  */
 #ifndef KVT_SERVER_AUTH_H
 #define KVT_SERVER_AUTH_H
@@ -38,14 +46,20 @@ struct kvt_auth_client {
     bool rw, admin, any_tenant;
     uint32_t ntenants;
     char **tenants;   /* the salts it may use (decoded; "" = no salt) */
-    _Atomic uint64_t denied; /* requests answered E_DENIED */
+    _Atomic uint64_t denied; /* requests answered E_DENIED (carried over a reload) */
+    bool stale;              /* a newer table superseded this entry's (rpc thread) */
+    struct kvt_auth_client *successor; /* then: the newest table's entry, NULL = removed */
 };
 
 struct kvt_auth {
     uint32_t n;
     struct kvt_auth_client *c;
+    uint32_t gen;          /* 0 at start, +1 a reload */
+    struct kvt_auth *older; /* the table this one superseded (kept until exit) */
+    /* counters of the first table only (the server's for its whole run) */
     _Atomic uint64_t handshakes_refused; /* ZAP: key not in the file */
     _Atomic uint64_t handshakes_failed;  /* no key, wrong server key, bad handshake */
+    _Atomic uint64_t reloads, reload_failures;
 };
 
 /* Parse an authorized-clients file's text (len bytes, no NUL needed).
@@ -59,8 +73,20 @@ void kvt_auth_free(struct kvt_auth *a);
 struct kvt_auth_client *kvt_auth_find(const struct kvt_auth *a, const uint8_t *bin);
 /* May c use this salt (NUL-terminated, "" = none)? */
 bool kvt_auth_salt_ok(const struct kvt_auth_client *c, const char *salt);
-/* The clients and counters, for status (no secret in it). */
-json_t *kvt_auth_status(const struct kvt_auth *a);
+/* The counters (root: the first table) and the current table's clients,
+ * for status (no secret in it). */
+json_t *kvt_auth_status(const struct kvt_auth *root, const struct kvt_auth *cur);
+/* fresh (just loaded) supersedes cur and every older table: gen, older,
+ * the denied counts carried, every old entry stale with its successor. The
+ * caller then publishes fresh (rpc thread). added/removed: keys. */
+void kvt_auth_supersede(struct kvt_auth *cur, struct kvt_auth *fresh, uint32_t *added,
+                        uint32_t *removed);
+/* The live entry for e (itself, its successor, or NULL when its key was
+ * removed); NULL for NULL. rpc thread. */
+struct kvt_auth_client *kvt_auth_live(struct kvt_auth_client *e);
+/* The live entry for a ZAP user id ("GEN:INDEX", see kvt_zap), looked up
+ * from cur back through the older tables; NULL when unknown or removed. */
+struct kvt_auth_client *kvt_auth_by_uid(struct kvt_auth *cur, const char *uid);
 
 /* The ZAP handler (RFC 27) on zctx: answers every CURVE handshake of the
  * context's sockets, admitting the keys in a. Start before binding a CURVE
@@ -68,6 +94,9 @@ json_t *kvt_auth_status(const struct kvt_auth *a);
  * shut down (zmq_ctx_shutdown), then join it with kvt_zap_join. */
 struct kvt_zap;
 int kvt_zap_start(void *zctx, struct kvt_auth *a, struct kvt_zap **out);
+/* Admit by a (a reload) from the next handshake on; counters stay the
+ * first table's. Any thread. */
+void kvt_zap_set(struct kvt_zap *z, struct kvt_auth *a);
 void kvt_zap_join(struct kvt_zap *z);
 
 #endif

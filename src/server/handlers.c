@@ -983,10 +983,12 @@ static void h_purge(struct kvt_server *s, struct request *q)
 
 void kvt_handle(struct kvt_server *s, enum kvt_op op, struct request *q)
 {
-    /* over CURVE never expected: ZAP named every peer; a same-host
-     * connection gets its key from the ticket in its first hello */
+    /* over CURVE: the key went in a reload (ZAP named every peer it
+     * admitted); a same-host connection gets its key from the ticket in
+     * its first hello */
     if (s->cfg->auth && !q->r->who && !(op == OP_HELLO && kvt_local_is_ident(&q->r->ident))) {
-        kvt_reply_error(q->r, KVT_E_DENIED, "this connection has no authenticated key");
+        kvt_reply_error(q->r, KVT_E_DENIED, "this connection's key is not (or no longer, after "
+                                            "a reload) in the authorized-clients file");
         op = OP_COUNT;
     }
     switch (op) {

@@ -129,6 +129,10 @@ struct kvt_server {
     struct kvt_local *local; /* same-host socket (local.c), rpc thread only */
     struct kvt_lmc *lmc;     /* LMCache protocol front end (lmc.c), or NULL */
     struct kvt_zap *zap;     /* ZAP handler thread (auth.c) with --auth-key, or NULL */
+    /* the authorized-clients table in use (cfg->auth at start, a newer one
+     * after each SIGHUP reload; older ones stay until exit): written by the
+     * rpc thread, read by the status thread */
+    struct kvt_auth *_Atomic auth_cur;
     void *mon;               /* PAIR socket: the ROUTER's handshake failures (rpc thread) */
     volatile int stop;
 };
@@ -171,6 +175,9 @@ int kvt_local_ticket(struct kvt_server *s, struct kvt_auth_client *who,
 struct kvt_auth_client *kvt_local_who(struct kvt_server *s, const zmq_msg_t *ident);
 struct kvt_auth_client *kvt_local_redeem(struct kvt_server *s, const zmq_msg_t *ident,
                                          const void *ticket, size_t len);
+
+/* server.c: the authorized-clients table in use (NULL without auth) */
+struct kvt_auth *kvt_server_auth(struct kvt_server *s);
 
 /* handlers.c: with authentication on, may r's key use these keys' salts
  * (write: store or delete)? Otherwise r becomes an E_DENIED reply, counted

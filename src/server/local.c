@@ -32,6 +32,7 @@
 #include "common/util.h"
 #include "common/le.h"
 #include "kvtier/error.h"
+#include "server/auth.h"
 #include "server/internal.h"
 
 #include <errno.h>
@@ -232,7 +233,10 @@ int kvt_local_ticket(struct kvt_server *s, struct kvt_auth_client *who,
 struct kvt_auth_client *kvt_local_who(struct kvt_server *s, const zmq_msg_t *ident)
 {
     struct lconn *c = conn_of(s, ident);
-    return c ? c->who : NULL;
+    if (!c)
+        return NULL;
+    c->who = kvt_auth_live(c->who); /* after a reload: its key's line now, NULL if removed */
+    return c->who;
 }
 
 struct kvt_auth_client *kvt_local_redeem(struct kvt_server *s, const zmq_msg_t *ident,
@@ -250,7 +254,7 @@ struct kvt_auth_client *kvt_local_redeem(struct kvt_server *s, const zmq_msg_t *
             d |= (uint8_t)(t->t[k] ^ ((const uint8_t *)ticket)[k]);
         if (d || !t->who)
             continue;
-        struct kvt_auth_client *who = now <= t->expires_ns ? t->who : NULL;
+        struct kvt_auth_client *who = now <= t->expires_ns ? kvt_auth_live(t->who) : NULL;
         explicit_bzero(t, sizeof(*t)); /* single use, expired or not */
         if (who)
             c->who = who;

@@ -455,12 +455,11 @@ static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, b
     enum kvt_op op = n > 2 ? op_of(&parts[2]) : OP_UNKNOWN;
     struct reply *r = kvt_reply_new(&parts[0], rid, rid_len, op, t0);
     if (s->cfg->auth && n > 1) {
-        /* the ZAP handler's user id: the key's index in the table */
+        /* the ZAP handler's user id: the table's generation and the key's
+         * index; after a reload, the key's entry now (NULL: removed) */
         const char *uid = zmq_msg_gets(&parts[1], "User-Id");
-        char *end = NULL;
-        unsigned long i = uid ? strtoul(uid, &end, 10) : ULONG_MAX;
-        if (uid && end != uid && !*end && i < s->cfg->auth->n)
-            r->who = &s->cfg->auth->c[i];
+        if (uid)
+            r->who = kvt_auth_by_uid(atomic_load_explicit(&s->auth_cur, memory_order_relaxed), uid);
         else if (kvt_local_is_ident(&parts[0]))
             r->who = kvt_local_who(s, &parts[0]); /* bound by its ticket, or NULL */
     }
@@ -521,6 +520,39 @@ static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, b
 
 static void drain_monitor(struct kvt_server *s);
 
+struct kvt_auth *kvt_server_auth(struct kvt_server *s)
+{
+    return atomic_load_explicit(&s->auth_cur, memory_order_acquire);
+}
+
+/* SIGHUP (rpc thread): read the authorized-clients file again. A file that
+ * does not load keeps the table in use (logged, counted); otherwise the new
+ * one admits from the next handshake on, and requests of connections
+ * admitted before get their key's new line, or E_DENIED if it went. */
+static void reload_auth(struct kvt_server *s)
+{
+    struct kvt_server_cfg *c = s->cfg;
+    if (!c->auth) {
+        kvt_info("received SIGHUP: nothing to reload (no --auth-clients)");
+        return;
+    }
+    struct kvt_auth *cur = kvt_server_auth(s), *fresh = NULL;
+    char err[600];
+    if (kvt_auth_load(c->auth_clients_file, &fresh, err, sizeof(err))) {
+        atomic_fetch_add(&c->auth->reload_failures, 1);
+        kvt_error("auth: SIGHUP: %s; the %u key(s) in use stay", err, cur->n);
+        return;
+    }
+    uint32_t added, removed;
+    kvt_auth_supersede(cur, fresh, &added, &removed);
+    atomic_store_explicit(&s->auth_cur, fresh, memory_order_release);
+    kvt_zap_set(s->zap, fresh);
+    atomic_fetch_add(&c->auth->reloads, 1);
+    kvt_info("auth: SIGHUP: reloaded %s: %u key(s), %u added, %u removed (their connections "
+             "get E_DENIED from now on)",
+             c->auth_clients_file, fresh->n, added, removed);
+}
+
 static void rpc_loop(struct kvt_server *s)
 {
     zmq_pollitem_t items[6] = {
@@ -557,7 +589,12 @@ static void rpc_loop(struct kvt_server *s)
         }
         if (items[3].revents & ZMQ_POLLIN) {
             struct signalfd_siginfo si;
-            if (read(s->sig_fd, &si, sizeof(si)) == sizeof(si))
+            bool got = read(s->sig_fd, &si, sizeof(si)) == sizeof(si);
+            if (got && si.ssi_signo == SIGHUP) {
+                reload_auth(s);
+                continue;
+            }
+            if (got)
                 kvt_info("received %s: stopping", strsignal((int)si.ssi_signo));
             s->stop = 1;
             break;
@@ -662,6 +699,10 @@ static void shutdown_all(struct kvt_server *s)
         kvt_zap_join(s->zap);
         s->zap = NULL;
     }
+    /* after reloads the configuration must free the newest table: it links
+     * the older ones, back to the first (the HTTP thread is gone by now) */
+    if (s->cfg->auth && kvt_server_auth(s))
+        s->cfg->auth = kvt_server_auth(s);
     if (s->zctx)
         zmq_ctx_term(s->zctx); /* waits for zero-copy frames to be released */
     for (int i = 0; i < s->nl2; i++)
@@ -685,6 +726,7 @@ static int setup_curve(struct kvt_server *s)
 {
     struct kvt_server_cfg *c = s->cfg;
     int one = 1;
+    atomic_store_explicit(&s->auth_cur, c->auth, memory_order_release);
     int rc = kvt_zap_start(s->zctx, c->auth, &s->zap);
     if (rc) {
         kvt_error("auth: cannot start the ZAP handler: %s", zmq_strerror(-rc));
@@ -750,6 +792,7 @@ static int start(struct kvt_server *s)
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP); /* reload the authorized-clients file */
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     s->sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
     signal(SIGPIPE, SIG_IGN);

@@ -70,7 +70,7 @@ json_t *kvt_server_status(struct kvt_server *s)
                         json_integer((json_int_t)kvt_tpool_queued(s->workers)));
     json_object_set_new(o, "rpc", rpc);
     /* who may connect and what was refused; public keys only, never a secret */
-    json_t *au = s->cfg->auth ? kvt_auth_status(s->cfg->auth) : json_object();
+    json_t *au = s->cfg->auth ? kvt_auth_status(s->cfg->auth, kvt_server_auth(s)) : json_object();
     json_object_set_new(au, "enabled", json_boolean(s->cfg->auth != NULL));
     json_object_set_new(au, "insecure_no_auth", json_boolean(s->cfg->insecure_no_auth));
     json_object_set_new(au, "http_token", json_boolean(s->cfg->http_token[0] != 0));
@@ -259,11 +259,18 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
                "Handshakes that failed before the key was checked (no key, wrong server key).");
         sbf(&b, "kvtier_auth_handshakes_failed_total %llu\n",
             (unsigned long long)atomic_load(&a->handshakes_failed));
+        metric(&b, "kvtier_auth_reloads_total", "counter",
+               "Reloads of the authorized-clients file (SIGHUP), by result.");
+        sbf(&b, "kvtier_auth_reloads_total{result=\"ok\"} %llu\n",
+            (unsigned long long)atomic_load(&a->reloads));
+        sbf(&b, "kvtier_auth_reloads_total{result=\"failed\"} %llu\n",
+            (unsigned long long)atomic_load(&a->reload_failures));
         metric(&b, "kvtier_auth_denied_total", "counter",
                "Requests answered E_DENIED, per client key.");
-        for (uint32_t i = 0; i < a->n; i++)
-            sbf(&b, "kvtier_auth_denied_total{client=\"%s\"} %llu\n", a->c[i].name,
-                (unsigned long long)atomic_load(&a->c[i].denied));
+        const struct kvt_auth *cur = kvt_server_auth(s); /* the keys in use */
+        for (uint32_t i = 0; i < cur->n; i++)
+            sbf(&b, "kvtier_auth_denied_total{client=\"%s\"} %llu\n", cur->c[i].name,
+                (unsigned long long)atomic_load(&cur->c[i].denied));
         metric(&b, "kvtier_auth_same_host_denied_total", "counter",
                "Same-host connections refused: their hello had no valid ticket.");
         sbf(&b, "kvtier_auth_same_host_denied_total %llu\n",

@@ -469,3 +469,79 @@ def test_same_host_socket_needs_the_key_too(auth_server, keys):
     assert sh["enabled"] and sh["denied"] >= 4 and sh["bound"] >= 3, sh
     code, body = s.http_get("/metrics")
     assert code == 200 and "kvtier_auth_same_host_denied_total" in body
+
+
+def test_sighup_reloads_the_authorized_clients_file(auth_server, keys, tmp_path):
+    """kill -HUP (systemctl reload) reads the authorized-clients file again:
+    a removed key's open connections (CURVE and same-host) get E_DENIED from
+    the next request on and it cannot connect again; a changed line takes
+    effect on open connections; a new key connects. A file that does not
+    load keeps the keys in use (logged, counted). The denied counters go on."""
+    import signal
+    s = auth_server(names=("alice", "bob", "admin"))
+    ka = kvtier.Keys("m", [b"\x01" * 32], salt="team-a")
+    kb = kvtier.Keys("m", [b"\x02" * 32], salt="team-b")
+    with client(s, keys, "bob") as b, client(s, keys, "bob", local=False) as b_tcp, \
+            client(s, keys, "alice") as a:
+        assert b.local_active and not b_tcp.local_active
+        assert b.store(kb, [b"B" * 100]) == 1 and b_tcp.lookup(kb) == 1
+        with pytest.raises(kvtier.KvtierError) as e:
+            a.lookup(kb)
+        assert e.value.code == E_DENIED
+        # bob goes, alice gets team-b too, carol comes
+        path = str(tmp_path / "clients")
+        with open(path, "w") as f:
+            f.write("%s rw team-a,team-b name=alice\n" % z85(keys["alice"][1]))
+            f.write("%s ro team-a name=carol\n" % z85(keys["carol"][1]))
+            f.write("%s rw * admin name=ops\n" % z85(keys["admin"][1]))
+        s.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 10
+        while True:
+            with client(s, keys, "admin") as adm:
+                au = adm.status()["auth"]
+            if au["reloads"] == 1 or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        assert au["reloads"] == 1 and au["generation"] == 1 and au["reload_failures"] == 0, au
+        assert sorted(c["name"] for c in au["clients"]) == ["alice", "carol", "ops"]
+        assert [c["denied"] for c in au["clients"] if c["name"] == "alice"] == [1]  # carried
+        for conn in (b, b_tcp):  # the open connections of the removed key
+            with pytest.raises(kvtier.KvtierError) as e:
+                conn.lookup(kb)
+            assert e.value.code == E_DENIED, e.value
+        assert a.lookup(kb) == 1 and [bytes(x) for x in a.retrieve(kb)] == [b"B" * 100]
+        assert a.store(ka, [b"A"]) == 1
+    with pytest.raises(kvtier.KvtierError) as e:  # bob cannot come back
+        with client(s, keys, "bob") as b2:
+            b2.ping()
+    assert e.value.code == E_DENIED
+    with client(s, keys, "carol") as c:
+        assert c.lookup(ka) == 1
+    # a broken file: the keys in use stay
+    with open(str(tmp_path / "clients"), "w") as f:
+        f.write("not-a-key rw *\n")
+    s.proc.send_signal(signal.SIGHUP)
+    deadline = time.time() + 10
+    while True:
+        with client(s, keys, "admin") as adm:
+            au = adm.status()["auth"]
+        if au["reload_failures"] == 1 or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    assert au["reload_failures"] == 1 and au["generation"] == 1, au
+    with client(s, keys, "alice") as a:
+        assert a.lookup(kb) == 1
+    log = s.read_log()
+    assert "SIGHUP: reloaded" in log and "the 3 key(s) in use stay" in log
+    code, body = s.http_get("/metrics")
+    assert 'kvtier_auth_reloads_total{result="failed"} 1' in body
+
+
+def test_sighup_without_auth_keeps_serving(make_server):
+    s = make_server(["--no-l2"])
+    import signal
+    s.proc.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    with s.client() as c:
+        c.ping()
+    assert s.proc.poll() is None and "nothing to reload" in s.read_log()

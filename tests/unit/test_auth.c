@@ -48,10 +48,45 @@ static void test_parse(void)
     TEST_ASSERT(kvt_auth_find(a, bin) == c);
     bin[0] ^= 1;
     TEST_ASSERT(kvt_auth_find(a, bin) == NULL);
-    json_t *st = kvt_auth_status(a);
+    json_t *st = kvt_auth_status(a, a);
     TEST_ASSERT(json_array_size(json_object_get(st, "clients")) == 2);
     json_decref(st);
     kvt_auth_free(a);
+}
+
+/* Description: a reload (kvt_auth_supersede) maps every older table's
+ * entries to the newest one: a kept key to its new line (denied carried),
+ * a removed key to NULL, through kvt_auth_live and ZAP user ids of any
+ * generation; freeing the newest table frees the chain. */
+static void test_supersede(void)
+{
+    char text[1024], err[512];
+    snprintf(text, sizeof(text), "%s ro team-a name=alice\n%s rw * name=bob\n", pub1, pub2);
+    struct kvt_auth *g0 = parse(text, err, sizeof(err));
+    TEST_ASSERT(g0 && g0->gen == 0);
+    atomic_store(&g0->c[0].denied, 5);
+    snprintf(text, sizeof(text), "%s rw team-a,team-b name=alice\n", pub1);
+    struct kvt_auth *g1 = parse(text, err, sizeof(err));
+    uint32_t added, removed;
+    kvt_auth_supersede(g0, g1, &added, &removed);
+    TEST_ASSERT(g1->gen == 1 && g1->older == g0 && added == 0 && removed == 1);
+    TEST_ASSERT(atomic_load(&g1->c[0].denied) == 5);
+    TEST_ASSERT(kvt_auth_live(&g0->c[0]) == &g1->c[0] && g1->c[0].rw);
+    TEST_ASSERT(kvt_auth_live(&g0->c[1]) == NULL); /* bob went */
+    TEST_ASSERT(kvt_auth_live(&g1->c[0]) == &g1->c[0]);
+    TEST_ASSERT(kvt_auth_by_uid(g1, "0:0") == &g1->c[0] && kvt_auth_by_uid(g1, "0:1") == NULL);
+    TEST_ASSERT(kvt_auth_by_uid(g1, "1:0") == &g1->c[0] && kvt_auth_by_uid(g1, "1:1") == NULL);
+    TEST_ASSERT(!kvt_auth_by_uid(g1, "2:0") && !kvt_auth_by_uid(g1, "0") &&
+                !kvt_auth_by_uid(g1, "x:0") && !kvt_auth_by_uid(g1, "0:") &&
+                !kvt_auth_by_uid(g1, "0:0x") && !kvt_auth_by_uid(g1, NULL));
+    /* bob comes back: the older tables' entries follow to the newest */
+    snprintf(text, sizeof(text), "%s ro * name=bob\n%s rw team-a name=alice\n", pub2, pub1);
+    struct kvt_auth *g2 = parse(text, err, sizeof(err));
+    kvt_auth_supersede(g1, g2, &added, &removed);
+    TEST_ASSERT(g2->gen == 2 && added == 1 && removed == 0);
+    TEST_ASSERT(kvt_auth_by_uid(g2, "0:1") == &g2->c[0] && !g2->c[0].rw);
+    TEST_ASSERT(kvt_auth_by_uid(g2, "0:0") == &g2->c[1] && kvt_auth_by_uid(g2, "1:0") == &g2->c[1]);
+    kvt_auth_free(g2); /* and g1, g0 */
 }
 
 static void test_errors(void)
@@ -163,6 +198,7 @@ int main(void)
     while (pub2[0] == '#' || !strcmp(pub1, pub2))
         zmq_curve_keypair(pub2, sec);
     RUN(test_parse);
+    RUN(test_supersede);
     RUN(test_errors);
     RUN(test_secret_files);
     RUN(test_loopback);
