@@ -57,9 +57,9 @@ struct kvt_policy *kvt_lru_create(void);
 struct kvt_policy *kvt_arc_create(void);
 struct kvt_policy *kvt_lfu_create(void);
 struct kvt_policy *kvt_adaptive_create(void);
-/* For tests: the expert the adaptive policy follows (0 LRU, 1 ARC) and
- * each one's decayed shadow hits; -1 for other policies. */
-int kvt_adaptive_state(const struct kvt_policy *p, double score[2]);
+/* For tests: the expert the adaptive policy follows (0 LRU, 1 ARC, 2 LFU)
+ * and each one's decayed shadow hits; -1 for other policies. */
+int kvt_adaptive_state(const struct kvt_policy *p, double score[3]);
 
 /* LFU's frequency cap: a use count stops growing here (lfu.c). */
 #define KVT_LFU_FCAP 3
