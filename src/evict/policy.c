@@ -123,7 +123,8 @@ static int nonneg(const json_t *v, double *out)
 }
 
 static const char *const value_keys[] = {"half_life_hours", "reuse_weight", "length_weight",
-                                         "cost_weight", NULL};
+                                         "cost_weight", "follow_recency", NULL};
+enum { NUMERIC_VALUE_KEYS = 4 }; /* the first ones; then the boolean */
 
 static bool is_value_key(const char *k)
 {
@@ -138,7 +139,14 @@ static int value_params(const json_t *ev, struct kvt_value_params *prm, char *er
 {
     kvt_value_defaults(prm);
     double *dst[] = {&prm->half_life_s, &prm->reuse_w, &prm->len_w, &prm->cost_w};
-    for (int i = 0; value_keys[i]; i++) {
+    const json_t *fr = json_object_get(ev, "follow_recency");
+    if (fr && !json_is_boolean(fr)) {
+        snprintf(err, errcap, "\"eviction.follow_recency\" must be true or false");
+        return KVT_E_CONFIG;
+    }
+    if (fr)
+        prm->follow_recency = json_is_true(fr);
+    for (int i = 0; i < NUMERIC_VALUE_KEYS; i++) {
         const json_t *v = json_object_get(ev, value_keys[i]);
         double d = 0;
         if (!v)
@@ -176,7 +184,7 @@ int kvt_policy_from_json(const json_t *ev, struct kvt_policy **out, char *err, s
             snprintf(err, errcap,
                      "\"eviction.%s\": unknown field (known: eviction_policy, trigger_watermark, "
                      "eviction_ratio; for \"value\": half_life_hours, reuse_weight, "
-                     "length_weight, cost_weight)",
+                     "length_weight, cost_weight, follow_recency)",
                      key);
             return KVT_E_CONFIG;
         }
@@ -237,6 +245,7 @@ json_t *kvt_policy_describe(const struct kvt_policy *p)
         json_object_set_new(r, "reuse_weight", json_real(prm.reuse_w));
         json_object_set_new(r, "length_weight", json_real(prm.len_w));
         json_object_set_new(r, "cost_weight", json_real(prm.cost_w));
+        json_object_set_new(r, "follow_recency", json_boolean(prm.follow_recency));
     }
     return r;
 }

@@ -57,8 +57,9 @@ struct kvt_policy *kvt_lru_create(void);
 struct kvt_policy *kvt_arc_create(void);
 struct kvt_policy *kvt_lfu_create(void);
 struct kvt_policy *kvt_adaptive_create(void);
-/* For tests: the expert the adaptive policy follows (0 LRU, 1 ARC, 2 LFU)
- * and each one's decayed shadow hits; -1 for other policies. */
+/* For tests: the expert an adaptive policy follows ("adaptive": 0 LRU,
+ * 1 ARC, 2 LFU; "value": 0 the order by V, 1 LRU) and each one's decayed
+ * shadow hits (score[2] is 0 for "value"); -1 for other policies. */
 int kvt_adaptive_state(const struct kvt_policy *p, double score[3]);
 
 /* LFU's frequency cap: a use count stops growing here (lfu.c). */
@@ -78,9 +79,19 @@ struct kvt_value_params {
     double len_w;       /* 1 */
     double len_scale;   /* 32 chunks */
     double cost_w;      /* 1 */
+    bool follow_recency; /* true: "value" as kvt_value_create says; false: the bare order */
 };
 void kvt_value_defaults(struct kvt_value_params *p);
-struct kvt_policy *kvt_value_create(const struct kvt_value_params *p); /* NULL: defaults */
+/* "value": the order by V (below) followed only while it hits more than
+ * plain recency would (adaptive.c: a shadow of each, the same mechanism as
+ * "adaptive"), so its factors are used where they help; with
+ * follow_recency false, the bare order by V. NULL: defaults. */
+struct kvt_policy *kvt_value_create(const struct kvt_value_params *p);
+/* The bare order by V (value.c), for tests of the formula and the wrapper. */
+struct kvt_policy *kvt_value_order_create(const struct kvt_value_params *p);
+/* adaptive.c: the value orders inside a "value" policy (the real one first,
+ * then its shadow): 2, or 0 for other policies. */
+int kvt_value_orders(const struct kvt_policy *p, struct kvt_policy *out[2]);
 /* Replace the clock (seconds; default: monotonic) - the offline replay runs
  * on trace time. Ignored for other policies. */
 void kvt_value_set_clock(struct kvt_policy *p, double (*clock)(void *), void *arg);

@@ -313,9 +313,10 @@ void kvt_value_defaults(struct kvt_value_params *p)
     p->len_w = 1.0;
     p->len_scale = 32.0;
     p->cost_w = 1.0;
+    p->follow_recency = true;
 }
 
-struct kvt_policy *kvt_value_create(const struct kvt_value_params *prm)
+struct kvt_policy *kvt_value_order_create(const struct kvt_value_params *prm)
 {
     struct value *v = kvt_xcalloc(1, sizeof(*v));
     v->base.ops = &value_ops;
@@ -333,28 +334,47 @@ struct kvt_policy *kvt_value_create(const struct kvt_value_params *prm)
     return &v->base;
 }
 
-void kvt_value_set_clock(struct kvt_policy *p, double (*clock)(void *), void *arg)
+/* The bare order behind p: itself, or the real one of a "value" policy. */
+static struct value *order_of(const struct kvt_policy *p)
 {
-    struct value *v = (struct value *)p;
-    if (p->ops != &value_ops)
-        return;
+    if (p->ops == &value_ops)
+        return (struct value *)p;
+    struct kvt_policy *o[2];
+    return kvt_value_orders(p, o) ? (struct value *)o[0] : NULL;
+}
+
+static void set_clock(struct value *v, double (*clock)(void *), void *arg)
+{
     v->clock = clock ? clock : mono_clock;
     v->clock_arg = arg;
     v->epoch = v->clock(arg);
 }
 
+void kvt_value_set_clock(struct kvt_policy *p, double (*clock)(void *), void *arg)
+{
+    if (p->ops == &value_ops) {
+        set_clock((struct value *)p, clock, arg);
+        return;
+    }
+    struct kvt_policy *o[2];
+    int n = kvt_value_orders(p, o); /* the real order and its shadow */
+    for (int i = 0; i < n; i++)
+        set_clock((struct value *)o[i], clock, arg);
+}
+
 bool kvt_value_get_params(const struct kvt_policy *p, struct kvt_value_params *out)
 {
-    if (p->ops != &value_ops)
+    struct value *v = order_of(p);
+    if (!v)
         return false;
-    *out = ((const struct value *)p)->prm;
+    *out = v->prm;
     return true;
 }
 
 double kvt_value_of(struct kvt_policy *p, uint32_t h)
 {
-    struct value *v = (struct value *)p;
-    if (p->ops != &value_ops || !present(v, h))
+    struct value *v = order_of(p);
+    if (!v || !present(v, h))
         return NAN;
     double k = v->heap[v->pos[h]].key;
     if (v->inv_tau == 0) /* aging: the priority above today's inflation */

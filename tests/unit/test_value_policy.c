@@ -6,7 +6,8 @@
  * so a fresh object overtakes a reused stale one; the head of a request
  * outranks its tail; cold (recovered) inserts go below everything in order;
  * with every weight 0 it orders exactly like LRU; the config block accepts
- * its keys and refuses them for other policies.
+ * its keys and refuses them for other policies; the "value" policy follows
+ * plain recency where the factors would lose hits to it.
  */
 #include "test.h"
 
@@ -53,7 +54,7 @@ static struct kvt_policy *make(double half_life_h, double rw, double lw, double 
     prm.reuse_w = rw;
     prm.len_w = lw;
     prm.cost_w = cw;
-    struct kvt_policy *p = kvt_value_create(&prm);
+    struct kvt_policy *p = kvt_value_order_create(&prm);
     fake_now = 1000;
     kvt_value_set_clock(p, fake_clock, NULL);
     return p;
@@ -253,7 +254,17 @@ static void test_config(void)
     TEST_ASSERT(p->trigger_watermark == 0.9 && fabs(p->eviction_ratio - 0.1) < 1e-12);
     json_t *d = kvt_policy_describe(p);
     TEST_ASSERT(json_real_value(json_object_get(d, "half_life_hours")) == 6);
+    TEST_ASSERT(json_is_true(json_object_get(d, "follow_recency")));
     json_decref(d);
+    double score[3];
+    TEST_ASSERT(kvt_adaptive_state(p, score) == 0); /* follows the order by V until told */
+    kvt_policy_destroy(p);
+    json_decref(ev);
+    /* follow_recency false: the bare order by V */
+    ev = json_loads("{\"eviction_policy\": \"value\", \"follow_recency\": false}", 0, NULL);
+    TEST_ASSERT(kvt_policy_from_json(ev, &p, err, sizeof(err)) == 0);
+    TEST_ASSERT(kvt_adaptive_state(p, score) == -1 && kvt_value_get_params(p, &prm) &&
+                !prm.follow_recency);
     kvt_policy_destroy(p);
     json_decref(ev);
     const char *bad[][2] = {
@@ -262,6 +273,8 @@ static void test_config(void)
         {"{\"eviction_policy\": \"value\", \"cost_weight\": -1}", "[0, 100]"},
         {"{\"eviction_policy\": \"value\", \"reuse_weight\": \"x\"}", "[0, 100]"},
         {"{\"eviction_policy\": \"value\", \"decay\": 1}", "unknown field"},
+        {"{\"eviction_policy\": \"value\", \"follow_recency\": \"yes\"}", "true or false"},
+        {"{\"eviction_policy\": \"LRU\", \"follow_recency\": true}", "value\" only"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ev = json_loads(bad[i][0], 0, NULL);
@@ -274,6 +287,64 @@ static void test_config(void)
     }
 }
 
+/* One simulated cache of cap objects under p: hot keys 0..29 come back
+ * every ~90 inserts (short requests, prefix length 1); between them,
+ * requests of 2 one-time chunks of a long history (prefix length 200).
+ * Returns the hot hits of the last half of the steps. */
+static uint32_t hot_hits(struct kvt_policy *p, uint32_t cap)
+{
+    static bool in[20000];
+    memset(in, 0, sizeof(in));
+    uint32_t n = 0, next = 1000, hits = 0, hot = 0;
+    srand(5);
+    for (int step = 0; step < 8000; step++) {
+        uint32_t hs[2], len, k;
+        if (rand() % 2) {
+            hs[0] = hot++ % 30, k = 1, len = 1;
+        } else {
+            hs[0] = next++, hs[1] = next++, k = 2, len = 200;
+        }
+        for (uint32_t i = 0; i < k; i++) {
+            uint32_t h = hs[i];
+            if (in[h]) {
+                hits += step >= 4000 && h < 30;
+                p->ops->access(p, h);
+                continue;
+            }
+            while (n >= cap) {
+                struct order o;
+                walk_all(p, &o, 1);
+                p->ops->remove(p, o.h[0]);
+                in[o.h[0]] = false;
+                n--;
+            }
+            struct kvt_policy_hint hint = {.prefix_pos = i, .prefix_len = len, .bytes = 16384,
+                                           .fp = 0x9e3779b97f4a7c15ull * (h + 1)};
+            p->ops->insert(p, h, false, &hint);
+            in[h] = true;
+            n++;
+        }
+    }
+    return hits;
+}
+
+static void test_value_follows_recency_where_factors_lose(void)
+{
+    struct kvt_policy *lru = kvt_policy_create("LRU", 1, 0), *bare = kvt_value_order_create(NULL),
+                      *val = kvt_policy_create("value", 1, 0);
+    uint32_t l = hot_hits(lru, 100), b = hot_hits(bare, 100), v = hot_hits(val, 100);
+    double score[3];
+    int lead = kvt_adaptive_state(val, score);
+    fprintf(stderr, "   hot hits: LRU %u, order by V %u, value %u (leader %d, %.1f / %.1f)\n", l, b,
+            v, lead, score[0], score[1]);
+    TEST_ASSERT(b < l * 9 / 10);  /* the factors keep the long one-time chunks */
+    TEST_ASSERT(v >= l * 97 / 100); /* the policy noticed and followed recency */
+    TEST_ASSERT(lead == 1 && score[1] > score[0]);
+    kvt_policy_destroy(lru);
+    kvt_policy_destroy(bare);
+    kvt_policy_destroy(val);
+}
+
 int main(void)
 {
     RUN(test_walk_is_sorted);
@@ -281,5 +352,6 @@ int main(void)
     RUN(test_head_before_tail_and_cold);
     RUN(test_zero_weights_is_lru);
     RUN(test_config);
+    RUN(test_value_follows_recency_where_factors_lose);
     return TEST_RESULT();
 }
