@@ -104,6 +104,8 @@ def main():
     ap.add_argument("--prompt", type=int, default=4096)
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--copy-threads", type=int, default=None,
+                    help="the connector's copy_threads (default: its own, min(4, cores))")
     ap.add_argument("--dir", default=os.environ.get("BENCH_DIR", "/var/tmp/kvtier-bench"))
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "kvtier"))
     a = ap.parse_args()
@@ -126,7 +128,8 @@ def main():
     kvt.start()
     common = dict(max_model_len=a.prompt + 1024, max_num_batched_tokens=a.prompt + 1024,
                   max_num_seqs=2, env={"VLLM_CPU_KVCACHE_SPACE": "3"})
-    cfg_b = harness.kvtier_connector_config(kvt.url, timeout_ms=30000)
+    extra = {} if a.copy_threads is None else {"copy_threads": a.copy_threads}
+    cfg_b = harness.kvtier_connector_config(kvt.url, timeout_ms=30000, **extra)
     eng_a = harness.Engine(model, None, log=os.path.join(work, "engine-a.log"), **common)
     eng_b = harness.Engine(model, cfg_b, log=os.path.join(work, "engine-b.log"),
                            **dict(common, env={"VLLM_CPU_KVCACHE_SPACE": "3",

@@ -212,6 +212,16 @@ typedef struct kvt_copy_layer {
 int kvt_copy_blocks(bool to_object, const kvt_copy_layer *layers, uint32_t nlayers, void *object,
                     size_t object_len, const int64_t *blocks, uint32_t nblocks);
 
+/* kvt_copy_blocks for nchunks objects at once (objects[c], each object_len
+ * bytes, its block ids at blocks[c * nblocks]), split over nthreads threads
+ * (the caller's and nthreads - 1 started here; 0 or 1: the caller only).
+ * Everything is checked before anything is copied. One call per batch: a
+ * Python caller releases its GIL once, not once a chunk (each reacquisition
+ * can wait a whole switch interval, 5 ms, behind a busy engine thread). */
+int kvt_copy_chunks(bool to_object, const kvt_copy_layer *layers, uint32_t nlayers,
+                    void *const *objects, size_t object_len, const int64_t *blocks,
+                    uint32_t nblocks, uint32_t nchunks, uint32_t nthreads);
+
 /* Prefix-chained SHA-256 chunk hashes of tokens (32 bytes each, full chunks
  * only); returns the number of hashes written to out. */
 size_t kvt_chunk_hashes(const uint32_t *tokens, size_t n_tokens, size_t chunk_size, uint8_t *out);

@@ -11,6 +11,7 @@
  */
 #include "kvtier/client.h"
 
+#include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -32,12 +33,11 @@ static void populate(void *p, size_t len, bool write)
     (void)madvise((void *)a, e - a, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
 }
 
-int kvt_copy_blocks(bool to_object, const kvt_copy_layer *layers, uint32_t nlayers, void *object,
-                    size_t object_len, const int64_t *blocks, uint32_t nblocks)
+static int check(const kvt_copy_layer *layers, uint32_t nlayers, const void *object,
+                 size_t object_len, const int64_t *blocks, uint32_t nblocks)
 {
     if ((!layers && nlayers) || (!object && object_len) || (!blocks && nblocks))
         return KVT_E_BADREQ;
-    /* check everything first: a bad argument copies nothing */
     for (uint32_t l = 0; l < nlayers; l++) {
         const kvt_copy_layer *L = &layers[l];
         if (!L->base || !L->lead || !L->seg_bytes)
@@ -50,6 +50,13 @@ int kvt_copy_blocks(bool to_object, const kvt_copy_layer *layers, uint32_t nlaye
         for (uint32_t l = 0; l < nlayers; l++)
             if (blocks[i] >= (int64_t)layers[l].num_blocks)
                 return KVT_E_BADREQ;
+    return 0;
+}
+
+/* One checked chunk. */
+static void copy_one(bool to_object, const kvt_copy_layer *layers, uint32_t nlayers,
+                     void *object, size_t object_len, const int64_t *blocks, uint32_t nblocks)
+{
     uint8_t *obj = object;
     if (object_len)
         populate(object, object_len, to_object);
@@ -70,5 +77,70 @@ int kvt_copy_blocks(bool to_object, const kvt_copy_layer *layers, uint32_t nlaye
             }
         }
     }
+}
+
+int kvt_copy_blocks(bool to_object, const kvt_copy_layer *layers, uint32_t nlayers, void *object,
+                    size_t object_len, const int64_t *blocks, uint32_t nblocks)
+{
+    /* a bad argument copies nothing */
+    int rc = check(layers, nlayers, object, object_len, blocks, nblocks);
+    if (rc)
+        return rc;
+    copy_one(to_object, layers, nlayers, object, object_len, blocks, nblocks);
+    return 0;
+}
+
+struct chunks_job {
+    bool to_object;
+    const kvt_copy_layer *layers;
+    uint32_t nlayers, nblocks, nchunks, step, first;
+    void *const *objects;
+    size_t object_len;
+    const int64_t *blocks;
+};
+
+static void *chunks_run(void *arg)
+{
+    const struct chunks_job *j = arg;
+    for (uint32_t c = j->first; c < j->nchunks; c += j->step)
+        copy_one(j->to_object, j->layers, j->nlayers, j->objects[c], j->object_len,
+                 j->blocks + (size_t)c * j->nblocks, j->nblocks);
+    return NULL;
+}
+
+int kvt_copy_chunks(bool to_object, const kvt_copy_layer *layers, uint32_t nlayers,
+                    void *const *objects, size_t object_len, const int64_t *blocks,
+                    uint32_t nblocks, uint32_t nchunks, uint32_t nthreads)
+{
+    if (nchunks && !objects)
+        return KVT_E_BADREQ;
+    for (uint32_t c = 0; c < nchunks; c++) {
+        int rc = check(layers, nlayers, objects[c], object_len,
+                       blocks ? blocks + (size_t)c * nblocks : NULL, nblocks);
+        if (rc)
+            return rc;
+    }
+    uint32_t k = nthreads < 1 ? 1 : nthreads > 64 ? 64 : nthreads;
+    if (k > nchunks)
+        k = nchunks ? nchunks : 1;
+    struct chunks_job jobs[64];
+    pthread_t tids[64];
+    uint32_t started = 0;
+    for (uint32_t t = 0; t < k; t++)
+        jobs[t] = (struct chunks_job){.to_object = to_object, .layers = layers, .nlayers = nlayers,
+                                      .nblocks = nblocks, .nchunks = nchunks, .step = k,
+                                      .first = t, .objects = objects, .object_len = object_len,
+                                      .blocks = blocks};
+    for (uint32_t t = 1; t < k; t++) {
+        if (pthread_create(&tids[t], NULL, chunks_run, &jobs[t]) != 0)
+            break; /* no thread: the caller copies the rest itself */
+        started = t;
+    }
+    /* the caller takes its own share and the shares of threads not started */
+    for (uint32_t t = 0; t < k; t++)
+        if (t == 0 || t > started)
+            chunks_run(&jobs[t]);
+    for (uint32_t t = 1; t <= started; t++)
+        pthread_join(tids[t], NULL);
     return 0;
 }

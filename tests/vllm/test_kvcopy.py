@@ -141,13 +141,16 @@ def test_memcpy_path_refuses_block_ids_out_of_range():
 
 
 def test_batches_copy_on_several_threads_like_one():
-    """gather_many / scatter_many split a batch over copy_threads threads on
-    the memcpy path: the same bytes as one chunk at a time, and an error in
-    any chunk is raised after every other copy finished."""
+    """gather_many / scatter_many copy a batch in one kvt_copy_chunks call
+    split over copy_threads threads in C: the same bytes as one chunk at a
+    time through kvt_copy_blocks, and a bad block id in any chunk copies
+    nothing of the batch."""
     layers = LAYOUTS["kv_first"](torch.float32)
     caches = {"l%d" % i: t for i, t in enumerate(layers)}
     par = PagedLayout(caches, NB, BS, BS * 4, copy_threads=3)
     one = PagedLayout(caches, NB, BS, BS * 4, copy_threads=1)
+    assert par._cchunks is not None
+    one._cchunks = None  # the per-chunk path, for comparison
     chunks = [[4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3] for i in range(7)]
     a = [bytearray(par.chunk_bytes) for _ in chunks]
     b = [bytearray(par.chunk_bytes) for _ in chunks]
@@ -162,5 +165,9 @@ def test_batches_copy_on_several_threads_like_one():
                 assert torch.equal(t[:, db], t[:, sb]) or sb == db
     bad = list(zip(map(memoryview, a), dst))
     bad[3] = (bad[3][0], [0, 1, 2, NB])
+    for t in layers:  # make the scatter visible if it happened
+        t.add_(1)
+    before = [t.clone() for t in layers]
     with pytest.raises(ValueError, match="out of range"):
         par.scatter_many(bad)
+    assert all(torch.equal(t, b) for t, b in zip(layers, before))  # checked first
