@@ -8,7 +8,7 @@ cudaMemcpy between pinned host memory and the device on CUDA.
     python bench/bench_kvcopy.py tcp://127.0.0.1:5555 [--device cuda] [--chunks 64]
 
 The server must run on this host with a chunk size of --chunk tokens. On the
-CPU the copies go through kvt_copy_blocks (memcpy per block, without the GIL);
+CPU the copies go through kvt_copy_chunks (memcpy per block, without the GIL);
 the same rounds through torch's indexing kernels are printed for comparison.
 Last line: RESULT kvcopy store_over_limit=<x> load_over_limit=<y>
 """
@@ -129,7 +129,7 @@ def main():
           % (l, total / l / 1e9, what, lim_load, total / lim_load / 1e9, lim_load / l))
     if torch_path:
         ts, tl = torch_path
-        print("torch index_select/index_copy_ instead of kvt_copy_blocks: store %.3f s (%.2f GB/s), "
+        print("torch index_select/index_copy_ instead of kvt_copy_chunks: store %.3f s (%.2f GB/s), "
               "load %.3f s (%.2f GB/s)" % (ts, total / ts / 1e9, tl, total / tl / 1e9))
     if unpin:
         unpin()

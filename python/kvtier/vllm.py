@@ -39,9 +39,6 @@ Extra config keys (`kv_connector_extra_config`):
     load_failure_policy  "recompute" (default) or "fail"
     copy_threads   threads a load or store copies its chunks with on the CPU
                    (default: the CPUs the worker may use, at most 4)
-    prefault_kv_cache  true (default): map every page of a CPU KV cache at
-                   start (madvise MADV_POPULATE_WRITE), so the first load into
-                   a block does not pay a page fault per 4 KiB inside the copy
 """
 
 import json
@@ -361,11 +358,6 @@ class _Worker:
                                       copy_threads=self.cfg.copy_threads)
         except LayoutError as e:
             raise ValueError("kvtier connector: %s" % e) from None
-        if self.cfg.prefault:
-            nb, secs = self.layout.prefault()
-            if nb:
-                log.info("kvtier worker: mapped the CPU KV cache (%.2f GiB) in %.2f s",
-                         nb / 2 ** 30, secs)
         log.info("kvtier worker: %d KV layers, chunk %d tokens = %d blocks = %d bytes, dtype %s, "
                  "server %s (shared memory: %s; copies: %s)", len(self.layout.layers),
                  self.cfg.chunk_size, self.layout.blocks_per_chunk, self.layout.chunk_bytes,
@@ -553,11 +545,6 @@ class _Config:
             raise ValueError("kvtier connector: copy_threads must be a positive integer, got %r"
                              % (ct,))
         self.copy_threads = ct
-        pf = get("prefault_kv_cache", True)
-        if not isinstance(pf, bool):
-            raise ValueError("kvtier connector: prefault_kv_cache must be true or false, got %r"
-                             % (pf,))
-        self.prefault = pf
         # benchmarks: one JSON line per load (chunks, bytes, seconds)
         self.stats_file = os.environ.get("KVTIER_VLLM_STATS")
         self.disabled = False

@@ -119,6 +119,15 @@ bool kvt_secret_equal(const char *a, const char *b)
     return d == 0 && lb == la;
 }
 
+bool kvt_secret_bytes_equal(const void *a, const void *b, size_t n)
+{
+    const unsigned char *x = a, *y = b;
+    unsigned char d = 0;
+    for (size_t i = 0; i < n; i++)
+        d |= (unsigned char)(x[i] ^ y[i]);
+    return d == 0;
+}
+
 static const char *opt_or_env(const char *v, const char *env)
 {
     if (v && *v)

@@ -30,6 +30,8 @@ void kvt_secret_wipe(void *p, size_t n);
 /* Compare two strings without an early exit on the first difference (for
  * tokens): true if equal. */
 bool kvt_secret_equal(const char *a, const char *b);
+/* The same for n bytes (binary secrets such as tickets). */
+bool kvt_secret_bytes_equal(const void *a, const void *b, size_t n);
 
 /* A CURVE client's keys (Z85, NUL-terminated); on = false: no CURVE. */
 struct kvt_curve_keys {

@@ -231,20 +231,33 @@ static const struct kvt_policy_ops adaptive_ops = {
     .destroy = ad_destroy,
 };
 
-struct kvt_policy *kvt_adaptive_create(void)
+/* A policy of this mechanism over nexp experts: expert e's real order and
+ * its shadow are both make(e, arg). */
+static struct kvt_policy *adaptive_new(const struct kvt_policy_ops *ops, int nexp,
+                                       struct kvt_policy *(*make)(int, const void *),
+                                       const void *arg)
 {
     struct adaptive *a = kvt_xcalloc(1, sizeof(*a));
-    a->base.ops = &adaptive_ops;
-    a->nexp = 3;
-    a->real[0] = kvt_lru_create();
-    a->real[1] = kvt_arc_create();
-    a->real[2] = kvt_lfu_create();
-    a->shadow[0] = kvt_lru_create();
-    a->shadow[1] = kvt_arc_create();
-    a->shadow[2] = kvt_lfu_create();
+    a->base.ops = ops;
+    a->nexp = nexp;
+    for (int e = 0; e < nexp; e++) {
+        a->real[e] = make(e, arg);
+        a->shadow[e] = make(e, arg);
+    }
     a->sk.free = NIL;
     kvt_u32map_init(&a->sk.map);
     return &a->base;
+}
+
+static struct kvt_policy *adaptive_expert(int e, const void *arg)
+{
+    (void)arg;
+    return e == 0 ? kvt_lru_create() : e == 1 ? kvt_arc_create() : kvt_lfu_create();
+}
+
+struct kvt_policy *kvt_adaptive_create(void)
+{
+    return adaptive_new(&adaptive_ops, 3, adaptive_expert, NULL);
 }
 
 /*
@@ -268,20 +281,16 @@ static const struct kvt_policy_ops value_ops = {
     .destroy = ad_destroy,
 };
 
+static struct kvt_policy *value_expert(int e, const void *prm)
+{
+    return e == 0 ? kvt_value_order_create(prm) : kvt_lru_create();
+}
+
 struct kvt_policy *kvt_value_create(const struct kvt_value_params *prm)
 {
     if (prm && !prm->follow_recency)
         return kvt_value_order_create(prm);
-    struct adaptive *a = kvt_xcalloc(1, sizeof(*a));
-    a->base.ops = &value_ops;
-    a->nexp = 2;
-    a->real[0] = kvt_value_order_create(prm);
-    a->real[1] = kvt_lru_create();
-    a->shadow[0] = kvt_value_order_create(prm);
-    a->shadow[1] = kvt_lru_create();
-    a->sk.free = NIL;
-    kvt_u32map_init(&a->sk.map);
-    return &a->base;
+    return adaptive_new(&value_ops, 2, value_expert, prm);
 }
 
 int kvt_value_orders(const struct kvt_policy *p, struct kvt_policy *out[2])

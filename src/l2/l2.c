@@ -1011,14 +1011,17 @@ static bool make_room(kvt_l2 *l2, uint32_t stored)
     uint64_t used = l2->used_bytes, cap = l2->cap_bytes;
     uint64_t live = used - KVT_MIN(used, l2->evicting_bytes);
     double ratio = l2->policy ? l2->policy->eviction_ratio : 0;
-    bool evict = cap && stored <= cap && used + stored > cap && live + stored > cap;
-    if (cap && stored <= cap && !evict && used + stored > cap)
-        wait_evictions_locked(l2); /* the evictions in flight make the room */
-    pthread_mutex_unlock(&l2->lock);
-    if (!cap || stored > cap)
+    if (!cap || stored > cap) {
+        pthread_mutex_unlock(&l2->lock);
         return false; /* never fits */
-    if (!evict)
-        return true; /* room now, or after the evictions in flight: look again */
+    }
+    if (live + stored <= cap) { /* room now, or once the evictions in flight settle */
+        if (used + stored > cap)
+            wait_evictions_locked(l2);
+        pthread_mutex_unlock(&l2->lock);
+        return true; /* look again */
+    }
+    pthread_mutex_unlock(&l2->lock);
     uint64_t target = KVT_MIN(cap - stored, (uint64_t)((double)live * (1.0 - ratio)));
     bool stuck;
     uint64_t freed = evict_to(l2, target, 256, &stuck);

@@ -359,15 +359,10 @@ json_t *kvt_auth_status(const struct kvt_auth *root, const struct kvt_auth *a)
 struct kvt_zap {
     pthread_t tid;
     void *sock;
-    struct kvt_auth *root;        /* the first table: its counters */
-    struct kvt_auth *_Atomic cur; /* the table that admits (kvt_zap_set) */
+    struct kvt_auth *root;         /* the first table: its counters */
+    struct kvt_auth *_Atomic *cur; /* the table that admits: the server's pointer */
     uint64_t last_log_ns; /* zap thread only */
 };
-
-void kvt_zap_set(struct kvt_zap *z, struct kvt_auth *a)
-{
-    atomic_store_explicit(&z->cur, a, memory_order_release);
-}
 
 static void zap_send(void *sock, const char *s, size_t l, bool more)
 {
@@ -401,7 +396,7 @@ static int zap_one(struct kvt_zap *z)
     const char *status = "400", *text = "unknown key";
     char uid[32] = "";
     struct kvt_auth_client *c = NULL;
-    struct kvt_auth *a = atomic_load_explicit(&z->cur, memory_order_acquire);
+    struct kvt_auth *a = atomic_load_explicit(z->cur, memory_order_acquire);
     if (n >= 7 && zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) &&
         zmq_msg_size(&f[6]) == 32)
         c = kvt_auth_find(a, zmq_msg_data(&f[6]));
@@ -453,11 +448,12 @@ static void *zap_main(void *arg)
     return NULL;
 }
 
-int kvt_zap_start(void *zctx, struct kvt_auth *a, struct kvt_zap **out)
+int kvt_zap_start(void *zctx, struct kvt_auth *root, struct kvt_auth *_Atomic *cur,
+                  struct kvt_zap **out)
 {
     struct kvt_zap *z = kvt_xcalloc(1, sizeof(*z));
-    z->root = a;
-    atomic_init(&z->cur, a);
+    z->root = root;
+    z->cur = cur;
     z->sock = zmq_socket(zctx, ZMQ_REP);
     if (!z->sock || zmq_bind(z->sock, "inproc://zeromq.zap.01") < 0) {
         int e = errno;

@@ -93,10 +93,10 @@ struct kvt_auth_client *kvt_auth_by_uid(struct kvt_auth *cur, const char *uid);
  * socket (without a handler libzmq admits every key); it ends when zctx is
  * shut down (zmq_ctx_shutdown), then join it with kvt_zap_join. */
 struct kvt_zap;
-int kvt_zap_start(void *zctx, struct kvt_auth *a, struct kvt_zap **out);
-/* Admit by a (a reload) from the next handshake on; counters stay the
- * first table's. Any thread. */
-void kvt_zap_set(struct kvt_zap *z, struct kvt_auth *a);
+/* root: the first table (its counters); cur: the caller's pointer to the
+ * table in use, read at every handshake (a reload replaces it). */
+int kvt_zap_start(void *zctx, struct kvt_auth *root, struct kvt_auth *_Atomic *cur,
+                  struct kvt_zap **out);
 void kvt_zap_join(struct kvt_zap *z);
 
 #endif

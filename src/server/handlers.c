@@ -4,6 +4,7 @@
  * are in docs/protocol.md.
  */
 #include "common/log.h"
+#include "common/secret.h"
 #include "common/util.h"
 #include "kvtier/error.h"
 #include "ops/cli.h"
@@ -173,7 +174,7 @@ static void h_hello(struct kvt_server *s, struct request *q)
         kvt_mp_str0(pk, "ticket");
         msgpack_pack_bin(pk, sizeof(ticket));
         msgpack_pack_bin_body(pk, ticket, sizeof(ticket));
-        explicit_bzero(ticket, sizeof(ticket));
+        kvt_secret_wipe(ticket, sizeof(ticket));
     }
     kvt_mp_str0(pk, "version");
     msgpack_pack_int(pk, KVT_PROTO_VERSION);

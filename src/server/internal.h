@@ -131,7 +131,7 @@ struct kvt_server {
     struct kvt_zap *zap;     /* ZAP handler thread (auth.c) with --auth-key, or NULL */
     /* the authorized-clients table in use (cfg->auth at start, a newer one
      * after each SIGHUP reload; older ones stay until exit): written by the
-     * rpc thread, read by the status thread */
+     * rpc thread, read by the ZAP and status threads */
     struct kvt_auth *_Atomic auth_cur;
     void *mon;               /* PAIR socket: the ROUTER's handshake failures (rpc thread) */
     volatile int stop;

@@ -29,6 +29,7 @@
  * Thread: everything here runs on the rpc thread.
  */
 #include "common/log.h"
+#include "common/secret.h"
 #include "common/util.h"
 #include "common/le.h"
 #include "kvtier/error.h"
@@ -201,7 +202,7 @@ void kvt_local_stop(struct kvt_server *s)
             conn_close(s, L->byid[b]);
     close(L->lfd);
     close(L->ep);
-    explicit_bzero(L->tickets, sizeof(L->tickets));
+    kvt_secret_wipe(L->tickets, sizeof(L->tickets));
     free(L);
     s->local = NULL;
 }
@@ -249,13 +250,11 @@ struct kvt_auth_client *kvt_local_redeem(struct kvt_server *s, const zmq_msg_t *
     uint64_t now = kvt_now_ns();
     for (int i = 0; i < NTICKETS; i++) {
         struct ticket *t = &L->tickets[i];
-        uint8_t d = 0; /* constant time: a guess learns nothing from the timing */
-        for (int k = 0; k < KVT_LOCAL_TICKET_BYTES; k++)
-            d |= (uint8_t)(t->t[k] ^ ((const uint8_t *)ticket)[k]);
-        if (d || !t->who)
+        /* no early exit: a guess learns nothing from the timing */
+        if (!kvt_secret_bytes_equal(t->t, ticket, KVT_LOCAL_TICKET_BYTES) || !t->who)
             continue;
         struct kvt_auth_client *who = now <= t->expires_ns ? kvt_auth_live(t->who) : NULL;
-        explicit_bzero(t, sizeof(*t)); /* single use, expired or not */
+        kvt_secret_wipe(t, sizeof(*t)); /* single use, expired or not */
         if (who)
             c->who = who;
         return who;

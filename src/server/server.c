@@ -459,7 +459,7 @@ static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, b
          * index; after a reload, the key's entry now (NULL: removed) */
         const char *uid = zmq_msg_gets(&parts[1], "User-Id");
         if (uid)
-            r->who = kvt_auth_by_uid(atomic_load_explicit(&s->auth_cur, memory_order_relaxed), uid);
+            r->who = kvt_auth_by_uid(kvt_server_auth(s), uid);
         else if (kvt_local_is_ident(&parts[0]))
             r->who = kvt_local_who(s, &parts[0]); /* bound by its ticket, or NULL */
     }
@@ -545,8 +545,7 @@ static void reload_auth(struct kvt_server *s)
     }
     uint32_t added, removed;
     kvt_auth_supersede(cur, fresh, &added, &removed);
-    atomic_store_explicit(&s->auth_cur, fresh, memory_order_release);
-    kvt_zap_set(s->zap, fresh);
+    atomic_store_explicit(&s->auth_cur, fresh, memory_order_release); /* ZAP reads it too */
     atomic_fetch_add(&c->auth->reloads, 1);
     kvt_info("auth: SIGHUP: reloaded %s: %u key(s), %u added, %u removed (their connections "
              "get E_DENIED from now on)",
@@ -727,7 +726,7 @@ static int setup_curve(struct kvt_server *s)
     struct kvt_server_cfg *c = s->cfg;
     int one = 1;
     atomic_store_explicit(&s->auth_cur, c->auth, memory_order_release);
-    int rc = kvt_zap_start(s->zctx, c->auth, &s->zap);
+    int rc = kvt_zap_start(s->zctx, c->auth, &s->auth_cur, &s->zap);
     if (rc) {
         kvt_error("auth: cannot start the ZAP handler: %s", zmq_strerror(-rc));
         return rc;
