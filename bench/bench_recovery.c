@@ -18,7 +18,7 @@
 #include "key/key.h"
 #include "l2/adapters.h"
 #include "l2/l2.h"
-#include "l2/objfmt.h"
+#include "l2/kit/objfmt.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 /* libFuzzer target: the on-disk object header decoder (files, slots and
  * remote values are untrusted input after a crash or tampering). */
-#include "l2/objfmt.h"
+#include "l2/kit/objfmt.h"
 
 #include <stdint.h>
 #include <stdlib.h>

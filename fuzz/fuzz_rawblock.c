@@ -3,7 +3,7 @@
  * block headers and slot trailers. The first input byte picks the decoder;
  * CRC-protected structures are also fed with their CRC fixed up, so the
  * fuzzer reaches the field checks behind the CRC. */
-#include "l2/raw_block.h"
+#include "l2/raw_block/raw_block.h"
 
 #include <stdint.h>
 #include <stdlib.h>

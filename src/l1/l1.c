@@ -2,7 +2,7 @@
 #include "l1/l1.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "evict/policy.h"
+#include "policy/policy.h"
 #include "key/kindex.h"
 #include "kvtier/error.h"
 #include "l1/palloc.h"

@@ -44,7 +44,7 @@
 
 #include "key/key.h"
 #include "kvtier/error.h"
-#include "l2/l2.h" /* kvt_objmeta */
+#include "key/objmeta.h"
 
 struct kvt_l1;
 

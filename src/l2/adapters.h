@@ -13,7 +13,7 @@
 
 #include <jansson.h>
 
-#include "l2/cfg.h"
+#include "common/cfg.h"
 #include "l2/l2.h"
 
 struct kvt_policy;
@@ -77,7 +77,7 @@ struct kvt_fs_opts {
     uint64_t max_capacity_bytes;
     bool durable;
     bool native; /* fs_native: O_DIRECT on a misaligned buffer is an error */
-    bool shared; /* "shared": other servers use base_path too (ops/dirlock.h) */
+    bool shared; /* "shared": other servers use base_path too (l2/kit/dirlock.h) */
 };
 int kvt_fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native);
 int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_opts *o,
@@ -106,7 +106,7 @@ struct kvt_nixl_opts {
     int queue_depth;             /* io_uring */
     int num_workers;
     bool durable;
-    bool shared; /* dynamic: "shared", other servers use file_path too (ops/dirlock.h) */
+    bool shared; /* dynamic: "shared", other servers use file_path too (l2/kit/dirlock.h) */
 };
 int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic);
 int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,

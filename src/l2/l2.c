@@ -7,10 +7,10 @@
 #include "l2/adapters.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "evict/policy.h"
+#include "policy/policy.h"
 #include "io/tpool.h"
 #include "kvtier/error.h"
-#include "serde/serde.h"
+#include "l2/stage.h"
 
 #include <errno.h>
 #include <stddef.h>

@@ -60,21 +60,10 @@
 
 #include "key/key.h"
 #include "key/kindex.h"
-
-#define KVT_MAX_OBJECT (1u << 30) /* largest object any tier accepts: 1 GiB */
-#define KVT_MAX_DIMS 6
+#include "key/objmeta.h"
 
 enum kvt_l2_kind { KVT_L2_STORE = 0, KVT_L2_LOOKUP = 1, KVT_L2_LOAD = 2 };
 
-/* Per-object metadata carried into the object header. */
-typedef struct kvt_objmeta {
-    uint32_t len;   /* logical payload bytes (what the client stored) */
-    uint16_t dtype; /* enum kvt_dtype, 0 = raw bytes */
-    uint8_t ndim;
-    uint8_t pad;
-    uint32_t shape[KVT_MAX_DIMS];
-    uint32_t serde; /* serde chain that produced the stored bytes; 0 = raw */
-} kvt_objmeta;
 
 typedef struct kvt_buf {
     void *ptr;
@@ -96,7 +85,7 @@ typedef struct kvt_l2_task {
     _Atomic int err;          /* first error seen, 0 if none */
     void *udata;              /* the submitter's cookie */
     uint64_t submit_ns;
-    /* serde stage (serde/stage.c): staged is set on a task that went
+    /* serde stage (l2/stage.c): staged is set on a task that went
      * through the adapter's serde chain; stage_op on the inner task that
      * the stage handed to the engine (its completion goes back to the
      * stage instead of the done queue). Both are unset otherwise. */
@@ -141,7 +130,7 @@ struct kvt_l2_index {
     struct kvt_kindex map; /* key -> handle */
 };
 
-/* ---- eviction-policy hooks (implemented in evict/) ----------------- */
+/* ---- eviction-policy hooks (implemented in policy/) ----------------- */
 
 struct kvt_policy;
 

@@ -1,10 +1,10 @@
 /* --l2-adapter JSON -> spec -> adapter. One table of types. */
 #include "l2/adapters.h"
 #include "common/util.h"
-#include "evict/policy.h"
+#include "policy/policy.h"
 #include "kvtier/error.h"
-#include "ops/quota.h"
-#include "serde/serde.h"
+#include "l2/kit/quota.h"
+#include "l2/stage.h"
 
 #include <stdio.h>
 #include <stdlib.h>

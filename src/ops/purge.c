@@ -3,7 +3,7 @@
 #include "common/util.h"
 #include "key/key.h"
 #include "ops/scan.h"
-#include "ops/tmpguard.h"
+#include "l2/kit/tmpguard.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 /* Offline walk and scan of a cache root (see scan.h). */
 #include "ops/scan.h"
 #include "key/key.h"
-#include "ops/dirlock.h"
+#include "l2/kit/dirlock.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -111,7 +111,7 @@ static int walk_dir(struct walk *w, int dfd, int depth)
         if (!strcmp(nm, ".") || !strcmp(nm, ".."))
             continue;
         if (depth == 0 && !strcmp(nm, KVT_DIRLOCK_NAME))
-            continue; /* the owner's lock file (ops/dirlock.h) is no cache file */
+            continue; /* the owner's lock file (l2/kit/dirlock.h) is no cache file */
         bool tmp = kvt_tmpguard_is_tmp(nm);
         if (w->tmp_only && !tmp && !(depth < 2 && is_hex2(nm)))
             continue;

@@ -25,7 +25,7 @@
 #include <jansson.h>
 
 #include "key/key.h"
-#include "ops/tmpguard.h"
+#include "l2/kit/tmpguard.h"
 
 enum kvt_entry_kind { KVT_ENT_OBJECT, KVT_ENT_TMP, KVT_ENT_OTHER };
 

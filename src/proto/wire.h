@@ -18,7 +18,7 @@
 #include <msgpack.h>
 
 #include "key/key.h"
-#include "l2/l2.h" /* kvt_objmeta */
+#include "key/objmeta.h"
 
 #define KVT_PROTO_VERSION 1
 #define KVT_MAX_BODY (16u << 20)   /* largest msgpack body accepted */

@@ -40,8 +40,8 @@
 #include <jansson.h>
 
 #include "key/key.h"
-#include "l2/cfg.h"
-#include "l2/l2.h"
+#include "common/cfg.h"
+#include "key/objmeta.h"
 
 #define KVT_SERDE_MAX_STAGES 8
 
@@ -122,24 +122,5 @@ int kvt_serde_decode(struct kvt_serde *s, struct kvt_serde_wctx *w, const kvt_ke
 
 /* Short names of the fail reasons, for logs. */
 const char *kvt_serde_fail_str(enum kvt_serde_fail f);
-
-/* ---- the stage: L2 base hooks (stage.c) --------------------------------- */
-
-/* Attach chain s to an opened adapter before its first submit: start the
- * worker pool. Takes a reference on s. Returns 0 or -errno (err filled). */
-int kvt_serde_stage_attach(kvt_l2 *l2, struct kvt_serde *s, char *err, size_t errcap);
-/* STORE/LOAD of an adapter with a chain (called by kvt_l2_submit). */
-void kvt_serde_stage_submit(kvt_l2 *l2, kvt_l2_task *t);
-/* The engine finished an inner task of the stage (called by
- * kvt_l2_task_finish, without l2->lock). */
-void kvt_serde_stage_engine_done(kvt_l2 *l2, kvt_l2_task *inner);
-/* Close, part 1 (before the engine closes): wait until every STORE still
- * being encoded has been handed to the engine. */
-void kvt_serde_stage_quiesce(kvt_l2 *l2);
-/* Close, part 2 (after the engine closed and drained): run what is left on
- * the pool, stop it, drop the chain. */
-void kvt_serde_stage_detach(kvt_l2 *l2);
-/* Add the "serde" object to an adapter's status. */
-void kvt_serde_stage_status(kvt_l2 *l2, json_t *out);
 
 #endif

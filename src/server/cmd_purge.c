@@ -24,7 +24,7 @@
 #include "common/util.h"
 #include "kvtier/error.h"
 #include "ops/cli.h"
-#include "ops/dirlock.h"
+#include "l2/kit/dirlock.h"
 #include "ops/purge.h"
 #include "ops/rpc.h"
 #include "ops/scan.h"
@@ -419,7 +419,7 @@ int kvt_cmd_purge(int argc, char **argv)
         goto out;
     }
     /* 3. offline: nobody else may be using the root. A kvtier server holds
-     * its lock file (ops/dirlock.h); this purge takes it for the time it
+     * its lock file (l2/kit/dirlock.h); this purge takes it for the time it
      * deletes, so no server starts under it. Other processes that hold the
      * root open are found in /proc. */
     if (yes) {

@@ -14,7 +14,7 @@
  * farthest in the future) computed offline.
  */
 #include "common/util.h"
-#include "evict/policy.h"
+#include "policy/policy.h"
 #include "kvtier/client.h"
 
 #include <getopt.h>

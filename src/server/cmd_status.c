@@ -16,7 +16,7 @@
 #include "common/util.h"
 #include "kvtier/error.h"
 #include "ops/cli.h"
-#include "ops/quota.h"
+#include "l2/kit/quota.h"
 #include "ops/rpc.h"
 #include "ops/scan.h"
 

@@ -3,7 +3,7 @@
 #include "server/config.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "evict/policy.h"
+#include "policy/policy.h"
 #include "kvtier/error.h"
 #include "ops/envcfg.h"
 #include "ops/preflight.h"

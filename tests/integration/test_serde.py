@@ -32,7 +32,7 @@ def xxh3(b):
 
 def rewrite_header(data, new_hash=None):
     """Recompute an fs object's header checksums after editing it (layout in
-    src/l2/objfmt.h), optionally naming another chunk hash: what someone
+    src/l2/kit/objfmt.h), optionally naming another chunk hash: what someone
     who moves or edits files on the storage can do."""
     data = bytearray(data)
     hl = struct.unpack_from("<H", data, 10)[0]

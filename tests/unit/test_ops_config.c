@@ -11,7 +11,7 @@
 
 #include "kvtier/error.h"
 #include "ops/envcfg.h"
-#include "ops/quota.h"
+#include "l2/kit/quota.h"
 
 #include <stdlib.h>
 #include <sys/stat.h>

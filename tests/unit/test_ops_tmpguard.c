@@ -7,7 +7,7 @@
  */
 #include "test.h"
 
-#include "ops/tmpguard.h"
+#include "l2/kit/tmpguard.h"
 
 #include <errno.h>
 #include <fcntl.h>

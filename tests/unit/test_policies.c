@@ -10,7 +10,7 @@
  */
 #include "test.h"
 
-#include "evict/policy.h"
+#include "policy/policy.h"
 #include "kvtier/error.h"
 
 #include <string.h>

@@ -4,7 +4,7 @@
  * magic, other format, damaged CRC), a torn newest checkpoint falling back
  * to the older copy, and journal replay stopping at the first gap.
  */
-#include "l2/raw_block.h"
+#include "l2/raw_block/raw_block.h"
 #include "test.h"
 
 #include <errno.h>

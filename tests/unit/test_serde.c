@@ -6,7 +6,7 @@
 #include "kvtier/error.h"
 #include "common/util.h"
 #include "l2/adapters.h"
-#include "l2/objfmt.h"
+#include "l2/kit/objfmt.h"
 #include "serde/serde.h"
 
 #include <errno.h>

@@ -8,7 +8,7 @@
 #include "kvtier/error.h"
 #include "l2/adapters.h"
 #include "l2/l2.h"
-#include "l2/objfmt.h"
+#include "l2/kit/objfmt.h"
 #include "serde/serde.h"
 
 #include <dirent.h>

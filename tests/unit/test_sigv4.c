@@ -7,7 +7,7 @@
  * sign and signature are compared byte for byte.
  */
 #include "common/util.h"
-#include "l2/sigv4.h"
+#include "l2/s3/sigv4.h"
 #include "test.h"
 
 #include <errno.h>

@@ -1,0 +1,105 @@
+#include "l2/kit/scanq.h"
+#include "common/util.h"
+#include "l2/kit/objfmt.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define BATCH 256
+
+struct ent {
+    int dirfd;
+    kvt_key key;
+    struct statx sx;
+    char name[KVT_NAME_MAX + 1];
+};
+
+struct kvt_l2_scanq {
+    struct kvt_l2_found_vec *fv;
+    struct io_uring ring;
+    bool uring;
+    int n;
+    struct ent e[BATCH];
+};
+
+struct kvt_l2_scanq *kvt_l2_scanq_new(struct kvt_l2_found_vec *fv)
+{
+    struct kvt_l2_scanq *q = kvt_xcalloc(1, sizeof(*q));
+    q->fv = fv;
+    q->uring = io_uring_queue_init(BATCH, &q->ring, 0) == 0;
+    return q;
+}
+
+static void found(struct kvt_l2_scanq *q, struct ent *e)
+{
+    const struct statx *sx = &e->sx;
+    if (S_ISREG(sx->stx_mode) && sx->stx_size < KVT_OBJHDR_MIN) {
+        /* an object name (published by rename: complete when written) that
+         * cannot hold a header: emptied or torn, a mismatch like any other */
+        if (unlinkat(e->dirfd, e->name, 0) == 0)
+            q->fv->corrupt++;
+        return;
+    }
+    if (!S_ISREG(sx->stx_mode) || sx->stx_size > UINT32_MAX)
+        return;
+    kvt_l2_found_push(q->fv, &e->key, (uint32_t)sx->stx_size, 0, 0, 0,
+                      (int64_t)sx->stx_mtime.tv_sec * 1000000000 + sx->stx_mtime.tv_nsec);
+}
+
+void kvt_l2_scanq_flush(struct kvt_l2_scanq *q)
+{
+    if (!q->n)
+        return;
+    const unsigned mask = STATX_TYPE | STATX_SIZE | STATX_MTIME;
+    const int flags = AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC;
+    if (q->uring) {
+        for (int i = 0; i < q->n; i++) {
+            struct io_uring_sqe *s = io_uring_get_sqe(&q->ring);
+            io_uring_prep_statx(s, q->e[i].dirfd, q->e[i].name, flags, mask, &q->e[i].sx);
+            io_uring_sqe_set_data64(s, (uint64_t)i);
+        }
+        int left = q->n;
+        io_uring_submit_and_wait(&q->ring, (unsigned)left);
+        while (left > 0) {
+            struct io_uring_cqe *c;
+            if (io_uring_wait_cqe(&q->ring, &c) < 0)
+                break;
+            if (c->res == 0)
+                found(q, &q->e[io_uring_cqe_get_data64(c)]);
+            io_uring_cqe_seen(&q->ring, c);
+            left--;
+        }
+    } else {
+        for (int i = 0; i < q->n; i++)
+            if (statx(q->e[i].dirfd, q->e[i].name, flags, mask, &q->e[i].sx) == 0)
+                found(q, &q->e[i]);
+    }
+    q->n = 0;
+}
+
+void kvt_l2_scanq_add(struct kvt_l2_scanq *q, int dirfd, const char *name, const kvt_key *ck)
+{
+    size_t l = strlen(name);
+    if (l > KVT_NAME_MAX)
+        return;
+    struct ent *e = &q->e[q->n++];
+    e->dirfd = dirfd;
+    e->key = *ck;
+    memcpy(e->name, name, l + 1);
+    if (q->n == BATCH)
+        kvt_l2_scanq_flush(q);
+}
+
+void kvt_l2_scanq_free(struct kvt_l2_scanq *q)
+{
+    if (!q)
+        return;
+    kvt_l2_scanq_flush(q);
+    if (q->uring)
+        io_uring_queue_exit(&q->ring);
+    free(q);
+}

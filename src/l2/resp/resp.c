@@ -1,0 +1,1155 @@
+/*
+ * resp / valkey adapter: objects as values in a Redis or Valkey server.
+ *
+ * Value  = object header (objfmt.h, 512 bytes) + payload, under the key
+ *          "<key_prefix>@<obj name>" (or the bare obj name when key_prefix
+ *          is empty); obj name = KVT_CODEC_OBJ ("model@0x%08x@group@hash[@salt]").
+ *
+ * Each batch is pipelined on one connection: all commands are written, then
+ * all replies read, so a batch costs one round trip, not one per key.
+ * Batches above RESP_SPLIT_BYTES (4 MiB) are spread over up to num_workers
+ * connections, each pipelined.
+ *   Store:  reserve capacity -> SET key <hdr+payload> per key -> publish.
+ *   Lookup: every lookup asks the server, in one pipelined pass: STRLEN
+ *           for keys the index knows (the size must still match), GETRANGE
+ *           key 0 511 + STRLEN for others (the header is decoded and checked:
+ *           identity, lengths) before a key counts as a hit.
+ *   Load:   GET key per key; the header is read into a small buffer and
+ *           checked first, the payload is copied into the destination as it
+ *           arrives (only if it fits: never an overrun), then the checksum is
+ *           verified. Torn, foreign or corrupt values are misses, counted and
+ *           removed.
+ * Data commands bypass hiredis' buffers (hiredis 0.14 copies a value three
+ * times: command formatting, reader buffer, reply object): SETs are gathered
+ * through one 1 MiB output buffer per connection, GET replies are parsed
+ * here and copied out of one 1 MiB reply buffer into the destination (one
+ * copy each way; on the test VM this beat socket I/O straight to and from
+ * the object's pages by 1.5-3x, see docs/remote-tiers.md). hiredis does the
+ * rest: connect, AUTH, SELECT, INFO, SCAN, UNLINK.
+ *
+ * Start-up: a background SCAN over the prefix (STRLEN + header per key)
+ * restores accounting while serving; with max_capacity_gb > 0 stores wait
+ * for it, as fs does, so the cap holds across a kvtier restart.
+ *
+ * Failure: a transport error marks the adapter down: /healthz and status say
+ * so, lookups miss at once, stores fail (counted), loads fail. The monitor
+ * thread reconnects with exponential backoff (0.1 s .. 5 s). If the server's
+ * run_id changed (Redis restarted), the index is reconciled with a new SCAN:
+ * objects the server lost are dropped from the accounting.
+ *
+ * Threads: num_workers I/O threads (tpool "resp", one connection each), one
+ * monitor thread (its own connection: probe, scan). Locks: l2->lock (base,
+ * never across I/O); e->hlock guards the health fields; e->park.lock (a
+ * leaf, base's kvt_l2_park) the parked stores; e->ctl_lock the control
+ * connection used by remove. Lock order: hlock is never held together with
+ * l2->lock.
+ */
+#include "common/log.h"
+#include "common/util.h"
+#include "io/tpool.h"
+#include "kvtier/error.h"
+#include "l2/adapters.h"
+#include "common/cfg.h"
+#include "l2/l2.h"
+#include "l2/kit/objfmt.h"
+#include "l2/resp/resp_int.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+/* ------------------------------------------------------------ names */
+
+int kvt_resp_wire_key(const struct resp_engine *e, const kvt_key *k, char *out)
+{
+    char name[KVT_NAME_MAX + 1];
+    int n = kvt_key_encode(KVT_CODEC_OBJ, k, name);
+    if (n < 0)
+        return n;
+    if (!e->prefix_len) {
+        memcpy(out, name, (size_t)n + 1);
+        return n;
+    }
+    return snprintf(out, KEY_MAX, "%s@%s", e->prefix, name);
+}
+
+/* --------------------------------------------------------- batches */
+
+struct resp_batch;
+
+struct resp_job {
+    struct kvt_job job;
+    struct resp_batch *b;
+    uint32_t lo, hi; /* range of b->idx */
+};
+
+struct resp_batch {
+    kvt_l2 *l2;
+    kvt_l2_task *t;
+    _Atomic uint32_t left;
+    uint32_t *idx; /* task key indices handled by jobs */
+    uint32_t *known; /* LOOKUP: stored size of an indexed key, 0 = unknown */
+    struct resp_job jobs[];
+};
+
+struct worker {
+    struct conn cn;
+    struct wbuf wb;
+    uint8_t *hdrs; /* HDR bytes per key of the current job */
+    size_t hdrs_cap;
+};
+
+static void *worker_new(int i, void *arg)
+{
+    (void)i;
+    (void)arg;
+    struct worker *w = kvt_xcalloc(1, sizeof(*w));
+    w->cn.rbuf = kvt_xmalloc(RBUF_CAP);
+    w->cn.obuf = kvt_xmalloc(OBUF_CAP);
+    return w;
+}
+
+static void worker_free(void *p)
+{
+    struct worker *w = p;
+    if (!w)
+        return;
+    kvt_resp_conn_close(&w->cn);
+    free(w->cn.rbuf);
+    free(w->cn.obuf);
+    free(w->wb.p);
+    free(w->hdrs);
+    free(w);
+}
+
+static uint8_t *worker_hdrs(struct worker *w, uint32_t n)
+{
+    size_t need = (size_t)n * HDR;
+    if (need > w->hdrs_cap) {
+        free(w->hdrs);
+        w->hdrs = kvt_xmalloc(need);
+        w->hdrs_cap = need;
+    }
+    return w->hdrs;
+}
+
+/* Per-key outcome of one pipelined pass. */
+enum { K_PENDING = 0, K_OK, K_SKIP, K_FAIL, K_MISS, K_CORRUPT };
+
+static void report_corrupt(kvt_l2 *l2, const kvt_key *k, const char *why)
+{
+    char ks[400];
+    atomic_fetch_add(&l2->counters.corrupt, 1);
+    kvt_warn("%s: corrupt or foreign value for %s (%s): removed, treated as a miss", l2->name,
+             kvt_key_str(k, ks, sizeof(ks)), why);
+}
+
+/* UNLINK keys on cn (a cleanup after corrupt values); errors are ignored. */
+static void unlink_keys(struct resp_engine *e, struct worker *w, const kvt_key *keys,
+                        const uint32_t *which, uint32_t n)
+{
+    if (!n)
+        return;
+    w->wb.len = 0;
+    char key[KEY_MAX];
+    for (uint32_t j = 0; j < n; j++) {
+        int kl = kvt_resp_wire_key(e, &keys[which[j]], key);
+        kvt_resp_wb_fmt(&w->wb, "*2\r\n$6\r\nUNLINK\r\n");
+        kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
+    }
+    struct iovec iov = {w->wb.p, w->wb.len};
+    if (kvt_resp_wr_all(&w->cn, &iov, 1))
+        return;
+    for (uint32_t j = 0; j < n; j++) {
+        int ty;
+        long long num;
+        char err[128];
+        if (kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err)))
+            return;
+    }
+}
+
+/*
+ * STORE, one pipelined pass over keys idx[lo..hi) already reserved
+ * (st[j] == K_PENDING). Writes "SET key <header+payload>" for each with one
+ * writev per IOV_MAX pieces, then reads the replies. Returns 0 or a
+ * transport error (then nothing is known about the pass: the caller may
+ * retry it on a fresh connection).
+ */
+static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
+                      const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
+                      size_t cap)
+{
+    (void)ctx;
+    uint32_t live = 0;
+    for (uint32_t j = 0; j < n; j++)
+        live += st[j] == K_PENDING;
+    if (!live)
+        return 0;
+    struct iovec *iov = kvt_xmalloc((size_t)live * 4 * sizeof(*iov));
+    size_t *pre_off = kvt_xmalloc((size_t)live * sizeof(size_t));
+    w->wb.len = 0;
+    char key[KEY_MAX];
+    uint32_t k = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        if (st[j] != K_PENDING)
+            continue;
+        uint32_t i = idx[j];
+        int kl = kvt_resp_wire_key(e, &t->keys[i], key);
+        pre_off[k++] = w->wb.len;
+        kvt_resp_wb_fmt(&w->wb, "*3\r\n$3\r\nSET\r\n");
+        kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
+        kvt_resp_wb_fmt(&w->wb, "$%llu\r\n", (unsigned long long)(HDR + t->bufs[i].len));
+    }
+    /* wb.p may have moved while growing: build the iovecs afterwards */
+    int cnt = 0;
+    k = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        if (st[j] != K_PENDING)
+            continue;
+        uint32_t i = idx[j];
+        size_t end = k + 1 < live ? pre_off[k + 1] : w->wb.len;
+        iov[cnt++] = (struct iovec){w->wb.p + pre_off[k], end - pre_off[k]};
+        iov[cnt++] = (struct iovec){w->hdrs + (size_t)j * HDR, HDR};
+        if (t->bufs[i].len)
+            iov[cnt++] = (struct iovec){t->bufs[i].ptr, t->bufs[i].len};
+        iov[cnt++] = (struct iovec){(void *)"\r\n", 2};
+        k++;
+    }
+    int rc = kvt_resp_wr_all(&w->cn, iov, cnt);
+    free(iov);
+    free(pre_off);
+    atomic_fetch_add(&e->round_trips, 1);
+    for (uint32_t j = 0; j < n && !rc; j++) {
+        if (st[j] != K_PENDING)
+            continue;
+        int ty;
+        long long num;
+        char err[256];
+        rc = kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err));
+        if (rc)
+            break;
+        if (ty == R_STATUS) {
+            st[j] = K_OK;
+        } else {
+            st[j] = K_FAIL;
+            atomic_fetch_add(&e->cmd_errors, 1);
+            kvt_resp_set_err(e, "SET: %s", ty == R_ERROR ? err : "unexpected reply");
+            kvt_warn("%s: SET refused by the server: %s", l2->name,
+                     ty == R_ERROR ? err : "unexpected reply");
+        }
+    }
+    if (rc)
+        snprintf(msg, cap, "SET pipeline: %s", kvt_strerror(rc));
+    return rc;
+}
+
+/* The pass runner: one attempt, plus one retry on a fresh connection when
+ * the connection was an old one (a server restart breaks idle connections
+ * without anyone noticing until they are used). */
+typedef int (*pass_fn)(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
+                       const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
+                       size_t cap);
+
+static int run_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn,
+                    kvt_l2_task *t, const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx)
+{
+    char msg[256];
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!atomic_load(&e->up))
+            return KVT_E_UNHEALTHY;
+        bool fresh = !(w->cn.c && !w->cn.c->err && w->cn.epoch == atomic_load(&e->epoch));
+        int rc = kvt_resp_conn_ensure(e, &w->cn, msg, sizeof(msg));
+        if (rc) {
+            kvt_resp_mark_down(l2, e, msg);
+            return rc;
+        }
+        bool was_used = w->cn.used && !fresh;
+        rc = fn(l2, e, w, t, idx, n, st, ctx, msg, sizeof(msg));
+        if (rc == 0) {
+            w->cn.used = true;
+            return 0;
+        }
+        kvt_resp_conn_close(&w->cn);
+        if (!kvt_resp_is_transport(rc))
+            return rc;
+        if (!was_used) {
+            kvt_resp_mark_down(l2, e, msg);
+            return rc;
+        }
+        kvt_debug("%s: %s; retrying on a new connection", l2->name, msg);
+    }
+    return -EIO;
+}
+
+/*
+ * STORE a range of keys: reserve each (the cap is checked before a byte
+ * moves), encode the headers, one pipelined pass, then publish what the
+ * server acknowledged and drop the reservations of the rest.
+ */
+static void do_store(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
+                     const uint32_t *idx, uint32_t n)
+{
+    uint8_t *st = kvt_xcalloc(n, 1);
+    uint8_t *hdrs = worker_hdrs(w, n);
+    unsigned gen = atomic_load(&e->gen);
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t i = idx[j];
+        const kvt_buf *src = &t->bufs[i];
+        kvt_key ck;
+        kvt_l2_canon(l2, &t->keys[i], &ck);
+        int rc = 0;
+        uint32_t logical = t->meta[i].len ? t->meta[i].len : (uint32_t)src->len;
+        if (src->len > KVT_MAX_OBJECT)
+            rc = KVT_E_TOOBIG;
+        else
+            rc = kvt_l2_reserve(l2, &ck, (uint32_t)(HDR + src->len), logical, HDR,
+                                (uint8_t)(F_LEN_KNOWN | gen));
+        if (rc == -EEXIST) {
+            st[j] = K_SKIP; /* already there: nothing to send */
+            atomic_fetch_add(&l2->counters.store_skipped, 1);
+            kvt_l2_task_ok(t, i, 0);
+            continue;
+        }
+        if (rc) {
+            st[j] = K_SKIP;
+            kvt_l2_task_fail(t, i, rc);
+            atomic_fetch_add(&l2->counters.store_failed, 1);
+            continue;
+        }
+        t->meta[i].len = logical;
+        uint64_t sum = kvt_payload_hash(src->ptr, src->len);
+        kvt_objhdr_encode(hdrs + (size_t)j * HDR, HDR, &t->keys[i], &t->meta[i],
+                          t->meta[i].serde, src->len, sum);
+    }
+    int rc = run_pass(l2, e, w, store_pass, t, idx, n, st, NULL);
+    gen = atomic_load(&e->gen);
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t i = idx[j];
+        if (st[j] == K_SKIP)
+            continue;
+        kvt_key ck;
+        kvt_l2_canon(l2, &t->keys[i], &ck);
+        if (st[j] == K_OK) {
+            /* tagged with the generation current now: a reconcile scan that
+             * started meanwhile must not sweep it */
+            pthread_mutex_lock(&l2->lock);
+            struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
+            if (o)
+                o->flags = (uint8_t)(F_LEN_KNOWN | gen);
+            pthread_mutex_unlock(&l2->lock);
+            kvt_l2_publish(l2, &ck);
+            atomic_fetch_add(&l2->counters.store_ok, 1);
+            kvt_l2_task_ok(t, i, HDR + t->bufs[i].len);
+        } else { /* K_PENDING (no reply) or K_FAIL (refused by the server) */
+            kvt_l2_unreserve(l2, &ck);
+            kvt_l2_task_fail(t, i, rc ? rc : KVT_E_UNHEALTHY);
+            atomic_fetch_add(&l2->counters.store_failed, 1);
+        }
+    }
+    free(st);
+}
+
+/* ------------------------------------------------------------ lookup */
+
+struct lookup_ctx {
+    const uint32_t *known; /* stored size of indexed keys, 0 = unknown */
+    uint32_t *hlen;        /* bytes of the header read by GETRANGE */
+    int64_t *slen;         /* STRLEN */
+};
+
+/* LOOKUP pass: "STRLEN key" for every pending key, preceded by
+ * "GETRANGE key 0 511" when the key's header is not known yet. */
+static int lookup_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
+                       const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
+                       size_t cap)
+{
+    (void)l2;
+    struct lookup_ctx *lc = ctx;
+    w->wb.len = 0;
+    char key[KEY_MAX];
+    uint32_t live = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        if (st[j] != K_PENDING)
+            continue;
+        int kl = kvt_resp_wire_key(e, &t->keys[idx[j]], key);
+        if (!lc->known[j]) {
+            kvt_resp_wb_fmt(&w->wb, "*4\r\n$8\r\nGETRANGE\r\n");
+            kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
+            kvt_resp_wb_fmt(&w->wb, "$1\r\n0\r\n$3\r\n%u\r\n", HDR - 1);
+        }
+        kvt_resp_wb_fmt(&w->wb, "*2\r\n$6\r\nSTRLEN\r\n");
+        kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
+        live++;
+    }
+    if (!live)
+        return 0;
+    struct iovec iov = {w->wb.p, w->wb.len};
+    int rc = kvt_resp_wr_all(&w->cn, &iov, 1);
+    atomic_fetch_add(&e->round_trips, 1);
+    for (uint32_t j = 0; j < n && !rc; j++) {
+        if (st[j] != K_PENDING)
+            continue;
+        int ty = R_NIL;
+        long long num = 0;
+        char err[256];
+        lc->hlen[j] = 0;
+        if (!lc->known[j]) {
+            rc = kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err));
+            if (!rc && ty == R_BULK) {
+                if (num > HDR)
+                    rc = -EPROTO;
+                else if (!(rc = kvt_resp_rd_bytes(&w->cn, w->hdrs + (size_t)j * HDR, (size_t)num)))
+                    rc = kvt_resp_rd_crlf(&w->cn);
+                lc->hlen[j] = (uint32_t)num;
+            }
+        }
+        bool bad = !rc && ty != R_BULK && ty != R_NIL;
+        if (!rc)
+            rc = kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err));
+        if (rc)
+            break;
+        if (bad || ty != R_INT) { /* e.g. WRONGTYPE: the key holds no string */
+            st[j] = K_MISS;
+            atomic_fetch_add(&e->foreign, 1);
+            continue;
+        }
+        lc->slen[j] = num;
+        st[j] = K_OK;
+    }
+    if (rc)
+        snprintf(msg, cap, "lookup pipeline: %s", kvt_strerror(rc));
+    return rc;
+}
+
+/* Decode and check a value's header against the key and the value size. */
+int kvt_resp_check_header(const uint8_t *buf, uint32_t got, uint64_t vlen, const kvt_key *want,
+                        struct kvt_objhdr *h, const char **why)
+{
+    if (got < HDR) {
+        *why = "value shorter than a header";
+        return KVT_E_CORRUPT;
+    }
+    int rc = kvt_objhdr_decode(buf, got, h, why);
+    if (rc)
+        return rc;
+    if (!kvt_objhdr_matches(h, KVT_CODEC_OBJ, want)) {
+        *why = "header names another key";
+        return KVT_E_CORRUPT;
+    }
+    if (h->hdr_len != HDR || h->payload_len + HDR != vlen) {
+        *why = "value size does not match the header (truncated or extended)";
+        return KVT_E_CORRUPT;
+    }
+    return 0;
+}
+
+static void do_lookup(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
+                      const uint32_t *idx, const uint32_t *known, uint32_t n)
+{
+    uint8_t *st = kvt_xcalloc(n, 1);
+    struct lookup_ctx lc = {known, kvt_xcalloc(n, sizeof(uint32_t)),
+                            kvt_xcalloc(n, sizeof(int64_t))};
+    kvt_key *gone = kvt_xcalloc(n, sizeof(kvt_key));
+    uint32_t ngone = 0;
+    worker_hdrs(w, n);
+    int rc = run_pass(l2, e, w, lookup_pass, t, idx, n, st, &lc);
+    for (uint32_t j = 0; j < n && !rc; j++) {
+        if (st[j] != K_OK)
+            continue;
+        uint32_t i = idx[j];
+        kvt_key ck;
+        kvt_l2_canon(l2, &t->keys[i], &ck);
+        if (known[j]) {
+            struct kvt_l2_obj o;
+            if (lc.slen[j] == 0)
+                gone[ngone++] = ck;
+            else if ((uint64_t)lc.slen[j] != known[j])
+                atomic_fetch_add(&e->foreign, 1); /* replaced by something else */
+            else if (kvt_l2_pin(l2, &ck, &o)) {
+                t->meta[i].len = o.len;
+                kvt_l2_task_ok(t, i, 0);
+            }
+            continue;
+        }
+        if (lc.slen[j] == 0)
+            continue; /* absent */
+        struct kvt_objhdr h;
+        const char *why = NULL;
+        if (kvt_resp_check_header(w->hdrs + (size_t)j * HDR, lc.hlen[j], (uint64_t)lc.slen[j],
+                                  &t->keys[i], &h, &why)) {
+            char ks[400];
+            atomic_fetch_add(&e->foreign, 1);
+            kvt_debug("%s: lookup %s: %s: a miss", l2->name,
+                      kvt_key_str(&t->keys[i], ks, sizeof(ks)), why);
+            continue;
+        }
+        if (kvt_l2_pin_found(l2, &ck, (uint32_t)lc.slen[j], (uint32_t)h.logical_len, HDR,
+                             F_LEN_KNOWN)) {
+            t->meta[i] = h.meta;
+            kvt_l2_task_ok(t, i, 0);
+        }
+    }
+    kvt_l2_drop_gone(l2, gone, ngone); /* gone from the server: no UNLINK */
+    free(gone);
+    free(lc.hlen);
+    free(lc.slen);
+    free(st);
+}
+
+/* -------------------------------------------------------------- load */
+
+struct load_ctx {
+    const char **why; /* reason of a K_CORRUPT */
+};
+
+/*
+ * LOAD pass: "GET key" for every pending key. Each reply's header goes to
+ * the worker's header buffer and is checked first; the payload is copied
+ * into the destination only when the header names this key and the payload
+ * fits the destination's capacity. Anything else is drained.
+ */
+static int load_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
+                     const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
+                     size_t cap)
+{
+    (void)l2;
+    struct load_ctx *lc = ctx;
+    w->wb.len = 0;
+    char key[KEY_MAX];
+    uint32_t live = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        if (st[j] != K_PENDING)
+            continue;
+        int kl = kvt_resp_wire_key(e, &t->keys[idx[j]], key);
+        kvt_resp_wb_fmt(&w->wb, "*2\r\n$3\r\nGET\r\n");
+        kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
+        live++;
+    }
+    if (!live)
+        return 0;
+    struct iovec iov = {w->wb.p, w->wb.len};
+    int rc = kvt_resp_wr_all(&w->cn, &iov, 1);
+    atomic_fetch_add(&e->round_trips, 1);
+    for (uint32_t j = 0; j < n && !rc; j++) {
+        if (st[j] != K_PENDING)
+            continue;
+        uint32_t i = idx[j];
+        int ty;
+        long long num = 0;
+        char err[256];
+        rc = kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err));
+        if (rc)
+            break;
+        if (ty == R_NIL) {
+            st[j] = K_MISS;
+            continue;
+        }
+        if (ty != R_BULK) {
+            st[j] = K_FAIL;
+            atomic_fetch_add(&e->foreign, 1);
+            continue;
+        }
+        uint64_t vlen = (uint64_t)num;
+        uint8_t *hb = w->hdrs + (size_t)j * HDR;
+        uint32_t hl = (uint32_t)KVT_MIN(vlen, HDR);
+        if ((rc = kvt_resp_rd_bytes(&w->cn, hb, hl)))
+            break;
+        struct kvt_objhdr h;
+        const char *why = NULL;
+        if (kvt_resp_check_header(hb, hl, vlen, &t->keys[i], &h, &why)) {
+            st[j] = K_CORRUPT;
+            lc->why[j] = why;
+        } else if (h.payload_len > t->bufs[i].len) {
+            st[j] = K_FAIL; /* does not fit the destination: never an overrun */
+        }
+        if (st[j] != K_PENDING) {
+            if (!(rc = kvt_resp_rd_bytes(&w->cn, NULL, vlen - hl)))
+                rc = kvt_resp_rd_crlf(&w->cn);
+            continue;
+        }
+        if (!(rc = kvt_resp_rd_bytes(&w->cn, t->bufs[i].ptr, h.payload_len)))
+            rc = kvt_resp_rd_crlf(&w->cn);
+        if (!rc)
+            st[j] = K_OK;
+    }
+    if (rc)
+        snprintf(msg, cap, "load pipeline: %s", kvt_strerror(rc));
+    return rc;
+}
+
+static void do_load(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
+                    const uint32_t *idx, uint32_t n)
+{
+    uint8_t *st = kvt_xcalloc(n, 1);
+    struct load_ctx lc = {kvt_xcalloc(n, sizeof(char *))};
+    worker_hdrs(w, n);
+    int rc = run_pass(l2, e, w, load_pass, t, idx, n, st, &lc);
+    uint32_t *bad = kvt_xcalloc(n, sizeof(uint32_t));
+    uint32_t nbad = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t i = idx[j];
+        kvt_key ck;
+        kvt_l2_canon(l2, &t->keys[i], &ck);
+        if (st[j] == K_OK) {
+            struct kvt_objhdr h;
+            const char *why = NULL;
+            kvt_objhdr_decode(w->hdrs + (size_t)j * HDR, HDR, &h, &why);
+            if (kvt_payload_hash(t->bufs[i].ptr, h.payload_len) != h.payload_xxh3) {
+                st[j] = K_CORRUPT;
+                lc.why[j] = "payload checksum mismatch";
+            } else {
+                t->meta[i] = h.meta;
+                t->bufs[i].len = h.payload_len;
+                kvt_l2_task_ok(t, i, HDR + h.payload_len);
+                continue;
+            }
+        }
+        if (st[j] == K_CORRUPT) {
+            report_corrupt(l2, &t->keys[i], lc.why[j]);
+            bad[nbad++] = i;
+            kvt_l2_forget(l2, &ck);
+        } else if (st[j] == K_MISS) {
+            kvt_l2_forget(l2, &ck); /* gone from the server (deleted elsewhere, or lost) */
+        }
+        kvt_l2_task_fail(t, i, rc ? rc : st[j] == K_MISS ? KVT_E_NOTFOUND : KVT_E_CORRUPT);
+    }
+    if (nbad && !rc && w->cn.c)
+        unlink_keys(e, w, t->keys, bad, nbad);
+    free(bad);
+    free(lc.why);
+    free(st);
+}
+
+/* ------------------------------------------------------------ submit */
+
+static void batch_job_done(struct resp_batch *b)
+{
+    if (atomic_fetch_sub_explicit(&b->left, 1, memory_order_acq_rel) == 1) {
+        kvt_l2_task_finish(b->l2, b->t);
+        free(b->idx);
+        free(b->known);
+        free(b);
+    }
+}
+
+static void job_fn(struct kvt_job *job, void *ctx)
+{
+    struct resp_job *j = (struct resp_job *)job;
+    struct resp_batch *b = j->b;
+    kvt_l2 *l2 = b->l2;
+    struct resp_engine *e = l2->engine;
+    struct worker *w = ctx;
+    const uint32_t *idx = b->idx + j->lo;
+    uint32_t n = j->hi - j->lo;
+    switch (n ? (int)b->t->kind : -1) {
+    case KVT_L2_STORE:
+        do_store(l2, e, w, b->t, idx, n);
+        break;
+    case KVT_L2_LOOKUP:
+        do_lookup(l2, e, w, b->t, idx, b->known + j->lo, n);
+        break;
+    case KVT_L2_LOAD:
+        do_load(l2, e, w, b->t, idx, n);
+        break;
+    default:
+        break; /* an empty share of a split batch */
+    }
+    batch_job_done(b);
+}
+
+/* Finish a task at once without I/O: the server is down. */
+static void finish_down(kvt_l2 *l2, kvt_l2_task *t)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        if (!kvt_bm_test(t->ok, i))
+            kvt_l2_task_fail(t, i, KVT_E_UNHEALTHY);
+    if (t->kind == KVT_L2_STORE)
+        atomic_fetch_add(&l2->counters.store_failed, t->n);
+    kvt_l2_task_finish(l2, t);
+}
+
+void kvt_resp_fail_parked(kvt_l2 *l2, struct resp_engine *e, bool stop_parking)
+{
+    kvt_l2_task *p = kvt_l2_park_take(&e->park, stop_parking);
+    while (p) {
+        kvt_l2_task *nx = p->next;
+        p->next = NULL;
+        finish_down(l2, p);
+        p = nx;
+    }
+}
+
+/*
+ * Split the keys idx[0..n) into jobs: one job (one connection, one round
+ * trip) unless the batch moves more than RESP_SPLIT_BYTES, then up to
+ * num_workers jobs of about equal bytes.
+ */
+static void dispatch(kvt_l2 *l2, struct resp_engine *e, kvt_l2_task *t, uint32_t *idx,
+                     uint32_t *known, uint32_t n)
+{
+    uint64_t bytes = 0;
+    if (t->kind != KVT_L2_LOOKUP)
+        for (uint32_t j = 0; j < n; j++)
+            bytes += t->bufs[idx[j]].len;
+    uint32_t nj = 1;
+    if (bytes > RESP_SPLIT_BYTES) {
+        uint64_t want = (bytes + RESP_SPLIT_BYTES - 1) / RESP_SPLIT_BYTES;
+        nj = (uint32_t)KVT_MIN(KVT_MIN(want, (uint64_t)e->nworkers), (uint64_t)n);
+    }
+    struct resp_batch *b = kvt_xcalloc(1, sizeof(*b) + nj * sizeof(struct resp_job));
+    b->l2 = l2;
+    b->t = t;
+    b->idx = idx;
+    b->known = known;
+    atomic_store(&b->left, nj);
+    uint64_t per = (bytes + nj - 1) / nj, acc = 0;
+    uint32_t lo = 0, k = 0;
+    for (uint32_t j = 0; j < n && k + 1 < nj; j++) {
+        acc += t->bufs[idx[j]].len;
+        if (acc >= per * (k + 1)) {
+            b->jobs[k].lo = lo;
+            b->jobs[k].hi = j + 1;
+            lo = j + 1;
+            k++;
+        }
+    }
+    for (; k < nj; k++) { /* the rest (and empty tails if keys ran out) */
+        b->jobs[k].lo = lo;
+        b->jobs[k].hi = k + 1 == nj ? n : lo;
+    }
+    for (uint32_t q = 0; q < nj; q++) {
+        b->jobs[q].b = b;
+        b->jobs[q].job.fn = job_fn;
+    }
+    for (uint32_t q = 0; q < nj; q++)
+        kvt_tpool_push(e->pool, &b->jobs[q].job);
+}
+
+void kvt_resp_submit(kvt_l2 *l2, kvt_l2_task *t)
+{
+    struct resp_engine *e = l2->engine;
+    if (!atomic_load(&e->up)) {
+        finish_down(l2, t);
+        return;
+    }
+    uint32_t *idx = kvt_xmalloc(t->n * sizeof(uint32_t)), *known = NULL;
+    uint32_t n = 0;
+    if (t->kind == KVT_L2_LOOKUP) {
+        /* every lookup asks the server (one pipelined pass): another kvtier
+         * may have removed a key, and a dead server must show up as misses
+         * here rather than as failed loads later. Indexed keys need only
+         * STRLEN; unknown ones also their header. */
+        known = kvt_xcalloc(t->n, sizeof(uint32_t));
+        pthread_mutex_lock(&l2->lock);
+        for (uint32_t i = 0; i < t->n; i++) {
+            kvt_key ck;
+            kvt_l2_canon(l2, &t->keys[i], &ck);
+            struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
+            if (o && kvt_l2_obj_state(o) != KVT_OBJ_READY)
+                continue; /* being written or removed: a miss */
+            known[n] = o && (o->flags & F_LEN_KNOWN) ? o->stored : 0;
+            idx[n++] = i;
+        }
+        pthread_mutex_unlock(&l2->lock);
+        if (n == 0) {
+            free(idx);
+            free(known);
+            kvt_l2_task_finish(l2, t);
+            return;
+        }
+    } else {
+        if (t->kind == KVT_L2_STORE) {
+            /* the start-up scan is still counting what the server holds */
+            if (atomic_load(&e->up) && kvt_l2_park_task(&e->park, t)) {
+                free(idx);
+                /* the server went down meanwhile: its mark_down may have
+                 * taken the parked list before t joined it */
+                if (!atomic_load(&e->up))
+                    kvt_resp_fail_parked(l2, e, false);
+                return;
+            }
+        }
+        for (uint32_t i = 0; i < t->n; i++)
+            idx[n++] = i;
+    }
+    dispatch(l2, e, t, idx, known, n);
+}
+
+/* ------------------------------------------------------------ remove */
+
+/* Run a control command on the ctl connection, reopening it once. */
+static redisReply *ctl_command(kvt_l2 *l2, struct resp_engine *e, int argc, const char **argv,
+                               const size_t *argvlen)
+{
+    char msg[256];
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (kvt_resp_conn_ensure(e, &e->ctl, msg, sizeof(msg))) {
+            kvt_resp_mark_down(l2, e, msg);
+            return NULL;
+        }
+        redisReply *r = redisCommandArgv(e->ctl.c, argc, argv, argvlen);
+        if (r)
+            return r;
+        snprintf(msg, sizeof(msg), "%s: %s", argv[0], e->ctl.c->errstr);
+        kvt_resp_conn_close(&e->ctl);
+        if (attempt == 1)
+            kvt_resp_mark_down(l2, e, msg);
+    }
+    return NULL;
+}
+
+static int resp_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
+{
+    struct resp_engine *e = l2->engine;
+    if (!atomic_load(&e->up))
+        return KVT_E_UNHEALTHY;
+    char key[KEY_MAX];
+    int kl = kvt_resp_wire_key(e, &o->key, key);
+    if (kl < 0)
+        return kl;
+    const char *argv[2] = {"UNLINK", key};
+    size_t lens[2] = {6, (size_t)kl};
+    pthread_mutex_lock(&e->ctl_lock);
+    redisReply *r = ctl_command(l2, e, 2, argv, lens);
+    pthread_mutex_unlock(&e->ctl_lock);
+    if (!r)
+        return -EIO;
+    int rc = r->type == REDIS_REPLY_INTEGER ? (r->integer ? 0 : -ENOENT) : -EIO;
+    freeReplyObject(r);
+    return rc;
+}
+
+/* ------------------------------------------------------- status/close */
+
+static void resp_status(kvt_l2 *l2, json_t *out)
+{
+    struct resp_engine *e = l2->engine;
+    json_object_set_new(out, "endpoint", json_string(e->endpoint));
+    json_object_set_new(out, "key_prefix", json_string(e->prefix));
+    json_object_set_new(out, "database_id", json_integer(e->db));
+    json_object_set_new(out, "num_workers", json_integer(e->nworkers));
+    json_object_set_new(out, "connected", json_boolean(atomic_load(&e->up)));
+    pthread_mutex_lock(&e->hlock);
+    json_object_set_new(out, "server_version", json_string(e->version));
+    json_object_set_new(out, "server_run_id", json_string(e->run_id));
+    json_object_set_new(out, "last_error", e->last_err[0] ? json_string(e->last_err) : json_null());
+    uint64_t now = kvt_now_ns();
+    json_object_set_new(out, "down_seconds",
+                        json_real(e->down_since_ns ? (double)(now - e->down_since_ns) / 1e9 : 0));
+    json_object_set_new(out, "next_retry_seconds",
+                        json_real(!atomic_load(&e->up) && e->next_probe_ns > now
+                                      ? (double)(e->next_probe_ns - now) / 1e9
+                                      : 0));
+    json_object_set_new(out, "scan_running", json_boolean(e->scan_running));
+    pthread_mutex_unlock(&e->hlock);
+    json_object_set_new(out, "parked_stores",
+                        json_integer((json_int_t)kvt_l2_parked(&e->park)));
+    json_object_set_new(out, "queued_jobs", json_integer((json_int_t)kvt_tpool_queued(e->pool)));
+    json_object_set_new(out, "round_trips", json_integer((json_int_t)atomic_load(&e->round_trips)));
+    json_object_set_new(out, "disconnects", json_integer((json_int_t)atomic_load(&e->disconnects)));
+    json_object_set_new(out, "reconnects", json_integer((json_int_t)atomic_load(&e->reconnects)));
+    json_object_set_new(out, "foreign_values", json_integer((json_int_t)atomic_load(&e->foreign)));
+    json_object_set_new(out, "swept_after_restart",
+                        json_integer((json_int_t)atomic_load(&e->swept)));
+    json_object_set_new(out, "command_errors",
+                        json_integer((json_int_t)atomic_load(&e->cmd_errors)));
+}
+
+static bool resp_healthy(kvt_l2 *l2, char *msg, size_t cap)
+{
+    struct resp_engine *e = l2->engine;
+    if (atomic_load(&e->up)) {
+        snprintf(msg, cap, "ok (%s)", e->endpoint);
+        return true;
+    }
+    pthread_mutex_lock(&e->hlock);
+    uint64_t now = kvt_now_ns();
+    double down = e->down_since_ns ? (double)(now - e->down_since_ns) / 1e9 : 0;
+    double next = e->next_probe_ns > now ? (double)(e->next_probe_ns - now) / 1e9 : 0;
+    snprintf(msg, cap, "not connected to %s for %.1f s: %s (next retry in %.1f s)", e->endpoint,
+             down, e->last_err[0] ? e->last_err : "unknown error", next);
+    pthread_mutex_unlock(&e->hlock);
+    return false;
+}
+
+/* persist_enabled false: remove every indexed key from the server. */
+static void delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
+{
+    char msg[256];
+    if (!atomic_load(&e->up) || kvt_resp_conn_ensure(e, &e->ctl, msg, sizeof(msg))) {
+        kvt_warn("%s: persist_enabled is false but the server is unreachable: keys stay", l2->name);
+        return;
+    }
+    uint64_t sent = 0, removed = 0;
+    pthread_mutex_lock(&l2->lock);
+    for (uint32_t h = 0; h < l2->idx.hwm; h++) {
+        struct kvt_l2_obj *o = &l2->idx.objs[h];
+        if (kvt_l2_obj_state(o) == KVT_OBJ_FREE)
+            continue;
+        char key[KEY_MAX];
+        int kl = kvt_resp_wire_key(e, &o->key, key);
+        if (kl > 0 && redisAppendCommand(e->ctl.c, "UNLINK %b", key, (size_t)kl) == REDIS_OK)
+            sent++;
+    }
+    pthread_mutex_unlock(&l2->lock);
+    for (uint64_t i = 0; i < sent; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(e->ctl.c, (void **)&r) != REDIS_OK)
+            break;
+        if (r->type == REDIS_REPLY_INTEGER)
+            removed += (uint64_t)r->integer;
+        freeReplyObject(r);
+    }
+    kvt_info("%s: persist_enabled is false: removed %llu keys", l2->name,
+             (unsigned long long)removed);
+}
+
+static void resp_close(kvt_l2 *l2)
+{
+    struct resp_engine *e = l2->engine;
+    pthread_mutex_lock(&e->hlock);
+    e->stop = true;
+    pthread_cond_broadcast(&e->hcond);
+    pthread_mutex_unlock(&e->hlock);
+    if (e->mon_started)
+        pthread_join(e->mon, NULL);
+    kvt_resp_fail_parked(l2, e, true);
+    kvt_tpool_destroy(e->pool); /* runs what is queued */
+    if (!l2->persist_enabled)
+        delete_all_indexed(l2, e);
+    kvt_resp_conn_close(&e->ctl);
+    free(e->ctl.rbuf);
+    free(e->ctl.obuf);
+    pthread_mutex_destroy(&e->hlock);
+    pthread_cond_destroy(&e->hcond);
+    kvt_l2_park_destroy(&e->park);
+    pthread_mutex_destroy(&e->ctl_lock);
+    free(e);
+    l2->engine = NULL;
+}
+
+static const struct kvt_l2_ops resp_ops = {
+    .submit = kvt_resp_submit,
+    .remove = resp_remove,
+    .status = resp_status,
+    .healthy = resp_healthy,
+    .close = resp_close,
+};
+
+/* ---------------------------------------------------------- creation */
+
+/* First "host:port" of a "h:p,h:p" list; fails naming the bad entry. */
+static int parse_nodes(struct kvt_cfg *c, const char *list, struct kvt_resp_opts *o)
+{
+    int count = 0;
+    const char *p = list;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        char ent[300];
+        snprintf(ent, sizeof(ent), "%.*s", (int)KVT_MIN(n, sizeof(ent) - 1), p);
+        char *a = ent, *z = ent + strlen(ent);
+        while (*a == ' ')
+            a++;
+        while (z > a && z[-1] == ' ')
+            *--z = 0;
+        if (*a) {
+            char *colon = strrchr(a, ':');
+            char *end = NULL;
+            long port = colon ? strtol(colon + 1, &end, 10) : 0;
+            if (!colon || colon == a || !end || *end || end == colon + 1 || port < 1 ||
+                port > 65535)
+                return kvt_cfg_fail(c, "startup_nodes",
+                                    "entries must be \"host:port\" with a port in 1..65535 "
+                                    "(got \"%s\")",
+                                    a);
+            *colon = 0;
+            if (a[0] == '[' && colon[-1] == ']') { /* [::1]:6379 */
+                colon[-1] = 0;
+                a++;
+            }
+            if (count++ == 0) {
+                snprintf(o->node_host, sizeof(o->node_host), "%.255s", a);
+                o->port = (int)port;
+            }
+        }
+        p += n;
+        if (*p == ',')
+            p++;
+    }
+    if (count == 0)
+        return kvt_cfg_fail(c, "startup_nodes", "must list at least one \"host:port\"");
+    o->nnodes = count;
+    return 0;
+}
+
+int kvt_resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
+{
+    memset(o, 0, sizeof(*o));
+    const char *nodes = NULL;
+    int64_t port = 0, nw = 8, db = 0;
+    double ct = 10.0, rt = 5.0, cap = 0;
+    bool cluster = false, tls = false;
+    kvt_cfg_str(c, "host", false, NULL, &o->host);
+    kvt_cfg_int(c, "port", false, 6379, 1, 65535, &port);
+    kvt_cfg_str(c, "startup_nodes", false, NULL, &nodes);
+    kvt_cfg_str(c, "username", false, "", &o->username);
+    kvt_cfg_str(c, "password", false, "", &o->password);
+    if (o->password && o->password[0]) /* read, never echoed by --dry-run or status */
+        json_object_set_new(c->resolved, "password", json_string("<set>"));
+    kvt_cfg_str(c, "key_prefix", false, "", &o->key_prefix);
+    kvt_cfg_int(c, "num_workers", false, 8, 1, 256, &nw);
+    kvt_cfg_num(c, "connection_timeout", false, 10.0, 0.001, 3600, &ct);
+    kvt_cfg_num(c, "request_timeout", false, 5.0, 0.001, 3600, &rt);
+    kvt_cfg_int(c, "database_id", false, 0, 0, 1 << 20, &db);
+    kvt_cfg_bool(c, "cluster_mode", false, &cluster);
+    kvt_cfg_bool(c, "tls_enable", false, &tls);
+    kvt_cfg_num(c, "max_capacity_gb", false, 0, 0, 1e9, &cap);
+    if (c->rc)
+        return c->rc;
+    o->num_workers = (int)nw;
+    o->database_id = (int)db;
+    o->connection_timeout = ct;
+    o->request_timeout = rt;
+    o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
+    if (cluster)
+        return kvt_cfg_unsupported(c, "cluster_mode",
+                                   "is not supported by this build: kvtier talks to one "
+                                   "standalone Redis/Valkey server (set cluster_mode to false)");
+    if (tls)
+        return kvt_cfg_unsupported(c, "tls_enable",
+                                   "is not supported by this build: Debian's hiredis 0.14 has "
+                                   "no TLS (use a TLS tunnel such as stunnel, or a trusted "
+                                   "network)");
+    if (nodes && o->host)
+        return kvt_cfg_fail(c, "startup_nodes",
+                            "and \"host\" both given: use one of them (startup_nodes "
+                            "\"h:p,h:p\" or host + port)");
+    if (!nodes && !o->host)
+        return kvt_cfg_fail(c, valkey ? "startup_nodes" : "host",
+                            "is required (a Redis/Valkey address: \"host\" + \"port\", or "
+                            "\"startup_nodes\": \"host:port[,host:port...]\")");
+    if (nodes) {
+        if (parse_nodes(c, nodes, o))
+            return c->rc;
+        o->host = o->node_host;
+    } else {
+        if (!o->host[0])
+            return kvt_cfg_fail(c, "host", "must not be empty");
+        o->port = (int)port;
+        o->nnodes = 1;
+    }
+    if (strchr(o->key_prefix, '@'))
+        return kvt_cfg_fail(c, "key_prefix", "must not contain '@' (got \"%s\")", o->key_prefix);
+    if (strlen(o->key_prefix) > 128)
+        return kvt_cfg_fail(c, "key_prefix", "must be at most 128 bytes");
+    if (strlen(o->username) >= 128 || strlen(o->password) >= 256)
+        return kvt_cfg_fail(c, strlen(o->username) >= 128 ? "username" : "password",
+                            "is too long");
+    for (const char *p = o->key_prefix; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return kvt_cfg_fail(c, "key_prefix", "must not contain control characters");
+    return 0;
+}
+
+static struct timeval tv_of(double s)
+{
+    struct timeval tv;
+    tv.tv_sec = (time_t)s;
+    tv.tv_usec = (suseconds_t)((s - (double)tv.tv_sec) * 1e6);
+    return tv;
+}
+
+int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_resp_opts *o,
+                  char *err, size_t errcap)
+{
+    int rc = kvt_l2_base_init(l2, &resp_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes);
+    if (rc) {
+        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+        return rc;
+    }
+    struct resp_engine *e = kvt_xcalloc(1, sizeof(*e));
+    pthread_mutex_init(&e->hlock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->hcond, &ca);
+    pthread_condattr_destroy(&ca);
+    kvt_l2_park_init(&e->park);
+    pthread_mutex_init(&e->ctl_lock, NULL);
+    const char *host = o->host;
+    if (strncmp(host, "unix://", 7) == 0) {
+        host += 7;
+        e->unix_sock = true;
+    } else if (host[0] == '/') {
+        e->unix_sock = true;
+    }
+    snprintf(e->host, sizeof(e->host), "%s", host);
+    e->port = o->port;
+    if (e->unix_sock)
+        snprintf(e->endpoint, sizeof(e->endpoint), "unix:%s", e->host);
+    else
+        snprintf(e->endpoint, sizeof(e->endpoint), "%s:%d", e->host, e->port);
+    /* LMCache's environment overrides for credentials (never in the config) */
+    const char *eu = getenv("LMCACHE_RESP_USERNAME"), *ep = getenv("LMCACHE_RESP_PASSWORD");
+    snprintf(e->user, sizeof(e->user), "%s", eu && *eu ? eu : o->username);
+    snprintf(e->pass, sizeof(e->pass), "%s", ep && *ep ? ep : o->password);
+    snprintf(e->prefix, sizeof(e->prefix), "%s", o->key_prefix);
+    e->prefix_len = strlen(e->prefix);
+    e->db = o->database_id;
+    e->nworkers = o->num_workers;
+    e->conn_tv = tv_of(o->connection_timeout);
+    e->req_tv = tv_of(o->request_timeout);
+    e->ctl.rbuf = kvt_xmalloc(RBUF_CAP);
+    e->ctl.obuf = kvt_xmalloc(OBUF_CAP);
+    atomic_store(&e->gen, 1);
+    e->backoff_ns = BACKOFF_MIN_NS;
+    e->scan_needed = true;
+    e->park.parking = l2->cap_bytes > 0;
+    l2->engine = e;
+    l2->recovering = true;
+    if (o->nnodes > 1)
+        kvt_warn("%s: startup_nodes lists %d servers; standalone mode uses the first (%s)",
+                 l2->name, o->nnodes, e->endpoint);
+
+    /* first connection now, so a reachable server is usable from the first
+     * request; an unreachable one is retried in the background */
+    struct conn probe_conn = {0};
+    if (kvt_resp_probe(l2, e, &probe_conn) != 0) {
+        e->down_since_ns = kvt_now_ns();
+        e->next_probe_ns = e->down_since_ns + e->backoff_ns;
+        kvt_warn("%s: %s is not reachable (%s): starting unhealthy, lookups miss and "
+                 "stores fail until it is; retrying with backoff",
+                 l2->name, e->endpoint, e->last_err);
+    }
+    kvt_resp_conn_close(&probe_conn);
+
+    rc = kvt_tpool_create(&e->pool, "resp", e->nworkers, worker_new, worker_free, e);
+    if (rc) {
+        snprintf(err, errcap, "cannot start I/O threads: %s", strerror(-rc));
+        goto fail;
+    }
+    rc = pthread_create(&e->mon, NULL, kvt_resp_monitor_main, l2);
+    if (rc) {
+        snprintf(err, errcap, "cannot start the monitor thread: %s", strerror(rc));
+        rc = -rc;
+        goto fail;
+    }
+    e->mon_started = true;
+    return 0;
+fail:
+    if (e->pool)
+        kvt_tpool_destroy(e->pool);
+    free(e->ctl.rbuf);
+    free(e->ctl.obuf);
+    free(e);
+    l2->engine = NULL;
+    kvt_l2_base_destroy(l2);
+    return rc;
+}

@@ -1,0 +1,115 @@
+/*
+ * Private to the resp adapter (resp.c data path, resp_wire.c connections
+ * and the RESP wire, resp_mon.c health, reconnects and scans).
+ */
+#ifndef KVT_RESP_INT_H
+#define KVT_RESP_INT_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+
+#include <hiredis/hiredis.h>
+
+#include "l2/l2.h"
+#include "l2/kit/objfmt.h"
+
+#define HDR KVT_OBJHDR_MIN            /* header bytes in front of every value */
+#define RESP_SPLIT_BYTES (4u << 20)  /* spread batches above this over connections */
+#define RBUF_CAP (1u << 20)          /* raw reply reader buffer */
+#define OBUF_CAP (1u << 20)          /* command output buffer */
+#define BACKOFF_MIN_NS 100000000ull   /* 0.1 s */
+#define BACKOFF_MAX_NS 5000000000ull  /* 5 s */
+#define F_LEN_KNOWN 0x80              /* index flags: logical length known */
+#define F_GEN 0x7f                    /* index flags: scan generation */
+#define KEY_MAX (KVT_NAME_MAX + 160)
+
+/* One connection with its raw reply reader. Owned by one thread. */
+struct conn {
+    redisContext *c;
+    unsigned epoch; /* e->epoch when connected; older means stale */
+    char *rbuf; /* RBUF_CAP: replies are read through it */
+    char *obuf; /* OBUF_CAP: data commands are written through it */
+    size_t rpos, rlen;
+    bool used; /* has completed a command since it was opened */
+};
+
+struct resp_engine {
+    /* configuration (immutable after open) */
+    char host[256];
+    int port;
+    bool unix_sock;
+    char endpoint[300]; /* "unix:PATH" or "HOST:PORT", for logs and status */
+    char user[128], pass[256];
+    char prefix[129];
+    size_t prefix_len;
+    int db;
+    int nworkers;
+    struct timeval conn_tv, req_tv;
+
+    struct kvt_tpool *pool;
+    pthread_t mon;
+    bool mon_started;
+
+    pthread_mutex_t hlock; /* guards the fields down to 'scan_running' */
+    pthread_cond_t hcond;
+    bool stop;
+    uint64_t backoff_ns, next_probe_ns, down_since_ns;
+    char last_err[256];
+    char run_id[48], version[32];
+    bool scan_needed, sweep_after_scan, scan_running;
+
+    _Atomic bool up;
+    _Atomic unsigned epoch; /* bumped on every disconnect: workers reopen */
+    _Atomic unsigned gen;   /* scan generation, 1..127 */
+
+    struct kvt_l2_park park; /* stores waiting for the start-up scan */
+
+    pthread_mutex_t ctl_lock; /* guards ctl */
+    struct conn ctl;
+
+    _Atomic uint64_t round_trips, reconnects, disconnects, foreign, swept, cmd_errors;
+};
+
+/* Growable command buffer for small commands. */
+struct wbuf {
+    char *p;
+    size_t len, cap;
+};
+
+enum { R_STATUS, R_ERROR, R_INT, R_BULK, R_NIL }; /* reply kinds of kvt_resp_rd_reply */
+
+/* resp.c */
+int kvt_resp_wire_key(const struct resp_engine *e, const kvt_key *k, char *out);
+int kvt_resp_check_header(const uint8_t *buf, uint32_t got, uint64_t vlen, const kvt_key *want,
+                          struct kvt_objhdr *h, const char **why);
+/* Fail the parked stores (the server is down, or close: stop_parking). */
+void kvt_resp_fail_parked(kvt_l2 *l2, struct resp_engine *e, bool stop_parking);
+void kvt_resp_submit(kvt_l2 *l2, kvt_l2_task *t);
+
+/* resp_wire.c: connections (each owned by one thread) and the raw protocol */
+void kvt_resp_conn_close(struct conn *cn);
+int kvt_resp_conn_open(struct resp_engine *e, struct conn *cn, char *msg, size_t cap);
+int kvt_resp_conn_ensure(struct resp_engine *e, struct conn *cn, char *msg, size_t cap);
+int kvt_resp_wr_all(struct conn *cn, struct iovec *iov, int cnt);
+void kvt_resp_wb_put(struct wbuf *b, const void *s, size_t n);
+void kvt_resp_wb_fmt(struct wbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kvt_resp_wb_arg(struct wbuf *b, const char *s, size_t n);
+int kvt_resp_rd_reply(struct conn *cn, int *type, long long *num, char *err, size_t errcap);
+int kvt_resp_rd_bytes(struct conn *cn, void *dst, size_t n);
+int kvt_resp_rd_crlf(struct conn *cn);
+bool kvt_resp_is_transport(int rc);
+
+/* resp_mon.c: health and the monitor thread */
+void kvt_resp_set_err(struct resp_engine *e, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void kvt_resp_mark_down(kvt_l2 *l2, struct resp_engine *e, const char *why);
+int kvt_resp_probe(kvt_l2 *l2, struct resp_engine *e, struct conn *mon);
+void *kvt_resp_monitor_main(void *arg);
+
+#endif

@@ -1,0 +1,1265 @@
+/*
+ * s3 adapter: objects in an S3 bucket (AWS S3, MinIO, Ceph RGW, any
+ * S3-compatible server), over libcurl with our SigV4 signing.
+ *
+ * Object = object header (objfmt.h, 512 bytes) + payload, under
+ *          "<key_prefix>/<obj name>" (or the bare obj name), obj name =
+ *          KVT_CODEC_OBJ ("model@0x%08x@group@hash[@salt]"): the salt is part
+ *          of the name, so tenants never share an object. Each PUT also
+ *          carries "x-amz-meta-kvt: 1 <logical length> <payload length>" so a
+ *          HEAD can answer a lookup.
+ *
+ *   Store:  reserve capacity -> PUT (header + payload streamed from L1).
+ *   Lookup: the index is the size cache: a key whose length is known is a
+ *           hit without a request; otherwise HEAD, whose Content-Length and
+ *           x-amz-meta-kvt must agree.
+ *   Load:   GET; the header is checked as it arrives (identity, lengths, fits
+ *           the destination: never an overrun), the payload goes straight to
+ *           the destination and its checksum is verified. Torn, foreign or
+ *           corrupt objects are misses, counted, and deleted.
+ *   Delete: DELETE, a batch's requests all in flight at once (synchronous
+ *           for the caller: eviction, purge or the delete request).
+ *   Start-up: ListObjectsV2 over key_prefix, page by page on the I/O thread,
+ *           restores accounting and LRU order (LastModified) while serving;
+ *           with max_capacity_gb > 0 stores wait for it.
+ *
+ * Failure: see s3_http.c (circuit breaker). While the breaker is open,
+ * lookups miss, stores fail (counted), loads fail. A 4xx refusal (bad
+ * credentials, no such bucket) makes the adapter unhealthy with S3's error
+ * code and message until a request succeeds again.
+ *
+ * Threads: the I/O thread (s3_http.c) runs every transfer and every
+ * completion in this file. Locks: l2->lock (base) for index updates, never
+ * across I/O; e->lock for the breaker fields; e->park.lock (a leaf, taken
+ * under e->lock) for the parked stores.
+ */
+#include "common/log.h"
+#include "common/util.h"
+#include "kvtier/error.h"
+#include "l2/adapters.h"
+#include "common/cfg.h"
+#include "l2/l2.h"
+#include "l2/kit/objfmt.h"
+#include "l2/s3/s3_int.h"
+#include "l2/s3/sigv4.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+/* ------------------------------------------------------------ names */
+
+/* Canonical path of a key's object: base + "/" + encoded "<prefix><name>". */
+static int obj_path(const struct s3_engine *e, const kvt_key *k, char *out, size_t cap)
+{
+    char name[KVT_NAME_MAX + 1], full[KVT_NAME_MAX + 256];
+    int n = kvt_key_encode(KVT_CODEC_OBJ, k, name);
+    if (n < 0)
+        return n;
+    int fl = snprintf(full, sizeof(full), "%s%s", e->prefix, name);
+    int bl = snprintf(out, cap, "%s/", e->base);
+    int el = kvt_sigv4_uri_encode(full, (size_t)fl, false, out + bl, cap - (size_t)bl);
+    return el < 0 ? KVT_E_BADKEY : bl + el;
+}
+
+/* ----------------------------------------------------------- batches */
+
+struct s3_batch {
+    kvt_l2 *l2;
+    kvt_l2_task *t;
+    _Atomic uint32_t left; /* requests outstanding + 1 while submitting */
+    uint8_t *hdrs;         /* S3_HDR bytes per key */
+    struct s3_req *reqs;   /* one per key (unused entries stay zero) */
+    struct s3_req *q_head, *q_tail; /* prepared, submitted at once by batch_flush */
+};
+
+static void batch_put(struct s3_batch *b)
+{
+    if (atomic_fetch_sub_explicit(&b->left, 1, memory_order_acq_rel) != 1)
+        return;
+    for (uint32_t i = 0; i < b->t->n; i++)
+        kvt_s3_req_clear(&b->reqs[i]);
+    kvt_l2_task_finish(b->l2, b->t);
+    free(b->hdrs);
+    free(b->reqs);
+    free(b);
+}
+
+static struct s3_batch *batch_new(kvt_l2 *l2, kvt_l2_task *t, bool hdrs)
+{
+    struct s3_batch *b = kvt_xcalloc(1, sizeof(*b));
+    b->l2 = l2;
+    b->t = t;
+    b->reqs = kvt_xcalloc(t->n, sizeof(struct s3_req));
+    if (hdrs)
+        b->hdrs = kvt_xmalloc((size_t)t->n * S3_HDR);
+    atomic_store(&b->left, 1);
+    return b;
+}
+
+static void batch_send(struct s3_batch *b, uint32_t i, s3_done_fn done)
+{
+    struct s3_req *r = &b->reqs[i];
+    r->done = done;
+    r->ctx = b;
+    r->i = i;
+    atomic_fetch_add(&b->left, 1);
+    r->next = NULL;
+    if (b->q_tail)
+        b->q_tail->next = r;
+    else
+        b->q_head = r;
+    b->q_tail = r;
+}
+
+/* Submit what batch_send prepared: one lock and one wakeup per batch. */
+static void batch_flush(struct s3_engine *e, struct s3_batch *b)
+{
+    if (b->q_head)
+        kvt_s3_submit_reqs(e, b->q_head);
+    b->q_head = b->q_tail = NULL;
+}
+
+static int outcome_err(const struct s3_req *r)
+{
+    switch (r->outcome) {
+    case S3_OK:
+        return 0;
+    case S3_NOTFOUND:
+        return KVT_E_NOTFOUND;
+    case S3_BADDATA:
+        return KVT_E_CORRUPT;
+    case S3_UNAVAILABLE:
+    case S3_CONN:
+        return KVT_E_UNHEALTHY;
+    default:
+        return -EIO;
+    }
+}
+
+/* -------------------------------------------------------------- store */
+
+static void store_done(struct s3_engine *e, struct s3_req *r)
+{
+    (void)e;
+    struct s3_batch *b = r->ctx;
+    kvt_l2 *l2 = b->l2;
+    kvt_l2_task *t = b->t;
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[r->i], &ck);
+    if (r->outcome == S3_OK) {
+        kvt_l2_publish(l2, &ck);
+        atomic_fetch_add(&l2->counters.store_ok, 1);
+        kvt_l2_task_ok(t, r->i, S3_HDR + r->plen);
+    } else {
+        kvt_l2_unreserve(l2, &ck);
+        atomic_fetch_add(&l2->counters.store_failed, 1);
+        kvt_l2_task_fail(t, r->i, outcome_err(r));
+    }
+    batch_put(b);
+}
+
+static void submit_store(kvt_l2 *l2, struct s3_engine *e, kvt_l2_task *t)
+{
+    struct s3_batch *b = batch_new(l2, t, true);
+    for (uint32_t i = 0; i < t->n; i++) {
+        const kvt_buf *src = &t->bufs[i];
+        kvt_key ck;
+        kvt_l2_canon(l2, &t->keys[i], &ck);
+        struct s3_req *r = &b->reqs[i];
+        uint32_t logical = t->meta[i].len ? t->meta[i].len : (uint32_t)src->len;
+        int rc = src->len > KVT_MAX_OBJECT ? KVT_E_TOOBIG
+                                           : obj_path(e, &t->keys[i], r->path, sizeof(r->path));
+        if (rc >= 0)
+            rc = kvt_l2_reserve(l2, &ck, (uint32_t)(S3_HDR + src->len), logical, S3_HDR,
+                                S3_F_LEN_KNOWN);
+        if (rc == -EEXIST) {
+            atomic_fetch_add(&l2->counters.store_skipped, 1);
+            kvt_l2_task_ok(t, i, 0);
+            continue;
+        }
+        if (rc < 0) {
+            atomic_fetch_add(&l2->counters.store_failed, 1);
+            kvt_l2_task_fail(t, i, rc);
+            continue;
+        }
+        t->meta[i].len = logical;
+        uint8_t *hdr = b->hdrs + (size_t)i * S3_HDR;
+        kvt_objhdr_encode(hdr, S3_HDR, &t->keys[i], &t->meta[i], t->meta[i].serde, src->len,
+                          kvt_payload_hash(src->ptr, src->len));
+        r->op = S3_PUT;
+        r->put_hdr = hdr;
+        r->payload = src->ptr;
+        r->plen = src->len;
+        snprintf(r->meta, sizeof(r->meta), "1 %u %llu", logical, (unsigned long long)src->len);
+        batch_send(b, i, store_done);
+    }
+    batch_flush(e, b);
+    batch_put(b);
+}
+
+/* ------------------------------------------------------------- lookup */
+
+static void head_done(struct s3_engine *e, struct s3_req *r)
+{
+    struct s3_batch *b = r->ctx;
+    kvt_l2 *l2 = b->l2;
+    kvt_l2_task *t = b->t;
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[r->i], &ck);
+    if (r->outcome == S3_OK) {
+        unsigned v = 0;
+        unsigned long long logical = 0, plen = 0;
+        if (sscanf(r->rmeta, "%u %llu %llu", &v, &logical, &plen) == 3 && v == 1 &&
+            r->clen == (int64_t)(S3_HDR + plen) && logical <= KVT_MAX_OBJECT &&
+            plen <= 2ull * KVT_MAX_OBJECT) {
+            if (kvt_l2_pin_found(l2, &ck, (uint32_t)r->clen, (uint32_t)logical, S3_HDR,
+                                 S3_F_LEN_KNOWN)) {
+                t->meta[r->i].len = (uint32_t)logical;
+                kvt_l2_task_ok(t, r->i, 0);
+            }
+        } else {
+            atomic_fetch_add(&e->foreign, 1); /* not written by kvtier, or torn */
+        }
+    } else if (r->outcome == S3_NOTFOUND) {
+        kvt_l2_drop_gone(l2, &ck, 1);
+    }
+    batch_put(b);
+}
+
+static void submit_lookup(kvt_l2 *l2, struct s3_engine *e, kvt_l2_task *t)
+{
+    if (!kvt_s3_available(e)) { /* breaker open: every key is a miss */
+        kvt_l2_task_finish(l2, t);
+        return;
+    }
+    struct s3_batch *b = batch_new(l2, t, false);
+    uint8_t *need = kvt_xcalloc(t->n, 1);
+    pthread_mutex_lock(&l2->lock);
+    for (uint32_t i = 0; i < t->n; i++) {
+        kvt_key ck;
+        kvt_l2_canon(l2, &t->keys[i], &ck);
+        struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
+        if (!o) {
+            need[i] = 1;
+        } else if (kvt_l2_obj_state(o) == KVT_OBJ_READY) {
+            if ((o->flags & S3_F_LEN_KNOWN) && o->pins < UINT16_MAX) {
+                o->pins++; /* the size cache answers: no request */
+                t->meta[i].len = o->len;
+                kvt_bm_set(t->ok, i);
+            } else {
+                need[i] = 1; /* listed at start-up: HEAD tells the length */
+            }
+        }
+    }
+    pthread_mutex_unlock(&l2->lock);
+    for (uint32_t i = 0; i < t->n; i++) {
+        if (!need[i])
+            continue;
+        struct s3_req *r = &b->reqs[i];
+        if (obj_path(e, &t->keys[i], r->path, sizeof(r->path)) < 0)
+            continue;
+        r->op = S3_HEAD;
+        batch_send(b, i, head_done);
+    }
+    free(need);
+    batch_flush(e, b);
+    batch_put(b);
+}
+
+/* --------------------------------------------------------------- load */
+
+/* The first S3_HDR bytes of a GET arrived: check them before any payload
+ * byte is written to the destination. */
+static int64_t load_hdr(struct s3_req *r)
+{
+    struct s3_batch *b = r->ctx;
+    struct kvt_objhdr h;
+    const char *why = NULL;
+    if (kvt_objhdr_decode(r->hbuf, S3_HDR, &h, &why) == 0) {
+        if (!kvt_objhdr_matches(&h, KVT_CODEC_OBJ, &b->t->keys[r->i]))
+            why = "header names another key";
+        else if (h.hdr_len != S3_HDR)
+            why = "unexpected header size";
+        else if (r->clen >= 0 && (uint64_t)r->clen != S3_HDR + h.payload_len)
+            why = "object size does not match the header (truncated or extended)";
+        else if (h.payload_len > r->cap) {
+            snprintf(r->err_code, sizeof(r->err_code), "TooBig");
+            return -1; /* larger than the destination: a miss, not corruption */
+        } else
+            return (int64_t)h.payload_len;
+    }
+    snprintf(r->err_code, sizeof(r->err_code), "Corrupt");
+    snprintf(r->err_msg, sizeof(r->err_msg), "%s", why ? why : "bad header");
+    return -1;
+}
+
+static void delete_done_free(struct s3_engine *e, struct s3_req *r)
+{
+    (void)e;
+    kvt_s3_req_clear(r);
+    free(r);
+}
+
+/* Fire-and-forget DELETE of a corrupt object. */
+static void delete_async(struct s3_engine *e, const char *path)
+{
+    struct s3_req *r = kvt_xcalloc(1, sizeof(*r));
+    r->op = S3_DELETE;
+    snprintf(r->path, sizeof(r->path), "%s", path);
+    r->done = delete_done_free;
+    kvt_s3_submit_req(e, r);
+}
+
+static void get_done(struct s3_engine *e, struct s3_req *r)
+{
+    struct s3_batch *b = r->ctx;
+    kvt_l2 *l2 = b->l2;
+    kvt_l2_task *t = b->t;
+    kvt_key ck;
+    kvt_l2_canon(l2, &t->keys[r->i], &ck);
+    const char *why = NULL;
+    if (r->outcome == S3_OK) {
+        struct kvt_objhdr h;
+        if (r->want < 0)
+            why = "object shorter than a header";
+        else if ((uint64_t)r->want != r->got)
+            why = "object shorter than its header says";
+        else if (kvt_objhdr_decode(r->hbuf, S3_HDR, &h, &why) == 0 &&
+                 kvt_payload_hash(r->dst, r->got) != h.payload_xxh3)
+            why = "payload checksum mismatch";
+        if (!why) {
+            t->meta[r->i] = h.meta;
+            t->bufs[r->i].len = r->got;
+            kvt_l2_task_ok(t, r->i, S3_HDR + r->got);
+            batch_put(b);
+            return;
+        }
+    } else if (r->outcome == S3_BADDATA && strcmp(r->err_code, "Corrupt") == 0) {
+        why = r->err_msg;
+    }
+    if (why) {
+        char ks[400];
+        atomic_fetch_add(&l2->counters.corrupt, 1);
+        kvt_warn("%s: corrupt or foreign object for %s (%s): deleted, treated as a miss",
+                 l2->name, kvt_key_str(&t->keys[r->i], ks, sizeof(ks)), why);
+        delete_async(e, r->path);
+        kvt_l2_drop_gone(l2, &ck, 1);
+        kvt_l2_task_fail(t, r->i, KVT_E_CORRUPT);
+    } else {
+        if (r->outcome == S3_NOTFOUND)
+            kvt_l2_drop_gone(l2, &ck, 1);
+        kvt_l2_task_fail(t, r->i, outcome_err(r));
+    }
+    batch_put(b);
+}
+
+static void submit_load(kvt_l2 *l2, struct s3_engine *e, kvt_l2_task *t)
+{
+    struct s3_batch *b = batch_new(l2, t, true);
+    for (uint32_t i = 0; i < t->n; i++) {
+        struct s3_req *r = &b->reqs[i];
+        if (obj_path(e, &t->keys[i], r->path, sizeof(r->path)) < 0) {
+            kvt_l2_task_fail(t, i, KVT_E_BADKEY);
+            continue;
+        }
+        r->op = S3_GET;
+        r->hbuf = b->hdrs + (size_t)i * S3_HDR;
+        r->dst = t->bufs[i].ptr;
+        r->cap = t->bufs[i].len;
+        r->on_hdr = load_hdr;
+        batch_send(b, i, get_done);
+    }
+    batch_flush(e, b);
+    batch_put(b);
+}
+
+/* ------------------------------------------------------------- submit */
+
+static void fail_task(kvt_l2 *l2, kvt_l2_task *t)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        kvt_l2_task_fail(t, i, KVT_E_UNHEALTHY);
+    if (t->kind == KVT_L2_STORE)
+        atomic_fetch_add(&l2->counters.store_failed, t->n);
+    kvt_l2_task_finish(l2, t);
+}
+
+static void s3_submit(kvt_l2 *l2, kvt_l2_task *t)
+{
+    struct s3_engine *e = l2->engine;
+    switch (t->kind) {
+    case KVT_L2_STORE:
+        /* the start-up listing is still counting what the bucket holds;
+         * brk is read under lock so that a breaker opening fails t */
+        pthread_mutex_lock(&e->lock);
+        bool parked = e->brk == BRK_CLOSED && kvt_l2_park_task(&e->park, t);
+        pthread_mutex_unlock(&e->lock);
+        if (parked)
+            return;
+        if (!kvt_s3_available(e)) {
+            fail_task(l2, t);
+            return;
+        }
+        submit_store(l2, e, t);
+        break;
+    case KVT_L2_LOOKUP:
+        submit_lookup(l2, e, t);
+        break;
+    case KVT_L2_LOAD:
+        if (!kvt_s3_available(e)) {
+            fail_task(l2, t);
+            return;
+        }
+        submit_load(l2, e, t);
+        break;
+    }
+}
+
+void kvt_s3_on_breaker_open(kvt_l2 *l2)
+{
+    struct s3_engine *e = l2->engine;
+    for (kvt_l2_task *p = kvt_l2_park_take(&e->park, false), *nx; p; p = nx) {
+        nx = p->next;
+        p->next = NULL;
+        fail_task(l2, p);
+    }
+}
+
+/* ------------------------------------------------------------- remove */
+
+struct removal {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    uint32_t left;
+};
+
+static void removal_done(struct s3_engine *e, struct s3_req *r)
+{
+    (void)e;
+    struct removal *w = r->ctx;
+    pthread_mutex_lock(&w->m);
+    if (--w->left == 0)
+        pthread_cond_signal(&w->c);
+    pthread_mutex_unlock(&w->m);
+}
+
+/* Up to this many DELETEs in flight per call (their requests are ~2 KiB each);
+ * the I/O thread runs at most s3_num_io_threads of them at once. */
+#define REMOVE_CHUNK 1024u
+/* A DELETE that S3 answered with a 5xx (InternalError, SlowDown) is sent
+ * again, at most this many times, after 50 ms, then 200 ms (DELETE is
+ * idempotent; AWS's SDKs retry the same way). */
+#define REMOVE_RETRIES 2
+
+/* Send the DELETEs of reqs[0..m) whose op is S3_DELETE and rcs[r->i] is
+ * 1 (pending), all at once, and wait for them. */
+static void remove_round(struct s3_engine *e, struct s3_req *reqs, uint32_t m, int *rcs)
+{
+    struct removal w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    struct s3_req *head = NULL, **tail = &head;
+    for (uint32_t i = 0; i < m; i++) {
+        struct s3_req *r = &reqs[i];
+        if (r->op != S3_DELETE || rcs[r->i] != 1)
+            continue;
+        kvt_s3_req_clear(r);
+        r->next = NULL;
+        r->ctx = &w;
+        *tail = r;
+        tail = &r->next;
+        w.left++;
+    }
+    if (!w.left)
+        return;
+    kvt_s3_submit_reqs(e, head);
+    pthread_mutex_lock(&w.m);
+    while (w.left)
+        pthread_cond_wait(&w.c, &w.m);
+    pthread_mutex_unlock(&w.m);
+    for (uint32_t i = 0; i < m; i++) {
+        struct s3_req *r = &reqs[i];
+        if (r->op != S3_DELETE || rcs[r->i] != 1)
+            continue;
+        if (r->outcome == S3_OK)
+            rcs[r->i] = 0;
+        else if (r->outcome == S3_NOTFOUND)
+            rcs[r->i] = -ENOENT;
+        else if (r->outcome != S3_SERVER)
+            rcs[r->i] = -EIO;
+    }
+}
+
+/* DELETE n objects concurrently (one lock, one wakeup per round), not one
+ * round trip after another: evicting 256 objects takes about one round trip
+ * per s3_num_io_threads objects. */
+static void remove_keys(struct s3_engine *e, const kvt_key *keys, uint32_t n, int *rcs)
+{
+    struct s3_req *reqs = kvt_xcalloc(KVT_MIN(n, REMOVE_CHUNK) + 1, sizeof(*reqs));
+    for (uint32_t base = 0; base < n; base += REMOVE_CHUNK) {
+        uint32_t m = KVT_MIN(n - base, REMOVE_CHUNK);
+        for (uint32_t i = 0; i < m; i++) {
+            struct s3_req *r = &reqs[i];
+            memset(r, 0, sizeof(*r));
+            r->i = base + i;
+            int rc = obj_path(e, &keys[base + i], r->path, sizeof(r->path));
+            rcs[base + i] = rc < 0 ? rc : 1; /* 1: pending */
+            if (rc < 0)
+                continue;
+            r->op = S3_DELETE;
+            r->done = removal_done;
+        }
+        for (int attempt = 0; attempt <= REMOVE_RETRIES; attempt++) {
+            if (attempt) {
+                bool again = false;
+                for (uint32_t i = 0; i < m && !again; i++)
+                    again = rcs[base + i] == 1;
+                if (!again)
+                    break;
+                struct timespec ts = {0, attempt == 1 ? 50000000L : 200000000L};
+                nanosleep(&ts, NULL);
+            }
+            remove_round(e, reqs, m, rcs);
+        }
+        for (uint32_t i = 0; i < m; i++) {
+            if (rcs[base + i] == 1) /* a 5xx every time */
+                rcs[base + i] = -EIO;
+            kvt_s3_req_clear(&reqs[i]);
+        }
+    }
+    free(reqs);
+}
+
+static void s3_remove_batch(kvt_l2 *l2, const struct kvt_l2_obj *objs, uint32_t n, int *rcs)
+{
+    struct s3_engine *e = l2->engine;
+    if (!kvt_s3_available(e)) {
+        for (uint32_t i = 0; i < n; i++)
+            rcs[i] = KVT_E_UNHEALTHY;
+        return;
+    }
+    kvt_key *keys = kvt_xmalloc((n ? n : 1) * sizeof(*keys));
+    for (uint32_t i = 0; i < n; i++)
+        keys[i] = objs[i].key;
+    remove_keys(e, keys, n, rcs);
+    free(keys);
+}
+
+static int s3_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
+{
+    int rc;
+    s3_remove_batch(l2, o, 1, &rc);
+    return rc;
+}
+
+/* ------------------------------------------------ start-up listing */
+
+struct list_state {
+    struct s3_req req;
+    char *token;           /* continuation token of the next page */
+    bool running;
+    uint64_t t0, backoff_ns;
+    struct kvt_l2_found_vec found;
+    uint64_t pages;
+};
+
+/* Decode XML character references and the five entities, in place. */
+static void xml_unescape(char *s)
+{
+    char *o = s;
+    for (char *p = s; *p;) {
+        if (*p != '&') {
+            *o++ = *p++;
+            continue;
+        }
+        static const struct {
+            const char *e;
+            char c;
+        } ents[] = {
+            {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
+        bool done = false;
+        for (size_t i = 0; i < KVT_ARRAY_LEN(ents) && !done; i++) {
+            size_t l = strlen(ents[i].e);
+            if (strncmp(p, ents[i].e, l) == 0) {
+                *o++ = ents[i].c;
+                p += l;
+                done = true;
+            }
+        }
+        if (!done && p[1] == '#') {
+            char *end;
+            unsigned long cp = p[2] == 'x' ? strtoul(p + 3, &end, 16) : strtoul(p + 2, &end, 10);
+            if (*end == ';' && cp > 0 && cp < 0x110000) { /* as UTF-8 */
+                if (cp < 0x80) {
+                    *o++ = (char)cp;
+                } else if (cp < 0x800) {
+                    *o++ = (char)(0xc0 | (cp >> 6));
+                    *o++ = (char)(0x80 | (cp & 0x3f));
+                } else if (cp < 0x10000) {
+                    *o++ = (char)(0xe0 | (cp >> 12));
+                    *o++ = (char)(0x80 | ((cp >> 6) & 0x3f));
+                    *o++ = (char)(0x80 | (cp & 0x3f));
+                } else {
+                    *o++ = (char)(0xf0 | (cp >> 18));
+                    *o++ = (char)(0x80 | ((cp >> 12) & 0x3f));
+                    *o++ = (char)(0x80 | ((cp >> 6) & 0x3f));
+                    *o++ = (char)(0x80 | (cp & 0x3f));
+                }
+                p = end + 1;
+                done = true;
+            }
+        }
+        if (!done)
+            *o++ = *p++;
+    }
+    *o = 0;
+}
+
+bool kvt_s3_xml_field(const char *a, const char *z, const char *tag, char *out, size_t cap)
+{
+    char open[48], close_[48];
+    snprintf(open, sizeof(open), "<%s>", tag);
+    snprintf(close_, sizeof(close_), "</%s>", tag);
+    out[0] = 0;
+    if (!a)
+        return false;
+    if (!z)
+        z = a + strlen(a);
+    const char *p = strstr(a, open);
+    if (!p || p >= z)
+        return false;
+    p += strlen(open);
+    const char *q = strstr(p, close_);
+    if (!q || q > z)
+        return false;
+    size_t n = KVT_MIN((size_t)(q - p), cap - 1);
+    memcpy(out, p, n);
+    out[n] = 0;
+    xml_unescape(out);
+    return true;
+}
+
+static int64_t iso_ms(const char *s)
+{
+    struct tm tm;
+    memset(&tm, 0, sizeof(tm));
+    int ms = 0;
+    if (sscanf(s, "%d-%d-%dT%d:%d:%d.%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+               &tm.tm_min, &tm.tm_sec, &ms) < 6)
+        return 0;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    return (int64_t)timegm(&tm) * 1000 + ms;
+}
+
+/* Parse one ListObjectsV2 page; returns whether more pages follow. */
+static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *body)
+{
+    const char *p = body;
+    char key[2048], num[32], date[64];
+    while ((p = strstr(p, "<Contents>"))) {
+        const char *z = strstr(p, "</Contents>");
+        if (!z)
+            break;
+        if (kvt_s3_xml_field(p, z, "Key", key, sizeof(key)) &&
+            kvt_s3_xml_field(p, z, "Size", num, sizeof(num))) {
+            size_t kl = strlen(key);
+            uint64_t size = strtoull(num, NULL, 10);
+            kvt_key k;
+            if (kl > e->prefix_len && strncmp(key, e->prefix, e->prefix_len) == 0 &&
+                size >= S3_HDR && size <= UINT32_MAX &&
+                kvt_key_decode(KVT_CODEC_OBJ, key + e->prefix_len, kl - e->prefix_len, &k) == 0) {
+                kvt_key ck;
+                kvt_key_canon(KVT_CODEC_OBJ, &k, &ck);
+                int64_t ms =
+                    kvt_s3_xml_field(p, z, "LastModified", date, sizeof(date)) ? iso_ms(date) : 0;
+                kvt_l2_found_push(&ls->found, &ck, (uint32_t)size, 0, S3_HDR, 0, ms * 1000000);
+            } else {
+                atomic_fetch_add(&e->foreign, 1);
+            }
+        }
+        p = z;
+    }
+    char trunc[16] = "", tok[1100] = "";
+    kvt_s3_xml_field(body, NULL, "IsTruncated", trunc, sizeof(trunc));
+    free(ls->token);
+    ls->token = NULL;
+    if (strcmp(trunc, "true") == 0 &&
+        kvt_s3_xml_field(body, NULL, "NextContinuationToken", tok, sizeof(tok)) && tok[0])
+        ls->token = kvt_xstrdup(tok);
+    return ls->token != NULL;
+}
+
+/* The listing ended (complete, or given up): adopt what was found, newest
+ * first at the cold end so the oldest ends up coldest, then let the
+ * parked stores go. */
+static void list_finish(kvt_l2 *l2, struct s3_engine *e, struct list_state *ls, bool complete)
+{
+    char where[1200];
+    snprintf(where, sizeof(where), "%s://%s%s/%s (%llu pages%s)", e->scheme, e->host, e->base,
+             e->prefix, (unsigned long long)ls->pages, complete ? "" : ", listing given up");
+    kvt_l2_finish_recovery(l2, &ls->found, ls->t0, where);
+    pthread_mutex_lock(&e->lock);
+    e->list_done = true;
+    pthread_mutex_unlock(&e->lock);
+    for (kvt_l2_task *p = kvt_l2_park_take(&e->park, true), *nx; p; p = nx) {
+        nx = p->next;
+        p->next = NULL;
+        s3_submit(l2, p);
+    }
+}
+
+static void list_page(struct s3_engine *e, struct list_state *ls);
+
+static void list_done(struct s3_engine *e, struct s3_req *r)
+{
+    kvt_l2 *l2 = e->l2;
+    struct list_state *ls = r->ctx;
+    ls->pages++;
+    pthread_mutex_lock(&e->lock);
+    bool stop = e->stop;
+    pthread_mutex_unlock(&e->lock);
+    if (r->outcome == S3_OK) {
+        bool more = list_parse(e, ls, r->body ? r->body : "");
+        kvt_s3_req_clear(r);
+        if (more && !stop) {
+            list_page(e, ls);
+            return;
+        }
+        ls->running = false;
+        list_finish(l2, e, ls, !more);
+        return;
+    }
+    ls->running = false;
+    if (r->outcome == S3_REJECTED || r->outcome == S3_NOTFOUND) {
+        kvt_warn("%s: cannot list %s://%s%s/%s (HTTP %ld %s: %s): usage starts from what this "
+                 "server stores and finds by lookups",
+                 l2->name, e->scheme, e->host, e->base, e->prefix, r->status, r->err_code,
+                 r->err_msg);
+        kvt_s3_req_clear(r);
+        list_finish(l2, e, ls, false);
+        return;
+    }
+    /* unreachable or a server error: try again later (stores fail meanwhile
+     * if the breaker opened; otherwise they stay parked) */
+    ls->backoff_ns = ls->backoff_ns ? KVT_MIN(ls->backoff_ns * 2, S3_PROBE_MAX_NS) : 1000000000ull;
+    pthread_mutex_lock(&e->lock);
+    e->list_retry_ns = kvt_now_ns() + ls->backoff_ns;
+    pthread_mutex_unlock(&e->lock);
+    kvt_debug("%s: listing failed (%s), retrying in %.1f s", l2->name,
+              kvt_s3_outcome_name(r->outcome), (double)ls->backoff_ns / 1e9);
+    free(ls->token); /* start over: the page set may have changed */
+    ls->token = NULL;
+    ls->found.n = 0;
+    kvt_s3_req_clear(r);
+}
+
+static void list_page(struct s3_engine *e, struct list_state *ls)
+{
+    struct s3_req *r = &ls->req;
+    kvt_s3_req_clear(r);
+    memset(r, 0, sizeof(*r));
+    r->op = S3_LIST;
+    snprintf(r->path, sizeof(r->path), "%s/", e->base);
+    struct kvt_sigv4_pair q[4];
+    size_t nq = 0;
+    q[nq++] = (struct kvt_sigv4_pair){"list-type", "2"};
+    q[nq++] = (struct kvt_sigv4_pair){"max-keys", "1000"};
+    if (e->prefix_len)
+        q[nq++] = (struct kvt_sigv4_pair){"prefix", e->prefix};
+    if (ls->token)
+        q[nq++] = (struct kvt_sigv4_pair){"continuation-token", ls->token};
+    size_t cap = 3 * (strlen(e->prefix) + (ls->token ? strlen(ls->token) : 0)) + 128;
+    r->query = kvt_xmalloc(cap);
+    kvt_sigv4_canonical_query(q, nq, r->query, cap);
+    r->done = list_done;
+    r->ctx = ls;
+    ls->running = true;
+    kvt_s3_submit_req(e, r);
+}
+
+/* Called by the I/O thread on every loop: start or retry the listing. */
+void kvt_s3_io_tick(kvt_l2 *l2, uint64_t now)
+{
+    struct s3_engine *e = l2->engine;
+    struct list_state *ls = e->list;
+    pthread_mutex_lock(&e->lock);
+    bool go = !e->list_done && !e->stop && e->brk == BRK_CLOSED && now >= e->list_retry_ns;
+    pthread_mutex_unlock(&e->lock);
+    if (!go || ls->running)
+        return;
+    if (!ls->t0)
+        ls->t0 = kvt_now_ns();
+    list_page(e, ls);
+}
+
+/* ------------------------------------------------------ status/close */
+
+static void s3_status(kvt_l2 *l2, json_t *out)
+{
+    struct s3_engine *e = l2->engine;
+    char url[800];
+    snprintf(url, sizeof(url), "%s://%s%s/%s", e->scheme, e->host, e->base, e->prefix);
+    json_object_set_new(out, "endpoint_url", json_string(url));
+    json_object_set_new(out, "bucket", json_string(e->bucket));
+    json_object_set_new(out, "addressing", json_string(e->path_style ? "path" : "virtual"));
+    json_object_set_new(out, "region", json_string(e->region));
+    json_object_set_new(out, "key_prefix", json_string(e->prefix));
+    json_object_set_new(out, "credentials", json_string(e->creds.source));
+    json_object_set_new(out, "max_transfers", json_integer(e->max_transfers));
+    uint64_t now = kvt_now_ns();
+    pthread_mutex_lock(&e->lock);
+    json_object_set_new(out, "active_transfers", json_integer(e->active));
+    json_object_set_new(out, "peak_transfers", json_integer(e->peak_active));
+    json_object_set_new(out, "queued_requests", json_integer(e->queued));
+    json_t *b = json_object();
+    static const char *const st[] = {"closed", "open", "probing"};
+    json_object_set_new(b, "state", json_string(st[e->brk]));
+    json_object_set_new(b, "consecutive_errors", json_integer(e->conn_errors));
+    json_object_set_new(b, "threshold", json_integer(e->breaker_threshold));
+    json_object_set_new(b, "opens", json_integer((json_int_t)e->brk_opens));
+    json_object_set_new(
+        b, "open_seconds",
+        json_real(e->brk != BRK_CLOSED ? (double)(now - e->open_since_ns) / 1e9 : 0));
+    json_object_set_new(b, "next_probe_seconds",
+                        json_real(e->brk == BRK_OPEN && e->next_probe_ns > now
+                                      ? (double)(e->next_probe_ns - now) / 1e9
+                                      : 0));
+    json_object_set_new(b, "last_error", e->conn_err[0] ? json_string(e->conn_err) : json_null());
+    json_object_set_new(out, "circuit_breaker", b);
+    json_t *rej = json_null();
+    if (e->rejected) {
+        rej = json_object();
+        json_object_set_new(rej, "http_status", json_integer(e->rej_status));
+        json_object_set_new(rej, "code", json_string(e->rej_code));
+        json_object_set_new(rej, "message", json_string(e->rej_msg));
+    }
+    json_object_set_new(out, "s3_error", rej);
+    pthread_mutex_unlock(&e->lock);
+    json_object_set_new(out, "parked_stores",
+                        json_integer((json_int_t)kvt_l2_parked(&e->park)));
+    json_t *rq = json_object();
+    static const char *const names[S3_NOPS] = {"put", "get", "head", "delete", "list", "probe"};
+    for (int i = 0; i < S3_NOPS; i++)
+        json_object_set_new(rq, names[i], json_integer((json_int_t)atomic_load(&e->reqs[i])));
+    json_object_set_new(out, "requests", rq);
+    json_object_set_new(out, "failed_requests",
+                        json_integer((json_int_t)atomic_load(&e->failures)));
+    json_object_set_new(out, "foreign_objects", json_integer((json_int_t)atomic_load(&e->foreign)));
+}
+
+static bool s3_healthy(kvt_l2 *l2, char *msg, size_t cap)
+{
+    return kvt_s3_health(l2->engine, msg, cap);
+}
+
+/* persist_enabled false: DELETE every indexed object before stopping (the
+ * keys are copied under the lock, the requests built outside it). */
+static void delete_all_indexed(kvt_l2 *l2, struct s3_engine *e)
+{
+    if (!kvt_s3_available(e)) {
+        kvt_warn("%s: persist_enabled is false but S3 is unreachable: objects stay", l2->name);
+        return;
+    }
+    uint32_t n = 0;
+    pthread_mutex_lock(&l2->lock);
+    kvt_key *keys = kvt_xmalloc((l2->idx.hwm ? l2->idx.hwm : 1) * sizeof(*keys));
+    for (uint32_t h = 0; h < l2->idx.hwm; h++)
+        if (kvt_l2_obj_state(&l2->idx.objs[h]) != KVT_OBJ_FREE)
+            keys[n++] = l2->idx.objs[h].key;
+    pthread_mutex_unlock(&l2->lock);
+    int *rcs = kvt_xcalloc(n ? n : 1, sizeof(int));
+    remove_keys(e, keys, n, rcs);
+    uint64_t removed = 0;
+    for (uint32_t i = 0; i < n; i++)
+        removed += rcs[i] == 0;
+    free(rcs);
+    free(keys);
+    kvt_info("%s: persist_enabled is false: deleted %llu objects", l2->name,
+             (unsigned long long)removed);
+}
+
+static void s3_close(kvt_l2 *l2)
+{
+    struct s3_engine *e = l2->engine;
+    pthread_mutex_lock(&e->lock);
+    e->list_done = true; /* no new listing pages */
+    pthread_mutex_unlock(&e->lock);
+    for (kvt_l2_task *p = kvt_l2_park_take(&e->park, true), *nx; p; p = nx) {
+        nx = p->next;
+        p->next = NULL;
+        fail_task(l2, p);
+    }
+    if (!l2->persist_enabled && e->io_started)
+        delete_all_indexed(l2, e);
+    kvt_s3_io_stop(e);
+    struct list_state *ls = e->list;
+    kvt_s3_req_clear(&ls->req);
+    free(ls->token);
+    free(ls->found.v);
+    free(ls);
+    explicit_bzero(&e->creds, sizeof(e->creds));
+    explicit_bzero(e->sig_key, sizeof(e->sig_key));
+    kvt_l2_park_destroy(&e->park);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+    l2->engine = NULL;
+}
+
+static const struct kvt_l2_ops s3_ops = {
+    .submit = s3_submit,
+    .remove = s3_remove,
+    .remove_batch = s3_remove_batch,
+    .status = s3_status,
+    .healthy = s3_healthy,
+    .close = s3_close,
+};
+
+/* ---------------------------------------------------------- creation */
+
+/* AWS wants 3..63 of a-z 0-9 . -; S3-compatible servers and legacy buckets
+ * are laxer (the issue's own example is "kv"): accept what can appear in a
+ * host name label or a path segment unescaped. */
+static bool bucket_name_ok(const char *b)
+{
+    size_t n = strlen(b);
+    if (n < 1 || n > 127)
+        return false;
+    for (const char *p = b; *p; p++)
+        if (!(isalnum((unsigned char)*p) || *p == '-' || *p == '.' || *p == '_'))
+            return false;
+    return true;
+}
+
+/*
+ * Where the bucket lives, from s3_endpoint (+ s3_bucket, s3_addressing):
+ *   s3://bucket                   AWS: https://bucket.s3.<region>.amazonaws.com/<key>
+ *   s3://bucket.host[:port], bucket.host[:port]
+ *                                 virtual-hosted: the first label is the bucket
+ *   host[:port] + s3_bucket       path style (default off AWS): host/bucket/<key>,
+ *                                 or virtual with s3_addressing "virtual"
+ *   http:// or https:// in front  choose the scheme (else disable_tls decides)
+ */
+static int resolve_endpoint(struct kvt_cfg *c, struct kvt_s3_opts *o, bool tls_explicit)
+{
+    const char *ep = o->endpoint;
+    int kind = 0; /* 0 none, 1 s3://, 2 http://, 3 https:// */
+    if (strncmp(ep, "s3://", 5) == 0)
+        ep += 5, kind = 1;
+    else if (strncmp(ep, "http://", 7) == 0)
+        ep += 7, kind = 2;
+    else if (strncmp(ep, "https://", 8) == 0)
+        ep += 8, kind = 3;
+    char rest[256];
+    if (strlen(ep) >= sizeof(rest))
+        return kvt_cfg_fail(c, "s3_endpoint", "is too long");
+    snprintf(rest, sizeof(rest), "%s", ep);
+    size_t rl = strlen(rest);
+    while (rl && rest[rl - 1] == '/')
+        rest[--rl] = 0;
+    if (!rl || strchr(rest, '/') || strchr(rest, '@') || strchr(rest, ' '))
+        return kvt_cfg_fail(c, "s3_endpoint",
+                            "must be \"s3://<bucket>\", \"<bucket>.<host>[:port]\" or "
+                            "\"[http[s]://]<host>[:port]\" with s3_bucket (got \"%s\")",
+                            o->endpoint);
+    bool tls = !o->disable_tls;
+    if (kind == 2 || kind == 3) {
+        tls = kind == 3;
+        if (tls_explicit && tls == o->disable_tls)
+            return kvt_cfg_fail(c, "disable_tls", "contradicts the scheme of s3_endpoint \"%s\"",
+                                o->endpoint);
+    }
+    snprintf(o->scheme, sizeof(o->scheme), "%s", tls ? "https" : "http");
+    const char *addr = o->addressing;
+    if (o->bucket_opt) {
+        if (!bucket_name_ok(o->bucket_opt))
+            return kvt_cfg_fail(
+                c, "s3_bucket",
+                "must be a bucket name of letters, digits, '.', '-', '_' (got \"%s\")",
+                o->bucket_opt);
+        snprintf(o->bucket, sizeof(o->bucket), "%s", o->bucket_opt);
+        bool aws = rl > 14 && strcmp(rest + rl - 14, ".amazonaws.com") == 0;
+        o->path_style = addr ? strcmp(addr, "path") == 0 : !aws;
+        if (o->path_style)
+            snprintf(o->host, sizeof(o->host), "%s", rest);
+        else
+            snprintf(o->host, sizeof(o->host), "%.127s.%.255s", o->bucket, rest);
+        return 0;
+    }
+    if (addr && strcmp(addr, "path") == 0)
+        return kvt_cfg_fail(c, "s3_addressing",
+                            "\"path\" needs \"s3_bucket\" (the endpoint is then the bare host)");
+    o->path_style = false;
+    if (kind == 1 && !strchr(rest, '.') && !strchr(rest, ':')) {
+        if (!bucket_name_ok(rest))
+            return kvt_cfg_fail(c, "s3_endpoint", "\"%s\" is not a valid bucket name", rest);
+        snprintf(o->bucket, sizeof(o->bucket), "%.127s", rest);
+        snprintf(o->host, sizeof(o->host), "%.127s.s3.%.63s.amazonaws.com", rest, o->region);
+        return 0;
+    }
+    const char *dot = strchr(rest, '.');
+    const char *colon = strchr(rest, ':');
+    if (!dot || (colon && colon < dot))
+        return kvt_cfg_fail(c, "s3_endpoint",
+                            "\"%s\" does not name a bucket: add \"s3_bucket\" (and "
+                            "\"s3_addressing\": \"path\" for servers such as MinIO)",
+                            o->endpoint);
+    snprintf(o->bucket, sizeof(o->bucket), "%.*s", (int)KVT_MIN((size_t)(dot - rest), 127), rest);
+    snprintf(o->host, sizeof(o->host), "%s", rest);
+    return 0;
+}
+
+static int check_prefix(struct kvt_cfg *c, const char *p)
+{
+    size_t n = strlen(p);
+    if (n > 150)
+        return kvt_cfg_fail(c, "key_prefix", "must be at most 150 bytes");
+    if (p[0] == '/' || strstr(p, "//"))
+        return kvt_cfg_fail(c, "key_prefix", "must not start with '/' or contain \"//\"");
+    for (const char *s = p; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f || *s == '\\')
+            return kvt_cfg_fail(c, "key_prefix", "must not contain control characters or '\\'");
+    char tmp[160];
+    snprintf(tmp, sizeof(tmp), "/%s/", p);
+    if (strstr(tmp, "/./") || strstr(tmp, "/../"))
+        return kvt_cfg_fail(c, "key_prefix", "must not contain \".\" or \"..\" components");
+    return 0;
+}
+
+static int load_creds(const struct kvt_s3_opts *o, struct s3_creds *c, char *err, size_t cap);
+
+int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    static const char *const addrs[] = {"path", "virtual", NULL};
+    int64_t nio = 64, thr = 3;
+    double cap = 0, ct = 10, rt = 30;
+    bool express = false;
+    kvt_cfg_str(c, "s3_endpoint", true, NULL, &o->endpoint);
+    kvt_cfg_str(c, "s3_region", true, NULL, &o->region);
+    kvt_cfg_str(c, "s3_bucket", false, NULL, &o->bucket_opt);
+    kvt_cfg_enum(c, "s3_addressing", false, NULL, addrs, true, &o->addressing);
+    kvt_cfg_int(c, "s3_num_io_threads", false, 64, 1, 1024, &nio);
+    kvt_cfg_bool(c, "s3_prefer_http2", true, &o->prefer_http2);
+    kvt_cfg_bool(c, "s3_enable_s3express", false, &express);
+    bool tls_explicit = kvt_cfg_has(c, "disable_tls");
+    kvt_cfg_bool(c, "disable_tls", false, &o->disable_tls);
+    kvt_cfg_str(c, "aws_access_key_id", false, NULL, &o->key_id);
+    kvt_cfg_str(c, "aws_secret_access_key", false, NULL, &o->secret);
+    kvt_cfg_str(c, "aws_session_token", false, NULL, &o->token);
+    kvt_cfg_str(c, "key_prefix", false, "", &o->key_prefix);
+    kvt_cfg_num(c, "connection_timeout", false, 10, 0.001, 3600, &ct);
+    kvt_cfg_num(c, "request_timeout", false, 30, 1, 3600, &rt);
+    kvt_cfg_int(c, "circuit_breaker_threshold", false, 3, 1, 1000, &thr);
+    kvt_cfg_num(c, "max_capacity_gb", false, 0, 0, 1e9, &cap);
+    if (c->rc)
+        return c->rc;
+    /* the secrets are read but never echoed by --dry-run */
+    if (o->secret)
+        json_object_set_new(c->resolved, "aws_secret_access_key", json_string("<set>"));
+    if (o->token)
+        json_object_set_new(c->resolved, "aws_session_token", json_string("<set>"));
+    o->num_io_threads = (int)nio;
+    o->breaker_threshold = (int)thr;
+    o->connection_timeout = ct;
+    o->request_timeout = rt;
+    o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
+    if (express)
+        return kvt_cfg_unsupported(c, "s3_enable_s3express",
+                                   "is not supported by this build: S3 Express One Zone needs "
+                                   "CreateSession credentials, which kvtier does not implement "
+                                   "(use a general-purpose bucket)");
+    if (!o->region[0])
+        return kvt_cfg_fail(c, "s3_region", "must not be empty");
+    for (const char *p = o->region; *p; p++)
+        if (!(islower((unsigned char)*p) || isdigit((unsigned char)*p) || *p == '-'))
+            return kvt_cfg_fail(c, "s3_region", "must look like \"us-east-1\" (got \"%s\")",
+                                o->region);
+    if (!o->key_id != !o->secret)
+        return kvt_cfg_fail(c, o->key_id ? "aws_secret_access_key" : "aws_access_key_id",
+                            "is required with %s (give both, or neither to use the "
+                            "environment or ~/.aws/credentials)",
+                            o->key_id ? "aws_access_key_id" : "aws_secret_access_key");
+    if ((o->key_id && (strlen(o->key_id) >= 128 || strlen(o->secret) >= 128)) ||
+        (o->token && strlen(o->token) >= 2048))
+        return kvt_cfg_fail(c, "aws_access_key_id", "or its secret/token is too long");
+    if (check_prefix(c, o->key_prefix))
+        return c->rc;
+    if (resolve_endpoint(c, o, tls_explicit))
+        return c->rc;
+    json_object_set_new(c->resolved, "s3_bucket", json_string(o->bucket));
+    json_object_set_new(c->resolved, "s3_addressing",
+                        json_string(o->path_style ? "path" : "virtual"));
+    char url[600];
+    snprintf(url, sizeof(url), "%s://%s%s%s/", o->scheme, o->host, o->path_style ? "/" : "",
+             o->path_style ? o->bucket : "");
+    json_object_set_new(c->resolved, "endpoint_url", json_string(url));
+    return 0;
+}
+
+int kvt_s3_creds_check(bool explicit_keys, char *err, size_t errcap)
+{
+    if (explicit_keys)
+        return 0;
+    struct kvt_s3_opts o;
+    memset(&o, 0, sizeof(o));
+    struct s3_creds cr;
+    int rc = load_creds(&o, &cr, err, errcap);
+    explicit_bzero(&cr, sizeof(cr));
+    return rc;
+}
+
+/* "key = value" lines of [profile] in an AWS credentials file. */
+static bool creds_from_file(struct s3_creds *cr)
+{
+    char path[600];
+    const char *f = getenv("AWS_SHARED_CREDENTIALS_FILE"), *home = getenv("HOME");
+    const char *prof = getenv("AWS_PROFILE");
+    if (!prof || !*prof)
+        prof = "default";
+    if (f && *f)
+        snprintf(path, sizeof(path), "%s", f);
+    else if (home && *home)
+        snprintf(path, sizeof(path), "%s/.aws/credentials", home);
+    else
+        return false;
+    FILE *fp = fopen(path, "re");
+    if (!fp)
+        return false;
+    char line[2600];
+    bool in = false;
+    struct s3_creds c = {0};
+    while (fgets(line, sizeof(line), fp)) {
+        char *s = line;
+        while (isspace((unsigned char)*s))
+            s++;
+        char *e = s + strlen(s);
+        while (e > s && isspace((unsigned char)e[-1]))
+            *--e = 0;
+        if (*s == '[') {
+            char *z = strchr(s, ']');
+            if (z)
+                *z = 0;
+            char *name = s + 1;
+            while (isspace((unsigned char)*name))
+                name++;
+            in = strcmp(name, prof) == 0;
+            continue;
+        }
+        char *eq = strchr(s, '=');
+        if (!in || !eq || *s == '#' || *s == ';')
+            continue;
+        char *k = s, *v = eq + 1;
+        *eq = 0;
+        for (char *z = eq; z > k && isspace((unsigned char)z[-1]);)
+            *--z = 0;
+        while (isspace((unsigned char)*v))
+            v++;
+        if (strcmp(k, "aws_access_key_id") == 0)
+            snprintf(c.key_id, sizeof(c.key_id), "%s", v);
+        else if (strcmp(k, "aws_secret_access_key") == 0)
+            snprintf(c.secret, sizeof(c.secret), "%s", v);
+        else if (strcmp(k, "aws_session_token") == 0)
+            snprintf(c.token, sizeof(c.token), "%s", v);
+    }
+    fclose(fp);
+    if (!c.key_id[0] || !c.secret[0]) {
+        explicit_bzero(&c, sizeof(c));
+        return false;
+    }
+    snprintf(c.source, sizeof(c.source), "file %s [%s]", path, prof);
+    *cr = c;
+    explicit_bzero(&c, sizeof(c));
+    return true;
+}
+
+/* Credentials: the config's keys, else AWS_ACCESS_KEY_ID /
+ * AWS_SECRET_ACCESS_KEY (/ AWS_SESSION_TOKEN), else the shared credentials
+ * file. No instance-metadata lookup: give keys explicitly on EC2. */
+static int load_creds(const struct kvt_s3_opts *o, struct s3_creds *c, char *err, size_t cap)
+{
+    memset(c, 0, sizeof(*c));
+    if (o->key_id) {
+        snprintf(c->key_id, sizeof(c->key_id), "%s", o->key_id);
+        snprintf(c->secret, sizeof(c->secret), "%s", o->secret);
+        snprintf(c->token, sizeof(c->token), "%s", o->token ? o->token : "");
+        snprintf(c->source, sizeof(c->source), "config");
+        return 0;
+    }
+    const char *k = getenv("AWS_ACCESS_KEY_ID"), *s = getenv("AWS_SECRET_ACCESS_KEY");
+    if (k && *k && s && *s) {
+        const char *t = getenv("AWS_SESSION_TOKEN");
+        snprintf(c->key_id, sizeof(c->key_id), "%s", k);
+        snprintf(c->secret, sizeof(c->secret), "%s", s);
+        snprintf(c->token, sizeof(c->token), "%s", t ? t : "");
+        snprintf(c->source, sizeof(c->source), "environment");
+        return 0;
+    }
+    if (creds_from_file(c))
+        return 0;
+    snprintf(err, cap,
+             "no AWS credentials: set \"aws_access_key_id\" and \"aws_secret_access_key\", or "
+             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws/credentials "
+             "(AWS_PROFILE, AWS_SHARED_CREDENTIALS_FILE)");
+    return KVT_E_CONFIG;
+}
+
+int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_opts *o,
+                char *err, size_t errcap)
+{
+    int rc = kvt_l2_base_init(l2, &s3_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes);
+    if (rc) {
+        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+        return rc;
+    }
+    /* stores reserve on the submitting thread (store-ctrl, or the listing's
+     * completion when parked tasks resume), where a batch of DELETEs must
+     * not be waited for: over the cap is refused, the controller evicts */
+    l2->no_sync_evict = true;
+    struct s3_engine *e = kvt_xcalloc(1, sizeof(*e));
+    e->l2 = l2;
+    pthread_mutex_init(&e->lock, NULL);
+    kvt_l2_park_init(&e->park);
+    rc = load_creds(o, &e->creds, err, errcap);
+    if (rc)
+        goto fail;
+    snprintf(e->scheme, sizeof(e->scheme), "%s", o->scheme);
+    snprintf(e->host, sizeof(e->host), "%s", o->host);
+    snprintf(e->bucket, sizeof(e->bucket), "%s", o->bucket);
+    e->path_style = o->path_style;
+    snprintf(e->base, sizeof(e->base), "%s%s", o->path_style ? "/" : "",
+             o->path_style ? o->bucket : "");
+    snprintf(e->region, sizeof(e->region), "%s", o->region);
+    size_t pl = strlen(o->key_prefix);
+    snprintf(e->prefix, sizeof(e->prefix), "%s%s", o->key_prefix,
+             pl && o->key_prefix[pl - 1] != '/' ? "/" : "");
+    e->prefix_len = strlen(e->prefix);
+    e->max_transfers = o->num_io_threads;
+    e->http2 = o->prefer_http2;
+    e->connect_timeout_ms = (long)(o->connection_timeout * 1000);
+    e->request_timeout_ms = (long)(o->request_timeout * 1000);
+    e->breaker_threshold = o->breaker_threshold;
+    e->list = kvt_xcalloc(1, sizeof(struct list_state));
+    e->park.parking = l2->cap_bytes > 0;
+    l2->engine = e;
+    l2->recovering = true;
+    rc = kvt_s3_io_start(e, err, errcap);
+    if (rc)
+        goto fail;
+    kvt_info("%s: %s://%s%s/%s (region %s, credentials from %s, up to %d transfers)", l2->name,
+             e->scheme, e->host, e->base, e->prefix, e->region, e->creds.source,
+             e->max_transfers);
+    return 0;
+fail:
+    free(e->list);
+    explicit_bzero(&e->creds, sizeof(e->creds));
+    kvt_l2_park_destroy(&e->park);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+    l2->engine = NULL;
+    kvt_l2_base_destroy(l2);
+    return rc;
+}

@@ -1,0 +1,683 @@
+/*
+ * s3 adapter: the I/O thread. One thread drives libcurl's multi interface
+ * with up to s3_num_io_threads transfers at once (HTTP/2 multiplexing or a
+ * pool of keep-alive connections); requests come from any thread through a
+ * queue and a curl_multi_wakeup, completions run on this thread. It sleeps
+ * in curl_multi_poll: no busy polling.
+ *
+ * Signing: every request is signed with our SigV4 (sigv4.c) over host,
+ * x-amz-date, x-amz-content-sha256 (UNSIGNED-PAYLOAD for PUT bodies: the
+ * objfmt checksum guards the bytes end to end) and the x-amz-meta / token
+ * headers.
+ *
+ * Circuit breaker: circuit_breaker_threshold consecutive transport errors or
+ * 5xx answers open it; while open, requests fail at once without touching
+ * the network. A probe (HEAD on the bucket) goes out after 0.5 s, then with
+ * doubling backoff up to 30 s; any HTTP answer closes the breaker again
+ * (LMCache's breaker never closes).
+ *
+ * Locks: e->lock guards the queue, the breaker and the error fields; it is
+ * never held while curl runs or a completion callback runs.
+ */
+#include "common/log.h"
+#include "common/util.h"
+#include "kvtier/error.h"
+#include "l2/s3/s3_int.h"
+#include "l2/s3/sigv4.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+static const char *const op_names[S3_NOPS] = {"PUT", "GET", "HEAD", "DELETE", "LIST", "PROBE"};
+
+const char *kvt_s3_outcome_name(enum s3_outcome o)
+{
+    static const char *const n[] = {"ok",       "not found", "connection error", "unavailable",
+                                    "rejected", "server error", "bad data"};
+    return (unsigned)o < KVT_ARRAY_LEN(n) ? n[o] : "?";
+}
+
+/* ------------------------------------------------------- callbacks */
+
+static size_t read_cb(char *buf, size_t size, size_t nitems, void *arg)
+{
+    struct s3_req *r = arg;
+    size_t room = size * nitems, n = 0;
+    uint64_t total = S3_HDR + r->plen;
+    while (n < room && r->sent < total) {
+        size_t take;
+        if (r->sent < S3_HDR) {
+            take = KVT_MIN(room - n, (size_t)(S3_HDR - r->sent));
+            memcpy(buf + n, r->put_hdr + r->sent, take);
+        } else {
+            uint64_t off = r->sent - S3_HDR;
+            take = (size_t)KVT_MIN((uint64_t)(room - n), r->plen - off);
+            memcpy(buf + n, r->payload + off, take);
+        }
+        n += take;
+        r->sent += take;
+    }
+    return n;
+}
+
+static size_t body_put(struct s3_req *r, const char *p, size_t n)
+{
+    if (r->blen + n + 1 > r->bcap) {
+        if (r->blen + n + 1 > S3_BODY_MAX)
+            return 0;
+        size_t nc = r->bcap ? r->bcap * 2 : 16384;
+        while (nc < r->blen + n + 1)
+            nc *= 2;
+        char *nb = realloc(r->body, nc);
+        if (!nb)
+            return 0;
+        r->body = nb;
+        r->bcap = nc;
+    }
+    memcpy(r->body + r->blen, p, n);
+    r->blen += n;
+    r->body[r->blen] = 0;
+    return n;
+}
+
+/*
+ * GET bodies: the first S3_HDR bytes go to hbuf; then on_hdr decides how
+ * many payload bytes may follow (they must fit the destination); the
+ * payload goes straight to dst. More bytes than announced cut the transfer:
+ * the destination is never overrun. Error answers (non-2xx) are kept as a
+ * body to read the S3 error code from.
+ */
+static size_t write_cb(char *p, size_t size, size_t nmemb, void *arg)
+{
+    struct s3_req *r = arg;
+    size_t n = size * nmemb;
+    if (!r->status) /* once per transfer: body bytes follow the final status */
+        curl_easy_getinfo(r->h, CURLINFO_RESPONSE_CODE, &r->status);
+    if (r->op != S3_GET || r->status / 100 != 2)
+        return body_put(r, p, n) == n ? n : 0;
+    size_t used = 0;
+    while (used < n) {
+        if (r->want < 0) {
+            size_t take = KVT_MIN(n - used, (size_t)(S3_HDR - r->got));
+            memcpy(r->hbuf + r->got, p + used, take);
+            r->got += take;
+            used += take;
+            if (r->got == S3_HDR) {
+                r->want = r->on_hdr(r);
+                if (r->want < 0) {
+                    r->cut = true;
+                    return 0;
+                }
+                r->got = 0;
+            }
+            continue;
+        }
+        size_t take = n - used;
+        if (r->got + take > (uint64_t)r->want) {
+            r->cut = true; /* longer than its header says */
+            return 0;
+        }
+        memcpy(r->dst + r->got, p + used, take);
+        r->got += take;
+        used += take;
+    }
+    return n;
+}
+
+static size_t header_cb(char *p, size_t size, size_t nitems, void *arg)
+{
+    struct s3_req *r = arg;
+    size_t n = size * nitems;
+    if (n >= 5 && strncmp(p, "HTTP/", 5) == 0) { /* a new response (after 100) */
+        r->clen = -1;
+        r->rmeta[0] = 0;
+        return n;
+    }
+    const char *colon = memchr(p, ':', n);
+    if (!colon)
+        return n;
+    size_t kl = (size_t)(colon - p);
+    const char *v = colon + 1;
+    size_t vl = n - kl - 1;
+    while (vl && (*v == ' ' || *v == '\t')) {
+        v++;
+        vl--;
+    }
+    while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' '))
+        vl--;
+    if (kl == 14 && strncasecmp(p, "content-length", 14) == 0) {
+        char tmp[32];
+        snprintf(tmp, sizeof(tmp), "%.*s", (int)KVT_MIN(vl, 31), v);
+        r->clen = strtoll(tmp, NULL, 10);
+    } else if (kl == 14 && strncasecmp(p, "x-amz-meta-kvt", 14) == 0) {
+        snprintf(r->rmeta, sizeof(r->rmeta), "%.*s", (int)KVT_MIN(vl, sizeof(r->rmeta) - 1), v);
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------ setup */
+
+static void add_hdr(struct s3_req *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add_hdr(struct s3_req *r, const char *fmt, ...)
+{
+    char line[2300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    struct curl_slist *nl = curl_slist_append(r->hl, line);
+    if (nl)
+        r->hl = nl;
+}
+
+/*
+ * Build the easy handle: URL, method, body source/sink, timeouts and the
+ * signed headers. Returns 0 or -ENOMEM / -EINVAL.
+ */
+static int setup(struct s3_engine *e, struct s3_req *r)
+{
+    CURL *h = r->h;
+    r->status = 0; /* write_cb reads it once per transfer */
+    char url[S3_PATH_MAX + 512 + 2400];
+    snprintf(url, sizeof(url), "%s://%s%s%s%s", e->scheme, e->host, r->path,
+             r->query && r->query[0] ? "?" : "", r->query ? r->query : "");
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_PRIVATE, r);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, r->errbuf);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, e->connect_timeout_ms);
+    /* request_timeout: a transfer that moves nothing for that long fails
+     * (a total timeout would punish large objects on a busy link) */
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, KVT_MAX(1L, e->request_timeout_ms / 1000));
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(h, CURLOPT_HTTP_VERSION,
+                     e->http2 ? (long)CURL_HTTP_VERSION_2TLS : (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, header_cb);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_cb);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+    /* bigger receive chunks: fewer callbacks and reads per object (the curl
+     * tool itself uses 100 KiB) */
+    curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 256L * 1024);
+    const char *method = "GET";
+    switch (r->op) {
+    case S3_PUT:
+        method = "PUT";
+        curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(h, CURLOPT_READFUNCTION, read_cb);
+        curl_easy_setopt(h, CURLOPT_READDATA, r);
+        curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)(S3_HDR + r->plen));
+        curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 256L * 1024);
+        break;
+    case S3_HEAD:
+    case S3_PROBE:
+        method = "HEAD";
+        curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+        break;
+    case S3_DELETE:
+        method = "DELETE";
+        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "DELETE");
+        break;
+    default:
+        break;
+    }
+    char date[17];
+    kvt_sigv4_amz_date(time(NULL), date);
+    const char *phash = r->op == S3_PUT ? "UNSIGNED-PAYLOAD" : KVT_SHA256_EMPTY;
+    struct kvt_sigv4_pair hs[6];
+    size_t nh = 0;
+    hs[nh++] = (struct kvt_sigv4_pair){"host", e->host};
+    hs[nh++] = (struct kvt_sigv4_pair){"x-amz-content-sha256", phash};
+    hs[nh++] = (struct kvt_sigv4_pair){"x-amz-date", date};
+    if (r->op == S3_PUT)
+        hs[nh++] = (struct kvt_sigv4_pair){"x-amz-meta-kvt", r->meta};
+    if (e->creds.token[0])
+        hs[nh++] = (struct kvt_sigv4_pair){"x-amz-security-token", e->creds.token};
+    if (memcmp(e->sig_date8, date, 8) != 0) { /* a new day: derive the key once */
+        memcpy(e->sig_date8, date, 8);
+        e->sig_date8[8] = 0;
+        kvt_sigv4_signing_key(e->creds.secret, e->sig_date8, e->region, "s3", e->sig_key);
+    }
+    struct kvt_sigv4_req sr = {method,   r->path,  r->query ? r->query : "", hs, nh, phash, date,
+                               e->region, "s3", e->creds.key_id, e->creds.secret, e->sig_key};
+    struct kvt_sigv4_out so;
+    memset(&so, 0, sizeof(so));
+    int rc = kvt_sigv4_sign(&sr, &so);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < nh; i++)
+        add_hdr(r, "%s: %s", hs[i].name, hs[i].value);
+    add_hdr(r, "Authorization: %s", so.authorization);
+    add_hdr(r, "Expect:"); /* no 100-continue round trip before a PUT body */
+    if (r->op == S3_PUT)
+        add_hdr(r, "Content-Type: application/octet-stream");
+    if (!r->hl)
+        return -ENOMEM;
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, r->hl);
+    return 0;
+}
+
+/* ---------------------------------------------------------- breaker */
+
+static void breaker_ok(struct s3_engine *e)
+{
+    bool closed_now = false;
+    double was_open = 0;
+    pthread_mutex_lock(&e->lock);
+    e->conn_errors = 0;
+    if (e->brk != BRK_CLOSED) {
+        e->brk = BRK_CLOSED;
+        closed_now = true;
+        was_open = (double)(kvt_now_ns() - e->open_since_ns) / 1e9;
+        e->conn_err[0] = 0;
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (closed_now)
+        kvt_info("%s: S3 at %s answers again: circuit closed after %.1f s", e->l2->name, e->host,
+                 was_open);
+}
+
+static void breaker_fail(struct s3_engine *e, const char *why)
+{
+    bool opened = false;
+    uint64_t now = kvt_now_ns();
+    pthread_mutex_lock(&e->lock);
+    snprintf(e->conn_err, sizeof(e->conn_err), "%s", why);
+    if (e->brk == BRK_CLOSED) {
+        if (++e->conn_errors >= e->breaker_threshold) {
+            e->brk = BRK_OPEN;
+            e->brk_opens++;
+            e->open_since_ns = now;
+            e->probe_backoff_ns = S3_PROBE_MIN_NS;
+            e->next_probe_ns = now + e->probe_backoff_ns;
+            opened = true;
+        }
+    } else if (e->brk == BRK_PROBING) {
+        e->brk = BRK_OPEN;
+        e->probe_backoff_ns = KVT_MIN(e->probe_backoff_ns * 2, S3_PROBE_MAX_NS);
+        e->next_probe_ns = now + e->probe_backoff_ns;
+    }
+    int errs = e->conn_errors;
+    pthread_mutex_unlock(&e->lock);
+    if (opened) {
+        kvt_warn("%s: circuit open after %d consecutive errors talking to %s (%s): lookups "
+                 "miss and stores fail at once; probing with backoff",
+                 e->l2->name, errs, e->host, why);
+        kvt_s3_on_breaker_open(e->l2);
+    }
+}
+
+bool kvt_s3_available(struct s3_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    bool ok = e->brk == BRK_CLOSED;
+    pthread_mutex_unlock(&e->lock);
+    return ok;
+}
+
+bool kvt_s3_health(struct s3_engine *e, char *msg, size_t cap)
+{
+    uint64_t now = kvt_now_ns();
+    pthread_mutex_lock(&e->lock);
+    bool ok = false;
+    if (e->brk != BRK_CLOSED) {
+        double next = e->next_probe_ns > now ? (double)(e->next_probe_ns - now) / 1e9 : 0;
+        snprintf(msg, cap, "circuit open for %.1f s: %s (next probe in %.1f s)",
+                 (double)(now - e->open_since_ns) / 1e9, e->conn_err, next);
+    } else if (e->rejected) {
+        snprintf(msg, cap, "S3 refuses our requests: HTTP %ld %s: %s", e->rej_status, e->rej_code,
+                 e->rej_msg);
+    } else {
+        snprintf(msg, cap, "ok (%s://%s%s)", e->scheme, e->host, e->base);
+        ok = true;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return ok;
+}
+
+/* ------------------------------------------------------- completion */
+
+static bool is_transport(int rc)
+{
+    switch (rc) {
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_WEIRD_SERVER_REPLY:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Classify a finished transfer and feed the breaker and the error state. */
+static void classify(struct s3_engine *e, struct s3_req *r, CURLcode rc)
+{
+    r->curl_rc = rc;
+    curl_easy_getinfo(r->h, CURLINFO_RESPONSE_CODE, &r->status);
+    if (rc != CURLE_OK) {
+        if (r->cut) {
+            r->outcome = S3_BADDATA;
+            return;
+        }
+        r->outcome = S3_CONN;
+        char why[300];
+        snprintf(why, sizeof(why), "%s %s: %s", op_names[r->op], curl_easy_strerror(rc),
+                 r->errbuf[0] ? r->errbuf : "");
+        if (is_transport(rc) || r->op == S3_PROBE)
+            breaker_fail(e, why);
+        else
+            kvt_debug("%s: %s", e->l2->name, why);
+        return;
+    }
+    long s = r->status;
+    if (s / 100 == 2) {
+        r->outcome = S3_OK;
+    } else if (s == 404) {
+        kvt_s3_xml_field(r->body, NULL, "Code", r->err_code, sizeof(r->err_code));
+        r->outcome = strcmp(r->err_code, "NoSuchBucket") == 0 ? S3_REJECTED : S3_NOTFOUND;
+    } else if (s / 100 == 5) {
+        r->outcome = S3_SERVER;
+    } else {
+        r->outcome = S3_REJECTED;
+    }
+    if (r->outcome == S3_REJECTED || r->outcome == S3_SERVER) {
+        if (!r->err_code[0])
+            kvt_s3_xml_field(r->body, NULL, "Code", r->err_code, sizeof(r->err_code));
+        kvt_s3_xml_field(r->body, NULL, "Message", r->err_msg, sizeof(r->err_msg));
+        if (!r->err_code[0])
+            snprintf(r->err_code, sizeof(r->err_code), "HTTP%ld", s);
+        if (!r->err_msg[0])
+            snprintf(r->err_msg, sizeof(r->err_msg), "%s answered %ld without an error body",
+                     op_names[r->op], s);
+    }
+    if (r->op == S3_PROBE || r->outcome != S3_SERVER) {
+        breaker_ok(e); /* the server answered */
+    } else {
+        char why[400];
+        snprintf(why, sizeof(why), "%s: HTTP %ld %s", op_names[r->op], s, r->err_code);
+        breaker_fail(e, why);
+    }
+    if (r->op == S3_PROBE)
+        return;
+    pthread_mutex_lock(&e->lock);
+    bool log = false;
+    if (r->outcome == S3_REJECTED) {
+        uint64_t sig = kvt_payload_hash(r->err_code, strlen(r->err_code)) ^ (uint64_t)s;
+        log = sig != e->rej_logged;
+        e->rej_logged = sig;
+        e->rejected = true;
+        e->rej_status = s;
+        snprintf(e->rej_code, sizeof(e->rej_code), "%s", r->err_code);
+        snprintf(e->rej_msg, sizeof(e->rej_msg), "%s", r->err_msg);
+    } else if (r->outcome == S3_OK && e->rejected) {
+        e->rejected = false;
+        e->rej_logged = 0;
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (log)
+        kvt_error("%s: S3 refused a %s (HTTP %ld %s: %s)%s", e->l2->name, op_names[r->op], s,
+                  r->err_code, r->err_msg,
+                  s == 403 ? ": check aws_access_key_id / aws_secret_access_key, the region "
+                             "and the bucket policy"
+                           : "");
+}
+
+/* --------------------------------------------------------- the loop */
+
+void kvt_s3_req_clear(struct s3_req *r)
+{
+    free(r->body);
+    free(r->query);
+    r->body = NULL;
+    r->query = NULL;
+    r->blen = r->bcap = 0;
+}
+
+static void req_reset(struct s3_engine *e, struct s3_req *r)
+{
+    r->status = 0;
+    r->curl_rc = 0;
+    r->clen = -1;
+    r->rmeta[0] = r->errbuf[0] = r->err_code[0] = r->err_msg[0] = 0;
+    r->got = r->sent = 0;
+    r->want = -1;
+    r->cut = false;
+    r->blen = 0;
+    r->outcome = S3_OK;
+    atomic_fetch_add(&e->reqs[r->op], 1);
+}
+
+void kvt_s3_submit_reqs(struct s3_engine *e, struct s3_req *head)
+{
+    struct s3_req *tail = head;
+    uint32_t n = 1;
+    req_reset(e, head);
+    for (; tail->next; tail = tail->next, n++)
+        req_reset(e, tail->next);
+    pthread_mutex_lock(&e->lock);
+    if (e->q_tail)
+        e->q_tail->next = head;
+    else
+        e->q_head = head;
+    e->q_tail = tail;
+    e->queued += n;
+    pthread_mutex_unlock(&e->lock);
+    curl_multi_wakeup(e->multi);
+}
+
+void kvt_s3_submit_req(struct s3_engine *e, struct s3_req *r)
+{
+    r->next = NULL;
+    kvt_s3_submit_reqs(e, r);
+}
+
+struct pool {
+    CURL **h;
+    int n, cap;
+};
+
+static CURL *pool_get(struct pool *p)
+{
+    if (p->n)
+        return p->h[--p->n];
+    return curl_easy_init();
+}
+
+static void pool_put(struct pool *p, CURL *h)
+{
+    curl_easy_reset(h);
+    if (p->n == p->cap) {
+        p->cap = p->cap ? p->cap * 2 : 64;
+        p->h = kvt_xrealloc(p->h, (size_t)p->cap * sizeof(CURL *));
+    }
+    p->h[p->n++] = h;
+}
+
+static void finish(struct s3_engine *e, struct pool *pool, struct s3_req *r)
+{
+    if (r->h) {
+        pool_put(pool, r->h);
+        r->h = NULL;
+    }
+    curl_slist_free_all(r->hl);
+    r->hl = NULL;
+    if (r->outcome != S3_OK && r->outcome != S3_NOTFOUND)
+        atomic_fetch_add(&e->failures, 1);
+    if (r->done)
+        r->done(e, r);
+}
+
+static void *io_main(void *arg)
+{
+    struct s3_engine *e = arg;
+    pthread_setname_np(pthread_self(), "s3-io");
+    struct pool pool = {0};
+    struct s3_req *fast = NULL; /* failed at once: breaker open */
+    for (;;) {
+        uint64_t now = kvt_now_ns();
+        struct s3_req *start = NULL, **tail = &start;
+        pthread_mutex_lock(&e->lock);
+        if (e->stop && !e->q_head && e->active == 0) {
+            pthread_mutex_unlock(&e->lock);
+            break;
+        }
+        bool avail = e->brk == BRK_CLOSED;
+        while (e->q_head && (!avail || e->active < (uint32_t)e->max_transfers)) {
+            struct s3_req *r = e->q_head;
+            e->q_head = r->next;
+            if (!e->q_head)
+                e->q_tail = NULL;
+            e->queued--;
+            r->next = NULL;
+            if (!avail) {
+                r->next = fast;
+                fast = r;
+            } else {
+                *tail = r;
+                tail = &r->next;
+                if (++e->active > e->peak_active)
+                    e->peak_active = e->active;
+            }
+        }
+        bool probe = e->brk == BRK_OPEN && now >= e->next_probe_ns && !e->stop;
+        if (probe) {
+            e->brk = BRK_PROBING;
+            e->active++;
+        }
+        uint64_t next_probe = e->brk == BRK_OPEN ? e->next_probe_ns : 0;
+        pthread_mutex_unlock(&e->lock);
+        if (probe) { /* HEAD on the bucket: any HTTP answer closes the breaker */
+            struct s3_req *pr = &e->probe;
+            kvt_s3_req_clear(pr);
+            memset(pr, 0, sizeof(*pr));
+            pr->op = S3_PROBE;
+            snprintf(pr->path, sizeof(pr->path), "%s/", e->base);
+            pr->clen = -1;
+            pr->want = -1;
+            atomic_fetch_add(&e->reqs[S3_PROBE], 1);
+            *tail = pr;
+            tail = &pr->next;
+        }
+        while (fast) {
+            struct s3_req *r = fast;
+            fast = r->next;
+            r->outcome = S3_UNAVAILABLE;
+            snprintf(r->err_msg, sizeof(r->err_msg), "circuit open");
+            finish(e, &pool, r);
+        }
+        while (start) {
+            struct s3_req *r = start;
+            start = r->next;
+            r->next = NULL;
+            r->h = pool_get(&pool);
+            int rc = r->h ? setup(e, r) : -ENOMEM;
+            if (rc == 0 && curl_multi_add_handle(e->multi, r->h) == CURLM_OK)
+                continue;
+            r->outcome = S3_CONN;
+            snprintf(r->err_msg, sizeof(r->err_msg), "cannot start the request: %s",
+                     kvt_strerror(rc ? rc : -ENOMEM));
+            pthread_mutex_lock(&e->lock);
+            e->active--;
+            pthread_mutex_unlock(&e->lock);
+            finish(e, &pool, r);
+        }
+        int running = 0;
+        curl_multi_perform(e->multi, &running);
+        CURLMsg *m;
+        int left;
+        while ((m = curl_multi_info_read(e->multi, &left))) {
+            if (m->msg != CURLMSG_DONE)
+                continue;
+            struct s3_req *r = NULL;
+            curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&r);
+            CURLcode res = m->data.result;
+            curl_multi_remove_handle(e->multi, m->easy_handle);
+            classify(e, r, res);
+            pthread_mutex_lock(&e->lock);
+            e->active--;
+            pthread_mutex_unlock(&e->lock);
+            if (r == &e->probe) {
+                pool_put(&pool, r->h);
+                r->h = NULL;
+                curl_slist_free_all(r->hl);
+                r->hl = NULL;
+                continue;
+            }
+            finish(e, &pool, r);
+        }
+        kvt_s3_io_tick(e->l2, kvt_now_ns());
+        /* sleep until curl needs us, a submit wakes us, or a probe is due */
+        int timeout = 1000;
+        if (next_probe) {
+            uint64_t n2 = kvt_now_ns();
+            timeout = next_probe > n2 ? (int)KVT_MIN((next_probe - n2) / 1000000 + 1, 1000) : 0;
+        }
+        pthread_mutex_lock(&e->lock);
+        bool pending =
+            e->q_head && (e->brk != BRK_CLOSED || e->active < (uint32_t)e->max_transfers);
+        pthread_mutex_unlock(&e->lock);
+        if (!pending)
+            curl_multi_poll(e->multi, NULL, 0, timeout, NULL);
+    }
+    kvt_s3_req_clear(&e->probe);
+    for (int i = 0; i < pool.n; i++)
+        curl_easy_cleanup(pool.h[i]);
+    free(pool.h);
+    return NULL;
+}
+
+static void global_init(void)
+{
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+int kvt_s3_io_start(struct s3_engine *e, char *err, size_t errcap)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, global_init);
+    e->multi = curl_multi_init();
+    if (!e->multi) {
+        snprintf(err, errcap, "curl_multi_init failed");
+        return -ENOMEM;
+    }
+    curl_multi_setopt(e->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)e->max_transfers);
+    curl_multi_setopt(e->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)e->max_transfers);
+    curl_multi_setopt(e->multi, CURLMOPT_PIPELINING, (long)CURLPIPE_MULTIPLEX);
+    int rc = pthread_create(&e->io, NULL, io_main, e);
+    if (rc) {
+        snprintf(err, errcap, "cannot start the I/O thread: %s", strerror(rc));
+        curl_multi_cleanup(e->multi);
+        e->multi = NULL;
+        return -rc;
+    }
+    e->io_started = true;
+    return 0;
+}
+
+void kvt_s3_io_stop(struct s3_engine *e)
+{
+    if (!e->io_started)
+        return;
+    pthread_mutex_lock(&e->lock);
+    e->stop = true;
+    pthread_mutex_unlock(&e->lock);
+    curl_multi_wakeup(e->multi);
+    pthread_join(e->io, NULL);
+    curl_multi_cleanup(e->multi);
+    e->multi = NULL;
+    e->io_started = false;
+}

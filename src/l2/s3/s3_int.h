@@ -1,0 +1,180 @@
+/*
+ * Private to the s3 adapter: s3.c (the adapter: batches, listing, config)
+ * and s3_http.c (one I/O thread driving libcurl's multi interface, SigV4
+ * signing, the circuit breaker).
+ */
+#ifndef KVT_S3_INT_H
+#define KVT_S3_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <curl/curl.h>
+
+#include "l2/l2.h"
+#include "l2/kit/objfmt.h"
+
+#define S3_HDR KVT_OBJHDR_MIN          /* header bytes in front of every object */
+#define S3_F_LEN_KNOWN 0x80            /* index flags: logical length known */
+#define S3_PATH_MAX 1024
+#define S3_BODY_MAX (8u << 20)         /* largest listing/error body kept */
+#define S3_PROBE_MIN_NS 500000000ull   /* breaker: first probe after 0.5 s */
+#define S3_PROBE_MAX_NS 30000000000ull /* breaker: probes at most 30 s apart */
+
+enum s3_op { S3_PUT, S3_GET, S3_HEAD, S3_DELETE, S3_LIST, S3_PROBE, S3_NOPS };
+
+/* What became of a request. */
+enum s3_outcome {
+    S3_OK = 0,        /* 2xx */
+    S3_NOTFOUND,      /* 404 */
+    S3_CONN,          /* transport error (counts for the breaker) */
+    S3_UNAVAILABLE,   /* failed fast: breaker open */
+    S3_REJECTED,      /* 4xx other than 404: credentials, permissions, bucket */
+    S3_SERVER,        /* 5xx */
+    S3_BADDATA,       /* the body did not fit or did not verify (transfer cut) */
+};
+
+struct s3_engine;
+struct s3_req;
+
+typedef void (*s3_done_fn)(struct s3_engine *e, struct s3_req *r);
+/* GET: called once the first S3_HDR bytes arrived; returns the payload
+ * bytes expected after them, or -1 to cut the transfer. */
+typedef int64_t (*s3_hdr_fn)(struct s3_req *r);
+
+struct s3_req {
+    struct s3_req *next; /* queue link, guarded by e->lock */
+    enum s3_op op;
+    char path[S3_PATH_MAX]; /* canonical (percent-encoded) path */
+    char *query;            /* canonical query string (malloc'd) or NULL */
+
+    /* PUT: header + payload streamed from the caller's buffers */
+    const uint8_t *put_hdr;
+    const uint8_t *payload;
+    uint64_t plen, sent;
+    char meta[96]; /* x-amz-meta-kvt */
+
+    /* GET: header into hbuf, payload into dst (capacity cap) */
+    uint8_t *hbuf;
+    uint8_t *dst;
+    uint64_t cap, got;
+    int64_t want; /* payload bytes expected, -1 until the header is in */
+    s3_hdr_fn on_hdr;
+    bool cut;     /* the write callback stopped the transfer */
+
+    /* LIST and error bodies */
+    char *body;
+    size_t blen, bcap;
+
+    /* response */
+    long status;
+    int curl_rc;
+    int64_t clen; /* Content-Length of HEAD/GET, -1 unknown */
+    char rmeta[96]; /* x-amz-meta-kvt of HEAD */
+    char errbuf[CURL_ERROR_SIZE];
+    enum s3_outcome outcome;
+    char err_code[64];  /* S3 error code of a rejected request */
+    char err_msg[256];
+
+    /* completion, on the I/O thread */
+    s3_done_fn done;
+    void *ctx;
+    uint32_t i;
+
+    CURL *h;
+    struct curl_slist *hl;
+};
+
+struct s3_creds {
+    char key_id[128];
+    char secret[128];
+    char token[2048];
+    char source[700]; /* "config", "environment", "file ~/.aws/credentials [default]" */
+};
+
+enum s3_breaker { BRK_CLOSED, BRK_OPEN, BRK_PROBING };
+
+struct list_state; /* s3.c: the start-up listing (I/O thread only) */
+
+struct s3_engine {
+    kvt_l2 *l2;
+    /* configuration (immutable after open) */
+    char scheme[8];        /* "http" or "https" */
+    char host[400];        /* Host header and URL authority */
+    char bucket[128];
+    bool path_style;       /* path: /bucket/key, virtual: bucket in host */
+    char base[140];        /* "/bucket" (path style) or "" */
+    char region[64];
+    char prefix[200];      /* object key prefix with trailing '/', or "" */
+    size_t prefix_len;
+    int max_transfers;
+    bool http2;
+    long connect_timeout_ms, request_timeout_ms;
+    int breaker_threshold;
+    struct s3_creds creds;
+
+    /* the I/O thread */
+    CURLM *multi;
+    pthread_t io;
+    bool io_started;
+
+    pthread_mutex_t lock; /* guards the fields down to 'counters' */
+    struct s3_req *q_head, *q_tail; /* submitted, not yet started */
+    uint32_t queued;
+    bool stop;
+    enum s3_breaker brk;
+    int conn_errors;       /* consecutive */
+    uint64_t brk_opens;
+    uint64_t probe_backoff_ns, next_probe_ns, open_since_ns;
+    char conn_err[256];    /* last transport error */
+    bool rejected;         /* last answer was a 4xx refusal (credentials, ...) */
+    long rej_status;
+    char rej_code[64], rej_msg[256];
+    uint64_t rej_logged;   /* hash of the last logged refusal */
+    uint32_t active;       /* transfers in curl */
+    uint32_t peak_active;  /* most transfers in curl at once */
+    struct s3_req probe;   /* the breaker's probe (I/O thread only) */
+    /* SigV4 signing key for sig_date8 (I/O thread only: it signs every
+     * request); region, service and secret are fixed for the engine's life */
+    char sig_date8[9];
+    uint8_t sig_key[32];
+
+    /* start-up listing */
+    struct list_state *list;
+    bool list_done;
+    struct kvt_l2_park park; /* stores waiting for the listing; its lock is a
+                              * leaf, taken under lock */
+    uint64_t list_retry_ns;
+
+    _Atomic uint64_t reqs[S3_NOPS], failures, foreign;
+};
+
+/* s3_http.c */
+int kvt_s3_io_start(struct s3_engine *e, char *err, size_t errcap);
+/* Stop after every submitted request completed. */
+void kvt_s3_io_stop(struct s3_engine *e);
+/* Queue a request (any thread); r->done runs on the I/O thread. */
+void kvt_s3_submit_req(struct s3_engine *e, struct s3_req *r);
+/* Queue a NULL-ended chain of requests (linked through next) with one lock
+ * and one wakeup. */
+void kvt_s3_submit_reqs(struct s3_engine *e, struct s3_req *head);
+/* Reset a request for reuse; frees its body and query. */
+void kvt_s3_req_clear(struct s3_req *r);
+bool kvt_s3_available(struct s3_engine *e);
+/* Health line: false when the breaker is open or S3 refuses us. */
+bool kvt_s3_health(struct s3_engine *e, char *msg, size_t cap);
+const char *kvt_s3_outcome_name(enum s3_outcome o);
+
+/* s3.c, called on the I/O thread */
+/* The breaker just opened: fail the parked stores. */
+void kvt_s3_on_breaker_open(kvt_l2 *l2);
+void kvt_s3_io_tick(kvt_l2 *l2, uint64_t now);
+/* Copy the (unescaped) text of the first <tag>...</tag> in [a, z) to out
+ * (z NULL: to the end of a); false, with out "", if absent or a is NULL.
+ * a must be NUL-terminated. */
+bool kvt_s3_xml_field(const char *a, const char *z, const char *tag, char *out, size_t cap);
+
+#endif
