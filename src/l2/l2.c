@@ -197,6 +197,7 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
                      enum kvt_codec codec, uint64_t cap_bytes)
 {
     memset(l2, 0, sizeof(*l2));
+    l2->taker = -1; /* no filter yet */
     for (int i = 0; i < 3; i++)
         l2->efd[i] = -1; /* before any failure: the caller's cleanup closes them */
     l2->ops = ops;
@@ -314,14 +315,14 @@ void kvt_l2_submit(kvt_l2 *l2, kvt_l2_task *t)
         memset(t->codes, 0, t->n * sizeof(int32_t));
     atomic_store(&t->bytes, 0);
     atomic_store(&t->err, 0);
-    t->staged = false;
-    t->stage_op = NULL;
+    t->on_done = NULL;
     if (t->n == 0) {
         kvt_l2_task_finish(l2, t);
         return;
     }
-    if (l2->serde && t->kind != KVT_L2_LOOKUP) {
-        kvt_serde_stage_submit(l2, t); /* encodes/decodes on its pool around the engine */
+    if (l2->taker >= 0 && t->kind != KVT_L2_LOOKUP) {
+        const struct kvt_l2_filter *f = &l2->filters[l2->taker];
+        f->ops->submit(l2, f->ctx, t); /* e.g. serde: encodes/decodes around the engine */
         return;
     }
     l2->ops->submit(l2, t);
@@ -356,34 +357,55 @@ static void finish_policy_locked(kvt_l2 *l2, kvt_l2_task *t)
     }
 }
 
+int kvt_l2_filter_attach(kvt_l2 *l2, const struct kvt_l2_filter_ops *ops, void *ctx)
+{
+    if (ops->submit && l2->taker >= 0)
+        return -EEXIST;
+    if (l2->nfilters == KVT_L2_MAX_FILTERS)
+        return -ENOSPC;
+    if (ops->submit)
+        l2->taker = l2->nfilters;
+    l2->filters[l2->nfilters++] = (struct kvt_l2_filter){ops, ctx};
+    return 0;
+}
+
+bool kvt_l2_filtered(const kvt_l2 *l2)
+{
+    return l2->taker >= 0;
+}
+
 /*
- * Counters, policy and the done queue for a finished task. With a serde
- * stage there are two tasks per STORE/LOAD: the inner one (stage_op set)
- * is what the engine ran: it counts the backend bytes and feeds the policy,
- * then goes back to the stage instead of the done queue; the outer one
- * (staged) counts load results and is queued for the controller.
+ * Counters, policy and the done queue for a finished task. With a filter
+ * that takes tasks (the serde stage) there are two tasks per STORE/LOAD:
+ * the inner one (on_done set) is what the engine ran: it counts the backend
+ * bytes and feeds the policy, then goes back to the filter instead of the
+ * done queue; the outer one counts load results and is queued for the
+ * controller.
  */
 void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
 {
     struct kvt_l2_counters *c = &l2->counters;
-    if (t->stage_op) {
+    if (t->on_done) {
         atomic_fetch_add(t->kind == KVT_L2_STORE ? &c->bytes_written : &c->bytes_read,
                          atomic_load(&t->bytes));
         pthread_mutex_lock(&l2->lock);
         finish_policy_locked(l2, t);
         pthread_mutex_unlock(&l2->lock);
-        kvt_serde_stage_engine_done(l2, t);
+        t->on_done(l2, t);
         return;
     }
-    /* the hook sees what the controller will see: outer tasks only */
-    if (l2->finish_hook)
-        l2->finish_hook(l2, t);
+    /* filters see what the controller will see: outer tasks only */
+    for (int f = 0; f < l2->nfilters; f++)
+        if (l2->filters[f].ops->finish)
+            l2->filters[f].ops->finish(l2, l2->filters[f].ctx, t);
+    /* inner tasks already counted the backend bytes and fed the policy */
+    bool staged = t->kind != KVT_L2_LOOKUP && l2->taker >= 0;
     if (t->n)
         record_latency(l2, t);
     uint32_t hits = (uint32_t)kvt_bm_count(t->ok, t->n);
     switch (t->kind) {
     case KVT_L2_STORE:
-        if (!t->staged)
+        if (!staged)
             atomic_fetch_add(&c->bytes_written, atomic_load(&t->bytes));
         break;
     case KVT_L2_LOOKUP:
@@ -407,12 +429,12 @@ void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
         }
         atomic_fetch_add(&c->load_ok, hits);
         atomic_fetch_add(&c->load_failed, t->n - hits);
-        if (!t->staged)
+        if (!staged)
             atomic_fetch_add(&c->bytes_read, atomic_load(&t->bytes));
         break;
     }
     pthread_mutex_lock(&l2->lock);
-    if (!t->staged)
+    if (!staged)
         finish_policy_locked(l2, t);
     t->next = NULL;
     int k = t->kind;
@@ -948,14 +970,12 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(c, "quota_rejections", C(quota_rejections));
     json_object_set_new(c, "quota_evictions", C(quota_evictions));
     json_object_set_new(o, "counters", c);
-    if (l2->serde)
-        kvt_serde_stage_status(l2, o);
-    else
-        json_object_set_new(o, "serde", json_null());
+    json_object_set_new(o, "serde", json_null()); /* the serde filter fills it in */
     if (l2->ops->status)
         l2->ops->status(l2, o);
-    if (l2->hook_status)
-        l2->hook_status(l2, o);
+    for (int f = 0; f < l2->nfilters; f++)
+        if (l2->filters[f].ops->status)
+            l2->filters[f].ops->status(l2, l2->filters[f].ctx, o);
     return o;
 }
 
@@ -967,14 +987,19 @@ void kvt_l2_close(kvt_l2 *l2)
     /* serde: stores still being encoded reach the engine first, the engine
      * drains (its completions queue decodes on the serde pool), then the
      * pool runs what is left */
-    if (l2->serde)
-        kvt_serde_stage_quiesce(l2);
+    for (int f = 0; f < l2->nfilters; f++)
+        if (l2->filters[f].ops->quiesce)
+            l2->filters[f].ops->quiesce(l2, l2->filters[f].ctx);
     kvt_l2_reap(l2); /* the engine still runs: doomed objects go now */
     if (l2->ops->close)
         l2->ops->close(l2);
-    kvt_serde_stage_detach(l2); /* its last decodes finish tasks: hooks still set */
-    free(l2->hook_ctx);
-    l2->hook_ctx = NULL;
+    /* last attached first: a detach may still finish tasks (serde's last
+     * decodes), which the filters attached before it see */
+    for (int f = l2->nfilters; f-- > 0;)
+        if (l2->filters[f].ops->detach)
+            l2->filters[f].ops->detach(l2, l2->filters[f].ctx);
+    l2->nfilters = 0;
+    l2->taker = -1;
     kvt_l2_base_destroy(l2);
 }
 

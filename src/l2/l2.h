@@ -27,7 +27,8 @@
  * Engine convention for lengths (a serde stage may sit in front of the
  * engine, so stored bytes and logical bytes differ; see serde/serde.h:
  * kvt_l2_submit hands STORE and LOAD of an adapter with a "serde" chain to
- * the stage, which submits inner tasks with encoded bytes to the engine):
+ * the stage (a filter, below), which submits inner tasks with encoded
+ * bytes to the engine):
  *   STORE  store bufs[i].len bytes from bufs[i].ptr; meta[i] describes the
  *          object: meta[i].len is the LOGICAL length (index `len`, header
  *          logical_len), meta[i].serde goes into the header flags.
@@ -70,6 +71,8 @@ typedef struct kvt_buf {
     uint64_t len;
 } kvt_buf;
 
+struct kvt_l2;
+
 typedef struct kvt_l2_task {
     struct kvt_l2_task *next; /* done-queue link, guarded by l2->lock */
     enum kvt_l2_kind kind;
@@ -85,12 +88,11 @@ typedef struct kvt_l2_task {
     _Atomic int err;          /* first error seen, 0 if none */
     void *udata;              /* the submitter's cookie */
     uint64_t submit_ns;
-    /* serde stage (l2/stage.c): staged is set on a task that went
-     * through the adapter's serde chain; stage_op on the inner task that
-     * the stage handed to the engine (its completion goes back to the
-     * stage instead of the done queue). Both are unset otherwise. */
-    bool staged;
-    void *stage_op;
+    /* Set by a filter (kvt_l2_filter_ops.submit) on a task it hands to the
+     * engine: the engine's completion (kvt_l2_task_finish) counts the
+     * backend bytes, feeds the policy and calls on_done instead of queueing
+     * the task for a controller. NULL on every controller's task. */
+    void (*on_done)(struct kvt_l2 *l2, struct kvt_l2_task *t);
 } kvt_l2_task;
 
 /* Allocate a task for n keys with zeroed arrays (bufs only for STORE/LOAD). */
@@ -193,6 +195,45 @@ struct kvt_l2_quota {
     uint64_t rejected; /* guarded by l2->lock: writes refused by this quota */
 };
 
+/* ---- filters: the base's one extension mechanism on the task path -----
+ *
+ * A filter sits between kvt_l2_submit and the engine of one adapter: the
+ * serde stage (l2/stage.c: encode/decode around the engine) and fault
+ * injection (l2/test/fault_inject.c: results dropped before publication)
+ * are filters. Every hook is optional; ctx is the filter's own state.
+ */
+struct kvt_l2_filter_ops {
+    const char *name;
+    /* Take a STORE or LOAD task with n > 0 instead of the engine (at most
+     * one filter of an adapter has this hook). The filter hands its own
+     * tasks to the engine (ops->submit) with on_done set, and finishes t
+     * with kvt_l2_task_finish; the base then treats t's backend bytes and
+     * policy updates as done by those inner tasks. */
+    void (*submit)(kvt_l2 *l2, void *ctx, kvt_l2_task *t);
+    /* A controller's task about to be published: may clear result bits. */
+    void (*finish)(kvt_l2 *l2, void *ctx, kvt_l2_task *t);
+    /* Close, before the engine closes: no new task reaches it afterwards. */
+    void (*quiesce)(kvt_l2 *l2, void *ctx);
+    /* Close, after the engine closed and drained: release ctx. */
+    void (*detach)(kvt_l2 *l2, void *ctx);
+    /* Add the filter's object to the adapter's status. */
+    void (*status)(kvt_l2 *l2, void *ctx, json_t *out);
+};
+
+#define KVT_L2_MAX_FILTERS 4
+
+struct kvt_l2_filter {
+    const struct kvt_l2_filter_ops *ops;
+    void *ctx;
+};
+
+/* Attach a filter before the first submit. Returns 0, -EEXIST when ops
+ * has a submit hook and another filter already has one, -ENOSPC when
+ * KVT_L2_MAX_FILTERS are attached. */
+int kvt_l2_filter_attach(kvt_l2 *l2, const struct kvt_l2_filter_ops *ops, void *ctx);
+/* Does a filter take this adapter's STORE/LOAD tasks? */
+bool kvt_l2_filtered(const kvt_l2 *l2);
+
 struct kvt_l2 {
     const struct kvt_l2_ops *ops;
     char type[32];
@@ -240,14 +281,11 @@ struct kvt_l2 {
     bool no_sync_evict;
     _Atomic bool warned_too_big;
     void *engine; /* engine state */
-    /* serde stage, or NULL: set by kvt_serde_stage_attach before the first
-     * submit, cleared in kvt_l2_close after the engine closed */
-    struct kvt_serde_stage *serde;
-    /* Test/diagnostic hook (fault_inject): may clear result bits of a task
-     * just before it is published. Set once before the first submit. */
-    void (*finish_hook)(kvt_l2 *l2, kvt_l2_task *t);
-    void (*hook_status)(kvt_l2 *l2, json_t *out);
-    void *hook_ctx; /* freed by kvt_l2_close */
+    /* filters on the task path (kvt_l2_filter_attach), attached before the
+     * first submit and detached by kvt_l2_close after the engine closed;
+     * taker: the one filter with a submit hook, or -1 */
+    struct kvt_l2_filter filters[KVT_L2_MAX_FILTERS];
+    int nfilters, taker;
 };
 
 struct kvt_l2_spec;

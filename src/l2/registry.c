@@ -296,12 +296,7 @@ int kvt_l2_open_into(const struct kvt_l2_spec *s, kvt_l2 *l2, char *err, size_t 
     /* the serde stage goes in front of whatever engine was opened (for a
      * wrapper such as fault_inject: the inner spec's chain, or the outer's) */
     if (s->serde) {
-        if (l2->serde) {
-            snprintf(oerr, sizeof(oerr), "\"serde\" is given twice (here and in \"inner\")");
-            rc = KVT_E_CONFIG;
-        } else {
-            rc = kvt_serde_stage_attach(l2, s->serde, oerr, sizeof(oerr));
-        }
+        rc = kvt_serde_stage_attach(l2, s->serde, oerr, sizeof(oerr));
         if (rc) {
             snprintf(err, errcap, "--l2-adapter #%d (%s): %s", s->index, s->type, oerr);
             kvt_l2_close(l2);

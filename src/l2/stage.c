@@ -63,6 +63,7 @@ struct stage_job {
  */
 struct stage_op {
     kvt_l2 *l2;
+    struct kvt_serde_stage *st;
     kvt_l2_task *outer, *inner;
     uint32_t n; /* outer keys (the outer task may be gone before the op) */
     _Atomic int refs;
@@ -85,6 +86,9 @@ static void wctx_free(void *ctx)
     kvt_serde_wctx_free(ctx);
 }
 
+static const struct kvt_l2_filter_ops stage_filter;
+static void stage_detach(kvt_l2 *l2, void *ctx);
+
 int kvt_serde_stage_attach(kvt_l2 *l2, struct kvt_serde *s, char *err, size_t errcap)
 {
     struct kvt_serde_stage *st = kvt_xcalloc(1, sizeof(*st));
@@ -101,14 +105,20 @@ int kvt_serde_stage_attach(kvt_l2 *l2, struct kvt_serde *s, char *err, size_t er
         free(st);
         return rc;
     }
-    l2->serde = st;
+    rc = kvt_l2_filter_attach(l2, &stage_filter, st);
+    if (rc) {
+        snprintf(err, errcap, "\"serde\" is given twice (here and in \"inner\")");
+        stage_detach(l2, st);
+        return KVT_E_CONFIG;
+    }
     return 0;
 }
 
-static struct stage_op *op_new(kvt_l2 *l2, kvt_l2_task *t)
+static struct stage_op *op_new(kvt_l2 *l2, struct kvt_serde_stage *st, kvt_l2_task *t)
 {
     struct stage_op *op = kvt_xcalloc(1, sizeof(*op) + t->n * sizeof(struct stage_job));
     op->l2 = l2;
+    op->st = st;
     op->outer = t;
     op->n = t->n;
     atomic_init(&op->refs, 1);
@@ -150,6 +160,8 @@ static void engine_submit(kvt_l2 *l2, struct stage_op *op)
     op_put(op);
 }
 
+static void stage_engine_done(kvt_l2 *l2, kvt_l2_task *inner);
+
 /* An inner task over the outer keys that have tmp buffers. */
 static kvt_l2_task *inner_new(struct stage_op *op, enum kvt_l2_kind kind, uint32_t serde_id)
 {
@@ -172,7 +184,8 @@ static kvt_l2_task *inner_new(struct stage_op *op, enum kvt_l2_kind kind, uint32
         }
         op->map[j++] = i;
     }
-    in->stage_op = op;
+    in->udata = op; /* the stage is this task's submitter */
+    in->on_done = stage_engine_done;
     in->submit_ns = kvt_now_ns();
     return in;
 }
@@ -190,7 +203,7 @@ static void encoding_done(struct kvt_serde_stage *st)
 static void store_dispatch(struct stage_op *op)
 {
     kvt_l2 *l2 = op->l2;
-    struct kvt_serde_stage *st = l2->serde;
+    struct kvt_serde_stage *st = op->st;
     op->inner = inner_new(op, KVT_L2_STORE, kvt_serde_id(st->chain));
     if (!op->inner)
         op_finish(op);
@@ -214,7 +227,7 @@ static void encode_job(struct kvt_job *job, void *ctx)
     struct stage_job *j = (struct stage_job *)job;
     struct stage_op *op = j->op;
     kvt_l2 *l2 = op->l2;
-    struct kvt_serde_stage *st = l2->serde;
+    struct kvt_serde_stage *st = op->st;
     kvt_l2_task *t = op->outer;
     uint32_t i = j->i;
     kvt_key ck;
@@ -264,7 +277,7 @@ static void store_engine_done(struct stage_op *op)
 
 static void load_submit(kvt_l2 *l2, struct stage_op *op)
 {
-    struct kvt_serde_stage *st = l2->serde;
+    struct kvt_serde_stage *st = op->st;
     kvt_l2_task *t = op->outer;
     for (uint32_t i = 0; i < t->n; i++) {
         uint64_t cap = kvt_serde_bound(st->chain, t->bufs[i].len);
@@ -289,7 +302,7 @@ static void decode_job(struct kvt_job *job, void *ctx)
     struct stage_job *j = (struct stage_job *)job;
     struct stage_op *op = j->op;
     kvt_l2 *l2 = op->l2;
-    struct kvt_serde_stage *st = l2->serde;
+    struct kvt_serde_stage *st = op->st;
     kvt_l2_task *in = op->inner, *t = op->outer;
     uint32_t i = op->map[j->i], k = j->i;
     if (kvt_bm_test(in->ok, k)) {
@@ -331,9 +344,9 @@ static void decode_job(struct kvt_job *job, void *ctx)
     if (atomic_fetch_sub_explicit(&op->left, 1, memory_order_acq_rel) == 1) op_finish(op);
 }
 
-static void load_engine_done(kvt_l2 *l2, struct stage_op *op)
+static void load_engine_done(struct stage_op *op)
 {
-    struct kvt_serde_stage *st = l2->serde;
+    struct kvt_serde_stage *st = op->st;
     kvt_l2_task *in = op->inner, *t = op->outer;
     atomic_fetch_add(&t->bytes, atomic_load(&in->bytes));
     int e = atomic_load(&in->err);
@@ -353,11 +366,10 @@ static void load_engine_done(kvt_l2 *l2, struct stage_op *op)
 
 /* ------------------------------------------------------------ hooks */
 
-void kvt_serde_stage_submit(kvt_l2 *l2, kvt_l2_task *t)
+static void stage_submit(kvt_l2 *l2, void *ctx, kvt_l2_task *t)
 {
-    struct kvt_serde_stage *st = l2->serde;
-    t->staged = true;
-    struct stage_op *op = op_new(l2, t);
+    struct kvt_serde_stage *st = ctx;
+    struct stage_op *op = op_new(l2, st, t);
     if (t->kind == KVT_L2_LOAD) {
         load_submit(l2, op);
         return;
@@ -377,41 +389,43 @@ void kvt_serde_stage_submit(kvt_l2 *l2, kvt_l2_task *t)
         kvt_tpool_push(st->pool, &jobs[i].job);
 }
 
-void kvt_serde_stage_engine_done(kvt_l2 *l2, kvt_l2_task *inner)
+static void stage_engine_done(kvt_l2 *l2, kvt_l2_task *inner)
 {
-    struct stage_op *op = inner->stage_op;
+    (void)l2;
+    struct stage_op *op = inner->udata;
     if (inner->kind == KVT_L2_STORE)
         store_engine_done(op);
     else
-        load_engine_done(l2, op);
+        load_engine_done(op);
 }
 
-void kvt_serde_stage_quiesce(kvt_l2 *l2)
+static void stage_quiesce(kvt_l2 *l2, void *ctx)
 {
-    struct kvt_serde_stage *st = l2->serde;
+    (void)l2;
+    struct kvt_serde_stage *st = ctx;
     pthread_mutex_lock(&st->lock);
     while (st->encoding)
         pthread_cond_wait(&st->idle, &st->lock);
     pthread_mutex_unlock(&st->lock);
 }
 
-void kvt_serde_stage_detach(kvt_l2 *l2)
+static void stage_detach(kvt_l2 *l2, void *ctx)
 {
-    struct kvt_serde_stage *st = l2->serde;
-    if (!st) return;
+    (void)l2;
+    struct kvt_serde_stage *st = ctx;
     kvt_tpool_destroy(st->pool); /* runs the decode jobs still queued */
     kvt_serde_unref(st->chain);
     pthread_mutex_destroy(&st->lock);
     pthread_cond_destroy(&st->idle);
     free(st);
-    l2->serde = NULL;
 }
 
 #define S(name) json_integer((json_int_t)atomic_load(&x->name))
 
-void kvt_serde_stage_status(kvt_l2 *l2, json_t *out)
+static void stage_status(kvt_l2 *l2, void *ctx, json_t *out)
 {
-    struct kvt_serde_stage *st = l2->serde;
+    (void)l2;
+    struct kvt_serde_stage *st = ctx;
     struct kvt_serde *s = st->chain;
     struct kvt_serde_stats *x = kvt_serde_stats(s);
     json_t *o = json_object();
@@ -445,3 +459,11 @@ void kvt_serde_stage_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(o, "decode_seconds", json_real((double)atomic_load(&x->decode_ns) / 1e9));
     json_object_set_new(out, "serde", o);
 }
+
+static const struct kvt_l2_filter_ops stage_filter = {
+    .name = "serde",
+    .submit = stage_submit,
+    .quiesce = stage_quiesce,
+    .detach = stage_detach,
+    .status = stage_status,
+};

@@ -47,9 +47,10 @@ static bool drop_key(const struct fault *f, const kvt_key *k)
     return (double)(h % 1000000) < f->o.rate * 1000000.0;
 }
 
-static void hook(kvt_l2 *l2, kvt_l2_task *t)
+static void fault_finish(kvt_l2 *l2, void *ctx, kvt_l2_task *t)
 {
-    struct fault *f = l2->hook_ctx;
+    (void)l2;
+    struct fault *f = ctx;
     if (t->kind != KVT_L2_LOAD || t->n == 0)
         return;
     for (uint32_t i = 0; i < t->n; i++) {
@@ -126,9 +127,10 @@ int kvt_fault_parse(struct kvt_cfg *c, struct kvt_fault_opts *o)
     return c->rc;
 }
 
-static void hook_status(kvt_l2 *l2, json_t *out)
+static void fault_status(kvt_l2 *l2, void *ctx, json_t *out)
 {
-    struct fault *f = l2->hook_ctx;
+    (void)l2;
+    struct fault *f = ctx;
     json_t *o = json_object();
     json_object_set_new(o, "rate", json_real(f->o.rate));
     json_object_set_new(o, "seed", json_integer((json_int_t)f->o.seed));
@@ -137,6 +139,20 @@ static void hook_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(o, "dropped_loads", json_integer((json_int_t)atomic_load(&f->dropped)));
     json_object_set_new(out, "fault_inject", o);
 }
+
+static void fault_detach(kvt_l2 *l2, void *ctx)
+{
+    (void)l2;
+    free(ctx);
+}
+
+/* A filter that sees every finished task before its controller does. */
+static const struct kvt_l2_filter_ops fault_filter = {
+    .name = "fault_inject",
+    .finish = fault_finish,
+    .detach = fault_detach,
+    .status = fault_status,
+};
 
 int kvt_fault_open(kvt_l2 *l2, const struct kvt_l2_spec *outer, const struct kvt_fault_opts *o,
                    char *err, size_t errcap)
@@ -156,9 +172,13 @@ int kvt_fault_open(kvt_l2 *l2, const struct kvt_l2_spec *outer, const struct kvt
     struct fault *f = kvt_xcalloc(1, sizeof(*f));
     f->o = *o;
     f->o.inner = NULL;
-    l2->hook_ctx = f;
-    l2->hook_status = hook_status;
-    l2->finish_hook = hook; /* before any task: nothing was submitted yet */
+    rc = kvt_l2_filter_attach(l2, &fault_filter, f); /* before any task was submitted */
+    if (rc) {
+        snprintf(err, errcap, "cannot attach the fault filter: %s", kvt_strerror(rc));
+        free(f);
+        kvt_l2_close(l2);
+        return rc;
+    }
     kvt_warn("%s ACTIVE (rate %.3f, seed %llu, %d gap indices, %d tail ratios): "
              "test/diagnostic use only",
              l2->name, o->rate, (unsigned long long)o->seed, o->ngaps, o->nratios);
