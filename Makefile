@@ -10,7 +10,7 @@ endif
 PYTEST ?= /usr/bin/python3 -m pytest
 
 .PHONY: all deps configure build run test unit integration clean format check-format bench \
-	test-asan test-tsan test-sanitize fuzz check-clang venv test-vllm install deb debroot ci-debroot
+	test-asan test-tsan test-sanitize fuzz check-clang check-layers venv test-vllm install deb debroot ci-debroot
 
 all: build
 
@@ -86,10 +86,14 @@ test-vllm: build venv
 
 # Under CI (CI=true) the suite also runs once more with AddressSanitizer +
 # UndefinedBehaviorSanitizer and once with ThreadSanitizer.
-test: unit integration test-vllm
+test: check-layers unit integration test-vllm
 ifeq ($(CI),true)
-test: check-clang test-sanitize fuzz
+test: check-format check-clang test-sanitize fuzz
 endif
+
+# The include directions of src/ (docs/architecture.md).
+check-layers:
+	@/usr/bin/python3 scripts/check-layers.py
 
 # The whole tree must also build warning-free with clang.
 check-clang: deps
@@ -147,8 +151,10 @@ bench: build
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
-check-format:
-	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
+# .clang-format over every tracked C file (clang-format from Debian's
+# clang-format package, installed by `make deps`).
+check-format: deps
+	@clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h') && echo "check-format: clean"
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-clang

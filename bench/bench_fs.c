@@ -16,6 +16,8 @@
 #include "common/util.h"
 #include "key/key.h"
 #include "l2/adapters.h"
+#include "l2/engine.h"
+#include "l2/evict.h"
 #include "l2/l2.h"
 
 #include <errno.h>

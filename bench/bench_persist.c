@@ -18,6 +18,8 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "l2/adapters.h"
+#include "l2/engine.h"
+#include "l2/evict.h"
 #include "l2/l2.h"
 
 #include <errno.h>

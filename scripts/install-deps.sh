@@ -3,7 +3,7 @@
 # server), only what is missing. Runs apt-get as root (or through sudo).
 set -euo pipefail
 PKGS=(
-  build-essential cmake pkg-config clang libclang-rt-14-dev
+  build-essential cmake pkg-config clang libclang-rt-14-dev clang-format
   libzmq3-dev libmsgpack-dev libjansson-dev libssl-dev libxxhash-dev libmicrohttpd-dev
   liburing-dev libhiredis-dev libcurl4-openssl-dev liblz4-dev libzstd-dev
   python3 python3-pytest python3-zmq

@@ -336,10 +336,10 @@ int kvt_prefetch_ctrl_start(struct kvt_prefetch_ctrl **out, struct kvt_l1 *l1, k
         goto fail;
     for (int a = 0; a < nl2; a++) {
         ev.data.u32 = (uint32_t)a << 1;
-        if (epoll_ctl(pc->epfd, EPOLL_CTL_ADD, l2s[a]->efd[KVT_L2_LOOKUP], &ev) < 0)
+        if (epoll_ctl(pc->epfd, EPOLL_CTL_ADD, kvt_l2_efd(l2s[a], KVT_L2_LOOKUP), &ev) < 0)
             goto fail;
         ev.data.u32 = (uint32_t)a << 1 | 1;
-        if (epoll_ctl(pc->epfd, EPOLL_CTL_ADD, l2s[a]->efd[KVT_L2_LOAD], &ev) < 0)
+        if (epoll_ctl(pc->epfd, EPOLL_CTL_ADD, kvt_l2_efd(l2s[a], KVT_L2_LOAD), &ev) < 0)
             goto fail;
     }
     if (pthread_create(&pc->thr, NULL, pc_main, pc))

@@ -235,7 +235,7 @@ static void *ctrl_main(void *arg)
                     record_failures(sc, b, who, t, ok);
                     kvt_debug("L2 store task %llu completed on %s: %zu of %u keys stored "
                               "in %.3f ms",
-                              (unsigned long long)b->seq, l2->name, ok, t->n,
+                              (unsigned long long)b->seq, kvt_l2_name(l2), ok, t->n,
                               (double)(kvt_now_ns() - b->t0_ns) / 1e6);
                     kvt_l2_task_free(t);
                     if (--b->pending == 0)
@@ -275,7 +275,7 @@ int kvt_store_ctrl_start(struct kvt_store_ctrl **out, struct kvt_l1 *l1, kvt_l2 
         goto fail;
     for (int a = 0; a < nl2; a++) {
         ev.data.u32 = (uint32_t)a;
-        if (epoll_ctl(sc->epfd, EPOLL_CTL_ADD, l2s[a]->efd[KVT_L2_STORE], &ev) < 0)
+        if (epoll_ctl(sc->epfd, EPOLL_CTL_ADD, kvt_l2_efd(l2s[a], KVT_L2_STORE), &ev) < 0)
             goto fail;
     }
     if (pthread_create(&sc->thr, NULL, ctrl_main, sc))

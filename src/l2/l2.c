@@ -3,7 +3,8 @@
  * Engines (fs.c, mock.c, ...) call the helpers here; controllers call the
  * contract functions. See l2.h for the rules.
  */
-#include "l2/l2.h"
+#include "l2/engine.h"
+#include "l2/evict.h"
 #include "l2/adapters.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -134,7 +135,7 @@ static bool pinnable(const struct kvt_l2_obj *o)
 
 /* -------------------------------------------------- accounting (locked) */
 
-static void ns_add_locked(kvt_l2 *l2, uint32_t ns, int64_t delta)
+static void ns_add_locked(kvt_l2 *l2, uint32_t ns, int64_t delta, int objs)
 {
     if (ns >= l2->ns_bytes_cap) {
         uint32_t ncap = l2->ns_bytes_cap ? l2->ns_bytes_cap : 64;
@@ -142,9 +143,12 @@ static void ns_add_locked(kvt_l2 *l2, uint32_t ns, int64_t delta)
             ncap *= 2;
         l2->ns_bytes = kvt_xrealloc(l2->ns_bytes, ncap * sizeof(uint64_t));
         memset(l2->ns_bytes + l2->ns_bytes_cap, 0, (ncap - l2->ns_bytes_cap) * sizeof(uint64_t));
+        l2->ns_objs = kvt_xrealloc(l2->ns_objs, ncap * sizeof(uint32_t));
+        memset(l2->ns_objs + l2->ns_bytes_cap, 0, (ncap - l2->ns_bytes_cap) * sizeof(uint32_t));
         l2->ns_bytes_cap = ncap;
     }
     l2->ns_bytes[ns] = (uint64_t)((int64_t)l2->ns_bytes[ns] + delta);
+    l2->ns_objs[ns] = (uint32_t)((int32_t)l2->ns_objs[ns] + objs);
 }
 
 /* The quota of a namespace id, resolved by name once per id: its index,
@@ -171,14 +175,53 @@ static int quota_of_locked(kvt_l2 *l2, uint32_t ns)
     return (int)l2->ns_quota[ns] - 2;
 }
 
+/* An entry enters (sign +1: reserved, adopted) or leaves (-1) the counted
+ * set: every running total follows, so that stats never walk the index. */
 static void account_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, int sign)
 {
     int64_t d = sign * (int64_t)o->stored;
     l2->used_bytes = (uint64_t)((int64_t)l2->used_bytes + d);
-    ns_add_locked(l2, o->key.ns, d);
+    if (o->len) {
+        l2->logical_bytes = (uint64_t)((int64_t)l2->logical_bytes + sign * (int64_t)o->len);
+        l2->stored_known = (uint64_t)((int64_t)l2->stored_known + d);
+    } else if (o->stored) {
+        l2->logical_unknown = (uint64_t)((int64_t)l2->logical_unknown + sign);
+    }
+    ns_add_locked(l2, o->key.ns, d, sign);
     int q = quota_of_locked(l2, o->key.ns);
     if (q >= 0)
         l2->quotas[q].used = (uint64_t)((int64_t)l2->quotas[q].used + d);
+}
+
+static void pin_locked_obj(kvt_l2 *l2, struct kvt_l2_obj *o)
+{
+    if (o->pins++ == 0)
+        l2->pinned_objs++;
+}
+
+static void unpin_locked_obj(kvt_l2 *l2, struct kvt_l2_obj *o)
+{
+    if (--o->pins == 0)
+        l2->pinned_objs--;
+}
+
+void kvt_l2_obj_pin_locked(kvt_l2 *l2, struct kvt_l2_obj *o)
+{
+    pin_locked_obj(l2, o);
+}
+
+void kvt_l2_obj_set_len_locked(kvt_l2 *l2, struct kvt_l2_obj *o, uint32_t len)
+{
+    account_locked(l2, o, -1);
+    o->len = len;
+    account_locked(l2, o, +1);
+}
+
+void kvt_l2_obj_set_stored_locked(kvt_l2 *l2, struct kvt_l2_obj *o, uint32_t stored)
+{
+    account_locked(l2, o, -1);
+    o->stored = stored;
+    account_locked(l2, o, +1);
 }
 
 /* Drop an entry: policy, accounting, index. */
@@ -187,6 +230,8 @@ static void drop_locked(kvt_l2 *l2, uint32_t h)
     struct kvt_l2_obj *o = &l2->idx.objs[h];
     if (o->state & ST_TRACKED)
         kvt_policy_remove(l2->policy, h);
+    if (o->pins)
+        l2->pinned_objs--; /* not reached: pinned entries are never dropped */
     account_locked(l2, o, -1);
     idx_remove(&l2->idx, h);
 }
@@ -264,6 +309,7 @@ void kvt_l2_base_destroy(kvt_l2 *l2)
     free(l2->reap_h);
     free(l2->reap_copy);
     free(l2->ns_bytes);
+    free(l2->ns_objs);
     for (uint32_t i = 0; i < l2->nquotas; i++)
         free(l2->quotas[i].name);
     free(l2->quotas);
@@ -522,7 +568,8 @@ void kvt_l2_unlock(kvt_l2 *l2, const kvt_key *keys, uint32_t n)
         if (h == NOHANDLE || l2->idx.objs[h].pins == 0)
             continue;
         struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if (--o->pins == 0 && (o->state & ST_DOOMED) && st(o) == KVT_OBJ_READY)
+        unpin_locked_obj(l2, o);
+        if (o->pins == 0 && (o->state & ST_DOOMED) && st(o) == KVT_OBJ_READY)
             reap_queue_locked(l2, h);
     }
     pthread_mutex_unlock(&l2->lock);
@@ -810,6 +857,125 @@ uint64_t kvt_l2_evict_quotas(kvt_l2 *l2, uint32_t batch)
     return total;
 }
 
+const char *kvt_l2_name(const kvt_l2 *l2)
+{
+    return l2->name;
+}
+
+const char *kvt_l2_type(const kvt_l2 *l2)
+{
+    return l2->type;
+}
+
+int kvt_l2_efd(const kvt_l2 *l2, enum kvt_l2_kind kind)
+{
+    return l2->efd[kind];
+}
+
+bool kvt_l2_recovering(kvt_l2 *l2)
+{
+    pthread_mutex_lock(&l2->lock);
+    bool rec = l2->recovering;
+    pthread_mutex_unlock(&l2->lock);
+    return rec;
+}
+
+bool kvt_l2_indexed(kvt_l2 *l2, const kvt_key *key)
+{
+    kvt_key ck;
+    kvt_l2_canon(l2, key, &ck);
+    pthread_mutex_lock(&l2->lock);
+    bool in = idx_find(&l2->idx, &ck) != NOHANDLE;
+    pthread_mutex_unlock(&l2->lock);
+    return in;
+}
+
+void kvt_l2_root(kvt_l2 *l2, char *out, size_t cap)
+{
+    out[0] = 0;
+    if (l2->ops->root)
+        l2->ops->root(l2, out, cap);
+}
+
+bool kvt_l2_evict_params(kvt_l2 *l2, double *watermark, double *ratio)
+{
+    if (!l2->policy)
+        return false;
+    *watermark = l2->policy->trigger_watermark;
+    *ratio = l2->policy->eviction_ratio;
+    return true;
+}
+
+bool kvt_l2_has_quotas(kvt_l2 *l2)
+{
+    return l2->nquotas != 0; /* the list is immutable */
+}
+
+#define LOAD(f) out->f = atomic_load_explicit(&c->f, memory_order_relaxed)
+
+void kvt_l2_stats(kvt_l2 *l2, struct kvt_l2_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    const struct kvt_l2_counters *c = &l2->counters;
+    LOAD(store_ok);
+    LOAD(store_failed);
+    LOAD(store_skipped);
+    LOAD(rejected_writes);
+    LOAD(lookups);
+    LOAD(lookup_hits);
+    LOAD(lookup_misses);
+    LOAD(secondary_hits);
+    LOAD(load_ok);
+    LOAD(load_failed);
+    LOAD(corrupt);
+    LOAD(bytes_written);
+    LOAD(bytes_read);
+    LOAD(deleted);
+    LOAD(evictions);
+    LOAD(reclaimed_bytes);
+    LOAD(sync_evictions);
+    LOAD(too_big);
+    LOAD(odirect_fallbacks);
+    LOAD(serde_mismatches);
+    LOAD(quota_rejections);
+    LOAD(quota_evictions);
+    pthread_mutex_lock(&l2->lock);
+    out->used_bytes = l2->used_bytes;
+    out->cap_bytes = l2->cap_bytes;
+    out->objects = l2->idx.nobjs;
+    out->logical_bytes = l2->logical_bytes;
+    out->stored_known_bytes = l2->stored_known;
+    out->logical_unknown = l2->logical_unknown;
+    out->pinned_objects = l2->pinned_objs;
+    out->recovering = l2->recovering;
+    out->recovered_objs = l2->recovered_objs;
+    out->recovered_bytes = l2->recovered_bytes;
+    out->recovery_seconds = l2->recovery_seconds;
+    pthread_mutex_unlock(&l2->lock);
+}
+
+#undef LOAD
+
+bool kvt_l2_scan(kvt_l2 *l2, uint32_t *cursor, bool (*visit)(const struct kvt_l2_entry *e, void *arg),
+                 void *arg)
+{
+    pthread_mutex_lock(&l2->lock);
+    uint32_t h = *cursor;
+    bool more = true;
+    for (; h < l2->idx.hwm && more; h++) {
+        const struct kvt_l2_obj *o = &l2->idx.objs[h];
+        if (st(o) == KVT_OBJ_FREE)
+            continue;
+        struct kvt_l2_entry e = {.key = o->key, .stored = o->stored, .len = o->len,
+                                 .pins = o->pins, .ready = st(o) == KVT_OBJ_READY};
+        more = visit(&e, arg);
+    }
+    bool end = h >= l2->idx.hwm;
+    pthread_mutex_unlock(&l2->lock);
+    *cursor = h;
+    return end;
+}
+
 void kvt_l2_usage(kvt_l2 *l2, struct kvt_l2_usage *u)
 {
     pthread_mutex_lock(&l2->lock);
@@ -854,7 +1020,6 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(o, "persist_enabled", json_boolean(l2->persist_enabled));
 
     json_t *per_ns = json_object(), *per_salt = json_object();
-    uint32_t pinned = 0;
     pthread_mutex_lock(&l2->lock);
     for (uint32_t ns = 1; ns < l2->ns_bytes_cap; ns++) {
         if (!l2->ns_bytes[ns])
@@ -866,25 +1031,8 @@ json_t *kvt_l2_status(kvt_l2 *l2)
         cur = json_object_get(per_salt, salt);
         json_object_set_new(per_salt, salt, json_integer(v + (cur ? json_integer_value(cur) : 0)));
     }
-    uint64_t logical = 0, stored_known = 0, unknown = 0;
-    /* objects per namespace id, counted in the walk below (ids past the
-     * byte table have no bytes yet: not listed) */
-    uint32_t *ns_objs = kvt_xcalloc(l2->ns_bytes_cap + 1, sizeof(uint32_t));
-    for (uint32_t h = 0; h < l2->idx.hwm; h++) {
-        const struct kvt_l2_obj *ob = &l2->idx.objs[h];
-        if (st(ob) == KVT_OBJ_FREE)
-            continue;
-        if (ob->key.ns < l2->ns_bytes_cap)
-            ns_objs[ob->key.ns]++;
-        if (ob->pins)
-            pinned++;
-        if (ob->len) {
-            logical += ob->len;
-            stored_known += ob->stored;
-        } else if (ob->stored) {
-            unknown++; /* restored by a start-up scan, header not read yet */
-        }
-    }
+    uint64_t logical = l2->logical_bytes, stored_known = l2->stored_known,
+             unknown = l2->logical_unknown, pinned = l2->pinned_objs;
     json_t *quotas = NULL;
     if (l2->nquotas) {
         quotas = json_object();
@@ -902,14 +1050,13 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     }
     json_t *per_ns_objs = json_object();
     for (uint32_t ns = 1; ns < l2->ns_bytes_cap; ns++) {
-        if (!ns_objs[ns])
+        if (!l2->ns_objs[ns])
             continue;
         const char *name = kvt_ns_name(ns);
         json_t *cur = json_object_get(per_ns_objs, name);
         json_object_set_new(per_ns_objs, name,
-                            json_integer(ns_objs[ns] + (cur ? json_integer_value(cur) : 0)));
+                            json_integer(l2->ns_objs[ns] + (cur ? json_integer_value(cur) : 0)));
     }
-    free(ns_objs);
     bool recovering = l2->recovering;
     uint64_t robjs = l2->recovered_objs, rbytes = l2->recovered_bytes;
     double rsec = l2->recovery_seconds;
@@ -921,7 +1068,7 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(o, "per_namespace_objects", per_ns_objs);
     json_object_set_new(o, "namespace_quotas", quotas ? quotas : json_null());
     json_object_set_new(o, "bytes_by_cache_salt", per_salt);
-    json_object_set_new(o, "pinned_objects", json_integer(pinned));
+    json_object_set_new(o, "pinned_objects", json_integer((json_int_t)pinned));
     /* stored bytes are what the backend holds (after serde and headers);
      * the ratio covers the objects whose logical length is known */
     json_object_set_new(o, "stored_bytes", json_integer((json_int_t)u.used_bytes));
@@ -1153,7 +1300,7 @@ static struct kvt_l2_obj *pin_locked(kvt_l2 *l2, const kvt_key *ck)
     struct kvt_l2_obj *o = &l2->idx.objs[h];
     if (!pinnable(o))
         return NULL;
-    o->pins++;
+    pin_locked_obj(l2, o);
     return o;
 }
 
@@ -1202,7 +1349,7 @@ bool kvt_l2_lookup_known(kvt_l2 *l2, kvt_l2_task *t)
         for (uint32_t i = 0; i < t->n; i++) {
             kvt_l2_canon(l2, &t->keys[i], &ck);
             struct kvt_l2_obj *o = &l2->idx.objs[idx_find(&l2->idx, &ck)];
-            o->pins++;
+            pin_locked_obj(l2, o);
             t->meta[i].len = o->len;
             kvt_bm_set(t->ok, i);
         }
@@ -1239,7 +1386,7 @@ bool kvt_l2_adopt(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, 
     }
     struct kvt_l2_obj *o = &l2->idx.objs[h];
     if (pin && pinnable(o))
-        o->pins++;
+        pin_locked_obj(l2, o);
     pthread_mutex_unlock(&l2->lock);
     return inserted;
 }
@@ -1252,7 +1399,7 @@ void kvt_l2_forget(kvt_l2 *l2, const kvt_key *ck)
         struct kvt_l2_obj *o = &l2->idx.objs[h];
         if (st(o) == KVT_OBJ_READY) {
             if (o->pins)
-                o->pins--; /* the caller's own pin */
+                unpin_locked_obj(l2, o); /* the caller's own pin */
             if (o->pins == 0)
                 drop_locked(l2, h);
         }
@@ -1517,8 +1664,9 @@ bool kvt_l2_pin_found(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t l
     struct kvt_l2_obj *o = kvt_l2_find_locked(l2, ck);
     bool hit = false, known = o != NULL;
     if (o && pinnable(o)) {
-        o->pins++;
-        o->len = logical;
+        pin_locked_obj(l2, o);
+        if (o->len != logical)
+            kvt_l2_obj_set_len_locked(l2, o, logical);
         o->flags |= flag;
         hit = true;
     }

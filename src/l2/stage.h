@@ -5,7 +5,7 @@
 #ifndef KVT_L2_STAGE_H
 #define KVT_L2_STAGE_H
 
-#include "l2/l2.h"
+#include "l2/engine.h"
 #include "serde/serde.h"
 
 /* ---- the stage: L2 base hooks (l2/stage.c) --------------------------------- */

@@ -28,16 +28,7 @@ static bool selected(const struct kvt_purge_req *q, const struct kvt_entry *e)
 
 void kvt_purge_l2_root(kvt_l2 *l2, char *out, size_t cap)
 {
-    out[0] = 0;
-    bool fs = !strcmp(l2->type, "fs") || !strcmp(l2->type, "fs_native");
-    if ((strcmp(l2->type, "nixl_store_dynamic") != 0 && !fs) || !l2->ops->status)
-        return;
-    json_t *st = json_object();
-    l2->ops->status(l2, st); /* the engine's own fields only: cheap */
-    const char *fp = json_string_value(json_object_get(st, fs ? "base_path" : "file_path"));
-    if (fp)
-        snprintf(out, cap, "%s", fp);
-    json_decref(st);
+    kvt_l2_root(l2, out, cap);
 }
 
 /*
@@ -46,33 +37,44 @@ void kvt_purge_l2_root(kvt_l2 *l2, char *out, size_t cap)
  * the files without the lock and fixes the accounting). An entry pinned or
  * written meanwhile is skipped by kvt_l2_delete and counted as left.
  */
+struct collect {
+    const struct kvt_purge_req *q;
+    struct kvt_purge_res *r;
+    kvt_key *keys;
+    uint32_t *stored;
+    uint32_t n, cap;
+};
+
+/* Under the adapter's lock (kvt_l2_scan): take READY unpinned entries of
+ * the selection until the batch is full. */
+static bool collect_visit(const struct kvt_l2_entry *e, void *arg)
+{
+    struct collect *c = arg;
+    if (!ns_match(c->q, kvt_ns_name(e->key.ns)))
+        return true;
+    c->r->matched++;
+    if (!e->ready) {
+        c->r->in_flight++;
+    } else if (e->pins) {
+        c->r->pinned++;
+    } else {
+        c->keys[c->n] = e->key;
+        c->stored[c->n++] = e->stored;
+    }
+    return c->n < c->cap;
+}
+
 static void purge_index(kvt_l2 *l2, const struct kvt_purge_req *q, struct kvt_purge_res *r)
 {
     uint32_t cap = q->max ? q->max : 4096, n = 0;
     kvt_key *keys = kvt_xcalloc(cap, sizeof(kvt_key));
     uint32_t *stored = kvt_xcalloc(cap, sizeof(uint32_t));
     bool limited = q->max != 0;
-    uint32_t h = 0;
+    uint32_t cursor = 0;
     for (;;) {
-        n = 0;
-        pthread_mutex_lock(&l2->lock);
-        for (; h < l2->idx.hwm && n < cap; h++) {
-            const struct kvt_l2_obj *o = &l2->idx.objs[h];
-            uint8_t st = kvt_l2_obj_state(o);
-            if (st == KVT_OBJ_FREE || !ns_match(q, kvt_ns_name(o->key.ns)))
-                continue;
-            r->matched++;
-            if (st != KVT_OBJ_READY) {
-                r->in_flight++;
-            } else if (o->pins) {
-                r->pinned++;
-            } else {
-                keys[n] = o->key;
-                stored[n++] = o->stored;
-            }
-        }
-        bool done = h >= l2->idx.hwm;
-        pthread_mutex_unlock(&l2->lock);
+        struct collect c = {.q = q, .r = r, .keys = keys, .stored = stored, .cap = cap};
+        bool done = kvt_l2_scan(l2, &cursor, collect_visit, &c);
+        n = c.n;
         if (n && q->on_keys)
             q->on_keys(keys, n, q->on_keys_arg);
         if (n) {
@@ -110,18 +112,6 @@ struct sweep_ctx {
     uint64_t last_ns;
 };
 
-/* Is this object file (its key decoded by the walk) indexed by the adapter
- * (any state)? */
-static bool indexed(kvt_l2 *l2, const kvt_key *k)
-{
-    kvt_key ck;
-    kvt_l2_canon(l2, k, &ck);
-    pthread_mutex_lock(&l2->lock);
-    bool in = kvt_l2_find_locked(l2, &ck) != NULL;
-    pthread_mutex_unlock(&l2->lock);
-    return in;
-}
-
 static void tick(struct sweep_ctx *c, uint64_t bytes)
 {
     c->done++;
@@ -142,7 +132,7 @@ static bool sweep_visit(const struct kvt_entry *e, void *arg)
     if (!selected(c->q, e))
         return true;
     if (e->kind == KVT_ENT_OBJECT) {
-        if (c->l2 && indexed(c->l2, &e->key))
+        if (c->l2 && kvt_l2_indexed(c->l2, &e->key))
             return true; /* the index decides about it (pinned, in flight) */
         if (c->count_only) {
             r->matched++;
@@ -216,22 +206,11 @@ static int sweep(const char *root, kvt_l2 *l2, const struct kvt_purge_req *q, bo
     return rc;
 }
 
-/* Is the adapter's start-up scan still running? Purging while it adopts
- * files would race with it. The caller gets -EBUSY at once: waiting belongs
- * to the client (kvtier purge retries), not to a shared worker thread. */
-static bool recovering(kvt_l2 *l2)
-{
-    pthread_mutex_lock(&l2->lock);
-    bool rec = l2->recovering;
-    pthread_mutex_unlock(&l2->lock);
-    return rec;
-}
-
 int kvt_purge_l2(kvt_l2 *l2, const char *root, const struct kvt_purge_req *q,
                  struct kvt_purge_res *r)
 {
     memset(r, 0, sizeof(*r));
-    if (recovering(l2))
+    if (kvt_l2_recovering(l2))
         return -EBUSY;
     if (q->what != KVT_PURGE_TMP)
         purge_index(l2, q, r);

@@ -388,7 +388,7 @@ static void pack_flush_reply(struct kvt_server *s, struct reply *r, uint64_t cli
         kvt_mp_str0(pk, "adapter");
         msgpack_pack_int(pk, f->adapter);
         kvt_mp_str0(pk, "name");
-        kvt_mp_str0(pk, f->adapter < s->nl2 ? s->l2s[f->adapter]->name : "?");
+        kvt_mp_str0(pk, f->adapter < s->nl2 ? kvt_l2_name(s->l2s[f->adapter]) : "?");
         kvt_mp_str0(pk, "code");
         msgpack_pack_int32(pk, f->code);
         kvt_mp_str0(pk, "error");
@@ -895,10 +895,8 @@ static void purge_job_fn(struct kvt_job *job, void *ctx)
     for (int a = 0; a < s->nl2; a++) {
         if (!sel[a])
             continue;
-        pthread_mutex_lock(&s->l2s[a]->lock);
-        if (s->l2s[a]->recovering)
+        if (kvt_l2_recovering(s->l2s[a]))
             err = -EBUSY;
-        pthread_mutex_unlock(&s->l2s[a]->lock);
     }
     for (int a = 0; a < s->nl2 && !err; a++) {
         if (!sel[a])
@@ -910,7 +908,7 @@ static void purge_job_fn(struct kvt_job *job, void *ctx)
         err = kvt_purge_l2(s->l2s[a], dirs[a], &j->q, &res);
         res.l1_removed = d.n;
         json_t *o = kvt_purge_res_json(&res);
-        json_object_set_new(o, "adapter", json_string(s->l2s[a]->name));
+        json_object_set_new(o, "adapter", json_string(kvt_l2_name(s->l2s[a])));
         json_array_append_new(arr, o);
         more |= res.more;
     }

@@ -22,7 +22,7 @@
 
 #include "ctrl/prefetch_ctrl.h"
 #include "ctrl/store_ctrl.h"
-#include "ctrl/evict_ctrl.h"
+#include "evict/controller.h"
 #include "io/tpool.h"
 #include "l1/l1.h"
 #include "l2/l2.h"

@@ -926,7 +926,7 @@ static void banner(struct kvt_server *s)
     for (int i = 0; i < s->nl2; i++) {
         json_t *st = kvt_l2_status(s->l2s[i]);
         const json_t *bp = json_object_get(st, "base_path");
-        kvt_info("L2 #%d: %s%s%s%s", i, s->l2s[i]->type, bp ? " at " : "",
+        kvt_info("L2 #%d: %s%s%s%s", i, kvt_l2_type(s->l2s[i]), bp ? " at " : "",
                  bp ? json_string_value(bp) : "", c->default_adapter ? " (embedded default)" : "");
         json_decref(st);
     }

@@ -2,6 +2,7 @@
 #include "common/util.h"
 #include "server/internal.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,7 @@ bool kvt_server_health(struct kvt_server *s, char *why, size_t cap)
         char msg[256];
         if (!kvt_l2_healthy(s->l2s[i], msg, sizeof(msg))) {
             size_t l = strlen(why);
-            snprintf(why + l, cap - l, "%sl2 %s: %s", ok ? "" : "; ", s->l2s[i]->name, msg);
+            snprintf(why + l, cap - l, "%sl2 %s: %s", ok ? "" : "; ", kvt_l2_name(s->l2s[i]), msg);
             ok = false;
         }
     }
@@ -133,14 +134,6 @@ static void histogram(struct sb *b, const char *name, const char *labels, const 
     sbf(b, "%s_count{%s} %llu\n", name, labels, (unsigned long long)count);
 }
 
-static uint64_t jint(const json_t *o, const char *path1, const char *path2)
-{
-    const json_t *v = json_object_get(o, path1);
-    if (path2)
-        v = json_object_get(v, path2);
-    return json_is_integer(v) ? (uint64_t)json_integer_value(v) : 0;
-}
-
 char *kvt_server_metrics(struct kvt_server *s, size_t *len)
 {
     struct sb b = {.p = kvt_xmalloc(8192), .cap = 8192};
@@ -150,60 +143,67 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
     kvt_l1_counters(s->l1, &c);
     metric(&b, "kvtier_hits_total", "counter", "Lookup hits per tier (keys).");
     sbf(&b, "kvtier_hits_total{tier=\"l1\"} %llu\n", (unsigned long long)c.hits);
-    json_t **st = kvt_xcalloc((size_t)s->nl2 + 1, sizeof(json_t *));
+    struct kvt_l2_stats *st = kvt_xcalloc((size_t)s->nl2 + 1, sizeof(*st));
     for (int i = 0; i < s->nl2; i++)
-        st[i] = kvt_l2_status(s->l2s[i]);
+        kvt_l2_stats(s->l2s[i], &st[i]);
     for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_hits_total{tier=\"l2\",adapter=\"%s\"} %llu\n", s->l2s[i]->name,
-            (unsigned long long)jint(st[i], "counters", "lookup_hits"));
+        sbf(&b, "kvtier_hits_total{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
+            (unsigned long long)st[i].lookup_hits);
     metric(&b, "kvtier_misses_total", "counter", "Lookup misses per tier (keys).");
     sbf(&b, "kvtier_misses_total{tier=\"l1\"} %llu\n", (unsigned long long)c.misses);
     for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_misses_total{tier=\"l2\",adapter=\"%s\"} %llu\n", s->l2s[i]->name,
-            (unsigned long long)jint(st[i], "counters", "lookup_misses"));
+        sbf(&b, "kvtier_misses_total{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
+            (unsigned long long)st[i].lookup_misses);
     metric(&b, "kvtier_used_bytes", "gauge", "Bytes in use per tier.");
     sbf(&b, "kvtier_used_bytes{tier=\"l1\"} %llu\n", (unsigned long long)u.used_bytes);
     for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_used_bytes{tier=\"l2\",adapter=\"%s\"} %llu\n", s->l2s[i]->name,
-            (unsigned long long)jint(st[i], "used_bytes", NULL));
+        sbf(&b, "kvtier_used_bytes{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
+            (unsigned long long)st[i].used_bytes);
     metric(&b, "kvtier_capacity_bytes", "gauge", "Capacity per tier (0 = unlimited).");
     sbf(&b, "kvtier_capacity_bytes{tier=\"l1\"} %llu\n", (unsigned long long)u.cap_bytes);
     for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_capacity_bytes{tier=\"l2\",adapter=\"%s\"} %llu\n", s->l2s[i]->name,
-            (unsigned long long)jint(st[i], "capacity_bytes", NULL));
+        sbf(&b, "kvtier_capacity_bytes{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
+            (unsigned long long)st[i].cap_bytes);
     metric(&b, "kvtier_objects", "gauge", "Objects held per tier.");
     sbf(&b, "kvtier_objects{tier=\"l1\"} %llu\n", (unsigned long long)u.objects);
     for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_objects{tier=\"l2\",adapter=\"%s\"} %llu\n", s->l2s[i]->name,
-            (unsigned long long)jint(st[i], "objects", NULL));
+        sbf(&b, "kvtier_objects{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
+            (unsigned long long)st[i].objects);
     metric(&b, "kvtier_l1_fragmentation", "gauge", "1 - largest free run / free bytes.");
     sbf(&b, "kvtier_l1_fragmentation %.6f\n", u.fragmentation);
     metric(&b, "kvtier_evictions_total", "counter", "Objects evicted per tier.");
     sbf(&b, "kvtier_evictions_total{tier=\"l1\"} %llu\n", (unsigned long long)c.evictions);
     for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_evictions_total{tier=\"l2\",adapter=\"%s\"} %llu\n", s->l2s[i]->name,
-            (unsigned long long)jint(st[i], "counters", "evictions"));
+        sbf(&b, "kvtier_evictions_total{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
+            (unsigned long long)st[i].evictions);
+#define F(f) offsetof(struct kvt_l2_stats, f)
     static const struct {
-        const char *metric, *field, *help;
+        const char *metric;
+        size_t field; /* of a uint64_t in struct kvt_l2_stats */
+        const char *help;
     } l2c[] = {
-        {"kvtier_l2_bytes_written_total", "bytes_written", "Bytes written to the adapter."},
-        {"kvtier_l2_bytes_read_total", "bytes_read", "Bytes read from the adapter."},
-        {"kvtier_l2_stores_total", "store_ok", "Objects stored."},
-        {"kvtier_l2_store_failures_total", "store_failed", "Objects that failed to store."},
-        {"kvtier_l2_rejected_writes_total", "rejected_writes", "Writes refused by the cap."},
-        {"kvtier_l2_too_big_total", "too_big",
+        {"kvtier_l2_bytes_written_total", F(bytes_written), "Bytes written to the adapter."},
+        {"kvtier_l2_bytes_read_total", F(bytes_read), "Bytes read from the adapter."},
+        {"kvtier_l2_stores_total", F(store_ok), "Objects stored."},
+        {"kvtier_l2_store_failures_total", F(store_failed), "Objects that failed to store."},
+        {"kvtier_l2_rejected_writes_total", F(rejected_writes), "Writes refused by the cap."},
+        {"kvtier_l2_too_big_total", F(too_big),
          "Stores refused: larger than the adapter's slot or pool."},
-        {"kvtier_l2_sync_evictions_total", "sync_evictions",
+        {"kvtier_l2_sync_evictions_total", F(sync_evictions),
          "Stores over the cap that evicted synchronously to fit."},
-        {"kvtier_l2_corrupt_objects_total", "corrupt", "Objects that failed verification."},
-        {"kvtier_l2_odirect_fallbacks_total", "odirect_fallbacks",
+        {"kvtier_l2_corrupt_objects_total", F(corrupt), "Objects that failed verification."},
+        {"kvtier_l2_odirect_fallbacks_total", F(odirect_fallbacks),
          "Transfers that could not use O_DIRECT."},
     };
+#undef F
     for (size_t m = 0; m < KVT_ARRAY_LEN(l2c); m++) {
         metric(&b, l2c[m].metric, "counter", l2c[m].help);
-        for (int i = 0; i < s->nl2; i++)
-            sbf(&b, "%s{adapter=\"%s\"} %llu\n", l2c[m].metric, s->l2s[i]->name,
-                (unsigned long long)jint(st[i], "counters", l2c[m].field));
+        for (int i = 0; i < s->nl2; i++) {
+            uint64_t v;
+            memcpy(&v, (const char *)&st[i] + l2c[m].field, sizeof(v));
+            sbf(&b, "%s{adapter=\"%s\"} %llu\n", l2c[m].metric, kvt_l2_name(s->l2s[i]),
+                (unsigned long long)v);
+        }
     }
     static const char *const kinds[3] = {"store", "lookup", "load"};
     metric(&b, "kvtier_l2_operation_duration_seconds", "histogram",
@@ -213,17 +213,17 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
             struct kvt_l2_latency lat;
             kvt_l2_latency(s->l2s[i], (enum kvt_l2_kind)k, &lat);
             char lab[128];
-            snprintf(lab, sizeof(lab), "adapter=\"%s\",op=\"%s\"", s->l2s[i]->name, kinds[k]);
+            snprintf(lab, sizeof(lab), "adapter=\"%s\",op=\"%s\"", kvt_l2_name(s->l2s[i]), kinds[k]);
             histogram(&b, "kvtier_l2_operation_duration_seconds", lab, kvt_l2_lat_bounds,
                       lat.bucket, KVT_L2_LAT_BUCKETS, lat.sum_ns, lat.count);
         }
     }
     metric(&b, "kvtier_l2_healthy", "gauge", "1 if the adapter is healthy.");
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_l2_healthy{adapter=\"%s\"} %d\n", s->l2s[i]->name,
-            json_is_true(json_object_get(st[i], "is_healthy")) ? 1 : 0);
-    for (int i = 0; i < s->nl2; i++)
-        json_decref(st[i]);
+    for (int i = 0; i < s->nl2; i++) {
+        char msg[256];
+        sbf(&b, "kvtier_l2_healthy{adapter=\"%s\"} %d\n", kvt_l2_name(s->l2s[i]),
+            kvt_l2_healthy(s->l2s[i], msg, sizeof(msg)) ? 1 : 0);
+    }
     free(st);
     metric(&b, "kvtier_rpc_requests_total", "counter", "Requests per operation.");
     for (int i = 0; i < OP_COUNT; i++)

@@ -6,6 +6,8 @@
 
 #include "common/util.h"
 #include "l2/adapters.h"
+#include "l2/engine.h"
+#include "l2/evict.h"
 #include "l2/l2.h"
 
 #include <poll.h>

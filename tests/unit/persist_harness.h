@@ -7,6 +7,8 @@
 #include "kvtier/error.h"
 #include "key/key.h"
 #include "l2/adapters.h"
+#include "l2/engine.h"
+#include "l2/evict.h"
 #include "l2/l2.h"
 
 #include <poll.h>

@@ -40,7 +40,7 @@
 #include "io/tpool.h"
 #include "kvtier/error.h"
 #include "l2/adapters.h"
-#include "l2/l2.h"
+#include "l2/engine.h"
 #include "l2/kit/objfmt.h"
 #include "l2/kit/slot.h"
 

@@ -35,7 +35,7 @@
 #include "kvtier/error.h"
 #include "common/cfg.h"
 #include "l2/kit/fileobj.h"
-#include "l2/l2.h"
+#include "l2/engine.h"
 #include "l2/kit/objfmt.h"
 #include "l2/kit/scanq.h"
 #include "l2/kit/dirlock.h"
@@ -551,6 +551,12 @@ static void fs_status(kvt_l2 *l2, json_t *out)
                         json_integer((json_int_t)atomic_load(&e->tmp_removed)));
 }
 
+static void fs_root(kvt_l2 *l2, char *out, size_t cap)
+{
+    const struct fs_engine *e = l2->engine;
+    snprintf(out, cap, "%s", e->base);
+}
+
 static bool fs_healthy(kvt_l2 *l2, char *msg, size_t cap)
 {
     struct fs_engine *e = l2->engine;
@@ -584,6 +590,7 @@ static const struct kvt_l2_ops fs_ops = {
     .remove = fs_remove,
     .status = fs_status,
     .healthy = fs_healthy,
+    .root = fs_root,
     .close = fs_close,
 };
 

@@ -61,7 +61,7 @@ static void learn_header(kvt_l2 *l2, const kvt_key *ck, const struct kvt_objhdr 
     struct kvt_l2_obj *p = kvt_l2_find_locked(l2, ck);
     if (p && p->aux == 0) {
         p->aux = h->hdr_len;
-        p->len = (uint32_t)h->logical_len;
+        kvt_l2_obj_set_len_locked(l2, p, (uint32_t)h->logical_len);
     }
     pthread_mutex_unlock(&l2->lock);
 }
@@ -209,8 +209,7 @@ void kvt_fileobj_set_hdr_len(kvt_l2 *l2, const kvt_key *ck, uint16_t hl, uint64_
     pthread_mutex_lock(&l2->lock);
     struct kvt_l2_obj *o = kvt_l2_find_locked(l2, ck);
     if (o) {
-        l2->used_bytes = l2->used_bytes - o->stored + hl + plen;
-        o->stored = (uint32_t)(hl + plen);
+        kvt_l2_obj_set_stored_locked(l2, o, (uint32_t)(hl + plen));
         o->aux = hl;
     }
     pthread_mutex_unlock(&l2->lock);

@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-#include "l2/l2.h"
+#include "l2/engine.h"
 #include "l2/kit/objfmt.h"
 
 /* Read and verify just the header of dirfd/name for the key want (compared

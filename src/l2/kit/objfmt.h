@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #include "key/key.h"
-#include "l2/l2.h"
+#include "l2/engine.h"
 
 #define KVT_OBJHDR_MAGIC "KVTOBJ1\n"
 #define KVT_OBJHDR_VERSION 1

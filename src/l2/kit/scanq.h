@@ -12,7 +12,7 @@
 #ifndef KVT_L2_SCANQ_H
 #define KVT_L2_SCANQ_H
 
-#include "l2/l2.h"
+#include "l2/engine.h"
 
 struct kvt_l2_scanq;
 

@@ -47,7 +47,7 @@
 #include "l2/adapters.h"
 #include "common/cfg.h"
 #include "l2/kit/fileobj.h"
-#include "l2/l2.h"
+#include "l2/engine.h"
 #include "l2/kit/objfmt.h"
 #include "l2/kit/scanq.h"
 #include "l2/kit/dirlock.h"
@@ -760,11 +760,18 @@ static void nd_close(kvt_l2 *l2)
     l2->engine = NULL;
 }
 
+static void nd_root(kvt_l2 *l2, char *out, size_t cap)
+{
+    const struct nd_engine *e = l2->engine;
+    snprintf(out, cap, "%s", e->base);
+}
+
 static const struct kvt_l2_ops nd_ops = {
     .submit = nd_submit,
     .remove = nd_remove,
     .status = nd_status,
     .healthy = nd_healthy,
+    .root = nd_root,
     .close = nd_close,
 };
 

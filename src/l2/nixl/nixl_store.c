@@ -37,7 +37,7 @@
 #include "kvtier/error.h"
 #include "l2/adapters.h"
 #include "l2/kit/fileobj.h"
-#include "l2/l2.h"
+#include "l2/engine.h"
 #include "l2/kit/objfmt.h"
 
 #include <errno.h>

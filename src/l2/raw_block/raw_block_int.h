@@ -9,7 +9,7 @@
 #include "common/util.h"
 #include "io/engine.h"
 #include "io/tpool.h"
-#include "l2/l2.h"
+#include "l2/engine.h"
 #include "l2/raw_block/raw_block.h"
 
 #include <pthread.h>

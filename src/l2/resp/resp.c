@@ -50,7 +50,7 @@
 #include "kvtier/error.h"
 #include "l2/adapters.h"
 #include "common/cfg.h"
-#include "l2/l2.h"
+#include "l2/engine.h"
 #include "l2/kit/objfmt.h"
 #include "l2/resp/resp_int.h"
 

@@ -16,7 +16,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "l2/l2.h"
+#include "l2/engine.h"
 #include "l2/kit/objfmt.h"
 
 #define HDR KVT_OBJHDR_MIN            /* header bytes in front of every value */

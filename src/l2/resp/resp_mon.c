@@ -140,7 +140,7 @@ static bool mark_seen(kvt_l2 *l2, const kvt_key *ck, unsigned gen, uint32_t logi
     if (o) {
         o->flags = (uint8_t)(F_LEN_KNOWN | gen);
         if (kvt_l2_obj_state(o) == KVT_OBJ_READY)
-            o->len = logical;
+            kvt_l2_obj_set_len_locked(l2, o, logical);
         found = true;
     }
     pthread_mutex_unlock(&l2->lock);

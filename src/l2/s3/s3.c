@@ -38,7 +38,7 @@
 #include "kvtier/error.h"
 #include "l2/adapters.h"
 #include "common/cfg.h"
-#include "l2/l2.h"
+#include "l2/engine.h"
 #include "l2/kit/objfmt.h"
 #include "l2/s3/s3_int.h"
 #include "l2/s3/sigv4.h"
@@ -248,7 +248,7 @@ static void submit_lookup(kvt_l2 *l2, struct s3_engine *e, kvt_l2_task *t)
             need[i] = 1;
         } else if (kvt_l2_obj_state(o) == KVT_OBJ_READY) {
             if ((o->flags & S3_F_LEN_KNOWN) && o->pins < UINT16_MAX) {
-                o->pins++; /* the size cache answers: no request */
+                kvt_l2_obj_pin_locked(l2, o); /* the size cache answers: no request */
                 t->meta[i].len = o->len;
                 kvt_bm_set(t->ok, i);
             } else {

@@ -14,7 +14,7 @@
 
 #include <curl/curl.h>
 
-#include "l2/l2.h"
+#include "l2/engine.h"
 #include "l2/kit/objfmt.h"
 
 #define S3_HDR KVT_OBJHDR_MIN          /* header bytes in front of every object */

@@ -20,7 +20,7 @@
 #include "common/util.h"
 #include "kvtier/error.h"
 #include "l2/adapters.h"
-#include "l2/l2.h"
+#include "l2/engine.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -16,7 +16,7 @@
 #include "io/tpool.h"
 #include "kvtier/error.h"
 #include "l2/adapters.h"
-#include "l2/l2.h"
+#include "l2/engine.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "l1/l1.h"
-#include "l2/l2.h"
+#include "l2/evict.h"
 
 struct kvt_evictor;
 

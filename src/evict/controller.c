@@ -1,4 +1,4 @@
-#include "ctrl/evict_ctrl.h"
+#include "evict/controller.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "policy/policy.h"
@@ -23,18 +23,19 @@ struct kvt_evictor {
 static void l2_cycle(kvt_l2 *l2)
 {
     kvt_l2_reap(l2); /* objects that failed verification, once unpinned */
-    if (!l2->policy)
+    double watermark, ratio;
+    if (!kvt_l2_evict_params(l2, &watermark, &ratio))
         return;
-    if (l2->nquotas) /* namespaces over their quota first: they may free enough */
+    if (kvt_l2_has_quotas(l2)) /* namespaces over their quota first: they may free enough */
         kvt_l2_evict_quotas(l2, 256);
     struct kvt_l2_usage u;
     kvt_l2_usage(l2, &u);
-    if (!l2->policy || u.cap_bytes == 0 || u.fraction < l2->policy->trigger_watermark)
+    if (u.cap_bytes == 0 || u.fraction < watermark)
         return;
-    uint64_t target = (uint64_t)((double)u.used_bytes * (1.0 - l2->policy->eviction_ratio));
+    uint64_t target = (uint64_t)((double)u.used_bytes * (1.0 - ratio));
     uint64_t freed = kvt_l2_evict_to(l2, target, 256);
-    kvt_debug("%s: evicted %llu bytes (usage %.3f >= %.3f)", l2->name, (unsigned long long)freed,
-              u.fraction, l2->policy->trigger_watermark);
+    kvt_debug("%s: evicted %llu bytes (usage %.3f >= %.3f)", kvt_l2_name(l2),
+              (unsigned long long)freed, u.fraction, watermark);
 }
 
 static void *ev_main(void *arg)

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The include directions of src/ (docs/architecture.md), checked.
+
+Every file under src/ belongs to one part; a part may include headers of the
+parts listed for it below and its own. Run by `make test` (make check-layers):
+an include against these directions fails the build's test run, naming the
+file, the line and the rule, so the layering cannot drift.
+"""
+import os
+import re
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+
+# part -> parts it may include (besides itself and the public kvtier/ headers)
+RULES = {
+    "common": [],
+    "key": ["common"],
+    "io": ["common"],
+    "policy": ["common", "key"],
+    "serde": ["common", "key", "io"],
+    "l1": ["common", "key", "io", "policy"],
+    "proto": ["common", "key"],
+    # l2/l2.h, l2/evict.h, l2/adapters.h: what code above L2 may see
+    "l2-contract": ["common", "key"],
+    # l2/kit: helpers several engines share
+    "l2-kit": ["common", "key", "io", "l2-contract", "l2-engine", "l2-kit-leaf"],
+    "l2-kit-leaf": ["common", "key"],
+    # l2/engine.h, l2/stage.h and the base's .c files
+    "l2-engine": ["common", "key", "io", "policy", "serde", "l2-contract", "l2-kit"],
+    # one folder per adapter family: the base and the kit, never another adapter
+    "l2-adapter": ["common", "key", "io", "l2-contract", "l2-engine", "l2-kit"],
+    "evict": ["common", "key", "io", "policy", "l1", "l2-contract"],
+    "ctrl": ["common", "key", "io", "policy", "l1", "l2-contract"],
+    "ops": ["common", "key", "proto", "l2-contract", "l2-kit-leaf"],
+    "server": ["common", "key", "io", "policy", "serde", "l1", "proto", "l2-contract",
+               "l2-kit-leaf", "evict", "ctrl", "ops"],
+    "client": ["common", "key", "proto"],
+}
+# kit headers that are leaves (libc, jansson): usable above L2 too
+KIT_LEAVES = {"l2/kit/tmpguard.h", "l2/kit/dirlock.h", "l2/kit/quota.h"}
+CONTRACT = {"l2/l2.h", "l2/evict.h", "l2/adapters.h"}
+
+
+def part_of(rel):
+    """rel: a path relative to src/ ("l2/fs/fs.c")."""
+    top = rel.split("/")[0]
+    if top != "l2":
+        return top
+    if rel in CONTRACT:
+        return "l2-contract"
+    if rel in KIT_LEAVES:
+        return "l2-kit-leaf"
+    parts = rel.split("/")
+    if len(parts) == 2:
+        return "l2-engine"
+    if parts[1] == "kit":
+        return "l2-kit"
+    return "l2-adapter:" + parts[1]
+
+
+def allowed(src_part, dst_part):
+    if src_part == dst_part:
+        return True
+    base = src_part.split(":")[0]
+    dst = dst_part.split(":")[0]
+    if base == "l2-adapter" and dst == "l2-adapter":
+        return False  # another family
+    ok = RULES[base]
+    if dst == "l2-kit-leaf" and "l2-kit" in ok:
+        return True
+    return dst in ok
+
+
+def main():
+    bad = []
+    nfiles = 0
+    for d, _, files in os.walk(ROOT):
+        for f in sorted(files):
+            if not f.endswith((".c", ".h")):
+                continue
+            path = os.path.join(d, f)
+            rel = os.path.relpath(path, ROOT)
+            nfiles += 1
+            src = part_of(rel)
+            with open(path, encoding="utf-8") as fh:
+                for n, line in enumerate(fh, 1):
+                    m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+                    if not m:
+                        continue
+                    inc = m.group(1)
+                    if inc.startswith("kvtier/"):
+                        continue
+                    if not os.path.exists(os.path.join(ROOT, inc)):
+                        if os.path.exists(os.path.join(d, inc)):
+                            continue  # a sibling, same part
+                        bad.append(f"src/{rel}:{n}: includes \"{inc}\", which is not under src/")
+                        continue
+                    dst = part_of(inc)
+                    if not allowed(src, dst):
+                        bad.append(f"src/{rel}:{n}: {src} may not include {inc} ({dst})")
+    for b in bad:
+        print(b, file=sys.stderr)
+    if bad:
+        print(f"check-layers: {len(bad)} include(s) against the layer order "
+              f"(scripts/check-layers.py, docs/architecture.md)", file=sys.stderr)
+        return 1
+    print(f"check-layers: {nfiles} files, every include follows the layer order")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
