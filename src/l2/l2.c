@@ -994,12 +994,13 @@ bool kvt_l2_healthy(kvt_l2 *l2, char *msg, size_t cap)
     return true;
 }
 
-#define C(name) json_integer((json_int_t)atomic_load(&l2->counters.name))
+#define C(name) json_integer((json_int_t)x.name)
 
 json_t *kvt_l2_status(kvt_l2 *l2)
 {
-    struct kvt_l2_usage u;
-    kvt_l2_usage(l2, &u);
+    struct kvt_l2_stats x;
+    kvt_l2_stats(l2, &x);
+    double fraction = x.cap_bytes ? (double)x.used_bytes / (double)x.cap_bytes : -1.0;
     char msg[256];
     bool ok = kvt_l2_healthy(l2, msg, sizeof(msg));
     json_t *o = json_object();
@@ -1008,15 +1009,15 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(o, "index", json_integer(l2->index));
     json_object_set_new(o, "is_healthy", json_boolean(ok));
     json_object_set_new(o, "health", json_string(msg));
-    json_object_set_new(o, "used_bytes", json_integer((json_int_t)u.used_bytes));
-    json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)u.cap_bytes));
+    json_object_set_new(o, "used_bytes", json_integer((json_int_t)x.used_bytes));
+    json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)x.cap_bytes));
     json_object_set_new(o, "free_bytes",
-                        u.cap_bytes ? json_integer((json_int_t)(u.cap_bytes > u.used_bytes
-                                                                    ? u.cap_bytes - u.used_bytes
+                        x.cap_bytes ? json_integer((json_int_t)(x.cap_bytes > x.used_bytes
+                                                                    ? x.cap_bytes - x.used_bytes
                                                                     : 0))
                                     : json_null());
-    json_object_set_new(o, "usage_fraction", json_real(u.fraction));
-    json_object_set_new(o, "objects", json_integer((json_int_t)u.objects));
+    json_object_set_new(o, "usage_fraction", json_real(fraction));
+    json_object_set_new(o, "objects", json_integer((json_int_t)x.objects));
     json_object_set_new(o, "persist_enabled", json_boolean(l2->persist_enabled));
 
     json_t *per_ns = json_object(), *per_salt = json_object();
@@ -1031,8 +1032,6 @@ json_t *kvt_l2_status(kvt_l2 *l2)
         cur = json_object_get(per_salt, salt);
         json_object_set_new(per_salt, salt, json_integer(v + (cur ? json_integer_value(cur) : 0)));
     }
-    uint64_t logical = l2->logical_bytes, stored_known = l2->stored_known,
-             unknown = l2->logical_unknown, pinned = l2->pinned_objs;
     json_t *quotas = NULL;
     if (l2->nquotas) {
         quotas = json_object();
@@ -1057,9 +1056,6 @@ json_t *kvt_l2_status(kvt_l2 *l2)
         json_object_set_new(per_ns_objs, name,
                             json_integer(l2->ns_objs[ns] + (cur ? json_integer_value(cur) : 0)));
     }
-    bool recovering = l2->recovering;
-    uint64_t robjs = l2->recovered_objs, rbytes = l2->recovered_bytes;
-    double rsec = l2->recovery_seconds;
     const char *pname = l2->policy ? l2->policy->ops->name : NULL;
     double wm = l2->policy ? l2->policy->trigger_watermark : 0,
            ratio = l2->policy ? l2->policy->eviction_ratio : 0;
@@ -1068,21 +1064,22 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(o, "per_namespace_objects", per_ns_objs);
     json_object_set_new(o, "namespace_quotas", quotas ? quotas : json_null());
     json_object_set_new(o, "bytes_by_cache_salt", per_salt);
-    json_object_set_new(o, "pinned_objects", json_integer((json_int_t)pinned));
+    json_object_set_new(o, "pinned_objects", json_integer((json_int_t)x.pinned_objects));
     /* stored bytes are what the backend holds (after serde and headers);
      * the ratio covers the objects whose logical length is known */
-    json_object_set_new(o, "stored_bytes", json_integer((json_int_t)u.used_bytes));
-    json_object_set_new(o, "logical_bytes", json_integer((json_int_t)logical));
-    json_object_set_new(o, "logical_unknown_objects", json_integer((json_int_t)unknown));
+    json_object_set_new(o, "stored_bytes", json_integer((json_int_t)x.used_bytes));
+    json_object_set_new(o, "logical_bytes", json_integer((json_int_t)x.logical_bytes));
+    json_object_set_new(o, "logical_unknown_objects", json_integer((json_int_t)x.logical_unknown));
     json_object_set_new(o, "stored_to_logical_ratio",
-                        logical ? json_real((double)stored_known / (double)logical)
+                        x.logical_bytes ? json_real((double)x.stored_known_bytes /
+                                                    (double)x.logical_bytes)
                                 : json_null());
 
     json_t *rec = json_object();
-    json_object_set_new(rec, "state", json_string(recovering ? "running" : "done"));
-    json_object_set_new(rec, "objects", json_integer((json_int_t)robjs));
-    json_object_set_new(rec, "bytes", json_integer((json_int_t)rbytes));
-    json_object_set_new(rec, "seconds", json_real(rsec));
+    json_object_set_new(rec, "state", json_string(x.recovering ? "running" : "done"));
+    json_object_set_new(rec, "objects", json_integer((json_int_t)x.recovered_objs));
+    json_object_set_new(rec, "bytes", json_integer((json_int_t)x.recovered_bytes));
+    json_object_set_new(rec, "seconds", json_real(x.recovery_seconds));
     json_object_set_new(o, "recovery", rec);
 
     json_t *ev = json_object();
