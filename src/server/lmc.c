@@ -1432,9 +1432,10 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
 int kvt_lmc_start(struct kvt_server *s, char *err, size_t cap)
 {
     struct kvt_lmc *m = s->lmc;
-    if (pthread_create(&m->th, NULL, lmc_main, m)) {
+    int rc = pthread_create(&m->th, NULL, lmc_main, m); /* returns the error, errno untouched */
+    if (rc) {
         snprintf(err, cap, "--lmcache-port: cannot start its thread");
-        return -EAGAIN;
+        return -rc;
     }
     m->started = true;
     return 0;
