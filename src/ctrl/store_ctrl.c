@@ -89,7 +89,6 @@ static void record_failures(struct kvt_store_ctrl *sc, struct batch *b, int a, k
         memset(fc, 0, sizeof(*fc));
         fc->client = b->client;
     }
-    int err = atomic_load(&t->err);
     for (uint32_t i = 0; i < t->n; i++) {
         if (kvt_bm_test(t->ok, i))
             continue;
@@ -100,9 +99,8 @@ static void record_failures(struct kvt_store_ctrl *sc, struct batch *b, int a, k
             fc->cap = fc->cap ? KVT_MIN(2 * fc->cap, FAIL_LIST_MAX) : 16;
             fc->v = kvt_xrealloc(fc->v, fc->cap * sizeof(*fc->v));
         }
-        int code = t->codes && t->codes[i] ? t->codes[i] : err;
         fc->v[fc->n++] = (struct kvt_store_failure){
-            .key = t->keys[i], .adapter = a, .code = code ? code : -EIO};
+            .key = t->keys[i], .adapter = a, .code = kvt_l2_task_code(t, i)};
     }
     pthread_mutex_unlock(&sc->flock);
 }

@@ -37,8 +37,6 @@ kvt_l2_task *kvt_l2_task_new(enum kvt_l2_kind kind, uint32_t n)
     t->ok = kvt_xcalloc(kvt_bm_words(n), sizeof(uint64_t));
     if (kind != KVT_L2_LOOKUP)
         t->bufs = kvt_xcalloc(n, sizeof(kvt_buf));
-    if (kind == KVT_L2_STORE)
-        t->codes = kvt_xcalloc(n ? n : 1, sizeof(int32_t));
     return t;
 }
 
@@ -61,12 +59,41 @@ void kvt_l2_task_ok(kvt_l2_task *t, uint32_t i, uint64_t bytes)
         atomic_fetch_add_explicit(&t->bytes, bytes, memory_order_relaxed);
 }
 
+/*
+ * Keep err for key i and, if it is the first, for the task. The per-key
+ * array is made at the first failure, so a task that succeeds allocates
+ * nothing more; engine threads failing keys of one task at once race only
+ * on installing it (one CAS wins, the others free theirs).
+ */
 void kvt_l2_task_fail(kvt_l2_task *t, uint32_t i, int err)
 {
-    if (t->codes && i < t->n)
-        t->codes[i] = err; /* one engine thread per key: no race on the slot */
+    /* acquire: pairs with the winner's release below, so its zeroed array
+     * is seen complete */
+    int32_t *c = atomic_load_explicit(&t->codes, memory_order_acquire);
+    if (!c && i < t->n) {
+        int32_t *fresh = kvt_xcalloc(t->n, sizeof(int32_t));
+        if (atomic_compare_exchange_strong_explicit(&t->codes, &c, fresh, memory_order_acq_rel,
+                                                    memory_order_acquire))
+            c = fresh;
+        else
+            free(fresh);
+    }
+    if (c && i < t->n)
+        c[i] = err; /* one engine thread per key: no race on the slot */
     int zero = 0;
     atomic_compare_exchange_strong(&t->err, &zero, err);
+}
+
+int kvt_l2_task_code(const kvt_l2_task *t, uint32_t i)
+{
+    if (i < t->n && kvt_bm_test(t->ok, i))
+        return 0;
+    /* the task is done: its completion (l2->lock) ordered every write */
+    const int32_t *c = atomic_load_explicit(&t->codes, memory_order_relaxed);
+    int code = c && i < t->n ? c[i] : 0;
+    if (!code)
+        code = atomic_load_explicit(&t->err, memory_order_relaxed);
+    return code ? code : -EIO;
 }
 
 /* ------------------------------------------------------------- index */
@@ -310,8 +337,9 @@ void kvt_l2_submit(kvt_l2 *l2, kvt_l2_task *t)
 {
     t->submit_ns = kvt_now_ns();
     memset(t->ok, 0, kvt_bm_words(t->n) * sizeof(uint64_t));
-    if (t->codes)
-        memset(t->codes, 0, t->n * sizeof(int32_t));
+    int32_t *codes = atomic_load_explicit(&t->codes, memory_order_relaxed);
+    if (codes) /* a resubmitted task: no engine holds it yet */
+        memset(codes, 0, t->n * sizeof(int32_t));
     atomic_store(&t->bytes, 0);
     atomic_store(&t->err, 0);
     t->staged = false;

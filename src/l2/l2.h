@@ -78,8 +78,8 @@ typedef struct kvt_l2_task {
     kvt_buf *bufs;       /* STORE: sources; LOAD: destinations (arrays owned) */
     kvt_objmeta *meta;   /* n entries; STORE: in; LOOKUP/LOAD: out */
     uint64_t *ok;        /* result bitmap, n bits */
-    int32_t *codes;      /* STORE: n per-key errors from kvt_l2_task_fail (0: none
-                          * recorded: use err); NULL for other kinds */
+    int32_t *_Atomic codes; /* n per-key errors from kvt_l2_task_fail (0: none recorded:
+                             * use err); made at the first failure, NULL until then */
     _Atomic uint64_t bytes;
     _Atomic uint32_t pending; /* engine's outstanding jobs */
     _Atomic int err;          /* first error seen, 0 if none */
@@ -306,6 +306,9 @@ void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t);
 /* Record one key's result; called from any engine thread. */
 void kvt_l2_task_ok(kvt_l2_task *t, uint32_t i, uint64_t bytes);
 void kvt_l2_task_fail(kvt_l2_task *t, uint32_t i, int err);
+/* Key i's error once the task is done: its own code, else the task's first
+ * error, else -EIO (for a key not marked ok); 0 for a key marked ok. */
+int kvt_l2_task_code(const kvt_l2_task *t, uint32_t i);
 /* Decrement t->pending; finish the task when it reaches zero. */
 void kvt_l2_task_job_done(kvt_l2 *l2, kvt_l2_task *t);
 
