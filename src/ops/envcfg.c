@@ -217,7 +217,7 @@ static int parse_file(struct parser *p, const char *path, bool optional)
     if (!f) {
         if (optional && errno == ENOENT)
             return 0;
-        snprintf(p->err, p->errcap, "cannot read config file %s: %s", path, strerror(errno));
+        snprintf(p->err, p->errcap, "cannot read config file %s: %s", path, kvt_strerror(-errno));
         return KVT_E_CONFIG;
     }
     p->file = path;
