@@ -198,14 +198,26 @@ static int quota_of_locked(kvt_l2 *l2, uint32_t ns)
     return (int)l2->ns_quota[ns] - 2;
 }
 
-static void account_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, int sign)
+/* Add d bytes (negative: remove) of namespace ns to the adapter's, the
+ * namespace's and its quota's counts. call with l2->lock held */
+static void account_bytes_locked(kvt_l2 *l2, uint32_t ns, int64_t d)
 {
-    int64_t d = sign * (int64_t)o->stored;
     l2->used_bytes = (uint64_t)((int64_t)l2->used_bytes + d);
-    ns_add_locked(l2, o->key.ns, d);
-    int q = quota_of_locked(l2, o->key.ns);
+    ns_add_locked(l2, ns, d);
+    int q = quota_of_locked(l2, ns);
     if (q >= 0)
         l2->quotas[q].used = (uint64_t)((int64_t)l2->quotas[q].used + d);
+}
+
+static void account_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, int sign)
+{
+    account_bytes_locked(l2, o->key.ns, sign * (int64_t)o->stored);
+}
+
+void kvt_l2_set_stored_locked(kvt_l2 *l2, struct kvt_l2_obj *o, uint32_t stored)
+{
+    account_bytes_locked(l2, o->key.ns, (int64_t)stored - (int64_t)o->stored);
+    o->stored = stored;
 }
 
 /* Drop an entry: policy, accounting, index. */

@@ -456,5 +456,8 @@ uint64_t kvt_l2_evict_quotas(kvt_l2 *l2, uint32_t batch);
 /* Index primitives: call with l2->lock held. */
 struct kvt_l2_obj *kvt_l2_find_locked(kvt_l2 *l2, const kvt_key *ck);
 uint32_t kvt_l2_handle_locked(kvt_l2 *l2, const struct kvt_l2_obj *o);
+/* Change an indexed entry's stored bytes, keeping the adapter's, the
+ * namespace's and the quota's counts in step. */
+void kvt_l2_set_stored_locked(kvt_l2 *l2, struct kvt_l2_obj *o, uint32_t stored);
 
 #endif

@@ -209,8 +209,7 @@ void kvt_fileobj_set_hdr_len(kvt_l2 *l2, const kvt_key *ck, uint16_t hl, uint64_
     pthread_mutex_lock(&l2->lock);
     struct kvt_l2_obj *o = kvt_l2_find_locked(l2, ck);
     if (o) {
-        l2->used_bytes = l2->used_bytes - o->stored + hl + plen;
-        o->stored = (uint32_t)(hl + plen);
+        kvt_l2_set_stored_locked(l2, o, (uint32_t)(hl + plen)); /* namespace, quota too */
         o->aux = hl;
     }
     pthread_mutex_unlock(&l2->lock);
