@@ -27,8 +27,15 @@
 
 /* ------------------------------------------------------------- tasks */
 
+/* A task kind the base knows (it indexes efd[], done queues, lat[]). */
+static bool kind_ok(enum kvt_l2_kind kind)
+{
+    return (unsigned)kind <= KVT_L2_LOAD;
+}
+
 kvt_l2_task *kvt_l2_task_new(enum kvt_l2_kind kind, uint32_t n)
 {
+    KVT_ASSERT(kind_ok(kind));
     kvt_l2_task *t = kvt_xcalloc(1, sizeof(*t));
     t->kind = kind;
     t->n = n;
@@ -130,6 +137,10 @@ static uint32_t idx_insert(kvt_l2 *l2, const kvt_key *k)
 
 static void idx_remove(struct kvt_l2_index *x, uint32_t h)
 {
+    /* only a live, unpinned entry leaves the index (kvt_kindex_del checks
+     * that the key maps to it) */
+    KVT_ASSERT(h < x->hwm && x->nobjs > 0);
+    KVT_ASSERT((x->objs[h].state & ST_MASK) != KVT_OBJ_FREE && x->objs[h].pins == 0);
     kvt_kindex_del(&x->map, h);
     x->objs[h].state = KVT_OBJ_FREE;
     x->objs[h].aux = x->free_head;
@@ -171,6 +182,7 @@ static void ns_add_locked(kvt_l2 *l2, uint32_t ns, int64_t delta)
         memset(l2->ns_bytes + l2->ns_bytes_cap, 0, (ncap - l2->ns_bytes_cap) * sizeof(uint64_t));
         l2->ns_bytes_cap = ncap;
     }
+    KVT_ASSERT(delta >= 0 || l2->ns_bytes[ns] >= (uint64_t)-delta); /* no underflow */
     l2->ns_bytes[ns] = (uint64_t)((int64_t)l2->ns_bytes[ns] + delta);
 }
 
@@ -199,14 +211,18 @@ static int quota_of_locked(kvt_l2 *l2, uint32_t ns)
 }
 
 /* Add d bytes (negative: remove) of namespace ns to the adapter's, the
- * namespace's and its quota's counts. call with l2->lock held */
+ * namespace's and its quota's counts. Removing more than was added is a
+ * bookkeeping bug: assert. call with l2->lock held */
 static void account_bytes_locked(kvt_l2 *l2, uint32_t ns, int64_t d)
 {
+    KVT_ASSERT(d >= 0 || l2->used_bytes >= (uint64_t)-d);
     l2->used_bytes = (uint64_t)((int64_t)l2->used_bytes + d);
     ns_add_locked(l2, ns, d);
     int q = quota_of_locked(l2, ns);
-    if (q >= 0)
+    if (q >= 0) {
+        KVT_ASSERT(d >= 0 || l2->quotas[q].used >= (uint64_t)-d);
         l2->quotas[q].used = (uint64_t)((int64_t)l2->quotas[q].used + d);
+    }
 }
 
 static void account_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, int sign)
@@ -347,6 +363,7 @@ void kvt_l2_latency(kvt_l2 *l2, enum kvt_l2_kind kind, struct kvt_l2_latency *ou
 
 void kvt_l2_submit(kvt_l2 *l2, kvt_l2_task *t)
 {
+    KVT_ASSERT(kind_ok(t->kind));
     t->submit_ns = kvt_now_ns();
     memset(t->ok, 0, kvt_bm_words(t->n) * sizeof(uint64_t));
     int32_t *codes = atomic_load_explicit(&t->codes, memory_order_relaxed);
@@ -405,6 +422,7 @@ static void finish_policy_locked(kvt_l2 *l2, kvt_l2_task *t)
  */
 void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
 {
+    KVT_ASSERT(kind_ok(t->kind));
     struct kvt_l2_counters *c = &l2->counters;
     if (t->stage_op) {
         atomic_fetch_add(t->kind == KVT_L2_STORE ? &c->bytes_written : &c->bytes_read,
@@ -493,6 +511,7 @@ void kvt_l2_task_job_done(kvt_l2 *l2, kvt_l2_task *t)
 
 size_t kvt_l2_pop_done(kvt_l2 *l2, enum kvt_l2_kind kind, kvt_l2_task **out, size_t max)
 {
+    KVT_ASSERT(kind_ok(kind));
     uint64_t v;
     ssize_t r = read(l2->efd[kind], &v, sizeof(v));
     (void)r;
@@ -500,6 +519,7 @@ size_t kvt_l2_pop_done(kvt_l2 *l2, enum kvt_l2_kind kind, kvt_l2_task **out, siz
     pthread_mutex_lock(&l2->lock);
     while (n < max && l2->done_head[kind]) {
         kvt_l2_task *t = l2->done_head[kind];
+        KVT_ASSERT(t->kind == kind); /* each queue holds its own kind only */
         l2->done_head[kind] = t->next;
         if (!t->next)
             l2->done_tail[kind] = NULL;
