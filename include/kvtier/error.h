@@ -38,7 +38,9 @@ enum kvt_error {
     KVT_E_LAST = -1099,
 };
 
-/* Human-readable text for a kvtier code or a negative errno. Never NULL. */
+/* Human-readable text for a kvtier code or a negative errno (libzmq's own
+ * errno values included, in zmq_strerror's words). The one function every
+ * component uses to name an error. Never NULL. */
 const char *kvt_strerror(int err);
 
 /* Short symbolic name ("E_BADKEY", "ENOENT", ...). Never NULL. */

@@ -1,5 +1,6 @@
 /* kvtier C client: one DEALER socket, request/reply with ids, shm mapping. */
 #include "kvtier/client.h"
+#include "kvtier/error.h"
 #include "common/util.h"
 #include "common/url.h"
 #include "common/le.h"
@@ -168,7 +169,7 @@ static int new_socket(kvt_client *c)
     zmq_setsockopt(c->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
     int rc = kvt_curve_keys_apply(c->sock, &c->curve);
     if (rc)
-        return seterr(c, rc, "cannot set up CURVE: %s", zmq_strerror(-rc));
+        return seterr(c, rc, "cannot set up CURVE: %s", kvt_strerror(rc));
     if (c->curve.on) { /* the server's ZAP refusal arrives as a monitor event */
         static _Atomic unsigned seq;
         char ep[96];
@@ -183,7 +184,7 @@ static int new_socket(kvt_client *c)
         }
     }
     if (zmq_connect(c->sock, c->url) < 0)
-        return seterr(c, -errno, "cannot connect to %s: %s", c->url, zmq_strerror(errno));
+        return seterr(c, -errno, "cannot connect to %s: %s", c->url, kvt_strerror(-errno));
     return 0;
 }
 
@@ -268,7 +269,7 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
         zmq_send(c->sock, op, strlen(op), ZMQ_SNDMORE) < 0 ||
         zmq_send(c->sock, body ? body->data : "\x80", body ? body->size : 1,
                  nbufs ? ZMQ_SNDMORE : 0) < 0)
-        return seterr(c, -errno, "send failed: %s", zmq_strerror(errno));
+        return seterr(c, -errno, "send failed: %s", kvt_strerror(-errno));
     for (size_t i = 0; i < nbufs; i++) {
         zmq_msg_t m;
         pthread_mutex_lock(&c->zc_lock);
@@ -278,7 +279,7 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
         if (zmq_msg_send(&m, c->sock, i + 1 < nbufs ? ZMQ_SNDMORE : 0) < 0) {
             zmq_msg_close(&m);
             zc_wait(c);
-            return seterr(c, -errno, "send failed: %s", zmq_strerror(errno));
+            return seterr(c, -errno, "send failed: %s", kvt_strerror(-errno));
         }
     }
     /* kvt_client_open's hello has a short timeout of its own, and when no
@@ -323,7 +324,7 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
         uint64_t until = KVT_MIN(deadline, probe_at);
         int pr = zmq_poll(it, c->mon ? 2 : 1, (long)((until - now) / 1000000ull) + 1);
         if (pr < 0 && errno != EINTR)
-            return seterr(c, -errno, "poll failed: %s", zmq_strerror(errno));
+            return seterr(c, -errno, "poll failed: %s", kvt_strerror(-errno));
         if (pr > 0 && c->mon && (it[1].revents & ZMQ_POLLIN) && key_refused(c)) {
             new_socket(c);
             zc_wait(c);

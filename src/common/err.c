@@ -1,8 +1,17 @@
-/* kvt_strerror / kvt_errname: one table for project codes, libc for errno. */
+/*
+ * kvt_strerror / kvt_errname: one table for project codes, libc for errno.
+ * Every component turns an error code into text here; the few errno values
+ * libzmq adds beyond libc's (it reports them through errno like the rest)
+ * are in the table too, with libzmq's wording, so a -errno from a ZeroMQ
+ * call needs no second function (tests/unit/test_auth.c checks them against
+ * zmq_strerror) and common/ need not include zmq.h.
+ */
 #include "kvtier/error.h"
 
 #include <errno.h>
 #include <string.h>
+
+#define ZMQ_ERRNO_BASE 156384712 /* zmq.h's ZMQ_HAUSNUMERO */
 
 struct code_text {
     int code;
@@ -28,6 +37,12 @@ static const struct code_text codes[] = {
     {KVT_E_FATAL, "E_FATAL", "component in fatal state"},
     {KVT_E_UNHEALTHY, "E_UNHEALTHY", "backend unhealthy"},
     {KVT_E_DENIED, "E_DENIED", "permission denied for this client's key"},
+    /* libzmq's own errno values (zmq.h: ZMQ_HAUSNUMERO + 51..54) */
+    {-(ZMQ_ERRNO_BASE + 51), "EFSM", "Operation cannot be accomplished in current state"},
+    {-(ZMQ_ERRNO_BASE + 52), "ENOCOMPATPROTO",
+     "The protocol is not compatible with the socket type"},
+    {-(ZMQ_ERRNO_BASE + 53), "ETERM", "Context was terminated"},
+    {-(ZMQ_ERRNO_BASE + 54), "EMTHREAD", "No thread available"},
 };
 
 static const struct code_text *find(int err)

@@ -23,7 +23,7 @@ int kvt_secret_read(const char *path, bool secret, char *out, size_t cap, char *
     fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
         rc = -errno;
-        snprintf(err, ecap, "%s: cannot open: %s", path, strerror(errno));
+        snprintf(err, ecap, "%s: cannot open: %s", path, kvt_strerror(-errno));
         goto out;
     }
     struct stat st;
@@ -52,7 +52,7 @@ int kvt_secret_read(const char *path, bool secret, char *out, size_t cap, char *
             continue;
         if (r < 0) {
             rc = -errno;
-            snprintf(err, ecap, "%s: read: %s", path, strerror(errno));
+            snprintf(err, ecap, "%s: read: %s", path, kvt_strerror(-errno));
             goto out;
         }
         if (r == 0)

@@ -107,7 +107,7 @@ static int probe_ipc(const char *path, int timeout_ms, char *err, size_t errcap)
     else if (rc == KVT_E_TIMEOUT)
         snprintf(err, errcap, "no answer to a connection attempt within %d ms", timeout_ms);
     else if (rc)
-        snprintf(err, errcap, "%s", strerror(-rc));
+        snprintf(err, errcap, "%s", kvt_strerror(rc));
     return rc;
 }
 
@@ -144,7 +144,7 @@ static int probe_tcp(const char *rest, int timeout_ms, char *err, size_t errcap)
     else if (rc == KVT_E_TIMEOUT)
         snprintf(err, errcap, "no answer to a connection attempt within %d ms", timeout_ms);
     else if (rc)
-        snprintf(err, errcap, "%s", strerror(-rc));
+        snprintf(err, errcap, "%s", kvt_strerror(rc));
     return rc;
 }
 

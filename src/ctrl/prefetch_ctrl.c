@@ -317,43 +317,63 @@ static void *pc_main(void *arg)
     return NULL;
 }
 
+/*
+ * Start the prefetch controller. Each step that fails leaves its error in e
+ * (-errno from the fd calls, the return of pthread_create: it does not set
+ * errno), and everything made so far is undone before returning it.
+ */
 int kvt_prefetch_ctrl_start(struct kvt_prefetch_ctrl **out, struct kvt_l1 *l1, kvt_l2 **l2s,
                             int nl2, enum kvt_prefetch_policy policy, int max_in_flight)
 {
     struct kvt_prefetch_ctrl *pc = kvt_xcalloc(1, sizeof(*pc));
+    int e = 0;
     pc->l1 = l1;
     pc->l2s = l2s;
     pc->nl2 = nl2;
     pc->policy = policy;
     pc->max_in_flight = max_in_flight > 0 ? max_in_flight : 1;
     pthread_mutex_init(&pc->lock, NULL);
+    pc->epfd = -1;
     pc->qfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (pc->qfd < 0) {
+        e = -errno;
+        goto fail;
+    }
     pc->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (pc->qfd < 0 || pc->epfd < 0)
+    if (pc->epfd < 0) {
+        e = -errno;
         goto fail;
+    }
     struct epoll_event ev = {.events = EPOLLIN, .data.u32 = UINT32_MAX};
-    if (epoll_ctl(pc->epfd, EPOLL_CTL_ADD, pc->qfd, &ev) < 0)
+    if (epoll_ctl(pc->epfd, EPOLL_CTL_ADD, pc->qfd, &ev) < 0) {
+        e = -errno;
         goto fail;
+    }
     for (int a = 0; a < nl2; a++) {
         ev.data.u32 = (uint32_t)a << 1;
-        if (epoll_ctl(pc->epfd, EPOLL_CTL_ADD, kvt_l2_efd(l2s[a], KVT_L2_LOOKUP), &ev) < 0)
+        if (epoll_ctl(pc->epfd, EPOLL_CTL_ADD, kvt_l2_efd(l2s[a], KVT_L2_LOOKUP), &ev) < 0) {
+            e = -errno;
             goto fail;
+        }
         ev.data.u32 = (uint32_t)a << 1 | 1;
-        if (epoll_ctl(pc->epfd, EPOLL_CTL_ADD, kvt_l2_efd(l2s[a], KVT_L2_LOAD), &ev) < 0)
+        if (epoll_ctl(pc->epfd, EPOLL_CTL_ADD, kvt_l2_efd(l2s[a], KVT_L2_LOAD), &ev) < 0) {
+            e = -errno;
             goto fail;
+        }
     }
-    if (pthread_create(&pc->thr, NULL, pc_main, pc))
+    e = -pthread_create(&pc->thr, NULL, pc_main, pc);
+    if (e)
         goto fail;
     *out = pc;
     return 0;
-fail:;
-    int e = errno ? -errno : -EIO;
+fail:
     if (pc->qfd >= 0)
         close(pc->qfd);
     if (pc->epfd >= 0)
         close(pc->epfd);
+    pthread_mutex_destroy(&pc->lock);
     free(pc);
-    return e;
+    return e ? e : -EIO;
 }
 
 void kvt_prefetch_submit(struct kvt_prefetch_ctrl *pc, const kvt_key *keys, uint32_t n,

@@ -89,7 +89,6 @@ static void record_failures(struct kvt_store_ctrl *sc, struct batch *b, int a, k
         memset(fc, 0, sizeof(*fc));
         fc->client = b->client;
     }
-    int err = atomic_load(&t->err);
     for (uint32_t i = 0; i < t->n; i++) {
         if (kvt_bm_test(t->ok, i))
             continue;
@@ -100,9 +99,8 @@ static void record_failures(struct kvt_store_ctrl *sc, struct batch *b, int a, k
             fc->cap = fc->cap ? KVT_MIN(2 * fc->cap, FAIL_LIST_MAX) : 16;
             fc->v = kvt_xrealloc(fc->v, fc->cap * sizeof(*fc->v));
         }
-        int code = t->codes && t->codes[i] ? t->codes[i] : err;
         fc->v[fc->n++] = (struct kvt_store_failure){
-            .key = t->keys[i], .adapter = a, .code = code ? code : -EIO};
+            .key = t->keys[i], .adapter = a, .code = kvt_l2_task_code(t, i)};
     }
     pthread_mutex_unlock(&sc->flock);
 }
@@ -254,10 +252,16 @@ static void *ctrl_main(void *arg)
     return NULL;
 }
 
+/*
+ * Start the store controller. Each step that fails leaves its error in e
+ * (-errno from the fd calls, the return of pthread_create: it does not set
+ * errno), and everything made so far is undone before returning it.
+ */
 int kvt_store_ctrl_start(struct kvt_store_ctrl **out, struct kvt_l1 *l1, kvt_l2 **l2s, int nl2,
                          enum kvt_store_policy policy, void (*on_progress)(void *), void *arg)
 {
     struct kvt_store_ctrl *sc = kvt_xcalloc(1, sizeof(*sc));
+    int e = 0;
     sc->l1 = l1;
     sc->l2s = l2s;
     sc->nl2 = nl2;
@@ -266,30 +270,43 @@ int kvt_store_ctrl_start(struct kvt_store_ctrl **out, struct kvt_l1 *l1, kvt_l2 
     sc->arg = arg;
     pthread_mutex_init(&sc->lock, NULL);
     pthread_mutex_init(&sc->flock, NULL);
+    sc->epfd = -1;
     sc->qfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (sc->qfd < 0) {
+        e = -errno;
+        goto fail;
+    }
     sc->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (sc->qfd < 0 || sc->epfd < 0)
+    if (sc->epfd < 0) {
+        e = -errno;
         goto fail;
+    }
     struct epoll_event ev = {.events = EPOLLIN, .data.u32 = UINT32_MAX};
-    if (epoll_ctl(sc->epfd, EPOLL_CTL_ADD, sc->qfd, &ev) < 0)
+    if (epoll_ctl(sc->epfd, EPOLL_CTL_ADD, sc->qfd, &ev) < 0) {
+        e = -errno;
         goto fail;
+    }
     for (int a = 0; a < nl2; a++) {
         ev.data.u32 = (uint32_t)a;
-        if (epoll_ctl(sc->epfd, EPOLL_CTL_ADD, kvt_l2_efd(l2s[a], KVT_L2_STORE), &ev) < 0)
+        if (epoll_ctl(sc->epfd, EPOLL_CTL_ADD, kvt_l2_efd(l2s[a], KVT_L2_STORE), &ev) < 0) {
+            e = -errno;
             goto fail;
+        }
     }
-    if (pthread_create(&sc->thr, NULL, ctrl_main, sc))
+    e = -pthread_create(&sc->thr, NULL, ctrl_main, sc);
+    if (e)
         goto fail;
     *out = sc;
     return 0;
-fail:;
-    int e = errno ? -errno : -EIO;
+fail:
     if (sc->qfd >= 0)
         close(sc->qfd);
     if (sc->epfd >= 0)
         close(sc->epfd);
+    pthread_mutex_destroy(&sc->flock);
+    pthread_mutex_destroy(&sc->lock);
     free(sc);
-    return e;
+    return e ? e : -EIO;
 }
 
 uint64_t kvt_store_ctrl_submit(struct kvt_store_ctrl *sc, const struct kvt_l1_ref *refs,

@@ -65,29 +65,42 @@ static void *ev_main(void *arg)
     return NULL;
 }
 
+/* Start an evictor thread; on failure everything made so far is closed
+ * and the error returned (-errno, or pthread_create's own return: it does
+ * not set errno). */
 static int start(struct kvt_evictor **out, struct kvt_l1 *l1, kvt_l2 *l2, int interval_ms)
 {
     struct kvt_evictor *ev = kvt_xcalloc(1, sizeof(*ev));
+    int e = 0;
     ev->l1 = l1;
     ev->l2 = l2;
+    ev->kfd = -1;
     ev->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-    ev->kfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (ev->tfd < 0 || ev->kfd < 0)
+    if (ev->tfd < 0) {
+        e = -errno;
         goto fail;
+    }
+    ev->kfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (ev->kfd < 0) {
+        e = -errno;
+        goto fail;
+    }
     if (interval_ms <= 0)
         interval_ms = 1000;
     struct itimerspec its = {
         .it_interval = {interval_ms / 1000, (long)(interval_ms % 1000) * 1000000},
         .it_value = {interval_ms / 1000, (long)(interval_ms % 1000) * 1000000},
     };
-    if (timerfd_settime(ev->tfd, 0, &its, NULL) < 0)
+    if (timerfd_settime(ev->tfd, 0, &its, NULL) < 0) {
+        e = -errno;
         goto fail;
-    if (pthread_create(&ev->thr, NULL, ev_main, ev))
+    }
+    e = -pthread_create(&ev->thr, NULL, ev_main, ev);
+    if (e)
         goto fail;
     *out = ev;
     return 0;
-fail:;
-    int e = -errno;
+fail:
     if (ev->tfd >= 0)
         close(ev->tfd);
     if (ev->kfd >= 0)

@@ -4,6 +4,7 @@
  */
 #include "io/engine.h"
 #include "common/util.h"
+#include "kvtier/error.h"
 #include "io/engine_int.h"
 
 #include <errno.h>
@@ -408,7 +409,7 @@ int kvt_ioeng_create(struct kvt_ioeng **out, enum kvt_ioeng_kind kind, const cha
     kvt_ioeng_base_init(&pe->base, &posix_ops, KVT_IOENG_POSIX, name, depth);
     int rc = kvt_tpool_create(&pe->pool, name, depth, NULL, NULL, NULL);
     if (rc) {
-        snprintf(err, errcap, "cannot start %d I/O threads: %s", depth, strerror(-rc));
+        snprintf(err, errcap, "cannot start %d I/O threads: %s", depth, kvt_strerror(rc));
         free(pe);
         return rc;
     }

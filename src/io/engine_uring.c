@@ -16,6 +16,7 @@
  */
 #include "common/log.h"
 #include "common/util.h"
+#include "kvtier/error.h"
 #include "io/engine_int.h"
 
 #include <errno.h>
@@ -157,7 +158,7 @@ static void *ring_main(void *arg)
             /* the ring refused the submission: fail what is queued so that
              * nobody waits forever; requests already in the kernel complete
              * through the CQ as usual */
-            kvt_error("%s: io_uring_submit_and_wait: %s", u->base.name, strerror(-rc));
+            kvt_error("%s: io_uring_submit_and_wait: %s", u->base.name, kvt_strerror(rc));
             while (u->lhead) {
                 struct kvt_io *io = u->lhead;
                 u->lhead = io->next;
@@ -239,7 +240,7 @@ int kvt_ioeng_uring_create(struct kvt_ioeng **out, const char *name, int depth, 
     u->bell = eventfd(0, EFD_CLOEXEC); /* blocking: the ring's read must wait, not -EAGAIN */
     if (u->bell < 0) {
         int rc = -errno;
-        snprintf(err, errcap, "eventfd: %s", strerror(errno));
+        snprintf(err, errcap, "eventfd: %s", kvt_strerror(-errno));
         pthread_mutex_destroy(&u->lock);
         free(u);
         return rc;
@@ -250,7 +251,7 @@ int kvt_ioeng_uring_create(struct kvt_ioeng **out, const char *name, int depth, 
         snprintf(err, errcap,
                  "io_uring is not available (io_uring_queue_init: %s); use \"io_engine\": "
                  "\"posix\"",
-                 strerror(-rc));
+                 kvt_strerror(rc));
         close(u->bell);
         pthread_mutex_destroy(&u->lock);
         free(u);
@@ -258,7 +259,7 @@ int kvt_ioeng_uring_create(struct kvt_ioeng **out, const char *name, int depth, 
     }
     rc = pthread_create(&u->thr, NULL, ring_main, u);
     if (rc) {
-        snprintf(err, errcap, "cannot start the io_uring thread: %s", strerror(rc));
+        snprintf(err, errcap, "cannot start the io_uring thread: %s", kvt_strerror(-rc));
         io_uring_queue_exit(&u->ring);
         close(u->bell);
         pthread_mutex_destroy(&u->lock);

@@ -1,4 +1,5 @@
 #include "key/kindex.h"
+#include "common/log.h"
 #include "common/util.h"
 
 #include <stdlib.h>
@@ -74,8 +75,10 @@ void kvt_kindex_del(struct kvt_kindex *x, uint32_t h)
 {
     uint32_t mask = x->cap - 1;
     uint32_t i = home(x, kvt_kindex_key(x, h));
-    while (x->table[i] != h + 1)
+    while (x->table[i] != h + 1) {
+        KVT_ASSERT(x->table[i] != 0); /* the end of h's probe run: h is not in the index */
         i = (i + 1) & mask;
+    }
     /* backward shift: move later members of the probe run into the hole
      * when their home slot is not cyclically inside (i, j] */
     for (uint32_t j = (i + 1) & mask; x->table[j]; j = (j + 1) & mask) {

@@ -120,7 +120,7 @@ static bool pool_grow_locked(struct kvt_l1 *l1)
     int rc = pool_resize_locked(l1, next);
     if (rc) {
         kvt_warn("L1: cannot grow the pool to %llu bytes: %s", (unsigned long long)next,
-                 strerror(-rc));
+                 kvt_strerror(rc));
         return false;
     }
     kvt_debug("L1: pool grown to %llu bytes", (unsigned long long)l1->cur_size);
@@ -172,7 +172,7 @@ int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, s
         if (l1->fd < 0) {
             rc = -errno;
             snprintf(err, errcap, "cannot create the L1 shared memory /dev/shm/%s: %s%s",
-                     o->shm_name, strerror(errno),
+                     o->shm_name, kvt_strerror(-errno),
                      errno == EEXIST ? " (another server uses that name, or a crashed one left "
                                        "it: remove it or choose another --lmcache-shm-name)"
                                      : "");
@@ -181,8 +181,8 @@ int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, s
         l1->shm_name = kvt_xstrdup(o->shm_name);
         if (ftruncate(l1->fd, (off_t)size) < 0) {
             rc = -errno;
-            snprintf(err, errcap, "cannot size the L1 shared memory /dev/shm/%s: %s",
-                     o->shm_name, strerror(errno));
+            snprintf(err, errcap, "cannot size the L1 shared memory /dev/shm/%s: %s", o->shm_name,
+                     kvt_strerror(-errno));
             goto fail;
         }
     } else {
@@ -192,7 +192,7 @@ int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, s
         rc = -errno;
         snprintf(err, errcap, "cannot create the L1 shared memory%s: %s",
                  o->hugepages ? " with huge pages (is vm.nr_hugepages set?)" : "",
-                 strerror(errno));
+                 kvt_strerror(-errno));
         goto fail;
     }
     fchmod(l1->fd, 0600);
@@ -208,7 +208,7 @@ int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, s
         l1->base = NULL;
         snprintf(err, errcap, "cannot map %llu bytes of L1%s: %s", (unsigned long long)size,
                  o->hugepages ? " in huge pages (reserve them: sysctl vm.nr_hugepages)" : "",
-                 strerror(errno));
+                 kvt_strerror(-errno));
         goto fail;
     }
     uint64_t init = l1->lazy ? KVT_MIN(KVT_ALIGN_UP(KVT_MAX(o->init_bytes, gran), gran), size)
@@ -220,7 +220,7 @@ int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, s
         snprintf(err, errcap, "cannot allocate %llu bytes of L1 memory%s: %s",
                  (unsigned long long)init,
                  o->hugepages ? " in huge pages (reserve them: sysctl vm.nr_hugepages)" : "",
-                 strerror(-rc));
+                 kvt_strerror(rc));
         goto fail;
     }
     struct stat st;

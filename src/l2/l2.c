@@ -28,8 +28,15 @@
 
 /* ------------------------------------------------------------- tasks */
 
+/* A task kind the base knows (it indexes efd[], done queues, lat[]). */
+static bool kind_ok(enum kvt_l2_kind kind)
+{
+    return (unsigned)kind <= KVT_L2_LOAD;
+}
+
 kvt_l2_task *kvt_l2_task_new(enum kvt_l2_kind kind, uint32_t n)
 {
+    KVT_ASSERT(kind_ok(kind));
     kvt_l2_task *t = kvt_xcalloc(1, sizeof(*t));
     t->kind = kind;
     t->n = n;
@@ -38,8 +45,6 @@ kvt_l2_task *kvt_l2_task_new(enum kvt_l2_kind kind, uint32_t n)
     t->ok = kvt_xcalloc(kvt_bm_words(n), sizeof(uint64_t));
     if (kind != KVT_L2_LOOKUP)
         t->bufs = kvt_xcalloc(n, sizeof(kvt_buf));
-    if (kind == KVT_L2_STORE)
-        t->codes = kvt_xcalloc(n ? n : 1, sizeof(int32_t));
     return t;
 }
 
@@ -62,12 +67,41 @@ void kvt_l2_task_ok(kvt_l2_task *t, uint32_t i, uint64_t bytes)
         atomic_fetch_add_explicit(&t->bytes, bytes, memory_order_relaxed);
 }
 
+/*
+ * Keep err for key i and, if it is the first, for the task. The per-key
+ * array is made at the first failure, so a task that succeeds allocates
+ * nothing more; engine threads failing keys of one task at once race only
+ * on installing it (one CAS wins, the others free theirs).
+ */
 void kvt_l2_task_fail(kvt_l2_task *t, uint32_t i, int err)
 {
-    if (t->codes && i < t->n)
-        t->codes[i] = err; /* one engine thread per key: no race on the slot */
+    /* acquire: pairs with the winner's release below, so its zeroed array
+     * is seen complete */
+    int32_t *c = atomic_load_explicit(&t->codes, memory_order_acquire);
+    if (!c && i < t->n) {
+        int32_t *fresh = kvt_xcalloc(t->n, sizeof(int32_t));
+        if (atomic_compare_exchange_strong_explicit(&t->codes, &c, fresh, memory_order_acq_rel,
+                                                    memory_order_acquire))
+            c = fresh;
+        else
+            free(fresh);
+    }
+    if (c && i < t->n)
+        c[i] = err; /* one engine thread per key: no race on the slot */
     int zero = 0;
     atomic_compare_exchange_strong(&t->err, &zero, err);
+}
+
+int kvt_l2_task_code(const kvt_l2_task *t, uint32_t i)
+{
+    if (i < t->n && kvt_bm_test(t->ok, i))
+        return 0;
+    /* the task is done: its completion (l2->lock) ordered every write */
+    const int32_t *c = atomic_load_explicit(&t->codes, memory_order_relaxed);
+    int code = c && i < t->n ? c[i] : 0;
+    if (!code)
+        code = atomic_load_explicit(&t->err, memory_order_relaxed);
+    return code ? code : -EIO;
 }
 
 /* ------------------------------------------------------------- index */
@@ -104,6 +138,10 @@ static uint32_t idx_insert(kvt_l2 *l2, const kvt_key *k)
 
 static void idx_remove(struct kvt_l2_index *x, uint32_t h)
 {
+    /* only a live, unpinned entry leaves the index (kvt_kindex_del checks
+     * that the key maps to it) */
+    KVT_ASSERT(h < x->hwm && x->nobjs > 0);
+    KVT_ASSERT((x->objs[h].state & ST_MASK) != KVT_OBJ_FREE && x->objs[h].pins == 0);
     kvt_kindex_del(&x->map, h);
     x->objs[h].state = KVT_OBJ_FREE;
     x->objs[h].aux = x->free_head;
@@ -147,6 +185,8 @@ static void ns_add_locked(kvt_l2 *l2, uint32_t ns, int64_t delta, int objs)
         memset(l2->ns_objs + l2->ns_bytes_cap, 0, (ncap - l2->ns_bytes_cap) * sizeof(uint32_t));
         l2->ns_bytes_cap = ncap;
     }
+    KVT_ASSERT(delta >= 0 || l2->ns_bytes[ns] >= (uint64_t)-delta); /* no underflow */
+    KVT_ASSERT(objs >= 0 || l2->ns_objs[ns] > 0);
     l2->ns_bytes[ns] = (uint64_t)((int64_t)l2->ns_bytes[ns] + delta);
     l2->ns_objs[ns] = (uint32_t)((int32_t)l2->ns_objs[ns] + objs);
 }
@@ -176,21 +216,28 @@ static int quota_of_locked(kvt_l2 *l2, uint32_t ns)
 }
 
 /* An entry enters (sign +1: reserved, adopted) or leaves (-1) the counted
- * set: every running total follows, so that stats never walk the index. */
+ * set: every running total follows, so that stats never walk the index.
+ * Removing more than was added is a bookkeeping bug: assert. call with
+ * l2->lock held */
 static void account_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, int sign)
 {
     int64_t d = sign * (int64_t)o->stored;
+    KVT_ASSERT(d >= 0 || l2->used_bytes >= (uint64_t)-d);
     l2->used_bytes = (uint64_t)((int64_t)l2->used_bytes + d);
     if (o->len) {
+        KVT_ASSERT(sign > 0 || (l2->logical_bytes >= o->len && l2->stored_known >= o->stored));
         l2->logical_bytes = (uint64_t)((int64_t)l2->logical_bytes + sign * (int64_t)o->len);
         l2->stored_known = (uint64_t)((int64_t)l2->stored_known + d);
     } else if (o->stored) {
+        KVT_ASSERT(sign > 0 || l2->logical_unknown > 0);
         l2->logical_unknown = (uint64_t)((int64_t)l2->logical_unknown + sign);
     }
     ns_add_locked(l2, o->key.ns, d, sign);
     int q = quota_of_locked(l2, o->key.ns);
-    if (q >= 0)
+    if (q >= 0) {
+        KVT_ASSERT(d >= 0 || l2->quotas[q].used >= (uint64_t)-d);
         l2->quotas[q].used = (uint64_t)((int64_t)l2->quotas[q].used + d);
+    }
 }
 
 static void pin_locked_obj(kvt_l2 *l2, struct kvt_l2_obj *o)
@@ -230,8 +277,6 @@ static void drop_locked(kvt_l2 *l2, uint32_t h)
     struct kvt_l2_obj *o = &l2->idx.objs[h];
     if (o->state & ST_TRACKED)
         kvt_policy_remove(l2->policy, h);
-    if (o->pins)
-        l2->pinned_objs--; /* not reached: pinned entries are never dropped */
     account_locked(l2, o, -1);
     idx_remove(&l2->idx, h);
 }
@@ -355,10 +400,12 @@ void kvt_l2_latency(kvt_l2 *l2, enum kvt_l2_kind kind, struct kvt_l2_latency *ou
 
 void kvt_l2_submit(kvt_l2 *l2, kvt_l2_task *t)
 {
+    KVT_ASSERT(kind_ok(t->kind));
     t->submit_ns = kvt_now_ns();
     memset(t->ok, 0, kvt_bm_words(t->n) * sizeof(uint64_t));
-    if (t->codes)
-        memset(t->codes, 0, t->n * sizeof(int32_t));
+    int32_t *codes = atomic_load_explicit(&t->codes, memory_order_relaxed);
+    if (codes) /* a resubmitted task: no engine holds it yet */
+        memset(codes, 0, t->n * sizeof(int32_t));
     atomic_store(&t->bytes, 0);
     atomic_store(&t->err, 0);
     t->on_done = NULL;
@@ -430,6 +477,7 @@ bool kvt_l2_filtered(const kvt_l2 *l2)
  */
 void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
 {
+    KVT_ASSERT(kind_ok(t->kind));
     struct kvt_l2_counters *c = &l2->counters;
     if (t->on_done) {
         atomic_fetch_add(t->kind == KVT_L2_STORE ? &c->bytes_written : &c->bytes_read,
@@ -521,6 +569,7 @@ void kvt_l2_task_job_done(kvt_l2 *l2, kvt_l2_task *t)
 
 size_t kvt_l2_pop_done(kvt_l2 *l2, enum kvt_l2_kind kind, kvt_l2_task **out, size_t max)
 {
+    KVT_ASSERT(kind_ok(kind));
     uint64_t v;
     ssize_t r = read(l2->efd[kind], &v, sizeof(v));
     (void)r;
@@ -528,6 +577,7 @@ size_t kvt_l2_pop_done(kvt_l2 *l2, enum kvt_l2_kind kind, kvt_l2_task **out, siz
     pthread_mutex_lock(&l2->lock);
     while (n < max && l2->done_head[kind]) {
         kvt_l2_task *t = l2->done_head[kind];
+        KVT_ASSERT(t->kind == kind); /* each queue holds its own kind only */
         l2->done_head[kind] = t->next;
         if (!t->next)
             l2->done_tail[kind] = NULL;

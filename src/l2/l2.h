@@ -81,8 +81,8 @@ typedef struct kvt_l2_task {
     kvt_buf *bufs;       /* STORE: sources; LOAD: destinations (arrays owned) */
     kvt_objmeta *meta;   /* n entries; STORE: in; LOOKUP/LOAD: out */
     uint64_t *ok;        /* result bitmap, n bits */
-    int32_t *codes;      /* STORE: n per-key errors from kvt_l2_task_fail (0: none
-                          * recorded: use err); NULL for other kinds */
+    int32_t *_Atomic codes; /* n per-key errors from kvt_l2_task_fail (0: none recorded:
+                             * use err); made at the first failure, NULL until then */
     _Atomic uint64_t bytes;
     _Atomic uint32_t pending; /* engine's outstanding jobs */
     _Atomic int err;          /* first error seen, 0 if none */
@@ -98,6 +98,9 @@ typedef struct kvt_l2_task {
 /* Allocate a task for n keys with zeroed arrays (bufs only for STORE/LOAD). */
 kvt_l2_task *kvt_l2_task_new(enum kvt_l2_kind kind, uint32_t n);
 void kvt_l2_task_free(kvt_l2_task *t);
+/* Key i's error once the task is done: its own code, else the task's first
+ * error, else -EIO (for a key not marked ok); 0 for a key marked ok. */
+int kvt_l2_task_code(const kvt_l2_task *t, uint32_t i);
 
 typedef struct kvt_l2 kvt_l2; /* opaque outside src/l2 (l2/engine.h) */
 

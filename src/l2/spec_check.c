@@ -76,7 +76,8 @@ static int check_new(const char *path, char *msg, size_t cap)
     parent_of(path, par, sizeof(par));
     struct stat st;
     if (stat(par, &st) < 0) {
-        snprintf(msg, cap, "%s cannot be created: its parent %s: %s", path, par, strerror(errno));
+        snprintf(msg, cap, "%s cannot be created: its parent %s: %s", path, par,
+                 kvt_strerror(-errno));
         return -1;
     }
     if (!S_ISDIR(st.st_mode)) {
@@ -85,7 +86,7 @@ static int check_new(const char *path, char *msg, size_t cap)
     }
     if (access(par, W_OK | X_OK) < 0) {
         snprintf(msg, cap, "%s cannot be created: its parent %s is not writable: %s", path, par,
-                 strerror(errno));
+                 kvt_strerror(-errno));
         return -1;
     }
     return 0;
@@ -107,7 +108,7 @@ int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg
     if (stat(p, &st) < 0) {
         int e = errno;
         if (e != ENOENT) {
-            snprintf(msg, cap, "%s: %s", p, strerror(e));
+            snprintf(msg, cap, "%s: %s", p, kvt_strerror(-e));
             return KVT_E_CONFIG;
         }
         if (!strcmp(t, "raw_block") &&
@@ -126,7 +127,7 @@ int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg
             return KVT_E_CONFIG;
         }
         if (access(p, W_OK | X_OK) < 0) {
-            snprintf(msg, cap, "%s is not writable: %s", p, strerror(errno));
+            snprintf(msg, cap, "%s is not writable: %s", p, kvt_strerror(-errno));
             return KVT_E_CONFIG;
         }
         return 0;
@@ -140,7 +141,7 @@ int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg
     }
     if (access(p, R_OK | W_OK) < 0) {
         snprintf(msg, cap, "%s cannot be opened for reading and writing: %s", p,
-                 strerror(errno));
+                 kvt_strerror(-errno));
         return KVT_E_CONFIG;
     }
     return 0;

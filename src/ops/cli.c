@@ -1,6 +1,7 @@
 /* Operator command helpers (see cli.h). */
 #include "ops/cli.h"
 #include "common/url.h"
+#include "kvtier/error.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -63,7 +64,7 @@ int kvt_cli_target(const char *cmd, const char *config, const char *root, const 
                             "config creates it (kvtier server --config %s).\n",
                     cmd, want, config, config);
         else
-            fprintf(stderr, "kvtier %s: cache root %s: %s\n", cmd, want, strerror(errno));
+            fprintf(stderr, "kvtier %s: cache root %s: %s\n", cmd, want, kvt_strerror(-errno));
         kvt_cli_target_free(t);
         return 2;
     }

@@ -1,6 +1,8 @@
 /* cache.env reader (rules in envcfg.h). */
 #include "ops/envcfg.h"
 
+#include "kvtier/error.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -32,7 +34,7 @@ static int perr(struct parser *p, const char *fmt, ...)
     if (n >= 0 && (size_t)n < p->errcap)
         vsnprintf(p->err + n, p->errcap - (size_t)n, fmt, ap);
     va_end(ap);
-    return -1;
+    return KVT_E_CONFIG;
 }
 
 static bool name_start(int c)
@@ -87,10 +89,10 @@ static int expand(struct parser *p, const char **pp, struct buf *b)
                 return perr(p, "unterminated ${%s:-...}", name);
             if (!val || !val[0]) {
                 if (put(p, b, d, (size_t)(e - d)))
-                    return -1;
+                    return KVT_E_CONFIG;
                 val = NULL;
             } else if (put(p, b, val, strlen(val))) {
-                return -1;
+                return KVT_E_CONFIG;
             }
             *pp = e + 1;
             return 0;
@@ -106,7 +108,7 @@ static int expand(struct parser *p, const char **pp, struct buf *b)
         return put(p, b, val, strlen(val));
     }
     if (!name_start((unsigned char)*s))
-        return put(p, b, "$", 1) ? -1 : (*pp = s, 0); /* a lone '$' is literal */
+        return put(p, b, "$", 1) ? KVT_E_CONFIG : (*pp = s, 0); /* a lone '$' is literal */
     while (name_char((unsigned char)*s) && n < sizeof(name) - 1)
         name[n++] = *s++;
     name[n] = 0;
@@ -129,23 +131,23 @@ static int parse_value(struct parser *p, const char *s, struct buf *b)
             if (!e)
                 return perr(p, "unterminated single quote");
             if (put(p, b, s + 1, (size_t)(e - s - 1)))
-                return -1;
+                return KVT_E_CONFIG;
             s = e + 1;
         } else if (*s == '"') {
             s++;
             while (*s && *s != '"') {
                 if (*s == '\\' && s[1] && strchr("\"\\$`", s[1])) {
                     if (put(p, b, s + 1, 1))
-                        return -1;
+                        return KVT_E_CONFIG;
                     s += 2;
                 } else if (*s == '$') {
                     if (expand(p, &s, b))
-                        return -1;
+                        return KVT_E_CONFIG;
                 } else if (*s == '`') {
                     return perr(p, "command substitution is not supported");
                 } else {
                     if (put(p, b, s, 1))
-                        return -1;
+                        return KVT_E_CONFIG;
                     s++;
                 }
             }
@@ -154,18 +156,18 @@ static int parse_value(struct parser *p, const char *s, struct buf *b)
             s++;
         } else if (*s == '\\' && s[1]) {
             if (put(p, b, s + 1, 1))
-                return -1;
+                return KVT_E_CONFIG;
             s += 2;
         } else if (*s == '$') {
             if (s[1] == '(')
                 return perr(p, "command substitution is not supported");
             if (expand(p, &s, b))
-                return -1;
+                return KVT_E_CONFIG;
         } else if (strchr("`;&|<>()", *s)) {
             return perr(p, "'%c' is not supported here: quote the value", *s);
         } else {
             if (put(p, b, s, 1))
-                return -1;
+                return KVT_E_CONFIG;
             s++;
         }
     }
@@ -198,7 +200,7 @@ static int parse_line(struct parser *p, char *line)
     *s++ = 0;
     struct buf b;
     if (parse_value(p, s, &b))
-        return -1;
+        return KVT_E_CONFIG;
     json_t *v = json_object();
     char src[PATH_MAX + 32];
     snprintf(src, sizeof(src), "%s:%d", p->file, p->line);
@@ -215,8 +217,8 @@ static int parse_file(struct parser *p, const char *path, bool optional)
     if (!f) {
         if (optional && errno == ENOENT)
             return 0;
-        snprintf(p->err, p->errcap, "cannot read config file %s: %s", path, strerror(errno));
-        return -1;
+        snprintf(p->err, p->errcap, "cannot read config file %s: %s", path, kvt_strerror(-errno));
+        return KVT_E_CONFIG;
     }
     p->file = path;
     p->line = 0;
@@ -297,7 +299,7 @@ static int verr(char *err, size_t cap, const json_t *v, const char *name, const 
     int n = snprintf(err, cap, "%s: %s: ", src, name);
     if (n >= 0 && (size_t)n < cap)
         snprintf(err + n, cap - (size_t)n, fmt, val);
-    return -1;
+    return KVT_E_CONFIG;
 }
 
 static int get_path(const json_t *v, const char *val, char *out, size_t cap)

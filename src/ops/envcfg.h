@@ -49,8 +49,9 @@ struct kvt_envcfg {
     json_t *sources;      /* KVP name -> "file:line" or "default" (owned) */
 };
 
-/* Read path and path.local (if present). 0, or -1 with a message naming
- * the file, line and variable in err. */
+/* Read path and path.local (if present). 0, or KVT_E_CONFIG (a file that
+ * cannot be read included) with a message naming the file, line and
+ * variable in err. */
 int kvt_envcfg_load(const char *path, struct kvt_envcfg *c, char *err, size_t errcap);
 void kvt_envcfg_free(struct kvt_envcfg *c);
 

@@ -2,6 +2,7 @@
 #include "ops/preflight.h"
 
 #include "common/util.h"
+#include "kvtier/error.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -77,7 +78,7 @@ void kvt_preflight_run(const char *root, const char *device, uint64_t budget_byt
     if (pf->device[0]) {
         struct stat dst;
         if (stat(pf->device, &dst) < 0) {
-            warn(pf, "KVP_CACHE_DEVICE %s: %s", pf->device, strerror(errno));
+            warn(pf, "KVP_CACHE_DEVICE %s: %s", pf->device, kvt_strerror(-errno));
         } else if (S_ISBLK(dst.st_mode)) {
             if (!mount_of(dst.st_rdev, pf->mount, sizeof(pf->mount)))
                 warn(pf, "KVP_CACHE_DEVICE %s is not mounted", pf->device);
@@ -96,7 +97,7 @@ void kvt_preflight_run(const char *root, const char *device, uint64_t budget_byt
     }
     struct statvfs sv;
     if (statvfs(pf->checked, &sv) < 0) {
-        warn(pf, "cannot stat the file system of %s: %s", pf->checked, strerror(errno));
+        warn(pf, "cannot stat the file system of %s: %s", pf->checked, kvt_strerror(-errno));
         return;
     }
     pf->fs_total_bytes = (uint64_t)sv.f_blocks * sv.f_frsize;

@@ -45,12 +45,12 @@ int kvt_ops_call(const char *url, const char *op, const json_t *body, int timeou
     kvt_secret_wipe(&ck, sizeof(ck));
     if (rc) {
         if (!err[0])
-            snprintf(err, errcap, "cannot set up CURVE: %s", zmq_strerror(-rc));
+            snprintf(err, errcap, "cannot set up CURVE: %s", kvt_strerror(rc));
         goto out;
     }
     if (zmq_connect(sock, url) < 0) {
         rc = -errno;
-        snprintf(err, errcap, "cannot connect to %s: %s", url, zmq_strerror(errno));
+        snprintf(err, errcap, "cannot connect to %s: %s", url, kvt_strerror(-errno));
         goto out;
     }
     /* ZeroMQ connects in the background and never says that nobody listens:
@@ -69,7 +69,7 @@ int kvt_ops_call(const char *url, const char *op, const json_t *body, int timeou
     if (zmq_send(sock, rid, (size_t)rl, ZMQ_SNDMORE) < 0 ||
         zmq_send(sock, op, strlen(op), ZMQ_SNDMORE) < 0 || zmq_send(sock, sb.data, sb.size, 0) < 0) {
         rc = errno == EAGAIN ? KVT_E_TIMEOUT : -errno;
-        snprintf(err, errcap, "cannot send to %s: %s", url, zmq_strerror(errno));
+        snprintf(err, errcap, "cannot send to %s: %s", url, kvt_strerror(-errno));
         goto out;
     }
     for (;;) {

@@ -23,6 +23,7 @@
 #include "serde/serde_int.h"
 #include "common/u32map.h"
 #include "common/util.h"
+#include "kvtier/error.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -131,7 +132,8 @@ static int load_key(struct kvt_cfg *c, const char *path, uint8_t master[32])
      * it is refused as not a regular file below */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0)
-        return kvt_cfg_fail(c, "master_key_path", "cannot be read: %s: %s", path, strerror(errno));
+        return kvt_cfg_fail(c, "master_key_path", "cannot be read: %s: %s", path,
+                            kvt_strerror(-errno));
     struct stat st;
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
         rc = kvt_cfg_fail(c, "master_key_path", "is not a regular file: %s", path);
@@ -152,7 +154,8 @@ static int load_key(struct kvt_cfg *c, const char *path, uint8_t master[32])
         got += (size_t)n;
     }
     if (n < 0) {
-        rc = kvt_cfg_fail(c, "master_key_path", "cannot be read: %s: %s", path, strerror(errno));
+        rc = kvt_cfg_fail(c, "master_key_path", "cannot be read: %s: %s", path,
+                          kvt_strerror(-errno));
         goto out;
     }
     if (got == 32) {

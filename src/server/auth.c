@@ -279,7 +279,7 @@ int kvt_auth_load(const char *path, struct kvt_auth **out, char *err, size_t cap
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        snprintf(err, cap, "%s: cannot open: %s", path, strerror(errno));
+        snprintf(err, cap, "%s: cannot open: %s", path, kvt_strerror(-errno));
         return KVT_E_CONFIG;
     }
     struct stat st;

@@ -6,6 +6,7 @@
  * Exit 0, 2 for bad usage or an existing file, 1 for an I/O error.
  */
 #include "common/secret.h"
+#include "kvtier/error.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,15 +25,14 @@ static int write_new(const char *path, const char *text, mode_t mode)
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
     if (fd < 0) {
         int e = errno;
-        fprintf(stderr, "kvtier keygen: %s: %s%s\n", path, strerror(e),
-                e == EEXIST ? " (keys are never overwritten: remove it or pick another name)"
-                            : "");
+        fprintf(stderr, "kvtier keygen: %s: %s%s\n", path, kvt_strerror(-e),
+                e == EEXIST ? " (keys are never overwritten: remove it or pick another name)" : "");
         return e == EEXIST ? 2 : 1;
     }
     size_t len = strlen(text);
     int rc = 0;
     if (fchmod(fd, mode) || write(fd, text, len) != (ssize_t)len || fsync(fd)) {
-        fprintf(stderr, "kvtier keygen: %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "kvtier keygen: %s: %s\n", path, kvt_strerror(-errno));
         rc = 1;
     }
     close(fd);
@@ -77,7 +77,7 @@ int kvt_cmd_keygen(int argc, char **argv)
      * '#' for a comment: make a pair whose keys do not start with one */
     do {
         if (zmq_curve_keypair(pub, sec)) {
-            fprintf(stderr, "kvtier keygen: %s\n", zmq_strerror(errno));
+            fprintf(stderr, "kvtier keygen: %s\n", kvt_strerror(-errno));
             goto out;
         }
     } while (pub[0] == '#' || sec[0] == '#');

@@ -1335,7 +1335,7 @@ static void *lmc_main(void *arg)
         if (rc < 0) {
             if (errno == EINTR)
                 continue;
-            kvt_error("lmcache: zmq_poll: %s", zmq_strerror(errno));
+            kvt_error("lmcache: zmq_poll: %s", kvt_strerror(-errno));
             break;
         }
         if (items[1].revents & ZMQ_POLLIN) {
@@ -1423,7 +1423,7 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
     }
     if (brc < 0) {
         snprintf(err, cap, "--lmcache-port: cannot listen on %s: %s", m->endpoint,
-                 m->efd < 0 ? strerror(errno) : zmq_strerror(errno));
+                 m->efd < 0 ? kvt_strerror(-errno) : kvt_strerror(-errno));
         return -EADDRINUSE;
     }
     return 0;
@@ -1432,9 +1432,10 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
 int kvt_lmc_start(struct kvt_server *s, char *err, size_t cap)
 {
     struct kvt_lmc *m = s->lmc;
-    if (pthread_create(&m->th, NULL, lmc_main, m)) {
+    int rc = pthread_create(&m->th, NULL, lmc_main, m); /* returns the error, errno untouched */
+    if (rc) {
         snprintf(err, cap, "--lmcache-port: cannot start its thread");
-        return -EAGAIN;
+        return -rc;
     }
     m->started = true;
     return 0;

@@ -168,7 +168,7 @@ int kvt_local_start(struct kvt_server *s, char *err, size_t cap)
     if (L->lfd < 0 || L->ep < 0 ||
         bind(L->lfd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nl)) < 0 ||
         listen(L->lfd, 1024) < 0) {
-        snprintf(err, cap, "local socket %s: %s", L->name, strerror(errno));
+        snprintf(err, cap, "local socket %s: %s", L->name, kvt_strerror(-errno));
         if (L->lfd >= 0)
             close(L->lfd);
         if (L->ep >= 0)

@@ -583,7 +583,7 @@ static void rpc_loop(struct kvt_server *s)
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            kvt_error("rpc: zmq_poll: %s", zmq_strerror(errno));
+            kvt_error("rpc: zmq_poll: %s", kvt_strerror(-errno));
             break;
         }
         if (items[3].revents & ZMQ_POLLIN) {
@@ -728,14 +728,14 @@ static int setup_curve(struct kvt_server *s)
     atomic_store_explicit(&s->auth_cur, c->auth, memory_order_release);
     int rc = kvt_zap_start(s->zctx, c->auth, &s->auth_cur, &s->zap);
     if (rc) {
-        kvt_error("auth: cannot start the ZAP handler: %s", zmq_strerror(-rc));
+        kvt_error("auth: cannot start the ZAP handler: %s", kvt_strerror(rc));
         return rc;
     }
     if (zmq_setsockopt(s->sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) ||
         zmq_setsockopt(s->sock, ZMQ_CURVE_SECRETKEY, c->auth_secret, 40) ||
         zmq_setsockopt(s->sock, ZMQ_ZAP_DOMAIN, "kvtier", 6)) {
         rc = -errno;
-        kvt_error("auth: cannot set up CURVE: %s", zmq_strerror(errno));
+        kvt_error("auth: cannot set up CURVE: %s", kvt_strerror(-errno));
         return rc;
     }
     if (zmq_socket_monitor(s->sock, "inproc://kvtier-monitor",
@@ -814,9 +814,8 @@ static int start(struct kvt_server *s)
     }
     if (zmq_bind(s->sock, c->bind) < 0) {
         int e = errno;
-        kvt_error("cannot listen on %s: %s%s", c->bind, zmq_strerror(e),
-                  e == EADDRINUSE ? " (another server there? nothing was opened or changed)"
-                                  : "");
+        kvt_error("cannot listen on %s: %s%s", c->bind, kvt_strerror(-e),
+                  e == EADDRINUSE ? " (another server there? nothing was opened or changed)" : "");
         return -e;
     }
     if (c->lmc_port) { /* LMCache's port too: bound now, its thread starts last */
@@ -949,7 +948,7 @@ int kvt_server_run(struct kvt_server_cfg *cfg)
                  (int)getpid());
         int nrc = kvt_notify(msg);
         if (nrc)
-            kvt_warn("NOTIFY_SOCKET: %s", strerror(-nrc));
+            kvt_warn("NOTIFY_SOCKET: %s", kvt_strerror(nrc));
         rpc_loop(s);
         kvt_notify("STOPPING=1");
     }

@@ -5,6 +5,7 @@
 #include "server/config.h"
 #include "test.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,9 +184,23 @@ static void test_loopback(void)
                 !kvt_host_is_loopback("0.0.0.0") && !kvt_host_is_loopback(""));
 }
 
+/* kvt_strerror is the one text for every code: libzmq's own errno values
+ * read as zmq_strerror reads them, libc's as strerror, ours from the table. */
+static void test_strerror(void)
+{
+    const int zmq_errs[] = {EFSM, ENOCOMPATPROTO, ETERM, EMTHREAD, EADDRINUSE, ENOTSOCK, EINVAL};
+    for (size_t i = 0; i < sizeof(zmq_errs) / sizeof(zmq_errs[0]); i++)
+        TEST_ASSERT(strcmp(kvt_strerror(-zmq_errs[i]), zmq_strerror(zmq_errs[i])) == 0);
+    TEST_ASSERT(strcmp(kvt_errname(-ETERM), "ETERM") == 0);
+    TEST_ASSERT(strcmp(kvt_strerror(-ENOENT), strerror(ENOENT)) == 0);
+    TEST_ASSERT(strcmp(kvt_strerror(KVT_E_CONFIG), "invalid configuration") == 0);
+    TEST_ASSERT(strcmp(kvt_errname(KVT_E_CONFIG), "E_CONFIG") == 0);
+}
+
 int main(void)
 {
     char sec[41];
+    RUN(test_strerror);
     if (!zmq_has("curve")) {
         fprintf(stderr, "skip: libzmq without CURVE\n");
         return 77;

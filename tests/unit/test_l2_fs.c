@@ -3,6 +3,7 @@
 
 #include "kvtier/error.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -242,10 +243,33 @@ static void test_concurrent_stores_over_cap(void)
         concurrent_stores_over_cap(policies[i]);
 }
 
+/* Per-key error codes: each failed key keeps its own, for every task kind;
+ * a key failed without a code of its own reports the task's first error. */
+static void test_task_codes(void)
+{
+    const enum kvt_l2_kind kinds[] = {KVT_L2_STORE, KVT_L2_LOOKUP, KVT_L2_LOAD};
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+        kvt_l2_task *t = kvt_l2_task_new(kinds[k], 4);
+        TEST_ASSERT(t->codes == NULL); /* nothing allocated until a key fails */
+        kvt_l2_task_ok(t, 0, 10);
+        kvt_l2_task_fail(t, 1, KVT_E_TOOBIG);
+        kvt_l2_task_fail(t, 2, -ENOSPC);
+        TEST_ASSERT(kvt_l2_task_code(t, 0) == 0);
+        TEST_ASSERT(kvt_l2_task_code(t, 1) == KVT_E_TOOBIG);
+        TEST_ASSERT(kvt_l2_task_code(t, 2) == -ENOSPC);
+        TEST_ASSERT(kvt_l2_task_code(t, 3) == KVT_E_TOOBIG); /* the task's first */
+        kvt_l2_task_free(t);
+    }
+    kvt_l2_task *t = kvt_l2_task_new(KVT_L2_LOAD, 2);
+    TEST_ASSERT(kvt_l2_task_code(t, 1) == -EIO); /* not ok, no code at all */
+    kvt_l2_task_free(t);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/kvt-unit-fs-%d", (int)getpid());
     mkdir(dir, 0755);
+    RUN(test_task_codes);
     RUN(test_contract);
     RUN(test_cap_and_eviction);
     RUN(test_store_over_cap_evicts);

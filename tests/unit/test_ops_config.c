@@ -102,10 +102,10 @@ static void test_envcfg(void)
         int rc = load(bad[i][0], NULL, &c, err);
         if (rc == 0 || !strstr(err, bad[i][1]) || !strstr(err, bad[i][2]))
             fprintf(stderr, "case %zu: rc %d: %s\n", i, rc, err);
-        TEST_ASSERT(rc != 0 && strstr(err, bad[i][1]) && strstr(err, bad[i][2]));
+        TEST_ASSERT(rc == KVT_E_CONFIG && strstr(err, bad[i][1]) && strstr(err, bad[i][2]));
     }
     /* a missing file names itself */
-    TEST_ASSERT(kvt_envcfg_load("/nonexistent/cache.env", &c, err, sizeof(err)) != 0 &&
+    TEST_ASSERT(kvt_envcfg_load("/nonexistent/cache.env", &c, err, sizeof(err)) == KVT_E_CONFIG &&
                 strstr(err, "/nonexistent/cache.env"));
 }
 
@@ -135,7 +135,7 @@ static void test_quota_parse(void)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         v = json_loads(bad[i][0], JSON_DECODE_ANY, NULL);
         out = NULL;
-        TEST_ASSERT(kvt_quota_parse(v, &out, err, sizeof(err)) != 0 && out == NULL);
+        TEST_ASSERT(kvt_quota_parse(v, &out, err, sizeof(err)) == KVT_E_CONFIG && out == NULL);
         if (!strstr(err, bad[i][1]))
             fprintf(stderr, "%s -> %s\n", bad[i][0], err);
         TEST_ASSERT(strstr(err, bad[i][1]) != NULL);
@@ -149,7 +149,7 @@ static void test_quota_parse(void)
     snprintf(js, sizeof(js), "{\"%s\": 1}", name);
     v = json_loads(js, 0, NULL);
     out = NULL;
-    TEST_ASSERT(kvt_quota_parse(v, &out, err, sizeof(err)) != 0 && out == NULL);
+    TEST_ASSERT(kvt_quota_parse(v, &out, err, sizeof(err)) == KVT_E_CONFIG && out == NULL);
     TEST_ASSERT(strstr(err, "not a namespace name") && strstr(err, "128"));
     json_decref(v);
     for (int i = 0; i < 60; i++)
@@ -164,7 +164,8 @@ static void test_quota_parse(void)
     json_decref(v);
     v = json_loads("{\"A\\u0001\": 1}", 0, NULL);
     out = NULL;
-    TEST_ASSERT(kvt_quota_parse(v, &out, err, sizeof(err)) != 0 && strstr(err, "control"));
+    TEST_ASSERT(kvt_quota_parse(v, &out, err, sizeof(err)) == KVT_E_CONFIG &&
+                strstr(err, "control"));
     json_decref(v);
 }
 

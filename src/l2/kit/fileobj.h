@@ -81,7 +81,7 @@ void kvt_fileobj_store_adopt(kvt_l2 *l2, int dirfd, const char *name, kvt_l2_tas
 
 /* O_DIRECT fell back at open, after the reservation: the object's header is
  * hl bytes (payload plen), not what was reserved; correct the entry's size,
- * header length (aux) and the adapter's used bytes. */
+ * header length (aux) and the adapter's, namespace's and quota's bytes. */
 void kvt_fileobj_set_hdr_len(kvt_l2 *l2, const kvt_key *ck, uint16_t hl, uint64_t plen);
 
 /* persist_enabled false, at close: remove every indexed object through the

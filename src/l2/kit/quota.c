@@ -3,6 +3,7 @@
 
 #include "common/util.h"
 #include "key/key.h"
+#include "kvtier/error.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -126,7 +127,7 @@ int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap)
                          je.line);
             else
                 snprintf(err, errcap, "cannot read quotas file %s: %s", path, je.text);
-            return -1;
+            return KVT_E_CONFIG;
         }
         v = file;
     }
@@ -134,7 +135,7 @@ int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap)
         snprintf(err, errcap, "must be an object {namespace: GiB, ...} or the path of a JSON "
                               "file holding one");
         json_decref(file);
-        return -1;
+        return KVT_E_CONFIG;
     }
     json_t *res = json_object();
     const char *name;
@@ -164,5 +165,5 @@ int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap)
 fail:
     json_decref(res);
     json_decref(file);
-    return -1;
+    return KVT_E_CONFIG;
 }

@@ -29,7 +29,8 @@
 
 /* Validate and resolve a "namespace_quotas" value. On success *out is a new
  * object {sanitized name: bytes (integer)} and 0 is returned; otherwise a
- * message (without the adapter prefix) goes to err and -1 is returned. */
+ * message (without the adapter prefix) goes to err and KVT_E_CONFIG is
+ * returned (an unreadable quotas file included). */
 int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap);
 
 /* The namespace name of a quota's name (a model or a namespace name, rules
