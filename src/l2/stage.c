@@ -262,14 +262,27 @@ static void encode_job(struct kvt_job *job, void *ctx)
     if (atomic_fetch_sub_explicit(&op->left, 1, memory_order_acq_rel) == 1) store_dispatch(op);
 }
 
+/* The inner task's errors onto the outer task: each failed key's own code
+ * onto its outer key (op->map), then the first error for the task (a
+ * no-op when the outer task has one already). */
+static void map_errors(struct stage_op *op)
+{
+    kvt_l2_task *in = op->inner, *t = op->outer;
+    int e = atomic_load(&in->err);
+    if (!e) return;
+    const int32_t *c = atomic_load_explicit(&in->codes, memory_order_acquire);
+    for (uint32_t j = 0; c && j < in->n; j++)
+        if (c[j]) kvt_l2_task_fail(t, op->map[j], c[j]);
+    kvt_l2_task_fail(t, UINT32_MAX, e);
+}
+
 static void store_engine_done(struct stage_op *op)
 {
     kvt_l2_task *in = op->inner, *t = op->outer;
     for (uint32_t j = 0; j < in->n; j++)
         if (kvt_bm_test(in->ok, j)) kvt_l2_task_ok(t, op->map[j], 0);
     atomic_fetch_add(&t->bytes, atomic_load(&in->bytes));
-    int e = atomic_load(&in->err);
-    if (e) kvt_l2_task_fail(t, 0, e);
+    map_errors(op);
     op_finish(op);
 }
 
@@ -349,8 +362,7 @@ static void load_engine_done(struct stage_op *op)
     struct kvt_serde_stage *st = op->st;
     kvt_l2_task *in = op->inner, *t = op->outer;
     atomic_fetch_add(&t->bytes, atomic_load(&in->bytes));
-    int e = atomic_load(&in->err);
-    if (e) kvt_l2_task_fail(t, 0, e);
+    map_errors(op);
     atomic_store(&op->left, in->n);
     for (uint32_t k = 0; k < in->n; k++) {
         op->jobs[k].op = op;
