@@ -1,5 +1,5 @@
 /* kvtier C client: one DEALER socket, request/reply with ids, shm mapping. */
-#include "kvtier/client.h"
+#include "client/client_int.h"
 #include "kvtier/error.h"
 #include "common/util.h"
 #include "common/url.h"
@@ -26,49 +26,7 @@
 #include <stdatomic.h>
 #include <zmq.h>
 
-struct kvt_client {
-    void *ctx, *sock;
-    char url[512];
-    int timeout_ms;
-    int connect_timeout_ms; /* the hello of kvt_client_open */
-    bool opening;           /* in kvt_client_open: probe for a listener */
-    struct kvt_curve_keys curve; /* CURVE when curve.on (docs/security.md); never shown */
-    void *mon; /* with CURVE: PAIR of sock's monitor, tells a refused key from silence */
-    uint64_t next_rid;
-    char err[512];
-    int chunk_size;
-    uint64_t max_object;
-    /* shared memory */
-    char *shm;
-    uint64_t shm_size;
-    uint64_t pool_id; /* the mapped pool's identity (hello "shm.pool") */
-    bool want_shm, want_local;
-    /* the same-host socket (hello "local"); -1 when not used */
-    int lfd;
-    uint8_t *lbuf;
-    size_t lpos, llen;
-    /* the lease of the last lookup and the keys it covers */
-    uint64_t lease;
-    size_t lease_n, lease_hash_len;
-    uint8_t *lease_hashes;
-    char *lease_model, *lease_salt;
-    uint32_t lease_rank, lease_group;
-    /* zero-copy sends in flight (freed by ZeroMQ's I/O thread) */
-    pthread_mutex_t zc_lock;
-    pthread_cond_t zc_cond;
-    int zc_pending;
-};
-
-/* A decoded reply. */
-struct rep {
-    int32_t status;
-    zmq_msg_t body; /* the decoded objects point into it */
-    msgpack_unpacked up;
-    zmq_msg_t *frames;
-    uint32_t nframes;
-};
-
-static void rep_free(struct rep *r)
+void kvt_c_rep_free(struct rep *r)
 {
     msgpack_unpacked_destroy(&r->up);
     zmq_msg_close(&r->body);
@@ -80,14 +38,14 @@ static void rep_free(struct rep *r)
 }
 
 /* An empty reply, ready to receive into (rep_free undoes it). */
-static void rep_init(struct rep *r)
+void kvt_c_rep_init(struct rep *r)
 {
     memset(r, 0, sizeof(*r));
     msgpack_unpacked_init(&r->up);
     zmq_msg_init(&r->body);
 }
 
-static int seterr(kvt_client *c, int rc, const char *fmt, ...)
+int kvt_c_seterr(kvt_client *c, int rc, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -169,7 +127,7 @@ static int new_socket(kvt_client *c)
     zmq_setsockopt(c->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
     int rc = kvt_curve_keys_apply(c->sock, &c->curve);
     if (rc)
-        return seterr(c, rc, "cannot set up CURVE: %s", kvt_strerror(rc));
+        return kvt_c_seterr(c, rc, "cannot set up CURVE: %s", kvt_strerror(rc));
     if (c->curve.on) { /* the server's ZAP refusal arrives as a monitor event */
         static _Atomic unsigned seq;
         char ep[96];
@@ -184,7 +142,7 @@ static int new_socket(kvt_client *c)
         }
     }
     if (zmq_connect(c->sock, c->url) < 0)
-        return seterr(c, -errno, "cannot connect to %s: %s", c->url, kvt_strerror(-errno));
+        return kvt_c_seterr(c, -errno, "cannot connect to %s: %s", c->url, kvt_strerror(-errno));
     return 0;
 }
 
@@ -240,16 +198,16 @@ static int reply_decode(kvt_client *c, struct rep *out)
     size_t off = 0;
     if (msgpack_unpack_next(&out->up, zmq_msg_data(&out->body), zmq_msg_size(&out->body), &off) !=
         MSGPACK_UNPACK_SUCCESS) {
-        rep_free(out);
-        return seterr(c, KVT_E_PROTO, "malformed reply body");
+        kvt_c_rep_free(out);
+        return kvt_c_seterr(c, KVT_E_PROTO, "malformed reply body");
     }
     if (out->status) {
         const char *msg = "";
         size_t ml = 0;
         kvt_mp_str(&out->up.data, "message", false, &msg, &ml, NULL);
-        seterr(c, out->status, "%s: %.*s", kvt_errname(out->status), (int)ml, msg);
+        kvt_c_seterr(c, out->status, "%s: %.*s", kvt_errname(out->status), (int)ml, msg);
         int st = out->status;
-        rep_free(out);
+        kvt_c_rep_free(out);
         return st;
     }
     return 0;
@@ -261,7 +219,7 @@ static int reply_decode(kvt_client *c, struct rep *out)
 static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
                     const void *const *bufs, const size_t *lens, size_t nbufs, struct rep *out)
 {
-    rep_init(out);
+    kvt_c_rep_init(out);
     uint64_t rid = ++c->next_rid;
     c->err[0] = 0;
     bool more = true;
@@ -269,7 +227,7 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
         zmq_send(c->sock, op, strlen(op), ZMQ_SNDMORE) < 0 ||
         zmq_send(c->sock, body ? body->data : "\x80", body ? body->size : 1,
                  nbufs ? ZMQ_SNDMORE : 0) < 0)
-        return seterr(c, -errno, "send failed: %s", kvt_strerror(-errno));
+        return kvt_c_seterr(c, -errno, "send failed: %s", kvt_strerror(-errno));
     for (size_t i = 0; i < nbufs; i++) {
         zmq_msg_t m;
         pthread_mutex_lock(&c->zc_lock);
@@ -279,7 +237,7 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
         if (zmq_msg_send(&m, c->sock, i + 1 < nbufs ? ZMQ_SNDMORE : 0) < 0) {
             zmq_msg_close(&m);
             zc_wait(c);
-            return seterr(c, -errno, "send failed: %s", kvt_strerror(-errno));
+            return kvt_c_seterr(c, -errno, "send failed: %s", kvt_strerror(-errno));
         }
     }
     /* kvt_client_open's hello has a short timeout of its own, and when no
@@ -298,7 +256,7 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
             if (pr) {
                 new_socket(c);
                 zc_wait(c);
-                return seterr(c, pr, "no server at %s: %s", c->url, why);
+                return kvt_c_seterr(c, pr, "no server at %s: %s", c->url, why);
             }
             continue;
         }
@@ -308,7 +266,7 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
             new_socket(c);
             zc_wait(c);
             if (c->opening)
-                return seterr(c, KVT_E_TIMEOUT,
+                return kvt_c_seterr(c, KVT_E_TIMEOUT,
                               "%s accepts connections but did not answer hello within %d ms "
                               "(the connect timeout; is it a kvtier server?%s)",
                               c->url, tmo,
@@ -316,7 +274,7 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
                                          "is the server key its public key?"
                                        : " If it requires authentication, give a key pair: "
                                          "KVTIER_SERVER_KEY and KVTIER_CLIENT_KEY");
-            return seterr(c, KVT_E_TIMEOUT, "no reply to %s within %d ms from %s", op,
+            return kvt_c_seterr(c, KVT_E_TIMEOUT, "no reply to %s within %d ms from %s", op,
                           c->timeout_ms, c->url);
         }
         zmq_pollitem_t it[2] = {{.socket = c->sock, .events = ZMQ_POLLIN},
@@ -324,11 +282,11 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
         uint64_t until = KVT_MIN(deadline, probe_at);
         int pr = zmq_poll(it, c->mon ? 2 : 1, (long)((until - now) / 1000000ull) + 1);
         if (pr < 0 && errno != EINTR)
-            return seterr(c, -errno, "poll failed: %s", kvt_strerror(-errno));
+            return kvt_c_seterr(c, -errno, "poll failed: %s", kvt_strerror(-errno));
         if (pr > 0 && c->mon && (it[1].revents & ZMQ_POLLIN) && key_refused(c)) {
             new_socket(c);
             zc_wait(c);
-            return seterr(c, KVT_E_DENIED,
+            return kvt_c_seterr(c, KVT_E_DENIED,
                           "%s refused this client's key at the CURVE handshake: it is not in "
                           "the server's authorized-clients file (docs/security.md)",
                           c->url);
@@ -550,7 +508,7 @@ static int local_read_reply(kvt_client *c, uint64_t *rid, struct rep *out, uint6
 static int call_local(kvt_client *c, const char *op, const msgpack_sbuffer *body,
                       const void *const *bufs, const size_t *lens, size_t nbufs, struct rep *out)
 {
-    rep_init(out);
+    kvt_c_rep_init(out);
     uint64_t rid = ++c->next_rid;
     c->err[0] = 0;
     /* the server drops a connection whose frame is over its limit (it
@@ -558,8 +516,8 @@ static int call_local(kvt_client *c, const char *op, const msgpack_sbuffer *body
     for (size_t i = 0; i < nbufs; i++)
         if (lens[i] > UINT32_MAX || (c->max_object && lens[i] > c->max_object)) {
             uint64_t lim = c->max_object && c->max_object < UINT32_MAX ? c->max_object : UINT32_MAX;
-            rep_free(out);
-            return seterr(c, KVT_E_TOOBIG, "a payload of %zu bytes is over the limit of %llu bytes",
+            kvt_c_rep_free(out);
+            return kvt_c_seterr(c, KVT_E_TOOBIG, "a payload of %zu bytes is over the limit of %llu bytes",
                           lens[i], (unsigned long long)lim);
         }
     int rc = local_write(c, rid, op, body, bufs, lens, nbufs);
@@ -571,15 +529,15 @@ static int call_local(kvt_client *c, const char *op, const msgpack_sbuffer *body
             break;
         if (got == rid)
             break;
-        rep_free(out); /* the reply to an earlier fire-and-forget request */
-        rep_init(out);
+        kvt_c_rep_free(out); /* the reply to an earlier fire-and-forget request */
+        kvt_c_rep_init(out);
     }
     if (rc) {
-        rep_free(out);
+        kvt_c_rep_free(out);
         local_close(c); /* the stream cannot be resynchronised */
         if (rc == KVT_E_TIMEOUT)
-            return seterr(c, rc, "no reply to %s within %d ms", op, c->timeout_ms);
-        return seterr(c, rc < 0 ? rc : KVT_E_PROTO, "local connection to the server lost (%s)",
+            return kvt_c_seterr(c, rc, "no reply to %s within %d ms", op, c->timeout_ms);
+        return kvt_c_seterr(c, rc < 0 ? rc : KVT_E_PROTO, "local connection to the server lost (%s)",
                       kvt_strerror(rc));
     }
     return reply_decode(c, out);
@@ -590,7 +548,7 @@ static int hello(kvt_client *c);
 /* One request, one reply: over the same-host socket when connected, else
  * ZeroMQ. A broken local connection (the server restarted) falls back to
  * ZeroMQ, says hello again (which may reconnect locally) and retries once. */
-static int call(kvt_client *c, const char *op, const msgpack_sbuffer *body,
+int kvt_c_call(kvt_client *c, const char *op, const msgpack_sbuffer *body,
                 const void *const *bufs, const size_t *lens, size_t nbufs, struct rep *out)
 {
     if (c->lfd < 0)
@@ -612,7 +570,7 @@ static int call(kvt_client *c, const char *op, const msgpack_sbuffer *body,
 }
 
 /* Fire and forget (its reply is discarded later by request id). */
-static void cast(kvt_client *c, const char *op, const msgpack_sbuffer *body)
+void kvt_c_cast(kvt_client *c, const char *op, const msgpack_sbuffer *body)
 {
     uint64_t rid = ++c->next_rid;
     if (c->lfd >= 0) {
@@ -749,7 +707,7 @@ static void try_local(kvt_client *c, const msgpack_object *hello)
         local_close(c); /* refused or broken: requests travel over CURVE */
         return;
     }
-    rep_free(&r);
+    kvt_c_rep_free(&r);
 }
 
 static void shm_detach(kvt_client *c)
@@ -761,8 +719,6 @@ static void shm_detach(kvt_client *c)
     c->pool_id = 0;
 }
 
-static void lease_forget(kvt_client *c);
-
 /* Exchange "hello"; (re)maps the server's pool when wanted and possible. */
 static int hello(kvt_client *c)
 {
@@ -772,7 +728,7 @@ static int hello(kvt_client *c)
      * it: a new one would need a new ticket, which only CURVE hands out */
     bool keep_local = c->lfd >= 0 && c->curve.on;
     struct rep r;
-    int rc = call(c, "hello", &sb, NULL, NULL, 0, &r);
+    int rc = kvt_c_call(c, "hello", &sb, NULL, NULL, 0, &r);
     msgpack_sbuffer_destroy(&sb);
     if (rc)
         return rc;
@@ -790,7 +746,7 @@ static int hello(kvt_client *c)
         if (c->want_local)
             try_local(c, &r.up.data);
     }
-    rep_free(&r);
+    kvt_c_rep_free(&r);
     return 0;
 }
 
@@ -800,9 +756,9 @@ static int hello(kvt_client *c)
  * our mapping, so writing or reading through it would move wrong bytes: drop
  * what we hold from the old instance and map the new pool.
  */
-static int shm_reattach(kvt_client *c)
+int kvt_c_shm_reattach(kvt_client *c)
 {
-    lease_forget(c);
+    kvt_c_lease_forget(c);
     return hello(c);
 }
 
@@ -820,7 +776,7 @@ static int load_curve(kvt_client *c, const kvt_client_opts *opts)
     char why[1400];
     int rc = kvt_curve_keys_load(opts ? opts->server_key : NULL, opts ? opts->client_key : NULL,
                                  &c->curve, why, sizeof(why));
-    return rc ? seterr(c, rc, "%s", why) : 0;
+    return rc ? kvt_c_seterr(c, rc, "%s", why) : 0;
 }
 
 int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **out)
@@ -868,7 +824,7 @@ int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **o
     return 0;
 }
 
-static void lease_forget(kvt_client *c)
+void kvt_c_lease_forget(kvt_client *c)
 {
     c->lease = 0;
     free(c->lease_hashes);
@@ -885,7 +841,7 @@ void kvt_client_close(kvt_client *c)
         return;
     if (c->sock && c->lease)
         kvt_free_locks(c);
-    lease_forget(c);
+    kvt_c_lease_forget(c);
     local_close(c);
     free(c->lbuf);
     if (c->mon)
@@ -899,665 +855,4 @@ void kvt_client_close(kvt_client *c)
     pthread_cond_destroy(&c->zc_cond);
     kvt_secret_wipe(&c->curve, sizeof(c->curve));
     free(c);
-}
-
-/* ------------------------------------------------------------ helpers */
-
-static void body_init(msgpack_sbuffer *sb, msgpack_packer *pk, size_t nfields)
-{
-    msgpack_sbuffer_init(sb);
-    msgpack_packer_init(pk, sb, msgpack_sbuffer_write);
-    msgpack_pack_map(pk, nfields);
-}
-
-static void pack_keys(msgpack_packer *pk, const kvt_keys *k)
-{
-    kvt_mp_str0(pk, "keys");
-    kvt_wire_keys_encode(pk, k->model ? k->model : "", k->kv_rank, k->group, k->salt,
-                         k->hashes, k->hash_len, (uint32_t)k->n);
-}
-
-static size_t meta_fields(const kvt_meta *m)
-{
-    return m ? (m->dtype ? 1 : 0) + (m->ndim ? 1 : 0) : 0;
-}
-
-static void pack_meta(msgpack_packer *pk, const kvt_meta *m)
-{
-    if (!m)
-        return;
-    if (m->dtype) {
-        kvt_mp_str0(pk, "dtype");
-        kvt_mp_str0(pk, m->dtype);
-    }
-    if (m->ndim) {
-        kvt_mp_str0(pk, "shape");
-        msgpack_pack_array(pk, m->ndim);
-        for (int i = 0; i < m->ndim && i < 6; i++)
-            msgpack_pack_uint32(pk, m->shape[i]);
-    }
-}
-
-static int check_keys(kvt_client *c, const kvt_keys *k)
-{
-    if (!k || !k->model || (k->n && !k->hashes) || (k->n && (k->hash_len < 1 || k->hash_len > 32)))
-        return seterr(c, KVT_E_BADKEY, "keys need a model and hashes of 1..32 bytes");
-    if (k->n > KVT_MAX_BATCH)
-        return seterr(c, KVT_E_BADREQ, "at most %u keys per request", KVT_MAX_BATCH);
-    return 0;
-}
-
-/* Decode [len, dtype, [shape]] into a blob's metadata. */
-static void decode_meta(const msgpack_object *m, kvt_blob *b)
-{
-    b->dtype[0] = 0;
-    b->ndim = 0;
-    if (!m || m->type != MSGPACK_OBJECT_ARRAY || m->via.array.size < 3)
-        return;
-    const msgpack_object *dt = &m->via.array.ptr[1], *sh = &m->via.array.ptr[2];
-    if (dt->type == MSGPACK_OBJECT_STR)
-        snprintf(b->dtype, sizeof(b->dtype), "%.*s", (int)dt->via.str.size, dt->via.str.ptr);
-    if (sh->type == MSGPACK_OBJECT_ARRAY)
-        for (uint32_t i = 0; i < sh->via.array.size && i < 6; i++) {
-            b->shape[i] = (uint32_t)sh->via.array.ptr[i].via.u64;
-            b->ndim = (uint8_t)(i + 1);
-        }
-}
-
-static uint64_t meta_len(const msgpack_object *m)
-{
-    if (!m || m->type != MSGPACK_OBJECT_ARRAY || m->via.array.size < 1 ||
-        m->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-        return UINT64_MAX;
-    return m->via.array.ptr[0].via.u64;
-}
-
-/* -------------------------------------------------------------- store */
-
-static int store_inline(kvt_client *c, const kvt_keys *keys, const void *const *bufs,
-                        const size_t *lens, const kvt_meta *meta, size_t *accepted)
-{
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    body_init(&sb, &pk, 1 + meta_fields(meta));
-    pack_keys(&pk, keys);
-    pack_meta(&pk, meta);
-    struct rep r;
-    int rc = call(c, "store", &sb, bufs, lens, keys->n, &r);
-    msgpack_sbuffer_destroy(&sb);
-    if (rc)
-        return rc;
-    uint64_t acc = 0;
-    kvt_mp_u64(&r.up.data, "accepted", false, &acc, NULL);
-    rep_free(&r);
-    if (accepted)
-        *accepted = acc;
-    return 0;
-}
-
-int kvt_store(kvt_client *c, const kvt_keys *keys, const void *const *bufs, const size_t *lens,
-              const kvt_meta *meta, size_t *accepted)
-{
-    int rc = check_keys(c, keys);
-    if (rc)
-        return rc;
-    if (!c->shm)
-        return store_inline(c, keys, bufs, lens, meta, accepted);
-    kvt_wview *v;
-    rc = kvt_store_begin(c, keys, lens, meta, &v);
-    if (rc == KVT_E_UNSUPPORTED && !c->shm) /* the restarted server is not local */
-        return store_inline(c, keys, bufs, lens, meta, accepted);
-    if (rc)
-        return rc;
-    for (size_t i = 0; i < v->n; i++)
-        if (v->ptrs[i])
-            memcpy(v->ptrs[i], bufs[i], lens[i]);
-    return kvt_store_commit(c, v, NULL, accepted);
-}
-
-/* Give back a write lease's reservations without publishing anything. */
-static void cast_abort_store(kvt_client *c, uint64_t lease)
-{
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    body_init(&sb, &pk, 2);
-    kvt_mp_str0(&pk, "lease");
-    msgpack_pack_uint64(&pk, lease);
-    kvt_mp_str0(&pk, "written");
-    static const uint8_t none[KVT_MAX_BATCH / 8];
-    msgpack_pack_bin(&pk, sizeof(none));
-    msgpack_pack_bin_body(&pk, none, sizeof(none));
-    cast(c, "commit_store", &sb);
-    msgpack_sbuffer_destroy(&sb);
-}
-
-static int store_begin_once(kvt_client *c, const kvt_keys *keys, const size_t *sizes,
-                            const kvt_meta *meta, kvt_wview **out, bool *stale)
-{
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    body_init(&sb, &pk, 2 + meta_fields(meta));
-    pack_keys(&pk, keys);
-    kvt_mp_str0(&pk, "sizes");
-    msgpack_pack_array(&pk, keys->n);
-    for (size_t i = 0; i < keys->n; i++)
-        msgpack_pack_uint64(&pk, sizes[i]);
-    pack_meta(&pk, meta);
-    struct rep r;
-    int rc = call(c, "prepare_store", &sb, NULL, NULL, 0, &r);
-    msgpack_sbuffer_destroy(&sb);
-    if (rc)
-        return rc;
-    const msgpack_object *offs = kvt_mp_get(&r.up.data, "offsets");
-    uint64_t lease = 0, pool = 0;
-    kvt_mp_u64(&r.up.data, "lease", false, &lease, NULL);
-    kvt_mp_u64(&r.up.data, "pool", false, &pool, NULL);
-    if (pool != c->pool_id) {
-        if (lease)
-            cast_abort_store(c, lease);
-        rep_free(&r);
-        *stale = true;
-        return seterr(c, KVT_E_EXPIRED, "the server's pool changed (restart)");
-    }
-    if (!offs || offs->type != MSGPACK_OBJECT_ARRAY || offs->via.array.size != keys->n) {
-        rep_free(&r);
-        return seterr(c, KVT_E_PROTO, "prepare_store: bad reply");
-    }
-    kvt_wview *v = kvt_xcalloc(1, sizeof(*v));
-    v->n = keys->n;
-    v->ptrs = kvt_xcalloc(v->n ? v->n : 1, sizeof(void *));
-    v->sizes = kvt_xcalloc(v->n ? v->n : 1, sizeof(size_t));
-    v->lease_ = lease;
-    for (size_t i = 0; i < v->n; i++) {
-        const msgpack_object *o = &offs->via.array.ptr[i];
-        v->sizes[i] = sizes[i];
-        if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= c->shm_size &&
-            sizes[i] <= c->shm_size - o->via.u64)
-            v->ptrs[i] = c->shm + o->via.u64;
-    }
-    rep_free(&r);
-    *out = v;
-    return 0;
-}
-
-int kvt_store_begin(kvt_client *c, const kvt_keys *keys, const size_t *sizes, const kvt_meta *meta,
-                    kvt_wview **out)
-{
-    int rc = check_keys(c, keys);
-    if (rc)
-        return rc;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (!c->shm)
-            return seterr(c, KVT_E_UNSUPPORTED, "the shared-memory path is not available");
-        bool stale = false;
-        rc = store_begin_once(c, keys, sizes, meta, out, &stale);
-        if (!stale)
-            return rc;
-        int hr = shm_reattach(c); /* the server restarted: map its new pool */
-        if (hr)
-            return hr;
-    }
-    return rc;
-}
-
-static void wview_free(kvt_wview *v)
-{
-    free(v->ptrs);
-    free(v->sizes);
-    free(v);
-}
-
-int kvt_store_commit(kvt_client *c, kvt_wview *v, const bool *written, size_t *accepted)
-{
-    size_t present = 0, slots = 0;
-    for (size_t i = 0; i < v->n; i++) {
-        if (v->ptrs[i])
-            slots++;
-        else
-            present++;
-    }
-    if (!v->lease_) {
-        if (accepted)
-            *accepted = present;
-        wview_free(v);
-        return 0;
-    }
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    body_init(&sb, &pk, written ? 2 : 1);
-    kvt_mp_str0(&pk, "lease");
-    msgpack_pack_uint64(&pk, v->lease_);
-    if (written) {
-        /* bit j = j-th reserved slot */
-        size_t nb = (slots + 7) / 8;
-        uint8_t *bits = kvt_xcalloc(nb ? nb : 1, 1);
-        size_t j = 0;
-        for (size_t i = 0; i < v->n; i++)
-            if (v->ptrs[i]) {
-                if (written[i])
-                    bits[j / 8] |= (uint8_t)(1u << (j % 8));
-                j++;
-            }
-        kvt_mp_str0(&pk, "written");
-        msgpack_pack_bin(&pk, nb);
-        msgpack_pack_bin_body(&pk, bits, nb);
-        free(bits);
-    }
-    struct rep r;
-    int rc = call(c, "commit_store", &sb, NULL, NULL, 0, &r);
-    msgpack_sbuffer_destroy(&sb);
-    wview_free(v);
-    if (rc)
-        return rc;
-    uint64_t acc = 0;
-    kvt_mp_u64(&r.up.data, "accepted", false, &acc, NULL);
-    rep_free(&r);
-    if (accepted)
-        *accepted = acc + present;
-    return 0;
-}
-
-void kvt_store_abort(kvt_client *c, kvt_wview *v)
-{
-    bool *none = kvt_xcalloc(v->n ? v->n : 1, sizeof(bool));
-    kvt_store_commit(c, v, none, NULL);
-    free(none);
-}
-
-int kvt_flush(kvt_client *c)
-{
-    return kvt_flush_ex(c, NULL);
-}
-
-/* A msgpack string or bin into a NUL-terminated buffer (cut to fit). */
-static void mp_copy_str(const msgpack_object *o, char *dst, size_t cap)
-{
-    dst[0] = 0;
-    if (!o || (o->type != MSGPACK_OBJECT_STR && o->type != MSGPACK_OBJECT_BIN))
-        return;
-    size_t n = KVT_MIN((size_t)o->via.str.size, cap - 1);
-    memcpy(dst, o->via.str.ptr, n);
-    dst[n] = 0;
-}
-
-int kvt_flush_ex(kvt_client *c, kvt_flush_report *out)
-{
-    if (out)
-        memset(out, 0, sizeof(*out));
-    struct rep r;
-    int rc = call(c, "flush", NULL, NULL, NULL, 0, &r);
-    if (rc)
-        return rc;
-    if (out) {
-        const msgpack_object *b = &r.up.data;
-        uint64_t total = 0;
-        kvt_mp_u64(b, "l2_failed", false, &total, NULL);
-        out->l2_failed = total;
-        const msgpack_object *fa = kvt_mp_get(b, "failed");
-        if (fa && fa->type == MSGPACK_OBJECT_ARRAY && fa->via.array.size) {
-            out->failed = kvt_xcalloc(fa->via.array.size, sizeof(*out->failed));
-            for (uint32_t i = 0; i < fa->via.array.size; i++) {
-                const msgpack_object *e = &fa->via.array.ptr[i];
-                kvt_flush_failure *f = &out->failed[out->n++];
-                uint64_t v = 0;
-                kvt_mp_u64(e, "adapter", false, &v, NULL);
-                f->adapter = (int)v;
-                const msgpack_object *code = kvt_mp_get(e, "code");
-                if (code && (code->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ||
-                             code->type == MSGPACK_OBJECT_POSITIVE_INTEGER))
-                    f->code = (int)code->via.i64;
-                v = 0;
-                kvt_mp_u64(e, "kv_rank", false, &v, NULL);
-                f->kv_rank = (uint32_t)v;
-                v = 0;
-                kvt_mp_u64(e, "group", false, &v, NULL);
-                f->group = (uint32_t)v;
-                mp_copy_str(kvt_mp_get(e, "model"), f->model, sizeof(f->model));
-                mp_copy_str(kvt_mp_get(e, "salt"), f->salt, sizeof(f->salt));
-                const msgpack_object *h = kvt_mp_get(e, "hash");
-                if (h && h->type == MSGPACK_OBJECT_BIN) {
-                    f->hash_len = KVT_MIN((size_t)h->via.bin.size, sizeof(f->hash));
-                    memcpy(f->hash, h->via.bin.ptr, f->hash_len);
-                }
-            }
-        }
-        out->truncated = out->l2_failed > out->n;
-    }
-    rep_free(&r);
-    return 0;
-}
-
-void kvt_flush_report_free(kvt_flush_report *r)
-{
-    if (!r)
-        return;
-    free(r->failed);
-    r->failed = NULL;
-    r->n = 0;
-}
-
-int kvt_ping(kvt_client *c)
-{
-    struct rep r;
-    int rc = call(c, "ping", NULL, NULL, NULL, 0, &r);
-    if (!rc)
-        rep_free(&r);
-    return rc;
-}
-
-/* ------------------------------------------------------------- lookup */
-
-static void cast_free_lease(kvt_client *c, uint64_t lease)
-{
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    body_init(&sb, &pk, 1);
-    kvt_mp_str0(&pk, "lease");
-    msgpack_pack_uint64(&pk, lease);
-    cast(c, "free_locks", &sb);
-    msgpack_sbuffer_destroy(&sb);
-}
-
-int kvt_free_locks(kvt_client *c)
-{
-    if (!c->lease)
-        return 0;
-    cast_free_lease(c, c->lease);
-    lease_forget(c);
-    return 0;
-}
-
-static bool same_batch_prefix(const kvt_client *c, const kvt_keys *k)
-{
-    return c->lease && k->n <= c->lease_n && k->hash_len == c->lease_hash_len &&
-           k->kv_rank == c->lease_rank && k->group == c->lease_group &&
-           strcmp(k->model, c->lease_model) == 0 &&
-           strcmp(k->salt ? k->salt : "", c->lease_salt) == 0 &&
-           memcmp(k->hashes, c->lease_hashes, k->n * k->hash_len) == 0;
-}
-
-int kvt_lookup(kvt_client *c, const kvt_keys *keys, size_t *hits)
-{
-    int rc = check_keys(c, keys);
-    if (rc)
-        return rc;
-    /* an earlier lookup's locks that no retrieve used are released by this
-     * request itself ("release"), not by a separate message */
-    uint64_t release = c->lease;
-    lease_forget(c);
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    body_init(&sb, &pk, release ? 2 : 1);
-    pack_keys(&pk, keys);
-    if (release) {
-        kvt_mp_str0(&pk, "release");
-        msgpack_pack_uint64(&pk, release);
-    }
-    struct rep r;
-    rc = call(c, "lookup", &sb, NULL, NULL, 0, &r);
-    msgpack_sbuffer_destroy(&sb);
-    if (rc)
-        return rc;
-    uint64_t h = 0, lease = 0;
-    kvt_mp_u64(&r.up.data, "hits", false, &h, NULL);
-    kvt_mp_u64(&r.up.data, "lease", false, &lease, NULL);
-    rep_free(&r);
-    if (lease && h) {
-        c->lease = lease;
-        c->lease_n = h;
-        c->lease_hash_len = keys->hash_len;
-        c->lease_hashes = kvt_xmalloc(h * keys->hash_len);
-        memcpy(c->lease_hashes, keys->hashes, h * keys->hash_len);
-        c->lease_model = kvt_xstrdup(keys->model);
-        c->lease_salt = kvt_xstrdup(keys->salt ? keys->salt : "");
-        c->lease_rank = keys->kv_rank;
-        c->lease_group = keys->group;
-    }
-    *hits = h;
-    return 0;
-}
-
-/* ----------------------------------------------------------- retrieve */
-
-static size_t fetch_body(kvt_client *c, const kvt_keys *keys, msgpack_sbuffer *sb)
-{
-    msgpack_packer pk;
-    uint64_t lease = same_batch_prefix(c, keys) ? c->lease : 0;
-    body_init(sb, &pk, lease ? 2 : 1);
-    pack_keys(&pk, keys);
-    if (lease) {
-        kvt_mp_str0(&pk, "lease");
-        msgpack_pack_uint64(&pk, lease);
-        lease_forget(c); /* the server ends it with this request */
-    }
-    return 0;
-}
-
-void kvt_blobs_free(kvt_blob *b, size_t n)
-{
-    if (!b)
-        return;
-    for (size_t i = 0; i < n; i++) {
-        if (b[i].priv_) {
-            zmq_msg_close(b[i].priv_);
-            free(b[i].priv_);
-        } else {
-            free(b[i].data);
-        }
-    }
-    free(b);
-}
-
-int kvt_retrieve(kvt_client *c, const kvt_keys *keys, kvt_blob **out, size_t *n)
-{
-    int rc = check_keys(c, keys);
-    if (rc)
-        return rc;
-    *out = NULL;
-    *n = 0;
-    if (c->shm) {
-        kvt_rview *v;
-        rc = kvt_retrieve_begin(c, keys, &v);
-        if (rc == KVT_E_UNSUPPORTED && !c->shm) /* the restarted server is not local */
-            return kvt_retrieve(c, keys, out, n);
-        if (rc)
-            return rc;
-        kvt_blob *b = kvt_xcalloc(v->n ? v->n : 1, sizeof(*b));
-        for (size_t i = 0; i < v->n; i++) {
-            b[i] = v->meta[i];
-            b[i].data = kvt_xmalloc(v->lens[i] ? v->lens[i] : 1);
-            b[i].len = v->lens[i];
-            memcpy(b[i].data, v->ptrs[i], v->lens[i]);
-        }
-        size_t cnt = v->n;
-        rc = kvt_retrieve_end(c, v);
-        if (rc) {
-            kvt_blobs_free(b, cnt);
-            return rc;
-        }
-        *out = b;
-        *n = cnt;
-        return 0;
-    }
-    msgpack_sbuffer sb;
-    fetch_body(c, keys, &sb);
-    struct rep r;
-    rc = call(c, "retrieve", &sb, NULL, NULL, 0, &r);
-    msgpack_sbuffer_destroy(&sb);
-    if (rc)
-        return rc;
-    uint64_t cnt = 0;
-    kvt_mp_u64(&r.up.data, "n", false, &cnt, NULL);
-    const msgpack_object *metas = kvt_mp_get(&r.up.data, "metas");
-    if (cnt != r.nframes || cnt > keys->n || !metas || metas->type != MSGPACK_OBJECT_ARRAY ||
-        metas->via.array.size != cnt) {
-        rep_free(&r);
-        return seterr(c, KVT_E_PROTO, "retrieve: reply frames do not match its header");
-    }
-    kvt_blob *b = kvt_xcalloc(cnt ? cnt : 1, sizeof(*b));
-    for (uint32_t i = 0; i < cnt; i++) {
-        /* the blob owns the received frame: no copy */
-        zmq_msg_t *m = kvt_xmalloc(sizeof(*m));
-        memcpy(m, &r.frames[i], sizeof(*m));
-        b[i].priv_ = m;
-        b[i].data = zmq_msg_data(m);
-        b[i].len = zmq_msg_size(m);
-        decode_meta(&metas->via.array.ptr[i], &b[i]);
-        if (meta_len(&metas->via.array.ptr[i]) != b[i].len) {
-            r.nframes = 0;
-            for (uint32_t k = i + 1; k < cnt; k++)
-                zmq_msg_close(&r.frames[k]);
-            kvt_blobs_free(b, i + 1);
-            rep_free(&r);
-            return seterr(c, KVT_E_PROTO, "retrieve: frame %u length differs from its header",
-                          i);
-        }
-    }
-    r.nframes = 0; /* frames moved into blobs */
-    rep_free(&r);
-    *out = b;
-    *n = cnt;
-    return 0;
-}
-
-static void rview_free(kvt_rview *v)
-{
-    free(v->ptrs);
-    free(v->lens);
-    free(v->meta);
-    free(v);
-}
-
-static int retrieve_begin_once(kvt_client *c, const kvt_keys *keys, kvt_rview **out, bool *stale)
-{
-    msgpack_sbuffer sb;
-    fetch_body(c, keys, &sb);
-    struct rep r;
-    int rc = call(c, "prepare_retrieve", &sb, NULL, NULL, 0, &r);
-    msgpack_sbuffer_destroy(&sb);
-    if (rc)
-        return rc;
-    uint64_t lease = 0, cnt = 0, pool = 0;
-    kvt_mp_u64(&r.up.data, "lease", false, &lease, NULL);
-    kvt_mp_u64(&r.up.data, "n", false, &cnt, NULL);
-    kvt_mp_u64(&r.up.data, "pool", false, &pool, NULL);
-    const char *bad = NULL;
-    const msgpack_object *ents = kvt_mp_get(&r.up.data, "entries");
-    if (pool != c->pool_id) {
-        *stale = true;
-        bad = "the server's pool changed (restart)";
-    } else if (!ents || ents->type != MSGPACK_OBJECT_ARRAY || ents->via.array.size != cnt ||
-               cnt > keys->n) {
-        bad = "prepare_retrieve: bad reply";
-    }
-    kvt_rview *v = kvt_xcalloc(1, sizeof(*v));
-    v->n = cnt;
-    v->lease_ = lease;
-    v->ptrs = kvt_xcalloc(cnt ? cnt : 1, sizeof(void *));
-    v->lens = kvt_xcalloc(cnt ? cnt : 1, sizeof(size_t));
-    v->meta = kvt_xcalloc(cnt ? cnt : 1, sizeof(kvt_blob));
-    for (uint32_t i = 0; !bad && i < cnt; i++) {
-        const msgpack_object *e = &ents->via.array.ptr[i];
-        if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2 ||
-            e->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
-            bad = "prepare_retrieve: bad entry";
-            break;
-        }
-        uint64_t off = e->via.array.ptr[0].via.u64, len = meta_len(&e->via.array.ptr[1]);
-        if (len == UINT64_MAX || off > c->shm_size || len > c->shm_size - off) {
-            bad = "prepare_retrieve: entry outside the pool";
-            break;
-        }
-        v->ptrs[i] = c->shm + off;
-        v->lens[i] = len;
-        decode_meta(&e->via.array.ptr[1], &v->meta[i]);
-        v->meta[i].len = len;
-    }
-    rep_free(&r);
-    if (bad) {
-        if (lease)
-            cast_free_lease(c, lease); /* never leave read locks behind */
-        rview_free(v);
-        return seterr(c, *stale ? KVT_E_EXPIRED : KVT_E_PROTO, "%s", bad);
-    }
-    *out = v;
-    return 0;
-}
-
-int kvt_retrieve_begin(kvt_client *c, const kvt_keys *keys, kvt_rview **out)
-{
-    int rc = check_keys(c, keys);
-    if (rc)
-        return rc;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (!c->shm)
-            return seterr(c, KVT_E_UNSUPPORTED, "the shared-memory path is not available");
-        bool stale = false;
-        rc = retrieve_begin_once(c, keys, out, &stale);
-        if (!stale)
-            return rc;
-        int hr = shm_reattach(c); /* the server restarted: map its new pool */
-        if (hr)
-            return hr;
-    }
-    return rc;
-}
-
-int kvt_retrieve_end(kvt_client *c, kvt_rview *v)
-{
-    int rc = 0;
-    if (v->lease_) {
-        msgpack_sbuffer sb;
-        msgpack_packer pk;
-        body_init(&sb, &pk, 1);
-        kvt_mp_str0(&pk, "lease");
-        msgpack_pack_uint64(&pk, v->lease_);
-        struct rep r;
-        rc = call(c, "commit_retrieve", &sb, NULL, NULL, 0, &r);
-        msgpack_sbuffer_destroy(&sb);
-        if (!rc)
-            rep_free(&r);
-    }
-    rview_free(v);
-    return rc;
-}
-
-/* ------------------------------------------------------------- admin */
-
-int kvt_status_json(kvt_client *c, char **json)
-{
-    struct rep r;
-    int rc = call(c, "status", NULL, NULL, NULL, 0, &r);
-    if (rc)
-        return rc;
-    json_t *j = kvt_mp_to_json(&r.up.data);
-    *json = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
-    json_decref(j);
-    rep_free(&r);
-    return *json ? 0 : -ENOMEM;
-}
-
-int kvt_delete(kvt_client *c, const kvt_keys *keys, size_t *removed)
-{
-    int rc = check_keys(c, keys);
-    if (rc)
-        return rc;
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    body_init(&sb, &pk, 1);
-    pack_keys(&pk, keys);
-    struct rep r;
-    rc = call(c, "delete", &sb, NULL, NULL, 0, &r);
-    msgpack_sbuffer_destroy(&sb);
-    if (rc)
-        return rc;
-    size_t total = 0;
-    const msgpack_object *l2 = kvt_mp_get(&r.up.data, "removed_l2");
-    if (l2 && l2->type == MSGPACK_OBJECT_ARRAY)
-        for (uint32_t i = 0; i < l2->via.array.size; i++)
-            total += l2->via.array.ptr[i].via.u64;
-    rep_free(&r);
-    if (removed)
-        *removed = total;
-    return 0;
 }
