@@ -551,8 +551,16 @@ static const struct kvt_l2_ops dax_ops = {
 
 /* ------------------------------------------------------ configuration */
 
-int kvt_dax_parse(struct kvt_cfg *c, struct kvt_dax_opts *o)
+struct kvt_dax_opts {
+    const char *device_path;
+    uint64_t size_bytes, slot_bytes;
+    int num_store_workers, num_lookup_workers, num_load_workers;
+    bool durable;
+};
+
+static int dax_parse(struct kvt_cfg *c, void *opts)
 {
+    struct kvt_dax_opts *o = opts;
     memset(o, 0, sizeof(*o));
     kvt_cfg_str(c, "device_path", true, NULL, &o->device_path);
     if (!c->rc && !o->device_path[0])
@@ -584,9 +592,10 @@ int kvt_dax_parse(struct kvt_cfg *c, struct kvt_dax_opts *o)
     return 0;
 }
 
-int kvt_dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_dax_opts *o,
-                 char *err, size_t errcap)
+static int dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                    size_t errcap)
 {
+    const struct kvt_dax_opts *o = opts;
     struct dax_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->fd = -1;
     pthread_mutex_init(&e->lock, NULL);
@@ -700,3 +709,10 @@ fail:
     engine_free(e);
     return rc ? rc : KVT_E_CONFIG;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_dax_desc = {
+    .name = "dax",
+    .opts_size = sizeof(struct kvt_dax_opts),
+    .parse = dax_parse,
+    .open = dax_open,
+};

@@ -604,7 +604,19 @@ static int open_dir(const char *path, int *out, char *err, size_t errcap, const 
     return 0;
 }
 
-int kvt_fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native)
+struct kvt_fs_opts {
+    const char *base_path;
+    const char *relative_tmp_dir;
+    uint64_t read_ahead_size;
+    bool use_odirect;
+    int num_workers;
+    uint64_t max_capacity_bytes;
+    bool durable;
+    bool native; /* fs_native: O_DIRECT on a misaligned buffer is an error */
+    bool shared; /* "shared": other servers use base_path too (l2/kit/dirlock.h) */
+};
+
+static int fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native)
 {
     memset(o, 0, sizeof(*o));
     kvt_cfg_str(c, "base_path", true, NULL, &o->base_path);
@@ -636,9 +648,20 @@ int kvt_fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native)
     return 0;
 }
 
-int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_opts *o,
-                char *err, size_t errcap)
+static int fs_parse_plain(struct kvt_cfg *c, void *o)
 {
+    return fs_parse(c, o, false);
+}
+
+static int fs_parse_native(struct kvt_cfg *c, void *o)
+{
+    return fs_parse(c, o, true);
+}
+
+static int fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                   size_t errcap)
+{
+    const struct kvt_fs_opts *o = opts;
     int rc = kvt_l2_base_init(l2, &fs_ops, spec, KVT_CODEC_FS, o->max_capacity_bytes);
     if (rc) {
         snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
@@ -725,3 +748,18 @@ fail:
     kvt_l2_base_destroy(l2);
     return rc ? rc : KVT_E_CONFIG;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_fs_desc = {
+    .name = "fs",
+    .opts_size = sizeof(struct kvt_fs_opts),
+    .parse = fs_parse_plain,
+    .open = fs_open,
+};
+
+/* fs_native: O_DIRECT on a misaligned buffer is an error */
+const struct kvt_l2_adapter_desc kvt_l2_fs_native_desc = {
+    .name = "fs_native",
+    .opts_size = sizeof(struct kvt_fs_opts),
+    .parse = fs_parse_native,
+    .open = fs_open,
+};

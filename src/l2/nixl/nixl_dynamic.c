@@ -52,6 +52,7 @@
 #include "l2/kit/scanq.h"
 #include "l2/kit/dirlock.h"
 #include "l2/kit/tmpguard.h"
+#include "l2/nixl/nixl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -870,9 +871,15 @@ int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic)
 
 /* ---------------------------------------------------------- creation */
 
-int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
-                          const struct kvt_nixl_opts *o, char *err, size_t errcap)
+static int nd_parse(struct kvt_cfg *c, void *o)
 {
+    return kvt_nixl_parse(c, o, true);
+}
+
+static int nd_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                   size_t errcap)
+{
+    const struct kvt_nixl_opts *o = opts;
     int rc = kvt_l2_base_init(l2, &nd_ops, spec, KVT_CODEC_NIXL, o->max_capacity_bytes);
     if (rc) {
         snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
@@ -955,3 +962,10 @@ fail:
     kvt_l2_base_destroy(l2);
     return rc ? rc : KVT_E_CONFIG;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_nixl_dynamic_desc = {
+    .name = "nixl_store_dynamic",
+    .opts_size = sizeof(struct kvt_nixl_opts),
+    .parse = nd_parse,
+    .open = nd_open,
+};

@@ -39,6 +39,7 @@
 #include "l2/kit/fileobj.h"
 #include "l2/l2.h"
 #include "l2/kit/objfmt.h"
+#include "l2/nixl/nixl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -742,9 +743,15 @@ static int open_pool_file(kvt_l2 *l2, struct ns_engine *e, uint32_t i, uint64_t 
     return 0;
 }
 
-int kvt_nixl_store_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_nixl_opts *o,
-                        char *err, size_t errcap)
+static int ns_parse(struct kvt_cfg *c, void *o)
 {
+    return kvt_nixl_parse(c, o, false);
+}
+
+static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                   size_t errcap)
+{
+    const struct kvt_nixl_opts *o = opts;
     uint64_t ppf = o->file_size / o->page_size;
     uint64_t pages = ppf * o->pool_size;
     if (ppf < 2 || pages > UINT32_MAX - 1) {
@@ -831,3 +838,10 @@ fail:
     kvt_l2_base_destroy(l2);
     return rc ? rc : KVT_E_CONFIG;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_nixl_store_desc = {
+    .name = "nixl_store",
+    .opts_size = sizeof(struct kvt_nixl_opts),
+    .parse = ns_parse,
+    .open = ns_open,
+};

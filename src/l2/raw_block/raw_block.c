@@ -911,9 +911,10 @@ static int format_fresh(struct rb_engine *e)
     return 0;
 }
 
-int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
-                       const struct kvt_raw_block_opts *o, char *err, size_t errcap)
+static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                   size_t errcap)
 {
+    const struct kvt_raw_block_opts *o = opts;
     struct rb_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->fd = -1;
     pthread_mutex_init(&e->jlock, NULL);
@@ -1079,3 +1080,10 @@ fail:
     engine_free(e);
     return rc ? rc : KVT_E_CONFIG;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_raw_block_desc = {
+    .name = "raw_block",
+    .opts_size = sizeof(struct kvt_raw_block_opts),
+    .parse = kvt_raw_block_parse,
+    .open = rb_open,
+};

@@ -945,6 +945,18 @@ static const struct kvt_l2_ops resp_ops = {
 
 /* ---------------------------------------------------------- creation */
 
+struct kvt_resp_opts {
+    const char *host; /* points into the JSON, or at node_host */
+    int port;
+    char node_host[256]; /* first startup_nodes entry */
+    int nnodes;
+    const char *username, *password, *key_prefix;
+    int num_workers;
+    double connection_timeout, request_timeout; /* seconds */
+    int database_id;
+    uint64_t max_capacity_bytes;
+};
+
 /* First "host:port" of a "h:p,h:p" list; fails naming the bad entry. */
 static int parse_nodes(struct kvt_cfg *c, const char *list, struct kvt_resp_opts *o)
 {
@@ -989,7 +1001,7 @@ static int parse_nodes(struct kvt_cfg *c, const char *list, struct kvt_resp_opts
     return 0;
 }
 
-int kvt_resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
+static int resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
 {
     memset(o, 0, sizeof(*o));
     const char *nodes = NULL;
@@ -1066,9 +1078,20 @@ static struct timeval tv_of(double s)
     return tv;
 }
 
-int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_resp_opts *o,
-                  char *err, size_t errcap)
+static int resp_parse_resp(struct kvt_cfg *c, void *o)
 {
+    return resp_parse(c, o, false);
+}
+
+static int resp_parse_valkey(struct kvt_cfg *c, void *o)
+{
+    return resp_parse(c, o, true);
+}
+
+static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                     size_t errcap)
+{
+    const struct kvt_resp_opts *o = opts;
     int rc = kvt_l2_base_init(l2, &resp_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes);
     if (rc) {
         snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
@@ -1153,3 +1176,18 @@ fail:
     kvt_l2_base_destroy(l2);
     return rc;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_resp_desc = {
+    .name = "resp",
+    .opts_size = sizeof(struct kvt_resp_opts),
+    .parse = resp_parse_resp,
+    .open = resp_open,
+};
+
+/* valkey: resp with Valkey's defaults */
+const struct kvt_l2_adapter_desc kvt_l2_valkey_desc = {
+    .name = "valkey",
+    .opts_size = sizeof(struct kvt_resp_opts),
+    .parse = resp_parse_valkey,
+    .open = resp_open,
+};

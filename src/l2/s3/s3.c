@@ -934,6 +934,19 @@ static bool bucket_name_ok(const char *b)
     return true;
 }
 
+struct kvt_s3_opts {
+    const char *endpoint, *region, *bucket_opt, *addressing, *key_prefix;
+    const char *key_id, *secret, *token; /* NULL: environment or credentials file */
+    int num_io_threads;                  /* concurrent transfers */
+    bool prefer_http2, disable_tls;
+    double connection_timeout, request_timeout; /* seconds */
+    int breaker_threshold;
+    uint64_t max_capacity_bytes;
+    /* resolved from the above */
+    char scheme[8], host[400], bucket[128];
+    bool path_style;
+};
+
 /*
  * Where the bucket lives, from s3_endpoint (+ s3_bucket, s3_addressing):
  *   s3://bucket                   AWS: https://bucket.s3.<region>.amazonaws.com/<key>
@@ -1031,8 +1044,9 @@ static int check_prefix(struct kvt_cfg *c, const char *p)
 
 static int load_creds(const struct kvt_s3_opts *o, struct s3_creds *c, char *err, size_t cap);
 
-int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
+static int s3_parse(struct kvt_cfg *c, void *opts)
 {
+    struct kvt_s3_opts *o = opts;
     memset(o, 0, sizeof(*o));
     static const char *const addrs[] = {"path", "virtual", NULL};
     int64_t nio = 64, thr = 3;
@@ -1207,9 +1221,10 @@ static int load_creds(const struct kvt_s3_opts *o, struct s3_creds *c, char *err
     return KVT_E_CONFIG;
 }
 
-int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_opts *o,
-                char *err, size_t errcap)
+static int s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                   size_t errcap)
 {
+    const struct kvt_s3_opts *o = opts;
     int rc = kvt_l2_base_init(l2, &s3_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes);
     if (rc) {
         snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
@@ -1263,3 +1278,10 @@ fail:
     kvt_l2_base_destroy(l2);
     return rc;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_s3_desc = {
+    .name = "s3",
+    .opts_size = sizeof(struct kvt_s3_opts),
+    .parse = s3_parse,
+    .open = s3_open,
+};

@@ -303,8 +303,14 @@ static const struct kvt_l2_ops mock_ops = {
     .close = mock_close,
 };
 
-int kvt_mock_parse(struct kvt_cfg *c, struct kvt_mock_opts *o)
+struct kvt_mock_opts {
+    uint64_t max_size_bytes;
+    double bandwidth_bytes_per_s;
+};
+
+static int mock_parse(struct kvt_cfg *c, void *opts)
 {
+    struct kvt_mock_opts *o = opts;
     double size = 0, bw = 0;
     kvt_cfg_num(c, "max_size_gb", true, 0, 0, 1e9, &size);
     kvt_cfg_num(c, "mock_bandwidth_gb", true, 0, 0, 1e9, &bw);
@@ -319,9 +325,10 @@ int kvt_mock_parse(struct kvt_cfg *c, struct kvt_mock_opts *o)
     return 0;
 }
 
-int kvt_mock_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_mock_opts *o,
-                  char *err, size_t errcap)
+static int mock_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                     size_t errcap)
 {
+    const struct kvt_mock_opts *o = opts;
     int rc = kvt_l2_base_init(l2, &mock_ops, spec, KVT_CODEC_OBJ, o->max_size_bytes);
     if (rc) {
         snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
@@ -341,3 +348,10 @@ int kvt_mock_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_m
     }
     return 0;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_mock_desc = {
+    .name = "mock",
+    .opts_size = sizeof(struct kvt_mock_opts),
+    .parse = mock_parse,
+    .open = mock_open,
+};
