@@ -36,6 +36,7 @@
 #include "common/cfg.h"
 #include "l2/kit/fileobj.h"
 #include "l2/l2.h"
+#include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/kit/scanq.h"
 #include "l2/kit/dirlock.h"
@@ -560,10 +561,12 @@ static bool fs_healthy(kvt_l2 *l2, char *msg, size_t cap)
 static void fs_close(kvt_l2 *l2)
 {
     struct fs_engine *e = l2->engine;
-    atomic_store(&e->stop, true);
-    if (e->scan_started)
-        pthread_join(e->scan_thr, NULL);
-    kvt_tpool_destroy(e->pool); /* runs what is queued: pending writes drain */
+    /* no drain count: the pool runs what is queued, pending writes drain;
+     * parked stores are released by the scan itself */
+    kvt_l2_life_stop(l2, &(struct kvt_l2_life){.stop_flag = &e->stop,
+                                               .thread = &e->scan_thr,
+                                               .thread_started = &e->scan_started,
+                                               .pools = {e->pool}});
     if (!l2->persist_enabled)
         kvt_fileobj_remove_indexed(l2);
     sweep_tmp(e, e->tmpfd, true); /* tmp leftovers: ours always, others by the guard */
@@ -662,11 +665,9 @@ static int fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
                    size_t errcap)
 {
     const struct kvt_fs_opts *o = opts;
-    int rc = kvt_l2_base_init(l2, &fs_ops, spec, KVT_CODEC_FS, o->max_capacity_bytes);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    int rc = kvt_l2_life_init(l2, &fs_ops, spec, KVT_CODEC_FS, o->max_capacity_bytes, err, errcap);
+    if (rc)
         return rc;
-    }
     struct fs_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->dirfd = e->tmpfd = e->lockfd = -1;
     kvt_l2_park_init(&e->park);

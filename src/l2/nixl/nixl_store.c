@@ -38,6 +38,7 @@
 #include "l2/adapters.h"
 #include "l2/kit/fileobj.h"
 #include "l2/l2.h"
+#include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/nixl/nixl.h"
 
@@ -683,8 +684,8 @@ static void engine_free(struct ns_engine *e)
 static void ns_close(kvt_l2 *l2)
 {
     struct ns_engine *e = l2->engine;
-    kvt_l2_drain_wait(&e->drain);
-    kvt_tpool_destroy(e->work);
+    /* no engine thread and no parking: the drain, then the pool */
+    kvt_l2_life_stop(l2, &(struct kvt_l2_life){.drain = &e->drain, .pools = {e->work}});
     kvt_ioeng_destroy(e->io);
     engine_free(e);
     l2->engine = NULL;
@@ -761,11 +762,9 @@ static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
                  o->pool_size, (unsigned long long)ppf, o->page_size);
         return KVT_E_CONFIG;
     }
-    int rc = kvt_l2_base_init(l2, &ns_ops, spec, KVT_CODEC_OBJ, pages * o->page_size);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    int rc = kvt_l2_life_init(l2, &ns_ops, spec, KVT_CODEC_OBJ, pages * o->page_size, err, errcap);
+    if (rc)
         return rc;
-    }
     l2->persist_enabled = false; /* volatile index, see the top comment */
     struct ns_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->dirfd = -1;

@@ -51,6 +51,7 @@
 #include "l2/adapters.h"
 #include "common/cfg.h"
 #include "l2/l2.h"
+#include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/resp/resp_int.h"
 
@@ -911,17 +912,31 @@ static void delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
              (unsigned long long)removed);
 }
 
-static void resp_close(kvt_l2 *l2)
+/* the monitor waits on hcond: stop is set under its lock (not an atomic) */
+static void resp_stop(kvt_l2 *l2)
 {
     struct resp_engine *e = l2->engine;
     pthread_mutex_lock(&e->hlock);
     e->stop = true;
     pthread_cond_broadcast(&e->hcond);
     pthread_mutex_unlock(&e->hlock);
-    if (e->mon_started)
-        pthread_join(e->mon, NULL);
-    kvt_resp_fail_parked(l2, e, true);
-    kvt_tpool_destroy(e->pool); /* runs what is queued */
+}
+
+/* parked tasks fail (the server is down or closing), not resumed */
+static void resp_release(kvt_l2 *l2)
+{
+    kvt_resp_fail_parked(l2, l2->engine, true);
+}
+
+static void resp_close(kvt_l2 *l2)
+{
+    struct resp_engine *e = l2->engine;
+    /* the pool runs what is queued */
+    kvt_l2_life_stop(l2, &(struct kvt_l2_life){.stop_fn = resp_stop,
+                                               .thread = &e->mon,
+                                               .thread_started = &e->mon_started,
+                                               .release_fn = resp_release,
+                                               .pools = {e->pool}});
     if (!l2->persist_enabled)
         delete_all_indexed(l2, e);
     kvt_resp_conn_close(&e->ctl);
@@ -1092,11 +1107,10 @@ static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
                      size_t errcap)
 {
     const struct kvt_resp_opts *o = opts;
-    int rc = kvt_l2_base_init(l2, &resp_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    int rc =
+        kvt_l2_life_init(l2, &resp_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes, err, errcap);
+    if (rc)
         return rc;
-    }
     struct resp_engine *e = kvt_xcalloc(1, sizeof(*e));
     pthread_mutex_init(&e->hlock, NULL);
     pthread_condattr_t ca;

@@ -39,6 +39,7 @@
 #include "l2/adapters.h"
 #include "common/cfg.h"
 #include "l2/l2.h"
+#include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/s3/s3_int.h"
 #include "l2/s3/sigv4.h"
@@ -882,6 +883,9 @@ static void delete_all_indexed(kvt_l2 *l2, struct s3_engine *e)
              (unsigned long long)removed);
 }
 
+/* Not kvt_l2_life_stop's order: parked tasks fail, and objects are deleted
+ * (persist_enabled false) while the transfer threads still run, before
+ * kvt_s3_io_stop ends them. */
 static void s3_close(kvt_l2 *l2)
 {
     struct s3_engine *e = l2->engine;
@@ -1225,11 +1229,9 @@ static int s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
                    size_t errcap)
 {
     const struct kvt_s3_opts *o = opts;
-    int rc = kvt_l2_base_init(l2, &s3_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    int rc = kvt_l2_life_init(l2, &s3_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes, err, errcap);
+    if (rc)
         return rc;
-    }
     /* stores reserve on the submitting thread (store-ctrl, or the listing's
      * completion when parked tasks resume), where a batch of DELETEs must
      * not be waited for: over the cap is refused, the controller evicts */

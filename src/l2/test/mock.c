@@ -17,6 +17,7 @@
 #include "kvtier/error.h"
 #include "l2/adapters.h"
 #include "l2/l2.h"
+#include "l2/life.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -285,7 +286,7 @@ static void mock_status(kvt_l2 *l2, json_t *out)
 static void mock_close(kvt_l2 *l2)
 {
     struct mock_engine *m = l2->engine;
-    kvt_tpool_destroy(m->pool);
+    kvt_l2_life_stop(l2, &(struct kvt_l2_life){.pools = {m->pool}});
     for (uint32_t i = 0; i < m->nslots; i++)
         free(m->slots[i].data);
     free(m->slots);
@@ -329,11 +330,9 @@ static int mock_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
                      size_t errcap)
 {
     const struct kvt_mock_opts *o = opts;
-    int rc = kvt_l2_base_init(l2, &mock_ops, spec, KVT_CODEC_OBJ, o->max_size_bytes);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    int rc = kvt_l2_life_init(l2, &mock_ops, spec, KVT_CODEC_OBJ, o->max_size_bytes, err, errcap);
+    if (rc)
         return rc;
-    }
     struct mock_engine *m = kvt_xcalloc(1, sizeof(*m));
     pthread_mutex_init(&m->lock, NULL);
     m->bw = o->bandwidth_bytes_per_s;
