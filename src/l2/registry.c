@@ -10,137 +10,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int (*parse_fn)(struct kvt_cfg *c, void *opts);
-typedef int (*open_fn)(kvt_l2 *l2, const struct kvt_l2_spec *spec, void *opts, char *err,
-                       size_t errcap);
+/* The adapter types, one descriptor each (defined in the adapter's folder).
+ * The order is the one "known types" lists. */
+extern const struct kvt_l2_adapter_desc kvt_l2_fs_desc, kvt_l2_fs_native_desc, kvt_l2_mock_desc,
+    kvt_l2_nixl_dynamic_desc, kvt_l2_nixl_store_desc, kvt_l2_raw_block_desc, kvt_l2_dax_desc,
+    kvt_l2_resp_desc, kvt_l2_valkey_desc, kvt_l2_s3_desc, kvt_l2_mooncake_desc,
+    kvt_l2_fault_inject_desc;
 
-static int parse_fs(struct kvt_cfg *c, void *o)
-{
-    return kvt_fs_parse(c, o, false);
-}
-static int parse_fs_native(struct kvt_cfg *c, void *o)
-{
-    return kvt_fs_parse(c, o, true);
-}
-static int open_fs(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
-{
-    return kvt_fs_open(l2, s, o, err, cap);
-}
-static int parse_mock(struct kvt_cfg *c, void *o)
-{
-    return kvt_mock_parse(c, o);
-}
-static int open_mock(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
-{
-    return kvt_mock_open(l2, s, o, err, cap);
-}
-
-static int parse_nixl_dynamic(struct kvt_cfg *c, void *o)
-{
-    return kvt_nixl_parse(c, o, true);
-}
-static int open_nixl_dynamic(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err,
-                             size_t cap)
-{
-    return kvt_nixl_dynamic_open(l2, s, o, err, cap);
-}
-static int parse_nixl_store(struct kvt_cfg *c, void *o)
-{
-    return kvt_nixl_parse(c, o, false);
-}
-static int open_nixl_store(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err,
-                           size_t cap)
-{
-    return kvt_nixl_store_open(l2, s, o, err, cap);
-}
-
-static int parse_raw_block(struct kvt_cfg *c, void *o)
-{
-    return kvt_raw_block_parse(c, o);
-}
-static int open_raw_block(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
-{
-    return kvt_raw_block_open(l2, s, o, err, cap);
-}
-
-static int parse_dax(struct kvt_cfg *c, void *o)
-{
-    return kvt_dax_parse(c, o);
-}
-static int open_dax(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
-{
-    return kvt_dax_open(l2, s, o, err, cap);
-}
-
-static int parse_resp(struct kvt_cfg *c, void *o)
-{
-    return kvt_resp_parse(c, o, false);
-}
-static int parse_valkey(struct kvt_cfg *c, void *o)
-{
-    return kvt_resp_parse(c, o, true);
-}
-static int open_resp(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
-{
-    return kvt_resp_open(l2, s, o, err, cap);
-}
-
-static int parse_s3(struct kvt_cfg *c, void *o)
-{
-    return kvt_s3_parse(c, o);
-}
-static int open_s3(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
-{
-    return kvt_s3_open(l2, s, o, err, cap);
-}
-
-static int parse_mooncake(struct kvt_cfg *c, void *o)
-{
-    return kvt_mooncake_parse(c, o);
-}
-static int open_mooncake(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
-{
-    return kvt_mooncake_open(l2, s, o, err, cap);
-}
-
-static int parse_fault(struct kvt_cfg *c, void *o)
-{
-    return kvt_fault_parse(c, o);
-}
-static int open_fault(kvt_l2 *l2, const struct kvt_l2_spec *s, void *o, char *err, size_t cap)
-{
-    return kvt_fault_open(l2, s, o, err, cap);
-}
-
-union any_opts {
-    struct kvt_fs_opts fs;
-    struct kvt_mock_opts mock;
-    struct kvt_nixl_opts nixl;
-    struct kvt_raw_block_opts raw_block;
-    struct kvt_dax_opts dax;
-    struct kvt_resp_opts resp;
-    struct kvt_s3_opts s3;
-    struct kvt_mooncake_opts mooncake;
-    struct kvt_fault_opts fault;
-};
-
-static const struct type_ent {
-    const char *type;
-    parse_fn parse;
-    open_fn open;
-} types[] = {
-    {"fs", parse_fs, open_fs},
-    {"fs_native", parse_fs_native, open_fs},
-    {"mock", parse_mock, open_mock},
-    {"nixl_store_dynamic", parse_nixl_dynamic, open_nixl_dynamic},
-    {"nixl_store", parse_nixl_store, open_nixl_store},
-    {"raw_block", parse_raw_block, open_raw_block},
-    {"dax", parse_dax, open_dax},
-    {"resp", parse_resp, open_resp},
-    {"valkey", parse_valkey, open_resp},
-    {"s3", parse_s3, open_s3},
-    {"mooncake_store", parse_mooncake, open_mooncake},
-    {"fault_inject", parse_fault, open_fault},
+static const struct kvt_l2_adapter_desc *const types[] = {
+    &kvt_l2_fs_desc,           &kvt_l2_fs_native_desc,  &kvt_l2_mock_desc,
+    &kvt_l2_nixl_dynamic_desc, &kvt_l2_nixl_store_desc, &kvt_l2_raw_block_desc,
+    &kvt_l2_dax_desc,          &kvt_l2_resp_desc,       &kvt_l2_valkey_desc,
+    &kvt_l2_s3_desc,           &kvt_l2_mooncake_desc,   &kvt_l2_fault_inject_desc,
 };
 
 const char *kvt_l2_types(void)
@@ -149,16 +30,15 @@ const char *kvt_l2_types(void)
     if (!buf[0])
         for (size_t i = 0; i < KVT_ARRAY_LEN(types); i++) {
             size_t l = strlen(buf);
-            snprintf(buf + l, sizeof(buf) - l, "%s%s", i ? ", " : "", types[i].type);
+            snprintf(buf + l, sizeof(buf) - l, "%s%s", i ? ", " : "", types[i]->name);
         }
     return buf;
 }
 
-static const struct type_ent *find_type(const char *t)
+static const struct kvt_l2_adapter_desc *find_type(const char *t)
 {
     for (size_t i = 0; i < KVT_ARRAY_LEN(types); i++)
-        if (strcmp(types[i].type, t) == 0)
-            return &types[i];
+        if (strcmp(types[i]->name, t) == 0) return types[i];
     return NULL;
 }
 
@@ -171,6 +51,9 @@ void kvt_l2_spec_free(struct kvt_l2_spec *s)
     s->serde = NULL;
     json_decref(s->quotas);
     s->quotas = NULL;
+    if (s->opts && s->desc && s->desc->opts_free) s->desc->opts_free(s->opts);
+    free(s->opts);
+    s->opts = NULL;
 }
 
 /* Common keys: persist_enabled, eviction, serde. */
@@ -228,22 +111,25 @@ int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *
         json_decref(j);
         return KVT_E_CONFIG;
     }
-    const struct type_ent *te = find_type(json_string_value(ty));
+    const struct kvt_l2_adapter_desc *te = find_type(json_string_value(ty));
     if (!te) {
         snprintf(err, errcap, "--l2-adapter #%d: unknown type \"%s\" (known types: %s)", index,
                  json_string_value(ty), kvt_l2_types());
         json_decref(j);
         return KVT_E_CONFIG;
     }
-    snprintf(s->type, sizeof(s->type), "%s", te->type);
+    snprintf(s->type, sizeof(s->type), "%s", te->name);
     s->json = j;
     struct kvt_cfg c;
-    kvt_cfg_init(&c, j, index, te->type, err, errcap);
+    kvt_cfg_init(&c, j, index, te->name, err, errcap);
     kvt_cfg_ignore(&c, "type");
-    union any_opts o;
+    s->desc = te;
     parse_common(&c, s);
-    if (!c.rc)
-        te->parse(&c, &o);
+    if (!c.rc) {
+        /* kept in the spec for kvt_l2_open (strings point into s->json) */
+        s->opts = kvt_xcalloc(1, te->opts_size);
+        te->parse(&c, s->opts);
+    }
     if (!c.rc)
         kvt_cfg_finish(&c);
     /* a directory shared by several servers ("shared": fs, nixl_store_dynamic):
@@ -258,7 +144,7 @@ int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *
     int rc = c.rc;
     if (!rc) {
         s->resolved = json_object();
-        json_object_set_new(s->resolved, "type", json_string(te->type));
+        json_object_set_new(s->resolved, "type", json_string(te->name));
         json_object_update(s->resolved, c.resolved);
     }
     kvt_cfg_free(&c);
@@ -270,22 +156,10 @@ int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *
 
 int kvt_l2_open_into(const struct kvt_l2_spec *s, kvt_l2 *l2, char *err, size_t errcap)
 {
-    const struct type_ent *te = find_type(s->type);
-    if (!te)
-        return KVT_E_CONFIG;
-    struct kvt_cfg c;
-    char perr[512];
-    kvt_cfg_init(&c, s->json, s->index, te->type, perr, sizeof(perr));
-    union any_opts o;
-    int rc = te->parse(&c, &o); /* strings in o point into s->json: keep c until open */
-    if (rc) {
-        snprintf(err, errcap, "%s", perr);
-        kvt_cfg_free(&c);
-        return rc;
-    }
+    const struct kvt_l2_adapter_desc *te = s->desc;
+    if (!te || !s->opts) return KVT_E_CONFIG;
     char oerr[512] = "";
-    rc = te->open(l2, s, &o, oerr, sizeof(oerr));
-    kvt_cfg_free(&c);
+    int rc = te->open(l2, s, s->opts, oerr, sizeof(oerr));
     if (rc) {
         if (s->origin[0])
             snprintf(err, errcap, "%s: %s", s->origin, oerr);

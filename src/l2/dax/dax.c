@@ -41,6 +41,7 @@
 #include "kvtier/error.h"
 #include "l2/adapters.h"
 #include "l2/engine.h"
+#include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/kit/slot.h"
 
@@ -525,13 +526,13 @@ static void engine_free(struct dax_engine *e)
 static void dax_close(kvt_l2 *l2)
 {
     struct dax_engine *e = l2->engine;
-    atomic_store(&e->stop, true);
-    if (e->scan_started)
-        pthread_join(e->scan_thr, NULL);
-    kvt_l2_park_release(&e->park, e->spool);
-    kvt_l2_drain_wait(&e->drain);
-    kvt_tpool_destroy(e->spool);
-    kvt_tpool_destroy(e->lpool);
+    kvt_l2_life_stop(l2, &(struct kvt_l2_life){.stop_flag = &e->stop,
+                                               .thread = &e->scan_thr,
+                                               .thread_started = &e->scan_started,
+                                               .park = &e->park,
+                                               .park_pool = e->spool,
+                                               .drain = &e->drain,
+                                               .pools = {e->spool, e->lpool}});
     if (!l2->persist_enabled) {
         for (uint32_t s = 0; s < e->nslots; s++)
             hdr_wipe(e, s); /* synced below, once */
@@ -551,8 +552,16 @@ static const struct kvt_l2_ops dax_ops = {
 
 /* ------------------------------------------------------ configuration */
 
-int kvt_dax_parse(struct kvt_cfg *c, struct kvt_dax_opts *o)
+struct kvt_dax_opts {
+    const char *device_path;
+    uint64_t size_bytes, slot_bytes;
+    int num_store_workers, num_lookup_workers, num_load_workers;
+    bool durable;
+};
+
+static int dax_parse(struct kvt_cfg *c, void *opts)
 {
+    struct kvt_dax_opts *o = opts;
     memset(o, 0, sizeof(*o));
     kvt_cfg_str(c, "device_path", true, NULL, &o->device_path);
     if (!c->rc && !o->device_path[0])
@@ -584,9 +593,10 @@ int kvt_dax_parse(struct kvt_cfg *c, struct kvt_dax_opts *o)
     return 0;
 }
 
-int kvt_dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_dax_opts *o,
-                 char *err, size_t errcap)
+static int dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                    size_t errcap)
 {
+    const struct kvt_dax_opts *o = opts;
     struct dax_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->fd = -1;
     pthread_mutex_init(&e->lock, NULL);
@@ -662,11 +672,10 @@ int kvt_dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_da
     e->freev = kvt_xcalloc(e->nslots, sizeof(uint32_t));
     e->readers = kvt_xcalloc(e->nslots, sizeof(uint16_t));
     e->zombie = kvt_xcalloc(e->nslots, 1);
-    rc = kvt_l2_base_init(l2, &dax_ops, spec, KVT_CODEC_OBJ, (uint64_t)e->nslots * e->slot_bytes);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    rc = kvt_l2_life_init(l2, &dax_ops, spec, KVT_CODEC_OBJ, (uint64_t)e->nslots * e->slot_bytes,
+                          err, errcap);
+    if (rc)
         goto fail;
-    }
     l2->engine = e;
     geom_check(l2, e); /* before the scan reads a header */
     char nm[16];
@@ -700,3 +709,10 @@ fail:
     engine_free(e);
     return rc ? rc : KVT_E_CONFIG;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_dax_desc = {
+    .name = "dax",
+    .opts_size = sizeof(struct kvt_dax_opts),
+    .parse = dax_parse,
+    .open = dax_open,
+};

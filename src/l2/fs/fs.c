@@ -36,6 +36,7 @@
 #include "common/cfg.h"
 #include "l2/kit/fileobj.h"
 #include "l2/engine.h"
+#include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/kit/scanq.h"
 #include "l2/kit/dirlock.h"
@@ -566,10 +567,12 @@ static bool fs_healthy(kvt_l2 *l2, char *msg, size_t cap)
 static void fs_close(kvt_l2 *l2)
 {
     struct fs_engine *e = l2->engine;
-    atomic_store(&e->stop, true);
-    if (e->scan_started)
-        pthread_join(e->scan_thr, NULL);
-    kvt_tpool_destroy(e->pool); /* runs what is queued: pending writes drain */
+    /* no drain count: the pool runs what is queued, pending writes drain;
+     * parked stores are released by the scan itself */
+    kvt_l2_life_stop(l2, &(struct kvt_l2_life){.stop_flag = &e->stop,
+                                               .thread = &e->scan_thr,
+                                               .thread_started = &e->scan_started,
+                                               .pools = {e->pool}});
     if (!l2->persist_enabled)
         kvt_fileobj_remove_indexed(l2);
     sweep_tmp(e, e->tmpfd, true); /* tmp leftovers: ours always, others by the guard */
@@ -611,7 +614,19 @@ static int open_dir(const char *path, int *out, char *err, size_t errcap, const 
     return 0;
 }
 
-int kvt_fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native)
+struct kvt_fs_opts {
+    const char *base_path;
+    const char *relative_tmp_dir;
+    uint64_t read_ahead_size;
+    bool use_odirect;
+    int num_workers;
+    uint64_t max_capacity_bytes;
+    bool durable;
+    bool native; /* fs_native: O_DIRECT on a misaligned buffer is an error */
+    bool shared; /* "shared": other servers use base_path too (l2/kit/dirlock.h) */
+};
+
+static int fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native)
 {
     memset(o, 0, sizeof(*o));
     kvt_cfg_str(c, "base_path", true, NULL, &o->base_path);
@@ -643,14 +658,23 @@ int kvt_fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native)
     return 0;
 }
 
-int kvt_fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_fs_opts *o,
-                char *err, size_t errcap)
+static int fs_parse_plain(struct kvt_cfg *c, void *o)
 {
-    int rc = kvt_l2_base_init(l2, &fs_ops, spec, KVT_CODEC_FS, o->max_capacity_bytes);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    return fs_parse(c, o, false);
+}
+
+static int fs_parse_native(struct kvt_cfg *c, void *o)
+{
+    return fs_parse(c, o, true);
+}
+
+static int fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                   size_t errcap)
+{
+    const struct kvt_fs_opts *o = opts;
+    int rc = kvt_l2_life_init(l2, &fs_ops, spec, KVT_CODEC_FS, o->max_capacity_bytes, err, errcap);
+    if (rc)
         return rc;
-    }
     struct fs_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->dirfd = e->tmpfd = e->lockfd = -1;
     kvt_l2_park_init(&e->park);
@@ -732,3 +756,18 @@ fail:
     kvt_l2_base_destroy(l2);
     return rc ? rc : KVT_E_CONFIG;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_fs_desc = {
+    .name = "fs",
+    .opts_size = sizeof(struct kvt_fs_opts),
+    .parse = fs_parse_plain,
+    .open = fs_open,
+};
+
+/* fs_native: O_DIRECT on a misaligned buffer is an error */
+const struct kvt_l2_adapter_desc kvt_l2_fs_native_desc = {
+    .name = "fs_native",
+    .opts_size = sizeof(struct kvt_fs_opts),
+    .parse = fs_parse_native,
+    .open = fs_open,
+};

@@ -48,10 +48,12 @@
 #include "common/cfg.h"
 #include "l2/kit/fileobj.h"
 #include "l2/engine.h"
+#include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/kit/scanq.h"
 #include "l2/kit/dirlock.h"
 #include "l2/kit/tmpguard.h"
+#include "l2/nixl/nixl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -739,14 +741,16 @@ static void engine_free(struct nd_engine *e)
 static void nd_close(kvt_l2 *l2)
 {
     struct nd_engine *e = l2->engine;
-    atomic_store(&e->stop, true);
-    if (e->scan_started)
-        pthread_join(e->scan_thr, NULL);
-    /* parked stores are released, then every live batch drains: both pools
-     * keep running until nothing can push to the other any more */
-    kvt_l2_park_release(&e->park, e->meta);
-    kvt_l2_drain_wait(&e->drain);
-    kvt_tpool_destroy(e->meta);
+    /* parked stores are released, then every live batch drains: the pool
+     * and the io engine keep running until nothing can push to the other
+     * any more */
+    kvt_l2_life_stop(l2, &(struct kvt_l2_life){.stop_flag = &e->stop,
+                                               .thread = &e->scan_thr,
+                                               .thread_started = &e->scan_started,
+                                               .park = &e->park,
+                                               .park_pool = e->meta,
+                                               .drain = &e->drain,
+                                               .pools = {e->meta}});
     kvt_ioeng_destroy(e->io);
     if (!l2->persist_enabled)
         kvt_fileobj_remove_indexed(l2);
@@ -877,14 +881,19 @@ int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic)
 
 /* ---------------------------------------------------------- creation */
 
-int kvt_nixl_dynamic_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
-                          const struct kvt_nixl_opts *o, char *err, size_t errcap)
+static int nd_parse(struct kvt_cfg *c, void *o)
 {
-    int rc = kvt_l2_base_init(l2, &nd_ops, spec, KVT_CODEC_NIXL, o->max_capacity_bytes);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    return kvt_nixl_parse(c, o, true);
+}
+
+static int nd_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                   size_t errcap)
+{
+    const struct kvt_nixl_opts *o = opts;
+    int rc =
+        kvt_l2_life_init(l2, &nd_ops, spec, KVT_CODEC_NIXL, o->max_capacity_bytes, err, errcap);
+    if (rc)
         return rc;
-    }
     struct nd_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->dirfd = e->lockfd = -1;
     kvt_l2_park_init(&e->park);
@@ -962,3 +971,10 @@ fail:
     kvt_l2_base_destroy(l2);
     return rc ? rc : KVT_E_CONFIG;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_nixl_dynamic_desc = {
+    .name = "nixl_store_dynamic",
+    .opts_size = sizeof(struct kvt_nixl_opts),
+    .parse = nd_parse,
+    .open = nd_open,
+};

@@ -38,7 +38,9 @@
 #include "l2/adapters.h"
 #include "l2/kit/fileobj.h"
 #include "l2/engine.h"
+#include "l2/life.h"
 #include "l2/kit/objfmt.h"
+#include "l2/nixl/nixl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -682,8 +684,8 @@ static void engine_free(struct ns_engine *e)
 static void ns_close(kvt_l2 *l2)
 {
     struct ns_engine *e = l2->engine;
-    kvt_l2_drain_wait(&e->drain);
-    kvt_tpool_destroy(e->work);
+    /* no engine thread and no parking: the drain, then the pool */
+    kvt_l2_life_stop(l2, &(struct kvt_l2_life){.drain = &e->drain, .pools = {e->work}});
     kvt_ioeng_destroy(e->io);
     engine_free(e);
     l2->engine = NULL;
@@ -742,9 +744,15 @@ static int open_pool_file(kvt_l2 *l2, struct ns_engine *e, uint32_t i, uint64_t 
     return 0;
 }
 
-int kvt_nixl_store_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_nixl_opts *o,
-                        char *err, size_t errcap)
+static int ns_parse(struct kvt_cfg *c, void *o)
 {
+    return kvt_nixl_parse(c, o, false);
+}
+
+static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                   size_t errcap)
+{
+    const struct kvt_nixl_opts *o = opts;
     uint64_t ppf = o->file_size / o->page_size;
     uint64_t pages = ppf * o->pool_size;
     if (ppf < 2 || pages > UINT32_MAX - 1) {
@@ -754,11 +762,9 @@ int kvt_nixl_store_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct
                  o->pool_size, (unsigned long long)ppf, o->page_size);
         return KVT_E_CONFIG;
     }
-    int rc = kvt_l2_base_init(l2, &ns_ops, spec, KVT_CODEC_OBJ, pages * o->page_size);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    int rc = kvt_l2_life_init(l2, &ns_ops, spec, KVT_CODEC_OBJ, pages * o->page_size, err, errcap);
+    if (rc)
         return rc;
-    }
     l2->persist_enabled = false; /* volatile index, see the top comment */
     struct ns_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->dirfd = -1;
@@ -831,3 +837,10 @@ fail:
     kvt_l2_base_destroy(l2);
     return rc ? rc : KVT_E_CONFIG;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_nixl_store_desc = {
+    .name = "nixl_store",
+    .opts_size = sizeof(struct kvt_nixl_opts),
+    .parse = ns_parse,
+    .open = ns_open,
+};

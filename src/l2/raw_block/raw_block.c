@@ -48,6 +48,7 @@
 #include "kvtier/error.h"
 #include "l2/adapters.h"
 #include "l2/engine.h"
+#include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/raw_block/raw_block.h"
 #include "l2/raw_block/raw_block_int.h"
@@ -785,13 +786,14 @@ static void engine_free(struct rb_engine *e)
 static void rb_close(kvt_l2 *l2)
 {
     struct rb_engine *e = l2->engine;
-    atomic_store(&e->stop, true);
-    if (e->rec_started)
-        pthread_join(e->rec_thr, NULL);
-    kvt_l2_park_release(&e->park, e->spool);
-    kvt_l2_drain_wait(&e->drain);
-    kvt_tpool_destroy(e->spool);
-    kvt_tpool_destroy(e->lpool);
+    kvt_l2_life_stop(l2, &(struct kvt_l2_life){.stop_flag = &e->stop,
+                                               .thread = &e->rec_thr,
+                                               .thread_started = &e->rec_started,
+                                               .park = &e->park,
+                                               .park_pool = e->spool,
+                                               .drain = &e->drain,
+                                               .pools = {e->spool, e->lpool}});
+    /* then raw_block's own: the journal, the final checkpoint, the device */
     rb_journal_drain(e);
     if (e->ckpt_started) { /* takes the final checkpoint */
         pthread_mutex_lock(&e->jlock);
@@ -911,9 +913,10 @@ static int format_fresh(struct rb_engine *e)
     return 0;
 }
 
-int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
-                       const struct kvt_raw_block_opts *o, char *err, size_t errcap)
+static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                   size_t errcap)
 {
+    const struct kvt_raw_block_opts *o = opts;
     struct rb_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->fd = -1;
     pthread_mutex_init(&e->jlock, NULL);
@@ -1012,11 +1015,10 @@ int kvt_raw_block_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
         }
     }
     e->last_ckpt_ns = e->last_change_ns = kvt_now_ns();
-    rc = kvt_l2_base_init(l2, &rb_ops, spec, KVT_CODEC_OBJ, (uint64_t)e->g.nslots * e->g.slot_bytes);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    rc = kvt_l2_life_init(l2, &rb_ops, spec, KVT_CODEC_OBJ, (uint64_t)e->g.nslots * e->g.slot_bytes,
+                          err, errcap);
+    if (rc)
         goto fail;
-    }
     l2->engine = e;
     char nm[16];
     snprintf(nm, sizeof(nm), "rbio%d", spec->index);
@@ -1079,3 +1081,10 @@ fail:
     engine_free(e);
     return rc ? rc : KVT_E_CONFIG;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_raw_block_desc = {
+    .name = "raw_block",
+    .opts_size = sizeof(struct kvt_raw_block_opts),
+    .parse = kvt_raw_block_parse,
+    .open = rb_open,
+};

@@ -39,6 +39,21 @@
 #include "key/key.h"
 #include "l2/kit/slot.h"
 
+struct kvt_cfg;
+
+/* raw_block's options (raw_block_cfg.c parses them, raw_block.c opens) */
+struct kvt_raw_block_opts {
+    const char *device_path;
+    uint64_t slot_bytes, capacity_bytes, meta_total_bytes, max_xfer;
+    uint32_t block_align, header_bytes, meta_version;
+    const char *meta_magic;
+    uint32_t ckpt_interval_s, idle_quiet_ms;
+    bool use_odirect, periodic, load_checkpoint, verify_on_load, zero_copy, durable;
+    int io_engine, queue_depth;
+    int num_store_workers, num_lookup_workers, num_load_workers;
+};
+int kvt_raw_block_parse(struct kvt_cfg *c, void *opts);
+
 #define RB_JBLK_MAGIC "KVTRBJL1"
 #define RB_CKPT_FORMAT "KVTRBCP1"
 #define RB_JBLK_HDR 64u

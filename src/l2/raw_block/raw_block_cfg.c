@@ -9,8 +9,9 @@
 #include <stdio.h>
 #include <string.h>
 
-int kvt_raw_block_parse(struct kvt_cfg *c, struct kvt_raw_block_opts *o)
+int kvt_raw_block_parse(struct kvt_cfg *c, void *opts)
 {
+    struct kvt_raw_block_opts *o = opts;
     memset(o, 0, sizeof(*o));
     bool pe = true;
     kvt_cfg_bool(c, "persist_enabled", true, &pe);

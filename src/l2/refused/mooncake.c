@@ -18,8 +18,14 @@
 #include <stdio.h>
 #include <string.h>
 
-int kvt_mooncake_parse(struct kvt_cfg *c, struct kvt_mooncake_opts *o)
+struct kvt_mooncake_opts {
+    int num_workers;
+    int per_op_workers[4]; /* lookup, retrieve, store, delete; 0 = shared pool */
+};
+
+static int mooncake_parse(struct kvt_cfg *c, void *opts)
 {
+    struct kvt_mooncake_opts *o = opts;
     memset(o, 0, sizeof(*o));
     int64_t nw = 4;
     kvt_cfg_int(c, "num_workers", false, 4, 1, 1024, &nw);
@@ -55,8 +61,8 @@ int kvt_mooncake_parse(struct kvt_cfg *c, struct kvt_mooncake_opts *o)
                                "\"resp\"/\"valkey\" or \"s3\"");
 }
 
-int kvt_mooncake_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
-                      const struct kvt_mooncake_opts *o, char *err, size_t errcap)
+static int mooncake_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *o, char *err,
+                         size_t errcap)
 {
     (void)l2;
     (void)spec;
@@ -64,3 +70,10 @@ int kvt_mooncake_open(kvt_l2 *l2, const struct kvt_l2_spec *spec,
     snprintf(err, errcap, "no Mooncake client library in this build");
     return KVT_E_UNSUPPORTED;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_mooncake_desc = {
+    .name = "mooncake_store",
+    .opts_size = sizeof(struct kvt_mooncake_opts),
+    .parse = mooncake_parse,
+    .open = mooncake_open,
+};

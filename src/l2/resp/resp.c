@@ -51,6 +51,7 @@
 #include "l2/adapters.h"
 #include "common/cfg.h"
 #include "l2/engine.h"
+#include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/resp/resp_int.h"
 
@@ -911,17 +912,31 @@ static void delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
              (unsigned long long)removed);
 }
 
-static void resp_close(kvt_l2 *l2)
+/* the monitor waits on hcond: stop is set under its lock (not an atomic) */
+static void resp_stop(kvt_l2 *l2)
 {
     struct resp_engine *e = l2->engine;
     pthread_mutex_lock(&e->hlock);
     e->stop = true;
     pthread_cond_broadcast(&e->hcond);
     pthread_mutex_unlock(&e->hlock);
-    if (e->mon_started)
-        pthread_join(e->mon, NULL);
-    kvt_resp_fail_parked(l2, e, true);
-    kvt_tpool_destroy(e->pool); /* runs what is queued */
+}
+
+/* parked tasks fail (the server is down or closing), not resumed */
+static void resp_release(kvt_l2 *l2)
+{
+    kvt_resp_fail_parked(l2, l2->engine, true);
+}
+
+static void resp_close(kvt_l2 *l2)
+{
+    struct resp_engine *e = l2->engine;
+    /* the pool runs what is queued */
+    kvt_l2_life_stop(l2, &(struct kvt_l2_life){.stop_fn = resp_stop,
+                                               .thread = &e->mon,
+                                               .thread_started = &e->mon_started,
+                                               .release_fn = resp_release,
+                                               .pools = {e->pool}});
     if (!l2->persist_enabled)
         delete_all_indexed(l2, e);
     kvt_resp_conn_close(&e->ctl);
@@ -944,6 +959,18 @@ static const struct kvt_l2_ops resp_ops = {
 };
 
 /* ---------------------------------------------------------- creation */
+
+struct kvt_resp_opts {
+    const char *host; /* points into the JSON, or at node_host */
+    int port;
+    char node_host[256]; /* first startup_nodes entry */
+    int nnodes;
+    const char *username, *password, *key_prefix;
+    int num_workers;
+    double connection_timeout, request_timeout; /* seconds */
+    int database_id;
+    uint64_t max_capacity_bytes;
+};
 
 /* First "host:port" of a "h:p,h:p" list; fails naming the bad entry. */
 static int parse_nodes(struct kvt_cfg *c, const char *list, struct kvt_resp_opts *o)
@@ -989,7 +1016,7 @@ static int parse_nodes(struct kvt_cfg *c, const char *list, struct kvt_resp_opts
     return 0;
 }
 
-int kvt_resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
+static int resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
 {
     memset(o, 0, sizeof(*o));
     const char *nodes = NULL;
@@ -1066,14 +1093,24 @@ static struct timeval tv_of(double s)
     return tv;
 }
 
-int kvt_resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_resp_opts *o,
-                  char *err, size_t errcap)
+static int resp_parse_resp(struct kvt_cfg *c, void *o)
 {
-    int rc = kvt_l2_base_init(l2, &resp_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    return resp_parse(c, o, false);
+}
+
+static int resp_parse_valkey(struct kvt_cfg *c, void *o)
+{
+    return resp_parse(c, o, true);
+}
+
+static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                     size_t errcap)
+{
+    const struct kvt_resp_opts *o = opts;
+    int rc =
+        kvt_l2_life_init(l2, &resp_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes, err, errcap);
+    if (rc)
         return rc;
-    }
     struct resp_engine *e = kvt_xcalloc(1, sizeof(*e));
     pthread_mutex_init(&e->hlock, NULL);
     pthread_condattr_t ca;
@@ -1153,3 +1190,18 @@ fail:
     kvt_l2_base_destroy(l2);
     return rc;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_resp_desc = {
+    .name = "resp",
+    .opts_size = sizeof(struct kvt_resp_opts),
+    .parse = resp_parse_resp,
+    .open = resp_open,
+};
+
+/* valkey: resp with Valkey's defaults */
+const struct kvt_l2_adapter_desc kvt_l2_valkey_desc = {
+    .name = "valkey",
+    .opts_size = sizeof(struct kvt_resp_opts),
+    .parse = resp_parse_valkey,
+    .open = resp_open,
+};

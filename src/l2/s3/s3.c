@@ -39,6 +39,7 @@
 #include "l2/adapters.h"
 #include "common/cfg.h"
 #include "l2/engine.h"
+#include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/s3/s3_int.h"
 #include "l2/s3/sigv4.h"
@@ -882,6 +883,9 @@ static void delete_all_indexed(kvt_l2 *l2, struct s3_engine *e)
              (unsigned long long)removed);
 }
 
+/* Not kvt_l2_life_stop's order: parked tasks fail, and objects are deleted
+ * (persist_enabled false) while the transfer threads still run, before
+ * kvt_s3_io_stop ends them. */
 static void s3_close(kvt_l2 *l2)
 {
     struct s3_engine *e = l2->engine;
@@ -933,6 +937,19 @@ static bool bucket_name_ok(const char *b)
             return false;
     return true;
 }
+
+struct kvt_s3_opts {
+    const char *endpoint, *region, *bucket_opt, *addressing, *key_prefix;
+    const char *key_id, *secret, *token; /* NULL: environment or credentials file */
+    int num_io_threads;                  /* concurrent transfers */
+    bool prefer_http2, disable_tls;
+    double connection_timeout, request_timeout; /* seconds */
+    int breaker_threshold;
+    uint64_t max_capacity_bytes;
+    /* resolved from the above */
+    char scheme[8], host[400], bucket[128];
+    bool path_style;
+};
 
 /*
  * Where the bucket lives, from s3_endpoint (+ s3_bucket, s3_addressing):
@@ -1031,8 +1048,9 @@ static int check_prefix(struct kvt_cfg *c, const char *p)
 
 static int load_creds(const struct kvt_s3_opts *o, struct s3_creds *c, char *err, size_t cap);
 
-int kvt_s3_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
+static int s3_parse(struct kvt_cfg *c, void *opts)
 {
+    struct kvt_s3_opts *o = opts;
     memset(o, 0, sizeof(*o));
     static const char *const addrs[] = {"path", "virtual", NULL};
     int64_t nio = 64, thr = 3;
@@ -1207,14 +1225,13 @@ static int load_creds(const struct kvt_s3_opts *o, struct s3_creds *c, char *err
     return KVT_E_CONFIG;
 }
 
-int kvt_s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_s3_opts *o,
-                char *err, size_t errcap)
+static int s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                   size_t errcap)
 {
-    int rc = kvt_l2_base_init(l2, &s3_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    const struct kvt_s3_opts *o = opts;
+    int rc = kvt_l2_life_init(l2, &s3_ops, spec, KVT_CODEC_OBJ, o->max_capacity_bytes, err, errcap);
+    if (rc)
         return rc;
-    }
     /* stores reserve on the submitting thread (store-ctrl, or the listing's
      * completion when parked tasks resume), where a batch of DELETEs must
      * not be waited for: over the cap is refused, the controller evicts */
@@ -1263,3 +1280,10 @@ fail:
     kvt_l2_base_destroy(l2);
     return rc;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_s3_desc = {
+    .name = "s3",
+    .opts_size = sizeof(struct kvt_s3_opts),
+    .parse = s3_parse,
+    .open = s3_open,
+};

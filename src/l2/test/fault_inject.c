@@ -30,9 +30,16 @@
 #include <xxhash.h>
 
 #define MAX_GAPS 64 /* the lengths of kvt_fault_opts.gaps and .ratios */
-_Static_assert(sizeof(((struct kvt_fault_opts *)0)->gaps) / sizeof(uint32_t) == MAX_GAPS &&
-                   sizeof(((struct kvt_fault_opts *)0)->ratios) / sizeof(double) == MAX_GAPS,
-               "gap list lengths");
+
+struct kvt_fault_opts {
+    struct kvt_l2_spec *inner; /* the wrapped adapter's spec, parsed once (owned) */
+    double rate;
+    uint64_t seed;
+    uint32_t gaps[MAX_GAPS];
+    int ngaps;
+    double ratios[MAX_GAPS];
+    int nratios;
+};
 
 struct fault {
     struct kvt_fault_opts o; /* as parsed; o.inner is not used after open */
@@ -92,8 +99,9 @@ static int num_list(struct kvt_cfg *c, const char *key, double *out, int max, do
     return (int)json_array_size(v);
 }
 
-int kvt_fault_parse(struct kvt_cfg *c, struct kvt_fault_opts *o)
+static int fault_parse(struct kvt_cfg *c, void *opts)
 {
+    struct kvt_fault_opts *o = opts;
     memset(o, 0, sizeof(*o));
     const json_t *inner = kvt_cfg_raw(c, "inner");
     if (!inner || !json_is_object(inner))
@@ -103,17 +111,17 @@ int kvt_fault_parse(struct kvt_cfg *c, struct kvt_fault_opts *o)
         return kvt_cfg_fail(c, "inner", "cannot itself be a fault_inject adapter");
     char *text = json_dumps(inner, JSON_COMPACT);
     char err[512];
-    struct kvt_l2_spec spec;
-    int rc = kvt_l2_spec_parse(text, c->index, &spec, err, sizeof(err));
+    struct kvt_l2_spec *spec = kvt_xcalloc(1, sizeof(*spec));
+    int rc = kvt_l2_spec_parse(text, c->index, spec, err, sizeof(err));
     free(text);
     if (rc) {
+        free(spec);
         kvt_cfg_fail(c, "inner", "is invalid: %s", err);
         c->rc = rc;
         return rc;
     }
-    json_object_set(c->resolved, "inner", spec.resolved);
-    kvt_l2_spec_free(&spec);
-    o->inner = inner;
+    json_object_set(c->resolved, "inner", spec->resolved);
+    o->inner = spec; /* kept for open: the inner spec is not parsed again */
     kvt_cfg_num(c, "rate", false, 0.0, 0.0, 1.0, &o->rate);
     int64_t seed = 0;
     kvt_cfg_int(c, "seed", false, 0, INT64_MIN, INT64_MAX, &seed);
@@ -154,19 +162,27 @@ static const struct kvt_l2_filter_ops fault_filter = {
     .status = fault_status,
 };
 
-int kvt_fault_open(kvt_l2 *l2, const struct kvt_l2_spec *outer, const struct kvt_fault_opts *o,
-                   char *err, size_t errcap)
+static void fault_opts_free(void *opts)
 {
-    char *text = json_dumps(o->inner, JSON_COMPACT);
-    struct kvt_l2_spec spec;
-    int rc = kvt_l2_spec_parse(text, outer->index, &spec, err, errcap);
-    free(text);
-    if (rc)
-        return rc;
+    struct kvt_fault_opts *o = opts;
+    if (o->inner) {
+        kvt_l2_spec_free(o->inner);
+        free(o->inner);
+        o->inner = NULL;
+    }
+}
+
+static int fault_open(kvt_l2 *l2, const struct kvt_l2_spec *outer, const void *opts, char *err,
+                      size_t errcap)
+{
+    const struct kvt_fault_opts *o = opts;
+    (void)outer;
+    /* a shallow copy: the parsed inner spec stays the options' (its owned
+     * parts are only read while opening) */
+    struct kvt_l2_spec spec = *o->inner;
     /* named before its threads start: they log the name */
     snprintf(spec.name_prefix, sizeof(spec.name_prefix), "fault_inject(%.20s)", spec.type);
-    rc = kvt_l2_open_into(&spec, l2, err, errcap);
-    kvt_l2_spec_free(&spec);
+    int rc = kvt_l2_open_into(&spec, l2, err, errcap);
     if (rc)
         return rc;
     struct fault *f = kvt_xcalloc(1, sizeof(*f));
@@ -185,3 +201,10 @@ int kvt_fault_open(kvt_l2 *l2, const struct kvt_l2_spec *outer, const struct kvt
     return 0;
 }
 
+const struct kvt_l2_adapter_desc kvt_l2_fault_inject_desc = {
+    .name = "fault_inject",
+    .opts_size = sizeof(struct kvt_fault_opts),
+    .parse = fault_parse,
+    .open = fault_open,
+    .opts_free = fault_opts_free,
+};

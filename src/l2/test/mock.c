@@ -17,6 +17,7 @@
 #include "kvtier/error.h"
 #include "l2/adapters.h"
 #include "l2/engine.h"
+#include "l2/life.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -285,7 +286,7 @@ static void mock_status(kvt_l2 *l2, json_t *out)
 static void mock_close(kvt_l2 *l2)
 {
     struct mock_engine *m = l2->engine;
-    kvt_tpool_destroy(m->pool);
+    kvt_l2_life_stop(l2, &(struct kvt_l2_life){.pools = {m->pool}});
     for (uint32_t i = 0; i < m->nslots; i++)
         free(m->slots[i].data);
     free(m->slots);
@@ -303,8 +304,14 @@ static const struct kvt_l2_ops mock_ops = {
     .close = mock_close,
 };
 
-int kvt_mock_parse(struct kvt_cfg *c, struct kvt_mock_opts *o)
+struct kvt_mock_opts {
+    uint64_t max_size_bytes;
+    double bandwidth_bytes_per_s;
+};
+
+static int mock_parse(struct kvt_cfg *c, void *opts)
 {
+    struct kvt_mock_opts *o = opts;
     double size = 0, bw = 0;
     kvt_cfg_num(c, "max_size_gb", true, 0, 0, 1e9, &size);
     kvt_cfg_num(c, "mock_bandwidth_gb", true, 0, 0, 1e9, &bw);
@@ -319,14 +326,13 @@ int kvt_mock_parse(struct kvt_cfg *c, struct kvt_mock_opts *o)
     return 0;
 }
 
-int kvt_mock_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_mock_opts *o,
-                  char *err, size_t errcap)
+static int mock_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                     size_t errcap)
 {
-    int rc = kvt_l2_base_init(l2, &mock_ops, spec, KVT_CODEC_OBJ, o->max_size_bytes);
-    if (rc) {
-        snprintf(err, errcap, "adapter setup failed: %s", kvt_strerror(rc));
+    const struct kvt_mock_opts *o = opts;
+    int rc = kvt_l2_life_init(l2, &mock_ops, spec, KVT_CODEC_OBJ, o->max_size_bytes, err, errcap);
+    if (rc)
         return rc;
-    }
     struct mock_engine *m = kvt_xcalloc(1, sizeof(*m));
     pthread_mutex_init(&m->lock, NULL);
     m->bw = o->bandwidth_bytes_per_s;
@@ -341,3 +347,10 @@ int kvt_mock_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const struct kvt_m
     }
     return 0;
 }
+
+const struct kvt_l2_adapter_desc kvt_l2_mock_desc = {
+    .name = "mock",
+    .opts_size = sizeof(struct kvt_mock_opts),
+    .parse = mock_parse,
+    .open = mock_open,
+};
