@@ -19,10 +19,13 @@
  * A completed task is put on the kind's done queue under l2->lock, then the
  * eventfd is written; one wake may cover several completions.
  *
- * The base (this file, l2.c) owns what every adapter shares: the object index
- * (key -> sizes, pins, state), byte accounting with a hard cap, per-namespace
- * usage, counters, the eviction-policy hooks, recovery bookkeeping and the
- * done queues. An engine implements struct kvt_l2_ops.
+ * The base (the .c files of src/l2: base_int.h lists them) owns what every
+ * adapter shares: the object index (key -> sizes, pins, state), byte
+ * accounting with a hard cap, per-namespace usage, counters, the
+ * eviction-policy hooks, recovery bookkeeping and the done queues. An engine
+ * implements struct kvt_l2_ops (l2/engine.h). Outside src/l2, kvt_l2 is an
+ * opaque handle: this header (the contract, accessors, stats) and
+ * l2/evict.h are all code above L2 sees.
  *
  * Engine convention for lengths (a serde stage may sit in front of the
  * engine, so stored bytes and logical bytes differ; see serde/serde.h:

@@ -18,10 +18,11 @@
  *  1. The chain (chain.c and one .c per serde): pure functions from bytes to
  *     bytes, configured once, immutable and shared by every thread after
  *     creation. Per-thread scratch lives in a kvt_serde_wctx.
- *  2. The stage (stage.c): the glue that the L2 base (l2.c) calls so that
- *     any engine that follows the "engine convention for lengths" (l2.h)
- *     carries a chain without knowing it. It owns a bounded worker pool
- *     (max_workers threads); no serde work runs on the submitting thread.
+ *  2. The stage (src/l2/stage.c, part of the L2 base: a filter on the task
+ *     path) runs a chain so that any engine that follows the "engine
+ *     convention for lengths" (l2/engine.h) carries it without knowing it.
+ *     It owns a bounded worker pool (max_workers threads); no serde work
+ *     runs on the submitting thread.
  *
  * Errors: 0 or -errno / KVT_E_* (kvtier/error.h). Decoding a damaged,
  * foreign or tampered object returns KVT_E_CORRUPT and names the reason in
