@@ -621,7 +621,7 @@ static int dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts
     e->fd = open(e->path, O_RDWR | O_CLOEXEC | (e->chardev ? 0 : O_CREAT), 0644);
     if (e->fd < 0) {
         rc = -errno;
-        snprintf(err, errcap, "cannot open device_path %s: %s", e->path, strerror(errno));
+        snprintf(err, errcap, "cannot open device_path %s: %s", e->path, kvt_strerror(-errno));
         goto fail;
     }
     if (flock(e->fd, LOCK_EX | LOCK_NB) < 0) {
@@ -640,7 +640,7 @@ static int dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts
             if (r) {
                 rc = -r;
                 snprintf(err, errcap, "cannot size %s to %llu bytes: %s", e->path,
-                         (unsigned long long)e->map_bytes, strerror(r));
+                         (unsigned long long)e->map_bytes, kvt_strerror(-r));
                 goto fail;
             }
         }
@@ -649,7 +649,7 @@ static int dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts
     if (e->map == MAP_FAILED) {
         rc = -errno;
         snprintf(err, errcap, "cannot map %llu bytes of %s: %s%s", (unsigned long long)e->map_bytes,
-                 e->path, strerror(errno),
+                 e->path, kvt_strerror(-errno),
                  e->chardev ? " (is max_dax_size_gb within the device size?)" : "");
         e->map = NULL;
         goto fail;
@@ -685,14 +685,14 @@ static int dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts
     if (!rc)
         rc = kvt_tpool_create(&e->lpool, nm, e->nload, NULL, NULL, NULL);
     if (rc) {
-        snprintf(err, errcap, "cannot start worker threads: %s", strerror(-rc));
+        snprintf(err, errcap, "cannot start worker threads: %s", kvt_strerror(rc));
         goto fail_base;
     }
     e->park.parking = true;
     l2->recovering = true;
     rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
     if (rc) {
-        snprintf(err, errcap, "cannot start the scan thread: %s", strerror(rc));
+        snprintf(err, errcap, "cannot start the scan thread: %s", kvt_strerror(-rc));
         rc = -rc;
         goto fail_base;
     }

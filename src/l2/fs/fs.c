@@ -495,7 +495,7 @@ static void *scan_main(void *arg)
     if (!d) {
         if (fd >= 0)
             close(fd);
-        kvt_error("%s: cannot scan %s: %s", l2->name, e->base, strerror(errno));
+        kvt_error("%s: cannot scan %s: %s", l2->name, e->base, kvt_strerror(-errno));
     }
     char **tmps = NULL;
     size_t ntmp = 0, tmpcap = 0;
@@ -602,12 +602,12 @@ static const struct kvt_l2_ops fs_ops = {
 static int open_dir(const char *path, int *out, char *err, size_t errcap, const char *what)
 {
     if (mkdir(path, 0755) < 0 && errno != EEXIST) {
-        snprintf(err, errcap, "cannot create %s %s: %s", what, path, strerror(errno));
+        snprintf(err, errcap, "cannot create %s %s: %s", what, path, kvt_strerror(-errno));
         return -errno;
     }
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) {
-        snprintf(err, errcap, "cannot open %s %s: %s", what, path, strerror(errno));
+        snprintf(err, errcap, "cannot open %s %s: %s", what, path, kvt_strerror(-errno));
         return -errno;
     }
     *out = fd;
@@ -700,7 +700,7 @@ static int fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     if (rc)
         goto fail;
     if (access(e->base, W_OK) < 0) {
-        snprintf(err, errcap, "base_path %s is not writable: %s", e->base, strerror(errno));
+        snprintf(err, errcap, "base_path %s is not writable: %s", e->base, kvt_strerror(-errno));
         rc = -errno;
         goto fail;
     }
@@ -727,14 +727,14 @@ static int fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     kvt_odirect_init(&e->od, o->use_odirect, e->dirfd, 32768, e->base);
     rc = kvt_tpool_create(&e->pool, "fs", e->nworkers, worker_ctx_new, worker_ctx_free, e);
     if (rc) {
-        snprintf(err, errcap, "cannot start I/O threads: %s", strerror(-rc));
+        snprintf(err, errcap, "cannot start I/O threads: %s", kvt_strerror(rc));
         goto fail;
     }
     e->park.parking = true;
     l2->recovering = true;
     rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
     if (rc) {
-        snprintf(err, errcap, "cannot start scan thread: %s", strerror(rc));
+        snprintf(err, errcap, "cannot start scan thread: %s", kvt_strerror(-rc));
         rc = -rc;
         goto fail;
     }

@@ -913,18 +913,18 @@ static int nd_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     l2->engine = e;
     if (mkdir(e->base, 0755) < 0 && errno != EEXIST) {
         rc = -errno;
-        snprintf(err, errcap, "cannot create file_path %s: %s", e->base, strerror(errno));
+        snprintf(err, errcap, "cannot create file_path %s: %s", e->base, kvt_strerror(-errno));
         goto fail;
     }
     e->dirfd = open(e->base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (e->dirfd < 0) {
         rc = -errno;
-        snprintf(err, errcap, "cannot open file_path %s: %s", e->base, strerror(errno));
+        snprintf(err, errcap, "cannot open file_path %s: %s", e->base, kvt_strerror(-errno));
         goto fail;
     }
     if (access(e->base, W_OK) < 0) {
         rc = -errno;
-        snprintf(err, errcap, "file_path %s is not writable: %s", e->base, strerror(errno));
+        snprintf(err, errcap, "file_path %s is not writable: %s", e->base, kvt_strerror(-errno));
         goto fail;
     }
     /* one owner: before the scan reads or removes anything */
@@ -949,14 +949,14 @@ static int nd_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     snprintf(nm, sizeof(nm), "nixlm%d", spec->index);
     rc = kvt_tpool_create(&e->meta, nm, o->num_workers, NULL, NULL, NULL);
     if (rc) {
-        snprintf(err, errcap, "cannot start worker threads: %s", strerror(-rc));
+        snprintf(err, errcap, "cannot start worker threads: %s", kvt_strerror(rc));
         goto fail;
     }
     e->park.parking = true;
     l2->recovering = true;
     rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
     if (rc) {
-        snprintf(err, errcap, "cannot start the scan thread: %s", strerror(rc));
+        snprintf(err, errcap, "cannot start the scan thread: %s", kvt_strerror(-rc));
         rc = -rc;
         goto fail;
     }

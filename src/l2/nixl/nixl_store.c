@@ -706,7 +706,7 @@ static int open_pool_file(kvt_l2 *l2, struct ns_engine *e, uint32_t i, uint64_t 
     snprintf(nm, sizeof(nm), "nixl_pool_%u.bin", i);
     int fd = openat(e->dirfd, nm, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
-        snprintf(err, errcap, "cannot open %s/%s: %s", e->base, nm, strerror(errno));
+        snprintf(err, errcap, "cannot open %s/%s: %s", e->base, nm, kvt_strerror(-errno));
         return -errno;
     }
     e->fd[i] = fd;
@@ -718,13 +718,13 @@ static int open_pool_file(kvt_l2 *l2, struct ns_engine *e, uint32_t i, uint64_t 
     }
     if (ftruncate(fd, (off_t)size) < 0) {
         snprintf(err, errcap, "cannot size %s/%s to %llu bytes: %s", e->base, nm,
-                 (unsigned long long)size, strerror(errno));
+                 (unsigned long long)size, kvt_strerror(-errno));
         return -errno;
     }
     int rc = posix_fallocate(fd, 0, (off_t)size);
     if (rc && rc != EOPNOTSUPP && rc != EINVAL) {
         snprintf(err, errcap, "cannot preallocate %s/%s (%llu bytes): %s", e->base, nm,
-                 (unsigned long long)size, strerror(rc));
+                 (unsigned long long)size, kvt_strerror(-rc));
         return -rc;
     }
     bool direct = e->od.on && !atomic_load(&e->od.refused);
@@ -733,7 +733,7 @@ static int open_pool_file(kvt_l2 *l2, struct ns_engine *e, uint32_t i, uint64_t 
         int dfd = kvt_odirect_openat(l2, &e->od, e->dirfd, nm, O_RDWR, &direct);
         if (dfd < 0) {
             snprintf(err, errcap, "cannot open %s/%s with O_DIRECT: %s", e->base, nm,
-                     strerror(-dfd));
+                     kvt_strerror(dfd));
             return dfd;
         }
         if (direct)
@@ -792,13 +792,13 @@ static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     e->base = kvt_xstrdup(abs);
     if (mkdir(e->base, 0755) < 0 && errno != EEXIST) {
         rc = -errno;
-        snprintf(err, errcap, "cannot create file_path %s: %s", e->base, strerror(errno));
+        snprintf(err, errcap, "cannot create file_path %s: %s", e->base, kvt_strerror(-errno));
         goto fail;
     }
     e->dirfd = open(e->base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (e->dirfd < 0) {
         rc = -errno;
-        snprintf(err, errcap, "cannot open file_path %s: %s", e->base, strerror(errno));
+        snprintf(err, errcap, "cannot open file_path %s: %s", e->base, kvt_strerror(-errno));
         goto fail;
     }
     kvt_odirect_init(&e->od, o->use_direct_io, e->dirfd, 4096, e->base);
@@ -824,7 +824,7 @@ static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     snprintf(nm, sizeof(nm), "nixlp%d", spec->index);
     rc = kvt_tpool_create(&e->work, nm, o->num_workers, NULL, NULL, NULL);
     if (rc) {
-        snprintf(err, errcap, "cannot start worker threads: %s", strerror(-rc));
+        snprintf(err, errcap, "cannot start worker threads: %s", kvt_strerror(rc));
         goto fail;
     }
     kvt_info("%s: pool of %u files x %llu bytes (%u pages of %u bytes) under %s", l2->name,

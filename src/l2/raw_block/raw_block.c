@@ -825,14 +825,14 @@ static int open_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, 
             snprintf(err, errcap,
                      "device_path %s: %s (give a block device or a pre-sized file: fallocate "
                      "-l SIZE %s, or set capacity_bytes to create one)",
-                     e->path, strerror(errno), e->path);
+                     e->path, kvt_strerror(-errno), e->path);
             return -errno;
         }
         int fd = open(e->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd < 0 || posix_fallocate(fd, 0, (off_t)o->capacity_bytes) != 0) {
             int rc = fd < 0 ? -errno : -ENOSPC;
             snprintf(err, errcap, "cannot create %s with %llu bytes: %s", e->path,
-                     (unsigned long long)o->capacity_bytes, strerror(-rc));
+                     (unsigned long long)o->capacity_bytes, kvt_strerror(rc));
             if (fd >= 0) {
                 close(fd);
                 unlink(e->path);
@@ -856,7 +856,7 @@ static int open_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, 
         e->fd = open(e->path, flags);
     }
     if (e->fd < 0) {
-        snprintf(err, errcap, "cannot open device_path %s: %s", e->path, strerror(errno));
+        snprintf(err, errcap, "cannot open device_path %s: %s", e->path, kvt_strerror(-errno));
         return -errno;
     }
     if (flock(e->fd, LOCK_EX | LOCK_NB) < 0) {
@@ -866,7 +866,7 @@ static int open_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, 
     if (e->blockdev) {
         uint64_t sz = 0;
         if (ioctl(e->fd, BLKGETSIZE64, &sz) < 0) {
-            snprintf(err, errcap, "BLKGETSIZE64 on %s: %s", e->path, strerror(errno));
+            snprintf(err, errcap, "BLKGETSIZE64 on %s: %s", e->path, kvt_strerror(-errno));
             return -errno;
         }
         e->dev_size = sz;
@@ -965,7 +965,7 @@ static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
                 continue;
             if (r) {
                 free(blk);
-                snprintf(err, errcap, "cannot read %s: %s", e->path, strerror(-r));
+                snprintf(err, errcap, "cannot read %s: %s", e->path, kvt_strerror(r));
                 rc = r;
                 goto fail;
             }
@@ -1010,7 +1010,7 @@ static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
         rc = format_fresh(e);
         if (rc) {
             snprintf(err, errcap, "cannot write the metadata area of %s: %s", e->path,
-                     strerror(-rc));
+                     kvt_strerror(rc));
             goto fail;
         }
     }
@@ -1033,12 +1033,12 @@ static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     if (!rc)
         rc = kvt_tpool_create(&e->lpool, nm, o->num_load_workers, NULL, NULL, NULL);
     if (rc) {
-        snprintf(err, errcap, "cannot start worker threads: %s", strerror(-rc));
+        snprintf(err, errcap, "cannot start worker threads: %s", kvt_strerror(rc));
         goto fail_base;
     }
     rc = pthread_create(&e->ckpt_thr, NULL, rb_ckpt_main, e);
     if (rc) {
-        snprintf(err, errcap, "cannot start the checkpoint thread: %s", strerror(rc));
+        snprintf(err, errcap, "cannot start the checkpoint thread: %s", kvt_strerror(-rc));
         rc = -rc;
         goto fail_base;
     }
@@ -1047,7 +1047,7 @@ static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     l2->recovering = true;
     rc = pthread_create(&e->rec_thr, NULL, recover_main, l2);
     if (rc) {
-        snprintf(err, errcap, "cannot start the recovery thread: %s", strerror(rc));
+        snprintf(err, errcap, "cannot start the recovery thread: %s", kvt_strerror(-rc));
         rc = -rc;
         goto fail_base;
     }

@@ -1169,12 +1169,12 @@ static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
 
     rc = kvt_tpool_create(&e->pool, "resp", e->nworkers, worker_new, worker_free, e);
     if (rc) {
-        snprintf(err, errcap, "cannot start I/O threads: %s", strerror(-rc));
+        snprintf(err, errcap, "cannot start I/O threads: %s", kvt_strerror(rc));
         goto fail;
     }
     rc = pthread_create(&e->mon, NULL, kvt_resp_monitor_main, l2);
     if (rc) {
-        snprintf(err, errcap, "cannot start the monitor thread: %s", strerror(rc));
+        snprintf(err, errcap, "cannot start the monitor thread: %s", kvt_strerror(-rc));
         rc = -rc;
         goto fail;
     }

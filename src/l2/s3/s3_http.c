@@ -659,7 +659,7 @@ int kvt_s3_io_start(struct s3_engine *e, char *err, size_t errcap)
     curl_multi_setopt(e->multi, CURLMOPT_PIPELINING, (long)CURLPIPE_MULTIPLEX);
     int rc = pthread_create(&e->io, NULL, io_main, e);
     if (rc) {
-        snprintf(err, errcap, "cannot start the I/O thread: %s", strerror(rc));
+        snprintf(err, errcap, "cannot start the I/O thread: %s", kvt_strerror(-rc));
         curl_multi_cleanup(e->multi);
         e->multi = NULL;
         return -rc;

@@ -340,7 +340,7 @@ static int mock_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
     l2->persist_enabled = false;
     rc = kvt_tpool_create(&m->pool, "mock", 2, NULL, NULL, NULL);
     if (rc) {
-        snprintf(err, errcap, "cannot start threads: %s", strerror(-rc));
+        snprintf(err, errcap, "cannot start threads: %s", kvt_strerror(rc));
         free(m);
         kvt_l2_base_destroy(l2);
         return rc;
