@@ -165,8 +165,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "round %d: store %.2f vs fio write %.2f GB/s, load %.2f vs fio read %.2f\n",
                 r + 1, kw[r], fw[r], kr[r], fr[r]);
     }
-    double mkw = bench_median(kw, rounds), mfw = bench_median(fw, rounds), mkr = bench_median(kr, rounds),
-           mfr = bench_median(fr, rounds);
+    double mkw = bench_median(kw, rounds), mfw = bench_median(fw, rounds),
+           mkr = bench_median(kr, rounds), mfr = bench_median(fr, rounds);
     printf("%s %s, %d x %zu MiB objects, queue depth %d, %d rounds (medians)\n", type,
            odirect ? "O_DIRECT" : "buffered", objects, size >> 20, qd, rounds);
     printf("  store  kvtier %6.2f GB/s   fio write %6.2f GB/s   ratio %.2f\n", mkw, mfw, mkw / mfw);

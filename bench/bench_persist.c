@@ -326,9 +326,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--no-peer"))
             no_peer = true;
         else {
-            fprintf(stderr,
-                    "usage: bench_persist [--dir D] [--objects N] [--rounds R] [--qd Q] "
-                    "[--only LABEL] [--no-peer]\n");
+            fprintf(stderr, "usage: bench_persist [--dir D] [--objects N] [--rounds R] [--qd Q] "
+                            "[--only LABEL] [--no-peer]\n");
             return 2;
         }
     }
@@ -340,7 +339,8 @@ int main(int argc, char **argv)
     dst = calloc(nobj, sizeof(*dst));
     uint64_t x = 88172645463325252ull;
     for (uint32_t j = 0; j < nobj; j++) {
-        if (posix_memalign((void **)&src[j], 4096, OBJ) || posix_memalign((void **)&dst[j], 4096, OBJ))
+        if (posix_memalign((void **)&src[j], 4096, OBJ) ||
+            posix_memalign((void **)&dst[j], 4096, OBJ))
             return 1;
         uint64_t *p = (uint64_t *)src[j];
         for (size_t k = 0; k < OBJ / 8; k++) {
@@ -383,8 +383,8 @@ int main(int argc, char **argv)
             rs[r] = as[r] / ps[r];
             rl[r] = al[r] / pl[r];
         }
-        double ms = bench_median(as, rounds), ml = bench_median(al, rounds), mps = bench_median(ps, rounds),
-               mpl = bench_median(pl, rounds);
+        double ms = bench_median(as, rounds), ml = bench_median(al, rounds),
+               mps = bench_median(ps, rounds), mpl = bench_median(pl, rounds);
         printf("%-20s %-9s %7.3f GB/s %7.3f %6.2f   %7.3f GB/s %7.3f %6.2f   %s\n", cf->label,
                cf->engine, ms, mps, bench_median(rs, rounds), ml, mpl, bench_median(rl, rounds),
                !strcmp(cf->engine, "memcpy") ? "memcpy (mmap)" : "fio O_DIRECT");

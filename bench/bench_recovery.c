@@ -101,9 +101,10 @@ static double time_kvtier(const char *tree, const char *type, uint64_t n, double
 {
     char json[1600], err[512];
     if (!strcmp(type, "fs"))
-        snprintf(json, sizeof(json),
-                 "{\"type\":\"fs\",\"base_path\":\"%s\",\"eviction\":{\"eviction_policy\":\"LRU\"}}",
-                 tree);
+        snprintf(
+            json, sizeof(json),
+            "{\"type\":\"fs\",\"base_path\":\"%s\",\"eviction\":{\"eviction_policy\":\"LRU\"}}",
+            tree);
     else
         snprintf(json, sizeof(json),
                  "{\"type\":\"nixl_store_dynamic\",\"backend\":\"POSIX\",\"backend_params\":"
@@ -157,7 +158,8 @@ int main(int argc, char **argv)
         else if (argv[i][0] != '-')
             dir = argv[i];
         else
-            die("usage: bench_recovery DIR [--objects N] [--rounds R] [--type fs|nixl_store_dynamic]");
+            die("usage: bench_recovery DIR [--objects N] [--rounds R] [--type "
+                "fs|nixl_store_dynamic]");
     }
     if (!dir || rounds < 1 || rounds > 32)
         die("a directory is required (and 1..32 rounds)");
@@ -172,10 +174,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "round %d: find %.3f s, kvtier %.3f s\n", r + 1, f[r], k[r]);
     }
     double mf = bench_median(f, rounds), mk = bench_median(k, rounds);
-    printf("recovery of %llu %s objects, %d rounds (medians)\n", (unsigned long long)n, type, rounds);
+    printf("recovery of %llu %s objects, %d rounds (medians)\n", (unsigned long long)n, type,
+           rounds);
     printf("  find -printf %%s   %7.3f s\n", mf);
-    printf("  kvtier scan       %7.3f s   ratio find/kvtier %.2f   (%.0f objects/s)\n", mk,
-           mf / mk, (double)n / mk);
+    printf("  kvtier scan       %7.3f s   ratio find/kvtier %.2f   (%.0f objects/s)\n", mk, mf / mk,
+           (double)n / mk);
     printf("  memory per indexed object: %.1f bytes (goal <= 128)\n", bpo);
     printf("RESULT recovery_ratio %.3f\nRESULT bytes_per_object %.1f\n", mf / mk, bpo);
     return 0;

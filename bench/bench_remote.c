@@ -53,10 +53,9 @@ int main(int argc, char **argv)
     uint32_t count = 64, batch = 8, seed = 1, inflight = 1;
     bool del = false;
     const char *op = "both";
-    static const struct option opts[] = {{"size", 1, 0, 's'},  {"count", 1, 0, 'n'},
-                                         {"batch", 1, 0, 'b'}, {"op", 1, 0, 'o'},
-                                         {"seed", 1, 0, 'r'},  {"inflight", 1, 0, 'i'},
-                                         {"delete", 0, 0, 'd'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"size", 1, 0, 's'}, {"count", 1, 0, 'n'},    {"batch", 1, 0, 'b'},  {"op", 1, 0, 'o'},
+        {"seed", 1, 0, 'r'}, {"inflight", 1, 0, 'i'}, {"delete", 0, 0, 'd'}, {0, 0, 0, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (ch == 's')

@@ -124,8 +124,10 @@ static double stored_ratio(struct ws *w)
 static double plain_e4m3(double v)
 {
     double a = fabs(v);
-    if (a >= 448) return copysign(448, v);
-    if (a < 0x1p-6) return copysign(nearbyint(a * 512) / 512, v);
+    if (a >= 448)
+        return copysign(448, v);
+    if (a < 0x1p-6)
+        return copysign(nearbyint(a * 512) / 512, v);
     int e;
     frexp(a, &e);
     double q = ldexp(nearbyint(ldexp(a, 4 - e)), e - 4);
@@ -210,14 +212,16 @@ int main(int argc, char **argv)
     sched_setaffinity(0, sizeof(cs), &cs);
 
     char dir[] = "/tmp/kvt-serde-bench-XXXXXX", key[64];
-    if (!mkdtemp(dir)) return 1;
+    if (!mkdtemp(dir))
+        return 1;
     snprintf(key, sizeof(key), "%s/k", dir);
     int fd = open(key, O_WRONLY | O_CREAT | O_EXCL, 0600);
     uint8_t kb[32];
     uint64_t s = 5;
     for (int i = 0; i < 32; i++)
         kb[i] = (uint8_t)sd_rng(&s);
-    if (fd < 0 || write(fd, kb, 32) != 32) return 1;
+    if (fd < 0 || write(fd, kb, 32) != 32)
+        return 1;
     close(fd);
 
     struct ws w = {.n = mib / obj_mib, .len = (size_t)obj_mib << 20, .dtype = KVT_DTYPE_FP16};

@@ -53,7 +53,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t blk[4096] = {0};
         memcpy(blk, data, size < sizeof(blk) ? size : sizeof(blk));
         uint32_t nrec, used;
-        if (rb_jblk_check(blk, sizeof(blk), 1, 0, &nrec, &used) == 0 && used > sizeof(blk) - RB_JBLK_HDR)
+        if (rb_jblk_check(blk, sizeof(blk), 1, 0, &nrec, &used) == 0 &&
+            used > sizeof(blk) - RB_JBLK_HDR)
             abort();
         /* sealed: the records behind a valid header */
         uint32_t u = size > RB_JBLK_HDR ? (uint32_t)(size - RB_JBLK_HDR) : 0;

@@ -105,12 +105,12 @@ int kvt_flush(kvt_client *c);
 
 /* One (key, adapter) pair that did not reach L2. */
 typedef struct kvt_flush_failure {
-    int adapter;      /* index of the L2 adapter (--l2-adapter order) */
-    int code;         /* why: KVT_E_FULL, KVT_E_TOOBIG, KVT_E_LIMIT, -errno, ... */
+    int adapter; /* index of the L2 adapter (--l2-adapter order) */
+    int code;    /* why: KVT_E_FULL, KVT_E_TOOBIG, KVT_E_LIMIT, -errno, ... */
     uint32_t kv_rank, group;
     uint8_t hash[32];
     size_t hash_len;
-    char model[256];  /* NUL-terminated (cut if longer) */
+    char model[256]; /* NUL-terminated (cut if longer) */
     char salt[256];
 } kvt_flush_failure;
 
@@ -118,9 +118,9 @@ typedef struct kvt_flush_report {
     /* (key, adapter) pairs of this client's stores that did not reach L2
      * since its previous flush (each failure is reported by one flush) */
     uint64_t l2_failed;
-    size_t n;                   /* entries in failed (the server lists up to 1024) */
-    kvt_flush_failure *failed;  /* free with kvt_flush_report_free */
-    bool truncated;             /* l2_failed > n */
+    size_t n;                  /* entries in failed (the server lists up to 1024) */
+    kvt_flush_failure *failed; /* free with kvt_flush_report_free */
+    bool truncated;            /* l2_failed > n */
 } kvt_flush_report;
 
 /* kvt_flush, and which of this client's stores did not reach L2 (*out,
@@ -152,7 +152,7 @@ void kvt_blobs_free(kvt_blob *b, size_t n);
 
 typedef struct kvt_wview {
     size_t n;
-    void **ptrs;   /* where to write object i; NULL when the server already has it */
+    void **ptrs; /* where to write object i; NULL when the server already has it */
     size_t *sizes;
     uint64_t lease_;
 } kvt_wview;

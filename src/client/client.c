@@ -251,8 +251,8 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
         if (now >= probe_at && now < deadline) {
             probe_at = UINT64_MAX;
             char why[256];
-            int pr = kvt_url_probe(c->url, (int)((deadline - now) / 1000000ull) + 1, why,
-                                   sizeof(why));
+            int pr =
+                kvt_url_probe(c->url, (int)((deadline - now) / 1000000ull) + 1, why, sizeof(why));
             if (pr) {
                 new_socket(c);
                 zc_wait(c);
@@ -267,15 +267,16 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
             zc_wait(c);
             if (c->opening)
                 return kvt_c_seterr(c, KVT_E_TIMEOUT,
-                              "%s accepts connections but did not answer hello within %d ms "
-                              "(the connect timeout; is it a kvtier server?%s)",
-                              c->url, tmo,
-                              c->curve.on ? " With CURVE: does it admit this client's key, and "
-                                         "is the server key its public key?"
-                                       : " If it requires authentication, give a key pair: "
-                                         "KVTIER_SERVER_KEY and KVTIER_CLIENT_KEY");
+                                    "%s accepts connections but did not answer hello within %d ms "
+                                    "(the connect timeout; is it a kvtier server?%s)",
+                                    c->url, tmo,
+                                    c->curve.on
+                                        ? " With CURVE: does it admit this client's key, and "
+                                          "is the server key its public key?"
+                                        : " If it requires authentication, give a key pair: "
+                                          "KVTIER_SERVER_KEY and KVTIER_CLIENT_KEY");
             return kvt_c_seterr(c, KVT_E_TIMEOUT, "no reply to %s within %d ms from %s", op,
-                          c->timeout_ms, c->url);
+                                c->timeout_ms, c->url);
         }
         zmq_pollitem_t it[2] = {{.socket = c->sock, .events = ZMQ_POLLIN},
                                 {.socket = c->mon, .events = ZMQ_POLLIN}};
@@ -287,9 +288,9 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
             new_socket(c);
             zc_wait(c);
             return kvt_c_seterr(c, KVT_E_DENIED,
-                          "%s refused this client's key at the CURVE handshake: it is not in "
-                          "the server's authorized-clients file (docs/security.md)",
-                          c->url);
+                                "%s refused this client's key at the CURVE handshake: it is not in "
+                                "the server's authorized-clients file (docs/security.md)",
+                                c->url);
         }
         if (pr <= 0 || !(it[0].revents & ZMQ_POLLIN))
             continue;
@@ -517,8 +518,9 @@ static int call_local(kvt_client *c, const char *op, const msgpack_sbuffer *body
         if (lens[i] > UINT32_MAX || (c->max_object && lens[i] > c->max_object)) {
             uint64_t lim = c->max_object && c->max_object < UINT32_MAX ? c->max_object : UINT32_MAX;
             kvt_c_rep_free(out);
-            return kvt_c_seterr(c, KVT_E_TOOBIG, "a payload of %zu bytes is over the limit of %llu bytes",
-                          lens[i], (unsigned long long)lim);
+            return kvt_c_seterr(c, KVT_E_TOOBIG,
+                                "a payload of %zu bytes is over the limit of %llu bytes", lens[i],
+                                (unsigned long long)lim);
         }
     int rc = local_write(c, rid, op, body, bufs, lens, nbufs);
     uint64_t deadline = kvt_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
@@ -537,8 +539,8 @@ static int call_local(kvt_client *c, const char *op, const msgpack_sbuffer *body
         local_close(c); /* the stream cannot be resynchronised */
         if (rc == KVT_E_TIMEOUT)
             return kvt_c_seterr(c, rc, "no reply to %s within %d ms", op, c->timeout_ms);
-        return kvt_c_seterr(c, rc < 0 ? rc : KVT_E_PROTO, "local connection to the server lost (%s)",
-                      kvt_strerror(rc));
+        return kvt_c_seterr(c, rc < 0 ? rc : KVT_E_PROTO,
+                            "local connection to the server lost (%s)", kvt_strerror(rc));
     }
     return reply_decode(c, out);
 }
@@ -548,8 +550,8 @@ static int hello(kvt_client *c);
 /* One request, one reply: over the same-host socket when connected, else
  * ZeroMQ. A broken local connection (the server restarted) falls back to
  * ZeroMQ, says hello again (which may reconnect locally) and retries once. */
-int kvt_c_call(kvt_client *c, const char *op, const msgpack_sbuffer *body,
-                const void *const *bufs, const size_t *lens, size_t nbufs, struct rep *out)
+int kvt_c_call(kvt_client *c, const char *op, const msgpack_sbuffer *body, const void *const *bufs,
+               const size_t *lens, size_t nbufs, struct rep *out)
 {
     if (c->lfd < 0)
         return call_zmq(c, op, body, bufs, lens, nbufs, out);
@@ -595,9 +597,9 @@ static void try_shm(kvt_client *c, const msgpack_object *hello)
     uint64_t pid = 0, fd = 0, size = 0, dev = 0, ino = 0, pool = 0;
     const char *boot = NULL;
     size_t bl = 0;
-    if (kvt_mp_u64(shm, "pool", true, &pool, NULL) || kvt_mp_u64(shm, "pid", true, &pid, NULL) || kvt_mp_u64(shm, "fd", true, &fd, NULL) ||
-        kvt_mp_u64(shm, "size", true, &size, NULL) || kvt_mp_u64(shm, "dev", true, &dev, NULL) ||
-        kvt_mp_u64(shm, "ino", true, &ino, NULL) ||
+    if (kvt_mp_u64(shm, "pool", true, &pool, NULL) || kvt_mp_u64(shm, "pid", true, &pid, NULL) ||
+        kvt_mp_u64(shm, "fd", true, &fd, NULL) || kvt_mp_u64(shm, "size", true, &size, NULL) ||
+        kvt_mp_u64(shm, "dev", true, &dev, NULL) || kvt_mp_u64(shm, "ino", true, &ino, NULL) ||
         kvt_mp_str(shm, "boot_id", true, &boot, &bl, NULL))
         return;
     if (!same_boot(boot, bl))
@@ -674,8 +676,8 @@ static void try_local(kvt_client *c, const msgpack_object *hello)
         return;
     struct timeval tv = {c->timeout_ms / 1000, (c->timeout_ms % 1000) * 1000};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    if (connect(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nl)) <
-        0) {
+    if (connect(fd, (struct sockaddr *)&sa,
+                (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nl)) < 0) {
         close(fd); /* another network namespace, or an old server */
         return;
     }

@@ -22,8 +22,8 @@ struct kvt_client {
     void *ctx, *sock;
     char url[512];
     int timeout_ms;
-    int connect_timeout_ms; /* the hello of kvt_client_open */
-    bool opening;           /* in kvt_client_open: probe for a listener */
+    int connect_timeout_ms;      /* the hello of kvt_client_open */
+    bool opening;                /* in kvt_client_open: probe for a listener */
     struct kvt_curve_keys curve; /* CURVE when curve.on (docs/security.md); never shown */
     void *mon; /* with CURVE: PAIR of sock's monitor, tells a refused key from silence */
     uint64_t next_rid;
@@ -64,10 +64,12 @@ KVT_C_INTERNAL void kvt_c_rep_free(struct rep *r);
 /* An empty reply, ready to receive into (kvt_c_rep_free undoes it). */
 KVT_C_INTERNAL void kvt_c_rep_init(struct rep *r);
 /* Record the handle's last error (kvt_client_last_error); returns rc. */
-KVT_C_INTERNAL int kvt_c_seterr(kvt_client *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+KVT_C_INTERNAL int kvt_c_seterr(kvt_client *c, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* One request and its reply (ZeroMQ or the same-host socket). */
 KVT_C_INTERNAL int kvt_c_call(kvt_client *c, const char *op, const msgpack_sbuffer *body,
-               const void *const *bufs, const size_t *lens, size_t nbufs, struct rep *out);
+                              const void *const *bufs, const size_t *lens, size_t nbufs,
+                              struct rep *out);
 /* A request without a reply. */
 KVT_C_INTERNAL void kvt_c_cast(kvt_client *c, const char *op, const msgpack_sbuffer *body);
 /* Drop the lease of the last lookup (its keys are no longer covered). */

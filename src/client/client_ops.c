@@ -25,8 +25,8 @@ static void body_init(msgpack_sbuffer *sb, msgpack_packer *pk, size_t nfields)
 static void pack_keys(msgpack_packer *pk, const kvt_keys *k)
 {
     kvt_mp_str0(pk, "keys");
-    kvt_wire_keys_encode(pk, k->model ? k->model : "", k->kv_rank, k->group, k->salt,
-                         k->hashes, k->hash_len, (uint32_t)k->n);
+    kvt_wire_keys_encode(pk, k->model ? k->model : "", k->kv_rank, k->group, k->salt, k->hashes,
+                         k->hash_len, (uint32_t)k->n);
 }
 
 static size_t meta_fields(const kvt_meta *m)
@@ -522,7 +522,7 @@ int kvt_retrieve(kvt_client *c, const kvt_keys *keys, kvt_blob **out, size_t *n)
             kvt_blobs_free(b, i + 1);
             kvt_c_rep_free(&r);
             return kvt_c_seterr(c, KVT_E_PROTO, "retrieve: frame %u length differs from its header",
-                          i);
+                                i);
         }
     }
     r.nframes = 0; /* frames moved into blobs */

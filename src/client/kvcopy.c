@@ -54,8 +54,8 @@ static int check(const kvt_copy_layer *layers, uint32_t nlayers, const void *obj
 }
 
 /* One checked chunk. */
-static void copy_one(bool to_object, const kvt_copy_layer *layers, uint32_t nlayers,
-                     void *object, size_t object_len, const int64_t *blocks, uint32_t nblocks)
+static void copy_one(bool to_object, const kvt_copy_layer *layers, uint32_t nlayers, void *object,
+                     size_t object_len, const int64_t *blocks, uint32_t nblocks)
 {
     uint8_t *obj = object;
     if (object_len)
@@ -127,9 +127,15 @@ int kvt_copy_chunks(bool to_object, const kvt_copy_layer *layers, uint32_t nlaye
     pthread_t tids[64];
     uint32_t started = 0;
     for (uint32_t t = 0; t < k; t++)
-        jobs[t] = (struct chunks_job){.to_object = to_object, .layers = layers, .nlayers = nlayers,
-                                      .nblocks = nblocks, .nchunks = nchunks, .step = k,
-                                      .first = t, .objects = objects, .object_len = object_len,
+        jobs[t] = (struct chunks_job){.to_object = to_object,
+                                      .layers = layers,
+                                      .nlayers = nlayers,
+                                      .nblocks = nblocks,
+                                      .nchunks = nchunks,
+                                      .step = k,
+                                      .first = t,
+                                      .objects = objects,
+                                      .object_len = object_len,
                                       .blocks = blocks};
     for (uint32_t t = 1; t < k; t++) {
         if (pthread_create(&tids[t], NULL, chunks_run, &jobs[t]) != 0)

@@ -177,8 +177,8 @@ int kvt_cfg_int(struct kvt_cfg *c, const char *key, bool required, int64_t def, 
             return rc;
         }
         if (d < (double)min || d > (double)max)
-            return kvt_cfg_fail(c, key, "must be between %lld and %lld (got %.0f)",
-                                (long long)min, (long long)max, d);
+            return kvt_cfg_fail(c, key, "must be between %lld and %lld (got %.0f)", (long long)min,
+                                (long long)max, d);
         i = (int64_t)d;
     }
     *out = i;

@@ -21,10 +21,10 @@
 
 struct kvt_cfg {
     const json_t *obj;
-    json_t *resolved;  /* owned by the caller (the top-level cfg) */
-    json_t *seen;      /* keys read, for the unknown-field check */
-    json_t *own;       /* an empty object standing in for a missing sub-object */
-    char prefix[64];   /* "backend_params." for nested objects */
+    json_t *resolved; /* owned by the caller (the top-level cfg) */
+    json_t *seen;     /* keys read, for the unknown-field check */
+    json_t *own;      /* an empty object standing in for a missing sub-object */
+    char prefix[64];  /* "backend_params." for nested objects */
     int index;
     const char *type;
     char *err;

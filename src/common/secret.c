@@ -136,8 +136,8 @@ static const char *opt_or_env(const char *v, const char *env)
     return v && *v ? v : NULL;
 }
 
-int kvt_curve_keys_load(const char *server_file, const char *client_file,
-                        struct kvt_curve_keys *k, char *err, size_t ecap)
+int kvt_curve_keys_load(const char *server_file, const char *client_file, struct kvt_curve_keys *k,
+                        char *err, size_t ecap)
 {
     const char *sk = opt_or_env(server_file, "KVTIER_SERVER_KEY");
     const char *ck = opt_or_env(client_file, "KVTIER_CLIENT_KEY");
@@ -146,9 +146,11 @@ int kvt_curve_keys_load(const char *server_file, const char *client_file,
     if (!sk && !ck)
         return 0;
     if (!sk || !ck) {
-        snprintf(err, ecap, "CURVE needs both keys: the server's public key (KVTIER_SERVER_KEY) "
-                            "and this client's secret key (KVTIER_CLIENT_KEY); only the %s was "
-                            "given", sk ? "server's" : "client's");
+        snprintf(err, ecap,
+                 "CURVE needs both keys: the server's public key (KVTIER_SERVER_KEY) "
+                 "and this client's secret key (KVTIER_CLIENT_KEY); only the %s was "
+                 "given",
+                 sk ? "server's" : "client's");
         return -EINVAL;
     }
     if (!zmq_has("curve")) {

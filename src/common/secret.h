@@ -18,8 +18,7 @@
  * without surrounding whitespace, into out (cap bytes, NUL-terminated).
  * secret: apply the ownership and mode rules above (public keys skip them).
  * 0, or -errno / KVT_E_CONFIG with err filled. */
-int kvt_secret_read(const char *path, bool secret, char *out, size_t cap, char *err,
-                    size_t ecap);
+int kvt_secret_read(const char *path, bool secret, char *out, size_t cap, char *err, size_t ecap);
 
 /* true if s is exactly one Z85-encoded 32-byte key (40 characters). */
 bool kvt_z85_key_ok(const char *s);
@@ -43,8 +42,8 @@ struct kvt_curve_keys {
  * variable KVTIER_SERVER_KEY / KVTIER_CLIENT_KEY when NULL or "": none
  * named is no CURVE (0, k->on false); both must be given. 0, or -EINVAL /
  * -errno with err filled. */
-int kvt_curve_keys_load(const char *server_file, const char *client_file,
-                        struct kvt_curve_keys *k, char *err, size_t ecap);
+int kvt_curve_keys_load(const char *server_file, const char *client_file, struct kvt_curve_keys *k,
+                        char *err, size_t ecap);
 /* Set k on a ZeroMQ socket before it connects: 0 or -errno. */
 int kvt_curve_keys_apply(void *sock, const struct kvt_curve_keys *k);
 

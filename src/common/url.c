@@ -95,10 +95,10 @@ static int probe_ipc(const char *path, int timeout_ms, char *err, size_t errcap)
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return 0;
-    int rc = connect_wait(fd, (struct sockaddr *)&sa,
-                          (socklen_t)(offsetof(struct sockaddr_un, sun_path) + l +
-                                      (path[0] == '@' ? 0 : 1)),
-                          timeout_ms);
+    int rc = connect_wait(
+        fd, (struct sockaddr *)&sa,
+        (socklen_t)(offsetof(struct sockaddr_un, sun_path) + l + (path[0] == '@' ? 0 : 1)),
+        timeout_ms);
     close(fd);
     if (rc == -ENOENT)
         snprintf(err, errcap, "no socket %s", path);
@@ -129,8 +129,8 @@ static int probe_tcp(const char *rest, int timeout_ms, char *err, size_t errcap)
         int left = now < deadline ? (int)((deadline - now) / 1000000ull) : 0;
         if (a != ai && left == 0)
             break; /* the time went to earlier addresses */
-        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                        a->ai_protocol);
+        int fd =
+            socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
         if (fd < 0)
             continue;
         rc = connect_wait(fd, a->ai_addr, a->ai_addrlen, left);

@@ -129,9 +129,18 @@ int kvt_parse_size(const char *s, uint64_t *out)
         static const struct {
             const char *sfx;
             double mul;
-        } sfx[] = {{"b", 1},           {"k", 1024},       {"kb", 1e3},        {"kib", 1024},
-                   {"m", 1048576.0},   {"mb", 1e6},       {"mib", 1048576.0}, {"g", KVT_GIB},
-                   {"gb", 1e9},        {"gib", KVT_GIB},  {"t", KVT_GIB * 1024}, {"tb", 1e12},
+        } sfx[] = {{"b", 1},
+                   {"k", 1024},
+                   {"kb", 1e3},
+                   {"kib", 1024},
+                   {"m", 1048576.0},
+                   {"mb", 1e6},
+                   {"mib", 1048576.0},
+                   {"g", KVT_GIB},
+                   {"gb", 1e9},
+                   {"gib", KVT_GIB},
+                   {"t", KVT_GIB * 1024},
+                   {"tb", 1e12},
                    {"tib", KVT_GIB * 1024}};
         size_t i;
         for (i = 0; i < KVT_ARRAY_LEN(sfx); i++)

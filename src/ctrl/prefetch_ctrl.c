@@ -19,10 +19,10 @@ struct req {
     uint32_t n;
     kvt_prefetch_cb cb;
     void *arg;
-    int pending;          /* tasks outstanding */
+    int pending;           /* tasks outstanding */
     kvt_l2_task **lookups; /* per adapter, kept until the plan is made */
-    int8_t *src;          /* chosen adapter per key, -1 none */
-    uint8_t *st;          /* K_* per key */
+    int8_t *src;           /* chosen adapter per key, -1 none */
+    uint8_t *st;           /* K_* per key */
     struct kvt_l1_ref *refs;
     uint32_t plan;
 };

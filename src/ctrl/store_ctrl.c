@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define FAIL_LIST_MAX 1024   /* keys listed per client between two flushes */
+#define FAIL_LIST_MAX 1024    /* keys listed per client between two flushes */
 #define FAIL_CLIENTS_MAX 1024 /* clients with failures not yet taken */
 
 struct batch {
@@ -56,7 +56,7 @@ struct kvt_store_ctrl {
 
 struct fail_client {
     uint64_t client;
-    uint64_t total; /* failures since the last take (listed or not) */
+    uint64_t total;  /* failures since the last take (listed or not) */
     uint32_t n, cap; /* listed, allocated */
     struct kvt_store_failure *v;
 };
@@ -180,8 +180,8 @@ static void start_batch(struct kvt_store_ctrl *sc, struct batch *b)
         bufs[i].len = b->refs[i].meta.len;
         metas[i] = b->refs[i].meta;
     }
-    kvt_debug("Submitted store task %llu: %u keys to %d L2 adapter%s",
-              (unsigned long long)b->seq, b->n, sc->nl2, sc->nl2 == 1 ? "" : "s");
+    kvt_debug("Submitted store task %llu: %u keys to %d L2 adapter%s", (unsigned long long)b->seq,
+              b->n, sc->nl2, sc->nl2 == 1 ? "" : "s");
     for (int a = 0; a < sc->nl2; a++) {
         kvt_l2_task *t = kvt_l2_task_new(KVT_L2_STORE, b->n);
         memcpy(t->keys, b->keys, b->n * sizeof(kvt_key));
@@ -364,8 +364,7 @@ json_t *kvt_store_ctrl_status(struct kvt_store_ctrl *sc)
     json_object_set_new(o, "in_flight_batches",
                         json_integer((json_int_t)atomic_load(&sc->in_flight)));
     json_object_set_new(o, "l2_keys_ok", json_integer((json_int_t)atomic_load(&sc->l2_ok)));
-    json_object_set_new(o, "l2_keys_failed",
-                        json_integer((json_int_t)atomic_load(&sc->l2_failed)));
+    json_object_set_new(o, "l2_keys_failed", json_integer((json_int_t)atomic_load(&sc->l2_failed)));
     json_object_set_new(o, "last_seq", json_integer((json_int_t)atomic_load(&sc->last_seq)));
     json_object_set_new(o, "done_seq", json_integer((json_int_t)atomic_load(&sc->done_seq)));
     return o;

@@ -24,8 +24,7 @@ int kvt_ioeng_kind_parse(const char *s)
 {
     if (!s)
         return -1;
-    if (strcasecmp(s, "posix") == 0 || strcasecmp(s, "pread") == 0 ||
-        strcasecmp(s, "threads") == 0)
+    if (strcasecmp(s, "posix") == 0 || strcasecmp(s, "pread") == 0 || strcasecmp(s, "threads") == 0)
         return KVT_IOENG_POSIX;
     if (strcasecmp(s, "io_uring") == 0 || strcasecmp(s, "iouring") == 0 ||
         strcasecmp(s, "uring") == 0)
@@ -214,12 +213,11 @@ void kvt_ioeng_complete(struct kvt_ioeng *e, struct kvt_io *io, int res)
 static void note_submit(struct kvt_ioeng *e, size_t n)
 {
     atomic_fetch_add_explicit(&e->submitted, n, memory_order_relaxed);
-    uint32_t now = atomic_fetch_add_explicit(&e->inflight, (uint32_t)n, memory_order_relaxed) +
-                   (uint32_t)n;
+    uint32_t now =
+        atomic_fetch_add_explicit(&e->inflight, (uint32_t)n, memory_order_relaxed) + (uint32_t)n;
     uint32_t mx = atomic_load_explicit(&e->inflight_max, memory_order_relaxed);
-    while (now > mx && !atomic_compare_exchange_weak_explicit(&e->inflight_max, &mx, now,
-                                                              memory_order_relaxed,
-                                                              memory_order_relaxed))
+    while (now > mx && !atomic_compare_exchange_weak_explicit(
+                           &e->inflight_max, &mx, now, memory_order_relaxed, memory_order_relaxed))
         ;
 }
 
@@ -396,8 +394,8 @@ static const struct kvt_ioeng_ops posix_ops = {
     .destroy = posix_destroy,
 };
 
-int kvt_ioeng_create(struct kvt_ioeng **out, enum kvt_ioeng_kind kind, const char *name,
-                     int depth, char *err, size_t errcap)
+int kvt_ioeng_create(struct kvt_ioeng **out, enum kvt_ioeng_kind kind, const char *name, int depth,
+                     char *err, size_t errcap)
 {
     if (depth < 1 || depth > 4096) {
         snprintf(err, errcap, "queue depth %d out of range 1..4096", depth);

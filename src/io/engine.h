@@ -43,8 +43,8 @@ enum kvt_ioeng_kind { KVT_IOENG_POSIX = 0, KVT_IOENG_URING = 1 };
 #define KVT_IO_MAXIOV 4
 
 struct kvt_io {
-    struct kvt_job job;  /* engine-private: posix queue link */
-    struct kvt_io *next; /* engine-private: io_uring queue link */
+    struct kvt_job job;    /* engine-private: posix queue link */
+    struct kvt_io *next;   /* engine-private: io_uring queue link */
     struct kvt_ioeng *eng; /* engine-private: set at submit */
     int fd;
     uint8_t op;     /* enum kvt_io_op */
@@ -101,8 +101,8 @@ struct kvt_ioeng_stats {
 
 /* Create an engine of `depth` (1..4096) concurrent requests. On failure
  * returns -errno and writes a message to err (io_uring unavailable, ...). */
-int kvt_ioeng_create(struct kvt_ioeng **out, enum kvt_ioeng_kind kind, const char *name,
-                     int depth, char *err, size_t errcap);
+int kvt_ioeng_create(struct kvt_ioeng **out, enum kvt_ioeng_kind kind, const char *name, int depth,
+                     char *err, size_t errcap);
 void kvt_ioeng_submit(struct kvt_ioeng *e, struct kvt_io *io);
 /* Submit n requests at once (one wake-up of the engine). */
 void kvt_ioeng_submitv(struct kvt_ioeng *e, struct kvt_io **ios, size_t n);

@@ -21,8 +21,7 @@ struct kvt_tpool;
 /* ctx_new(i) is called once in each worker thread (may be NULL); its result
  * is passed to every job that worker runs and to ctx_free at exit. */
 int kvt_tpool_create(struct kvt_tpool **out, const char *name, int nthreads,
-                     void *(*ctx_new)(int i, void *arg), void (*ctx_free)(void *ctx),
-                     void *arg);
+                     void *(*ctx_new)(int i, void *arg), void (*ctx_free)(void *ctx), void *arg);
 void kvt_tpool_push(struct kvt_tpool *p, struct kvt_job *job);
 /* Jobs queued and not yet started. */
 uint64_t kvt_tpool_queued(struct kvt_tpool *p);

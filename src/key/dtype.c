@@ -4,8 +4,8 @@
 
 #include <strings.h>
 
-static const char *const dtype_names[] = {"raw", "float16", "bfloat16", "float32", "float8_e4m3",
-                                          "uint8"};
+static const char *const dtype_names[] = {"raw",     "float16",     "bfloat16",
+                                          "float32", "float8_e4m3", "uint8"};
 
 const char *kvt_dtype_name(unsigned d)
 {
@@ -17,7 +17,7 @@ int kvt_dtype_parse(const char *s)
     static const struct {
         const char *n;
         int v;
-    } alias[] = {{"fp16", KVT_DTYPE_FP16}, {"half", KVT_DTYPE_FP16}, {"bf16", KVT_DTYPE_BF16},
+    } alias[] = {{"fp16", KVT_DTYPE_FP16}, {"half", KVT_DTYPE_FP16},  {"bf16", KVT_DTYPE_BF16},
                  {"fp32", KVT_DTYPE_FP32}, {"float", KVT_DTYPE_FP32}, {"fp8", KVT_DTYPE_FP8_E4M3},
                  {"bytes", KVT_DTYPE_RAW}};
     for (unsigned i = 0; i <= KVT_DTYPE_MAX; i++)
@@ -28,4 +28,3 @@ int kvt_dtype_parse(const char *s)
             return alias[i].v;
     return -1;
 }
-

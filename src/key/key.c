@@ -35,8 +35,8 @@ struct ns_rec {
 static _Atomic(struct ns_rec *) ns_chunks[KVT_NS_MAX / NS_CHUNK];
 static _Atomic uint32_t ns_next = 1; /* 0 is reserved as "no namespace" */
 static pthread_mutex_t ns_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint32_t *ns_table;   /* guarded by ns_lock: open addressing of ids */
-static size_t ns_table_cap;  /* guarded by ns_lock: power of two */
+static uint32_t *ns_table;  /* guarded by ns_lock: open addressing of ids */
+static size_t ns_table_cap; /* guarded by ns_lock: power of two */
 
 static struct ns_rec *ns_get(uint32_t id)
 {

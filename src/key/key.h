@@ -39,10 +39,10 @@
 typedef struct kvt_key {
     uint8_t hash[KVT_HASH_MAX]; /* chunk hash, zero padded after hash_len */
     uint32_t kv_rank;
-    uint32_t group;    /* object_group_id */
-    uint32_t ns;       /* interned (model, salt); 0 is never a valid id */
-    uint8_t hash_len;  /* 1..32 */
-    uint8_t pad[3];    /* always zero, so memcmp/hash over the struct works */
+    uint32_t group;   /* object_group_id */
+    uint32_t ns;      /* interned (model, salt); 0 is never a valid id */
+    uint8_t hash_len; /* 1..32 */
+    uint8_t pad[3];   /* always zero, so memcmp/hash over the struct works */
 } kvt_key;
 
 _Static_assert(sizeof(kvt_key) == 48, "kvt_key layout");

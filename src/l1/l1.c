@@ -46,7 +46,7 @@ struct lease {
     uint32_t prev, next; /* expiry FIFO of its kind, or free list (next) */
     uint32_t hnext;      /* id hash chain */
     uint32_t owner_len;
-    uint8_t *owner;      /* the taking connection's routing id (owned) */
+    uint8_t *owner; /* the taking connection's routing id (owned) */
 };
 
 struct quarantined {
@@ -211,8 +211,8 @@ int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, s
                  kvt_strerror(-errno));
         goto fail;
     }
-    uint64_t init = l1->lazy ? KVT_MIN(KVT_ALIGN_UP(KVT_MAX(o->init_bytes, gran), gran), size)
-                             : size;
+    uint64_t init =
+        l1->lazy ? KVT_MIN(KVT_ALIGN_UP(KVT_MAX(o->init_bytes, gran), gran), size) : size;
     rc = pool_resize_locked(l1, init);
     if (!rc && !l1->lazy && fallocate(l1->fd, 0, 0, (off_t)size) < 0)
         rc = -errno;
@@ -486,7 +486,8 @@ int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
     out->off = o->off;
     out->ptr = l1->base + o->off;
     out->meta = o->meta;
-    bool pressure = (double)used_pages_locked(l1) * l1->align >= l1->watermark * (double)l1->size_bytes;
+    bool pressure =
+        (double)used_pages_locked(l1) * l1->align >= l1->watermark * (double)l1->size_bytes;
     pthread_mutex_unlock(&l1->lock);
     if (pressure && l1->pressure_fn)
         l1->pressure_fn(l1->pressure_arg);
@@ -507,8 +508,10 @@ void kvt_l1_commit(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n, unsigned f
         if (flags & KVT_L1_TEMP) {
             o->flags |= F_TEMP;
         } else {
-            struct kvt_policy_hint hint = {.prefix_pos = i, .prefix_len = n,
-                                           .bytes = o->meta.len, .fp = kvt_key_hash(&o->key)};
+            struct kvt_policy_hint hint = {.prefix_pos = i,
+                                           .prefix_len = n,
+                                           .bytes = o->meta.len,
+                                           .fp = kvt_key_hash(&o->key)};
             kvt_policy_insert(l1->policy, hs[i], false, &hint);
             o->flags |= F_TRACKED;
         }
@@ -921,8 +924,10 @@ int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
             l1->nwriting--;
             l1->nready++;
             l1->c.stores++;
-            struct kvt_policy_hint hint = {.prefix_pos = i, .prefix_len = L->n,
-                                           .bytes = o->meta.len, .fp = kvt_key_hash(&o->key)};
+            struct kvt_policy_hint hint = {.prefix_pos = i,
+                                           .prefix_len = L->n,
+                                           .bytes = o->meta.len,
+                                           .fp = kvt_key_hash(&o->key)};
             kvt_policy_insert(l1->policy, h, false, &hint);
             o->flags |= F_TRACKED;
             committed++;

@@ -29,9 +29,9 @@ struct kvt_pa_run {
 };
 
 struct kvt_palloc {
-    uint64_t total;      /* pages managed */
+    uint64_t total; /* pages managed */
     uint64_t free_pages;
-    struct kvt_pa_run *runs; /* node slab */
+    struct kvt_pa_run *runs;             /* node slab */
     uint32_t nruns, cap_runs, free_node; /* free_node: list through .next */
     uint32_t live_runs;
     struct kvt_u32map by_start, by_last; /* first page / last page -> node */

@@ -46,10 +46,10 @@ struct kvt_l2_adapter_desc {
 struct kvt_l2_spec {
     int index;
     char type[32];
-    json_t *json;          /* the user's object (owned) */
-    json_t *resolved;      /* every field with its default (owned) */
+    json_t *json;     /* the user's object (owned) */
+    json_t *resolved; /* every field with its default (owned) */
     bool persist_enabled;
-    bool has_eviction;     /* json has a valid "eviction" object (checked at parse) */
+    bool has_eviction;       /* json has a valid "eviction" object (checked at parse) */
     struct kvt_serde *serde; /* "serde" chain (owned reference) or NULL */
     char name_prefix[40];    /* adapter name before "[index]"; "" = the type */
     json_t *quotas;          /* "namespace_quotas" resolved {name: bytes} (owned) or NULL */

@@ -42,9 +42,9 @@ static inline enum kvt_l2_state kvt_l2_obj_state(const struct kvt_l2_obj *o)
 struct kvt_l2_index {
     struct kvt_l2_obj *objs; /* slab; handle = position */
     uint32_t cap_objs;
-    uint32_t nobjs;     /* live entries */
-    uint32_t free_head; /* free list threaded through objs[].aux, UINT32_MAX = empty */
-    uint32_t hwm;       /* entries ever used (handles below this were allocated) */
+    uint32_t nobjs;        /* live entries */
+    uint32_t free_head;    /* free list threaded through objs[].aux, UINT32_MAX = empty */
+    uint32_t hwm;          /* entries ever used (handles below this were allocated) */
     struct kvt_kindex map; /* key -> handle */
 };
 
@@ -149,11 +149,11 @@ struct kvt_l2 {
 
     pthread_mutex_t lock; /* guards everything below up to 'counters' */
     struct kvt_l2_index idx;
-    uint64_t cap_bytes;      /* hard cap; 0 = unlimited */
-    uint64_t used_bytes;     /* READY + WRITING + DELETING entries */
-    uint64_t *ns_bytes;      /* per namespace id */
-    uint32_t *ns_objs;       /* per namespace id: entries counted in used_bytes */
-    uint32_t ns_bytes_cap;   /* of both */
+    uint64_t cap_bytes;    /* hard cap; 0 = unlimited */
+    uint64_t used_bytes;   /* READY + WRITING + DELETING entries */
+    uint64_t *ns_bytes;    /* per namespace id */
+    uint32_t *ns_objs;     /* per namespace id: entries counted in used_bytes */
+    uint32_t ns_bytes_cap; /* of both */
     /* running totals over the same entries (kept by the accounting, so
      * that stats never walk the index): logical bytes and backend bytes of
      * those whose logical length is known, entries whose length is not
@@ -161,7 +161,7 @@ struct kvt_l2 {
     uint64_t logical_bytes, stored_known, logical_unknown, pinned_objs;
     struct kvt_l2_quota *quotas; /* nquotas entries (the list is immutable) */
     uint32_t nquotas;
-    uint32_t *ns_quota;          /* ns id -> 0 unresolved, 1 no quota, 2 + quota index */
+    uint32_t *ns_quota; /* ns id -> 0 unresolved, 1 no quota, 2 + quota index */
     uint32_t ns_quota_cap;
     kvt_l2_task *done_head[3], *done_tail[3];
     struct kvt_policy *policy; /* may be NULL: no eviction */
@@ -321,11 +321,11 @@ struct kvt_tpool;
  * Engines without a worker pool (resp, s3) park whole tasks instead,
  * chained through kvt_l2_task.next (they are on no done queue). */
 struct kvt_l2_park {
-    pthread_mutex_t lock; /* a leaf: guards the fields below */
-    struct kvt_job *head; /* parked jobs, newest first */
+    pthread_mutex_t lock;            /* a leaf: guards the fields below */
+    struct kvt_job *head;            /* parked jobs, newest first */
     kvt_l2_task *tasks, *tasks_tail; /* parked tasks, oldest first */
-    uint64_t n;           /* how many jobs and tasks are parked */
-    bool parking;         /* set by the engine before its scan starts */
+    uint64_t n;                      /* how many jobs and tasks are parked */
+    bool parking;                    /* set by the engine before its scan starts */
 };
 void kvt_l2_park_init(struct kvt_l2_park *p);
 void kvt_l2_park_destroy(struct kvt_l2_park *p);

@@ -24,7 +24,6 @@
 
 /* ------------------------------------------------------------- index */
 
-
 /* Insert a new entry (key must be absent); returns its handle. */
 uint32_t kvt_l2b_idx_insert(kvt_l2 *l2, const kvt_key *k)
 {
@@ -73,7 +72,6 @@ uint32_t kvt_l2_handle_locked(kvt_l2 *l2, const struct kvt_l2_obj *o)
 {
     return (uint32_t)(o - l2->idx.objs);
 }
-
 
 /* May a lookup pin this entry? */
 static bool pinnable(const struct kvt_l2_obj *o)
@@ -276,7 +274,6 @@ void kvt_l2_base_destroy(kvt_l2 *l2)
     pthread_cond_destroy(&l2->evict_cv);
 }
 
-
 const char *kvt_l2_name(const kvt_l2 *l2)
 {
     return l2->name;
@@ -330,7 +327,6 @@ bool kvt_l2_has_quotas(kvt_l2 *l2)
 {
     return l2->nquotas != 0; /* the list is immutable */
 }
-
 
 void kvt_l2_close(kvt_l2 *l2)
 {
@@ -520,8 +516,8 @@ bool kvt_l2_adopt(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, 
         o->state = KVT_OBJ_READY;
         kvt_l2b_account_locked(l2, o, +1);
         if (l2->policy) {
-            struct kvt_policy_hint hint = {.prefix_pos = 0, .bytes = stored,
-                                           .fp = kvt_key_hash(ck)};
+            struct kvt_policy_hint hint = {
+                .prefix_pos = 0, .bytes = stored, .fp = kvt_key_hash(ck)};
             kvt_policy_insert(l2->policy, h, at_cold_end, &hint);
             o->state |= ST_TRACKED;
         }
@@ -562,7 +558,6 @@ void kvt_l2_touch(kvt_l2 *l2, const kvt_key *ck, uint32_t n)
     }
     pthread_mutex_unlock(&l2->lock);
 }
-
 
 bool kvt_l2_pin_found(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t logical,
                       uint32_t aux, uint8_t flag)

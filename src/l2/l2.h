@@ -68,7 +68,6 @@
 
 enum kvt_l2_kind { KVT_L2_STORE = 0, KVT_L2_LOOKUP = 1, KVT_L2_LOAD = 2 };
 
-
 typedef struct kvt_buf {
     void *ptr;
     uint64_t len;
@@ -80,10 +79,10 @@ typedef struct kvt_l2_task {
     struct kvt_l2_task *next; /* done-queue link, guarded by l2->lock */
     enum kvt_l2_kind kind;
     uint32_t n;
-    kvt_key *keys;       /* n keys (owned by the task) */
-    kvt_buf *bufs;       /* STORE: sources; LOAD: destinations (arrays owned) */
-    kvt_objmeta *meta;   /* n entries; STORE: in; LOOKUP/LOAD: out */
-    uint64_t *ok;        /* result bitmap, n bits */
+    kvt_key *keys;          /* n keys (owned by the task) */
+    kvt_buf *bufs;          /* STORE: sources; LOAD: destinations (arrays owned) */
+    kvt_objmeta *meta;      /* n entries; STORE: in; LOOKUP/LOAD: out */
+    uint64_t *ok;           /* result bitmap, n bits */
     int32_t *_Atomic codes; /* n per-key errors from kvt_l2_task_fail (0: none recorded:
                              * use err); made at the first failure, NULL until then */
     _Atomic uint64_t bytes;
@@ -200,7 +199,7 @@ struct kvt_l2_entry {
  * lock: visit must be short and must not call into the adapter. It returns
  * false to stop; *cursor then points at the entry after the last visited,
  * for the next call. Returns true when the end of the index was reached. */
-bool kvt_l2_scan(kvt_l2 *l2, uint32_t *cursor, bool (*visit)(const struct kvt_l2_entry *e, void *arg),
-                 void *arg);
+bool kvt_l2_scan(kvt_l2 *l2, uint32_t *cursor,
+                 bool (*visit)(const struct kvt_l2_entry *e, void *arg), void *arg);
 
 #endif

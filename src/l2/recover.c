@@ -24,8 +24,8 @@ void kvt_l2_found_push(struct kvt_l2_found_vec *fv, const kvt_key *ck, uint32_t 
         fv->cap = fv->cap ? fv->cap * 2 : 4096;
         fv->v = kvt_xrealloc(fv->v, fv->cap * sizeof(*fv->v));
     }
-    fv->v[fv->n++] = (struct kvt_l2_found){.key = *ck, .mtime_ns = mtime_ns, .stored = stored,
-                                           .len = len, .aux = aux, .flags = flags};
+    fv->v[fv->n++] = (struct kvt_l2_found){
+        .key = *ck, .mtime_ns = mtime_ns, .stored = stored, .len = len, .aux = aux, .flags = flags};
 }
 
 struct mt_idx {
@@ -87,8 +87,8 @@ void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0
             o->state = KVT_OBJ_READY;
             kvt_l2b_account_locked(l2, o, +1);
             if (l2->policy) {
-                struct kvt_policy_hint hint = {.prefix_pos = 0, .bytes = f->stored,
-                                               .fp = kvt_key_hash(&f->key)};
+                struct kvt_policy_hint hint = {
+                    .prefix_pos = 0, .bytes = f->stored, .fp = kvt_key_hash(&f->key)};
                 kvt_policy_insert(l2->policy, h, true, &hint);
                 o->state |= ST_TRACKED;
             }

@@ -38,7 +38,8 @@ const char *kvt_l2_types(void)
 static const struct kvt_l2_adapter_desc *find_type(const char *t)
 {
     for (size_t i = 0; i < KVT_ARRAY_LEN(types); i++)
-        if (strcmp(types[i]->name, t) == 0) return types[i];
+        if (strcmp(types[i]->name, t) == 0)
+            return types[i];
     return NULL;
 }
 
@@ -51,7 +52,8 @@ void kvt_l2_spec_free(struct kvt_l2_spec *s)
     s->serde = NULL;
     json_decref(s->quotas);
     s->quotas = NULL;
-    if (s->opts && s->desc && s->desc->opts_free) s->desc->opts_free(s->opts);
+    if (s->opts && s->desc && s->desc->opts_free)
+        s->desc->opts_free(s->opts);
     free(s->opts);
     s->opts = NULL;
 }
@@ -87,8 +89,7 @@ static int parse_common(struct kvt_cfg *c, struct kvt_l2_spec *s)
     return c->rc;
 }
 
-int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *err,
-                      size_t errcap)
+int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *err, size_t errcap)
 {
     memset(s, 0, sizeof(*s));
     s->index = index;
@@ -157,7 +158,8 @@ int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *
 int kvt_l2_open_into(const struct kvt_l2_spec *s, kvt_l2 *l2, char *err, size_t errcap)
 {
     const struct kvt_l2_adapter_desc *te = s->desc;
-    if (!te || !s->opts) return KVT_E_CONFIG;
+    if (!te || !s->opts)
+        return KVT_E_CONFIG;
     char oerr[512] = "";
     int rc = te->open(l2, s, s->opts, oerr, sizeof(oerr));
     if (rc) {

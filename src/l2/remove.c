@@ -306,8 +306,8 @@ uint64_t kvt_l2_evict_quotas(kvt_l2 *l2, uint32_t batch)
             target = qt->limit;
         pthread_mutex_unlock(&l2->lock);
         while (over) {
-            struct qvictim_ctx q = {
-                .v = {.l2 = l2, .hs = hs, .copies = copies, .max = batch}, .quota = (int)qi};
+            struct qvictim_ctx q = {.v = {.l2 = l2, .hs = hs, .copies = copies, .max = batch},
+                                    .quota = (int)qi};
             pthread_mutex_lock(&l2->lock);
             if (qt->used <= target || l2->closing) {
                 pthread_mutex_unlock(&l2->lock);
@@ -330,7 +330,6 @@ uint64_t kvt_l2_evict_quotas(kvt_l2 *l2, uint32_t batch)
     free(copies);
     return total;
 }
-
 
 /* Wait (l2->lock held) until an eviction in flight settles, at most 2 s.
  * Returns whether there was one to wait for. */

@@ -133,7 +133,7 @@ int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg
         return 0;
     }
     bool ok = !strcmp(t, "raw_block") ? S_ISBLK(st.st_mode) || S_ISREG(st.st_mode)
-                                       : S_ISCHR(st.st_mode) || S_ISREG(st.st_mode);
+                                      : S_ISCHR(st.st_mode) || S_ISREG(st.st_mode);
     if (!ok) {
         snprintf(msg, cap, "%s is neither a %s nor a regular file", p,
                  !strcmp(t, "raw_block") ? "block device" : "DAX character device");
@@ -177,9 +177,9 @@ bool kvt_l2_same_storage(const char *a, const char *b, char *shown, size_t cap)
     char ca[PATH_MAX], cb[PATH_MAX];
     canon(a, ca, sizeof(ca));
     canon(b, cb, sizeof(cb));
-    bool same = (stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev &&
-                 x.st_ino == y.st_ino) ||
-                strcmp(ca, cb) == 0;
+    bool same =
+        (stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino) ||
+        strcmp(ca, cb) == 0;
     if (same && shown)
         snprintf(shown, cap, "%s", ca);
     return same;

@@ -131,7 +131,8 @@ static struct stage_op *op_new(kvt_l2 *l2, struct kvt_serde_stage *st, kvt_l2_ta
 static void op_put(struct stage_op *op)
 {
     /* acq_rel: the last owner sees the other's writes before freeing */
-    if (atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel) != 1) return;
+    if (atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel) != 1)
+        return;
     for (uint32_t i = 0; i < op->n; i++)
         free(op->tmp[i]);
     free(op->tmp);
@@ -168,12 +169,15 @@ static kvt_l2_task *inner_new(struct stage_op *op, enum kvt_l2_kind kind, uint32
     kvt_l2_task *t = op->outer;
     uint32_t m = 0;
     for (uint32_t i = 0; i < t->n; i++)
-        if (op->tmp[i]) m++;
-    if (m == 0) return NULL;
+        if (op->tmp[i])
+            m++;
+    if (m == 0)
+        return NULL;
     kvt_l2_task *in = kvt_l2_task_new(kind, m);
     uint32_t j = 0;
     for (uint32_t i = 0; i < t->n; i++) {
-        if (!op->tmp[i]) continue;
+        if (!op->tmp[i])
+            continue;
         in->keys[j] = t->keys[i];
         in->bufs[j].ptr = op->tmp[i];
         in->bufs[j].len = op->tmplen[i];
@@ -195,7 +199,8 @@ static kvt_l2_task *inner_new(struct stage_op *op, enum kvt_l2_kind kind, uint32
 static void encoding_done(struct kvt_serde_stage *st)
 {
     pthread_mutex_lock(&st->lock);
-    if (--st->encoding == 0) pthread_cond_broadcast(&st->idle);
+    if (--st->encoding == 0)
+        pthread_cond_broadcast(&st->idle);
     pthread_mutex_unlock(&st->lock);
 }
 
@@ -259,7 +264,8 @@ static void encode_job(struct kvt_job *job, void *ctx)
         }
     }
     /* acq_rel: the last job sees every other job's tmp[] before dispatching */
-    if (atomic_fetch_sub_explicit(&op->left, 1, memory_order_acq_rel) == 1) store_dispatch(op);
+    if (atomic_fetch_sub_explicit(&op->left, 1, memory_order_acq_rel) == 1)
+        store_dispatch(op);
 }
 
 /* The inner task's errors onto the outer task: each failed key's own code
@@ -269,10 +275,12 @@ static void map_errors(struct stage_op *op)
 {
     kvt_l2_task *in = op->inner, *t = op->outer;
     int e = atomic_load(&in->err);
-    if (!e) return;
+    if (!e)
+        return;
     const int32_t *c = atomic_load_explicit(&in->codes, memory_order_acquire);
     for (uint32_t j = 0; c && j < in->n; j++)
-        if (c[j]) kvt_l2_task_fail(t, op->map[j], c[j]);
+        if (c[j])
+            kvt_l2_task_fail(t, op->map[j], c[j]);
     kvt_l2_task_fail(t, UINT32_MAX, e);
 }
 
@@ -280,7 +288,8 @@ static void store_engine_done(struct stage_op *op)
 {
     kvt_l2_task *in = op->inner, *t = op->outer;
     for (uint32_t j = 0; j < in->n; j++)
-        if (kvt_bm_test(in->ok, j)) kvt_l2_task_ok(t, op->map[j], 0);
+        if (kvt_bm_test(in->ok, j))
+            kvt_l2_task_ok(t, op->map[j], 0);
     atomic_fetch_add(&t->bytes, atomic_load(&in->bytes));
     map_errors(op);
     op_finish(op);
@@ -300,7 +309,8 @@ static void load_submit(kvt_l2 *l2, struct stage_op *op)
         }
         op->tmp[i] = malloc(cap ? cap : 1);
         op->tmplen[i] = cap;
-        if (!op->tmp[i]) kvt_l2_task_fail(t, i, -ENOMEM);
+        if (!op->tmp[i])
+            kvt_l2_task_fail(t, i, -ENOMEM);
     }
     op->inner = inner_new(op, KVT_L2_LOAD, 0);
     if (!op->inner) {
@@ -354,7 +364,8 @@ static void decode_job(struct kvt_job *job, void *ctx)
             kvt_l2_task_ok(t, i, 0);
         }
     }
-    if (atomic_fetch_sub_explicit(&op->left, 1, memory_order_acq_rel) == 1) op_finish(op);
+    if (atomic_fetch_sub_explicit(&op->left, 1, memory_order_acq_rel) == 1)
+        op_finish(op);
 }
 
 static void load_engine_done(struct stage_op *op)

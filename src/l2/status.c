@@ -62,8 +62,8 @@ void kvt_l2_stats(kvt_l2 *l2, struct kvt_l2_stats *out)
 
 #undef LOAD
 
-bool kvt_l2_scan(kvt_l2 *l2, uint32_t *cursor, bool (*visit)(const struct kvt_l2_entry *e, void *arg),
-                 void *arg)
+bool kvt_l2_scan(kvt_l2 *l2, uint32_t *cursor,
+                 bool (*visit)(const struct kvt_l2_entry *e, void *arg), void *arg)
 {
     pthread_mutex_lock(&l2->lock);
     uint32_t h = *cursor;
@@ -72,8 +72,11 @@ bool kvt_l2_scan(kvt_l2 *l2, uint32_t *cursor, bool (*visit)(const struct kvt_l2
         const struct kvt_l2_obj *o = &l2->idx.objs[h];
         if (st(o) == KVT_OBJ_FREE)
             continue;
-        struct kvt_l2_entry e = {.key = o->key, .stored = o->stored, .len = o->len,
-                                 .pins = o->pins, .ready = st(o) == KVT_OBJ_READY};
+        struct kvt_l2_entry e = {.key = o->key,
+                                 .stored = o->stored,
+                                 .len = o->len,
+                                 .pins = o->pins,
+                                 .ready = st(o) == KVT_OBJ_READY};
         more = visit(&e, arg);
     }
     bool end = h >= l2->idx.hwm;
@@ -117,11 +120,11 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(o, "health", json_string(msg));
     json_object_set_new(o, "used_bytes", json_integer((json_int_t)x.used_bytes));
     json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)x.cap_bytes));
-    json_object_set_new(o, "free_bytes",
-                        x.cap_bytes ? json_integer((json_int_t)(x.cap_bytes > x.used_bytes
-                                                                    ? x.cap_bytes - x.used_bytes
-                                                                    : 0))
-                                    : json_null());
+    json_object_set_new(
+        o, "free_bytes",
+        x.cap_bytes ? json_integer(
+                          (json_int_t)(x.cap_bytes > x.used_bytes ? x.cap_bytes - x.used_bytes : 0))
+                    : json_null());
     json_object_set_new(o, "usage_fraction", json_real(fraction));
     json_object_set_new(o, "objects", json_integer((json_int_t)x.objects));
     json_object_set_new(o, "persist_enabled", json_boolean(l2->persist_enabled));
@@ -177,9 +180,9 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(o, "logical_bytes", json_integer((json_int_t)x.logical_bytes));
     json_object_set_new(o, "logical_unknown_objects", json_integer((json_int_t)x.logical_unknown));
     json_object_set_new(o, "stored_to_logical_ratio",
-                        x.logical_bytes ? json_real((double)x.stored_known_bytes /
-                                                    (double)x.logical_bytes)
-                                : json_null());
+                        x.logical_bytes
+                            ? json_real((double)x.stored_known_bytes / (double)x.logical_bytes)
+                            : json_null());
 
     json_t *rec = json_object();
     json_object_set_new(rec, "state", json_string(x.recovering ? "running" : "done"));

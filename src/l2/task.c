@@ -95,14 +95,13 @@ int kvt_l2_task_code(const kvt_l2_task *t, uint32_t i)
     return code ? code : -EIO;
 }
 
-
 /* ------------------------------------------------------------ contract */
 
 /* L2 batches run from tens of microseconds (a lookup in the index) to
  * seconds (a large load from S3) */
 const double kvt_l2_lat_bounds[KVT_L2_LAT_BUCKETS] = {
-    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
-    25e-3, 50e-3,  100e-3, 250e-3, 500e-3, 1.0,  5.0,  1e300,
+    50e-6, 100e-6, 250e-6, 500e-6, 1e-3,   2.5e-3, 5e-3, 10e-3,
+    25e-3, 50e-3,  100e-3, 250e-3, 500e-3, 1.0,    5.0,  1e300,
 };
 
 static void record_latency(kvt_l2 *l2, const kvt_l2_task *t)
@@ -172,8 +171,8 @@ static void finish_policy_locked(kvt_l2 *l2, kvt_l2_task *t)
         if (o->state & ST_TRACKED) {
             kvt_policy_access(l2->policy, h);
         } else {
-            struct kvt_policy_hint hint = {.prefix_pos = i, .prefix_len = t->n,
-                                           .bytes = o->stored, .fp = kvt_key_hash(&ck)};
+            struct kvt_policy_hint hint = {
+                .prefix_pos = i, .prefix_len = t->n, .bytes = o->stored, .fp = kvt_key_hash(&ck)};
             kvt_policy_insert(l2->policy, h, false, &hint);
             o->state |= ST_TRACKED;
         }

@@ -39,8 +39,7 @@ int kvt_cli_target(const char *cmd, const char *config, const char *root, const 
         }
         t->have_cfg = true;
     }
-    snprintf(t->url, sizeof(t->url), "%s",
-             url ? url : t->have_cfg ? t->cfg.url : KVT_DEFAULT_URL);
+    snprintf(t->url, sizeof(t->url), "%s", url ? url : t->have_cfg ? t->cfg.url : KVT_DEFAULT_URL);
     t->url_given = url || (t->have_cfg && t->cfg.url_set);
     char uerr[400];
     if (kvt_url_check(t->url, uerr, sizeof(uerr))) {
@@ -52,16 +51,19 @@ int kvt_cli_target(const char *cmd, const char *config, const char *root, const 
     if (!want) {
         if (!need_root)
             return 0;
-        fprintf(stderr, "kvtier %s: no cache root: give --config FILE (KVP_CACHE_ROOT) or "
-                        "--root DIR\n", cmd);
+        fprintf(stderr,
+                "kvtier %s: no cache root: give --config FILE (KVP_CACHE_ROOT) or "
+                "--root DIR\n",
+                cmd);
         kvt_cli_target_free(t);
         return 2;
     }
     if (!realpath(want, t->root)) {
         if (errno == ENOENT && !root) /* a fresh machine: no server created it yet */
-            fprintf(stderr, "kvtier %s: the cache root %s (KVP_CACHE_ROOT of %s) does not exist "
-                            "yet: nothing has been stored there. A server started with this "
-                            "config creates it (kvtier server --config %s).\n",
+            fprintf(stderr,
+                    "kvtier %s: the cache root %s (KVP_CACHE_ROOT of %s) does not exist "
+                    "yet: nothing has been stored there. A server started with this "
+                    "config creates it (kvtier server --config %s).\n",
                     cmd, want, config, config);
         else
             fprintf(stderr, "kvtier %s: cache root %s: %s\n", cmd, want, kvt_strerror(-errno));
@@ -80,8 +82,10 @@ int kvt_cli_target(const char *cmd, const char *config, const char *root, const 
         return 2;
     }
     if (root && t->have_cfg && !kvt_same_dir(t->root, t->cfg.root)) {
-        fprintf(stderr, "kvtier %s: --root %s is outside the cache root %s (KVP_CACHE_ROOT of "
-                        "%s): refused\n", cmd, root, t->cfg.root, config);
+        fprintf(stderr,
+                "kvtier %s: --root %s is outside the cache root %s (KVP_CACHE_ROOT of "
+                "%s): refused\n",
+                cmd, root, t->cfg.root, config);
         kvt_cli_target_free(t);
         return 2;
     }

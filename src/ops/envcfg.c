@@ -98,12 +98,16 @@ static int expand(struct parser *p, const char **pp, struct buf *b)
             return 0;
         }
         if (*s != '}')
-            return perr(p, "bad expansion ${%s...}: only ${NAME} and ${NAME:-default} are "
-                           "supported", name);
+            return perr(p,
+                        "bad expansion ${%s...}: only ${NAME} and ${NAME:-default} are "
+                        "supported",
+                        name);
         s++;
         if (!val)
-            return perr(p, "${%s} is not set (set it earlier in the file or in the environment, "
-                           "or write ${%s:-default})", name, name);
+            return perr(p,
+                        "${%s} is not set (set it earlier in the file or in the environment, "
+                        "or write ${%s:-default})",
+                        name, name);
         *pp = s;
         return put(p, b, val, strlen(val));
     }
@@ -114,8 +118,10 @@ static int expand(struct parser *p, const char **pp, struct buf *b)
     name[n] = 0;
     const char *val = lookup(p, name);
     if (!val)
-        return perr(p, "$%s is not set (set it earlier in the file or in the environment, or "
-                       "write ${%s:-default})", name, name);
+        return perr(p,
+                    "$%s is not set (set it earlier in the file or in the environment, or "
+                    "write ${%s:-default})",
+                    name, name);
     *pp = s;
     return put(p, b, val, strlen(val));
 }
@@ -324,8 +330,7 @@ static int get_path(const json_t *v, const char *val, char *out, size_t cap)
 
 static int parse_bool(const char *s, bool *out)
 {
-    if (!strcasecmp(s, "true") || !strcmp(s, "1") || !strcasecmp(s, "yes") ||
-        !strcasecmp(s, "on"))
+    if (!strcasecmp(s, "true") || !strcmp(s, "1") || !strcasecmp(s, "yes") || !strcasecmp(s, "on"))
         *out = true;
     else if (!strcasecmp(s, "false") || !strcmp(s, "0") || !strcasecmp(s, "no") ||
              !strcasecmp(s, "off"))
@@ -363,11 +368,13 @@ int kvt_envcfg_load(const char *path, struct kvt_envcfg *c, char *err, size_t er
     json_object_foreach(p.vars, name, v)
     {
         if (strncmp(name, "KVP_", 4) == 0 && !find_var(name)) {
-            rc = verr(err, errcap, v, name, "unknown variable%s (known: KVP_CACHE_ROOT, "
+            rc = verr(err, errcap, v, name,
+                      "unknown variable%s (known: KVP_CACHE_ROOT, "
                       "KVP_CACHE_BUDGET_GB, KVP_CACHE_DEVICE, KVP_TRIGGER_WATERMARK, "
                       "KVP_EVICTION_RATIO, KVP_EVICTION_POLICY, KVP_VALUE_HALF_LIFE_HOURS, "
                       "KVP_QUOTAS_FILE, KVP_SERVER_URL, KVP_USE_DIRECT_IO, KVP_IO_ENGINE, "
-                      "KVP_NUM_WORKERS, KVP_DURABLE, KVP_SHARD_DIRS)", "");
+                      "KVP_NUM_WORKERS, KVP_DURABLE, KVP_SHARD_DIRS)",
+                      "");
             goto out;
         }
     }
@@ -376,9 +383,9 @@ int kvt_envcfg_load(const char *path, struct kvt_envcfg *c, char *err, size_t er
         const struct var *d = &vars[i];
         v = json_object_get(p.vars, d->name);
         const char *val = v ? json_string_value(json_object_get(v, "value")) : d->def;
-        json_object_set_new(c->sources, d->name,
-                            json_string(v ? json_string_value(json_object_get(v, "src"))
-                                          : "default"));
+        json_object_set_new(
+            c->sources, d->name,
+            json_string(v ? json_string_value(json_object_get(v, "src")) : "default"));
         if (!val) {
             rc = verr(err, errcap, v, d->name, "is required (the cache directory)%s", "");
             goto out;
@@ -434,8 +441,8 @@ int kvt_envcfg_load(const char *path, struct kvt_envcfg *c, char *err, size_t er
             while (k < 5 && strcasecmp(val, known[k]))
                 k++;
             if (k == 5) {
-                rc = verr(err, errcap, v, n, "expected LRU, ARC, LFU, value or none, got '%s'",
-                          val);
+                rc =
+                    verr(err, errcap, v, n, "expected LRU, ARC, LFU, value or none, got '%s'", val);
                 goto out;
             }
             snprintf(c->policy, sizeof(c->policy), "%s", known[k]);

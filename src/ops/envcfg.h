@@ -30,23 +30,23 @@
 #include <jansson.h>
 
 struct kvt_envcfg {
-    char file[PATH_MAX];  /* the config file as given */
-    char root[PATH_MAX];  /* KVP_CACHE_ROOT (absolute) */
-    double budget_gb;     /* KVP_CACHE_BUDGET_GB: 1500 */
-    char device[PATH_MAX];/* KVP_CACHE_DEVICE: "" = the file system of the root */
-    double watermark;     /* KVP_TRIGGER_WATERMARK: 0.9 */
-    double ratio;         /* KVP_EVICTION_RATIO: 0.1 */
-    char policy[16];      /* KVP_EVICTION_POLICY: LRU | value | none */
-    double half_life_h;   /* KVP_VALUE_HALF_LIFE_HOURS: 0 = aging (value policy) */
-    char quotas[PATH_MAX];/* KVP_QUOTAS_FILE: "" = no quotas */
-    char url[300];        /* KVP_SERVER_URL: tcp://127.0.0.1:5555 */
-    bool url_set;         /* KVP_SERVER_URL was given */
-    bool direct_io;       /* KVP_USE_DIRECT_IO: false */
-    char io_engine[16];   /* KVP_IO_ENGINE: posix */
-    int num_workers;      /* KVP_NUM_WORKERS: 4 */
-    bool durable;         /* KVP_DURABLE: false */
-    bool shard_dirs;      /* KVP_SHARD_DIRS: false */
-    json_t *sources;      /* KVP name -> "file:line" or "default" (owned) */
+    char file[PATH_MAX];   /* the config file as given */
+    char root[PATH_MAX];   /* KVP_CACHE_ROOT (absolute) */
+    double budget_gb;      /* KVP_CACHE_BUDGET_GB: 1500 */
+    char device[PATH_MAX]; /* KVP_CACHE_DEVICE: "" = the file system of the root */
+    double watermark;      /* KVP_TRIGGER_WATERMARK: 0.9 */
+    double ratio;          /* KVP_EVICTION_RATIO: 0.1 */
+    char policy[16];       /* KVP_EVICTION_POLICY: LRU | value | none */
+    double half_life_h;    /* KVP_VALUE_HALF_LIFE_HOURS: 0 = aging (value policy) */
+    char quotas[PATH_MAX]; /* KVP_QUOTAS_FILE: "" = no quotas */
+    char url[300];         /* KVP_SERVER_URL: tcp://127.0.0.1:5555 */
+    bool url_set;          /* KVP_SERVER_URL was given */
+    bool direct_io;        /* KVP_USE_DIRECT_IO: false */
+    char io_engine[16];    /* KVP_IO_ENGINE: posix */
+    int num_workers;       /* KVP_NUM_WORKERS: 4 */
+    bool durable;          /* KVP_DURABLE: false */
+    bool shard_dirs;       /* KVP_SHARD_DIRS: false */
+    json_t *sources;       /* KVP name -> "file:line" or "default" (owned) */
 };
 
 /* Read path and path.local (if present). 0, or KVT_E_CONFIG (a file that

@@ -89,8 +89,7 @@ void kvt_preflight_run(const char *root, const char *device, uint64_t budget_byt
             if (have_root && rst.st_dev != dst.st_dev)
                 pf->root_on_device = false;
         } else {
-            warn(pf, "KVP_CACHE_DEVICE %s is neither a block device nor a directory",
-                 pf->device);
+            warn(pf, "KVP_CACHE_DEVICE %s is neither a block device nor a directory", pf->device);
         }
         if (!pf->root_on_device)
             warn(pf, "KVP_CACHE_ROOT %s is not on KVP_CACHE_DEVICE %s", root, pf->device);

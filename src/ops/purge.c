@@ -189,14 +189,18 @@ static int count_names(const char *root, const struct kvt_purge_req *q, uint64_t
 }
 
 static int sweep(const char *root, kvt_l2 *l2, const struct kvt_purge_req *q, bool count_only,
-                 uint64_t total, kvt_purge_progress progress, void *parg,
-                 struct kvt_purge_res *r)
+                 uint64_t total, kvt_purge_progress progress, void *parg, struct kvt_purge_res *r)
 {
     int rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (rootfd < 0)
         return -errno;
-    struct sweep_ctx c = {.l2 = l2, .q = q, .r = r, .count_only = count_only,
-                          .progress = progress, .parg = parg, .total = total};
+    struct sweep_ctx c = {.l2 = l2,
+                          .q = q,
+                          .r = r,
+                          .count_only = count_only,
+                          .progress = progress,
+                          .parg = parg,
+                          .total = total};
     kvt_tmpguard_init(&c.g, rootfd);
     int rc = kvt_walk_root(rootfd, sweep_visit, &c);
     if (!count_only && q->what != KVT_PURGE_NAMESPACE)

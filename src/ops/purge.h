@@ -40,10 +40,10 @@ struct kvt_purge_req {
 };
 
 struct kvt_purge_res {
-    uint64_t matched;       /* objects of the selection found (before removal) */
+    uint64_t matched; /* objects of the selection found (before removal) */
     uint64_t removed, removed_bytes;
-    uint64_t l1_removed;        /* copies dropped from the server's memory tier */
-    uint64_t pinned, in_flight; /* left in place: being read / being written */
+    uint64_t l1_removed;                 /* copies dropped from the server's memory tier */
+    uint64_t pinned, in_flight;          /* left in place: being read / being written */
     uint64_t files_removed, files_bytes; /* unindexed object files (server), or all (offline) */
     uint64_t tmp_removed, tmp_bytes, tmp_kept;
     uint64_t markers_swept;

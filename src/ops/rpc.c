@@ -67,7 +67,8 @@ int kvt_ops_call(const char *url, const char *op, const json_t *body, int timeou
     char rid[16];
     int rl = snprintf(rid, sizeof(rid), "ops%d", (int)getpid());
     if (zmq_send(sock, rid, (size_t)rl, ZMQ_SNDMORE) < 0 ||
-        zmq_send(sock, op, strlen(op), ZMQ_SNDMORE) < 0 || zmq_send(sock, sb.data, sb.size, 0) < 0) {
+        zmq_send(sock, op, strlen(op), ZMQ_SNDMORE) < 0 ||
+        zmq_send(sock, sb.data, sb.size, 0) < 0) {
         rc = errno == EAGAIN ? KVT_E_TIMEOUT : -errno;
         snprintf(err, errcap, "cannot send to %s: %s", url, kvt_strerror(-errno));
         goto out;

@@ -166,7 +166,8 @@ struct scan_ctx {
 static void add(json_t *o, const char *k, uint64_t v)
 {
     json_t *cur = json_object_get(o, k);
-    json_object_set_new(o, k, json_integer((json_int_t)(v + (cur ? (uint64_t)json_integer_value(cur) : 0))));
+    json_object_set_new(
+        o, k, json_integer((json_int_t)(v + (cur ? (uint64_t)json_integer_value(cur) : 0))));
 }
 
 static bool scan_visit(const struct kvt_entry *e, void *arg)
@@ -206,7 +207,9 @@ int kvt_scan_root(const char *root, struct kvt_scan *s, bool tmp_only)
     s->per_ns_objects = json_object();
     struct scan_ctx c = {.s = s};
     kvt_tmpguard_init(&c.g, rootfd);
-    struct walk w = {.fn = scan_visit, .arg = &c, .tmp_only = tmp_only,
+    struct walk w = {.fn = scan_visit,
+                     .arg = &c,
+                     .tmp_only = tmp_only,
                      .legacy = tmp_only ? NULL : &s->legacy_bytes};
     int rc = walk_dir(&w, rootfd, 0);
     s->used_bytes += s->legacy_bytes;

@@ -1,8 +1,8 @@
 /*
  * Walking a cache root offline: the nixl_store_dynamic layout (flat *.bin
  * files, or hex[0:2]/hex[2:4]/ shard directories), the fs adapter's flat
- * *.data files, tmp files, registry markers, legacy kvp-* directories. Used by `kvtier status --root` and by
- * `kvtier purge` when no server serves the root.
+ * *.data files, tmp files, registry markers, legacy kvp-* directories. Used by `kvtier status
+ * --root` and by `kvtier purge` when no server serves the root.
  *
  * Namespaces are the file-name prefix of an object name
  *   {namespace}_{kv_rank:08x}_{group:x}_{chunk hex}[@salt].bin
@@ -31,8 +31,8 @@ enum kvt_entry_kind { KVT_ENT_OBJECT, KVT_ENT_TMP, KVT_ENT_OTHER };
 
 struct kvt_entry {
     enum kvt_entry_kind kind;
-    int dfd;              /* directory holding it (the root or a shard directory) */
-    const char *name;     /* entry name in dfd */
+    int dfd;          /* directory holding it (the root or a shard directory) */
+    const char *name; /* entry name in dfd */
     const struct stat *st;
     /* KVT_ENT_OBJECT: the decoded key (nixl_store_dynamic's codec; its
      * namespace interned) and its namespace name (kvt_ns_name: the file-name
@@ -57,13 +57,13 @@ bool kvt_object_key(const char *name, kvt_key *k, const char **ns);
 bool kvt_ns_name_ok(const char *name);
 
 struct kvt_scan {
-    uint64_t used_bytes;  /* object files (+ legacy kvp-* directories) */
+    uint64_t used_bytes; /* object files (+ legacy kvp-* directories) */
     uint64_t objects;
     json_t *per_ns_bytes; /* namespace -> bytes (owned) */
     json_t *per_ns_objects;
     uint64_t tmp_files, tmp_bytes;
     uint64_t tmp_n[KVT_TMP_NVERDICTS], tmp_b[KVT_TMP_NVERDICTS];
-    uint64_t legacy_bytes; /* kvp-* directories (the seed counts them as used) */
+    uint64_t legacy_bytes;             /* kvp-* directories (the seed counts them as used) */
     uint64_t other_files, other_bytes; /* files that are none of the above */
     uint64_t markers;                  /* registry markers in .tmp_guard/ */
     uint64_t fs_total_bytes, fs_free_bytes;

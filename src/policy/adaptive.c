@@ -40,7 +40,7 @@ enum { MAXEXP = 3 }; /* adaptive: 0 LRU, 1 ARC, 2 LFU with aging; value: 0 by V,
 
 struct shadow_keys { /* shadow handle -> key, and which shadows hold it */
     uint64_t *fp;
-    uint8_t *in; /* bit e: in expert e's shadow */
+    uint8_t *in;              /* bit e: in expert e's shadow */
     uint32_t cap, used, free; /* free ids chained through fp */
     struct kvt_u32map map;    /* low 32 bits of fp -> shadow handle */
 };
@@ -52,7 +52,7 @@ struct adaptive {
     struct kvt_policy *shadow[MAXEXP];
     uint32_t scount[MAXEXP]; /* keys in each shadow */
     double score[MAXEXP];    /* decayed shadow hits */
-    uint64_t *fp;          /* real handle -> fingerprint (0: none) */
+    uint64_t *fp;            /* real handle -> fingerprint (0: none) */
     uint8_t *present;
     uint32_t n, c;
     int leader;
@@ -133,7 +133,7 @@ static void shadow_use(struct adaptive *a, uint64_t fp, const struct kvt_policy_
                 break;
             p->ops->remove(p, v);
             a->scount[e]--;
-            a->sk.in[v] &= (uint8_t)~(1u << e);
+            a->sk.in[v] &= (uint8_t) ~(1u << e);
             sk_release(&a->sk, v);
         }
         p->ops->insert(p, sh, false, hint);

@@ -8,7 +8,6 @@
 #include <string.h>
 #include <strings.h>
 
-
 static void noop_insert(struct kvt_policy *p, uint32_t h, bool cold,
                         const struct kvt_policy_hint *hint)
 {
@@ -122,8 +121,8 @@ static int nonneg(const json_t *v, double *out)
     return 0;
 }
 
-static const char *const value_keys[] = {"half_life_hours", "reuse_weight", "length_weight",
-                                         "cost_weight", "follow_recency", NULL};
+static const char *const value_keys[] = {"half_life_hours", "reuse_weight",   "length_weight",
+                                         "cost_weight",     "follow_recency", NULL};
 enum { NUMERIC_VALUE_KEYS = 4 }; /* the first ones; then the boolean */
 
 static bool is_value_key(const char *k)
@@ -175,8 +174,7 @@ int kvt_policy_from_json(const json_t *ev, struct kvt_policy **out, char *err, s
     json_object_foreach((json_t *)ev, key, val)
     {
         if (is_value_key(key) && !value) {
-            snprintf(err, errcap, "\"eviction.%s\" applies to eviction_policy \"value\" only",
-                     key);
+            snprintf(err, errcap, "\"eviction.%s\" applies to eviction_policy \"value\" only", key);
             return KVT_E_CONFIG;
         }
         if (strcmp(key, "eviction_policy") && strcmp(key, "trigger_watermark") &&
@@ -239,9 +237,9 @@ json_t *kvt_policy_describe(const struct kvt_policy *p)
     struct kvt_value_params prm;
     if (kvt_value_get_params(p, &prm)) {
         /* no half-life: freshness by aging (value.c), no clock */
-        json_object_set_new(r, "half_life_hours", prm.half_life_s > 0
-                                                      ? json_real(prm.half_life_s / 3600.0)
-                                                      : json_null());
+        json_object_set_new(r, "half_life_hours",
+                            prm.half_life_s > 0 ? json_real(prm.half_life_s / 3600.0)
+                                                : json_null());
         json_object_set_new(r, "reuse_weight", json_real(prm.reuse_w));
         json_object_set_new(r, "length_weight", json_real(prm.len_w));
         json_object_set_new(r, "cost_weight", json_real(prm.cost_w));

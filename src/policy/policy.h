@@ -74,11 +74,11 @@ uint64_t kvt_lfu_priority(const struct kvt_policy *p, uint32_t h, uint64_t *infl
  *     x (bytes/1MiB)^-cost_w, freshness = GreedyDual aging (half_life_s 0)
  *     or 2^(-age/half_life) */
 struct kvt_value_params {
-    double half_life_s; /* 0: aging (default); > 0: a fixed decay (the seed: 86400) */
-    double reuse_w;     /* 1 */
-    double len_w;       /* 1 */
-    double len_scale;   /* 32 chunks */
-    double cost_w;      /* 1 */
+    double half_life_s;  /* 0: aging (default); > 0: a fixed decay (the seed: 86400) */
+    double reuse_w;      /* 1 */
+    double len_w;        /* 1 */
+    double len_scale;    /* 32 chunks */
+    double cost_w;       /* 1 */
     bool follow_recency; /* true: "value" as kvt_value_create says; false: the bare order */
 };
 void kvt_value_defaults(struct kvt_value_params *p);

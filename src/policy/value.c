@@ -60,9 +60,9 @@ struct hent {
 struct value {
     struct kvt_policy base;
     struct kvt_value_params prm;
-    double inv_tau;  /* ln 2 / half_life: key units per second */
-    uint32_t *pos;   /* heap position of each handle, NIL when absent */
-    uint16_t *reuse; /* saturating */
+    double inv_tau;   /* ln 2 / half_life: key units per second */
+    uint32_t *pos;    /* heap position of each handle, NIL when absent */
+    uint16_t *reuse;  /* saturating */
     uint16_t *prefix; /* position in the request */
     uint16_t *plen;   /* prefix length (chunks in the request), 0 = unknown */
     uint8_t *costc;   /* log2(bytes) + 1, 0 = unknown */

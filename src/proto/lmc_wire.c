@@ -154,8 +154,8 @@ int lmc_decode_op(const void *p, size_t n, enum lmc_op *op, char *name, size_t c
         return -1;                                                                                 \
     } while (0)
 
-static int req_uint(const msgpack_object *m, const char *key, uint64_t max, uint64_t *v,
-                    char *why, size_t cap)
+static int req_uint(const msgpack_object *m, const char *key, uint64_t max, uint64_t *v, char *why,
+                    size_t cap)
 {
     const msgpack_object *f = kvt_mp_get(m, key);
     int64_t i;
@@ -258,11 +258,10 @@ size_t lmc_dtype_size(const char *n)
         const char *name;
         size_t size;
     } t[] = {
-        {"float16", 2},        {"half", 2},          {"bfloat16", 2},     {"float32", 4},
-        {"float", 4},          {"float64", 8},       {"double", 8},       {"uint8", 1},
-        {"int8", 1},           {"int16", 2},         {"int32", 4},        {"int64", 8},
-        {"float8_e4m3fn", 1},  {"float8_e5m2", 1},   {"float8_e4m3fnuz", 1},
-        {"float8_e5m2fnuz", 1},
+        {"float16", 2},       {"half", 2},        {"bfloat16", 2},        {"float32", 4},
+        {"float", 4},         {"float64", 8},     {"double", 8},          {"uint8", 1},
+        {"int8", 1},          {"int16", 2},       {"int32", 4},           {"int64", 8},
+        {"float8_e4m3fn", 1}, {"float8_e5m2", 1}, {"float8_e4m3fnuz", 1}, {"float8_e5m2fnuz", 1},
     };
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
         if (strcmp(t[i].name, n) == 0)

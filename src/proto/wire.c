@@ -38,8 +38,8 @@ int kvt_mp_u64(const msgpack_object *m, const char *key, bool required, uint64_t
     return 0;
 }
 
-int kvt_mp_str(const msgpack_object *m, const char *key, bool required, const char **s,
-               size_t *len, const char **why)
+int kvt_mp_str(const msgpack_object *m, const char *key, bool required, const char **s, size_t *len,
+               const char **why)
 {
     const msgpack_object *v = kvt_mp_get(m, key);
     if (!v || v->type == MSGPACK_OBJECT_NIL)
@@ -120,9 +120,8 @@ void kvt_mp_str0(msgpack_packer *pk, const char *s)
     msgpack_pack_str_body(pk, s, l);
 }
 
-void kvt_wire_keys_encode(msgpack_packer *pk, const char *model, uint32_t kv_rank,
-                          uint32_t group, const char *salt, const uint8_t *hashes,
-                          size_t hash_len, uint32_t n)
+void kvt_wire_keys_encode(msgpack_packer *pk, const char *model, uint32_t kv_rank, uint32_t group,
+                          const char *salt, const uint8_t *hashes, size_t hash_len, uint32_t n)
 {
     msgpack_pack_map(pk, 5);
     kvt_mp_str0(pk, "model");
@@ -274,7 +273,6 @@ int kvt_wire_meta_decode(const msgpack_object *body, kvt_objmeta *m, const char 
     return 0;
 }
 
-
 /*
  * Walk msgpack bytes without decoding them and check that every declared
  * array/map/str/bin length fits in what is left, with nesting <= 32. msgpack-c
@@ -308,22 +306,66 @@ static int mp_precheck(const uint8_t *p, size_t len)
             skip = b & 0x1f;
         } else {
             switch (b) {
-            case 0xcc: case 0xd0: skip = 1; break;
-            case 0xcd: case 0xd1: skip = 2; break;
-            case 0xca: case 0xce: case 0xd2: skip = 4; break;
-            case 0xcb: case 0xcf: case 0xd3: skip = 8; break;
-            case 0xd4: skip = 2; break;
-            case 0xd5: skip = 3; break;
-            case 0xd6: skip = 5; break;
-            case 0xd7: skip = 9; break;
-            case 0xd8: skip = 17; break;
-            case 0xc4: case 0xd9: hdr = 1; break;
-            case 0xc5: case 0xda: case 0xdc: case 0xde: hdr = 2; break;
-            case 0xc6: case 0xdb: case 0xdd: case 0xdf: hdr = 4; break;
-            case 0xc7: hdr = 1; break;
-            case 0xc8: hdr = 2; break;
-            case 0xc9: hdr = 4; break;
-            default: return -1;
+            case 0xcc:
+            case 0xd0:
+                skip = 1;
+                break;
+            case 0xcd:
+            case 0xd1:
+                skip = 2;
+                break;
+            case 0xca:
+            case 0xce:
+            case 0xd2:
+                skip = 4;
+                break;
+            case 0xcb:
+            case 0xcf:
+            case 0xd3:
+                skip = 8;
+                break;
+            case 0xd4:
+                skip = 2;
+                break;
+            case 0xd5:
+                skip = 3;
+                break;
+            case 0xd6:
+                skip = 5;
+                break;
+            case 0xd7:
+                skip = 9;
+                break;
+            case 0xd8:
+                skip = 17;
+                break;
+            case 0xc4:
+            case 0xd9:
+                hdr = 1;
+                break;
+            case 0xc5:
+            case 0xda:
+            case 0xdc:
+            case 0xde:
+                hdr = 2;
+                break;
+            case 0xc6:
+            case 0xdb:
+            case 0xdd:
+            case 0xdf:
+                hdr = 4;
+                break;
+            case 0xc7:
+                hdr = 1;
+                break;
+            case 0xc8:
+                hdr = 2;
+                break;
+            case 0xc9:
+                hdr = 4;
+                break;
+            default:
+                return -1;
             }
             if (hdr) {
                 if (len - i < hdr)

@@ -21,9 +21,9 @@
 #include "key/objmeta.h"
 
 #define KVT_PROTO_VERSION 1
-#define KVT_MAX_BODY (16u << 20)   /* largest msgpack body accepted */
-#define KVT_MAX_BATCH 65536u       /* keys per request */
-#define KVT_MAX_RID 32             /* request id frame bytes */
+#define KVT_MAX_BODY (16u << 20) /* largest msgpack body accepted */
+#define KVT_MAX_BATCH 65536u     /* keys per request */
+#define KVT_MAX_RID 32           /* request id frame bytes */
 
 /* ---- reading a decoded body ---- */
 
@@ -34,15 +34,14 @@ const msgpack_object *kvt_mp_get(const msgpack_object *m, const char *key);
  * required (then KVT_E_BADREQ). */
 int kvt_mp_u64(const msgpack_object *m, const char *key, bool required, uint64_t *out,
                const char **why);
-int kvt_mp_str(const msgpack_object *m, const char *key, bool required, const char **s,
-               size_t *len, const char **why);
+int kvt_mp_str(const msgpack_object *m, const char *key, bool required, const char **s, size_t *len,
+               const char **why);
 int kvt_mp_bool(const msgpack_object *m, const char *key, bool *out, const char **why);
 
 /* Decode the "keys" batch {model, kv_rank, group, salt, hashes: [bin...]}
  * into n validated keys (interning the namespace). keys is malloc'd.
  * Returns 0, KVT_E_BADREQ (shape) or KVT_E_BADKEY (validation), with *why. */
-int kvt_wire_keys_decode(const msgpack_object *body, kvt_key **keys, uint32_t *n,
-                         const char **why);
+int kvt_wire_keys_decode(const msgpack_object *body, kvt_key **keys, uint32_t *n, const char **why);
 
 /* Decode a request body: a msgpack map (an empty frame is an empty map).
  * up must be initialized; on success up->data is the map. */
@@ -56,9 +55,8 @@ int kvt_wire_meta_decode(const msgpack_object *body, kvt_objmeta *m, const char 
 /* ---- writing ---- */
 
 /* Encode a keys batch: all keys must share ns, kv_rank and group. */
-void kvt_wire_keys_encode(msgpack_packer *pk, const char *model, uint32_t kv_rank,
-                          uint32_t group, const char *salt, const uint8_t *hashes,
-                          size_t hash_len, uint32_t n);
+void kvt_wire_keys_encode(msgpack_packer *pk, const char *model, uint32_t kv_rank, uint32_t group,
+                          const char *salt, const uint8_t *hashes, size_t hash_len, uint32_t n);
 void kvt_mp_str0(msgpack_packer *pk, const char *s);
 
 /* JSON <-> msgpack (status bodies). */

@@ -16,12 +16,14 @@ int kvt_sd_cframe_encode(const struct kvt_sd *sd, bool split, kvt_sd_compress_fn
                          struct kvt_serde_wctx *w, struct kvt_sd_obj *o, const uint8_t *in,
                          size_t n, uint8_t *out, size_t cap, size_t *outn)
 {
-    if (cap < n + KVT_SD_CFRAME_HDR) return -ENOSPC;
+    if (cap < n + KVT_SD_CFRAME_HDR)
+        return -ENOSPC;
     unsigned width = split ? kvt_sd_split_width(o->dtype) : 1;
     const uint8_t *src = in;
     if (width > 1 && n >= 2 * width) {
         uint8_t *tmp = kvt_sd_scratch(w, 2, n);
-        if (!tmp) return -ENOMEM;
+        if (!tmp)
+            return -ENOMEM;
         kvt_sd_split(in, n, width, tmp);
         src = tmp;
     } else {
@@ -47,16 +49,19 @@ int kvt_sd_cframe_encode(const struct kvt_sd *sd, bool split, kvt_sd_compress_fn
 int kvt_sd_cframe_decode(kvt_sd_decompress_fn fn, struct kvt_serde_wctx *w, struct kvt_sd_obj *o,
                          const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn)
 {
-    if (n < KVT_SD_CFRAME_HDR) return kvt_sd_bad(o, KVT_SERDE_FORMAT);
+    if (n < KVT_SD_CFRAME_HDR)
+        return kvt_sd_bad(o, KVT_SERDE_FORMAT);
     unsigned mode = in[0], width = in[1];
     uint64_t olen = kvt_sd_get64(in + 8);
     const uint8_t *data = in + KVT_SD_CFRAME_HDR;
     size_t dlen = n - KVT_SD_CFRAME_HDR;
     if (mode > 1 || (width != 1 && width != 2 && width != 4))
         return kvt_sd_bad(o, KVT_SERDE_FORMAT);
-    if (olen > cap) return kvt_sd_bad(o, KVT_SERDE_LENGTH);
+    if (olen > cap)
+        return kvt_sd_bad(o, KVT_SERDE_LENGTH);
     if (mode == 0) {
-        if (dlen != olen) return kvt_sd_bad(o, KVT_SERDE_FORMAT);
+        if (dlen != olen)
+            return kvt_sd_bad(o, KVT_SERDE_FORMAT);
         memcpy(out, data, dlen);
         *outn = dlen;
         return 0;
@@ -64,11 +69,14 @@ int kvt_sd_cframe_decode(kvt_sd_decompress_fn fn, struct kvt_serde_wctx *w, stru
     uint8_t *dst = out;
     if (width > 1) {
         dst = kvt_sd_scratch(w, 2, olen);
-        if (!dst) return kvt_sd_bad(o, KVT_SERDE_NOMEM);
+        if (!dst)
+            return kvt_sd_bad(o, KVT_SERDE_NOMEM);
     }
     size_t got = fn(w, data, dlen, dst, (size_t)olen);
-    if (got != olen) return kvt_sd_bad(o, got == SIZE_MAX ? KVT_SERDE_FORMAT : KVT_SERDE_LENGTH);
-    if (width > 1) kvt_sd_unsplit(dst, (size_t)olen, width, out);
+    if (got != olen)
+        return kvt_sd_bad(o, got == SIZE_MAX ? KVT_SERDE_FORMAT : KVT_SERDE_LENGTH);
+    if (width > 1)
+        kvt_sd_unsplit(dst, (size_t)olen, width, out);
     *outn = (size_t)olen;
     return 0;
 }

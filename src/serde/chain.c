@@ -39,20 +39,23 @@ static const char *const all_names[] = {"checksum", "encrypt", "fp8", "lz4", "zs
 static void chain_free(struct kvt_serde *s)
 {
     for (int i = 0; i < s->n; i++)
-        if (s->sd[i].ops && s->sd[i].ops->free) s->sd[i].ops->free(&s->sd[i]);
+        if (s->sd[i].ops && s->sd[i].ops->free)
+            s->sd[i].ops->free(&s->sd[i]);
     free(s);
 }
 
 struct kvt_serde *kvt_serde_ref(struct kvt_serde *s)
 {
-    if (s) atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+    if (s)
+        atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
     return s;
 }
 
 void kvt_serde_unref(struct kvt_serde *s)
 {
     /* acq_rel: the last owner sees every other owner's writes before freeing */
-    if (s && atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) chain_free(s);
+    if (s && atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1)
+        chain_free(s);
 }
 
 uint32_t kvt_serde_id(const struct kvt_serde *s)
@@ -85,7 +88,8 @@ struct kvt_serde_stats *kvt_serde_stats(struct kvt_serde *s)
 static const struct kvt_sd_ops *find_ops(const char *type)
 {
     for (size_t i = 0; i < KVT_ARRAY_LEN(all_ops); i++)
-        if (strcmp(all_ops[i]->type, type) == 0) return all_ops[i];
+        if (strcmp(all_ops[i]->type, type) == 0)
+            return all_ops[i];
     return NULL;
 }
 
@@ -107,11 +111,14 @@ static int parse_one(struct kvt_cfg *c, const json_t *elem, const char *name, st
         sd->max_workers = (int)mw;
         sd->ops->parse(&sub, sd);
     }
-    if (!sub.rc) kvt_cfg_finish(&sub);
+    if (!sub.rc)
+        kvt_cfg_finish(&sub);
     int rc = sub.rc;
-    if (!rc) json_array_append(resolved_out, sub.resolved);
+    if (!rc)
+        json_array_append(resolved_out, sub.resolved);
     kvt_cfg_free(&sub);
-    if (rc) c->rc = rc; /* the message is already in the shared buffer */
+    if (rc)
+        c->rc = rc; /* the message is already in the shared buffer */
     return rc;
 }
 
@@ -132,12 +139,14 @@ static uint32_t chain_id(const struct kvt_serde *s)
 
 int kvt_serde_parse(struct kvt_cfg *c, const json_t *v, struct kvt_serde **out)
 {
-    if (c->rc) return c->rc;
+    if (c->rc)
+        return c->rc;
     bool single = json_is_object(v);
     if (!single && !json_is_array(v))
         return kvt_cfg_fail(c, "serde", "must be an object or an array of objects");
     size_t n = single ? 1 : json_array_size(v);
-    if (n == 0) return kvt_cfg_fail(c, "serde", "must name at least one serde");
+    if (n == 0)
+        return kvt_cfg_fail(c, "serde", "must name at least one serde");
     if (n > KVT_SERDE_MAX_STAGES)
         return kvt_cfg_fail(c, "serde", "has %zu serdes; at most %d may be chained", n,
                             KVT_SERDE_MAX_STAGES);
@@ -158,7 +167,8 @@ int kvt_serde_parse(struct kvt_cfg *c, const json_t *v, struct kvt_serde **out)
             return c->rc;
         }
         s->n = (int)i + 1;
-        if (s->sd[i].max_workers > s->max_workers) s->max_workers = s->sd[i].max_workers;
+        if (s->sd[i].max_workers > s->max_workers)
+            s->max_workers = s->sd[i].max_workers;
     }
     s->id = chain_id(s);
     if (single) {
@@ -190,7 +200,8 @@ struct kvt_serde_wctx *kvt_serde_wctx_new(void)
 
 void kvt_serde_wctx_free(struct kvt_serde_wctx *w)
 {
-    if (!w) return;
+    if (!w)
+        return;
     for (int i = 0; i < 3; i++)
         free(w->buf[i]);
     for (int d = 0; d < 2; d++)
@@ -204,13 +215,15 @@ void kvt_serde_wctx_free(struct kvt_serde_wctx *w)
 
 uint8_t *kvt_sd_scratch(struct kvt_serde_wctx *w, int slot, size_t n)
 {
-    if (w->cap[slot] >= n && w->buf[slot]) return w->buf[slot];
+    if (w->cap[slot] >= n && w->buf[slot])
+        return w->buf[slot];
     /* grow geometrically so a mix of sizes settles on one buffer */
     size_t want = KVT_MAX(n, w->cap[slot] + w->cap[slot] / 2);
     free(w->buf[slot]);
     w->cap[slot] = 0;
     w->buf[slot] = malloc(want ? want : 1);
-    if (!w->buf[slot]) return NULL;
+    if (!w->buf[slot])
+        return NULL;
     w->cap[slot] = want;
     return w->buf[slot];
 }
@@ -352,14 +365,16 @@ int kvt_serde_encode(struct kvt_serde *s, struct kvt_serde_wctx *w, const kvt_ke
         }
         size_t outn = 0;
         rc = sd->ops->encode(sd, w, &o, cur, curlen, dst, cap, &outn);
-        if (rc) goto out;
+        if (rc)
+            goto out;
         cur = dst;
         curlen = outn;
     }
     /* shrink to what the engine stores: the bound may be far above it */
     if (curlen && final) {
         void *shrunk = realloc(final, curlen);
-        if (shrunk) final = shrunk;
+        if (shrunk)
+            final = shrunk;
     }
     *out = final;
     *outlen = curlen;
@@ -435,13 +450,15 @@ int kvt_serde_decode(struct kvt_serde *s, struct kvt_serde_wctx *w, const kvt_ke
         size_t outn = 0;
         rc = sd->ops->decode(sd, w, &o, cur, curlen, out, ocap, &outn);
         if (rc) {
-            if (o.fail == KVT_SERDE_OK) o.fail = KVT_SERDE_FORMAT;
+            if (o.fail == KVT_SERDE_OK)
+                o.fail = KVT_SERDE_FORMAT;
             goto out;
         }
         cur = out;
         curlen = outn;
     }
-    if (curlen != cap) rc = kvt_sd_bad(&o, KVT_SERDE_LENGTH);
+    if (curlen != cap)
+        rc = kvt_sd_bad(&o, KVT_SERDE_LENGTH);
 out:
     if (rc) {
         atomic_fetch_add(&s->stats.decode_failed, 1);
@@ -449,7 +466,8 @@ out:
     } else {
         atomic_fetch_add(&s->stats.decoded, 1);
     }
-    if (fail) *fail = rc ? o.fail : KVT_SERDE_OK;
+    if (fail)
+        *fail = rc ? o.fail : KVT_SERDE_OK;
     atomic_fetch_add(&s->stats.decode_ns, kvt_now_ns() - t0);
     return rc;
 }

@@ -35,7 +35,8 @@ static int cs_encode(const struct kvt_sd *sd, struct kvt_serde_wctx *w, struct k
 {
     (void)sd;
     (void)w;
-    if (cap < n + HDR) return -ENOSPC;
+    if (cap < n + HDR)
+        return -ENOSPC;
     kvt_sd_put64(out, XXH3_64bits_withSeed(in, n, o->seed));
     kvt_sd_put64(out + 8, n);
     memcpy(out + HDR, in, n);
@@ -48,9 +49,11 @@ static int cs_decode(const struct kvt_sd *sd, struct kvt_serde_wctx *w, struct k
 {
     (void)sd;
     (void)w;
-    if (n < HDR || kvt_sd_get64(in + 8) != n - HDR) return kvt_sd_bad(o, KVT_SERDE_FORMAT);
+    if (n < HDR || kvt_sd_get64(in + 8) != n - HDR)
+        return kvt_sd_bad(o, KVT_SERDE_FORMAT);
     size_t plen = n - HDR;
-    if (plen > cap) return kvt_sd_bad(o, KVT_SERDE_LENGTH);
+    if (plen > cap)
+        return kvt_sd_bad(o, KVT_SERDE_LENGTH);
     if (XXH3_64bits_withSeed(in + HDR, plen, o->seed) != kvt_sd_get64(in))
         return kvt_sd_bad(o, KVT_SERDE_CHECKSUM);
     memcpy(out, in + HDR, plen);

@@ -66,7 +66,8 @@ static int hkdf(const struct enc *e, const char *prefix, const char *suffix, uin
     memcpy(info, prefix, pl + 1);
     memcpy(info + pl + 1, suffix, sl);
     EVP_KDF_CTX *k = EVP_KDF_CTX_new(e->kdf);
-    if (!k) return -ENOMEM;
+    if (!k)
+        return -ENOMEM;
     OSSL_PARAM p[] = {
         OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, (char *)"SHA256", 0),
         OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, (void *)e->master, sizeof(e->master)),
@@ -90,7 +91,8 @@ static int salt_key(struct enc *e, uint32_t ns, uint8_t key[32])
     }
     memset(key, 0, 32);
     rc = hkdf(e, "kvtier-l2-encrypt-v1", kvt_ns_salt(ns), key, (size_t)e->bits / 8);
-    if (rc || e->nkeys >= KEY_CACHE_MAX) goto out;
+    if (rc || e->nkeys >= KEY_CACHE_MAX)
+        goto out;
     if (e->nkeys == e->capkeys) {
         uint32_t ncap = e->capkeys ? e->capkeys * 2 : 16;
         uint8_t(*nk)[32] = kvt_xcalloc(ncap, 32);
@@ -111,9 +113,12 @@ out:
 
 static int hexval(int ch)
 {
-    if (ch >= '0' && ch <= '9') return ch - '0';
-    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
     return -1;
 }
 
@@ -149,8 +154,10 @@ static int load_key(struct kvt_cfg *c, const char *path, uint8_t master[32])
     size_t got = 0;
     while (got < sizeof(buf)) {
         n = read(fd, buf + got, sizeof(buf) - got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
         got += (size_t)n;
     }
     if (n < 0) {
@@ -191,7 +198,8 @@ out:
 static void enc_free(struct kvt_sd *sd)
 {
     struct enc *e = sd->priv;
-    if (!e) return;
+    if (!e)
+        return;
     OPENSSL_cleanse(e->master, sizeof(e->master));
     if (e->keys) {
         OPENSSL_cleanse(e->keys, (size_t)e->capkeys * 32);
@@ -213,16 +221,19 @@ static int enc_parse(struct kvt_cfg *c, struct kvt_sd *sd)
     kvt_cfg_str(c, "master_key_path", true, NULL, &path);
     kvt_cfg_int(c, "aes_bits", false, 256, 128, 256, &bits);
     kvt_cfg_enum(c, "key_provider", false, "hkdf", providers, false, &prov);
-    if (c->rc) return c->rc;
+    if (c->rc)
+        return c->rc;
     if (bits != 128 && bits != 256)
         return kvt_cfg_fail(c, "aes_bits", "must be 128 or 256 (got %lld)", (long long)bits);
-    if (!path[0]) return kvt_cfg_fail(c, "master_key_path", "must not be empty");
+    if (!path[0])
+        return kvt_cfg_fail(c, "master_key_path", "must not be empty");
     struct enc *e = kvt_xcalloc(1, sizeof(*e));
     pthread_mutex_init(&e->lock, NULL);
     kvt_u32map_init(&e->map);
     e->bits = (int)bits;
     sd->priv = e;
-    if (load_key(c, path, e->master)) return c->rc;
+    if (load_key(c, path, e->master))
+        return c->rc;
     e->cipher = EVP_CIPHER_fetch(NULL, bits == 256 ? "AES-256-GCM" : "AES-128-GCM", NULL);
     e->kdf = EVP_KDF_fetch(NULL, "HKDF", NULL);
     if (!e->cipher || !e->kdf)
@@ -248,7 +259,8 @@ static uint64_t enc_bound(const struct kvt_sd *sd, uint64_t n)
 
 static EVP_CIPHER_CTX *wctx_evp(struct kvt_serde_wctx *w)
 {
-    if (!w->evp) w->evp = EVP_CIPHER_CTX_new();
+    if (!w->evp)
+        w->evp = EVP_CIPHER_CTX_new();
     return w->evp;
 }
 
@@ -263,20 +275,29 @@ static int enc_encode(const struct kvt_sd *sd, struct kvt_serde_wctx *w, struct 
 {
     struct enc *e = sd->priv;
     EVP_CIPHER_CTX *ctx = wctx_evp(w);
-    if (!ctx) return -ENOMEM;
-    if (cap < n + IV_LEN + TAG_LEN || n > INT32_MAX) return -ENOSPC;
+    if (!ctx)
+        return -ENOMEM;
+    if (cap < n + IV_LEN + TAG_LEN || n > INT32_MAX)
+        return -ENOSPC;
     uint8_t key[32];
     int rc = salt_key(e, o->ck->ns, key);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     int l = 0, fl = 0;
     rc = -EIO;
-    if (RAND_bytes(out, IV_LEN) != 1) goto out;
-    if (EVP_EncryptInit_ex2(ctx, e->cipher, key, out, NULL) != 1) goto out;
-    if (EVP_EncryptUpdate(ctx, NULL, &l, o->id, (int)o->idlen) != 1) goto out;
+    if (RAND_bytes(out, IV_LEN) != 1)
+        goto out;
+    if (EVP_EncryptInit_ex2(ctx, e->cipher, key, out, NULL) != 1)
+        goto out;
+    if (EVP_EncryptUpdate(ctx, NULL, &l, o->id, (int)o->idlen) != 1)
+        goto out;
     l = 0;
-    if (n && EVP_EncryptUpdate(ctx, out + IV_LEN, &l, in, (int)n) != 1) goto out;
-    if (EVP_EncryptFinal_ex(ctx, out + IV_LEN + l, &fl) != 1 || (size_t)(l + fl) != n) goto out;
-    if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, TAG_LEN, out + IV_LEN + n) != 1) goto out;
+    if (n && EVP_EncryptUpdate(ctx, out + IV_LEN, &l, in, (int)n) != 1)
+        goto out;
+    if (EVP_EncryptFinal_ex(ctx, out + IV_LEN + l, &fl) != 1 || (size_t)(l + fl) != n)
+        goto out;
+    if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, TAG_LEN, out + IV_LEN + n) != 1)
+        goto out;
     *outn = n + IV_LEN + TAG_LEN;
     o->dtype = KVT_DTYPE_U8; /* opaque from here on */
     rc = 0;
@@ -290,26 +311,35 @@ static int enc_decode(const struct kvt_sd *sd, struct kvt_serde_wctx *w, struct 
 {
     struct enc *e = sd->priv;
     EVP_CIPHER_CTX *ctx = wctx_evp(w);
-    if (!ctx) return kvt_sd_bad(o, KVT_SERDE_NOMEM);
-    if (n < IV_LEN + TAG_LEN) return kvt_sd_bad(o, KVT_SERDE_FORMAT);
+    if (!ctx)
+        return kvt_sd_bad(o, KVT_SERDE_NOMEM);
+    if (n < IV_LEN + TAG_LEN)
+        return kvt_sd_bad(o, KVT_SERDE_FORMAT);
     size_t plen = n - IV_LEN - TAG_LEN;
-    if (plen > cap || plen > INT32_MAX) return kvt_sd_bad(o, KVT_SERDE_LENGTH);
+    if (plen > cap || plen > INT32_MAX)
+        return kvt_sd_bad(o, KVT_SERDE_LENGTH);
     uint8_t key[32];
-    if (salt_key(e, o->ck->ns, key)) return kvt_sd_bad(o, KVT_SERDE_NOMEM);
+    if (salt_key(e, o->ck->ns, key))
+        return kvt_sd_bad(o, KVT_SERDE_NOMEM);
     int l = 0, fl = 0, rc = kvt_sd_bad(o, KVT_SERDE_DECRYPT);
-    if (EVP_DecryptInit_ex2(ctx, e->cipher, key, in, NULL) != 1) goto out;
-    if (EVP_DecryptUpdate(ctx, NULL, &l, o->id, (int)o->idlen) != 1) goto out;
+    if (EVP_DecryptInit_ex2(ctx, e->cipher, key, in, NULL) != 1)
+        goto out;
+    if (EVP_DecryptUpdate(ctx, NULL, &l, o->id, (int)o->idlen) != 1)
+        goto out;
     l = 0;
-    if (plen && EVP_DecryptUpdate(ctx, out, &l, in + IV_LEN, (int)plen) != 1) goto out;
+    if (plen && EVP_DecryptUpdate(ctx, out, &l, in + IV_LEN, (int)plen) != 1)
+        goto out;
     if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, TAG_LEN, (void *)(in + IV_LEN + plen)) != 1)
         goto out;
     /* the tag is checked here; before it, out holds unauthenticated bytes */
-    if (EVP_DecryptFinal_ex(ctx, out + l, &fl) != 1 || (size_t)(l + fl) != plen) goto out;
+    if (EVP_DecryptFinal_ex(ctx, out + l, &fl) != 1 || (size_t)(l + fl) != plen)
+        goto out;
     *outn = plen;
     o->fail = KVT_SERDE_OK;
     rc = 0;
 out:
-    if (rc) memset(out, 0, plen); /* never leave unauthenticated plaintext behind */
+    if (rc)
+        memset(out, 0, plen); /* never leave unauthenticated plaintext behind */
     OPENSSL_cleanse(key, sizeof(key));
     return rc;
 }

@@ -55,7 +55,8 @@ static int fp8_parse(struct kvt_cfg *c, struct kvt_sd *sd)
     const char *kind = NULL;
     kvt_cfg_int(c, "block_size", false, 128, 8, 1 << 20, &block);
     kvt_cfg_enum(c, "fp8_dtype", false, "float8_e4m3fn", kinds, true, &kind);
-    if (c->rc) return c->rc;
+    if (c->rc)
+        return c->rc;
     struct fp8_cfg *f = kvt_xcalloc(1, sizeof(*f));
     f->block = (uint32_t)block;
     sd->priv = f;
@@ -155,10 +156,13 @@ static uint16_t f32_to_f16_sat(float f)
 {
     uint32_t u = f2u(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    if (isnan(f)) return sign | 0x7e00;
+    if (isnan(f))
+        return sign | 0x7e00;
     float a = fabsf(f);
-    if (a >= 65520.0f) return sign | 0x7bff;
-    if (a < 0x1p-14f) return sign | (uint16_t)lrintf(a * 0x1p24f);
+    if (a >= 65520.0f)
+        return sign | 0x7bff;
+    if (a < 0x1p-14f)
+        return sign | (uint16_t)lrintf(a * 0x1p24f);
     u &= 0x7fffffffu;
     uint32_t r = u + 0xfffu + ((u >> 13) & 1u);
     return sign | (uint16_t)((r >> 13) - (112u << 10));
@@ -167,10 +171,12 @@ static uint16_t f32_to_f16_sat(float f)
 /* float -> bf16 bits, round to nearest even, saturating at the max finite. */
 static uint16_t f32_to_bf16_sat(float f)
 {
-    if (isnan(f)) return 0x7fc0;
+    if (isnan(f))
+        return 0x7fc0;
     uint32_t u = f2u(f);
     uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    if ((r & 0x7f80u) == 0x7f80u) r = (r & 0x8000u) | 0x7f7fu;
+    if ((r & 0x7f80u) == 0x7f80u)
+        r = (r & 0x8000u) | 0x7f7fu;
     return (uint16_t)r;
 }
 
@@ -179,9 +185,11 @@ static const uint16_t *lut_get(struct kvt_serde_wctx *w, uint16_t dtype, int e)
 {
     int d = dtype == KVT_DTYPE_BF16;
     uint16_t **slot = &w->fp8_lut[d][e + 128];
-    if (*slot) return *slot;
+    if (*slot)
+        return *slot;
     uint16_t *t = malloc(256 * sizeof(uint16_t));
-    if (!t) return NULL;
+    if (!t)
+        return NULL;
     for (int c = 0; c < 256; c++) {
         float v = (float)(e4m3_value((uint8_t)c) * ldexp(1.0, e)); /* exact */
         t[c] = d ? f32_to_bf16_sat(v) : f32_to_f16_sat(v);
@@ -356,13 +364,16 @@ __attribute__((target("avx2,f16c"))) static size_t dequant_x86(const uint8_t *c,
 static bool cpu_has_avx2_f16c(void)
 {
     unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return false;
     if (!(c & (1u << 27)) || !(c & (1u << 28)) || !(c & (1u << 29))) /* OSXSAVE AVX F16C */
         return false;
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & 6u) != 6u) return false;
-    if (__get_cpuid_max(0, NULL) < 7) return false;
+    if ((lo & 6u) != 6u)
+        return false;
+    if (__get_cpuid_max(0, NULL) < 7)
+        return false;
     __cpuid_count(7, 0, a, b, c, d);
     return b & (1u << 5); /* AVX2 */
 }
@@ -416,7 +427,8 @@ static bool quant_block(const uint8_t *x, size_t m, bool bf16, bool simd, int8_t
             uint16_t a = ld16(x + 2 * i) & 0x7fffu;
             mx = a > mx ? a : mx;
         }
-    if (mx >= (bf16 ? 0x7f80u : 0x7c00u)) return false;
+    if (mx >= (bf16 ? 0x7f80u : 0x7c00u))
+        return false;
     int e = scale_exp(bf16 ? bf16_to_f32(mx) : f16_to_f32(mx));
     *scale = (int8_t)e;
     float inv = inv_scale(e);
@@ -440,7 +452,8 @@ static int fp8_encode(const struct kvt_sd *sd, struct kvt_serde_wctx *w, struct 
 {
     (void)w;
     const struct fp8_cfg *f = sd->priv;
-    if (cap < n + HDR) return -ENOSPC;
+    if (cap < n + HDR)
+        return -ENOSPC;
     uint16_t dt = o->dtype;
     if ((dt != KVT_DTYPE_FP16 && dt != KVT_DTYPE_BF16) || n == 0 || n % 2)
         return passthrough(o, in, n, out, outn);
@@ -469,13 +482,16 @@ static int fp8_decode(const struct kvt_sd *sd, struct kvt_serde_wctx *w, struct 
                       const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn)
 {
     (void)sd;
-    if (n < HDR) return kvt_sd_bad(o, KVT_SERDE_FORMAT);
+    if (n < HDR)
+        return kvt_sd_bad(o, KVT_SERDE_FORMAT);
     uint8_t mode = in[0];
     uint16_t dt = in[1];
     uint64_t cnt = kvt_sd_get64(in + 8);
     if (mode == 0) {
-        if (cnt != n - HDR) return kvt_sd_bad(o, KVT_SERDE_FORMAT);
-        if (cnt > cap) return kvt_sd_bad(o, KVT_SERDE_LENGTH);
+        if (cnt != n - HDR)
+            return kvt_sd_bad(o, KVT_SERDE_FORMAT);
+        if (cnt > cap)
+            return kvt_sd_bad(o, KVT_SERDE_LENGTH);
         memcpy(out, in + HDR, cnt);
         *outn = cnt;
         return 0;
@@ -485,24 +501,30 @@ static int fp8_decode(const struct kvt_sd *sd, struct kvt_serde_wctx *w, struct 
         cnt > KVT_MAX_OBJECT)
         return kvt_sd_bad(o, KVT_SERDE_FORMAT);
     uint64_t nb = (cnt + B - 1) / B;
-    if (n != HDR + nb + cnt) return kvt_sd_bad(o, KVT_SERDE_FORMAT);
-    if (2 * cnt > cap) return kvt_sd_bad(o, KVT_SERDE_LENGTH);
+    if (n != HDR + nb + cnt)
+        return kvt_sd_bad(o, KVT_SERDE_FORMAT);
+    if (2 * cnt > cap)
+        return kvt_sd_bad(o, KVT_SERDE_LENGTH);
     const int8_t *scales = (const int8_t *)(in + HDR);
     const uint8_t *codes = in + HDR + nb;
     bool simd = use_x86_kernel();
     (void)simd;
     for (uint64_t b = 0; b < nb; b++) {
         int e = scales[b];
-        if (e < E_MIN || e > E_MAX) return kvt_sd_bad(o, KVT_SERDE_FORMAT);
+        if (e < E_MIN || e > E_MAX)
+            return kvt_sd_bad(o, KVT_SERDE_FORMAT);
         uint64_t m = KVT_MIN((uint64_t)B, cnt - b * B), i = 0;
         const uint8_t *c = codes + b * B;
         uint8_t *dst = out + 2 * b * B;
 #ifdef HAVE_X86_KERNEL
-        if (simd) i = dequant_x86(c, (size_t)m, dt == KVT_DTYPE_BF16, e, dst);
+        if (simd)
+            i = dequant_x86(c, (size_t)m, dt == KVT_DTYPE_BF16, e, dst);
 #endif
-        if (i == m) continue;
+        if (i == m)
+            continue;
         const uint16_t *lut = lut_get(w, dt, e);
-        if (!lut) return kvt_sd_bad(o, KVT_SERDE_NOMEM);
+        if (!lut)
+            return kvt_sd_bad(o, KVT_SERDE_NOMEM);
         for (; i < m; i++)
             memcpy(dst + 2 * i, &lut[c[i]], 2);
     }

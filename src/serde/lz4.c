@@ -24,7 +24,8 @@ static int lz4_parse(struct kvt_cfg *c, struct kvt_sd *sd)
     bool split = true;
     kvt_cfg_int(c, "acceleration", false, 1, 1, 65537, &accel);
     kvt_cfg_bool(c, "byte_split", true, &split);
-    if (c->rc) return c->rc;
+    if (c->rc)
+        return c->rc;
     struct lz4_cfg *l = kvt_xcalloc(1, sizeof(*l));
     l->accel = (int)accel;
     l->split = split;
@@ -55,8 +56,10 @@ static size_t lz4_c(const struct kvt_sd *sd, struct kvt_serde_wctx *w, const uin
                     uint8_t *out, size_t cap)
 {
     const struct lz4_cfg *l = sd->priv;
-    if (n > LZ4_MAX_INPUT_SIZE) return 0;
-    if (!w->lz4 && !(w->lz4 = malloc((size_t)LZ4_sizeofState()))) return 0;
+    if (n > LZ4_MAX_INPUT_SIZE)
+        return 0;
+    if (!w->lz4 && !(w->lz4 = malloc((size_t)LZ4_sizeofState())))
+        return 0;
     int r = LZ4_compress_fast_extState(w->lz4, (const char *)in, (char *)out, (int)n,
                                        (int)KVT_MIN(cap, (size_t)INT_MAX), l->accel);
     return r > 0 ? (size_t)r : 0;
@@ -65,7 +68,8 @@ static size_t lz4_c(const struct kvt_sd *sd, struct kvt_serde_wctx *w, const uin
 static size_t lz4_d(struct kvt_serde_wctx *w, const uint8_t *in, size_t n, uint8_t *out, size_t cap)
 {
     (void)w;
-    if (n > INT_MAX || cap > INT_MAX) return SIZE_MAX;
+    if (n > INT_MAX || cap > INT_MAX)
+        return SIZE_MAX;
     int r = LZ4_decompress_safe((const char *)in, (char *)out, (int)n, (int)cap);
     return r < 0 ? SIZE_MAX : (size_t)r;
 }

@@ -24,7 +24,8 @@ static int zstd_parse(struct kvt_cfg *c, struct kvt_sd *sd)
     kvt_cfg_int(c, "level", false, 3, ZSTD_minCLevel() < -100 ? -100 : ZSTD_minCLevel(),
                 ZSTD_maxCLevel(), &level);
     kvt_cfg_bool(c, "byte_split", true, &split);
-    if (c->rc) return c->rc;
+    if (c->rc)
+        return c->rc;
     struct zstd_cfg *z = kvt_xcalloc(1, sizeof(*z));
     z->level = (int)level;
     z->split = split;
@@ -55,7 +56,8 @@ static size_t zstd_c(const struct kvt_sd *sd, struct kvt_serde_wctx *w, const ui
                      uint8_t *out, size_t cap)
 {
     const struct zstd_cfg *z = sd->priv;
-    if (!w->zc && !(w->zc = ZSTD_createCCtx())) return 0;
+    if (!w->zc && !(w->zc = ZSTD_createCCtx()))
+        return 0;
     size_t r = ZSTD_compressCCtx(w->zc, out, cap, in, n, z->level);
     return ZSTD_isError(r) ? 0 : r;
 }
@@ -63,7 +65,8 @@ static size_t zstd_c(const struct kvt_sd *sd, struct kvt_serde_wctx *w, const ui
 static size_t zstd_d(struct kvt_serde_wctx *w, const uint8_t *in, size_t n, uint8_t *out,
                      size_t cap)
 {
-    if (!w->zd && !(w->zd = ZSTD_createDCtx())) return SIZE_MAX;
+    if (!w->zd && !(w->zd = ZSTD_createDCtx()))
+        return SIZE_MAX;
     size_t r = ZSTD_decompressDCtx(w->zd, out, cap, in, n);
     return ZSTD_isError(r) ? SIZE_MAX : r;
 }

@@ -346,7 +346,8 @@ json_t *kvt_auth_status(const struct kvt_auth *root, const struct kvt_auth *a)
         json_object_set_new(j, "key", json_string(c->key)); /* public */
         json_object_set_new(j, "access", json_string(c->rw ? "rw" : "ro"));
         json_object_set_new(j, "admin", json_boolean(c->admin));
-        json_object_set_new(j, "tenants", json_integer(c->any_tenant ? -1 : (json_int_t)c->ntenants));
+        json_object_set_new(j, "tenants",
+                            json_integer(c->any_tenant ? -1 : (json_int_t)c->ntenants));
         json_object_set_new(j, "denied", json_integer((json_int_t)atomic_load(&c->denied)));
         json_array_append_new(arr, j);
     }
@@ -361,7 +362,7 @@ struct kvt_zap {
     void *sock;
     struct kvt_auth *root;         /* the first table: its counters */
     struct kvt_auth *_Atomic *cur; /* the table that admits: the server's pointer */
-    uint64_t last_log_ns; /* zap thread only */
+    uint64_t last_log_ns;          /* zap thread only */
 };
 
 static void zap_send(void *sock, const char *s, size_t l, bool more)

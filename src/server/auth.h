@@ -40,21 +40,21 @@
 #define KVT_AUTH_MAX_TENANTS 256 /* salts listed for one key */
 
 struct kvt_auth_client {
-    char key[41];     /* Z85 public key (not secret) */
-    uint8_t bin[32];  /* the same, decoded */
-    char name[64];    /* name=LABEL, or the key's first 8 characters */
+    char key[41];    /* Z85 public key (not secret) */
+    uint8_t bin[32]; /* the same, decoded */
+    char name[64];   /* name=LABEL, or the key's first 8 characters */
     bool rw, admin, any_tenant;
     uint32_t ntenants;
-    char **tenants;   /* the salts it may use (decoded; "" = no salt) */
-    _Atomic uint64_t denied; /* requests answered E_DENIED (carried over a reload) */
-    bool stale;              /* a newer table superseded this entry's (rpc thread) */
+    char **tenants;                    /* the salts it may use (decoded; "" = no salt) */
+    _Atomic uint64_t denied;           /* requests answered E_DENIED (carried over a reload) */
+    bool stale;                        /* a newer table superseded this entry's (rpc thread) */
     struct kvt_auth_client *successor; /* then: the newest table's entry, NULL = removed */
 };
 
 struct kvt_auth {
     uint32_t n;
     struct kvt_auth_client *c;
-    uint32_t gen;          /* 0 at start, +1 a reload */
+    uint32_t gen;           /* 0 at start, +1 a reload */
     struct kvt_auth *older; /* the table this one superseded (kept until exit) */
     /* counters of the first table only (the server's for its whole run) */
     _Atomic uint64_t handshakes_refused; /* ZAP: key not in the file */

@@ -105,8 +105,9 @@ static const char *optval(int argc, char **argv, int *i, const char *opt, bool *
         return NULL;
     if (*i + 1 >= argc || argv[*i + 1][0] == '-') {
         if (*i + 1 < argc)
-            fprintf(stderr, "kvtier purge: %s needs a value ('%s' is an option); for a value "
-                            "that begins with '-' write %s=VALUE\n",
+            fprintf(stderr,
+                    "kvtier purge: %s needs a value ('%s' is an option); for a value "
+                    "that begins with '-' write %s=VALUE\n",
                     opt, argv[*i + 1], opt);
         else
             fprintf(stderr, "kvtier purge: %s needs a value\n", opt);
@@ -212,8 +213,9 @@ static int via_server(const char *url, const char *root, const struct kvt_purge_
             /* the server's start-up scan still adopts files: the waiting is
              * done here, not on the server's worker threads */
             if (waited_ms % 5000 == 0)
-                fprintf(stderr, "kvtier purge: the server at %s is still scanning its cache "
-                                "(start-up); waiting%s (%ds)\n",
+                fprintf(stderr,
+                        "kvtier purge: the server at %s is still scanning its cache "
+                        "(start-up); waiting%s (%ds)\n",
                         url, waited_ms ? "" : " to purge", waited_ms / 1000);
             struct timespec ts = {0, RECOVERY_POLL_MS * 1000000L};
             nanosleep(&ts, NULL);
@@ -301,8 +303,9 @@ int kvt_cmd_purge(int argc, char **argv)
     if (bad)
         return 2;
     if (nunknown > 1 || (nunknown && (name || all || tmp))) {
-        fprintf(stderr, "kvtier purge: unknown option '%s' (a namespace that begins with '-': "
-                        "--namespace=NAME, or -- NAME)\n",
+        fprintf(stderr,
+                "kvtier purge: unknown option '%s' (a namespace that begins with '-': "
+                "--namespace=NAME, or -- NAME)\n",
                 unknown);
         usage(stderr);
         return 2;
@@ -321,18 +324,22 @@ int kvt_cmd_purge(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    struct kvt_purge_req q = {.what = name ? KVT_PURGE_NAMESPACE
-                                           : all ? KVT_PURGE_ALL
-                                                 : KVT_PURGE_TMP};
+    struct kvt_purge_req q = {.what = name  ? KVT_PURGE_NAMESPACE
+                                      : all ? KVT_PURGE_ALL
+                                            : KVT_PURGE_TMP};
     if (name) {
         if (strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..")) {
-            fprintf(stderr, "kvtier purge: refused: '%s' is a path, not a namespace; purge "
-                            "only removes cache files inside the cache root\n", name);
+            fprintf(stderr,
+                    "kvtier purge: refused: '%s' is a path, not a namespace; purge "
+                    "only removes cache files inside the cache root\n",
+                    name);
             return 2;
         }
         if (!kvt_ns_name_ok(name) || strlen(name) >= sizeof(q.ns)) {
-            fprintf(stderr, "kvtier purge: refused: '%s' is not a namespace name (see the "
-                            "\"namespaces\" of kvtier status)\n", name);
+            fprintf(stderr,
+                    "kvtier purge: refused: '%s' is not a namespace name (see the "
+                    "\"namespaces\" of kvtier status)\n",
+                    name);
             return 2;
         }
         snprintf(q.ns, sizeof(q.ns), "%s", name);
@@ -345,9 +352,10 @@ int kvt_cmd_purge(int argc, char **argv)
     struct bar b = {.on = !as_json && isatty(STDERR_FILENO), .what = what};
     json_t *out = json_object();
     json_object_set_new(out, "root", json_string(t.root));
-    json_object_set_new(out, "what", json_string(q.what == KVT_PURGE_NAMESPACE ? "namespace"
-                                                 : q.what == KVT_PURGE_ALL  ? "all"
-                                                                            : "tmp"));
+    json_object_set_new(out, "what",
+                        json_string(q.what == KVT_PURGE_NAMESPACE ? "namespace"
+                                    : q.what == KVT_PURGE_ALL     ? "all"
+                                                                  : "tmp"));
     if (name)
         json_object_set_new(out, "namespace", json_string(name));
     int status = 0;
@@ -368,9 +376,10 @@ int kvt_cmd_purge(int argc, char **argv)
         }
     }
     if (answered && !ad && url) {
-        fprintf(stderr, "kvtier purge: the server at %s keeps no adapter in %s: nothing "
-                        "removed (purge through the server that does, or --offline once no "
-                        "server uses %s)\n",
+        fprintf(stderr,
+                "kvtier purge: the server at %s keeps no adapter in %s: nothing "
+                "removed (purge through the server that does, or --offline once no "
+                "server uses %s)\n",
                 t.url, t.root, t.root);
         status = 2;
         goto out;
@@ -384,12 +393,14 @@ int kvt_cmd_purge(int argc, char **argv)
             char list[2048];
             list_names(names, list, sizeof(list));
             if (unknown)
-                fprintf(stderr, "kvtier purge: unknown option '%s', and no namespace of that "
-                                "name in %s (namespaces: %s); see kvtier purge --help\n",
+                fprintf(stderr,
+                        "kvtier purge: unknown option '%s', and no namespace of that "
+                        "name in %s (namespaces: %s); see kvtier purge --help\n",
                         name, t.root, list);
             else
-                fprintf(stderr, "kvtier purge: no namespace '%s' in %s: nothing removed "
-                                "(namespaces: %s)\n",
+                fprintf(stderr,
+                        "kvtier purge: no namespace '%s' in %s: nothing removed "
+                        "(namespaces: %s)\n",
                         name, t.root, list);
             json_decref(names);
             status = unknown ? 2 : 1;
@@ -405,12 +416,14 @@ int kvt_cmd_purge(int argc, char **argv)
             char h[32];
             kvt_human(h, sizeof(h), (double)ns_bytes);
             if (q.what == KVT_PURGE_TMP)
-                fprintf(stderr, "kvtier purge: would remove the removable tmp files under %s "
-                                "(through the server at %s); nothing removed: add --yes\n",
+                fprintf(stderr,
+                        "kvtier purge: would remove the removable tmp files under %s "
+                        "(through the server at %s); nothing removed: add --yes\n",
                         t.root, t.url);
             else
-                fprintf(stderr, "kvtier purge: would remove %s of %s from %s (through the server "
-                                "at %s); nothing removed: add --yes\n",
+                fprintf(stderr,
+                        "kvtier purge: would remove %s of %s from %s (through the server "
+                        "at %s); nothing removed: add --yes\n",
                         h, what, t.root, t.url);
             status = 2;
             goto out;
@@ -438,13 +451,15 @@ int kvt_cmd_purge(int argc, char **argv)
             else if (holder < 0)
                 snprintf(who, sizeof(who), "kvtier servers sharing it");
             if (answered)
-                fprintf(stderr, "kvtier purge: refused: %s holds %s, and the server at %s "
-                                "does not serve it: purge through the server that does with "
-                                "--url URL, or stop it first\n",
+                fprintf(stderr,
+                        "kvtier purge: refused: %s holds %s, and the server at %s "
+                        "does not serve it: purge through the server that does with "
+                        "--url URL, or stop it first\n",
                         who, t.root, t.url);
             else
-                fprintf(stderr, "kvtier purge: refused: %s holds %s but no server answered "
-                                "at %s: purge through it with --url URL, or stop it first\n",
+                fprintf(stderr,
+                        "kvtier purge: refused: %s holds %s but no server answered "
+                        "at %s: purge through it with --url URL, or stop it first\n",
                         who, t.root, t.url);
             status = 1;
             goto out;
@@ -454,14 +469,16 @@ int kvt_cmd_purge(int argc, char **argv)
     int users = kvt_root_users(t.root, pids, 8);
     if (users > 0 && yes) {
         if (answered)
-            fprintf(stderr, "kvtier purge: refused: process %d holds %s open (a kvtier "
-                            "server?), and the server at %s does not serve it: purge through "
-                            "the server that does with --url URL, or stop it first\n",
+            fprintf(stderr,
+                    "kvtier purge: refused: process %d holds %s open (a kvtier "
+                    "server?), and the server at %s does not serve it: purge through "
+                    "the server that does with --url URL, or stop it first\n",
                     (int)pids[0], t.root, t.url);
         else
-            fprintf(stderr, "kvtier purge: refused: process %d holds %s open (a kvtier "
-                            "server?) but no server answered at %s; purge through it with "
-                            "--url URL, or stop it first\n",
+            fprintf(stderr,
+                    "kvtier purge: refused: process %d holds %s open (a kvtier "
+                    "server?) but no server answered at %s; purge through it with "
+                    "--url URL, or stop it first\n",
                     (int)pids[0], t.root, t.url);
         status = 1;
         goto out;
@@ -474,8 +491,9 @@ int kvt_cmd_purge(int argc, char **argv)
             status = 1;
             goto out;
         }
-        fprintf(stderr, "kvtier purge: would remove %llu cache file(s) and %llu tmp file(s) "
-                        "(%s) from %s; nothing removed: add --yes\n",
+        fprintf(stderr,
+                "kvtier purge: would remove %llu cache file(s) and %llu tmp file(s) "
+                "(%s) from %s; nothing removed: add --yes\n",
                 (unsigned long long)r.matched, (unsigned long long)r.tmp_removed, what, t.root);
         status = 2;
         goto out;
@@ -493,8 +511,7 @@ out:
     if (status == 0) {
         const json_t *res = json_object_get(out, "result");
         if (as_json) {
-            char *js =
-                json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
+            char *js = json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
             printf("%s\n", js);
             free(js);
         } else {
@@ -504,19 +521,20 @@ out:
                                  ? 0
                                  : json_integer_value(json_object_get(res, "files_bytes")));
             kvt_human(h1, sizeof(h1), (double)rb);
-            kvt_human(h2, sizeof(h2), (double)json_integer_value(json_object_get(res, "tmp_bytes")));
+            kvt_human(h2, sizeof(h2),
+                      (double)json_integer_value(json_object_get(res, "tmp_bytes")));
             json_int_t nrem = json_integer_value(json_object_get(res, "removed")) +
                               (strcmp(json_string_value(json_object_get(out, "via")), "server")
                                    ? 0
                                    : json_integer_value(json_object_get(res, "files_removed")));
-            printf("purged %s from %s (%s): %lld object file(s), %s; %lld tmp file(s), %s",
-                   what, t.root, json_string_value(json_object_get(out, "via")),
-                   (long long)nrem, h1,
+            printf("purged %s from %s (%s): %lld object file(s), %s; %lld tmp file(s), %s", what,
+                   t.root, json_string_value(json_object_get(out, "via")), (long long)nrem, h1,
                    (long long)json_integer_value(json_object_get(res, "tmp_removed")), h2);
             json_int_t left = json_integer_value(json_object_get(res, "pinned")) +
                               json_integer_value(json_object_get(res, "in_flight"));
             if (left)
-                printf("; %lld object(s) in use left in place (purge again later)", (long long)left);
+                printf("; %lld object(s) in use left in place (purge again later)",
+                       (long long)left);
             json_int_t kept = json_integer_value(json_object_get(res, "tmp_kept"));
             if (kept)
                 printf("; %lld tmp file(s) kept (live or recent writers)", (long long)kept);

@@ -199,8 +199,7 @@ static struct hent heap_pop(struct hent *h, size_t *n)
     return top;
 }
 
-static struct simres sim_belady(const struct trace *t, const uint32_t *d, uint32_t u,
-                                uint64_t cap)
+static struct simres sim_belady(const struct trace *t, const uint32_t *d, uint32_t u, uint64_t cap)
 {
     uint64_t N = t->nacc, NEVER = UINT64_MAX;
     uint64_t *nextuse = malloc(N * sizeof(uint64_t));
@@ -272,8 +271,8 @@ static bool first_victim(uint32_t h, void *arg)
 
 enum { OUT = 0, CACHED = 1, PENDING = 2 };
 
-static struct simres sim_policy(const struct trace *t, const uint32_t *d, uint32_t u,
-                                uint64_t cap, struct kvt_policy *p, uint32_t block)
+static struct simres sim_policy(const struct trace *t, const uint32_t *d, uint32_t u, uint64_t cap,
+                                struct kvt_policy *p, uint32_t block)
 {
     struct sim_clock clk = {.now = t->nreq ? t->ts[0] : 0};
     kvt_value_set_clock(p, sim_now, &clk);
@@ -316,8 +315,8 @@ static struct simres sim_policy(const struct trace *t, const uint32_t *d, uint32
             uint32_t x = d[i];
             if (in[x] != PENDING)
                 continue;
-            struct kvt_policy_hint hint = {.prefix_pos = --k, .prefix_len = nnew,
-                                           .bytes = block, .fp = (uint64_t)x + 1};
+            struct kvt_policy_hint hint = {
+                .prefix_pos = --k, .prefix_len = nnew, .bytes = block, .fp = (uint64_t)x + 1};
             p->ops->insert(p, x, false, &hint);
             in[x] = CACHED;
         }
@@ -326,8 +325,8 @@ static struct simres sim_policy(const struct trace *t, const uint32_t *d, uint32
     return r;
 }
 
-static struct simres sim_named(const struct trace *t, const uint32_t *d, uint32_t u,
-                               uint64_t cap, const char *name, uint32_t block, double half_life)
+static struct simres sim_named(const struct trace *t, const uint32_t *d, uint32_t u, uint64_t cap,
+                               const char *name, uint32_t block, double half_life)
 {
     struct kvt_policy *p;
     if (strcmp(name, "value") == 0 && half_life > 0) {
@@ -372,13 +371,17 @@ static double pct(double *v, size_t n, double p)
 
 int kvt_cmd_replay(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"url", required_argument, NULL, 'u'},       {"trace", required_argument, NULL, 't'},
-        {"block-bytes", required_argument, NULL, 'b'}, {"budget-blocks", required_argument, NULL, 'k'},
-        {"limit", required_argument, NULL, 'l'},     {"model", required_argument, NULL, 'm'},
-        {"offline", no_argument, NULL, 'o'},         {"json", no_argument, NULL, 'j'},
-        {"value-half-life", required_argument, NULL, 'v'},
-        {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"url", required_argument, NULL, 'u'},
+                                         {"trace", required_argument, NULL, 't'},
+                                         {"block-bytes", required_argument, NULL, 'b'},
+                                         {"budget-blocks", required_argument, NULL, 'k'},
+                                         {"limit", required_argument, NULL, 'l'},
+                                         {"model", required_argument, NULL, 'm'},
+                                         {"offline", no_argument, NULL, 'o'},
+                                         {"json", no_argument, NULL, 'j'},
+                                         {"value-half-life", required_argument, NULL, 'v'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     const char *url = "tcp://127.0.0.1:5555", *path = NULL, *model = "replay";
     size_t block = 16384;
     uint64_t budget = 0;
@@ -390,15 +393,33 @@ int kvt_cmd_replay(int argc, char **argv)
     opterr = 0;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (ch) {
-        case 'u': url = optarg; break;
-        case 't': path = optarg; break;
-        case 'b': block = strtoull(optarg, NULL, 0); break;
-        case 'k': budget = strtoull(optarg, NULL, 0); break;
-        case 'l': limit = (uint32_t)strtoul(optarg, NULL, 0); break;
-        case 'm': model = optarg; break;
-        case 'o': offline = true; break;
-        case 'j': as_json = true; break;
-        case 'v': half_life = strtod(optarg, NULL); break;
+        case 'u':
+            url = optarg;
+            break;
+        case 't':
+            path = optarg;
+            break;
+        case 'b':
+            block = strtoull(optarg, NULL, 0);
+            break;
+        case 'k':
+            budget = strtoull(optarg, NULL, 0);
+            break;
+        case 'l':
+            limit = (uint32_t)strtoul(optarg, NULL, 0);
+            break;
+        case 'm':
+            model = optarg;
+            break;
+        case 'o':
+            offline = true;
+            break;
+        case 'j':
+            as_json = true;
+            break;
+        case 'v':
+            half_life = strtod(optarg, NULL);
+            break;
         case 'h':
             printf("usage: kvtier replay --trace FILE [--url URL] [--block-bytes 16384]\n"
                    "                     [--budget-blocks N (default 25%% of unique blocks)]\n"
@@ -440,18 +461,26 @@ int kvt_cmd_replay(int argc, char **argv)
         const struct simres *x = i < NPOL ? &res[i] : &bel;
         const char *name = i < NPOL ? pols[i] : "Belady";
         json_t *o = json_object();
-        json_object_set_new(o, "prefix_hit_ratio", json_real((double)x->prefix_hits / (double)t.nacc));
-        json_object_set_new(o, "block_hit_ratio", json_real((double)x->block_hits / (double)t.nacc));
+        json_object_set_new(o, "prefix_hit_ratio",
+                            json_real((double)x->prefix_hits / (double)t.nacc));
+        json_object_set_new(o, "block_hit_ratio",
+                            json_real((double)x->block_hits / (double)t.nacc));
         json_object_set_new(by, name, o);
     }
     json_object_set_new(off, "policies", by);
     /* the flat names of earlier versions (bench/ops.sh, tests) */
-    json_object_set_new(off, "lru_prefix_hit_ratio", json_real((double)res[0].prefix_hits / (double)t.nacc));
-    json_object_set_new(off, "lru_block_hit_ratio", json_real((double)res[0].block_hits / (double)t.nacc));
-    json_object_set_new(off, "belady_prefix_hit_ratio", json_real((double)bel.prefix_hits / (double)t.nacc));
-    json_object_set_new(off, "belady_block_hit_ratio", json_real((double)bel.block_hits / (double)t.nacc));
-    json_object_set_new(off, "value_prefix_hit_ratio", json_real((double)res[3].prefix_hits / (double)t.nacc));
-    json_object_set_new(off, "value_block_hit_ratio", json_real((double)res[3].block_hits / (double)t.nacc));
+    json_object_set_new(off, "lru_prefix_hit_ratio",
+                        json_real((double)res[0].prefix_hits / (double)t.nacc));
+    json_object_set_new(off, "lru_block_hit_ratio",
+                        json_real((double)res[0].block_hits / (double)t.nacc));
+    json_object_set_new(off, "belady_prefix_hit_ratio",
+                        json_real((double)bel.prefix_hits / (double)t.nacc));
+    json_object_set_new(off, "belady_block_hit_ratio",
+                        json_real((double)bel.block_hits / (double)t.nacc));
+    json_object_set_new(off, "value_prefix_hit_ratio",
+                        json_real((double)res[3].prefix_hits / (double)t.nacc));
+    json_object_set_new(off, "value_block_hit_ratio",
+                        json_real((double)res[3].block_hits / (double)t.nacc));
     if (half_life > 0)
         json_object_set_new(off, "value_half_life_seconds", json_real(half_life));
     json_object_set_new(out, "offline", off);
@@ -468,7 +497,8 @@ int kvt_cmd_replay(int argc, char **argv)
         const void **bufs = malloc(512 * sizeof(void *));
         size_t *lens = malloc(512 * sizeof(size_t));
         uint8_t *want = malloc(block);
-        double *lat_lookup = malloc(t.nreq * sizeof(double)), *lat_get = malloc(t.nreq * sizeof(double));
+        double *lat_lookup = malloc(t.nreq * sizeof(double)),
+               *lat_get = malloc(t.nreq * sizeof(double));
         size_t nget = 0; /* retrieves happen only for requests with hits */
         uint64_t hits = 0, bytes_in = 0, bytes_out = 0, wrong = 0, stored = 0, errors = 0;
         uint64_t t_start = kvt_now_ns();

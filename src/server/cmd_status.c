@@ -66,8 +66,8 @@ static void print_table(const json_t *st)
     }
     printf("%-*s %-*s %12s %12s %7s %10s %10s %10s %9s  %s\n", nw, "TIER", tw, "TYPE", "USED",
            "CAPACITY", "USE%", "OBJECTS", "HITS", "MISSES", "EVICTED", "HEALTH");
-    printf("%-*s %-*s %12s %12s %6.1f%% %10lld %10lld %10lld %9lld  %s\n", nw, "L1", tw, "memory", a, b,
-           100 * json_real_value(json_object_get(l1, "usage_fraction")),
+    printf("%-*s %-*s %12s %12s %6.1f%% %10lld %10lld %10lld %9lld  %s\n", nw, "L1", tw, "memory",
+           a, b, 100 * json_real_value(json_object_get(l1, "usage_fraction")),
            (long long)ji(l1, "objects"), (long long)ji(c1, "hits"), (long long)ji(c1, "misses"),
            (long long)ji(c1, "evictions"), "ok");
     json_array_foreach(json_object_get(st, "l2"), i, ad)
@@ -124,7 +124,8 @@ static void put_usage(json_t *o, uint64_t used, uint64_t cap, double wm)
     set_u(o, "used_bytes", used);
     set_u(o, "budget_bytes", cap);
     json_object_set_new(o, "free_bytes",
-                        cap ? json_integer((json_int_t)(cap > used ? cap - used : 0)) : json_null());
+                        cap ? json_integer((json_int_t)(cap > used ? cap - used : 0))
+                            : json_null());
     double frac = cap ? (double)used / (double)cap : -1.0;
     json_object_set_new(o, "usage_fraction", json_real(frac));
     json_object_set_new(o, "trigger_watermark", json_real(wm));
@@ -212,8 +213,8 @@ static json_t *report_online(const json_t *st, const json_t *ad, const struct kv
     json_array_foreach(json_object_get(st, "l2"), i, a)
     {
         json_t *e = json_object();
-        static const char *const keys[] = {"name", "type", "is_healthy", "health", "used_bytes",
-                                           "capacity_bytes", "objects", NULL};
+        static const char *const keys[] = {"name",       "type",           "is_healthy", "health",
+                                           "used_bytes", "capacity_bytes", "objects",    NULL};
         for (int k = 0; keys[k]; k++)
             json_object_set(e, keys[k], json_object_get(a, keys[k]));
         json_object_set(e, "recovery", json_object_get(json_object_get(a, "recovery"), "state"));
@@ -373,15 +374,18 @@ static void print_cache(const json_t *r)
     const json_t *users = json_object_get(r, "processes_using_root");
     if (json_array_size(users))
         printf("\n  note: %zu running process(es) hold this root open (a server?): its counters "
-               "are in `kvtier status --url`\n", json_array_size(users));
+               "are in `kvtier status --url`\n",
+               json_array_size(users));
 }
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvtier status [--url URL] [--json]             a running server\n"
-               "       kvtier status --root DIR [--budget-gb N] [--json]   offline scan of a cache root\n"
-               "       kvtier status --config FILE [--json]         KVP_SERVER_URL if it serves\n"
-               "                                                   KVP_CACHE_ROOT, else a scan\n");
+    fprintf(
+        f,
+        "usage: kvtier status [--url URL] [--json]             a running server\n"
+        "       kvtier status --root DIR [--budget-gb N] [--json]   offline scan of a cache root\n"
+        "       kvtier status --config FILE [--json]         KVP_SERVER_URL if it serves\n"
+        "                                                   KVP_CACHE_ROOT, else a scan\n");
 }
 
 int kvt_cmd_status(int argc, char **argv)
@@ -494,8 +498,7 @@ int kvt_cmd_status(int argc, char **argv)
                 json_object_update(st, report);
             out = st;
         }
-        char *js =
-            json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
+        char *js = json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
         printf("%s\n", js);
         free(js);
     } else {

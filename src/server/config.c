@@ -112,69 +112,70 @@ static const struct option opts[] = {
 
 void kvt_server_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvtier server [options]\n"
-            "\n"
-            "Listening\n"
-            "  --host HOST                   bind address (127.0.0.1)\n"
-            "  --port N                      port (5555)\n"
-            "  --bind URL                    ZeroMQ endpoint instead of host/port "
-            "(tcp://..., ipc://...)\n"
-            "  --http-host HOST              HTTP address for /healthz /status /metrics "
-            "(127.0.0.1)\n"
-            "  --http-port N                 HTTP port (8080; 0 = off)\n"
-            "  --max-workers N               handler threads (4)\n"
-            "  --chunk-size N                tokens per chunk, reported to clients (256)\n"
-            "  --max-object-mb N             largest object accepted (1024)\n"
-            "  --no-shm                      do not offer the shared-memory data path\n"
-            "  --no-local-socket             do not offer the same-host unix socket\n"
-            "L1 (shared memory)\n"
-            "  --l1-size-gb G                pool size (1.0)\n"
-            "  --l1-init-size-gb G           initial size with lazy growth (20, capped)\n"
-            "  --l1-use-lazy | --no-l1-use-lazy   grow on demand (default: lazy)\n"
-            "  --l1-align-bytes N            object alignment (4096)\n"
-            "  --l1-use-hugepages            back the pool with huge pages\n"
-            "  --l1-write-ttl-seconds S      write reservation TTL (600)\n"
-            "  --l1-read-ttl-seconds S       read lock TTL (300)\n"
-            "  --eviction-policy P           L1 policy: adaptive, LRU, ARC, LFU, value, noop\n"
-            "                                (adaptive)\n"
-            "  --eviction-trigger-watermark F  (0.8)\n"
-            "  --eviction-ratio F            (0.2)\n"
-            "  --eviction-interval-ms N      eviction controller period (1000)\n"
-            "L2\n"
-            "  --l2-adapter JSON             repeatable; order = adapter index. Without it: fs "
-            "under --data-dir\n"
-            "  --data-dir DIR                embedded default L2 directory (./kvtier-data)\n"
-            "  --no-l2                       no L2 at all: a memory-only cache\n"
-            "  --l2-store-policy default|skip_l1\n"
-            "  --l2-prefetch-policy default|retain\n"
-            "  --l2-prefetch-max-in-flight N (8)\n"
-            "  --config FILE                 operator config (cache.env + cache.env.local): one\n"
-            "                                nixl_store_dynamic adapter under KVP_CACHE_ROOT with\n"
-            "                                the hard cap KVP_CACHE_BUDGET_GB (adapter #0); see\n"
-            "                                docs/operations.md\n"
-            "LMCache drop-in (docs/lmcache-protocol.md)\n"
-            "  --lmcache-port N              also answer LMCache's multi-process protocol\n"
-            "                                (vLLM's LMCacheMPConnector, engine_driven) on N (0 = off)\n"
-            "  --lmcache-host HOST           its bind address (localhost, as lmcache server)\n"
-            "  --lmcache-shm-name NAME       POSIX shm name of the L1 pool handed to workers\n"
-            "                                (lmcache_l1_pool_kvtier_<pid>)\n"
-            "Authentication (docs/security.md)\n"
-            "  --auth-key FILE               the server's CURVE secret key (kvtier keygen; mode\n"
-            "                                0600): TCP clients must present a listed key\n"
-            "  --auth-clients FILE           authorized clients: one public key a line with\n"
-            "                                ro|rw, its tenants (cache salts) and [admin]\n"
-            "  --http-token FILE             bearer token /status and /metrics require (mode 0600)\n"
-            "  --insecure-no-auth            allow listening beyond loopback without\n"
-            "                                authentication (warned at start, shown in /healthz)\n"
-            "Other\n"
-            "  --dry-run                     validate (config, directories, devices,\n"
-            "                                credentials), print the resolved config, exit\n"
-            "  --no-storage-check            with --dry-run: the config only, not the storage\n"
-            "                                it names (a config for another machine)\n"
-            "  --log-level debug|info|warn|error (info)\n"
-            "  --log-format text|json        json: one JSON object per line {ts, level, msg}\n"
-            "                                (text; or KVT_LOG_FORMAT)\n");
+    fprintf(
+        f, "usage: kvtier server [options]\n"
+           "\n"
+           "Listening\n"
+           "  --host HOST                   bind address (127.0.0.1)\n"
+           "  --port N                      port (5555)\n"
+           "  --bind URL                    ZeroMQ endpoint instead of host/port "
+           "(tcp://..., ipc://...)\n"
+           "  --http-host HOST              HTTP address for /healthz /status /metrics "
+           "(127.0.0.1)\n"
+           "  --http-port N                 HTTP port (8080; 0 = off)\n"
+           "  --max-workers N               handler threads (4)\n"
+           "  --chunk-size N                tokens per chunk, reported to clients (256)\n"
+           "  --max-object-mb N             largest object accepted (1024)\n"
+           "  --no-shm                      do not offer the shared-memory data path\n"
+           "  --no-local-socket             do not offer the same-host unix socket\n"
+           "L1 (shared memory)\n"
+           "  --l1-size-gb G                pool size (1.0)\n"
+           "  --l1-init-size-gb G           initial size with lazy growth (20, capped)\n"
+           "  --l1-use-lazy | --no-l1-use-lazy   grow on demand (default: lazy)\n"
+           "  --l1-align-bytes N            object alignment (4096)\n"
+           "  --l1-use-hugepages            back the pool with huge pages\n"
+           "  --l1-write-ttl-seconds S      write reservation TTL (600)\n"
+           "  --l1-read-ttl-seconds S       read lock TTL (300)\n"
+           "  --eviction-policy P           L1 policy: adaptive, LRU, ARC, LFU, value, noop\n"
+           "                                (adaptive)\n"
+           "  --eviction-trigger-watermark F  (0.8)\n"
+           "  --eviction-ratio F            (0.2)\n"
+           "  --eviction-interval-ms N      eviction controller period (1000)\n"
+           "L2\n"
+           "  --l2-adapter JSON             repeatable; order = adapter index. Without it: fs "
+           "under --data-dir\n"
+           "  --data-dir DIR                embedded default L2 directory (./kvtier-data)\n"
+           "  --no-l2                       no L2 at all: a memory-only cache\n"
+           "  --l2-store-policy default|skip_l1\n"
+           "  --l2-prefetch-policy default|retain\n"
+           "  --l2-prefetch-max-in-flight N (8)\n"
+           "  --config FILE                 operator config (cache.env + cache.env.local): one\n"
+           "                                nixl_store_dynamic adapter under KVP_CACHE_ROOT with\n"
+           "                                the hard cap KVP_CACHE_BUDGET_GB (adapter #0); see\n"
+           "                                docs/operations.md\n"
+           "LMCache drop-in (docs/lmcache-protocol.md)\n"
+           "  --lmcache-port N              also answer LMCache's multi-process protocol\n"
+           "                                (vLLM's LMCacheMPConnector, engine_driven) on N (0 = "
+           "off)\n"
+           "  --lmcache-host HOST           its bind address (localhost, as lmcache server)\n"
+           "  --lmcache-shm-name NAME       POSIX shm name of the L1 pool handed to workers\n"
+           "                                (lmcache_l1_pool_kvtier_<pid>)\n"
+           "Authentication (docs/security.md)\n"
+           "  --auth-key FILE               the server's CURVE secret key (kvtier keygen; mode\n"
+           "                                0600): TCP clients must present a listed key\n"
+           "  --auth-clients FILE           authorized clients: one public key a line with\n"
+           "                                ro|rw, its tenants (cache salts) and [admin]\n"
+           "  --http-token FILE             bearer token /status and /metrics require (mode 0600)\n"
+           "  --insecure-no-auth            allow listening beyond loopback without\n"
+           "                                authentication (warned at start, shown in /healthz)\n"
+           "Other\n"
+           "  --dry-run                     validate (config, directories, devices,\n"
+           "                                credentials), print the resolved config, exit\n"
+           "  --no-storage-check            with --dry-run: the config only, not the storage\n"
+           "                                it names (a config for another machine)\n"
+           "  --log-level debug|info|warn|error (info)\n"
+           "  --log-format text|json        json: one JSON object per line {ts, level, msg}\n"
+           "                                (text; or KVT_LOG_FORMAT)\n");
 }
 
 static int fail(const char *flag, const char *fmt, const char *val)
@@ -208,8 +209,7 @@ static int integer(const char *flag, const char *s, long min, long max, long *ou
     if (end == s || *end || errno)
         return fail(flag, "expected an integer, got '%s'", s);
     if (v < min || v > max) {
-        fprintf(stderr, "kvtier server: --%s: %ld is out of range [%ld, %ld]\n", flag, v, min,
-                max);
+        fprintf(stderr, "kvtier server: --%s: %ld is out of range [%ld, %ld]\n", flag, v, min, max);
         return 2;
     }
     *out = v;
@@ -226,8 +226,8 @@ static const char *flag_name(int code)
 
 /* An adapter as the user named it: "--data-dir", "--config FILE", or
  * "--l2-adapter #i (type)"; field: the key or flag holding its path. */
-static void label(const struct kvt_l2_spec *a, const char *field, char *out, size_t cap,
-                  char *fout, size_t fcap)
+static void label(const struct kvt_l2_spec *a, const char *field, char *out, size_t cap, char *fout,
+                  size_t fcap)
 {
     if (a->origin[0])
         snprintf(out, cap, "%s", a->origin);
@@ -323,8 +323,9 @@ static int check_auth(struct kvt_server_cfg *c)
 {
     char err[1200];
     if (!c->auth_key_file[0] != !c->auth_clients_file[0]) {
-        fprintf(stderr, "kvtier server: --%s: --auth-key and --auth-clients go together (the "
-                        "server's key, and the keys it admits)\n",
+        fprintf(stderr,
+                "kvtier server: --%s: --auth-key and --auth-clients go together (the "
+                "server's key, and the keys it admits)\n",
                 c->auth_key_file[0] ? "auth-clients" : "auth-key");
         return 2;
     }
@@ -340,8 +341,9 @@ static int check_auth(struct kvt_server_cfg *c)
         }
         if (!kvt_z85_key_ok(c->auth_secret) || zmq_curve_public(c->auth_public, c->auth_secret)) {
             kvt_secret_wipe(c->auth_secret, sizeof(c->auth_secret));
-            fprintf(stderr, "kvtier server: --auth-key: %s does not hold a CURVE secret key (40 "
-                            "Z85 characters, as kvtier keygen writes to NAME.key)\n",
+            fprintf(stderr,
+                    "kvtier server: --auth-key: %s does not hold a CURVE secret key (40 "
+                    "Z85 characters, as kvtier keygen writes to NAME.key)\n",
                     c->auth_key_file);
             return 2;
         }
@@ -360,8 +362,9 @@ static int check_auth(struct kvt_server_cfg *c)
         }
         if (strlen(c->http_token) < 16 || strpbrk(c->http_token, " \t")) {
             kvt_secret_wipe(c->http_token, sizeof(c->http_token));
-            fprintf(stderr, "kvtier server: --http-token: %s: the token must be at least 16 "
-                            "characters without spaces\n",
+            fprintf(stderr,
+                    "kvtier server: --http-token: %s: the token must be at least 16 "
+                    "characters without spaces\n",
                     c->http_token_file);
             return 2;
         }
@@ -370,22 +373,26 @@ static int check_auth(struct kvt_server_cfg *c)
         return 0;
     static const char hint[] = "give --insecure-no-auth to accept that (docs/security.md)";
     if (!c->auth && !kvt_endpoint_is_local(c->bind)) {
-        fprintf(stderr, "kvtier server: --host: %s (--host, --bind or --config's KVP_SERVER_URL) "
-                        "is reachable beyond this host and "
-                        "authentication is off: give --auth-key and --auth-clients, or %s\n",
+        fprintf(stderr,
+                "kvtier server: --host: %s (--host, --bind or --config's KVP_SERVER_URL) "
+                "is reachable beyond this host and "
+                "authentication is off: give --auth-key and --auth-clients, or %s\n",
                 c->bind, hint);
         return 2;
     }
     if (c->http_port && !c->http_token[0] && !kvt_host_is_loopback(c->http_host)) {
-        fprintf(stderr, "kvtier server: --http-host: %s is beyond loopback and /status and "
-                        "/metrics have no token: give --http-token, or %s\n",
+        fprintf(stderr,
+                "kvtier server: --http-host: %s is beyond loopback and /status and "
+                "/metrics have no token: give --http-token, or %s\n",
                 c->http_host, hint);
         return 2;
     }
     if (c->lmc_port && (c->auth || !kvt_host_is_loopback(c->lmc_host))) {
-        fprintf(stderr, "kvtier server: --lmcache-port: the LMCache protocol front end does not "
-                        "authenticate its clients%s; %s\n",
-                c->auth ? " (it would bypass --auth-key)" : " and --lmcache-host is beyond loopback",
+        fprintf(stderr,
+                "kvtier server: --lmcache-port: the LMCache protocol front end does not "
+                "authenticate its clients%s; %s\n",
+                c->auth ? " (it would bypass --auth-key)"
+                        : " and --lmcache-host is beyond loopback",
                 hint);
         return 2;
     }
@@ -492,7 +499,8 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         case O_EV_POLICY: {
             struct kvt_policy *p = kvt_policy_create(optarg, 0.8, 0.2);
             if (!p) {
-                fprintf(stderr, "kvtier server: --eviction-policy: unknown policy '%s' (known: %s)\n",
+                fprintf(stderr,
+                        "kvtier server: --eviction-policy: unknown policy '%s' (known: %s)\n",
                         optarg, kvt_policy_names());
                 return 2;
             }
@@ -571,9 +579,12 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
             bool pre = strncmp(b, "lmcache_l1_pool_", 16) == 0;
             size_t bl = strlen(b);
             if (!bl || bl > 200 || strchr(b, '/'))
-                return fail(f, "expected a POSIX shared-memory name (no '/', at most 200 "
-                               "characters), got '%s'", optarg);
-            snprintf(c->lmc_shm_name, sizeof(c->lmc_shm_name), "%s%.200s", pre ? "" : "lmcache_l1_pool_", b);
+                return fail(f,
+                            "expected a POSIX shared-memory name (no '/', at most 200 "
+                            "characters), got '%s'",
+                            optarg);
+            snprintf(c->lmc_shm_name, sizeof(c->lmc_shm_name), "%s%.200s",
+                     pre ? "" : "lmcache_l1_pool_", b);
             break;
         }
         case O_NO_SHM:

@@ -56,7 +56,7 @@ struct kvt_server_cfg {
     bool dry_run;
     bool no_storage_check; /* --no-storage-check (with --dry-run): skip kvt_l2_spec_check */
     int log_level;
-    int log_format; /* enum kvt_log_format */
+    int log_format;      /* enum kvt_log_format */
     json_t *config_file; /* --config: the file's values and the pre-flight (owned), or NULL */
 
     /* authentication (server/auth.h, docs/security.md) */

@@ -309,8 +309,7 @@ static void h_store(struct kvt_server *s, struct request *q)
         return;
     }
     if (q->nframes != n) {
-        kvt_reply_error(q->r, KVT_E_BADREQ, "store has %u keys but %u data frames", n,
-                        q->nframes);
+        kvt_reply_error(q->r, KVT_E_BADREQ, "store has %u keys but %u data frames", n, q->nframes);
         free(keys);
         return;
     }
@@ -758,8 +757,8 @@ static void h_commit_store(struct kvt_server *s, struct request *q)
                         (unsigned long long)lease);
         return;
     }
-    struct kvt_l1_ref *refs = kvt_xmalloc(((uint32_t)committed ? (uint32_t)committed : 1) *
-                                          sizeof(*refs));
+    struct kvt_l1_ref *refs =
+        kvt_xmalloc(((uint32_t)committed ? (uint32_t)committed : 1) * sizeof(*refs));
     kvt_key *keys = kvt_xmalloc(((uint32_t)committed ? (uint32_t)committed : 1) * sizeof(kvt_key));
     for (int i = 0; i < committed; i++)
         kvt_l1_describe(s->l1, keep[i], &refs[i], &keys[i]);
@@ -986,8 +985,9 @@ void kvt_handle(struct kvt_server *s, enum kvt_op op, struct request *q)
      * admitted); a same-host connection gets its key from the ticket in
      * its first hello */
     if (s->cfg->auth && !q->r->who && !(op == OP_HELLO && kvt_local_is_ident(&q->r->ident))) {
-        kvt_reply_error(q->r, KVT_E_DENIED, "this connection's key is not (or no longer, after "
-                                            "a reload) in the authorized-clients file");
+        kvt_reply_error(q->r, KVT_E_DENIED,
+                        "this connection's key is not (or no longer, after "
+                        "a reload) in the authorized-clients file");
         op = OP_COUNT;
     }
     switch (op) {

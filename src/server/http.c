@@ -63,12 +63,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if ((!strcmp(url, "/status") || !strcmp(url, "/metrics")) && !token_ok(s, c))
         return respond(c, MHD_HTTP_UNAUTHORIZED,
-                       strdup("401: /status and /metrics need Authorization: Bearer <token>\n"),
-                       61, "text/plain");
+                       strdup("401: /status and /metrics need Authorization: Bearer <token>\n"), 61,
+                       "text/plain");
     if (strcmp(url, "/status") == 0) {
         json_t *st = kvt_server_status(s);
-        char *body =
-            json_dumps(st, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
+        char *body = json_dumps(st, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
         json_decref(st);
         return respond(c, MHD_HTTP_OK, body, strlen(body), "application/json");
     }

@@ -124,8 +124,8 @@ struct kvt_server {
     _Atomic uint64_t local_denied; /* auth on: same-host hellos without a valid ticket */
     uint64_t start_ns;
     char boot_id[64];
-    void *http; /* struct MHD_Daemon */
-    _Atomic bool ready; /* start-up done: HTTP may read the components */
+    void *http;              /* struct MHD_Daemon */
+    _Atomic bool ready;      /* start-up done: HTTP may read the components */
     struct kvt_local *local; /* same-host socket (local.c), rpc thread only */
     struct kvt_lmc *lmc;     /* LMCache protocol front end (lmc.c), or NULL */
     struct kvt_zap *zap;     /* ZAP handler thread (auth.c) with --auth-key, or NULL */
@@ -133,13 +133,13 @@ struct kvt_server {
      * after each SIGHUP reload; older ones stay until exit): written by the
      * rpc thread, read by the ZAP and status threads */
     struct kvt_auth *_Atomic auth_cur;
-    void *mon;               /* PAIR socket: the ROUTER's handshake failures (rpc thread) */
+    void *mon; /* PAIR socket: the ROUTER's handshake failures (rpc thread) */
     volatile int stop;
 };
 
 /* replies (server.c) */
-struct reply *kvt_reply_new(const zmq_msg_t *ident, const void *rid, size_t rid_len,
-                            enum kvt_op op, uint64_t t0);
+struct reply *kvt_reply_new(const zmq_msg_t *ident, const void *rid, size_t rid_len, enum kvt_op op,
+                            uint64_t t0);
 /* Turn r into an error reply (status + {code, error, message}). */
 void kvt_reply_error(struct reply *r, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

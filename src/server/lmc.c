@@ -44,7 +44,6 @@
 
 /* ------------------------------------------------------------ requests */
 
-
 static void send_frames(struct kvt_lmc *m, zmq_msg_t *ident, const void *uid, size_t ul,
                         const void *op, size_t ol, const void *body, size_t bl, bool has_body)
 {
@@ -132,8 +131,7 @@ static void rep_int(struct kvt_lmc *m, struct lmc_rep *r, int64_t value)
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     if (value >= 0)
         msgpack_pack_int64(&pk, value);
-    send_frames(m, &r->ident, r->uid, r->uid_len, r->op, r->op_len, sb.data, sb.size,
-                value >= 0);
+    send_frames(m, &r->ident, r->uid, r->uid_len, r->op, r->op_len, sb.data, sb.size, value >= 0);
     msgpack_sbuffer_destroy(&sb);
     zmq_msg_close(&r->ident);
     free(r);
@@ -262,7 +260,7 @@ void lmc_sess_remove(struct kvt_lmc *m, struct lmc_sess *x)
 }
 
 struct lmc_xfer *lmc_xfer_find(struct kvt_lmc *m, const uint8_t id[32], bool write,
-                                  struct lmc_xfer ***pprev)
+                               struct lmc_xfer ***pprev)
 {
     for (struct lmc_xfer **pp = &m->xfers; *pp; pp = &(*pp)->next)
         if ((*pp)->write == write && memcmp((*pp)->id, id, 32) == 0) {
@@ -305,7 +303,7 @@ void lmc_xfer_drop(struct kvt_lmc *m, struct lmc_xfer **pp)
  * error reply. Returns 0 with *c0, *c1 (chunk indices) and *hashes (32 bytes
  * per chunk for chunks 0..c1-1), or -1 after replying. */
 int lmc_key_chunks(struct lmc_rq *q, const struct lmc_key *k, bool whole, uint32_t *c0,
-                      uint32_t *c1, uint8_t **hashes)
+                   uint32_t *c1, uint8_t **hashes)
 {
     uint32_t C = (uint32_t)q->m->s->cfg->chunk_size;
     uint64_t end = k->end;
@@ -316,17 +314,17 @@ int lmc_key_chunks(struct lmc_rq *q, const struct lmc_key *k, bool whole, uint32
     } else {
         if (k->start % C || k->end % C) {
             lmc_reply_err(q, "start (%llu) and end (%llu) must be multiples of the chunk size %u",
-                      (unsigned long long)k->start, (unsigned long long)k->end, C);
+                          (unsigned long long)k->start, (unsigned long long)k->end, C);
             return -1;
         }
         if (k->end > k->ntokens) {
-            lmc_reply_err(q, "end (%llu) exceeds the key's %zu token(s)", (unsigned long long)k->end,
-                      k->ntokens);
+            lmc_reply_err(q, "end (%llu) exceeds the key's %zu token(s)",
+                          (unsigned long long)k->end, k->ntokens);
             return -1;
         }
         if (k->start > k->end) {
             lmc_reply_err(q, "start (%llu) is after end (%llu)", (unsigned long long)k->start,
-                      (unsigned long long)k->end);
+                          (unsigned long long)k->end);
             return -1;
         }
     }
@@ -382,7 +380,7 @@ int lmc_decode_str(struct lmc_rq *q, uint32_t i, const char *name, const char **
 /* identity of a prepare/commit pair: LMCache's (instance_id, key) where the
  * key compares model, world size, worker, tokens, range and salt */
 void lmc_xfer_id(int64_t inst, const struct lmc_key *k, uint32_t ns, const uint8_t *last_hash,
-                    uint8_t out[32])
+                 uint8_t out[32])
 {
     /* LMCache leaves request_id out of the key's equality; kvtier keeps it in,
      * so two requests with the same tokens never commit each other's slots */

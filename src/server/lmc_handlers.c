@@ -42,9 +42,10 @@ static void h_register(struct lmc_rq *q)
     uint64_t bytes = (uint64_t)lmc_dtype_size(r.dtype) * r.num_layers * slots * r.hidden_dim *
                      (r.use_mla ? 1 : 2);
     if (bytes == 0 || bytes > m->s->cfg->max_object_bytes || bytes > UINT32_MAX) {
-        lmc_reply_err(q, "one chunk would be %llu bytes; this server accepts objects of at most "
-                     "%llu bytes (--max-object-mb)",
-                  (unsigned long long)bytes, (unsigned long long)m->s->cfg->max_object_bytes);
+        lmc_reply_err(q,
+                      "one chunk would be %llu bytes; this server accepts objects of at most "
+                      "%llu bytes (--max-object-mb)",
+                      (unsigned long long)bytes, (unsigned long long)m->s->cfg->max_object_bytes);
         return;
     }
     struct lmc_ctx *c = lmc_ctx_find(m, r.instance_id);
@@ -183,12 +184,12 @@ static void h_lookup(struct lmc_rq *q)
     x->gen = ++m->gen;
     x->state = LS_NONE;
     lmc_answer_waiters(m, x); /* waiters of the previous lookup: 0 */
-    x->state = LS_DONE;   /* 0 hits unless the lookup gets further */
+    x->state = LS_DONE;       /* 0 hits unless the lookup gets further */
     uint32_t ns, c0, c1;
     uint8_t *hashes = NULL;
     if (k.num_kv_readers < 1) {
         lmc_reply_err(q, "num_kv_readers=0: this server needs clients that send "
-                     "IPCCacheServerKey.num_kv_readers (lmcache >= 0.5.6)");
+                         "IPCCacheServerKey.num_kv_readers (lmcache >= 0.5.6)");
         goto out;
     }
     if (lmc_key_ns(q, &k, &ns) || lmc_key_chunks(q, &k, true, &c0, &c1, &hashes))
@@ -209,8 +210,8 @@ static void h_lookup(struct lmc_rq *q)
     for (uint32_t c = 0; c < c1; c++)
         for (uint32_t r = 0; r < nr; r++) {
             uint32_t w = k.has_worker ? k.worker_id : r;
-            kvt_key_make(&keys[c * nr + r], ns, hashes + 32 * c, 32,
-                         lmc_kv_rank(k.world_size, w), 0);
+            kvt_key_make(&keys[c * nr + r], ns, hashes + 32 * c, 32, lmc_kv_rank(k.world_size, w),
+                         0);
         }
     struct kvt_l1_ref *refs = kvt_xcalloc(n, sizeof(*refs));
     uint32_t m0 = kvt_l1_get_prefix(s->l1, keys, n, refs);
@@ -342,8 +343,8 @@ static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
         uint64_t nth = atomic_fetch_add(&q->m->unknown_instance, 1) + 1;
         if ((nth & (nth - 1)) == 0) /* 1st, 2nd, 4th, ...: no flood */
             kvt_warn("lmcache: %s from instance %lld, which has not registered with this server: "
-                 "served as a miss until it registers again",
-                 lmc_ops[q->op].name, (long long)a->inst);
+                     "served as a miss until it registers again",
+                     lmc_ops[q->op].name, (long long)a->inst);
         switch (q->op) {
         case LMC_PREPARE_STORE: {
             struct body b;
@@ -391,8 +392,7 @@ static void xfer_end(struct xfer_args *a)
     free(a->hashes);
 }
 
-static void xfer_add(struct kvt_lmc *m, struct xfer_args *a, bool write, uint64_t lease,
-                     uint32_t n)
+static void xfer_add(struct kvt_lmc *m, struct xfer_args *a, bool write, uint64_t lease, uint32_t n)
 {
     struct lmc_xfer **pp;
     if (lmc_xfer_find(m, a->id, write, &pp)) /* a retried prepare replaces the first */
@@ -476,12 +476,13 @@ static void h_commit_store(struct lmc_rq *q)
     if (d->via.bin.size) { /* the pickle transport */
         if (x)
             lmc_xfer_drop(m, pp);
-        lmc_reply_err(q, "the worker sent its KV inline (LMCache's pickle transport), which kvtier "
-                     "does not take: the worker could not map the shared-memory pool "
-                     "/dev/shm/%s (it must run on this host, in the same IPC namespace, as "
-                     "the same user). Run vLLM with LMCACHE_MP_TRANSFER_MODE=engine_driven on "
-                     "the server's host",
-                  s->cfg->lmc_shm_name);
+        lmc_reply_err(q,
+                      "the worker sent its KV inline (LMCache's pickle transport), which kvtier "
+                      "does not take: the worker could not map the shared-memory pool "
+                      "/dev/shm/%s (it must run on this host, in the same IPC namespace, as "
+                      "the same user). Run vLLM with LMCACHE_MP_TRANSFER_MODE=engine_driven on "
+                      "the server's host",
+                      s->cfg->lmc_shm_name);
         xfer_end(&a);
         return;
     }
@@ -635,7 +636,8 @@ static void h_ping(struct lmc_rq *q)
                 if (m->nnudged < 64)
                     m->nnudged++;
                 kvt_info("lmcache: ping from unregistered instance %lld: asking it to "
-                         "register again", (long long)inst);
+                         "register again",
+                         (long long)inst);
                 lmc_reply_bool(q, false);
                 return;
             }
@@ -724,7 +726,7 @@ static void dispatch(struct lmc_rq *q)
         break;
     default:
         lmc_reply_err(q, "not supported by kvtier (CacheBlend, P2P, KV event streams and server "
-                     "modules are LMCache-only features)");
+                         "modules are LMCache-only features)");
     }
 }
 
@@ -740,7 +742,7 @@ void lmc_handle(struct kvt_lmc *m, zmq_msg_t *parts, uint32_t n)
         q.op = LMC_OP_UNKNOWN;
         if (n >= 2) /* the client can still match the uid */
             lmc_reply_err(&q, "a request is [uid][operation][payload...]; the operation must be a "
-                          "msgpack integer id or string");
+                              "msgpack integer id or string");
         return;
     }
     atomic_fetch_add_explicit(&m->count[q.op], 1, memory_order_relaxed);
@@ -751,9 +753,10 @@ void lmc_handle(struct kvt_lmc *m, zmq_msg_t *parts, uint32_t n)
     q.nargs = n - 3;
     int want = lmc_ops[q.op].nargs;
     if ((int)q.nargs != want) {
-        lmc_reply_err(&q, "expects %d payload lmc_frame(s), got %u (kvtier speaks lmcache 0.5.6's "
+        lmc_reply_err(&q,
+                      "expects %d payload lmc_frame(s), got %u (kvtier speaks lmcache 0.5.6's "
                       "protocol; is the client another version?)",
-                  want, q.nargs);
+                      want, q.nargs);
         return;
     }
     uint32_t i = 0;

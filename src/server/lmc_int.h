@@ -42,8 +42,8 @@ struct lmc_sess {
     uint32_t hits; /* chunks */
     uint32_t nr;   /* ranks per chunk in hs (world size, or 1 for a worker's lookup) */
     uint32_t nh;
-    uint32_t *hs;       /* chunk-major: hs[c * nr + r] */
-    uint16_t *readers;  /* reads still expected per handle; 0 = reference dropped */
+    uint32_t *hs;      /* chunk-major: hs[c * nr + r] */
+    uint16_t *readers; /* reads still expected per handle; 0 = reference dropped */
     struct lmc_rep *waiters;
     uint64_t last_ns;
 };
@@ -122,15 +122,18 @@ struct lmc_sess *lmc_sess_get(struct kvt_lmc *m, const char *rid, size_t n);
 void lmc_sess_release(struct kvt_lmc *m, struct lmc_sess *x);
 void lmc_answer_waiters(struct kvt_lmc *m, struct lmc_sess *x);
 void lmc_sess_remove(struct kvt_lmc *m, struct lmc_sess *x);
-struct lmc_xfer *lmc_xfer_find(struct kvt_lmc *m, const uint8_t id[32], bool write, struct lmc_xfer ***pprev);
+struct lmc_xfer *lmc_xfer_find(struct kvt_lmc *m, const uint8_t id[32], bool write,
+                               struct lmc_xfer ***pprev);
 struct kvt_l1_owner lmc_inst_owner(const int64_t *inst);
 void lmc_xfer_drop(struct kvt_lmc *m, struct lmc_xfer **pp);
-int lmc_key_chunks(struct lmc_rq *q, const struct lmc_key *k, bool whole, uint32_t *c0, uint32_t *c1, uint8_t **hashes);
+int lmc_key_chunks(struct lmc_rq *q, const struct lmc_key *k, bool whole, uint32_t *c0,
+                   uint32_t *c1, uint8_t **hashes);
 int lmc_key_ns(struct lmc_rq *q, const struct lmc_key *k, uint32_t *ns);
 int lmc_decode_key(struct lmc_rq *q, uint32_t i, struct lmc_key *k);
 int lmc_decode_i64(struct lmc_rq *q, uint32_t i, const char *name, int64_t *v);
 int lmc_decode_str(struct lmc_rq *q, uint32_t i, const char *name, const char **s, size_t *n);
-void lmc_xfer_id(int64_t inst, const struct lmc_key *k, uint32_t ns, const uint8_t *last_hash, uint8_t out[32]);
+void lmc_xfer_id(int64_t inst, const struct lmc_key *k, uint32_t ns, const uint8_t *last_hash,
+                 uint8_t out[32]);
 void lmc_pack_slot(msgpack_packer *pk, const struct lmc_ctx *c, uint64_t off);
 void lmc_drain_fetches(struct kvt_lmc *m, bool discard);
 void lmc_handle(struct kvt_lmc *m, zmq_msg_t *parts, uint32_t n);

@@ -56,10 +56,10 @@ struct out {
     struct out *next;
     struct iovec *iov; /* remaining pieces; in this allocation, they point into it */
     int niov;
-    uint8_t *lens;       /* the length prefixes (in this allocation) */
-    uint8_t *rid;        /* the request id (in this allocation) */
+    uint8_t *lens; /* the length prefixes (in this allocation) */
+    uint8_t *rid;  /* the request id (in this allocation) */
     uint8_t status[4];
-    void *body;          /* owned */
+    void *body;              /* owned */
     struct kvt_l1_ref *refs; /* data frames from L1, one reference each */
     uint32_t nrefs;
 };
@@ -70,16 +70,17 @@ struct lconn {
     /* input */
     uint8_t rbuf[RBUF];
     size_t rlen, rpos;
-    int state; /* 0: frame count, 1: frame length, 2: frame bytes, 3: bytes of a frame beyond MAX_FRAMES */
+    int state; /* 0: frame count, 1: frame length, 2: frame bytes, 3: bytes of a frame beyond
+                  MAX_FRAMES */
     uint32_t nframes, got, seen; /* frames announced, kept, read */
     uint32_t cur_len, cur_done;
     zmq_msg_t *frames; /* the message being read; frames[-1] is kept for the identity */
     /* output */
     struct out *oq_head, *oq_tail;
     bool want_out;
-    bool dead; /* a write failed: closed by kvt_local_poll, never mid-request */
+    bool dead;                   /* a write failed: closed by kvt_local_poll, never mid-request */
     struct kvt_auth_client *who; /* authentication on: the key its ticket bound, else NULL */
-    struct lconn *hnext; /* id hash chain */
+    struct lconn *hnext;         /* id hash chain */
 };
 
 struct ticket {
@@ -166,7 +167,8 @@ int kvt_local_start(struct kvt_server *s, char *err, size_t cap)
     L->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     L->ep = epoll_create1(EPOLL_CLOEXEC);
     if (L->lfd < 0 || L->ep < 0 ||
-        bind(L->lfd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nl)) < 0 ||
+        bind(L->lfd, (struct sockaddr *)&sa,
+             (socklen_t)(offsetof(struct sockaddr_un, sun_path) + nl)) < 0 ||
         listen(L->lfd, 1024) < 0) {
         snprintf(err, cap, "local socket %s: %s", L->name, kvt_strerror(-errno));
         if (L->lfd >= 0)
@@ -318,8 +320,8 @@ static bool consume(struct kvt_server *s, struct lconn *c)
                 c->got = c->seen = 0;
                 /* one slot in front: deliver() puts the identity there;
                  * frames beyond MAX_FRAMES are read and dropped */
-                c->frames = (zmq_msg_t *)kvt_xmalloc((KVT_MIN(v, MAX_FRAMES) + 1) *
-                                                     sizeof(zmq_msg_t)) + 1;
+                c->frames =
+                    (zmq_msg_t *)kvt_xmalloc((KVT_MIN(v, MAX_FRAMES) + 1) * sizeof(zmq_msg_t)) + 1;
                 c->state = 1;
                 if (v == 0) { /* no frames: answered E_BADREQ like ZeroMQ's */
                     deliver(s, c);

@@ -19,16 +19,17 @@ int kvt_cmd_keygen(int argc, char **argv);
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvtier <command> [options]\n"
-               "\n"
-               "commands:\n"
-               "  server     run the cache server (kvtier server --help)\n"
-               "  status     show what a cache holds: a server, or a directory offline\n"
-               "             (kvtier status --help)\n"
-               "  purge      delete a namespace, everything, or crash residue (kvtier purge --help)\n"
-               "  replay     replay a Mooncake trace against a server (kvtier replay --help)\n"
-               "  keygen     make a CURVE key pair for authentication (kvtier keygen --help)\n"
-               "  version    print the version\n");
+    fprintf(f,
+            "usage: kvtier <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  server     run the cache server (kvtier server --help)\n"
+            "  status     show what a cache holds: a server, or a directory offline\n"
+            "             (kvtier status --help)\n"
+            "  purge      delete a namespace, everything, or crash residue (kvtier purge --help)\n"
+            "  replay     replay a Mooncake trace against a server (kvtier replay --help)\n"
+            "  keygen     make a CURVE key pair for authentication (kvtier keygen --help)\n"
+            "  version    print the version\n");
 }
 
 static int cmd_server(int argc, char **argv)

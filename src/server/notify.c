@@ -28,8 +28,8 @@ int kvt_notify(const char *msg)
     memcpy(sa.sun_path, path, n);
     if (path[0] == '@')
         sa.sun_path[0] = 0; /* abstract namespace: the length bounds the name */
-    socklen_t salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n +
-                                  (path[0] == '/' ? 1 : 0));
+    socklen_t salen =
+        (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + (path[0] == '/' ? 1 : 0));
     int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -errno;

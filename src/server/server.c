@@ -31,23 +31,22 @@
 #include <unistd.h>
 
 const char *const kvt_op_names[OP_COUNT] = {
-    "hello",        "ping",           "store",          "flush",
-    "lookup",       "retrieve",       "free_locks",     "prepare_store",
-    "commit_store", "prepare_retrieve", "commit_retrieve", "status",
-    "delete",       "purge",          "unknown",
+    "hello",           "ping",       "store",         "flush",        "lookup",
+    "retrieve",        "free_locks", "prepare_store", "commit_store", "prepare_retrieve",
+    "commit_retrieve", "status",     "delete",        "purge",        "unknown",
 };
 
 const double kvt_lat_bounds[KVT_LAT_BUCKETS] = {
-    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
-    25e-3, 50e-3,  100e-3, 250e-3, 500e-3, 1.0,  5.0,  1e300,
+    50e-6, 100e-6, 250e-6, 500e-6, 1e-3,   2.5e-3, 5e-3, 10e-3,
+    25e-3, 50e-3,  100e-3, 250e-3, 500e-3, 1.0,    5.0,  1e300,
 };
 
 static struct kvt_l1 *g_l1; /* for ZeroMQ free callbacks of zero-copy frames */
 
 /* ------------------------------------------------------------ replies */
 
-struct reply *kvt_reply_new(const zmq_msg_t *ident, const void *rid, size_t rid_len,
-                            enum kvt_op op, uint64_t t0)
+struct reply *kvt_reply_new(const zmq_msg_t *ident, const void *rid, size_t rid_len, enum kvt_op op,
+                            uint64_t t0)
 {
     struct reply *r = kvt_xcalloc(1, sizeof(*r));
     zmq_msg_init(&r->ident);
@@ -89,8 +88,11 @@ static void utf8_escape(const char *in, char *out)
     char *o = out;
     while (*p) {
         uint8_t b = *p;
-        int len = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3
-                             : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
+        int len = b < 0x80                 ? 1
+                  : b >= 0xc2 && b <= 0xdf ? 2
+                  : b >= 0xe0 && b <= 0xef ? 3
+                  : b >= 0xf0 && b <= 0xf4 ? 4
+                                           : 0;
         bool ok = len > 0;
         for (int i = 1; ok && i < len; i++)
             ok = (p[i] & 0xc0) == 0x80; /* also stops at the terminating NUL */
@@ -508,8 +510,7 @@ static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, b
     q.frames = n > 4 ? &parts[4] : NULL;
     q.nframes = n > 4 ? n - 4 : 0;
     for (uint32_t i = 0; i < q.nframes; i++)
-        atomic_fetch_add_explicit(&s->bytes_in, zmq_msg_size(&q.frames[i]),
-                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->bytes_in, zmq_msg_size(&q.frames[i]), memory_order_relaxed);
     kvt_handle(s, op, &q);
     /* handlers that keep data frames move them out and zero q.nframes */
     msgpack_unpacked_destroy(&up);
@@ -555,12 +556,9 @@ static void reload_auth(struct kvt_server *s)
 static void rpc_loop(struct kvt_server *s)
 {
     zmq_pollitem_t items[6] = {
-        {.socket = s->sock, .events = ZMQ_POLLIN},
-        {.fd = s->reply_efd, .events = ZMQ_POLLIN},
-        {.fd = s->progress_efd, .events = ZMQ_POLLIN},
-        {.fd = s->sig_fd, .events = ZMQ_POLLIN},
-        {.fd = kvt_local_fd(s), .events = ZMQ_POLLIN},
-        {.socket = s->mon, .events = ZMQ_POLLIN},
+        {.socket = s->sock, .events = ZMQ_POLLIN},     {.fd = s->reply_efd, .events = ZMQ_POLLIN},
+        {.fd = s->progress_efd, .events = ZMQ_POLLIN}, {.fd = s->sig_fd, .events = ZMQ_POLLIN},
+        {.fd = kvt_local_fd(s), .events = ZMQ_POLLIN}, {.socket = s->mon, .events = ZMQ_POLLIN},
     };
     int nitems = s->local ? 5 : 4;
     int mon_at = -1;
@@ -860,8 +858,7 @@ static int start(struct kvt_server *s)
         return rc;
     }
     g_l1 = s->l1;
-    rc = kvt_store_ctrl_start(&s->sc, s->l1, s->l2s, s->nl2, c->store_policy, on_store_progress,
-                              s);
+    rc = kvt_store_ctrl_start(&s->sc, s->l1, s->l2s, s->nl2, c->store_policy, on_store_progress, s);
     if (!rc)
         rc = kvt_prefetch_ctrl_start(&s->pc, s->l1, s->l2s, s->nl2, c->prefetch_policy,
                                      c->prefetch_max_in_flight);
@@ -906,12 +903,16 @@ static void banner(struct kvt_server *s)
                  "same-host socket %s",
                  c->bind, c->auth->n, c->auth_clients_file, c->auth_public,
                  s->local ? "on, each connection bound to a key by a ticket from a hello "
-                            "over CURVE" : "off");
+                            "over CURVE"
+                          : "off");
     if (c->insecure_no_auth)
-        kvt_warn("--insecure-no-auth: %s%s%s", c->auth ? "" : "any process that reaches "
-                 "the RPC port can read, overwrite and delete every tenant's cache",
+        kvt_warn("--insecure-no-auth: %s%s%s",
+                 c->auth ? ""
+                         : "any process that reaches "
+                           "the RPC port can read, overwrite and delete every tenant's cache",
                  c->auth ? "" : "; ",
-                 c->http_token[0] ? "" : "/status and /metrics are open to anyone who reaches them");
+                 c->http_token[0] ? ""
+                                  : "/status and /metrics are open to anyone who reaches them");
     if (c->http_port)
         kvt_info("http: http://%s:%d/healthz /status /metrics", c->http_host, c->http_port);
     kvt_info("L1: %.3g GiB shared memory (%s, align %u, policy %s)%s", c->l1_size_gb,

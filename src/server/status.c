@@ -31,8 +31,7 @@ json_t *kvt_server_status(struct kvt_server *s)
     json_object_set_new(o, "server", json_string("kvtier " KVT_VERSION));
     json_object_set_new(o, "pid", json_integer(getpid()));
     json_object_set_new(o, "listen", json_string(s->cfg->bind));
-    json_object_set_new(o, "uptime_seconds",
-                        json_real((double)(kvt_now_ns() - s->start_ns) / 1e9));
+    json_object_set_new(o, "uptime_seconds", json_real((double)(kvt_now_ns() - s->start_ns) / 1e9));
     char why[1024];
     bool ok = kvt_server_health(s, why, sizeof(why));
     json_t *h = json_object();
@@ -213,7 +212,8 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
             struct kvt_l2_latency lat;
             kvt_l2_latency(s->l2s[i], (enum kvt_l2_kind)k, &lat);
             char lab[128];
-            snprintf(lab, sizeof(lab), "adapter=\"%s\",op=\"%s\"", kvt_l2_name(s->l2s[i]), kinds[k]);
+            snprintf(lab, sizeof(lab), "adapter=\"%s\",op=\"%s\"", kvt_l2_name(s->l2s[i]),
+                     kinds[k]);
             histogram(&b, "kvtier_l2_operation_duration_seconds", lab, kvt_l2_lat_bounds,
                       lat.bucket, KVT_L2_LAT_BUCKETS, lat.sum_ns, lat.count);
         }

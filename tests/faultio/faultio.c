@@ -63,7 +63,11 @@ static int (*real_fsync)(int);
 static int (*real_fdatasync)(int);
 
 /* dlsym returns void *; POSIX guarantees it converts to a function pointer */
-#define LOAD(var, name) do { void *p_ = dlsym(RTLD_NEXT, name); memcpy(&var, &p_, sizeof(p_)); } while (0)
+#define LOAD(var, name)                                                                            \
+    do {                                                                                           \
+        void *p_ = dlsym(RTLD_NEXT, name);                                                         \
+        memcpy(&var, &p_, sizeof(p_));                                                             \
+    } while (0)
 
 __attribute__((constructor)) static void init(void)
 {
@@ -119,7 +123,8 @@ static int pick(int fd, bool is_write)
     if (!enabled || fd < 0 || fd >= MAXFD || !atomic_load(&watched[fd]))
         return 0;
     struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_dev != atomic_load(&wdev[fd]) ||
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+        (uint64_t)st.st_dev != atomic_load(&wdev[fd]) ||
         (uint64_t)st.st_ino != atomic_load(&wino[fd])) {
         atomic_store(&watched[fd], 0);
         return 0;

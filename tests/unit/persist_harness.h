@@ -125,8 +125,8 @@ __attribute__((unused)) static void *h_payload(size_t len, uint32_t seed)
 /* Store n keys [first, first+n) of len bytes; returns how many succeeded
  * and, when ok_bits is not NULL, sets bit i there for each key first+i the
  * adapter acknowledged (n <= 64). */
-__attribute__((unused)) static uint32_t h_store_bits(kvt_l2 *l2, const char *model, uint32_t first, uint32_t n,
-                                                     size_t len, uint64_t *ok_bits)
+__attribute__((unused)) static uint32_t h_store_bits(kvt_l2 *l2, const char *model, uint32_t first,
+                                                     uint32_t n, size_t len, uint64_t *ok_bits)
 {
     kvt_l2_task *t = kvt_l2_task_new(KVT_L2_STORE, n);
     for (uint32_t i = 0; i < n; i++) {
@@ -146,14 +146,16 @@ __attribute__((unused)) static uint32_t h_store_bits(kvt_l2 *l2, const char *mod
     return ok;
 }
 
-__attribute__((unused)) static uint32_t h_store(kvt_l2 *l2, const char *model, uint32_t first, uint32_t n, size_t len)
+__attribute__((unused)) static uint32_t h_store(kvt_l2 *l2, const char *model, uint32_t first,
+                                                uint32_t n, size_t len)
 {
     return h_store_bits(l2, model, first, n, len, NULL);
 }
 
 /* Lookup-and-lock then load n keys; returns how many came back with the
  * exact bytes (and unlocks them). */
-__attribute__((unused)) static uint32_t h_check(kvt_l2 *l2, const char *model, uint32_t first, uint32_t n, size_t len)
+__attribute__((unused)) static uint32_t h_check(kvt_l2 *l2, const char *model, uint32_t first,
+                                                uint32_t n, size_t len)
 {
     kvt_l2_task *lk = kvt_l2_task_new(KVT_L2_LOOKUP, n);
     for (uint32_t i = 0; i < n; i++)
@@ -185,8 +187,8 @@ __attribute__((unused)) static uint32_t h_check(kvt_l2 *l2, const char *model, u
 
 /* Delete keys [first, first+n); bit i of removed_bits (may be NULL, n <= 64)
  * is set for each key the adapter reports removed. */
-__attribute__((unused)) static uint32_t h_delete_bits(kvt_l2 *l2, const char *model, uint32_t first, uint32_t n,
-                                                      uint64_t *removed_bits)
+__attribute__((unused)) static uint32_t h_delete_bits(kvt_l2 *l2, const char *model, uint32_t first,
+                                                      uint32_t n, uint64_t *removed_bits)
 {
     kvt_key *k = calloc(n, sizeof(*k));
     uint64_t *rm = calloc((n + 63) / 64, sizeof(*rm));
@@ -201,13 +203,15 @@ __attribute__((unused)) static uint32_t h_delete_bits(kvt_l2 *l2, const char *mo
     return r;
 }
 
-__attribute__((unused)) static uint32_t h_delete(kvt_l2 *l2, const char *model, uint32_t first, uint32_t n)
+__attribute__((unused)) static uint32_t h_delete(kvt_l2 *l2, const char *model, uint32_t first,
+                                                 uint32_t n)
 {
     return h_delete_bits(l2, model, first, n, NULL);
 }
 
 /* A field of the adapter's status (integers; -1 when absent). */
-__attribute__((unused)) static long long h_status_int(kvt_l2 *l2, const char *path1, const char *path2)
+__attribute__((unused)) static long long h_status_int(kvt_l2 *l2, const char *path1,
+                                                      const char *path2)
 {
     json_t *st = kvt_l2_status(l2);
     json_t *v = json_object_get(st, path1);

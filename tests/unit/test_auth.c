@@ -1,4 +1,5 @@
-/* Description: the authorized-clients parser, secret files and the loopback test (server/auth.c, common/secret.c, server/config.c). */
+/* Description: the authorized-clients parser, secret files and the loopback test (server/auth.c,
+ * common/secret.c, server/config.c). */
 #include "common/secret.h"
 #include "kvtier/error.h"
 #include "server/auth.h"
@@ -170,12 +171,16 @@ static void test_secret_files(void)
 
 static void test_loopback(void)
 {
-    static const char *const local[] = {"tcp://127.0.0.1:5555", "tcp://localhost:1",
-                                        "tcp://[::1]:5", "tcp://127.1.2.3:9", "ipc:///tmp/x",
-                                        "ipc://@abs", NULL};
-    static const char *const beyond[] = {"tcp://0.0.0.0:5555", "tcp://*:5555", "tcp://[::]:5",
-                                         "tcp://10.0.0.1:5", "tcp://myhost:5",
-                                         "tcp://eth0;127.0.0.1:5", "ws://127.0.0.1:5", NULL};
+    static const char *const local[] = {"tcp://127.0.0.1:5555",
+                                        "tcp://localhost:1",
+                                        "tcp://[::1]:5",
+                                        "tcp://127.1.2.3:9",
+                                        "ipc:///tmp/x",
+                                        "ipc://@abs",
+                                        NULL};
+    static const char *const beyond[] = {
+        "tcp://0.0.0.0:5555", "tcp://*:5555",           "tcp://[::]:5",     "tcp://10.0.0.1:5",
+        "tcp://myhost:5",     "tcp://eth0;127.0.0.1:5", "ws://127.0.0.1:5", NULL};
     for (int i = 0; local[i]; i++)
         TEST_ASSERT(kvt_endpoint_is_local(local[i]));
     for (int i = 0; beyond[i]; i++)

@@ -19,7 +19,7 @@ static char dir[256];
 
 #define RUN_ARG(fn, arg)                                                                           \
     do {                                                                                           \
-        fprintf(stderr, "-- %s(%s)\n", #fn, #arg);                                                \
+        fprintf(stderr, "-- %s(%s)\n", #fn, #arg);                                                 \
         fn(arg);                                                                                   \
     } while (0)
 

@@ -16,8 +16,8 @@ static uint32_t ns_of(const char *m, const char *s)
 
 static void test_validation(void)
 {
-    static const char *bad_models[] = {"", "a@b", "/../etc", "x/../y", "..", ".", "a/./b",
-                                       "tab\there"};
+    static const char *bad_models[] = {"",   "a@b", "/../etc", "x/../y",
+                                       "..", ".",   "a/./b",   "tab\there"};
     for (size_t i = 0; i < KVT_ARRAY_LEN(bad_models); i++) {
         uint32_t ns;
         const char *why = NULL;
@@ -25,8 +25,8 @@ static void test_validation(void)
         TEST_ASSERT(kvt_ns_intern(m, strlen(m), "", 0, &ns, &why) == KVT_E_BADKEY);
         TEST_ASSERT(why != NULL);
     }
-    static const char *good_models[] = {"meta-llama/Llama-3-8B", "/models/MyModel/a84fadf1",
-                                        "m..n", "a_b", "x--y"};
+    static const char *good_models[] = {"meta-llama/Llama-3-8B", "/models/MyModel/a84fadf1", "m..n",
+                                        "a_b", "x--y"};
     for (size_t i = 0; i < KVT_ARRAY_LEN(good_models); i++)
         ns_of(good_models[i], "");
     static const char *bad_salts[] = {"a@b", "a/b", "a\\b"};
@@ -78,9 +78,14 @@ static void test_codecs(void)
     TEST_ASSERT(strcmp(name, "my_model_v2_00000003_0_0001020304050607.bin") == 0);
     TEST_ASSERT(kvt_key_decode(KVT_CODEC_NIXL, name, strlen(name), &d) == 0 && kvt_key_eq(&k, &d));
     /* names that are not objects */
-    static const char *junk[] = {"x.data", "a@b@c.data", "m@0x0000000g@0@00.data",
-                                 "m@0x00000000@0@0.data", "m@0x00000000@0@00@.data",
-                                 "m@0x00000000@0@00.data.tmp.1-2-3", "..", "."};
+    static const char *junk[] = {"x.data",
+                                 "a@b@c.data",
+                                 "m@0x0000000g@0@00.data",
+                                 "m@0x00000000@0@0.data",
+                                 "m@0x00000000@0@00@.data",
+                                 "m@0x00000000@0@00.data.tmp.1-2-3",
+                                 "..",
+                                 "."};
     for (size_t i = 0; i < KVT_ARRAY_LEN(junk); i++)
         TEST_ASSERT(kvt_key_decode(KVT_CODEC_FS, junk[i], strlen(junk[i]), &d) != 0);
     /* every encoded name stays inside its directory */
@@ -107,10 +112,17 @@ static void test_collisions(void)
 {
     uint8_t h[4] = {0xde, 0xad, 0xbe, 0xef};
     static const char *pairs[][2] = {
-        {"org/model", "org-SEP-model"}, {"x/y", "x--y"},     {"-SEP/", "/SEP-"},
-        {"-/", "/-"},                   {"a/-b", "a-/b"},    {"a%2Db", "a-b"},
-        {"a%25b", "a%b"},               {"a/b", "a%2D-b"},   {"-SEP-SEP-", "/SEP/"},
-        {"a---b", "a-/b"},              {"a/SEP-b", "a-SEP-SEP-b"},
+        {"org/model", "org-SEP-model"},
+        {"x/y", "x--y"},
+        {"-SEP/", "/SEP-"},
+        {"-/", "/-"},
+        {"a/-b", "a-/b"},
+        {"a%2Db", "a-b"},
+        {"a%25b", "a%b"},
+        {"a/b", "a%2D-b"},
+        {"-SEP-SEP-", "/SEP/"},
+        {"a---b", "a-/b"},
+        {"a/SEP-b", "a-SEP-SEP-b"},
     };
     char n1[KVT_NAME_MAX + 1], n2[KVT_NAME_MAX + 1];
     for (size_t i = 0; i < KVT_ARRAY_LEN(pairs); i++) {
@@ -169,14 +181,14 @@ static void test_collisions(void)
     }
     /* only the exact encoding decodes: other spellings are not cache objects */
     static const char *noncanon[] = {
-        "a%2Db@0x00000001@2@deadbeef.data", /* needless escape */
+        "a%2Db@0x00000001@2@deadbeef.data",           /* needless escape */
         "org%2dSEP-model@0x00000001@2@deadbeef.data", /* lower-case escape */
         "%41@0x00000001@2@deadbeef.data",
         "a%@0x00000001@2@deadbeef.data",
         "a%2@0x00000001@2@deadbeef.data",
         "a@0x00000001@2@DEADBEEF.data", /* upper-case hex */
         "a@0x0000000A@2@deadbeef.data",
-        "a@0x00000001@02@deadbeef.data", /* leading zero */
+        "a@0x00000001@02@deadbeef.data",    /* leading zero */
         "a%40b@0x00000001@2@deadbeef.data", /* '@' in a model */
     };
     kvt_key d;
@@ -304,17 +316,21 @@ static void test_chunk_hash_vectors(void)
     char hex[65];
     TEST_ASSERT(kvt_chunk_hashes(t, 512, 256, out) == 2);
     kvt_hex(out, 32, hex);
-    TEST_ASSERT(strcmp(hex, "1d15876629a5821c35b4cd7de3514b5952e718a9e87f75aa41a781ebadb5abc9") == 0);
+    TEST_ASSERT(strcmp(hex, "1d15876629a5821c35b4cd7de3514b5952e718a9e87f75aa41a781ebadb5abc9") ==
+                0);
     kvt_hex(out + 32, 32, hex);
-    TEST_ASSERT(strcmp(hex, "71354a739e18d56ecd771e486a3bfecccb25b6022ed5bb60ef2683482aaeeaa6") == 0);
+    TEST_ASSERT(strcmp(hex, "71354a739e18d56ecd771e486a3bfecccb25b6022ed5bb60ef2683482aaeeaa6") ==
+                0);
     uint32_t t2[5] = {1, 2, 3, 4, 5};
     TEST_ASSERT(kvt_chunk_hashes(t2, 5, 2, out) == 2); /* the partial chunk is not hashed */
     kvt_hex(out, 32, hex);
-    TEST_ASSERT(strcmp(hex, "dd433990c6daf93f596b060bd811a834197e36e952f26b41f0bc6b12b0dd819c") == 0);
+    TEST_ASSERT(strcmp(hex, "dd433990c6daf93f596b060bd811a834197e36e952f26b41f0bc6b12b0dd819c") ==
+                0);
     uint32_t t3[4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu};
     TEST_ASSERT(kvt_chunk_hashes(t3, 4, 4, out) == 1);
     kvt_hex(out, 32, hex);
-    TEST_ASSERT(strcmp(hex, "79f23b784d579500b71bdcff23fe78ccd3ec49016924e5a39385e03f2fc43d6f") == 0);
+    TEST_ASSERT(strcmp(hex, "79f23b784d579500b71bdcff23fe78ccd3ec49016924e5a39385e03f2fc43d6f") ==
+                0);
 }
 
 int main(void)

@@ -9,9 +9,15 @@
 
 static struct kvt_l1 *mk(uint64_t size, const char *policy)
 {
-    struct kvt_l1_opts o = {.size_bytes = size, .init_bytes = size, .lazy = true, .align = 4096,
-                            .write_ttl_ns = 600e9, .read_ttl_ns = 300e9, .policy = policy,
-                            .watermark = 0.8, .ratio = 0.2};
+    struct kvt_l1_opts o = {.size_bytes = size,
+                            .init_bytes = size,
+                            .lazy = true,
+                            .align = 4096,
+                            .write_ttl_ns = 600e9,
+                            .read_ttl_ns = 300e9,
+                            .policy = policy,
+                            .watermark = 0.8,
+                            .ratio = 0.2};
     struct kvt_l1 *l1 = NULL;
     char err[256];
     TEST_ASSERT(kvt_l1_create(&o, &l1, err, sizeof(err)) == 0);
@@ -166,9 +172,15 @@ static void test_temp_and_leases(void)
 
 static void test_expiry(void)
 {
-    struct kvt_l1_opts o = {.size_bytes = 1 << 20, .init_bytes = 1 << 20, .lazy = false,
-                            .align = 4096, .write_ttl_ns = 1, .read_ttl_ns = 1, .policy = "LRU",
-                            .watermark = 0.8, .ratio = 0.2};
+    struct kvt_l1_opts o = {.size_bytes = 1 << 20,
+                            .init_bytes = 1 << 20,
+                            .lazy = false,
+                            .align = 4096,
+                            .write_ttl_ns = 1,
+                            .read_ttl_ns = 1,
+                            .policy = "LRU",
+                            .watermark = 0.8,
+                            .ratio = 0.2};
     struct kvt_l1 *l1;
     char err[256];
     TEST_ASSERT(kvt_l1_create(&o, &l1, err, sizeof(err)) == 0);
@@ -268,9 +280,14 @@ static void test_lease_owner_keys_and_delete(void)
 static void fill_run(uint64_t pool_pages, int n, uint32_t (*size_of)(int), double *min_fill,
                      double *mean_fill, uint64_t *objects_end)
 {
-    struct kvt_l1_opts o = {.size_bytes = pool_pages * 4096, .init_bytes = pool_pages * 4096,
-                            .lazy = true, .align = 4096, .write_ttl_ns = 600e9,
-                            .read_ttl_ns = 300e9, .policy = "LRU", .watermark = 1.0,
+    struct kvt_l1_opts o = {.size_bytes = pool_pages * 4096,
+                            .init_bytes = pool_pages * 4096,
+                            .lazy = true,
+                            .align = 4096,
+                            .write_ttl_ns = 600e9,
+                            .read_ttl_ns = 300e9,
+                            .policy = "LRU",
+                            .watermark = 1.0,
                             .ratio = 0.2};
     struct kvt_l1 *l1 = NULL;
     char err[256];
@@ -323,10 +340,14 @@ static uint32_t mixed_size(int i)
     uint32_t x = (uint32_t)i * 2654435761u;
     x ^= x >> 15;
     switch (x % 8) {
-    case 0: return 1 + (x >> 8) % 4;  /* partial last chunk */
-    case 1: return 16;                /* another model's chunk */
-    case 2: return 8;
-    default: return 4;
+    case 0:
+        return 1 + (x >> 8) % 4; /* partial last chunk */
+    case 1:
+        return 16; /* another model's chunk */
+    case 2:
+        return 8;
+    default:
+        return 4;
     }
 }
 
@@ -336,8 +357,10 @@ static void test_fill_before_evict(void)
     uint64_t objs;
     /* 1000 objects of 4 pages fit exactly: every eviction happens at 100% */
     fill_run(4000, 5000, equal_size, &lo, &mean, &objs);
-    fprintf(stderr, "   equal sizes: fill before eviction min %.4f, mean usage %.4f, %llu objects of 1000\n",
-            lo, mean, (unsigned long long)objs);
+    fprintf(
+        stderr,
+        "   equal sizes: fill before eviction min %.4f, mean usage %.4f, %llu objects of 1000\n",
+        lo, mean, (unsigned long long)objs);
     TEST_ASSERT(lo >= 0.99);
     TEST_ASSERT(objs >= 990);
     fill_run(4000, 20000, mixed_size, &lo, &mean, &objs);

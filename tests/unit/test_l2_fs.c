@@ -1,4 +1,5 @@
-/* Description: fs adapter through the L2 contract: store, lookup-and-lock, load, unlock, delete, usage, recovery, cap. */
+/* Description: fs adapter through the L2 contract: store, lookup-and-lock, load, unlock, delete,
+ * usage, recovery, cap. */
 #include "l2_harness.h"
 
 #include "kvtier/error.h"

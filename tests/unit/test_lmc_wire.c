@@ -110,8 +110,8 @@ static void test_decode_op(void)
         TEST_ASSERT(lmc_ops[i].name && lmc_ops[i].name[0]);
 }
 
-static void pack_key(msgpack_packer *pk, const char *model, int ws, int worker, int ntok,
-                     int start, int end, bool bad_token)
+static void pack_key(msgpack_packer *pk, const char *model, int ws, int worker, int ntok, int start,
+                     int end, bool bad_token)
 {
     msgpack_pack_map(pk, 9);
     msgpack_pack_str_with_body(pk, "model_name", 10);
@@ -245,10 +245,16 @@ static void test_l1_named_pool(void)
 {
     char name[64];
     snprintf(name, sizeof(name), "kvtier_unit_%d", (int)getpid());
-    struct kvt_l1_opts o = {.size_bytes = 8 << 20, .init_bytes = 1 << 20, .lazy = true,
-                            .align = 4096, .write_ttl_ns = 1000000000ull,
-                            .read_ttl_ns = 1000000000ull, .policy = "LRU", .watermark = 0.8,
-                            .ratio = 0.2, .shm_name = name};
+    struct kvt_l1_opts o = {.size_bytes = 8 << 20,
+                            .init_bytes = 1 << 20,
+                            .lazy = true,
+                            .align = 4096,
+                            .write_ttl_ns = 1000000000ull,
+                            .read_ttl_ns = 1000000000ull,
+                            .policy = "LRU",
+                            .watermark = 0.8,
+                            .ratio = 0.2,
+                            .shm_name = name};
     struct kvt_l1 *l1;
     char err[256];
     TEST_ASSERT(kvt_l1_create(&o, &l1, err, sizeof(err)) == 0);
@@ -282,7 +288,7 @@ static void test_l1_named_pool(void)
     kvt_l1_put(l1, ref.h);
     kvt_l1_destroy(l1);
     TEST_ASSERT(shm_open(path, O_RDONLY, 0) < 0); /* unlinked with the pool */
-    o.hugepages = true; /* no name with huge pages */
+    o.hugepages = true;                           /* no name with huge pages */
     TEST_ASSERT(kvt_l1_create(&o, &l1, err, sizeof(err)) != 0);
 }
 

@@ -69,8 +69,9 @@ static void test_envcfg(void)
     TEST_ASSERT(strcmp(json_string_value(json_object_get(j, "type")), "nixl_store_dynamic") == 0);
     json_t *bp = json_object_get(j, "backend_params");
     TEST_ASSERT(json_real_value(json_object_get(bp, "max_capacity_gb")) == 100);
-    TEST_ASSERT(strcmp(json_string_value(json_object_get(
-                           json_object_get(j, "eviction"), "eviction_policy")), "value") == 0);
+    TEST_ASSERT(strcmp(json_string_value(
+                           json_object_get(json_object_get(j, "eviction"), "eviction_policy")),
+                       "value") == 0);
     TEST_ASSERT(strcmp(json_string_value(json_object_get(j, "namespace_quotas")), want) == 0);
     json_decref(j);
     free(js);
@@ -244,7 +245,8 @@ static void test_quota_enforced(void)
     TEST_ASSERT(atomic_load(&l2->counters.rejected_writes) == 2);
     json_t *st = kvt_l2_status(l2);
     json_t *q = json_object_get(json_object_get(st, "namespace_quotas"), "--models--qa");
-    TEST_ASSERT(q && json_integer_value(json_object_get(q, "used_bytes")) == (json_int_t)(3 * stored));
+    TEST_ASSERT(q &&
+                json_integer_value(json_object_get(q, "used_bytes")) == (json_int_t)(3 * stored));
     TEST_ASSERT(json_integer_value(json_object_get(q, "quota_bytes")) == 1000000);
     TEST_ASSERT(json_integer_value(json_object_get(q, "rejected_writes")) == 2);
     json_decref(st);

@@ -71,7 +71,8 @@ static void reap(pid_t p)
 static void test_names(void)
 {
     char buf[300];
-    TEST_ASSERT(kvt_tmpguard_name(buf, sizeof(buf), "m_00000000_0_ab.bin", 0x1234, 0xabcdef, 7) > 0);
+    TEST_ASSERT(kvt_tmpguard_name(buf, sizeof(buf), "m_00000000_0_ab.bin", 0x1234, 0xabcdef, 7) >
+                0);
     TEST_ASSERT(strcmp(buf, "m_00000000_0_ab.bin.tmp.1234-abcdef-7") == 0);
     pid_t pid;
     uint64_t start;

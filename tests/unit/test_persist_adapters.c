@@ -65,7 +65,8 @@ static void nixl_store_pool(const char *engine)
     TEST_ASSERT(h_check(l2, "ns/odd", 0, 1, 5000) == 1);
     struct kvt_l2_usage u;
     kvt_l2_usage(l2, &u);
-    TEST_ASSERT(u.cap_bytes == 2 << 20 && u.used_bytes == (uint64_t)(512 - h_status_int(l2, "pool_free_pages", NULL)) * 4096);
+    TEST_ASSERT(u.cap_bytes == 2 << 20 &&
+                u.used_bytes == (uint64_t)(512 - h_status_int(l2, "pool_free_pages", NULL)) * 4096);
     h_close(l2);
 }
 

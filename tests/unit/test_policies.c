@@ -191,7 +191,7 @@ static void test_adaptive_follows_the_better_expert(void)
     fprintf(stderr, "   leader %d, shadow hits LRU %.1f ARC %.1f LFU %.1f, hot hits %u of 4000\n",
             lead, score[0], score[1], score[2], hits);
     TEST_ASSERT(lead != 0 && score[lead] > score[0]); /* not LRU: ARC or LFU keep the hot set */
-    TEST_ASSERT(hits > 3600); /* of 4000 in the last 1000 rounds */
+    TEST_ASSERT(hits > 3600);                         /* of 4000 in the last 1000 rounds */
     kvt_policy_destroy(p);
     /* a stream of requests whose blocks come back soon: recency; the
      * adaptive policy does as well as LRU */

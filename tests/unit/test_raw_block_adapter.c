@@ -152,8 +152,8 @@ static void test_acknowledged_survives_death(void)
     TEST_ASSERT(h_check(l2, "rb/crash", 4, 36, 50000) == 36);
     TEST_ASSERT(h_check(l2, "rb/crash", 0, 4, 50000) == 0);
     json_t *s = kvt_l2_status(l2);
-    const char *from = json_string_value(json_object_get(json_object_get(s, "meta"),
-                                                         "recovered_from"));
+    const char *from =
+        json_string_value(json_object_get(json_object_get(s, "meta"), "recovered_from"));
     TEST_ASSERT(from && strstr(from, "journal records")); /* 44 since the last checkpoint */
     json_decref(s);
     h_close(l2);
@@ -209,15 +209,16 @@ static void jfault_child(uint32_t pos, uint32_t first, uint32_t nstore, uint32_t
         report_and_die(fd, r, sizeof(*r));
     }
     collect_report(pid, fd, r, sizeof(*r));
-    fprintf(stderr, "   faults %lld, recovered %lld, stored after %lld, objects %lld, leaked "
-                    "slots %lld, acked stores %#llx, acked deletes %#llx\n",
+    fprintf(stderr,
+            "   faults %lld, recovered %lld, stored after %lld, objects %lld, leaked "
+            "slots %lld, acked stores %#llx, acked deletes %#llx\n",
             (long long)r->faults, (long long)r->recovered, (long long)r->stored_after,
             (long long)r->objects, (long long)r->leaked, (unsigned long long)r->acked_stores,
             (unsigned long long)r->acked_deletes);
-    TEST_ASSERT(r->faults == 1);       /* the fault really happened */
-    TEST_ASSERT(r->recovered == 1);    /* healthy again, by one recovery checkpoint */
+    TEST_ASSERT(r->faults == 1);        /* the fault really happened */
+    TEST_ASSERT(r->recovered == 1);     /* healthy again, by one recovery checkpoint */
     TEST_ASSERT(r->stored_after == 10); /* and it stores again */
-    TEST_ASSERT(r->leaked == 0);       /* no slot lost with the records */
+    TEST_ASSERT(r->leaked == 0);        /* no slot lost with the records */
 }
 
 /* After the child died: every store it was told succeeded and did not
@@ -234,7 +235,7 @@ static uint64_t jf_verify(kvt_l2 *l2, uint32_t base, uint64_t held, const struct
         fprintf(stderr, "   present %#llx, must be %#llx, deleted %#llx\n",
                 (unsigned long long)present, (unsigned long long)must,
                 (unsigned long long)r->acked_deletes);
-    TEST_ASSERT((present & must) == must);     /* nothing acknowledged was lost */
+    TEST_ASSERT((present & must) == must);          /* nothing acknowledged was lost */
     TEST_ASSERT((present & r->acked_deletes) == 0); /* nothing deleted came back */
     struct kvt_l2_usage u;
     kvt_l2_usage(l2, &u);
@@ -380,8 +381,8 @@ static void test_checkpoint_too_big(void)
             failed_batches++;
     }
     json_t *s = kvt_l2_status(l2);
-    const char *ce = json_string_value(json_object_get(json_object_get(s, "meta"),
-                                                       "checkpoint_error"));
+    const char *ce =
+        json_string_value(json_object_get(json_object_get(s, "meta"), "checkpoint_error"));
     TEST_ASSERT(ce && strstr(ce, "raise meta_total_bytes"));
     json_decref(s);
     TEST_ASSERT(!healthy(l2));

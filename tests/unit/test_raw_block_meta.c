@@ -21,8 +21,12 @@ static uint32_t ns_of(const char *model, const char *salt)
 
 static struct rb_rec put(uint32_t slot, uint64_t gen, const char *model, const char *salt)
 {
-    struct rb_rec r = {.op = RB_PUT, .slot = slot, .gen = gen, .len = 100 + slot,
-                       .plen = 100 + slot, .xxh3 = gen * 7};
+    struct rb_rec r = {.op = RB_PUT,
+                       .slot = slot,
+                       .gen = gen,
+                       .len = 100 + slot,
+                       .plen = 100 + slot,
+                       .xxh3 = gen * 7};
     uint8_t h[32];
     memset(h, (int)slot, sizeof(h));
     kvt_key_make(&r.key, ns_of(model, salt), h, 32, 0x01010000u, 3);
@@ -84,8 +88,13 @@ static void test_jblock(void)
 static void test_ckpt_header(void)
 {
     uint8_t blk[4096];
-    struct rb_ckpt_hdr h = {.version = 1, .seq = 9, .instance = 77, .payload_len = 10,
-                            .block = 4096, .header_bytes = 4096, .slot_bytes = 1 << 20},
+    struct rb_ckpt_hdr h = {.version = 1,
+                            .seq = 9,
+                            .instance = 77,
+                            .payload_len = 10,
+                            .block = 4096,
+                            .header_bytes = 4096,
+                            .slot_bytes = 1 << 20},
                        o;
     memcpy(h.magic, "LMCIDX01", 8);
     rb_ckpt_hdr_encode(&h, blk, sizeof(blk));
@@ -127,9 +136,13 @@ static void test_recovery_io(void)
     TEST_ASSERT(rb_geom_init(&g, 9 << 20, 4096, 4096, 1 << 20, 1 << 20, err, sizeof(err)) == 0);
     TEST_ASSERT(ftruncate(fd, 9 << 20) == 0);
     struct rb_slot *slots = calloc(g.nslots, sizeof(*slots));
-    struct rb_ckpt_hdr h = {.version = 1, .instance = 5, .block = g.block,
-                            .header_bytes = g.header_bytes, .slot_bytes = g.slot_bytes,
-                            .meta_total = g.meta_total, .data_off = g.data_off,
+    struct rb_ckpt_hdr h = {.version = 1,
+                            .instance = 5,
+                            .block = g.block,
+                            .header_bytes = g.header_bytes,
+                            .slot_bytes = g.slot_bytes,
+                            .meta_total = g.meta_total,
+                            .data_off = g.data_off,
                             .nslots = g.nslots},
                        got;
     memcpy(h.magic, "LMCIDX01", 8);
@@ -191,8 +204,8 @@ static void test_recovery_io(void)
     TEST_ASSERT(!slots[0].used && slots[3].used && slots[4].used && slots[5].used &&
                 !slots[7].used);
     /* another instance's journal is not replayed */
-    TEST_ASSERT(rb_replay_journal(fd, &g, 6, 0, slots, &next, &nrecs, &maxgen) == 0 &&
-                next == 0 && nrecs == 0);
+    TEST_ASSERT(rb_replay_journal(fd, &g, 6, 0, slots, &next, &nrecs, &maxgen) == 0 && next == 0 &&
+                nrecs == 0);
     free(slots);
     close(fd);
     unlink(path);

@@ -30,8 +30,10 @@ static struct kvt_serde *mk_err(const char *serde_json, char *err, size_t cap, i
              serde_json);
     struct kvt_l2_spec s;
     int rc = kvt_l2_spec_parse(spec, 0, &s, err, cap);
-    if (rc_out) *rc_out = rc;
-    if (rc) return NULL;
+    if (rc_out)
+        *rc_out = rc;
+    if (rc)
+        return NULL;
     struct kvt_serde *c = kvt_serde_ref(s.serde);
     kvt_l2_spec_free(&s);
     return c;
@@ -41,7 +43,8 @@ static struct kvt_serde *mk(const char *serde_json)
 {
     char err[1024] = "";
     struct kvt_serde *c = mk_err(serde_json, err, sizeof(err), NULL);
-    if (!c) fprintf(stderr, "config refused: %s\n", err);
+    if (!c)
+        fprintf(stderr, "config refused: %s\n", err);
     TEST_ASSERT(c != NULL);
     return c;
 }
@@ -85,7 +88,8 @@ static int round_trip(struct kvt_serde *c, struct kvt_serde_wctx *w, const kvt_k
     size_t elen = 0;
     TEST_ASSERT(kvt_serde_encode(c, w, k, &m, src, n, &enc, &elen) == 0);
     TEST_ASSERT(elen <= kvt_serde_bound(c, n));
-    if (stored) *stored = elen;
+    if (stored)
+        *stored = elen;
     int rc = kvt_serde_decode(c, w, k, &m, enc, elen, dec, n, why);
     free(enc);
     return rc;
@@ -136,7 +140,8 @@ static void test_lossless_round_trips(void)
                     fill_bytes(src, n, si * 31 + d);
                 else
                     sd_kv_tensor((uint16_t *)src, n / 2, si + d, 0, 1.0);
-                if (n % 2) src[n - 1] = 0xab;
+                if (n % 2)
+                    src[n - 1] = 0xab;
                 memset(dec, 0xee, n);
                 size_t stored = 0;
                 enum kvt_serde_fail why;
@@ -532,7 +537,8 @@ static void test_garbage_frames(void)
                 gl = it % 3 == 1 ? elen : sd_rng(&s) % (n + 64);
                 memcpy(garbage, enc, KVT_MIN(gl, elen));
                 for (size_t i = 0; i < gl; i++)
-                    if (it % 3 == 2 || sd_rng(&s) % 64 == 0) garbage[i] = (uint8_t)sd_rng(&s);
+                    if (it % 3 == 2 || sd_rng(&s) % 64 == 0)
+                        garbage[i] = (uint8_t)sd_rng(&s);
                 if (it % 3 == 2 && gl >= 16)
                     garbage[0] = (uint8_t)(sd_rng(&s) % 3); /* plausible modes */
                 in = garbage;

@@ -49,8 +49,10 @@ static inline uint16_t sd_d2h(double d)
 {
     uint16_t sign = signbit(d) ? 0x8000 : 0;
     double a = fabs(d);
-    if (isnan(a)) return 0x7e00;
-    if (a < 0x1p-14) return sign | (uint16_t)nearbyint(a * 0x1p24);
+    if (isnan(a))
+        return 0x7e00;
+    if (a < 0x1p-14)
+        return sign | (uint16_t)nearbyint(a * 0x1p24);
     int e;
     frexp(a, &e);
     int E = e - 1;
@@ -59,7 +61,8 @@ static inline uint16_t sd_d2h(double d)
         m = 1024;
         E++;
     }
-    if (E > 15) return sign | 0x7c00;
+    if (E > 15)
+        return sign | 0x7c00;
     return sign | (uint16_t)((E + 15) << 10) | (uint16_t)(m - 1024);
 }
 
@@ -88,7 +91,8 @@ static inline void sd_kv_tensor(uint16_t *out, size_t n, uint64_t seed, int bf16
     uint64_t s = seed * 7919 + 1;
     for (int c = 0; c < CH; c++) {
         chs[c] = exp(0.75 * sd_gauss(&s));
-        if (sd_unif(&s) < 0.02) chs[c] *= 8.0;
+        if (sd_unif(&s) < 0.02)
+            chs[c] *= 8.0;
     }
     for (size_t i = 0; i < n; i++) {
         double v = sd_gauss(&s) * chs[i % CH] * scale;

@@ -28,11 +28,13 @@ static kvt_l2 *open_adapter(const char *json)
     struct kvt_l2_spec s;
     char err[1024];
     int rc = kvt_l2_spec_parse(json, 0, &s, err, sizeof(err));
-    if (rc) fprintf(stderr, "%s\n", err);
+    if (rc)
+        fprintf(stderr, "%s\n", err);
     TEST_ASSERT(rc == 0);
     kvt_l2 *l2 = NULL;
     rc = kvt_l2_open(&s, &l2, err, sizeof(err));
-    if (rc) fprintf(stderr, "%s\n", err);
+    if (rc)
+        fprintf(stderr, "%s\n", err);
     TEST_ASSERT(rc == 0);
     kvt_l2_spec_free(&s); /* the adapter keeps its own reference to the chain */
     return l2;
@@ -49,7 +51,8 @@ static kvt_l2_task *wait_task(kvt_l2 *l2, enum kvt_l2_kind kind)
 {
     for (int i = 0; i < 600; i++) {
         kvt_l2_task *t = NULL;
-        if (kvt_l2_pop_done(l2, kind, &t, 1) == 1) return t;
+        if (kvt_l2_pop_done(l2, kind, &t, 1) == 1)
+            return t;
         struct pollfd p = {.fd = l2->efd[kind], .events = POLLIN};
         poll(&p, 1, 100);
     }
@@ -126,7 +129,8 @@ static uint32_t load_all(kvt_l2 *l2, const char *model, uint32_t n, size_t len, 
     TEST_ASSERT(wait_task(l2, KVT_L2_LOAD) == t);
     uint32_t ok = (uint32_t)kvt_bm_count(t->ok, n);
     for (uint32_t i = 0; i < n; i++) {
-        if (okbm && kvt_bm_test(t->ok, i)) kvt_bm_set(okbm, i);
+        if (okbm && kvt_bm_test(t->ok, i))
+            kvt_bm_set(okbm, i);
         if (kvt_bm_test(t->ok, i)) {
             TEST_ASSERT(t->bufs[i].len == len && t->meta[i].len == len);
             TEST_ASSERT(t->meta[i].dtype == KVT_DTYPE_FP16 && t->meta[i].serde == 0);
@@ -145,7 +149,8 @@ static uint64_t dir_bytes(const char *d, int *nfiles)
     uint64_t total = 0;
     *nfiles = 0;
     while ((de = readdir(dir))) {
-        if (!strstr(de->d_name, ".data")) continue;
+        if (!strstr(de->d_name, ".data"))
+            continue;
         char p[512];
         snprintf(p, sizeof(p), "%s/%s", d, de->d_name);
         struct stat st;
@@ -165,7 +170,8 @@ static json_t *status_of(kvt_l2 *l2)
 static uint64_t jint(json_t *o, const char *a, const char *b)
 {
     json_t *v = json_object_get(o, a);
-    if (b) v = json_object_get(v, b);
+    if (b)
+        v = json_object_get(v, b);
     TEST_ASSERT(v != NULL);
     return (uint64_t)json_integer_value(v);
 }
@@ -260,7 +266,8 @@ static void test_tamper_fails_one_key(void)
     TEST_ASSERT(load_all(l2, "tamper", 8, len, got, okbm) == 7);
     TEST_ASSERT(!kvt_bm_test(okbm, 3));
     for (uint32_t i = 0; i < 8; i++) {
-        if (i != 3) TEST_ASSERT(memcmp(got[i], pl.p[i], len) == 0);
+        if (i != 3)
+            TEST_ASSERT(memcmp(got[i], pl.p[i], len) == 0);
         free(got[i]);
     }
     json_t *st = status_of(l2);

@@ -13,13 +13,29 @@
 
 static void test_check(void)
 {
-    static const char *const good[] = {"tcp://127.0.0.1:5555", "tcp://localhost:1",
-                                       "tcp://[::1]:65535", "tcp://eth0;10.0.0.1:5555",
-                                       "ipc:///tmp/x.sock", "ipc://@abstract", NULL};
-    static const char *const bad[] = {"127.0.0.1:5555", "localhost", "", "tcp://", "tcp://host",
-                                      "tcp://host:", "tcp://:5555", "tcp://h:0", "tcp://h:65536",
-                                      "tcp://h:5x", "tcp://*:5555", "tcp://[::1:5555", "ipc://",
-                                      "http://h:80", "inproc://x", NULL};
+    static const char *const good[] = {"tcp://127.0.0.1:5555",
+                                       "tcp://localhost:1",
+                                       "tcp://[::1]:65535",
+                                       "tcp://eth0;10.0.0.1:5555",
+                                       "ipc:///tmp/x.sock",
+                                       "ipc://@abstract",
+                                       NULL};
+    static const char *const bad[] = {"127.0.0.1:5555",
+                                      "localhost",
+                                      "",
+                                      "tcp://",
+                                      "tcp://host",
+                                      "tcp://host:",
+                                      "tcp://:5555",
+                                      "tcp://h:0",
+                                      "tcp://h:65536",
+                                      "tcp://h:5x",
+                                      "tcp://*:5555",
+                                      "tcp://[::1:5555",
+                                      "ipc://",
+                                      "http://h:80",
+                                      "inproc://x",
+                                      NULL};
     char err[256];
     for (int i = 0; good[i]; i++) {
         err[0] = 0;

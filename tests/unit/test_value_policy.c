@@ -318,7 +318,9 @@ static uint32_t hot_hits(struct kvt_policy *p, uint32_t cap)
                 in[o.h[0]] = false;
                 n--;
             }
-            struct kvt_policy_hint hint = {.prefix_pos = i, .prefix_len = len, .bytes = 16384,
+            struct kvt_policy_hint hint = {.prefix_pos = i,
+                                           .prefix_len = len,
+                                           .bytes = 16384,
                                            .fp = 0x9e3779b97f4a7c15ull * (h + 1)};
             p->ops->insert(p, h, false, &hint);
             in[h] = true;
@@ -337,7 +339,7 @@ static void test_value_follows_recency_where_factors_lose(void)
     int lead = kvt_adaptive_state(val, score);
     fprintf(stderr, "   hot hits: LRU %u, order by V %u, value %u (leader %d, %.1f / %.1f)\n", l, b,
             v, lead, score[0], score[1]);
-    TEST_ASSERT(b < l * 9 / 10);  /* the factors keep the long one-time chunks */
+    TEST_ASSERT(b < l * 9 / 10);    /* the factors keep the long one-time chunks */
     TEST_ASSERT(v >= l * 97 / 100); /* the policy noticed and followed recency */
     TEST_ASSERT(lead == 1 && score[1] > score[0]);
     kvt_policy_destroy(lru);

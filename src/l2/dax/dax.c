@@ -90,7 +90,7 @@ struct dax_engine {
     struct kvt_l2_park park;   /* stores waiting for the scan */
     struct kvt_l2_drain drain; /* live batches */
     _Atomic uint64_t invalid_headers;
-    char reformatted[200]; /* why the headers were discarded at open; "" = kept */
+    char reformatted[200];   /* why the headers were discarded at open; "" = kept */
     _Atomic uint64_t msyncs; /* durable: ranges msync'ed (status "msyncs") */
 };
 
@@ -390,7 +390,8 @@ static void geom_check(kvt_l2 *l2, struct dax_engine *e)
     geom_encode(e, want);
     if (memcmp(have, want, 64) == 0)
         return;
-    bool ours = memcmp(have, DAX_GEOM_MAGIC, 8) == 0 && kvt_get64(have + 56) == XXH3_64bits(have, 56);
+    bool ours =
+        memcmp(have, DAX_GEOM_MAGIC, 8) == 0 && kvt_get64(have + 56) == XXH3_64bits(have, 56);
     uint64_t table_bytes = (uint64_t)(e->data - e->table);
     bool blank = true;
     for (uint64_t k = 0; k < DAX_GEOM + table_bytes && blank; k++)
@@ -456,8 +457,8 @@ static void *scan_main(void *arg)
     uint64_t objs = 0, bytes = 0;
     for (uint32_t k = 0; k < n; k++) {
         uint32_t s = v[k].slot;
-        if (kvt_l2_adopt(l2, &keys[s], (uint32_t)KVT_MIN(e->slot_bytes, UINT32_MAX), lens[s], s,
-                         0, false, true)) {
+        if (kvt_l2_adopt(l2, &keys[s], (uint32_t)KVT_MIN(e->slot_bytes, UINT32_MAX), lens[s], s, 0,
+                         false, true)) {
             objs++;
             bytes += e->slot_bytes;
         } else { /* the same key twice: the newer (adopted first) wins */
@@ -654,7 +655,8 @@ static int dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts
         e->map = NULL;
         goto fail;
     }
-    uint64_t n = e->map_bytes > DAX_GEOM ? (e->map_bytes - DAX_GEOM) / (e->slot_bytes + DAX_HDR) : 0;
+    uint64_t n =
+        e->map_bytes > DAX_GEOM ? (e->map_bytes - DAX_GEOM) / (e->slot_bytes + DAX_HDR) : 0;
     uint64_t table = KVT_ALIGN_UP(n * DAX_HDR, 4096);
     while (n && DAX_GEOM + table + n * e->slot_bytes > e->map_bytes) {
         n--;

@@ -84,7 +84,7 @@ struct fs_engine {
     struct kvt_odirect od;
     uint64_t read_ahead;
     bool durable;
-    bool native;                 /* fs_native */
+    bool native; /* fs_native */
     int nworkers;
     struct kvt_tpool *pool;
     pid_t pid;
@@ -322,8 +322,8 @@ static void run_load(struct fs_job *j, void *hdrbuf)
     if (!hdrbuf || kvt_key_encode(KVT_CODEC_FS, &t->keys[i], name) < 0)
         return;
     uint16_t hl = 0;
-    int lrc = kvt_fileobj_load_hdr_len(l2, e->dirfd, name, &t->keys[i], KVT_MAX(4096u, e->od.blksz),
-                                       &hl);
+    int lrc =
+        kvt_fileobj_load_hdr_len(l2, e->dirfd, name, &t->keys[i], KVT_MAX(4096u, e->od.blksz), &hl);
     if (lrc) {
         kvt_l2_task_fail(t, i, lrc);
         return;
@@ -350,8 +350,8 @@ static void run_load(struct fs_job *j, void *hdrbuf)
     if (fstat(fd, &st) < 0)
         rc = -errno;
     else /* a changed size is corrupt; larger than the destination: -EOVERFLOW */
-        rc = kvt_fileobj_load_size(l2, &t->keys[i], (uint64_t)st.st_size, hl, dst->len, &plen,
-                                   &why);
+        rc =
+            kvt_fileobj_load_size(l2, &t->keys[i], (uint64_t)st.st_size, hl, dst->len, &plen, &why);
     if (!rc && direct && plen % e->od.blksz)
         direct = false; /* cannot happen for files we wrote with O_DIRECT */
     struct iovec iov[2] = {{hdrbuf, hl}, {dst->ptr, plen}};
@@ -401,7 +401,9 @@ static void job_fn(struct kvt_job *job, void *ctx)
 static void fs_submit(kvt_l2 *l2, kvt_l2_task *t)
 {
     struct fs_engine *e = l2->engine;
-    enum fs_op op = t->kind == KVT_L2_STORE ? OP_STORE : t->kind == KVT_L2_LOOKUP ? OP_LOOKUP : OP_LOAD;
+    enum fs_op op = t->kind == KVT_L2_STORE    ? OP_STORE
+                    : t->kind == KVT_L2_LOOKUP ? OP_LOOKUP
+                                               : OP_LOAD;
     /* fast path: every key indexed with a known header: no thread hop */
     if (op == OP_LOOKUP && kvt_l2_lookup_known(l2, t))
         return;
@@ -451,7 +453,8 @@ static void sweep_one(struct fs_engine *e, struct kvt_tmpguard *g, int dfd, cons
 
 static void sweep_tmp(struct fs_engine *e, int dfd, bool closing)
 {
-    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* not dup: a dup shares the read offset */
+    int fd = openat(dfd, ".",
+                    O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* not dup: a dup shares the read offset */
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
         if (fd >= 0)
@@ -650,8 +653,7 @@ static int fs_parse(struct kvt_cfg *c, struct kvt_fs_opts *o, bool native)
         const char *r = o->relative_tmp_dir;
         if (r[0] == '/' || strstr(r, "..") || strchr(r, '/'))
             return kvt_cfg_fail(c, "relative_tmp_dir",
-                                "must be a single directory name inside base_path (got \"%s\")",
-                                r);
+                                "must be a single directory name inside base_path (got \"%s\")", r);
     }
     if (!o->base_path[0])
         return kvt_cfg_fail(c, "base_path", "must not be empty");

@@ -71,7 +71,8 @@ static int take(int dirfd, const char *path, const char *what, bool shared, bool
         return fd; /* the file stays empty: it counts no bytes in du */
     int e = errno;
     if (unsupported(e)) {
-        snprintf(err, errcap, "%s %s: the file system does not support locks (%s): kvtier cannot "
+        snprintf(err, errcap,
+                 "%s %s: the file system does not support locks (%s): kvtier cannot "
                  "make sure that no other server uses this directory",
                  what, path, strerror(e));
         close(fd);

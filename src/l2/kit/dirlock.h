@@ -12,8 +12,8 @@
  *     refused where shared ones run, and the other way round.
  * The offline `kvtier purge` takes the exclusive lock (where a server left
  * its lock file) for the time it deletes, so no server can start under it
- * and it never deletes under a running one. flock conflicts between two descriptors of one process too:
- * two adapters of one server on the same directory collide as well.
+ * and it never deletes under a running one. flock conflicts between two descriptors of one process
+ * too: two adapters of one server on the same directory collide as well.
  *
  * A file system without flock support (ENOLCK, EOPNOTSUPP) cannot enforce
  * this: the lock is then reported as unsupported and the caller warns.

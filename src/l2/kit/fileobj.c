@@ -18,19 +18,23 @@ int kvt_fileobj_read_header(int dirfd, const char *name, enum kvt_codec codec, c
                             struct kvt_objhdr *h, struct stat *st, const char **why)
 {
     int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -errno;
+    if (fd < 0)
+        return -errno;
     uint8_t buf[KVT_OBJHDR_MIN];
     size_t got = 0;
     int rc = fstat(fd, st) < 0 ? -errno : 0;
-    if (!rc) rc = kvt_pread_all(fd, buf, sizeof(buf), 0, &got);
+    if (!rc)
+        rc = kvt_pread_all(fd, buf, sizeof(buf), 0, &got);
     close(fd);
     if (rc == -EIO) {
         *why = "file shorter than a header";
         return KVT_E_CORRUPT;
     }
-    if (rc) return rc;
+    if (rc)
+        return rc;
     rc = kvt_objhdr_decode(buf, got, h, why);
-    if (rc) return rc;
+    if (rc)
+        return rc;
     if (!kvt_objhdr_matches(h, codec, want)) {
         *why = "header names another key";
         return KVT_E_CORRUPT;
@@ -85,8 +89,10 @@ void kvt_fileobj_lookup(kvt_l2 *l2, int dirfd, const char *name, kvt_l2_task *t,
     const char *why = NULL;
     int rc = kvt_fileobj_read_header(dirfd, name, l2->codec, &t->keys[i], &h, &st, &why);
     if (rc) {
-        if (rc == KVT_E_CORRUPT) kvt_fileobj_corrupt(l2, dirfd, name, &t->keys[i], why);
-        if (pinned) kvt_l2_forget(l2, &ck);
+        if (rc == KVT_E_CORRUPT)
+            kvt_fileobj_corrupt(l2, dirfd, name, &t->keys[i], why);
+        if (pinned)
+            kvt_l2_forget(l2, &ck);
         return;
     }
     if (pinned) {
@@ -109,7 +115,8 @@ int kvt_fileobj_load_hdr_len(kvt_l2 *l2, int dirfd, const char *name, const kvt_
     pthread_mutex_lock(&l2->lock);
     struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
     bool indexed = o != NULL;
-    if (o) hl = (uint16_t)o->aux;
+    if (o)
+        hl = (uint16_t)o->aux;
     pthread_mutex_unlock(&l2->lock);
     if (hl == 0 || hl > max_hl) {
         struct kvt_objhdr h;
@@ -117,11 +124,13 @@ int kvt_fileobj_load_hdr_len(kvt_l2 *l2, int dirfd, const char *name, const kvt_
         const char *why = NULL;
         int rc = kvt_fileobj_read_header(dirfd, name, l2->codec, key, &h, &st, &why);
         if (rc) {
-            if (rc == KVT_E_CORRUPT) kvt_fileobj_corrupt(l2, dirfd, name, key, why);
+            if (rc == KVT_E_CORRUPT)
+                kvt_fileobj_corrupt(l2, dirfd, name, key, why);
             return rc;
         }
         hl = h.hdr_len;
-        if (hl > max_hl) return KVT_E_CORRUPT;
+        if (hl > max_hl)
+            return KVT_E_CORRUPT;
         if (indexed) /* indexed without its header: remember it for the next load */
             learn_header(l2, &ck, &h);
     }
@@ -221,8 +230,10 @@ void kvt_fileobj_remove_indexed(kvt_l2 *l2)
     pthread_mutex_lock(&l2->lock);
     for (uint32_t h = 0; h < l2->idx.hwm; h++) {
         const struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if (kvt_l2_obj_state(o) == KVT_OBJ_FREE) continue;
-        if (l2->ops->remove(l2, o) == 0) n++;
+        if (kvt_l2_obj_state(o) == KVT_OBJ_FREE)
+            continue;
+        if (l2->ops->remove(l2, o) == 0)
+            n++;
     }
     pthread_mutex_unlock(&l2->lock);
     kvt_info("%s: persist_enabled is false: removed %llu files", l2->name, (unsigned long long)n);
@@ -234,8 +245,8 @@ void kvt_odirect_init(struct kvt_odirect *od, bool on, int dirfd, uint32_t max_b
                       const char *base)
 {
     struct stat st;
-    uint32_t b = fstat(dirfd, &st) == 0 ? (uint32_t)KVT_MIN(KVT_MAX(st.st_blksize, 512), max_blksz)
-                                        : 4096;
+    uint32_t b =
+        fstat(dirfd, &st) == 0 ? (uint32_t)KVT_MIN(KVT_MAX(st.st_blksize, 512), max_blksz) : 4096;
     od->on = on;
     od->blksz = (b & (b - 1)) ? 4096 : b;
     od->base = base;
@@ -298,7 +309,7 @@ int kvt_odirect_openat(kvt_l2 *l2, struct kvt_odirect *od, int dirfd, const char
 
 void kvt_odirect_status(const struct kvt_odirect *od, json_t *out)
 {
-    const char *s = !od->on                       ? "off"
+    const char *s = !od->on                     ? "off"
                     : atomic_load(&od->refused) ? "refused by file system (buffered)"
                                                 : "on";
     json_object_set_new(out, "odirect", json_string(s));

@@ -95,12 +95,12 @@ void kvt_fileobj_remove_indexed(kvt_l2 *l2);
  * for that transfer and counted (odirect_fallbacks); an open that the file
  * system refuses with EINVAL turns O_DIRECT off for good, warned once. */
 struct kvt_odirect {
-    bool on;                      /* asked for */
-    uint32_t blksz;               /* power of two, 512 .. max_blksz */
-    const char *base;             /* the directory, for messages */
-    _Atomic bool refused;         /* the file system said EINVAL */
+    bool on;              /* asked for */
+    uint32_t blksz;       /* power of two, 512 .. max_blksz */
+    const char *base;     /* the directory, for messages */
+    _Atomic bool refused; /* the file system said EINVAL */
     _Atomic bool warned_refused, warned_len, warned_align;
-    _Atomic uint64_t misaligned;  /* transfers whose buffer was not aligned */
+    _Atomic uint64_t misaligned; /* transfers whose buffer was not aligned */
 };
 
 /* Block size from dirfd's file system (st_blksize, clamped; 4096 when odd). */

@@ -75,8 +75,10 @@ static int entry_bytes(const char *name, const json_t *v, uint64_t *bytes, char 
     double d;
     if (!json_is_object(v)) {
         if (gib(v, &d)) {
-            snprintf(err, cap, "quota of \"%s\" must be a number of GiB >= 0 or an object "
-                               "{\"max_gb\": N} / {\"max_bytes\": N}", name);
+            snprintf(err, cap,
+                     "quota of \"%s\" must be a number of GiB >= 0 or an object "
+                     "{\"max_gb\": N} / {\"max_bytes\": N}",
+                     name);
             return -1;
         }
         *bytes = (uint64_t)(d * KVT_GIB);
@@ -132,8 +134,9 @@ int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap)
         v = file;
     }
     if (!json_is_object(v)) {
-        snprintf(err, errcap, "must be an object {namespace: GiB, ...} or the path of a JSON "
-                              "file holding one");
+        snprintf(err, errcap,
+                 "must be an object {namespace: GiB, ...} or the path of a JSON "
+                 "file holding one");
         json_decref(file);
         return KVT_E_CONFIG;
     }
@@ -153,8 +156,7 @@ int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap)
         if (entry_bytes(name, x, &bytes, err, errcap))
             goto fail;
         if (json_object_get(res, ns)) {
-            snprintf(err, errcap, "\"%s\" is given twice (as a model and as a namespace name)",
-                     ns);
+            snprintf(err, errcap, "\"%s\" is given twice (as a model and as a namespace name)", ns);
             goto fail;
         }
         json_object_set_new(res, ns, json_integer((json_int_t)bytes));

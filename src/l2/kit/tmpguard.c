@@ -53,8 +53,7 @@ int kvt_proc_alive(pid_t pid, uint64_t start)
 int kvt_tmpguard_name(char *out, size_t cap, const char *final, pid_t pid, uint64_t start,
                       uint64_t seq)
 {
-    int n = snprintf(out, cap, "%s.tmp.%x-%" PRIx64 "-%" PRIx64, final, (unsigned)pid, start,
-                     seq);
+    int n = snprintf(out, cap, "%s.tmp.%x-%" PRIx64 "-%" PRIx64, final, (unsigned)pid, start, seq);
     return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : n;
 }
 

@@ -67,9 +67,9 @@ const char *kvt_tmp_verdict_name(enum kvt_tmp_verdict v);
 struct kvt_tmpguard {
     pid_t self_pid;
     uint64_t self_start;
-    bool proc_ok;   /* /proc is mounted and readable */
-    int regfd;      /* the registry directory, or -1 when there is none */
-    time_t now;     /* reference time for the age rules (set by init; tests may move it) */
+    bool proc_ok; /* /proc is mounted and readable */
+    int regfd;    /* the registry directory, or -1 when there is none */
+    time_t now;   /* reference time for the age rules (set by init; tests may move it) */
 };
 
 /* Set up a guard for the cache root open at rootfd (the registry directory

@@ -269,8 +269,7 @@ static bool store_prep(struct nd_op *op)
         goto fail;
     void *hdr = b->hdrs + (size_t)i * ND_HDR_MAX;
     uint64_t sum = kvt_payload_hash(src->ptr, src->len);
-    rc = kvt_objhdr_encode(hdr, op->hl, &t->keys[i], &t->meta[i], t->meta[i].serde, src->len,
-                           sum);
+    rc = kvt_objhdr_encode(hdr, op->hl, &t->keys[i], &t->meta[i], t->meta[i].serde, src->len, sum);
     if (rc)
         goto fail;
     /* the tmp name is the tmp guard's marker: it names this writer by
@@ -280,8 +279,8 @@ static bool store_prep(struct nd_op *op)
     if (rc < 0)
         goto fail;
     bool direct = op->direct;
-    op->fd = kvt_odirect_openat(l2, &e->od, e->dirfd, op->tmp, O_WRONLY | O_CREAT | O_EXCL,
-                                &direct);
+    op->fd =
+        kvt_odirect_openat(l2, &e->od, e->dirfd, op->tmp, O_WRONLY | O_CREAT | O_EXCL, &direct);
     if (op->fd < 0) {
         rc = op->fd;
         op->fd = -1;
@@ -352,8 +351,8 @@ static void store_fin(struct nd_op *op)
             kvt_l2_unreserve(l2, &ck);
             store_fail(l2, t, i, rc);
             char ks[400];
-            kvt_warn("%s: store %s failed: %s", l2->name,
-                     kvt_key_str(&t->keys[i], ks, sizeof(ks)), kvt_strerror(rc));
+            kvt_warn("%s: store %s failed: %s", l2->name, kvt_key_str(&t->keys[i], ks, sizeof(ks)),
+                     kvt_strerror(rc));
         }
         return;
     }
@@ -412,8 +411,8 @@ static bool load_prep(struct nd_op *op)
     if (fstat(op->fd, &st) < 0)
         rc = -errno;
     else /* a changed size is corrupt; larger than the destination: -EOVERFLOW */
-        rc = kvt_fileobj_load_size(l2, &t->keys[i], (uint64_t)st.st_size, hl, dst->len,
-                                   &op->plen, &why);
+        rc = kvt_fileobj_load_size(l2, &t->keys[i], (uint64_t)st.st_size, hl, dst->len, &op->plen,
+                                   &why);
     if (rc) {
         close(op->fd);
         op->fd = -1;
@@ -529,8 +528,9 @@ static void nd_submit(kvt_l2 *l2, kvt_l2_task *t)
         b->hdrs = p;
     }
     atomic_store(&b->left, t->n);
-    uint8_t stage = t->kind == KVT_L2_STORE ? ST_STORE : t->kind == KVT_L2_LOOKUP ? ST_LOOKUP
-                                                                                  : ST_LOAD;
+    uint8_t stage = t->kind == KVT_L2_STORE    ? ST_STORE
+                    : t->kind == KVT_L2_LOOKUP ? ST_LOOKUP
+                                               : ST_LOAD;
     kvt_l2_drain_enter(&e->drain);
     for (uint32_t i = 0; i < t->n; i++) {
         struct nd_op *op = &b->ops[i];
@@ -716,8 +716,7 @@ static void nd_status(kvt_l2 *l2, json_t *out)
         json_object_set_new(fs, "can_hold_capacity", json_boolean(!cap || fr + used >= cap));
         json_object_set_new(out, "filesystem", fs);
     }
-    json_object_set_new(out, "parked_stores",
-                        json_integer((json_int_t)kvt_l2_parked(&e->park)));
+    json_object_set_new(out, "parked_stores", json_integer((json_int_t)kvt_l2_parked(&e->park)));
 }
 
 static bool nd_healthy(kvt_l2 *l2, char *msg, size_t cap)
@@ -781,8 +780,8 @@ static const struct kvt_l2_ops nd_ops = {
 
 /* ------------------------------------------------------ configuration */
 
-static const char *const backends[] = {"POSIX", "GDS", "GDS_MT", "HF3FS", "OBJ", "AZURE_BLOB",
-                                       NULL};
+static const char *const backends[] = {"POSIX", "GDS",        "GDS_MT", "HF3FS",
+                                       "OBJ",   "AZURE_BLOB", NULL};
 
 /* Refuse what this build cannot serve, with what to use instead. */
 static int refuse_backend(struct kvt_cfg *c, const char *b, bool dynamic)
@@ -830,16 +829,14 @@ int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic)
         kvt_cfg_num(&bp, "max_capacity_gb", true, 0, 0, 1e9, &cap);
         if (!bp.rc && cap <= 0)
             kvt_cfg_fail(&bp, "max_capacity_gb",
-                         "must be > 0: nixl_store_dynamic refuses stores beyond it (got %g)",
-                         cap);
+                         "must be > 0: nixl_store_dynamic refuses stores beyond it (got %g)", cap);
         o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
         kvt_cfg_bool(&bp, "shard_dirs", false, &o->shard_dirs);
     } else {
         int64_t page = 4096, fsz = 0;
         kvt_cfg_int(&bp, "page_size", false, 4096, 512, 32768, &page);
         if (!bp.rc && (page & (page - 1)))
-            kvt_cfg_fail(&bp, "page_size", "must be a power of two (got %lld)",
-                         (long long)page);
+            kvt_cfg_fail(&bp, "page_size", "must be a power of two (got %lld)", (long long)page);
         o->page_size = (uint32_t)page;
         kvt_cfg_int(&bp, "file_size", false, 64ll << 20, 1, 1ll << 40, &fsz);
         if (!bp.rc && fsz % page)

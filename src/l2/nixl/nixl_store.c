@@ -236,7 +236,7 @@ struct ns_obj {
     uint32_t nexts;
     uint32_t plen;
     bool direct;
-    bool active;   /* store: pages allocated; load: record found */
+    bool active; /* store: pages allocated; load: record found */
     _Atomic uint32_t ios_left;
     _Atomic int err;
     struct kvt_io *ios;
@@ -351,8 +351,8 @@ static void store_prep_job(struct kvt_job *job, void *ctx)
     kvt_l2_task *t = nt->t;
     const kvt_buf *src = &t->bufs[ob->i];
     uint64_t sum = kvt_payload_hash(src->ptr, src->len);
-    int rc = kvt_objhdr_encode(ob->hdr, (uint16_t)e->page, &t->keys[ob->i],
-                               &t->meta[ob->i], t->meta[ob->i].serde, src->len, sum);
+    int rc = kvt_objhdr_encode(ob->hdr, (uint16_t)e->page, &t->keys[ob->i], &t->meta[ob->i],
+                               t->meta[ob->i].serde, src->len, sum);
     if (rc)
         atomic_store(&ob->err, rc);
     build_ios(e, ob, KVT_IO_WRITE, src->ptr, store_io_cb);
@@ -712,8 +712,8 @@ static int open_pool_file(kvt_l2 *l2, struct ns_engine *e, uint32_t i, uint64_t 
     e->fd[i] = fd;
     if (i == 0 && flock(fd, LOCK_EX | LOCK_NB) < 0) {
         snprintf(err, errcap,
-                 "%s/%s is in use by another process: one nixl_store pool per directory",
-                 e->base, nm);
+                 "%s/%s is in use by another process: one nixl_store pool per directory", e->base,
+                 nm);
         return -EBUSY;
     }
     if (ftruncate(fd, (off_t)size) < 0) {
@@ -803,13 +803,13 @@ static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     }
     kvt_odirect_init(&e->od, o->use_direct_io, e->dirfd, 4096, e->base);
     if (e->od.on && e->page % e->od.blksz) {
-        kvt_warn("%s: page_size %u is not a multiple of the block size %u: O_DIRECT off",
-                 l2->name, e->page, e->od.blksz);
+        kvt_warn("%s: page_size %u is not a multiple of the block size %u: O_DIRECT off", l2->name,
+                 e->page, e->od.blksz);
         e->od.on = false;
     }
-    kvt_info("%s: preallocating %.2f GiB under %s (pool_size %u x file_size %.2f MiB)",
-             l2->name, (double)o->pool_size * (double)o->file_size / KVT_GIB, e->base,
-             o->pool_size, (double)o->file_size / (1 << 20));
+    kvt_info("%s: preallocating %.2f GiB under %s (pool_size %u x file_size %.2f MiB)", l2->name,
+             (double)o->pool_size * (double)o->file_size / KVT_GIB, e->base, o->pool_size,
+             (double)o->file_size / (1 << 20));
     for (uint32_t i = 0; i < e->nfiles; i++) {
         rc = open_pool_file(l2, e, i, o->file_size, err, errcap);
         if (rc)

@@ -596,8 +596,8 @@ static void verify_slots(kvt_l2 *l2, struct rb_engine *e)
                   kvt_objhdr_decode(buf, KVT_OBJHDR_MIN, &h, &why) == 0 &&
                   kvt_objhdr_matches(&h, KVT_CODEC_OBJ, &sl->key) &&
                   rb_trailer_decode(buf + e->g.header_bytes - RB_TRAILER, &tr) == 0 &&
-                  tr.slot == s && tr.gen == sl->gen && tr.plen == sl->plen &&
-                  tr.xxh3 == sl->xxh3 && tr.instance == e->instance;
+                  tr.slot == s && tr.gen == sl->gen && tr.plen == sl->plen && tr.xxh3 == sl->xxh3 &&
+                  tr.instance == e->instance;
         if (!ok) {
             sl->used = 0;
             atomic_fetch_add(&e->verify_dropped, 1);
@@ -628,13 +628,14 @@ static void *recover_main(void *arg)
         int rc = rb_read_checkpoint(e->fd, &e->g, e->magic, e->version, e->slots, &h, &copy);
         uint64_t next_bseq = 0, nrecs = 0, maxgen = 0;
         if (rc == 0)
-            rc = rb_replay_journal(e->fd, &e->g, h.instance, h.jstart, e->slots, &next_bseq,
-                                   &nrecs, &maxgen);
+            rc = rb_replay_journal(e->fd, &e->g, h.instance, h.jstart, e->slots, &next_bseq, &nrecs,
+                                   &maxgen);
         pthread_mutex_lock(&e->jlock);
         if (rc) {
-            rb_set_fatal_locked(e, "cannot read the metadata checkpoint (%s): set "
+            rb_set_fatal_locked(e,
+                                "cannot read the metadata checkpoint (%s): set "
                                 "\"load_checkpoint_on_init\": false to start empty",
-                             rc);
+                                rc);
             memset(e->slots, 0, (size_t)e->g.nslots * sizeof(*e->slots));
         } else {
             e->instance = h.instance;
@@ -703,7 +704,7 @@ static void rb_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "slots", json_integer(e->g.nslots));
     json_object_set_new(out, "data_offset", json_integer((json_int_t)e->g.data_off));
     json_object_set_new(out, "odirect",
-                        json_string(!e->odirect        ? "off"
+                        json_string(!e->odirect          ? "off"
                                     : e->odirect_refused ? "refused by file system (buffered)"
                                                          : "on"));
     json_object_set_new(out, "zero_copy", json_boolean(e->zero_copy));
@@ -724,8 +725,8 @@ static void rb_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(m, "checkpoint_objects", json_integer(e->ckpt_nrec_last));
     json_object_set_new(m, "checkpoint_capacity_bytes",
                         json_integer((json_int_t)(e->g.ckpt_bytes - e->g.block)));
-    json_object_set_new(m, "checkpoint_error", e->ckpt_err[0] ? json_string(e->ckpt_err)
-                                                              : json_null());
+    json_object_set_new(m, "checkpoint_error",
+                        e->ckpt_err[0] ? json_string(e->ckpt_err) : json_null());
     json_object_set_new(m, "journal_blocks", json_integer(e->g.jrnl_blocks));
     json_object_set_new(m, "journal_used_blocks", json_integer((json_int_t)(e->jnext - e->jtail)));
     json_object_set_new(m, "journal_writes", json_integer((json_int_t)e->jwrites));

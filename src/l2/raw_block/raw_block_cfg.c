@@ -82,11 +82,11 @@ int kvt_raw_block_parse(struct kvt_cfg *c, void *opts)
     if (ba & (ba - 1))
         return kvt_cfg_fail(c, "block_align", "must be a power of two (got %u)", ba);
     if (o->slot_bytes % ba)
-        return kvt_cfg_fail(c, "slot_bytes", "must be a multiple of block_align %u (got %llu)",
-                            ba, (unsigned long long)o->slot_bytes);
+        return kvt_cfg_fail(c, "slot_bytes", "must be a multiple of block_align %u (got %llu)", ba,
+                            (unsigned long long)o->slot_bytes);
     if (o->header_bytes % ba)
-        return kvt_cfg_fail(c, "header_bytes", "must be a multiple of block_align %u (got %u)",
-                            ba, o->header_bytes);
+        return kvt_cfg_fail(c, "header_bytes", "must be a multiple of block_align %u (got %u)", ba,
+                            o->header_bytes);
     if (o->header_bytes < RB_MIN_HEADER)
         return kvt_cfg_fail(c, "header_bytes",
                             "must be at least %u: the slot header holds the object header "
@@ -124,4 +124,3 @@ int kvt_raw_block_parse(struct kvt_cfg *c, void *opts)
         o->max_xfer = KVT_MAX(o->max_xfer / ba * ba, ba);
     return 0;
 }
-

@@ -101,7 +101,7 @@ struct rb_engine {
     uint64_t jrecoveries;
     bool ckpt_stop;
     pthread_cond_t ckpt_cond;
-    pthread_cond_t jcond;            /* journal progress: block written */
+    pthread_cond_t jcond;                /* journal progress: block written */
     struct rb_op *putq_head, *putq_tail; /* PUTs waiting for journal room */
     uint64_t putq_n;
 

@@ -283,9 +283,9 @@ static int checkpoint_locked(struct rb_engine *e)
     /* the snapshot is ours now: its CRC needs no lock (stores and deletes
      * append records meanwhile) */
     h.payload_crc = len == UINT64_MAX ? 0 : rb_crc32(0, payload, len);
-    int rc = len == UINT64_MAX ? -ENOMEM
-                               : rb_write_checkpoint(e->fd, &e->g, &h, payload, len,
-                                                     (int)(h.seq % 2));
+    int rc = len == UINT64_MAX
+                 ? -ENOMEM
+                 : rb_write_checkpoint(e->fd, &e->g, &h, payload, len, (int)(h.seq % 2));
     free(payload);
     pthread_mutex_lock(&e->jlock);
     if (rc == 0) {
@@ -297,8 +297,8 @@ static int checkpoint_locked(struct rb_engine *e)
         e->ckpt_bytes_last = len;
         e->ckpt_nrec_last = nrec;
         if (e->ckpt_err[0])
-            kvt_info("raw_block %s: checkpoint %llu written: the earlier error is cleared",
-                     e->path, (unsigned long long)h.seq);
+            kvt_info("raw_block %s: checkpoint %llu written: the earlier error is cleared", e->path,
+                     (unsigned long long)h.seq);
         e->ckpt_err[0] = 0;
         rb_jkick_locked(e);
         putq_drain_locked(e);
@@ -414,4 +414,3 @@ void rb_journal_drain(struct rb_engine *e)
     pthread_mutex_unlock(&e->jlock);
     rb_call_waiters(w, KVT_E_CLOSED);
 }
-

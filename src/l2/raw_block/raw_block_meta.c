@@ -455,4 +455,3 @@ int rb_write_checkpoint(int fd, const struct rb_geom *g, const struct rb_ckpt_hd
         rc = -errno;
     return rc;
 }
-

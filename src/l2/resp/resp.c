@@ -94,7 +94,7 @@ struct resp_batch {
     kvt_l2 *l2;
     kvt_l2_task *t;
     _Atomic uint32_t left;
-    uint32_t *idx; /* task key indices handled by jobs */
+    uint32_t *idx;   /* task key indices handled by jobs */
     uint32_t *known; /* LOOKUP: stored size of an indexed key, 0 = unknown */
     struct resp_job jobs[];
 };
@@ -258,8 +258,8 @@ typedef int (*pass_fn)(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_
                        const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
                        size_t cap);
 
-static int run_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn,
-                    kvt_l2_task *t, const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx)
+static int run_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn, kvt_l2_task *t,
+                    const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx)
 {
     char msg[256];
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -326,8 +326,8 @@ static void do_store(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
         }
         t->meta[i].len = logical;
         uint64_t sum = kvt_payload_hash(src->ptr, src->len);
-        kvt_objhdr_encode(hdrs + (size_t)j * HDR, HDR, &t->keys[i], &t->meta[i],
-                          t->meta[i].serde, src->len, sum);
+        kvt_objhdr_encode(hdrs + (size_t)j * HDR, HDR, &t->keys[i], &t->meta[i], t->meta[i].serde,
+                          src->len, sum);
     }
     int rc = run_pass(l2, e, w, store_pass, t, idx, n, st, NULL);
     gen = atomic_load(&e->gen);
@@ -431,7 +431,7 @@ static int lookup_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_
 
 /* Decode and check a value's header against the key and the value size. */
 int kvt_resp_check_header(const uint8_t *buf, uint32_t got, uint64_t vlen, const kvt_key *want,
-                        struct kvt_objhdr *h, const char **why)
+                          struct kvt_objhdr *h, const char **why)
 {
     if (got < HDR) {
         *why = "value shorter than a header";
@@ -517,8 +517,7 @@ struct load_ctx {
  * fits the destination's capacity. Anything else is drained.
  */
 static int load_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
-                     const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
-                     size_t cap)
+                     const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg, size_t cap)
 {
     (void)l2;
     struct load_ctx *lc = ctx;
@@ -850,8 +849,7 @@ static void resp_status(kvt_l2 *l2, json_t *out)
                                       : 0));
     json_object_set_new(out, "scan_running", json_boolean(e->scan_running));
     pthread_mutex_unlock(&e->hlock);
-    json_object_set_new(out, "parked_stores",
-                        json_integer((json_int_t)kvt_l2_parked(&e->park)));
+    json_object_set_new(out, "parked_stores", json_integer((json_int_t)kvt_l2_parked(&e->park)));
     json_object_set_new(out, "queued_jobs", json_integer((json_int_t)kvt_tpool_queued(e->pool)));
     json_object_set_new(out, "round_trips", json_integer((json_int_t)atomic_load(&e->round_trips)));
     json_object_set_new(out, "disconnects", json_integer((json_int_t)atomic_load(&e->disconnects)));
@@ -1077,8 +1075,7 @@ static int resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
     if (strlen(o->key_prefix) > 128)
         return kvt_cfg_fail(c, "key_prefix", "must be at most 128 bytes");
     if (strlen(o->username) >= 128 || strlen(o->password) >= 256)
-        return kvt_cfg_fail(c, strlen(o->username) >= 128 ? "username" : "password",
-                            "is too long");
+        return kvt_cfg_fail(c, strlen(o->username) >= 128 ? "username" : "password", "is too long");
     for (const char *p = o->key_prefix; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f)
             return kvt_cfg_fail(c, "key_prefix", "must not contain control characters");

@@ -19,22 +19,22 @@
 #include "l2/engine.h"
 #include "l2/kit/objfmt.h"
 
-#define HDR KVT_OBJHDR_MIN            /* header bytes in front of every value */
+#define HDR KVT_OBJHDR_MIN           /* header bytes in front of every value */
 #define RESP_SPLIT_BYTES (4u << 20)  /* spread batches above this over connections */
 #define RBUF_CAP (1u << 20)          /* raw reply reader buffer */
 #define OBUF_CAP (1u << 20)          /* command output buffer */
-#define BACKOFF_MIN_NS 100000000ull   /* 0.1 s */
-#define BACKOFF_MAX_NS 5000000000ull  /* 5 s */
-#define F_LEN_KNOWN 0x80              /* index flags: logical length known */
-#define F_GEN 0x7f                    /* index flags: scan generation */
+#define BACKOFF_MIN_NS 100000000ull  /* 0.1 s */
+#define BACKOFF_MAX_NS 5000000000ull /* 5 s */
+#define F_LEN_KNOWN 0x80             /* index flags: logical length known */
+#define F_GEN 0x7f                   /* index flags: scan generation */
 #define KEY_MAX (KVT_NAME_MAX + 160)
 
 /* One connection with its raw reply reader. Owned by one thread. */
 struct conn {
     redisContext *c;
     unsigned epoch; /* e->epoch when connected; older means stale */
-    char *rbuf; /* RBUF_CAP: replies are read through it */
-    char *obuf; /* OBUF_CAP: data commands are written through it */
+    char *rbuf;     /* RBUF_CAP: replies are read through it */
+    char *obuf;     /* OBUF_CAP: data commands are written through it */
     size_t rpos, rlen;
     bool used; /* has completed a command since it was opened */
 };

@@ -239,7 +239,6 @@ int kvt_resp_rd_bytes(struct conn *cn, void *dst, size_t n)
     }
 }
 
-
 /* Read one reply header. For R_BULK, *num is the length and the body
  * follows (rd_bytes + rd_crlf). err gets an error reply's text. */
 int kvt_resp_rd_reply(struct conn *cn, int *type, long long *num, char *err, size_t errcap)

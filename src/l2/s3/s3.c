@@ -72,9 +72,9 @@ static int obj_path(const struct s3_engine *e, const kvt_key *k, char *out, size
 struct s3_batch {
     kvt_l2 *l2;
     kvt_l2_task *t;
-    _Atomic uint32_t left; /* requests outstanding + 1 while submitting */
-    uint8_t *hdrs;         /* S3_HDR bytes per key */
-    struct s3_req *reqs;   /* one per key (unused entries stay zero) */
+    _Atomic uint32_t left;          /* requests outstanding + 1 while submitting */
+    uint8_t *hdrs;                  /* S3_HDR bytes per key */
+    struct s3_req *reqs;            /* one per key (unused entries stay zero) */
     struct s3_req *q_head, *q_tail; /* prepared, submitted at once by batch_flush */
 };
 
@@ -346,8 +346,8 @@ static void get_done(struct s3_engine *e, struct s3_req *r)
     if (why) {
         char ks[400];
         atomic_fetch_add(&l2->counters.corrupt, 1);
-        kvt_warn("%s: corrupt or foreign object for %s (%s): deleted, treated as a miss",
-                 l2->name, kvt_key_str(&t->keys[r->i], ks, sizeof(ks)), why);
+        kvt_warn("%s: corrupt or foreign object for %s (%s): deleted, treated as a miss", l2->name,
+                 kvt_key_str(&t->keys[r->i], ks, sizeof(ks)), why);
         delete_async(e, r->path);
         kvt_l2_drop_gone(l2, &ck, 1);
         kvt_l2_task_fail(t, r->i, KVT_E_CORRUPT);
@@ -560,7 +560,7 @@ static int s3_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 
 struct list_state {
     struct s3_req req;
-    char *token;           /* continuation token of the next page */
+    char *token; /* continuation token of the next page */
     bool running;
     uint64_t t0, backoff_ns;
     struct kvt_l2_found_vec found;
@@ -840,8 +840,7 @@ static void s3_status(kvt_l2 *l2, json_t *out)
     }
     json_object_set_new(out, "s3_error", rej);
     pthread_mutex_unlock(&e->lock);
-    json_object_set_new(out, "parked_stores",
-                        json_integer((json_int_t)kvt_l2_parked(&e->park)));
+    json_object_set_new(out, "parked_stores", json_integer((json_int_t)kvt_l2_parked(&e->park)));
     json_t *rq = json_object();
     static const char *const names[S3_NOPS] = {"put", "get", "head", "delete", "list", "probe"};
     for (int i = 0; i < S3_NOPS; i++)
@@ -1267,8 +1266,7 @@ static int s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     if (rc)
         goto fail;
     kvt_info("%s: %s://%s%s/%s (region %s, credentials from %s, up to %d transfers)", l2->name,
-             e->scheme, e->host, e->base, e->prefix, e->region, e->creds.source,
-             e->max_transfers);
+             e->scheme, e->host, e->base, e->prefix, e->region, e->creds.source, e->max_transfers);
     return 0;
 fail:
     free(e->list);

@@ -37,7 +37,7 @@ static const char *const op_names[S3_NOPS] = {"PUT", "GET", "HEAD", "DELETE", "L
 
 const char *kvt_s3_outcome_name(enum s3_outcome o)
 {
-    static const char *const n[] = {"ok",       "not found", "connection error", "unavailable",
+    static const char *const n[] = {"ok",       "not found",    "connection error", "unavailable",
                                     "rejected", "server error", "bad data"};
     return (unsigned)o < KVT_ARRAY_LEN(n) ? n[o] : "?";
 }
@@ -244,8 +244,9 @@ static int setup(struct s3_engine *e, struct s3_req *r)
         e->sig_date8[8] = 0;
         kvt_sigv4_signing_key(e->creds.secret, e->sig_date8, e->region, "s3", e->sig_key);
     }
-    struct kvt_sigv4_req sr = {method,   r->path,  r->query ? r->query : "", hs, nh, phash, date,
-                               e->region, "s3", e->creds.key_id, e->creds.secret, e->sig_key};
+    struct kvt_sigv4_req sr = {
+        method, r->path,         r->query ? r->query : "", hs,        nh, phash, date, e->region,
+        "s3",   e->creds.key_id, e->creds.secret,          e->sig_key};
     struct kvt_sigv4_out so;
     memset(&so, 0, sizeof(so));
     int rc = kvt_sigv4_sign(&sr, &so);

@@ -17,8 +17,8 @@
 #include "l2/engine.h"
 #include "l2/kit/objfmt.h"
 
-#define S3_HDR KVT_OBJHDR_MIN          /* header bytes in front of every object */
-#define S3_F_LEN_KNOWN 0x80            /* index flags: logical length known */
+#define S3_HDR KVT_OBJHDR_MIN /* header bytes in front of every object */
+#define S3_F_LEN_KNOWN 0x80   /* index flags: logical length known */
 #define S3_PATH_MAX 1024
 #define S3_BODY_MAX (8u << 20)         /* largest listing/error body kept */
 #define S3_PROBE_MIN_NS 500000000ull   /* breaker: first probe after 0.5 s */
@@ -28,13 +28,13 @@ enum s3_op { S3_PUT, S3_GET, S3_HEAD, S3_DELETE, S3_LIST, S3_PROBE, S3_NOPS };
 
 /* What became of a request. */
 enum s3_outcome {
-    S3_OK = 0,        /* 2xx */
-    S3_NOTFOUND,      /* 404 */
-    S3_CONN,          /* transport error (counts for the breaker) */
-    S3_UNAVAILABLE,   /* failed fast: breaker open */
-    S3_REJECTED,      /* 4xx other than 404: credentials, permissions, bucket */
-    S3_SERVER,        /* 5xx */
-    S3_BADDATA,       /* the body did not fit or did not verify (transfer cut) */
+    S3_OK = 0,      /* 2xx */
+    S3_NOTFOUND,    /* 404 */
+    S3_CONN,        /* transport error (counts for the breaker) */
+    S3_UNAVAILABLE, /* failed fast: breaker open */
+    S3_REJECTED,    /* 4xx other than 404: credentials, permissions, bucket */
+    S3_SERVER,      /* 5xx */
+    S3_BADDATA,     /* the body did not fit or did not verify (transfer cut) */
 };
 
 struct s3_engine;
@@ -63,7 +63,7 @@ struct s3_req {
     uint64_t cap, got;
     int64_t want; /* payload bytes expected, -1 until the header is in */
     s3_hdr_fn on_hdr;
-    bool cut;     /* the write callback stopped the transfer */
+    bool cut; /* the write callback stopped the transfer */
 
     /* LIST and error bodies */
     char *body;
@@ -72,11 +72,11 @@ struct s3_req {
     /* response */
     long status;
     int curl_rc;
-    int64_t clen; /* Content-Length of HEAD/GET, -1 unknown */
+    int64_t clen;   /* Content-Length of HEAD/GET, -1 unknown */
     char rmeta[96]; /* x-amz-meta-kvt of HEAD */
     char errbuf[CURL_ERROR_SIZE];
     enum s3_outcome outcome;
-    char err_code[64];  /* S3 error code of a rejected request */
+    char err_code[64]; /* S3 error code of a rejected request */
     char err_msg[256];
 
     /* completion, on the I/O thread */
@@ -102,13 +102,13 @@ struct list_state; /* s3.c: the start-up listing (I/O thread only) */
 struct s3_engine {
     kvt_l2 *l2;
     /* configuration (immutable after open) */
-    char scheme[8];        /* "http" or "https" */
-    char host[400];        /* Host header and URL authority */
+    char scheme[8]; /* "http" or "https" */
+    char host[400]; /* Host header and URL authority */
     char bucket[128];
-    bool path_style;       /* path: /bucket/key, virtual: bucket in host */
-    char base[140];        /* "/bucket" (path style) or "" */
+    bool path_style; /* path: /bucket/key, virtual: bucket in host */
+    char base[140];  /* "/bucket" (path style) or "" */
     char region[64];
-    char prefix[200];      /* object key prefix with trailing '/', or "" */
+    char prefix[200]; /* object key prefix with trailing '/', or "" */
     size_t prefix_len;
     int max_transfers;
     bool http2;
@@ -121,22 +121,22 @@ struct s3_engine {
     pthread_t io;
     bool io_started;
 
-    pthread_mutex_t lock; /* guards the fields down to 'counters' */
+    pthread_mutex_t lock;           /* guards the fields down to 'counters' */
     struct s3_req *q_head, *q_tail; /* submitted, not yet started */
     uint32_t queued;
     bool stop;
     enum s3_breaker brk;
-    int conn_errors;       /* consecutive */
+    int conn_errors; /* consecutive */
     uint64_t brk_opens;
     uint64_t probe_backoff_ns, next_probe_ns, open_since_ns;
-    char conn_err[256];    /* last transport error */
-    bool rejected;         /* last answer was a 4xx refusal (credentials, ...) */
+    char conn_err[256]; /* last transport error */
+    bool rejected;      /* last answer was a 4xx refusal (credentials, ...) */
     long rej_status;
     char rej_code[64], rej_msg[256];
-    uint64_t rej_logged;   /* hash of the last logged refusal */
-    uint32_t active;       /* transfers in curl */
-    uint32_t peak_active;  /* most transfers in curl at once */
-    struct s3_req probe;   /* the breaker's probe (I/O thread only) */
+    uint64_t rej_logged;  /* hash of the last logged refusal */
+    uint32_t active;      /* transfers in curl */
+    uint32_t peak_active; /* most transfers in curl at once */
+    struct s3_req probe;  /* the breaker's probe (I/O thread only) */
     /* SigV4 signing key for sig_date8 (I/O thread only: it signs every
      * request); region, service and secret are fixed for the engine's life */
     char sig_date8[9];

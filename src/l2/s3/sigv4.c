@@ -81,8 +81,7 @@ static int qp_cmp(const void *a, const void *b)
     return c ? c : strcmp(x->v, y->v);
 }
 
-int kvt_sigv4_canonical_query(const struct kvt_sigv4_pair *params, size_t n, char *out,
-                              size_t cap)
+int kvt_sigv4_canonical_query(const struct kvt_sigv4_pair *params, size_t n, char *out, size_t cap)
 {
     if (cap == 0)
         return -ENOSPC;
@@ -181,8 +180,7 @@ static int canon_header(const struct kvt_sigv4_pair *p, struct chdr *h)
 int kvt_sigv4_sign(const struct kvt_sigv4_req *r, struct kvt_sigv4_out *o)
 {
     if (!r->method || !r->uri || !r->payload_hash || !r->amz_date || strlen(r->amz_date) != 16 ||
-        !r->region || !r->service || !r->access_key || !r->secret_key ||
-        r->nhdrs > MAX_HDRS)
+        !r->region || !r->service || !r->access_key || !r->secret_key || r->nhdrs > MAX_HDRS)
         return -EINVAL;
     struct chdr *h = calloc(r->nhdrs ? r->nhdrs : 1, sizeof(*h));
     char *canon = NULL, *sts = NULL;
@@ -213,8 +211,8 @@ int kvt_sigv4_sign(const struct kvt_sigv4_req *r, struct kvt_sigv4_out *o)
     canon = malloc(need);
     if (!canon)
         goto out;
-    size_t cl = (size_t)snprintf(canon, need, "%s\n%s\n%s\n", r->method, r->uri,
-                                 r->query ? r->query : "");
+    size_t cl =
+        (size_t)snprintf(canon, need, "%s\n%s\n%s\n", r->method, r->uri, r->query ? r->query : "");
     for (size_t i = 0; i < r->nhdrs; i++)
         cl += (size_t)snprintf(canon + cl, need - cl, "%s:%s\n", h[i].name, h[i].value);
     cl += (size_t)snprintf(canon + cl, need - cl, "\n%s\n%s", o->signed_headers, r->payload_hash);

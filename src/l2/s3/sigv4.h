@@ -31,15 +31,15 @@ struct kvt_sigv4_pair {
 };
 
 struct kvt_sigv4_req {
-    const char *method;       /* "GET", "PUT", ... */
-    const char *uri;          /* canonical URI: the percent-encoded path as sent */
-    const char *query;        /* canonical query string (kvt_sigv4_canonical_query) or "" */
+    const char *method; /* "GET", "PUT", ... */
+    const char *uri;    /* canonical URI: the percent-encoded path as sent */
+    const char *query;  /* canonical query string (kvt_sigv4_canonical_query) or "" */
     const struct kvt_sigv4_pair *hdrs; /* headers to sign, any case, any order */
     size_t nhdrs;
     const char *payload_hash; /* hex SHA-256 of the body, or "UNSIGNED-PAYLOAD" */
     const char *amz_date;     /* "YYYYMMDDTHHMMSSZ" (also sent as x-amz-date) */
     const char *region;
-    const char *service;      /* "s3" */
+    const char *service; /* "s3" */
     const char *access_key;
     const char *secret_key;
     /* Optional: kvt_sigv4_signing_key(secret_key, amz_date[0..8), region,
@@ -77,8 +77,7 @@ int kvt_sigv4_uri_encode(const char *in, size_t len, bool encode_slash, char *ou
 /* Canonical query string from raw (unencoded) name/value pairs: each
  * encoded, sorted by name then value, joined "a=1&b=2" ("name=" for an
  * empty value). Returns the length or -ENOSPC. */
-int kvt_sigv4_canonical_query(const struct kvt_sigv4_pair *params, size_t n, char *out,
-                              size_t cap);
+int kvt_sigv4_canonical_query(const struct kvt_sigv4_pair *params, size_t n, char *out, size_t cap);
 
 /* Lower-case hex SHA-256 of n bytes (64 chars + NUL). */
 void kvt_sha256_hex(const void *p, size_t n, char out[65]);

@@ -78,8 +78,8 @@ static void fault_finish(kvt_l2 *l2, void *ctx, kvt_l2_task *t)
     }
 }
 
-static int num_list(struct kvt_cfg *c, const char *key, double *out, int max, double lo,
-                    double hi, bool integers)
+static int num_list(struct kvt_cfg *c, const char *key, double *out, int max, double lo, double hi,
+                    bool integers)
 {
     const json_t *v = kvt_cfg_raw(c, key);
     if (!v || json_is_null(v))
@@ -105,7 +105,8 @@ static int fault_parse(struct kvt_cfg *c, void *opts)
     memset(o, 0, sizeof(*o));
     const json_t *inner = kvt_cfg_raw(c, "inner");
     if (!inner || !json_is_object(inner))
-        return kvt_cfg_fail(c, "inner", "is required: the wrapped adapter's spec with its \"type\"");
+        return kvt_cfg_fail(c, "inner",
+                            "is required: the wrapped adapter's spec with its \"type\"");
     const json_t *it = json_object_get(inner, "type");
     if (json_is_string(it) && strcmp(json_string_value(it), "fault_inject") == 0)
         return kvt_cfg_fail(c, "inner", "cannot itself be a fault_inject adapter");

@@ -39,7 +39,7 @@ struct fifo_ent {
 };
 
 struct mock_engine {
-    pthread_mutex_t lock;   /* guards slots, nslots, free list, fifo, next_free_ns */
+    pthread_mutex_t lock; /* guards slots, nslots, free list, fifo, next_free_ns */
     struct fifo_ent *fifo;
     size_t fifo_head, fifo_tail, fifo_cap; /* positions grow; index modulo cap */
     struct mock_obj *slots;
