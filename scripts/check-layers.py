@@ -22,7 +22,7 @@ RULES = {
     "l1": ["common", "key", "io", "policy"],
     "proto": ["common", "key"],
     # l2/l2.h, l2/evict.h, l2/adapters.h: what code above L2 may see
-    "l2-contract": ["common", "key"],
+    "l2-contract": ["common", "key", "policy"],
     # l2/kit: helpers several engines share
     "l2-kit": ["common", "key", "io", "l2-contract", "l2-engine", "l2-kit-leaf"],
     "l2-kit-leaf": ["common", "key"],

@@ -15,6 +15,7 @@
 
 #include "common/cfg.h"
 #include "l2/l2.h"
+#include "policy/policy.h"
 
 struct kvt_policy;
 struct kvt_serde;
@@ -49,7 +50,8 @@ struct kvt_l2_spec {
     json_t *json;     /* the user's object (owned) */
     json_t *resolved; /* every field with its default (owned) */
     bool persist_enabled;
-    bool has_eviction;       /* json has a valid "eviction" object (checked at parse) */
+    bool has_eviction; /* json has a valid "eviction" object, parsed into eviction */
+    struct kvt_policy_cfg eviction;
     struct kvt_serde *serde; /* "serde" chain (owned reference) or NULL */
     char name_prefix[40];    /* adapter name before "[index]"; "" = the type */
     json_t *quotas;          /* "namespace_quotas" resolved {name: bytes} (owned) or NULL */

@@ -206,17 +206,8 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
     l2->codec = codec;
     l2->cap_bytes = cap_bytes;
     l2->persist_enabled = spec->persist_enabled;
-    if (spec->has_eviction) {
-        /* the object kvt_l2_spec_parse validated (it carries the value
-         * policy's parameters too): parsed once more here, never replaced by
-         * defaults */
-        const json_t *ev = spec->json ? json_object_get(spec->json, "eviction") : NULL;
-        char e[256] = "no eviction object";
-        if (!ev || kvt_policy_from_json(ev, &l2->policy, e, sizeof(e))) {
-            kvt_error("%s: eviction: %s", l2->name, e);
-            return KVT_E_CONFIG;
-        }
-    }
+    if (spec->has_eviction) /* as kvt_l2_spec_parse read it, value parameters included */
+        l2->policy = kvt_policy_build(&spec->eviction);
     if (spec->quotas && json_object_size(spec->quotas)) {
         l2->nquotas = (uint32_t)json_object_size(spec->quotas);
         l2->quotas = kvt_xcalloc(l2->nquotas, sizeof(*l2->quotas));

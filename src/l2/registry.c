@@ -64,11 +64,11 @@ static int parse_common(struct kvt_cfg *c, struct kvt_l2_spec *s)
     kvt_cfg_bool(c, "persist_enabled", true, &s->persist_enabled);
     const json_t *ev = kvt_cfg_raw(c, "eviction");
     if (!c->rc && ev && !json_is_null(ev)) {
-        struct kvt_policy *p = NULL;
         char msg[256];
-        if (kvt_policy_from_json(ev, &p, msg, sizeof(msg)))
+        if (kvt_policy_parse(ev, &s->eviction, msg, sizeof(msg)))
             return kvt_cfg_fail(c, "eviction", "is invalid: %s", msg);
-        s->has_eviction = true; /* the adapter builds its policy from the same object */
+        s->has_eviction = true; /* the adapter builds its own policy from s->eviction */
+        struct kvt_policy *p = kvt_policy_build(&s->eviction);
         json_object_set_new(c->resolved, "eviction", kvt_policy_describe(p));
         kvt_policy_destroy(p);
     }

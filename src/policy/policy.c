@@ -160,9 +160,9 @@ static int value_params(const json_t *ev, struct kvt_value_params *prm, char *er
     return 0;
 }
 
-int kvt_policy_from_json(const json_t *ev, struct kvt_policy **out, char *err, size_t errcap)
+int kvt_policy_parse(const json_t *ev, struct kvt_policy_cfg *cfg, char *err, size_t errcap)
 {
-    *out = NULL;
+    memset(cfg, 0, sizeof(*cfg));
     if (!json_is_object(ev)) {
         snprintf(err, errcap, "\"eviction\" must be an object");
         return KVT_E_CONFIG;
@@ -207,24 +207,45 @@ int kvt_policy_from_json(const json_t *ev, struct kvt_policy **out, char *err, s
         snprintf(err, errcap, "\"eviction.eviction_ratio\" must be a number in [0, 1]");
         return KVT_E_CONFIG;
     }
-    struct kvt_policy *p;
-    if (value) {
-        struct kvt_value_params prm;
-        int rc = value_params(ev, &prm, err, errcap);
-        if (rc)
-            return rc;
-        p = kvt_value_create(&prm);
-        p->trigger_watermark = wm;
-        p->eviction_ratio = ratio;
-    } else {
-        p = kvt_policy_create(json_string_value(pol), wm, ratio);
-    }
-    if (!p) {
+    static const char *const known[] = {"LRU", "ARC", "LFU", "adaptive", "noop", "value"};
+    const char *name = json_string_value(pol);
+    for (size_t k = 0; k < sizeof(known) / sizeof(known[0]) && !cfg->name[0]; k++)
+        if (strcasecmp(name, known[k]) == 0)
+            snprintf(cfg->name, sizeof(cfg->name), "%s", known[k]);
+    if (!cfg->name[0]) {
         snprintf(err, errcap, "\"eviction.eviction_policy\": unknown policy \"%s\" (known: %s)",
-                 json_string_value(pol), kvt_policy_names());
+                 name, kvt_policy_names());
         return KVT_E_CONFIG;
     }
-    *out = p;
+    cfg->watermark = wm;
+    cfg->ratio = ratio;
+    cfg->value = value;
+    if (value) {
+        int rc = value_params(ev, &cfg->value_params, err, errcap);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+struct kvt_policy *kvt_policy_build(const struct kvt_policy_cfg *cfg)
+{
+    if (!cfg->value)
+        return kvt_policy_create(cfg->name, cfg->watermark, cfg->ratio);
+    struct kvt_policy *p = kvt_value_create(&cfg->value_params);
+    p->trigger_watermark = cfg->watermark;
+    p->eviction_ratio = cfg->ratio;
+    return p;
+}
+
+int kvt_policy_from_json(const json_t *ev, struct kvt_policy **out, char *err, size_t errcap)
+{
+    *out = NULL;
+    struct kvt_policy_cfg cfg;
+    int rc = kvt_policy_parse(ev, &cfg, err, errcap);
+    if (rc)
+        return rc;
+    *out = kvt_policy_build(&cfg);
     return 0;
 }
 

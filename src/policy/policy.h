@@ -107,8 +107,20 @@ void kvt_policy_destroy(struct kvt_policy *p);
 /* Names accepted by kvt_policy_create, for error messages. */
 const char *kvt_policy_names(void);
 
+/* A parsed "eviction" object: the config is read once (kvt_policy_parse,
+ * when an adapter's spec is parsed) and each adapter builds its own policy
+ * from it (kvt_policy_build: a policy has per-object state). */
+struct kvt_policy_cfg {
+    char name[16]; /* as kvt_policy_create accepts it */
+    double watermark, ratio;
+    bool value; /* "value": value_params apply */
+    struct kvt_value_params value_params;
+};
 /* Parse an adapter's "eviction" object. On error returns KVT_E_CONFIG and
  * writes a message naming the field into err. */
+int kvt_policy_parse(const json_t *ev, struct kvt_policy_cfg *cfg, char *err, size_t errcap);
+struct kvt_policy *kvt_policy_build(const struct kvt_policy_cfg *cfg);
+/* kvt_policy_parse and kvt_policy_build in one. */
 int kvt_policy_from_json(const json_t *ev, struct kvt_policy **out, char *err, size_t errcap);
 
 /* The resolved "eviction" object of a policy (every field, defaults
