@@ -79,7 +79,7 @@ struct fs_engine {
     char *base;
     char *tmp_rel; /* relative_tmp_dir or "" */
     int dirfd, tmpfd;
-    int lockfd; /* ops/dirlock.h: held until close; -1 where locks are unsupported */
+    int lockfd; /* l2/kit/dirlock.h: held until close; -1 where locks are unsupported */
     bool shared;
     struct kvt_odirect od;
     uint64_t read_ahead;
@@ -164,7 +164,7 @@ static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const cha
     rc = kvt_objhdr_encode(hdrbuf, hl, key, m, m->serde, src->len, sum);
     if (rc)
         return rc;
-    /* the name marks the writer by (pid, start time): ops/tmpguard.h */
+    /* the name marks the writer by (pid, start time): l2/kit/tmpguard.h */
     rc = kvt_tmpguard_name(tmp, sizeof(tmp), name, e->pid, e->starttime,
                            atomic_fetch_add(&e->seq, 1));
     if (rc < 0)
@@ -436,7 +436,7 @@ static int fs_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 
 /* ------------------------------------------------------ recovery scan */
 
-/* Remove the tmp files in dfd that the tmp guard allows (ops/tmpguard.h):
+/* Remove the tmp files in dfd that the tmp guard allows (l2/kit/tmpguard.h):
  * a live writer's (by (pid, start time) or its file lock) never, a dead
  * writer's yes, one without a marker after 15 minutes, undecidable never;
  * our own only when closing (nothing in flight). */

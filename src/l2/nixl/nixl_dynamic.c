@@ -24,8 +24,8 @@
  *         loads are served meanwhile.
  * Close:  persist_enabled keeps the files, otherwise indexed files are
  *         removed; tmp leftovers are always removed (ours, dead writers',
- *         and foreign-format ones older than 15 minutes: ops/tmpguard.h).
- * Owner:  file_path is locked for the adapter's life (ops/dirlock.h):
+ *         and foreign-format ones older than 15 minutes: l2/kit/tmpguard.h).
+ * Owner:  file_path is locked for the adapter's life (l2/kit/dirlock.h):
  *         exclusively, or shared with other servers that all set "shared"
  *         (persist_enabled false is refused with it: nothing removes files
  *         of another server at close).
@@ -103,7 +103,7 @@ struct nd_batch {
 struct nd_engine {
     char *base;
     int dirfd;
-    int lockfd; /* ops/dirlock.h: held until close; -1 where locks are unsupported */
+    int lockfd; /* l2/kit/dirlock.h: held until close; -1 where locks are unsupported */
     bool shared;
     const char *backend;
     bool shard;
@@ -273,7 +273,7 @@ static bool store_prep(struct nd_op *op)
     if (rc)
         goto fail;
     /* the tmp name is the tmp guard's marker: it names this writer by
-     * (pid, start time), created atomically with the file (ops/tmpguard.h) */
+     * (pid, start time), created atomically with the file (l2/kit/tmpguard.h) */
     rc = kvt_tmpguard_name(op->tmp, sizeof(op->tmp), op->rel, e->pid, e->starttime,
                            atomic_fetch_add(&e->seq, 1));
     if (rc < 0)
