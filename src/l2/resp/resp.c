@@ -88,6 +88,7 @@ struct resp_job {
     struct kvt_job job;
     struct resp_batch *b;
     uint32_t lo, hi; /* range of b->idx */
+    int node;        /* cluster mode: the node the keys' slots map to */
 };
 
 struct resp_batch {
@@ -100,10 +101,16 @@ struct resp_batch {
 };
 
 struct worker {
-    struct conn cn;
+    struct conn cn;   /* standalone: the one connection */
+    struct conn *cur; /* the connection a pass runs on (&cn, or one of ncn) */
     struct wbuf wb;
     uint8_t *hdrs; /* HDR bytes per key of the current job */
     size_t hdrs_cap;
+    /* cluster mode: one connection per node index, opened when first used */
+    struct conn ncn[CL_MAX_NODES];
+    bool asking;   /* the pass sends ASKING before each command */
+    uint16_t *tgt; /* per key of the job: node for the next pass */
+    uint8_t *askf; /* per key: the next pass is an ASK redirect */
 };
 
 static void *worker_new(int i, void *arg)
@@ -113,6 +120,7 @@ static void *worker_new(int i, void *arg)
     struct worker *w = kvt_xcalloc(1, sizeof(*w));
     w->cn.rbuf = kvt_xmalloc(RBUF_CAP);
     w->cn.obuf = kvt_xmalloc(OBUF_CAP);
+    w->cur = &w->cn;
     return w;
 }
 
@@ -124,6 +132,11 @@ static void worker_free(void *p)
     kvt_resp_conn_close(&w->cn);
     free(w->cn.rbuf);
     free(w->cn.obuf);
+    for (int i = 0; i < CL_MAX_NODES; i++) {
+        kvt_resp_conn_close(&w->ncn[i]);
+        free(w->ncn[i].rbuf);
+        free(w->ncn[i].obuf);
+    }
     free(w->wb.p);
     free(w->hdrs);
     free(w);
@@ -140,8 +153,49 @@ static uint8_t *worker_hdrs(struct worker *w, uint32_t n)
     return w->hdrs;
 }
 
-/* Per-key outcome of one pipelined pass. */
-enum { K_PENDING = 0, K_OK, K_SKIP, K_FAIL, K_MISS, K_CORRUPT };
+/* Per-key outcome of one pipelined pass. K_REDIR: MOVED/ASK (cluster: sent
+ * again to w->tgt[j]); K_DOWN: the key's node failed (cluster: the key
+ * fails, the others go on); K_NOTSEL: not part of this pass. */
+enum { K_PENDING = 0, K_OK, K_SKIP, K_FAIL, K_MISS, K_CORRUPT, K_REDIR, K_DOWN, K_NOTSEL };
+
+/* Cluster mode: the state for an error reply to key j's command: K_REDIR
+ * (w->tgt/askf say where next), K_DOWN (a transient cluster error), or 0
+ * (not a cluster error: the caller's usual handling). */
+static int cl_err_state(struct resp_engine *e, struct worker *w, uint32_t j, const char *err)
+{
+    if (!e->cluster)
+        return 0;
+    int node = 0;
+    bool ask = false;
+    switch (kvt_resp_cl_error(e, err, &node, &ask)) {
+    case 1:
+        w->tgt[j] = (uint16_t)node;
+        w->askf[j] = ask;
+        return K_REDIR;
+    case 2:
+        return K_DOWN;
+    default:
+        return 0;
+    }
+}
+
+/* ASKING in front of a command when the pass follows an ASK redirect. */
+static void put_asking(struct worker *w)
+{
+    if (w->asking)
+        kvt_resp_wb_fmt(&w->wb, "*1\r\n$6\r\nASKING\r\n");
+}
+
+/* Read (and drop) ASKING's +OK. */
+static int skip_asking(struct worker *w)
+{
+    if (!w->asking)
+        return 0;
+    int ty;
+    long long num;
+    char err[128];
+    return kvt_resp_rd_reply(w->cur, &ty, &num, err, sizeof(err));
+}
 
 static void report_corrupt(kvt_l2 *l2, const kvt_key *k, const char *why)
 {
@@ -176,6 +230,24 @@ static void unlink_keys(struct resp_engine *e, struct worker *w, const kvt_key *
     }
 }
 
+/* Cluster mode: UNLINK keys one by one on their nodes' control connections
+ * (corrupt values are rare); errors are ignored. */
+static void cl_unlink_keys(struct resp_engine *e, const kvt_key *keys, const uint32_t *which,
+                           uint32_t n)
+{
+    char key[KEY_MAX];
+    pthread_mutex_lock(&e->ctl_lock);
+    for (uint32_t j = 0; j < n; j++) {
+        int kl = kvt_resp_wire_key(e, &keys[which[j]], key);
+        const char *argv[2] = {"UNLINK", key};
+        size_t lens[2] = {6, (size_t)kl};
+        redisReply *r = kvt_resp_cl_command(e, key, (size_t)kl, 2, argv, lens);
+        if (r)
+            freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&e->ctl_lock);
+}
+
 /*
  * STORE, one pipelined pass over keys idx[lo..hi) already reserved
  * (st[j] == K_PENDING). Writes "SET key <header+payload>" for each with one
@@ -204,6 +276,7 @@ static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
         uint32_t i = idx[j];
         int kl = kvt_resp_wire_key(e, &t->keys[i], key);
         pre_off[k++] = w->wb.len;
+        put_asking(w);
         kvt_resp_wb_fmt(&w->wb, "*3\r\n$3\r\nSET\r\n");
         kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
         kvt_resp_wb_fmt(&w->wb, "$%llu\r\n", (unsigned long long)(HDR + t->bufs[i].len));
@@ -223,21 +296,24 @@ static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
         iov[cnt++] = (struct iovec){(void *)"\r\n", 2};
         k++;
     }
-    int rc = kvt_resp_wr_all(&w->cn, iov, cnt);
+    int rc = kvt_resp_wr_all(w->cur, iov, cnt);
     free(iov);
     free(pre_off);
     atomic_fetch_add(&e->round_trips, 1);
     for (uint32_t j = 0; j < n && !rc; j++) {
         if (st[j] != K_PENDING)
             continue;
-        int ty;
+        int ty, cs;
         long long num;
         char err[256];
-        rc = kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err));
+        if (!(rc = skip_asking(w)))
+            rc = kvt_resp_rd_reply(w->cur, &ty, &num, err, sizeof(err));
         if (rc)
             break;
         if (ty == R_STATUS) {
             st[j] = K_OK;
+        } else if (ty == R_ERROR && (cs = cl_err_state(e, w, j, err))) {
+            st[j] = (uint8_t)cs;
         } else {
             st[j] = K_FAIL;
             atomic_fetch_add(&e->cmd_errors, 1);
@@ -258,10 +334,11 @@ typedef int (*pass_fn)(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_
                        const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
                        size_t cap);
 
-static int run_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn, kvt_l2_task *t,
-                    const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx)
+static int run_standalone(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn,
+                          kvt_l2_task *t, const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx)
 {
     char msg[256];
+    w->cur = &w->cn;
     for (int attempt = 0; attempt < 2; attempt++) {
         if (!atomic_load(&e->up))
             return KVT_E_UNHEALTHY;
@@ -290,12 +367,119 @@ static int run_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn
 }
 
 /*
+ * Cluster mode: one pass over the keys selected in sub (K_PENDING) on the
+ * connection to node, with the standalone runner's retry of a stale
+ * connection. A node that fails does not take the adapter down (the
+ * others serve): its keys fail and the monitor refreshes the slot map.
+ */
+static int cl_pass_on(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn,
+                      kvt_l2_task *t, const uint32_t *idx, uint32_t n, uint8_t *sub, void *ctx,
+                      int node, bool ask)
+{
+    struct conn *cn = &w->ncn[node];
+    if (!cn->rbuf) {
+        cn->rbuf = kvt_xmalloc(RBUF_CAP);
+        cn->obuf = kvt_xmalloc(OBUF_CAP);
+    }
+    cn->node = node;
+    char msg[256];
+    for (int attempt = 0; attempt < 2; attempt++) {
+        bool fresh = !(cn->c && !cn->c->err && cn->epoch == atomic_load(&e->epoch));
+        int rc = kvt_resp_conn_ensure(e, cn, msg, sizeof(msg));
+        if (rc) {
+            kvt_resp_set_err(e, "%s", msg);
+            kvt_resp_cl_node_state(e, node, true);
+            return rc;
+        }
+        if (fresh)
+            kvt_resp_cl_node_state(e, node, false);
+        bool was_used = cn->used && !fresh;
+        w->cur = cn;
+        w->asking = ask;
+        rc = fn(l2, e, w, t, idx, n, sub, ctx, msg, sizeof(msg));
+        w->asking = false;
+        if (rc == 0) {
+            cn->used = true;
+            return 0;
+        }
+        kvt_resp_conn_close(cn);
+        if (!kvt_resp_is_transport(rc) || !was_used) {
+            kvt_resp_set_err(e, "%s", msg);
+            kvt_resp_cl_node_state(e, node, kvt_resp_is_transport(rc));
+            if (!kvt_resp_is_transport(rc))
+                kvt_resp_cl_want_refresh(e);
+            return rc;
+        }
+        kvt_debug("%s: %s; retrying on a new connection", l2->name, msg);
+    }
+    return -EIO;
+}
+
+/*
+ * Cluster mode: run fn for the job's keys, all first sent to node (their
+ * slots' owner when the batch was split). Keys answered with MOVED or ASK
+ * are sent again, grouped by where they were sent, in further pipelined
+ * passes (at most CL_MAX_REDIRECTS hops per key). A key whose node fails
+ * ends as K_DOWN: a miss or a failed store, never a wrong byte. Returns 0:
+ * the outcome is per key.
+ */
+static int run_cluster(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn,
+                       kvt_l2_task *t, const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx,
+                       int node)
+{
+    uint8_t *sub = kvt_xmalloc(n), *hops = kvt_xcalloc(n, 1);
+    w->tgt = kvt_xmalloc(n * sizeof(uint16_t));
+    w->askf = kvt_xcalloc(n, 1);
+    for (uint32_t j = 0; j < n; j++)
+        w->tgt[j] = (uint16_t)node;
+    for (;;) {
+        uint32_t j0 = 0;
+        while (j0 < n && st[j0] != K_PENDING)
+            j0++;
+        if (j0 == n)
+            break;
+        uint16_t to = w->tgt[j0];
+        bool ask = w->askf[j0];
+        for (uint32_t j = 0; j < n; j++)
+            sub[j] =
+                st[j] == K_PENDING && w->tgt[j] == to && w->askf[j] == ask ? K_PENDING : K_NOTSEL;
+        int rc = cl_pass_on(l2, e, w, fn, t, idx, n, sub, ctx, to, ask);
+        for (uint32_t j = 0; j < n; j++) {
+            if (sub[j] == K_NOTSEL)
+                continue;
+            if (rc || sub[j] == K_PENDING) {
+                st[j] = K_DOWN;
+            } else if (sub[j] == K_REDIR) {
+                st[j] = ++hops[j] > CL_MAX_REDIRECTS ? K_DOWN : K_PENDING;
+            } else {
+                st[j] = sub[j];
+            }
+        }
+    }
+    free(sub);
+    free(hops);
+    free(w->tgt);
+    free(w->askf);
+    w->tgt = NULL;
+    w->askf = NULL;
+    return 0;
+}
+
+static int run_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn, kvt_l2_task *t,
+                    const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, int node)
+{
+    if (e->cluster)
+        return run_cluster(l2, e, w, fn, t, idx, n, st, ctx, node);
+    return run_standalone(l2, e, w, fn, t, idx, n, st, ctx);
+}
+
+/*
  * STORE a range of keys: reserve each (the cap is checked before a byte
  * moves), encode the headers, one pipelined pass, then publish what the
  * server acknowledged and drop the reservations of the rest.
  */
 static void do_store(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
-                     const uint32_t *idx, uint32_t n)
+                     const uint32_t *idx, uint32_t n, int node)
 {
     uint8_t *st = kvt_xcalloc(n, 1);
     uint8_t *hdrs = worker_hdrs(w, n);
@@ -329,7 +513,7 @@ static void do_store(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
         kvt_objhdr_encode(hdrs + (size_t)j * HDR, HDR, &t->keys[i], &t->meta[i], t->meta[i].serde,
                           src->len, sum);
     }
-    int rc = run_pass(l2, e, w, store_pass, t, idx, n, st, NULL);
+    int rc = run_pass(l2, e, w, store_pass, t, idx, n, st, NULL, node);
     gen = atomic_load(&e->gen);
     for (uint32_t j = 0; j < n; j++) {
         uint32_t i = idx[j];
@@ -348,7 +532,7 @@ static void do_store(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
             kvt_l2_publish(l2, &ck);
             atomic_fetch_add(&l2->counters.store_ok, 1);
             kvt_l2_task_ok(t, i, HDR + t->bufs[i].len);
-        } else { /* K_PENDING (no reply) or K_FAIL (refused by the server) */
+        } else { /* K_PENDING (no reply), K_FAIL (refused), K_DOWN (its node failed) */
             kvt_l2_unreserve(l2, &ck);
             kvt_l2_task_fail(t, i, rc ? rc : KVT_E_UNHEALTHY);
             atomic_fetch_add(&l2->counters.store_failed, 1);
@@ -381,10 +565,12 @@ static int lookup_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_
             continue;
         int kl = kvt_resp_wire_key(e, &t->keys[idx[j]], key);
         if (!lc->known[j]) {
+            put_asking(w);
             kvt_resp_wb_fmt(&w->wb, "*4\r\n$8\r\nGETRANGE\r\n");
             kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
             kvt_resp_wb_fmt(&w->wb, "$1\r\n0\r\n$3\r\n%u\r\n", HDR - 1);
         }
+        put_asking(w);
         kvt_resp_wb_fmt(&w->wb, "*2\r\n$6\r\nSTRLEN\r\n");
         kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
         live++;
@@ -392,30 +578,35 @@ static int lookup_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_
     if (!live)
         return 0;
     struct iovec iov = {w->wb.p, w->wb.len};
-    int rc = kvt_resp_wr_all(&w->cn, &iov, 1);
+    int rc = kvt_resp_wr_all(w->cur, &iov, 1);
     atomic_fetch_add(&e->round_trips, 1);
     for (uint32_t j = 0; j < n && !rc; j++) {
         if (st[j] != K_PENDING)
             continue;
-        int ty = R_NIL;
+        int ty = R_NIL, cs;
         long long num = 0;
         char err[256];
         lc->hlen[j] = 0;
         if (!lc->known[j]) {
-            rc = kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err));
+            if (!(rc = skip_asking(w)))
+                rc = kvt_resp_rd_reply(w->cur, &ty, &num, err, sizeof(err));
             if (!rc && ty == R_BULK) {
                 if (num > HDR)
                     rc = -EPROTO;
-                else if (!(rc = kvt_resp_rd_bytes(&w->cn, w->hdrs + (size_t)j * HDR, (size_t)num)))
-                    rc = kvt_resp_rd_crlf(&w->cn);
+                else if (!(rc = kvt_resp_rd_bytes(w->cur, w->hdrs + (size_t)j * HDR, (size_t)num)))
+                    rc = kvt_resp_rd_crlf(w->cur);
                 lc->hlen[j] = (uint32_t)num;
             }
         }
         bool bad = !rc && ty != R_BULK && ty != R_NIL;
-        if (!rc)
-            rc = kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err));
+        if (!rc && !(rc = skip_asking(w)))
+            rc = kvt_resp_rd_reply(w->cur, &ty, &num, err, sizeof(err));
         if (rc)
             break;
+        if (ty == R_ERROR && (cs = cl_err_state(e, w, j, err))) {
+            st[j] = (uint8_t)cs; /* MOVED/ASK answer GETRANGE and STRLEN alike */
+            continue;
+        }
         if (bad || ty != R_INT) { /* e.g. WRONGTYPE: the key holds no string */
             st[j] = K_MISS;
             atomic_fetch_add(&e->foreign, 1);
@@ -452,7 +643,7 @@ int kvt_resp_check_header(const uint8_t *buf, uint32_t got, uint64_t vlen, const
 }
 
 static void do_lookup(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
-                      const uint32_t *idx, const uint32_t *known, uint32_t n)
+                      const uint32_t *idx, const uint32_t *known, uint32_t n, int node)
 {
     uint8_t *st = kvt_xcalloc(n, 1);
     struct lookup_ctx lc = {known, kvt_xcalloc(n, sizeof(uint32_t)),
@@ -460,7 +651,7 @@ static void do_lookup(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
     kvt_key *gone = kvt_xcalloc(n, sizeof(kvt_key));
     uint32_t ngone = 0;
     worker_hdrs(w, n);
-    int rc = run_pass(l2, e, w, lookup_pass, t, idx, n, st, &lc);
+    int rc = run_pass(l2, e, w, lookup_pass, t, idx, n, st, &lc, node);
     for (uint32_t j = 0; j < n && !rc; j++) {
         if (st[j] != K_OK)
             continue;
@@ -528,6 +719,7 @@ static int load_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
         if (st[j] != K_PENDING)
             continue;
         int kl = kvt_resp_wire_key(e, &t->keys[idx[j]], key);
+        put_asking(w);
         kvt_resp_wb_fmt(&w->wb, "*2\r\n$3\r\nGET\r\n");
         kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
         live++;
@@ -535,20 +727,25 @@ static int load_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
     if (!live)
         return 0;
     struct iovec iov = {w->wb.p, w->wb.len};
-    int rc = kvt_resp_wr_all(&w->cn, &iov, 1);
+    int rc = kvt_resp_wr_all(w->cur, &iov, 1);
     atomic_fetch_add(&e->round_trips, 1);
     for (uint32_t j = 0; j < n && !rc; j++) {
         if (st[j] != K_PENDING)
             continue;
         uint32_t i = idx[j];
-        int ty;
+        int ty, cs;
         long long num = 0;
         char err[256];
-        rc = kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err));
+        if (!(rc = skip_asking(w)))
+            rc = kvt_resp_rd_reply(w->cur, &ty, &num, err, sizeof(err));
         if (rc)
             break;
         if (ty == R_NIL) {
             st[j] = K_MISS;
+            continue;
+        }
+        if (ty == R_ERROR && (cs = cl_err_state(e, w, j, err))) {
+            st[j] = (uint8_t)cs;
             continue;
         }
         if (ty != R_BULK) {
@@ -559,7 +756,7 @@ static int load_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
         uint64_t vlen = (uint64_t)num;
         uint8_t *hb = w->hdrs + (size_t)j * HDR;
         uint32_t hl = (uint32_t)KVT_MIN(vlen, HDR);
-        if ((rc = kvt_resp_rd_bytes(&w->cn, hb, hl)))
+        if ((rc = kvt_resp_rd_bytes(w->cur, hb, hl)))
             break;
         struct kvt_objhdr h;
         const char *why = NULL;
@@ -570,12 +767,12 @@ static int load_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
             st[j] = K_FAIL; /* does not fit the destination: never an overrun */
         }
         if (st[j] != K_PENDING) {
-            if (!(rc = kvt_resp_rd_bytes(&w->cn, NULL, vlen - hl)))
-                rc = kvt_resp_rd_crlf(&w->cn);
+            if (!(rc = kvt_resp_rd_bytes(w->cur, NULL, vlen - hl)))
+                rc = kvt_resp_rd_crlf(w->cur);
             continue;
         }
-        if (!(rc = kvt_resp_rd_bytes(&w->cn, t->bufs[i].ptr, h.payload_len)))
-            rc = kvt_resp_rd_crlf(&w->cn);
+        if (!(rc = kvt_resp_rd_bytes(w->cur, t->bufs[i].ptr, h.payload_len)))
+            rc = kvt_resp_rd_crlf(w->cur);
         if (!rc)
             st[j] = K_OK;
     }
@@ -585,12 +782,12 @@ static int load_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
 }
 
 static void do_load(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
-                    const uint32_t *idx, uint32_t n)
+                    const uint32_t *idx, uint32_t n, int node)
 {
     uint8_t *st = kvt_xcalloc(n, 1);
     struct load_ctx lc = {kvt_xcalloc(n, sizeof(char *))};
     worker_hdrs(w, n);
-    int rc = run_pass(l2, e, w, load_pass, t, idx, n, st, &lc);
+    int rc = run_pass(l2, e, w, load_pass, t, idx, n, st, &lc, node);
     uint32_t *bad = kvt_xcalloc(n, sizeof(uint32_t));
     uint32_t nbad = 0;
     for (uint32_t j = 0; j < n; j++) {
@@ -618,9 +815,15 @@ static void do_load(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_
         } else if (st[j] == K_MISS) {
             kvt_l2_forget(l2, &ck); /* gone from the server (deleted elsewhere, or lost) */
         }
-        kvt_l2_task_fail(t, i, rc ? rc : st[j] == K_MISS ? KVT_E_NOTFOUND : KVT_E_CORRUPT);
+        kvt_l2_task_fail(t, i,
+                         rc                ? rc
+                         : st[j] == K_MISS ? KVT_E_NOTFOUND
+                         : st[j] == K_DOWN ? KVT_E_UNHEALTHY
+                                           : KVT_E_CORRUPT);
     }
-    if (nbad && !rc && w->cn.c)
+    if (nbad && e->cluster)
+        cl_unlink_keys(e, t->keys, bad, nbad);
+    else if (nbad && !rc && w->cn.c)
         unlink_keys(e, w, t->keys, bad, nbad);
     free(bad);
     free(lc.why);
@@ -650,13 +853,13 @@ static void job_fn(struct kvt_job *job, void *ctx)
     uint32_t n = j->hi - j->lo;
     switch (n ? (int)b->t->kind : -1) {
     case KVT_L2_STORE:
-        do_store(l2, e, w, b->t, idx, n);
+        do_store(l2, e, w, b->t, idx, n, j->node);
         break;
     case KVT_L2_LOOKUP:
-        do_lookup(l2, e, w, b->t, idx, b->known + j->lo, n);
+        do_lookup(l2, e, w, b->t, idx, b->known + j->lo, n, j->node);
         break;
     case KVT_L2_LOAD:
-        do_load(l2, e, w, b->t, idx, n);
+        do_load(l2, e, w, b->t, idx, n, j->node);
         break;
     default:
         break; /* an empty share of a split batch */
@@ -686,22 +889,109 @@ void kvt_resp_fail_parked(kvt_l2 *l2, struct resp_engine *e, bool stop_parking)
     }
 }
 
+/* How many jobs one node's keys idx[0..n) get: one (one connection, one
+ * round trip) unless they move more than RESP_SPLIT_BYTES, then up to
+ * num_workers of about equal bytes. */
+static uint32_t jobs_for(const struct resp_engine *e, const kvt_l2_task *t, const uint32_t *idx,
+                         uint32_t n, uint64_t *bytes)
+{
+    *bytes = 0;
+    if (t->kind != KVT_L2_LOOKUP)
+        for (uint32_t j = 0; j < n; j++)
+            *bytes += t->bufs[idx[j]].len;
+    if (*bytes <= RESP_SPLIT_BYTES || n == 0)
+        return 1;
+    uint64_t want = (*bytes + RESP_SPLIT_BYTES - 1) / RESP_SPLIT_BYTES;
+    return (uint32_t)KVT_MIN(KVT_MIN(want, (uint64_t)e->nworkers), (uint64_t)n);
+}
+
+/* Fill jobs[0..nj) with the ranges of b->idx[base..base+n). */
+static void fill_jobs(struct resp_batch *b, struct resp_job *jobs, uint32_t nj, uint32_t base,
+                      uint32_t n, uint64_t bytes, int node)
+{
+    const uint32_t *idx = b->idx + base;
+    uint64_t per = (bytes + nj - 1) / nj, acc = 0;
+    uint32_t lo = 0, k = 0;
+    for (uint32_t j = 0; j < n && k + 1 < nj; j++) {
+        acc += b->t->bufs[idx[j]].len;
+        if (acc >= per * (k + 1)) {
+            jobs[k].lo = base + lo;
+            jobs[k].hi = base + j + 1;
+            lo = j + 1;
+            k++;
+        }
+    }
+    for (; k < nj; k++) { /* the rest (and empty tails if keys ran out) */
+        jobs[k].lo = base + lo;
+        jobs[k].hi = k + 1 == nj ? base + n : base + lo;
+    }
+    for (uint32_t q = 0; q < nj; q++) {
+        jobs[q].b = b;
+        jobs[q].node = node;
+        jobs[q].job.fn = job_fn;
+    }
+}
+
+/* Cluster mode: reorder idx (and known with it) so that each node's keys
+ * are contiguous; cnt[node] gets their count. A slot the map does not know
+ * goes to the first seed, whose MOVED corrects it. */
+static void group_by_node(struct resp_engine *e, kvt_l2_task *t, uint32_t *idx, uint32_t *known,
+                          uint32_t n, uint32_t *cnt)
+{
+    uint16_t *nd = kvt_xmalloc(n * sizeof(uint16_t));
+    char key[KEY_MAX];
+    for (uint32_t j = 0; j < n; j++) {
+        int kl = kvt_resp_wire_key(e, &t->keys[idx[j]], key);
+        int o = kl > 0 ? kvt_resp_cl_node_of(e, key, (size_t)kl) : -1;
+        nd[j] = (uint16_t)(o < 0 ? 0 : o);
+        cnt[nd[j]]++;
+    }
+    uint32_t pos[CL_MAX_NODES], at = 0;
+    for (int q = 0; q < CL_MAX_NODES; q++) {
+        pos[q] = at;
+        at += cnt[q];
+    }
+    uint32_t *i2 = kvt_xmalloc(n * sizeof(uint32_t)), *k2 = NULL;
+    if (known)
+        k2 = kvt_xmalloc(n * sizeof(uint32_t));
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t p = pos[nd[j]]++;
+        i2[p] = idx[j];
+        if (known)
+            k2[p] = known[j];
+    }
+    memcpy(idx, i2, n * sizeof(uint32_t));
+    if (known)
+        memcpy(known, k2, n * sizeof(uint32_t));
+    free(i2);
+    free(k2);
+    free(nd);
+}
+
 /*
- * Split the keys idx[0..n) into jobs: one job (one connection, one round
- * trip) unless the batch moves more than RESP_SPLIT_BYTES, then up to
- * num_workers jobs of about equal bytes.
+ * Split the keys idx[0..n) into jobs (jobs_for); in cluster mode first by
+ * node: each node's keys are pipelined on that node's connection, the
+ * nodes in parallel.
  */
 static void dispatch(kvt_l2 *l2, struct resp_engine *e, kvt_l2_task *t, uint32_t *idx,
                      uint32_t *known, uint32_t n)
 {
-    uint64_t bytes = 0;
-    if (t->kind != KVT_L2_LOOKUP)
-        for (uint32_t j = 0; j < n; j++)
-            bytes += t->bufs[idx[j]].len;
-    uint32_t nj = 1;
-    if (bytes > RESP_SPLIT_BYTES) {
-        uint64_t want = (bytes + RESP_SPLIT_BYTES - 1) / RESP_SPLIT_BYTES;
-        nj = (uint32_t)KVT_MIN(KVT_MIN(want, (uint64_t)e->nworkers), (uint64_t)n);
+    uint32_t cnt[CL_MAX_NODES] = {0};
+    uint64_t bytes[CL_MAX_NODES] = {0};
+    uint32_t njs[CL_MAX_NODES] = {0};
+    int ngroups = 1;
+    if (e->cluster) {
+        group_by_node(e, t, idx, known, n, cnt);
+        ngroups = CL_MAX_NODES;
+    } else {
+        cnt[0] = n;
+    }
+    uint32_t nj = 0, base = 0;
+    for (int g = 0; g < ngroups; g++) {
+        if (cnt[g] || (g == 0 && n == 0))
+            njs[g] = jobs_for(e, t, idx + base, cnt[g], &bytes[g]);
+        nj += njs[g];
+        base += cnt[g];
     }
     struct resp_batch *b = kvt_xcalloc(1, sizeof(*b) + nj * sizeof(struct resp_job));
     b->l2 = l2;
@@ -709,26 +999,15 @@ static void dispatch(kvt_l2 *l2, struct resp_engine *e, kvt_l2_task *t, uint32_t
     b->idx = idx;
     b->known = known;
     atomic_store(&b->left, nj);
-    uint64_t per = (bytes + nj - 1) / nj, acc = 0;
-    uint32_t lo = 0, k = 0;
-    for (uint32_t j = 0; j < n && k + 1 < nj; j++) {
-        acc += t->bufs[idx[j]].len;
-        if (acc >= per * (k + 1)) {
-            b->jobs[k].lo = lo;
-            b->jobs[k].hi = j + 1;
-            lo = j + 1;
-            k++;
-        }
+    uint32_t q = 0;
+    base = 0;
+    for (int g = 0; g < ngroups; g++) {
+        if (njs[g])
+            fill_jobs(b, b->jobs + q, njs[g], base, cnt[g], bytes[g], g);
+        q += njs[g];
+        base += cnt[g];
     }
-    for (; k < nj; k++) { /* the rest (and empty tails if keys ran out) */
-        b->jobs[k].lo = lo;
-        b->jobs[k].hi = k + 1 == nj ? n : lo;
-    }
-    for (uint32_t q = 0; q < nj; q++) {
-        b->jobs[q].b = b;
-        b->jobs[q].job.fn = job_fn;
-    }
-    for (uint32_t q = 0; q < nj; q++)
+    for (q = 0; q < nj; q++)
         kvt_tpool_push(e->pool, &b->jobs[q].job);
 }
 
@@ -817,7 +1096,8 @@ static int resp_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
     const char *argv[2] = {"UNLINK", key};
     size_t lens[2] = {6, (size_t)kl};
     pthread_mutex_lock(&e->ctl_lock);
-    redisReply *r = ctl_command(l2, e, 2, argv, lens);
+    redisReply *r = e->cluster ? kvt_resp_cl_command(e, key, (size_t)kl, 2, argv, lens)
+                               : ctl_command(l2, e, 2, argv, lens);
     pthread_mutex_unlock(&e->ctl_lock);
     if (!r)
         return -EIO;
@@ -859,6 +1139,22 @@ static void resp_status(kvt_l2 *l2, json_t *out)
                         json_integer((json_int_t)atomic_load(&e->swept)));
     json_object_set_new(out, "command_errors",
                         json_integer((json_int_t)atomic_load(&e->cmd_errors)));
+    json_object_set_new(out, "cluster", json_boolean(e->cluster));
+    if (e->cluster) {
+        pthread_mutex_lock(&e->maplock);
+        int masters = e->nmasters, nodes = e->nnodes;
+        pthread_mutex_unlock(&e->maplock);
+        json_object_set_new(out, "cluster_masters", json_integer(masters));
+        json_object_set_new(out, "cluster_nodes_known", json_integer(nodes));
+        json_object_set_new(out, "cluster_masters_down", json_integer(kvt_resp_cl_down_owners(e)));
+        json_object_set_new(out, "slot_map_refreshes",
+                            json_integer((json_int_t)atomic_load(&e->refreshes)));
+        json_object_set_new(out, "moved_redirects",
+                            json_integer((json_int_t)atomic_load(&e->moved)));
+        json_object_set_new(out, "ask_redirects", json_integer((json_int_t)atomic_load(&e->asked)));
+        json_object_set_new(out, "cluster_errors",
+                            json_integer((json_int_t)atomic_load(&e->cl_errors)));
+    }
 }
 
 static bool resp_healthy(kvt_l2 *l2, char *msg, size_t cap)
@@ -878,10 +1174,43 @@ static bool resp_healthy(kvt_l2 *l2, char *msg, size_t cap)
     return false;
 }
 
+/* Cluster mode: UNLINK every indexed key on its node, one at a time. */
+static void cl_delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
+{
+    uint64_t removed = 0;
+    pthread_mutex_lock(&l2->lock);
+    uint32_t hwm = l2->idx.hwm, n = 0;
+    kvt_key *keys = kvt_xmalloc((hwm ? hwm : 1) * sizeof(kvt_key));
+    for (uint32_t h = 0; h < hwm; h++)
+        if (kvt_l2_obj_state(&l2->idx.objs[h]) != KVT_OBJ_FREE)
+            keys[n++] = l2->idx.objs[h].key;
+    pthread_mutex_unlock(&l2->lock);
+    pthread_mutex_lock(&e->ctl_lock);
+    for (uint32_t i = 0; i < n; i++) {
+        char key[KEY_MAX];
+        int kl = kvt_resp_wire_key(e, &keys[i], key);
+        const char *argv[2] = {"UNLINK", key};
+        size_t lens[2] = {6, (size_t)kl};
+        redisReply *r = kl > 0 ? kvt_resp_cl_command(e, key, (size_t)kl, 2, argv, lens) : NULL;
+        if (r && r->type == REDIS_REPLY_INTEGER)
+            removed += (uint64_t)r->integer;
+        if (r)
+            freeReplyObject(r);
+    }
+    pthread_mutex_unlock(&e->ctl_lock);
+    free(keys);
+    kvt_info("%s: persist_enabled is false: removed %llu keys from the cluster", l2->name,
+             (unsigned long long)removed);
+}
+
 /* persist_enabled false: remove every indexed key from the server. */
 static void delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
 {
     char msg[256];
+    if (e->cluster) {
+        cl_delete_all_indexed(l2, e);
+        return;
+    }
     if (!atomic_load(&e->up) || kvt_resp_conn_ensure(e, &e->ctl, msg, sizeof(msg))) {
         kvt_warn("%s: persist_enabled is false but the server is unreachable: keys stay", l2->name);
         return;
@@ -938,8 +1267,10 @@ static void resp_close(kvt_l2 *l2)
     if (!l2->persist_enabled)
         delete_all_indexed(l2, e);
     kvt_resp_conn_close(&e->ctl);
+    kvt_resp_cl_close(e);
     free(e->ctl.rbuf);
     free(e->ctl.obuf);
+    pthread_mutex_destroy(&e->maplock);
     pthread_mutex_destroy(&e->hlock);
     pthread_cond_destroy(&e->hcond);
     kvt_l2_park_destroy(&e->park);
@@ -968,10 +1299,27 @@ struct kvt_resp_opts {
     double connection_timeout, request_timeout; /* seconds */
     int database_id;
     uint64_t max_capacity_bytes;
+    bool cluster;
+    int nseeds; /* cluster mode: host/port or startup_nodes, then "nodes" */
+    char seed_host[CL_MAX_SEEDS][256];
+    int seed_port[CL_MAX_SEEDS];
 };
 
-/* First "host:port" of a "h:p,h:p" list; fails naming the bad entry. */
-static int parse_nodes(struct kvt_cfg *c, const char *list, struct kvt_resp_opts *o)
+static void add_seed(struct kvt_resp_opts *o, const char *host, int port)
+{
+    for (int i = 0; i < o->nseeds; i++)
+        if (o->seed_port[i] == port && strcmp(o->seed_host[i], host) == 0)
+            return;
+    if (o->nseeds == CL_MAX_SEEDS)
+        return;
+    snprintf(o->seed_host[o->nseeds], sizeof(o->seed_host[0]), "%.255s", host);
+    o->seed_port[o->nseeds++] = port;
+}
+
+/* First "host:port" of a "h:p,h:p" list (every entry is also a cluster
+ * seed); fails naming the bad entry under key. */
+static int parse_nodes(struct kvt_cfg *c, const char *key, const char *list,
+                       struct kvt_resp_opts *o)
 {
     int count = 0;
     const char *p = list;
@@ -990,7 +1338,7 @@ static int parse_nodes(struct kvt_cfg *c, const char *list, struct kvt_resp_opts
             long port = colon ? strtol(colon + 1, &end, 10) : 0;
             if (!colon || colon == a || !end || *end || end == colon + 1 || port < 1 ||
                 port > 65535)
-                return kvt_cfg_fail(c, "startup_nodes",
+                return kvt_cfg_fail(c, key,
                                     "entries must be \"host:port\" with a port in 1..65535 "
                                     "(got \"%s\")",
                                     a);
@@ -999,18 +1347,39 @@ static int parse_nodes(struct kvt_cfg *c, const char *list, struct kvt_resp_opts
                 colon[-1] = 0;
                 a++;
             }
-            if (count++ == 0) {
+            if (count++ == 0 && !o->host) {
                 snprintf(o->node_host, sizeof(o->node_host), "%.255s", a);
                 o->port = (int)port;
             }
+            add_seed(o, a, (int)port);
         }
         p += n;
         if (*p == ',')
             p++;
     }
     if (count == 0)
-        return kvt_cfg_fail(c, "startup_nodes", "must list at least one \"host:port\"");
+        return kvt_cfg_fail(c, key, "must list at least one \"host:port\"");
     o->nnodes = count;
+    return 0;
+}
+
+/* Cluster mode's "nodes": ["h:p", ...], more seeds after host/startup_nodes. */
+static int parse_seed_list(struct kvt_cfg *c, const json_t *v, struct kvt_resp_opts *o)
+{
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return kvt_cfg_fail(c, "nodes", "must be a non-empty list of \"host:port\" strings");
+    size_t i;
+    const json_t *it;
+    json_array_foreach(v, i, it)
+    {
+        if (!json_is_string(it))
+            return kvt_cfg_fail(c, "nodes", "must be a non-empty list of \"host:port\" strings");
+        int keep = o->nnodes;
+        if (parse_nodes(c, "nodes", json_string_value(it), o))
+            return c->rc;
+        o->nnodes = keep;
+    }
+    json_object_set(c->resolved, "nodes", (json_t *)v);
     return 0;
 }
 
@@ -1020,7 +1389,7 @@ static int resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
     const char *nodes = NULL;
     int64_t port = 0, nw = 8, db = 0;
     double ct = 10.0, rt = 5.0, cap = 0;
-    bool cluster = false, tls = false;
+    bool cluster = false, cluster_mode = false, tls = false, replicas = false;
     kvt_cfg_str(c, "host", false, NULL, &o->host);
     kvt_cfg_int(c, "port", false, 6379, 1, 65535, &port);
     kvt_cfg_str(c, "startup_nodes", false, NULL, &nodes);
@@ -1033,7 +1402,10 @@ static int resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
     kvt_cfg_num(c, "connection_timeout", false, 10.0, 0.001, 3600, &ct);
     kvt_cfg_num(c, "request_timeout", false, 5.0, 0.001, 3600, &rt);
     kvt_cfg_int(c, "database_id", false, 0, 0, 1 << 20, &db);
-    kvt_cfg_bool(c, "cluster_mode", false, &cluster);
+    kvt_cfg_bool(c, "cluster", false, &cluster);
+    kvt_cfg_bool(c, "cluster_mode", false, &cluster_mode); /* LMCache's name for it */
+    kvt_cfg_bool(c, "read_from_replicas", false, &replicas);
+    const json_t *seeds = kvt_cfg_raw(c, "nodes");
     kvt_cfg_bool(c, "tls_enable", false, &tls);
     kvt_cfg_num(c, "max_capacity_gb", false, 0, 0, 1e9, &cap);
     if (c->rc)
@@ -1043,10 +1415,18 @@ static int resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
     o->connection_timeout = ct;
     o->request_timeout = rt;
     o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
-    if (cluster)
-        return kvt_cfg_unsupported(c, "cluster_mode",
-                                   "is not supported by this build: kvtier talks to one "
-                                   "standalone Redis/Valkey server (set cluster_mode to false)");
+    o->cluster = cluster || cluster_mode;
+    if (o->cluster && db != 0)
+        return kvt_cfg_fail(c, "database_id",
+                            "must be 0 in cluster mode (Redis Cluster has database 0 only; "
+                            "got %lld)",
+                            (long long)db);
+    if (replicas)
+        return kvt_cfg_unsupported(c, "read_from_replicas",
+                                   "is not supported: cluster mode reads from masters only "
+                                   "(set it to false)");
+    if (seeds && !o->cluster)
+        return kvt_cfg_fail(c, "nodes", "is for cluster mode only (set \"cluster\": true)");
     if (tls)
         return kvt_cfg_unsupported(c, "tls_enable",
                                    "is not supported by this build: Debian's hiredis 0.14 has "
@@ -1061,7 +1441,7 @@ static int resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
                             "is required (a Redis/Valkey address: \"host\" + \"port\", or "
                             "\"startup_nodes\": \"host:port[,host:port...]\")");
     if (nodes) {
-        if (parse_nodes(c, nodes, o))
+        if (parse_nodes(c, "startup_nodes", nodes, o))
             return c->rc;
         o->host = o->node_host;
     } else {
@@ -1069,7 +1449,13 @@ static int resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
             return kvt_cfg_fail(c, "host", "must not be empty");
         o->port = (int)port;
         o->nnodes = 1;
+        add_seed(o, o->host, o->port);
     }
+    if (o->cluster && (strncmp(o->host, "unix://", 7) == 0 || o->host[0] == '/'))
+        return kvt_cfg_fail(c, "host", "must be a TCP address in cluster mode (got \"%s\")",
+                            o->host);
+    if (seeds && parse_seed_list(c, seeds, o))
+        return c->rc;
     if (strchr(o->key_prefix, '@'))
         return kvt_cfg_fail(c, "key_prefix", "must not contain '@' (got \"%s\")", o->key_prefix);
     if (strlen(o->key_prefix) > 128)
@@ -1117,6 +1503,15 @@ static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
     pthread_condattr_destroy(&ca);
     kvt_l2_park_init(&e->park);
     pthread_mutex_init(&e->ctl_lock, NULL);
+    pthread_mutex_init(&e->maplock, NULL);
+    e->cluster = o->cluster;
+    for (unsigned s = 0; s < CL_SLOTS; s++)
+        e->slots[s] = CL_NO_NODE;
+    for (int i = 0; i < o->nseeds && e->cluster; i++)
+        kvt_resp_cl_node_add(e, o->seed_host[i], o->seed_port[i]);
+    e->nseeds = e->nnodes;
+    for (int i = 0; i < CL_MAX_NODES; i++)
+        e->ctl_nodes[i].node = i;
     const char *host = o->host;
     if (strncmp(host, "unix://", 7) == 0) {
         host += 7;
@@ -1128,6 +1523,11 @@ static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
     e->port = o->port;
     if (e->unix_sock)
         snprintf(e->endpoint, sizeof(e->endpoint), "unix:%s", e->host);
+    else if (e->cluster && e->nseeds > 1)
+        snprintf(e->endpoint, sizeof(e->endpoint), "cluster %s:%d (+%d seeds)", e->host, e->port,
+                 e->nseeds - 1);
+    else if (e->cluster)
+        snprintf(e->endpoint, sizeof(e->endpoint), "cluster %s:%d", e->host, e->port);
     else
         snprintf(e->endpoint, sizeof(e->endpoint), "%s:%d", e->host, e->port);
     /* LMCache's environment overrides for credentials (never in the config) */
@@ -1148,7 +1548,7 @@ static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
     e->park.parking = l2->cap_bytes > 0;
     l2->engine = e;
     l2->recovering = true;
-    if (o->nnodes > 1)
+    if (o->nnodes > 1 && !e->cluster)
         kvt_warn("%s: startup_nodes lists %d servers; standalone mode uses the first (%s)",
                  l2->name, o->nnodes, e->endpoint);
 
@@ -1180,6 +1580,7 @@ static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
 fail:
     if (e->pool)
         kvt_tpool_destroy(e->pool);
+    pthread_mutex_destroy(&e->maplock);
     free(e->ctl.rbuf);
     free(e->ctl.obuf);
     free(e);

@@ -28,6 +28,12 @@
 #define F_LEN_KNOWN 0x80             /* index flags: logical length known */
 #define F_GEN 0x7f                   /* index flags: scan generation */
 #define KEY_MAX (KVT_NAME_MAX + 160)
+#define CL_SLOTS 16384     /* Redis Cluster hash slots */
+#define CL_MAX_NODES 64    /* cluster nodes ever seen (seeds + masters), append-only */
+#define CL_NO_NODE 0xffff  /* slot owner not known */
+#define CL_MAX_REDIRECTS 5 /* MOVED/ASK hops per key and batch */
+#define CL_MAX_SEEDS 16
+#define CL_REFRESH_GAP_NS 200000000ull /* at most 5 slot-map refreshes a second */
 
 /* One connection with its raw reply reader. Owned by one thread. */
 struct conn {
@@ -37,6 +43,14 @@ struct conn {
     char *obuf;     /* OBUF_CAP: data commands are written through it */
     size_t rpos, rlen;
     bool used; /* has completed a command since it was opened */
+    int node;  /* cluster mode: index in e->nodes to connect to (0: the first seed) */
+};
+
+/* A cluster node's address. Written once before nnodes counts it, never
+ * changed after: readers copy it under maplock. */
+struct cl_node {
+    char host[256];
+    int port;
 };
 
 struct resp_engine {
@@ -74,6 +88,19 @@ struct resp_engine {
     struct conn ctl;
 
     _Atomic uint64_t round_trips, reconnects, disconnects, foreign, swept, cmd_errors;
+
+    /* Redis Cluster (resp_cluster.c); cluster false: none of this is used */
+    bool cluster;
+    pthread_mutex_t maplock;            /* guards nodes, nnodes, slots, nmasters (a leaf lock) */
+    struct cl_node nodes[CL_MAX_NODES]; /* [0..nseeds) the configured seeds */
+    int nnodes, nseeds;
+    uint16_t slots[CL_SLOTS]; /* slot -> index in nodes, CL_NO_NODE: unknown */
+    int nmasters;
+    uint64_t node_down_ns[CL_MAX_NODES]; /* maplock: when a connection to it failed, 0: fine */
+    bool refresh_needed;                 /* hlock: the monitor re-reads CLUSTER SLOTS */
+    uint64_t next_refresh_ns;            /* hlock */
+    struct conn ctl_nodes[CL_MAX_NODES]; /* ctl_lock: remove's connections per node */
+    _Atomic uint64_t refreshes, moved, asked, cl_errors;
 };
 
 /* Growable command buffer for small commands. */
@@ -104,6 +131,27 @@ int kvt_resp_rd_reply(struct conn *cn, int *type, long long *num, char *err, siz
 int kvt_resp_rd_bytes(struct conn *cn, void *dst, size_t n);
 int kvt_resp_rd_crlf(struct conn *cn);
 bool kvt_resp_is_transport(int rc);
+
+/* resp_cluster.c: slot map, redirects, per-node control commands */
+unsigned kvt_resp_cl_slot(const char *key, size_t len);
+int kvt_resp_cl_node_add(struct resp_engine *e, const char *host, int port);
+int kvt_resp_cl_node_of(struct resp_engine *e, const char *key, size_t len);
+void kvt_resp_cl_addr(struct resp_engine *e, int node, char *host, size_t cap, int *port);
+int kvt_resp_cl_masters(struct resp_engine *e, int *out, int max);
+void kvt_resp_cl_want_refresh(struct resp_engine *e);
+/* A connection to node failed (down: true) or opened (false). */
+void kvt_resp_cl_node_state(struct resp_engine *e, int node, bool down);
+/* How many slot owners are marked down (slots nobody can serve yet). */
+int kvt_resp_cl_down_owners(struct resp_engine *e);
+/* An error reply on a data command: 1 MOVED/ASK (*node, *ask set), 2 a
+ * transient cluster error (CLUSTERDOWN, TRYAGAIN, ...), 0 anything else. */
+int kvt_resp_cl_error(struct resp_engine *e, const char *err, int *node, bool *ask);
+int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, char *msg, size_t cap);
+/* One command about key on its node's control connection, following
+ * redirects; call with e->ctl_lock held. NULL: no reply. */
+redisReply *kvt_resp_cl_command(struct resp_engine *e, const char *key, size_t kl, int argc,
+                                const char **argv, const size_t *lens);
+void kvt_resp_cl_close(struct resp_engine *e);
 
 /* resp_mon.c: health and the monitor thread */
 void kvt_resp_set_err(struct resp_engine *e, const char *fmt, ...)

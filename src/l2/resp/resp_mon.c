@@ -77,11 +77,15 @@ static void info_field(const char *info, const char *field, char *out, size_t ca
 /*
  * Probe: connect, authenticate, INFO server. On success the adapter is up;
  * a changed run_id means the server restarted: reconcile with a new scan.
+ * Cluster mode: the slot map from the first node that answers (a master
+ * that restarts comes back as a replica of its successor, which kept the
+ * data: no reconcile).
  */
 int kvt_resp_probe(kvt_l2 *l2, struct resp_engine *e, struct conn *mon)
 {
     char msg[256];
-    int rc = kvt_resp_conn_open(e, mon, msg, sizeof(msg));
+    int rc = e->cluster ? kvt_resp_cl_refresh(l2, e, mon, msg, sizeof(msg))
+                        : kvt_resp_conn_open(e, mon, msg, sizeof(msg));
     redisReply *r = NULL;
     if (!rc) {
         r = redisCommand(mon->c, "INFO server");
@@ -109,7 +113,7 @@ int kvt_resp_probe(kvt_l2 *l2, struct resp_engine *e, struct conn *mon)
     if (!ver[0])
         info_field(r->str, "redis_version", ver, sizeof(ver));
     freeReplyObject(r);
-    bool restarted = e->run_id[0] && strcmp(run_id, e->run_id) != 0;
+    bool restarted = !e->cluster && e->run_id[0] && strcmp(run_id, e->run_id) != 0;
     double down_s = e->down_since_ns ? (double)(now - e->down_since_ns) / 1e9 : 0;
     bool was_down = e->down_since_ns != 0;
     snprintf(e->run_id, sizeof(e->run_id), "%s", run_id);
@@ -226,6 +230,40 @@ static uint64_t sweep_unseen(kvt_l2 *l2, unsigned gen)
     return total;
 }
 
+/* SCAN one connection's server for pattern, adopting what it holds. */
+static int scan_conn(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, const char *pattern,
+                     size_t pl, unsigned gen, uint64_t *objs, uint64_t *bytes, char *msg,
+                     size_t cap)
+{
+    char cursor[32] = "0";
+    int rc = 0;
+    do {
+        pthread_mutex_lock(&e->hlock);
+        bool stop = e->stop;
+        pthread_mutex_unlock(&e->hlock);
+        if (stop || !atomic_load(&e->up)) {
+            rc = -ECANCELED;
+            break;
+        }
+        redisReply *r = redisCommand(mon->c, "SCAN %s MATCH %b COUNT 1000", cursor, pattern, pl);
+        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
+            snprintf(msg, cap, "SCAN: %s",
+                     r && r->type == REDIS_REPLY_ERROR ? r->str : mon->c->errstr);
+            if (r)
+                freeReplyObject(r);
+            rc = -EIO;
+            break;
+        }
+        snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
+        rc = scan_page(l2, e, mon, r->element[1], gen, objs, bytes);
+        if (rc)
+            snprintf(msg, cap, "SCAN: %s", mon->c->errstr[0] ? mon->c->errstr : "connection lost");
+        freeReplyObject(r);
+    } while (!rc && strcmp(cursor, "0") != 0);
+    return rc;
+}
+
 /*
  * SCAN the prefix: restore accounting (first scan) or reconcile it (after a
  * server restart). Runs on the monitor thread with its own connection,
@@ -250,32 +288,22 @@ static int scan_all(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, bool sw
     unsigned gen = atomic_load(&e->gen) % F_GEN + 1;
     atomic_store(&e->gen, gen);
     uint64_t t0 = kvt_now_ns(), objs = 0, bytes = 0;
-    char cursor[32] = "0";
     int rc = 0;
-    do {
-        pthread_mutex_lock(&e->hlock);
-        bool stop = e->stop;
-        pthread_mutex_unlock(&e->hlock);
-        if (stop || !atomic_load(&e->up)) {
-            rc = -ECANCELED;
-            break;
+    if (!e->cluster) {
+        rc = scan_conn(l2, e, mon, pattern, pl, gen, &objs, &bytes, msg, cap);
+    } else {
+        /* every master holds its slots' keys: SCAN each one in turn */
+        int masters[CL_MAX_NODES];
+        int nm = kvt_resp_cl_masters(e, masters, CL_MAX_NODES);
+        for (int m = 0; m < nm && !rc; m++) {
+            mon->node = masters[m];
+            rc = kvt_resp_conn_open(e, mon, msg, cap) ? -EIO : 0;
+            if (!rc)
+                rc = scan_conn(l2, e, mon, pattern, pl, gen, &objs, &bytes, msg, cap);
         }
-        redisReply *r = redisCommand(mon->c, "SCAN %s MATCH %b COUNT 1000", cursor, pattern, pl);
-        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-            r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
-            snprintf(msg, cap, "SCAN: %s",
-                     r && r->type == REDIS_REPLY_ERROR ? r->str : mon->c->errstr);
-            if (r)
-                freeReplyObject(r);
-            rc = -EIO;
-            break;
-        }
-        snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
-        rc = scan_page(l2, e, mon, r->element[1], gen, &objs, &bytes);
-        if (rc)
-            snprintf(msg, cap, "SCAN: %s", mon->c->errstr[0] ? mon->c->errstr : "connection lost");
-        freeReplyObject(r);
-    } while (!rc && strcmp(cursor, "0") != 0);
+        if (rc == -EIO)
+            kvt_resp_cl_want_refresh(e);
+    }
     if (rc) {
         kvt_resp_conn_close(mon);
         return rc;
@@ -318,12 +346,18 @@ void *kvt_resp_monitor_main(void *arg)
     struct conn mon = {0};
     for (;;) {
         pthread_mutex_lock(&e->hlock);
-        bool do_probe = false, do_scan = false, sweep = false;
+        bool do_probe = false, do_scan = false, sweep = false, do_refresh = false;
         while (!e->stop) {
             bool up = atomic_load(&e->up);
             uint64_t now = kvt_now_ns();
             if (!up && now >= e->next_probe_ns) {
                 do_probe = true;
+                break;
+            }
+            bool want_refresh = up && e->cluster && e->refresh_needed;
+            if (want_refresh && now >= e->next_refresh_ns) {
+                do_refresh = true;
+                e->refresh_needed = false;
                 break;
             }
             if (up && e->scan_needed) {
@@ -332,8 +366,8 @@ void *kvt_resp_monitor_main(void *arg)
                 e->scan_running = true;
                 break;
             }
-            if (!up) {
-                uint64_t until = e->next_probe_ns;
+            if (!up || want_refresh) {
+                uint64_t until = !up ? e->next_probe_ns : e->next_refresh_ns;
                 struct timespec ts;
                 clock_gettime(CLOCK_MONOTONIC, &ts);
                 uint64_t d = until - now;
@@ -354,6 +388,18 @@ void *kvt_resp_monitor_main(void *arg)
             break;
         if (do_probe) {
             kvt_resp_probe(l2, e, &mon);
+            continue;
+        }
+        if (do_refresh) {
+            /* a MOVED, a failed node or a cluster error: re-read the map;
+             * no node answering at all takes the adapter down */
+            char msg[256];
+            int rc = kvt_resp_cl_refresh(l2, e, &mon, msg, sizeof(msg));
+            pthread_mutex_lock(&e->hlock);
+            e->next_refresh_ns = kvt_now_ns() + CL_REFRESH_GAP_NS;
+            pthread_mutex_unlock(&e->hlock);
+            if (rc)
+                kvt_resp_mark_down(l2, e, msg);
             continue;
         }
         if (do_scan) {

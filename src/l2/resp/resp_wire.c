@@ -51,14 +51,22 @@ int kvt_resp_conn_open(struct resp_engine *e, struct conn *cn, char *msg, size_t
 {
     kvt_resp_conn_close(cn);
     unsigned epoch = atomic_load(&e->epoch);
-    redisContext *c = e->unix_sock ? redisConnectUnixWithTimeout(e->host, e->conn_tv)
-                                   : redisConnectWithTimeout(e->host, e->port, e->conn_tv);
+    char host[256];
+    int port = e->port;
+    snprintf(host, sizeof(host), "%s", e->host);
+    if (e->cluster) /* the node this connection is for (nodes[0]: the first seed) */
+        kvt_resp_cl_addr(e, cn->node, host, sizeof(host), &port);
+    redisContext *c = e->unix_sock ? redisConnectUnixWithTimeout(host, e->conn_tv)
+                                   : redisConnectWithTimeout(host, port, e->conn_tv);
     if (!c) {
         snprintf(msg, cap, "connect: out of memory");
         return -ENOMEM;
     }
     if (c->err) {
-        snprintf(msg, cap, "connect: %s", c->errstr);
+        if (e->cluster)
+            snprintf(msg, cap, "connect %s:%d: %s", host, port, c->errstr);
+        else
+            snprintf(msg, cap, "connect: %s", c->errstr);
         redisFree(c);
         return -ECONNREFUSED;
     }

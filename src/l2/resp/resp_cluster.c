@@ -1,0 +1,351 @@
+/*
+ * resp adapter: Redis Cluster mode (see resp.c and docs/remote-tiers.md).
+ *
+ * The slot map: CRC16 (XMODEM) of a key, or of its {hash tag}, mod 16384
+ * names a slot; CLUSTER SLOTS on any node says which master owns each slot.
+ * Nodes live in an append-only table (e->nodes, at most CL_MAX_NODES): a
+ * node index stays valid for good, so workers keep one connection per index
+ * and a map refresh only rewrites slots[]. The first entries are the
+ * configured seeds.
+ *
+ * Redirects: MOVED updates the one slot at once and asks the monitor for a
+ * full refresh; ASK sends ASKING + the command to the named node once and
+ * leaves the map alone. CLUSTERDOWN, TRYAGAIN and the like fail the key
+ * (a miss, a failed store) and ask for a refresh.
+ *
+ * Locks: e->maplock (a leaf) guards the node table and the map; the
+ * control connections per node are guarded by e->ctl_lock.
+ */
+#include "common/log.h"
+#include "common/util.h"
+#include "kvtier/error.h"
+#include "l2/resp/resp_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------- slots */
+
+/* CRC16-CCITT (XMODEM: poly 0x1021, init 0), as the Redis Cluster spec. */
+static uint16_t crc16(const char *buf, size_t len)
+{
+    uint16_t crc = 0;
+    for (size_t i = 0; i < len; i++) {
+        crc ^= (uint16_t)((uint8_t)buf[i] << 8);
+        for (int b = 0; b < 8; b++)
+            crc = crc & 0x8000 ? (uint16_t)((crc << 1) ^ 0x1021) : (uint16_t)(crc << 1);
+    }
+    return crc;
+}
+
+/* The key's slot: only the part between the first '{' and the next '}'
+ * is hashed when that part is not empty (hash tags). */
+unsigned kvt_resp_cl_slot(const char *key, size_t len)
+{
+    const char *o = memchr(key, '{', len);
+    if (o) {
+        size_t rest = len - (size_t)(o + 1 - key);
+        const char *c = memchr(o + 1, '}', rest);
+        if (c && c > o + 1)
+            return crc16(o + 1, (size_t)(c - o - 1)) & (CL_SLOTS - 1);
+    }
+    return crc16(key, len) & (CL_SLOTS - 1);
+}
+
+/* ------------------------------------------------------------- nodes */
+
+static int node_add_locked(struct resp_engine *e, const char *host, int port)
+{
+    for (int i = 0; i < e->nnodes; i++)
+        if (e->nodes[i].port == port && strcmp(e->nodes[i].host, host) == 0)
+            return i;
+    if (e->nnodes == CL_MAX_NODES)
+        return -1;
+    struct cl_node *n = &e->nodes[e->nnodes];
+    snprintf(n->host, sizeof(n->host), "%s", host);
+    n->port = port;
+    return e->nnodes++;
+}
+
+/* Index of host:port in the node table, appended when new; -1: full. */
+int kvt_resp_cl_node_add(struct resp_engine *e, const char *host, int port)
+{
+    pthread_mutex_lock(&e->maplock);
+    int i = node_add_locked(e, host, port);
+    pthread_mutex_unlock(&e->maplock);
+    return i;
+}
+
+/* The node that owns key's slot, or -1 when the map does not know. */
+int kvt_resp_cl_node_of(struct resp_engine *e, const char *key, size_t len)
+{
+    unsigned s = kvt_resp_cl_slot(key, len);
+    pthread_mutex_lock(&e->maplock);
+    int n = e->slots[s] == CL_NO_NODE ? -1 : e->slots[s];
+    pthread_mutex_unlock(&e->maplock);
+    return n;
+}
+
+void kvt_resp_cl_addr(struct resp_engine *e, int node, char *host, size_t cap, int *port)
+{
+    pthread_mutex_lock(&e->maplock);
+    if (node >= 0 && node < e->nnodes) {
+        snprintf(host, cap, "%s", e->nodes[node].host);
+        *port = e->nodes[node].port;
+    }
+    pthread_mutex_unlock(&e->maplock);
+}
+
+/* The distinct slot owners (masters), at most max; returns their count. */
+int kvt_resp_cl_masters(struct resp_engine *e, int *out, int max)
+{
+    bool seen[CL_MAX_NODES] = {false};
+    int n = 0;
+    pthread_mutex_lock(&e->maplock);
+    for (unsigned s = 0; s < CL_SLOTS; s++) {
+        uint16_t o = e->slots[s];
+        if (o != CL_NO_NODE && !seen[o] && n < max) {
+            seen[o] = true;
+            out[n++] = o;
+        }
+    }
+    pthread_mutex_unlock(&e->maplock);
+    return n;
+}
+
+void kvt_resp_cl_node_state(struct resp_engine *e, int node, bool down)
+{
+    pthread_mutex_lock(&e->maplock);
+    e->node_down_ns[node] = down ? kvt_now_ns() : 0;
+    pthread_mutex_unlock(&e->maplock);
+    if (down)
+        kvt_resp_cl_want_refresh(e);
+}
+
+static int down_owners_locked(struct resp_engine *e)
+{
+    bool seen[CL_MAX_NODES] = {false};
+    int n = 0;
+    for (unsigned s = 0; s < CL_SLOTS; s++) {
+        uint16_t o = e->slots[s];
+        if (o != CL_NO_NODE && !seen[o]) {
+            seen[o] = true;
+            n += e->node_down_ns[o] != 0;
+        }
+    }
+    return n;
+}
+
+int kvt_resp_cl_down_owners(struct resp_engine *e)
+{
+    pthread_mutex_lock(&e->maplock);
+    int n = down_owners_locked(e);
+    pthread_mutex_unlock(&e->maplock);
+    return n;
+}
+
+void kvt_resp_cl_want_refresh(struct resp_engine *e)
+{
+    pthread_mutex_lock(&e->hlock);
+    if (!e->refresh_needed) {
+        e->refresh_needed = true;
+        pthread_cond_broadcast(&e->hcond);
+    }
+    pthread_mutex_unlock(&e->hlock);
+}
+
+/* ---------------------------------------------------------- redirects */
+
+int kvt_resp_cl_error(struct resp_engine *e, const char *err, int *node, bool *ask)
+{
+    bool moved = strncmp(err, "MOVED ", 6) == 0;
+    *ask = strncmp(err, "ASK ", 4) == 0;
+    if (moved || *ask) {
+        /* "MOVED <slot> <host>:<port>" (an empty host: the node asked; we
+         * take the first seed's, all nodes of a test cluster share it) */
+        const char *p = err + (moved ? 6 : 4);
+        char *end;
+        long slot = strtol(p, &end, 10);
+        const char *addr = end + (*end == ' ');
+        const char *colon = strrchr(addr, ':');
+        long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+        if (slot < 0 || slot >= CL_SLOTS || !colon || port < 1 || port > 65535)
+            return 0;
+        char host[256];
+        if (colon == addr)
+            snprintf(host, sizeof(host), "%s", e->nodes[0].host); /* seeds never change */
+        else
+            snprintf(host, sizeof(host), "%.*s", (int)KVT_MIN((size_t)(colon - addr), 255), addr);
+        pthread_mutex_lock(&e->maplock);
+        int n = node_add_locked(e, host, (int)port);
+        if (n >= 0 && moved)
+            e->slots[slot] = (uint16_t)n;
+        pthread_mutex_unlock(&e->maplock);
+        if (n < 0)
+            return 2;
+        *node = n;
+        if (moved) {
+            atomic_fetch_add(&e->moved, 1);
+            kvt_resp_cl_want_refresh(e);
+        } else {
+            atomic_fetch_add(&e->asked, 1);
+        }
+        return 1;
+    }
+    if (strncmp(err, "CLUSTERDOWN", 11) == 0 || strncmp(err, "TRYAGAIN", 8) == 0 ||
+        strncmp(err, "LOADING", 7) == 0 || strncmp(err, "MASTERDOWN", 10) == 0 ||
+        strncmp(err, "READONLY", 8) == 0) {
+        atomic_fetch_add(&e->cl_errors, 1);
+        kvt_resp_cl_want_refresh(e);
+        return 2;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ refresh */
+
+/* Parse a CLUSTER SLOTS reply into slots (node indices); the owners'
+ * addresses are added to the node table. An empty host: the node asked. */
+static int parse_slots(struct resp_engine *e, const redisReply *r, int asked, uint16_t *slots,
+                       int *nmasters)
+{
+    if (r->type != REDIS_REPLY_ARRAY)
+        return -EPROTO;
+    for (unsigned s = 0; s < CL_SLOTS; s++)
+        slots[s] = CL_NO_NODE;
+    bool seen[CL_MAX_NODES] = {false};
+    int masters = 0;
+    pthread_mutex_lock(&e->maplock);
+    char asked_host[256];
+    snprintf(asked_host, sizeof(asked_host), "%s", e->nodes[asked].host);
+    for (size_t i = 0; i < r->elements; i++) {
+        const redisReply *ent = r->element[i];
+        if (ent->type != REDIS_REPLY_ARRAY || ent->elements < 3 ||
+            ent->element[0]->type != REDIS_REPLY_INTEGER ||
+            ent->element[1]->type != REDIS_REPLY_INTEGER ||
+            ent->element[2]->type != REDIS_REPLY_ARRAY || ent->element[2]->elements < 2)
+            continue;
+        long long lo = ent->element[0]->integer, hi = ent->element[1]->integer;
+        const redisReply *m = ent->element[2];
+        if (m->element[0]->type != REDIS_REPLY_STRING || m->element[1]->type != REDIS_REPLY_INTEGER)
+            continue;
+        const char *host = m->element[0]->len ? m->element[0]->str : asked_host;
+        int n = node_add_locked(e, host, (int)m->element[1]->integer);
+        if (n < 0 || lo < 0 || hi >= CL_SLOTS || lo > hi)
+            continue;
+        if (!seen[n]) {
+            seen[n] = true;
+            masters++;
+        }
+        for (long long s = lo; s <= hi; s++)
+            slots[s] = (uint16_t)n;
+    }
+    pthread_mutex_unlock(&e->maplock);
+    *nmasters = masters;
+    return masters ? 0 : -ENOENT;
+}
+
+/*
+ * Read the slot map with CLUSTER SLOTS from the first node that answers:
+ * the seeds first, then every node seen since. On success mon stays
+ * connected to that node. Runs on the monitor thread (and at open).
+ */
+int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, char *msg, size_t cap)
+{
+    uint16_t *slots = kvt_xmalloc(CL_SLOTS * sizeof(uint16_t));
+    pthread_mutex_lock(&e->maplock);
+    int count = e->nnodes;
+    pthread_mutex_unlock(&e->maplock);
+    int rc = -ENOENT;
+    snprintf(msg, cap, "no cluster node answered");
+    for (int i = 0; i < count; i++) {
+        mon->node = i;
+        char why[256];
+        rc = kvt_resp_conn_open(e, mon, why, sizeof(why));
+        if (rc) {
+            snprintf(msg, cap, "%s", why);
+            continue;
+        }
+        redisReply *r = redisCommand(mon->c, "CLUSTER SLOTS");
+        int nm = 0;
+        if (!r) {
+            snprintf(msg, cap, "CLUSTER SLOTS: %s", mon->c->errstr);
+            rc = -EIO;
+        } else if (r->type == REDIS_REPLY_ERROR) {
+            snprintf(msg, cap, "CLUSTER SLOTS: %s", r->str); /* e.g. not a cluster node */
+            rc = KVT_E_UNHEALTHY;
+        } else if ((rc = parse_slots(e, r, i, slots, &nm))) {
+            snprintf(msg, cap, "CLUSTER SLOTS: no slot is served");
+        }
+        if (r)
+            freeReplyObject(r);
+        if (rc) {
+            kvt_resp_conn_close(mon);
+            continue;
+        }
+        pthread_mutex_lock(&e->maplock);
+        memcpy(e->slots, slots, CL_SLOTS * sizeof(uint16_t));
+        bool changed = e->nmasters != nm;
+        e->nmasters = nm;
+        e->node_down_ns[i] = 0; /* it answered */
+        int down = down_owners_locked(e);
+        pthread_mutex_unlock(&e->maplock);
+        /* a master that failed still owns slots: its replica has not taken
+         * over yet; read the map again shortly until one has */
+        if (down)
+            kvt_resp_cl_want_refresh(e);
+        atomic_fetch_add(&e->refreshes, 1);
+        if (changed)
+            kvt_info("%s: cluster slot map: %d masters", l2->name, nm);
+        break;
+    }
+    free(slots);
+    return rc;
+}
+
+/* ------------------------------------------------------- control path */
+
+redisReply *kvt_resp_cl_command(struct resp_engine *e, const char *key, size_t kl, int argc,
+                                const char **argv, const size_t *lens)
+{
+    int node = kvt_resp_cl_node_of(e, key, kl);
+    bool ask = false;
+    if (node < 0)
+        node = 0;
+    for (int hop = 0; hop <= CL_MAX_REDIRECTS; hop++) {
+        struct conn *cn = &e->ctl_nodes[node];
+        char msg[256];
+        if (cn->node != node)
+            kvt_resp_conn_close(cn);
+        cn->node = node;
+        if (kvt_resp_conn_ensure(e, cn, msg, sizeof(msg))) {
+            kvt_resp_cl_want_refresh(e);
+            return NULL;
+        }
+        if (ask) {
+            redisReply *a = redisCommand(cn->c, "ASKING");
+            if (a)
+                freeReplyObject(a);
+        }
+        redisReply *r = redisCommandArgv(cn->c, argc, argv, lens);
+        if (!r) {
+            kvt_resp_conn_close(cn);
+            kvt_resp_cl_want_refresh(e);
+            return NULL;
+        }
+        int to;
+        if (r->type != REDIS_REPLY_ERROR || kvt_resp_cl_error(e, r->str, &to, &ask) != 1)
+            return r;
+        freeReplyObject(r);
+        node = to;
+    }
+    return NULL;
+}
+
+void kvt_resp_cl_close(struct resp_engine *e)
+{
+    for (int i = 0; i < CL_MAX_NODES; i++)
+        kvt_resp_conn_close(&e->ctl_nodes[i]);
+}

@@ -1,0 +1,361 @@
+"""resp adapter in Redis Cluster mode ("cluster": true) against a real
+6-node cluster (3 masters, 3 replicas) that this module starts once on
+loopback: keys spread over every master, a master SIGKILLed under load
+(failover), a reshard under load (MOVED/ASK), the cap and the start-up
+scan across all masters, and config errors."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import keys_for, l2_status, random_payloads, run_kvtier, wait_for
+from test_resp import Redis
+
+REDIS = shutil.which("redis-server")
+CLI = shutil.which("redis-cli")
+pytestmark = pytest.mark.skipif(REDIS is None or CLI is None,
+                                reason="redis-server / redis-cli are not installed")
+KiB = 1 << 10
+MiB = 1 << 20
+HDR = 512
+
+
+def _bindable(port):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def cluster_ports(n):
+    """n ports whose cluster bus ports (+10000) are free too."""
+    r = random.Random(os.getpid() ^ int(time.time()))
+    out = []
+    while len(out) < n:
+        p = r.randrange(20000, 45000)
+        if p not in out and _bindable(p) and _bindable(p + 10000):
+            out.append(p)
+    return out
+
+
+class Node(Redis):
+    """One cluster-enabled redis-server."""
+
+    def __init__(self, workdir, port):
+        super().__init__(workdir)
+        self.port = port
+
+    def start(self):
+        args = [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", "2000",
+                "--cluster-replica-validity-factor", "0", "--save", "", "--appendonly", "no",
+                "--protected-mode", "no", "--loglevel", "warning"]
+        self.log = open(os.path.join(self.dir, "redis.log"), "ab")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("redis-server on %d exited" % self.port)
+            try:
+                if self.cmd("PING") == b"PONG":
+                    return self
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server on %d did not answer" % self.port)
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def cluster_info(self):
+        out = {}
+        r = self.cmd("CLUSTER", "INFO")
+        if isinstance(r, Exception):  # e.g. LOADING after a restart
+            raise r
+        for ln in r.decode().splitlines():
+            if ":" in ln:
+                k, v = ln.split(":", 1)
+                out[k] = v.strip()
+        return out
+
+    def is_master(self):
+        r = self.cmd("ROLE")
+        if isinstance(r, Exception):
+            raise r
+        return r[0] == b"master"
+
+    def myid(self):
+        return self.cmd("CLUSTER", "MYID").decode()
+
+
+class Cluster:
+    def __init__(self, root):
+        self.replicas_synced = True  # until a master is killed for good
+        self.nodes = []
+        for p in cluster_ports(6):
+            d = root / ("n%d" % p)
+            d.mkdir()
+            self.nodes.append(Node(d, p))
+
+    def start(self):
+        for n in self.nodes:
+            n.start()
+        r = subprocess.run([CLI, "--cluster", "create"] +
+                           ["127.0.0.1:%d" % n.port for n in self.nodes] +
+                           ["--cluster-replicas", "1", "--cluster-yes"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        self.wait_ok()
+        return self
+
+    def wait_ok(self, timeout=30):
+        def ok():
+            try:
+                for n in self.nodes:
+                    if not n.alive():
+                        continue
+                    ci = n.cluster_info()
+                    if ci.get("cluster_state") != "ok" or ci.get("cluster_slots_ok") != "16384":
+                        return False
+                    if self.replicas_synced and not n.is_master() and \
+                            n.info("replication").get("master_link_status") != "up":
+                        return False
+                return len(self.masters()) == 3
+            except (OSError, RuntimeError, IndexError):
+                return False
+        try:
+            wait_for(ok, timeout=timeout, what="cluster_state:ok on every node")
+        except AssertionError:
+            for n in self.nodes:
+                if n.alive():
+                    print(n.port, n.cluster_info(), n.cmd("ROLE"))
+                    print(n.cmd("CLUSTER", "NODES").decode())
+            raise
+
+    def masters(self):
+        return [n for n in self.nodes if n.alive() and n.is_master()]
+
+    def stop(self):
+        for n in self.nodes:
+            n.kill()
+
+    def seed(self):
+        return next(n for n in self.nodes if n.alive())
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("cluster")).start()
+    yield c
+    c.stop()
+
+
+def cl_json(cluster, prefix, **kw):
+    s = cluster.seed()
+    others = [n for n in cluster.nodes if n is not s and n.alive()][:2]
+    spec = dict(type="resp", host="127.0.0.1", port=s.port, cluster=True, key_prefix=prefix,
+                nodes=["127.0.0.1:%d" % n.port for n in others], request_timeout=2.0,
+                connection_timeout=1.0)
+    spec.update(kw)
+    return json.dumps(spec)
+
+
+def keys_on_masters(cluster, prefix):
+    return {m.port: len(m.cmd("KEYS", prefix + "@*")) for m in cluster.masters()}
+
+
+def check_prefix(got, want):
+    """A retrieve's result is a prefix of what was stored, byte for byte."""
+    assert len(got) <= len(want)
+    for i, g in enumerate(got):
+        assert bytes(g) == want[i], "wrong bytes for key %d" % i
+
+
+def test_store_load_spread_over_masters(make_server, cluster):
+    """Many keys over all slots: stored through one kvtier, looked up and
+    loaded through another (its L1 is empty: every byte comes from the
+    cluster), each master holds a share, batches go one pipeline per node."""
+    spec = cl_json(cluster, "spread")
+    s1 = make_server(["--l2-adapter", spec])
+    s2 = make_server(["--l2-adapter", spec])
+    s2.wait_recovered()
+    keys = keys_for("spread", 96)
+    pay = random_payloads(96, 8 * KiB, seed=11)
+    with s1.client() as c:
+        assert c.store(keys, pay) == 96
+        c.flush()
+    a = l2_status(s1)
+    assert a["cluster"] is True and a["cluster_masters"] == 3 and a["slot_map_refreshes"] >= 1
+    assert a["objects"] == 96
+    # one pipelined round trip per master (3), not one per key
+    assert a["round_trips"] <= 6, a["round_trips"]
+    per = keys_on_masters(cluster, "spread")
+    assert sum(per.values()) == 96 and all(v > 0 for v in per.values()), per
+    with s2.client() as c:
+        assert c.lookup(keys) == 96
+        got = c.retrieve(keys)
+    assert len(got) == 96
+    check_prefix(got, pay)
+    assert l2_status(s2)["counters"]["secondary_hits"] == 96
+
+
+def test_cap_and_restart_recovers_from_every_master(make_server, cluster):
+    """The cap holds across the whole cluster; a kvtier restart SCANs every
+    master and recovers the same accounting."""
+    obj = 64 * KiB
+    cap_gb = 40 * (obj + HDR) / (1 << 30)  # room for 40 objects
+    spec = cl_json(cluster, "cap", max_capacity_gb=cap_gb)
+    s = make_server(["--l2-store-policy", "skip_l1", "--l2-adapter", spec])
+    s.wait_recovered()
+    keys = keys_for("cap", 60)
+    pay = random_payloads(60, obj, seed=12)
+    with s.client() as c:
+        c.store(keys, pay)
+        c.flush()
+    a = l2_status(s)
+    assert a["objects"] == 40 and a["used_bytes"] == 40 * (obj + HDR), a
+    assert sum(keys_on_masters(cluster, "cap").values()) == 40
+    assert a["counters"]["store_failed"] == 20
+    s.restart()
+    st = s.wait_recovered()["l2"][0]
+    assert st["objects"] == 40 and st["used_bytes"] == 40 * (obj + HDR), st
+    assert st["recovery"]["objects"] == 40
+    with s.client() as c:  # still full: nothing more goes in
+        c.store(keys_for("cap2", 4), random_payloads(4, obj, seed=13))
+        c.flush()
+    assert l2_status(s)["objects"] == 40
+
+
+def test_bad_config(cluster):
+    base = {"type": "resp", "host": "127.0.0.1", "port": cluster.seed().port, "cluster": True}
+    r = run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(dict(base, database_id=3)))
+    assert r.returncode == 2 and '"database_id" must be 0 in cluster mode' in r.stderr, r.stderr
+    r = run_kvtier("server", "--dry-run", "--l2-adapter",
+                   json.dumps(dict(base, nodes=["nohost"])))
+    assert r.returncode == 2 and '"nodes" entries must be' in r.stderr, r.stderr
+    r = run_kvtier("server", "--dry-run", "--l2-adapter",
+                   json.dumps(dict(base, cluster=False, nodes=["h:1"])))
+    assert r.returncode == 2 and '"nodes" is for cluster mode only' in r.stderr, r.stderr
+    r = run_kvtier("server", "--dry-run", "--l2-adapter",
+                   json.dumps(dict(base, read_from_replicas=True)))
+    assert r.returncode == 2 and '"read_from_replicas"' in r.stderr, r.stderr
+    ok = run_kvtier("server", "--dry-run", "--l2-adapter",
+                    json.dumps(dict(base, nodes=["127.0.0.1:1"])))
+    assert ok.returncode == 0, ok.stderr
+    a = json.loads(ok.stdout)["l2_adapters"][0]
+    assert a["cluster"] is True and a["nodes"] == ["127.0.0.1:1"]
+    assert a["read_from_replicas"] is False
+
+
+def test_unreachable_seeds(make_server, tmp_path):
+    """No seed answers: kvtier serves with the adapter down, as for one
+    unreachable server."""
+    p1, p2 = cluster_ports(2)
+    s = make_server(["--l2-adapter", json.dumps(
+        {"type": "resp", "host": "127.0.0.1", "port": p1, "cluster": True,
+         "nodes": ["127.0.0.1:%d" % p2], "connection_timeout": 0.5})])
+    a = l2_status(s)
+    assert a["is_healthy"] is False and a["connected"] is False
+    assert "not connected" in a["health"]
+
+
+def _store_load_loop(s1, s2, stop, errors, stats, tag):
+    """Store fresh keys through s1, read them back through s2: every byte
+    returned must be right (misses are allowed)."""
+    i = 0
+    try:
+        with s1.client(timeout_ms=20000) as c1, s2.client(timeout_ms=20000) as c2:
+            while not stop.is_set():
+                keys = keys_for("%s%d" % (tag, i), 16, seed=i)
+                pay = random_payloads(16, 16 * KiB, seed=1000 + i)
+                c1.store(keys, pay)
+                c1.flush()
+                got = c2.retrieve(keys)
+                check_prefix(got, pay)
+                stats["loads"] += 1
+                stats["hits"] += len(got)
+                i += 1
+    except Exception as e:  # reported by the test
+        errors.append(e)
+
+
+def _run_loop(make_server, cluster, prefix, tag, action):
+    spec = cl_json(cluster, prefix, num_workers=2)
+    s1 = make_server(["--l2-store-policy", "skip_l1", "--l2-adapter", spec])
+    s2 = make_server(["--l2-adapter", spec])
+    s2.wait_recovered()
+    stop, errors, stats = threading.Event(), [], {"loads": 0, "hits": 0}
+    th = threading.Thread(target=_store_load_loop, args=(s1, s2, stop, errors, stats, tag))
+    th.start()
+    try:
+        wait_for(lambda: stats["loads"] >= 3 or errors, what="the loop to run")
+        action()
+        n0 = stats["loads"]
+        wait_for(lambda: stats["loads"] >= n0 + 5 or errors, timeout=30, what="loads after")
+    finally:
+        stop.set()
+        th.join(timeout=60)
+    assert not errors, errors
+    return s1, s2, stats
+
+
+def test_reshard_under_load(make_server, cluster):
+    """500 slots move between masters while a loop stores and loads: no
+    wrong bytes, the adapter follows MOVED (and ASK while slots migrate)."""
+    def reshard():
+        ms = cluster.masters()
+        src, dst = ms[0], ms[1]
+        r = subprocess.run([CLI, "--cluster", "reshard", "127.0.0.1:%d" % src.port,
+                            "--cluster-from", src.myid(), "--cluster-to", dst.myid(),
+                            "--cluster-slots", "500", "--cluster-yes"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        cluster.wait_ok()
+    s1, s2, stats = _run_loop(make_server, cluster, "rs", "rs", reshard)
+    a1, a2 = l2_status(s1), l2_status(s2)
+    assert a1["moved_redirects"] + a2["moved_redirects"] > 0, (a1, a2)
+    assert a1["is_healthy"] and a2["is_healthy"]
+    assert stats["hits"] > 0
+
+
+def test_master_killed_failover(make_server, cluster):
+    """A master SIGKILLed under load: its replica takes over; loads return
+    the right bytes or miss, never wrong ones, and the adapter is healthy
+    once the cluster is (stores land on the new master)."""
+    victim = {}
+
+    def kill():
+        m = cluster.masters()[0]
+        victim["n"] = m
+        m.proc.send_signal(signal.SIGKILL)
+        m.proc.wait(timeout=30)
+        cluster.replicas_synced = False
+        cluster.wait_ok(timeout=40)
+    s1, s2, stats = _run_loop(make_server, cluster, "fo", "fo", kill)
+    def recovered(s):
+        a = l2_status(s)
+        return a["is_healthy"] and a["cluster_masters_down"] == 0
+    wait_for(lambda: recovered(s1) and recovered(s2), timeout=20, what="healthy after failover")
+    keys = keys_for("fo-after", 32)
+    pay = random_payloads(32, 4 * KiB, seed=77)
+    with s1.client() as c:
+        assert c.store(keys, pay) == 32
+        c.flush()
+    with s2.client() as c:
+        got = c.retrieve(keys)
+    assert len(got) == 32
+    check_prefix(got, pay)
+    assert l2_status(s1)["cluster_masters"] == 3
+    victim["n"].start()  # rejoins as a replica of its successor
+    cluster.replicas_synced = True
+    cluster.wait_ok()
