@@ -1,6 +1,7 @@
 /*
  * Private to the resp adapter (resp.c data path, resp_wire.c connections
- * and the RESP wire, resp_mon.c health, reconnects and scans).
+ * and the RESP wire, resp_mon.c health, reconnects and scans, resp_cfg.c
+ * configuration, resp_cluster.c Redis Cluster slots and redirects).
  */
 #ifndef KVT_RESP_INT_H
 #define KVT_RESP_INT_H
@@ -110,6 +111,28 @@ struct wbuf {
 };
 
 enum { R_STATUS, R_ERROR, R_INT, R_BULK, R_NIL }; /* reply kinds of kvt_resp_rd_reply */
+
+/* Parsed adapter options (resp_cfg.c fills them, resp.c opens with them). */
+struct kvt_resp_opts {
+    const char *host; /* points into the JSON, or at node_host */
+    int port;
+    char node_host[256]; /* first startup_nodes entry */
+    int nnodes;
+    const char *username, *password, *key_prefix;
+    int num_workers;
+    double connection_timeout, request_timeout; /* seconds */
+    int database_id;
+    uint64_t max_capacity_bytes;
+    bool cluster;
+    int nseeds; /* cluster mode: host/port or startup_nodes, then "nodes" */
+    char seed_host[CL_MAX_SEEDS][256];
+    int seed_port[CL_MAX_SEEDS];
+};
+
+struct kvt_cfg;
+/* resp_cfg.c: the adapter descriptors' parse functions */
+int kvt_resp_parse_resp(struct kvt_cfg *c, void *o);
+int kvt_resp_parse_valkey(struct kvt_cfg *c, void *o);
 
 /* resp.c */
 int kvt_resp_wire_key(const struct resp_engine *e, const kvt_key *k, char *out);
