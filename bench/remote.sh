@@ -4,11 +4,13 @@
 #
 #   resp: bench_remote through the resp adapter  vs  redis-benchmark SET/GET
 #         (same Redis, same value size, same number of connections)
+#   resp-cluster: the same through a 3-master Redis Cluster on loopback
+#         ("cluster": true) vs redis-benchmark --cluster
 #   s3:   bench_remote through the s3 adapter    vs  curl --parallel PUT/GET
 #         (same S3 test server, same object size, same number of transfers),
 #         and deletes of DCOUNT (400) 4 KiB objects vs curl --parallel DELETE
 #
-# Usage: bench/remote.sh [resp|s3|all]
+# Usage: bench/remote.sh [resp|resp-cluster|s3|all]
 #   env: ROUNDS (5), COUNT objects per phase (32), SIZE bytes (4194304),
 #        CONC connections / transfers (4), BUILD (build)
 # Throughput counts payload bytes only (the adapter also moves a 512-byte
@@ -87,6 +89,57 @@ EOF
   printf "%-28s %10s %10s %9s\n" "" "kvtier" "redis-bm" "ratio"
   report "store (SET)" "$TMP/rs" "$TMP/bs"
   report "load (GET)" "$TMP/rl" "$TMP/bl"
+}
+
+bench_resp_cluster() {
+  command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null ||
+    { echo "resp-cluster: redis-server / redis-benchmark not installed, skipped"; return; }
+  local ports=() p
+  while [ ${#ports[@]} -lt 3 ]; do # cluster bus ports are +10000
+    p=$((20000 + RANDOM % 25000))
+    (echo >/dev/tcp/127.0.0.1/$p) 2>/dev/null || (echo >/dev/tcp/127.0.0.1/$((p + 10000))) 2>/dev/null ||
+      ports+=("$p")
+  done
+  for p in "${ports[@]}"; do
+    mkdir -p "$TMP/c$p"
+    redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file nodes.conf \
+      --save '' --appendonly no --dir "$TMP/c$p" --loglevel warning >"$TMP/c$p/redis.log" 2>&1 &
+    PIDS+=($!)
+  done
+  for p in "${ports[@]}"; do
+    for _ in $(seq 100); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  done
+  redis-cli --cluster create "${ports[@]/#/127.0.0.1:}" --cluster-replicas 0 --cluster-yes >/dev/null
+  for _ in $(seq 200); do
+    redis-cli -p "${ports[0]}" cluster info | grep -q 'cluster_state:ok' && break; sleep 0.05
+  done
+  local spec="{\"type\":\"resp\",\"cluster\":true,\"host\":\"127.0.0.1\",\"port\":${ports[0]},\"key_prefix\":\"bench\",\"num_workers\":$CONC}"
+  flush() { for p in "${ports[@]}"; do redis-cli -p "$p" flushall >/dev/null; done; }
+  : >"$TMP/crs"; : >"$TMP/crl"; : >"$TMP/cbs"; : >"$TMP/cbl"
+  for r in $(seq "$ROUNDS"); do
+    for side in $( ((r % 2)) && echo "ours peer" || echo "peer ours"); do
+      flush
+      if [ "$side" = ours ]; then
+        out=$("$BENCH" "$spec" --size "$SIZE" --count "$COUNT" --batch "$CONC" --inflight 2 --seed "$r")
+        echo "$out" | awk '/^store/ {print $2}' >>"$TMP/crs"
+        echo "$out" | awk '/^load/ {print $2}' >>"$TMP/crl"
+      else
+        rps=$(redis-benchmark --cluster -p "${ports[0]}" -t set -n "$COUNT" -r 1000000000 -d "$SIZE" \
+              -c "$CONC" --csv 2>/dev/null | awk -F'"' '/"SET"/ {print $4}')
+        awk -v r="$rps" -v s="$SIZE" 'BEGIN {printf "%.1f\n", r*s/1e6}' >>"$TMP/cbs"
+        # GET reads existing values: SET each of the COUNT keys (per node tag) first
+        redis-benchmark --cluster -p "${ports[0]}" -t set -n $((COUNT * 4)) -r "$COUNT" -d "$SIZE" \
+          -c "$CONC" -q >/dev/null 2>&1
+        rps=$(redis-benchmark --cluster -p "${ports[0]}" -t get -n "$COUNT" -r "$COUNT" -d "$SIZE" \
+              -c "$CONC" --csv 2>/dev/null | awk -F'"' '/"GET"/ {print $4}')
+        awk -v r="$rps" -v s="$SIZE" 'BEGIN {printf "%.1f\n", r*s/1e6}' >>"$TMP/cbl"
+      fi
+    done
+  done
+  echo "resp cluster (3 masters; $((SIZE >> 20)) MiB values, $CONC connections, $COUNT ops per phase, $ROUNDS rounds; MB/s medians)"
+  printf "%-28s %10s %10s %9s\n" "" "kvtier" "redis-bm" "ratio"
+  report "store (SET)" "$TMP/crs" "$TMP/cbs"
+  report "load (GET)" "$TMP/crl" "$TMP/cbl"
 }
 
 bench_s3() {
@@ -169,7 +222,8 @@ bench_s3() {
 
 case "$WHAT" in
   resp) bench_resp ;;
+  resp-cluster) bench_resp_cluster ;;
   s3) bench_s3 ;;
-  all) bench_resp; echo; bench_s3 ;;
-  *) echo "usage: $0 [resp|s3|all]" >&2; exit 2 ;;
+  all) bench_resp; echo; bench_resp_cluster; echo; bench_s3 ;;
+  *) echo "usage: $0 [resp|resp-cluster|s3|all]" >&2; exit 2 ;;
 esac

@@ -129,7 +129,7 @@ persist)
   echo
   ;;
 remote)
-  echo "== resp vs redis-benchmark, s3 vs curl (4 MiB values, 4 connections)"
+  echo "== resp vs redis-benchmark (one server, then a 3-master cluster), s3 vs curl (4 MiB values, 4 connections)"
   ROUNDS=$([ "$QUICK" = 1 ] && echo 2 || echo 5) ./bench/remote.sh all
   echo
   ;;
