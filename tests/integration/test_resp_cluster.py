@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+import kvtier
 from conftest import keys_for, l2_status, random_payloads, run_kvtier, wait_for
 from test_resp import Redis
 
@@ -236,6 +237,22 @@ def test_cap_and_restart_recovers_from_every_master(make_server, cluster):
     assert l2_status(s)["objects"] == 40
 
 
+def test_delete_and_persist_false_unlink_on_each_node(make_server, cluster):
+    """delete UNLINKs each key on its own master; persist_enabled: false
+    removes the rest from every master at shutdown."""
+    s = make_server(["--l2-adapter", cl_json(cluster, "gone", persist_enabled=False)])
+    keys = keys_for("gone", 30)
+    with s.client() as c:
+        assert c.store(keys, random_payloads(30, 4 * KiB, seed=14)) == 30
+        c.flush()
+        assert sum(keys_on_masters(cluster, "gone").values()) == 30
+        c.delete(keys[20:])
+    wait_for(lambda: sum(keys_on_masters(cluster, "gone").values()) == 20, what="deletes")
+    assert s.stop() == 0
+    assert sum(keys_on_masters(cluster, "gone").values()) == 0
+    assert "persist_enabled is false: removed 20 keys from the cluster" in s.read_log()
+
+
 def test_bad_config(cluster):
     base = {"type": "resp", "host": "127.0.0.1", "port": cluster.seed().port, "cluster": True}
     r = run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(dict(base, database_id=3)))
@@ -271,20 +288,27 @@ def test_unreachable_seeds(make_server, tmp_path):
 
 def _store_load_loop(s1, s2, stop, errors, stats, tag):
     """Store fresh keys through s1, read them back through s2: every byte
-    returned must be right (misses are allowed)."""
+    returned must be right. Misses are allowed, and so is a request that
+    fails with an error (a key whose node died between lookup and load);
+    wrong bytes are not."""
     i = 0
     try:
         with s1.client(timeout_ms=20000) as c1, s2.client(timeout_ms=20000) as c2:
             while not stop.is_set():
                 keys = keys_for("%s%d" % (tag, i), 16, seed=i)
                 pay = random_payloads(16, 16 * KiB, seed=1000 + i)
-                c1.store(keys, pay)
-                c1.flush()
-                got = c2.retrieve(keys)
+                i += 1
+                try:
+                    c1.store(keys, pay)
+                    c1.flush()
+                    got = c2.retrieve(keys)
+                except kvtier.KvtierError as e:
+                    stats["failed"] += 1
+                    stats["last_failure"] = repr(e)
+                    continue
                 check_prefix(got, pay)
                 stats["loads"] += 1
                 stats["hits"] += len(got)
-                i += 1
     except Exception as e:  # reported by the test
         errors.append(e)
 
@@ -294,7 +318,7 @@ def _run_loop(make_server, cluster, prefix, tag, action):
     s1 = make_server(["--l2-store-policy", "skip_l1", "--l2-adapter", spec])
     s2 = make_server(["--l2-adapter", spec])
     s2.wait_recovered()
-    stop, errors, stats = threading.Event(), [], {"loads": 0, "hits": 0}
+    stop, errors, stats = threading.Event(), [], {"loads": 0, "hits": 0, "failed": 0}
     th = threading.Thread(target=_store_load_loop, args=(s1, s2, stop, errors, stats, tag))
     th.start()
     try:
@@ -305,7 +329,7 @@ def _run_loop(make_server, cluster, prefix, tag, action):
     finally:
         stop.set()
         th.join(timeout=60)
-    assert not errors, errors
+    assert not errors, (errors, stats)
     return s1, s2, stats
 
 
@@ -353,7 +377,10 @@ def test_master_killed_failover(make_server, cluster):
         c.flush()
     with s2.client() as c:
         got = c.retrieve(keys)
-    assert len(got) == 32
+    brief = ("cluster_masters", "cluster_masters_down", "slot_map_refreshes", "moved_redirects",
+             "last_error", "counters")
+    assert len(got) == 32, (len(got), stats, [{k: l2_status(s).get(k) for k in brief}
+                                              for s in (s1, s2)])
     check_prefix(got, pay)
     assert l2_status(s1)["cluster_masters"] == 3
     victim["n"].start()  # rejoins as a replica of its successor
