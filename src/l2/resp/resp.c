@@ -37,6 +37,12 @@
  * run_id changed (Redis restarted), the index is reconciled with a new SCAN:
  * objects the server lost are dropped from the accounting.
  *
+ * Cluster mode ("cluster": true, resp_cluster.c): a batch is first split by
+ * the master that owns each key's slot, each group pipelined on that
+ * master's connection (a worker keeps one per node); MOVED/ASK replies send
+ * the key again to the named node (run_cluster); a node that fails fails
+ * only its keys while the monitor re-reads the slot map.
+ *
  * Threads: num_workers I/O threads (tpool "resp", one connection each), one
  * monitor thread (its own connection: probe, scan). Locks: l2->lock (base,
  * never across I/O); e->hlock guards the health fields; e->park.lock (a
