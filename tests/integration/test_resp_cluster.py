@@ -116,7 +116,7 @@ class Cluster:
                            ["--cluster-replicas", "1", "--cluster-yes"],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
-        self.wait_ok()
+        self.wait_ok(timeout=60)
         return self
 
     def wait_ok(self, timeout=30):
@@ -156,7 +156,19 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("cluster")).start()
+    # a port found free can be taken by another process before redis-server
+    # binds it (other test runs on the machine): start again on new ports,
+    # at most three times, saying why
+    for attempt in range(3):
+        c = Cluster(tmp_path_factory.mktemp("cluster"))
+        try:
+            c.start()
+            break
+        except (RuntimeError, AssertionError, OSError) as e:
+            c.stop()
+            if attempt == 2:
+                raise
+            print("cluster start failed (%s): again on new ports" % e)
     yield c
     c.stop()
 
