@@ -136,8 +136,6 @@ struct kvt_l2_filter {
  * has a submit hook and another filter already has one, -ENOSPC when
  * KVT_L2_MAX_FILTERS are attached. */
 int kvt_l2_filter_attach(kvt_l2 *l2, const struct kvt_l2_filter_ops *ops, void *ctx);
-/* Does a filter take this adapter's STORE/LOAD tasks? */
-bool kvt_l2_filtered(const kvt_l2 *l2);
 
 struct kvt_l2 {
     const struct kvt_l2_ops *ops;

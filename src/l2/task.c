@@ -191,11 +191,6 @@ int kvt_l2_filter_attach(kvt_l2 *l2, const struct kvt_l2_filter_ops *ops, void *
     return 0;
 }
 
-bool kvt_l2_filtered(const kvt_l2 *l2)
-{
-    return l2->taker >= 0;
-}
-
 /*
  * Counters, policy and the done queue for a finished task. With a filter
  * that takes tasks (the serde stage) there are two tasks per STORE/LOAD:

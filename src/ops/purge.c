@@ -26,11 +26,6 @@ static bool selected(const struct kvt_purge_req *q, const struct kvt_entry *e)
     return e->kind == KVT_ENT_TMP && q->what != KVT_PURGE_NAMESPACE;
 }
 
-void kvt_purge_l2_root(kvt_l2 *l2, char *out, size_t cap)
-{
-    kvt_l2_root(l2, out, cap);
-}
-
 /*
  * Delete the selection from the index in batches of at most q->max: collect
  * READY unpinned entries under l2->lock, then kvt_l2_delete (which removes

@@ -51,17 +51,12 @@ struct kvt_purge_res {
 };
 
 /* Purge through one adapter of a running server (blocking; a worker thread
- * calls it). root: the adapter's directory as kvt_purge_l2_root gives it
+ * calls it). root: the adapter's directory as kvt_l2_root gives it
  * (the caller asks once per request; "" or NULL: no files to walk).
  * Returns 0, -EBUSY at once while the adapter's start-up scan runs (the
  * client retries), or -errno. */
 int kvt_purge_l2(kvt_l2 *l2, const char *root, const struct kvt_purge_req *q,
                  struct kvt_purge_res *r);
-
-/* The directory an adapter keeps its files in ("" when it has none that
- * purge understands: nixl_store_dynamic's and fs's layouts are walked).
- * Builds the adapter's status: ask once per purge request. */
-void kvt_purge_l2_root(kvt_l2 *l2, char *out, size_t cap);
 
 /* Progress of an offline purge: done of total files. */
 typedef void (*kvt_purge_progress)(uint64_t done, uint64_t total, uint64_t bytes, void *arg);

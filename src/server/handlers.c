@@ -875,7 +875,7 @@ static void purge_job_fn(struct kvt_job *job, void *ctx)
     int nsel = 0;
     for (int a = 0; a < s->nl2; a++) {
         char *dir = dirs[a];
-        kvt_purge_l2_root(s->l2s[a], dir, sizeof(dirs[a]));
+        kvt_l2_root(s->l2s[a], dir, sizeof(dirs[a]));
         sel[a] = !j->root[0] || (dir[0] && kvt_same_dir(dir, j->root));
         nsel += sel[a];
     }
