@@ -14,6 +14,7 @@
 #define KVT_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define KVT_ALIGN_UP(x, a) (((x) + ((a)-1)) / (a) * (a))
 #define KVT_GIB (1024.0 * 1024.0 * 1024.0)
+#define KVT_MIB (1024.0 * 1024.0)
 
 static inline uint64_t kvt_now_ns(void)
 {

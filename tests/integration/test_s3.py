@@ -132,6 +132,43 @@ def test_large_objects(make_server, s3):
     assert [len(g) for g in got] == [64 * MiB] * 2 and got == pay
     a = l2_status(s)
     assert a["counters"]["load_ok"] == 2 and a["counters"]["bytes_read"] == 2 * (HDR + 64 * MiB)
+    # header + 64 MiB is above the default 64 MiB threshold: 16 MiB parts
+    assert a["multipart"]["completed"] == 2 and a["requests"]["mpu_part"] == 2 * 5
+
+
+def check_multipart(make_server, spec_json, srv_objects):
+    """Objects above s3_multipart_threshold_mb go up in parts (the last one
+    short), below it in one PUT; lookups by HEAD after a restart see the
+    metadata given at CreateMultipartUpload; the bytes round-trip."""
+    s = make_server(["--l1-size-gb", "0.25", "--l1-init-size-gb", "0.25",
+                     "--l2-store-policy", "skip_l1", "--l2-adapter", spec_json])
+    sizes = [22 * MiB, 8 * MiB - HDR, 10 * MiB + 1]  # 5 parts, one PUT, 3 parts
+    keys = keys_for("mpu", 3)
+    pay = [p[:n] for p, n in zip(random_payloads(3, 22 * MiB, seed=9), sizes)]
+    with s.client(shm=False) as c:
+        assert c.store(keys, pay) == 3
+        c.flush()
+    a = l2_status(s)
+    rq = a["requests"]
+    assert (rq["put"], rq["mpu_create"], rq["mpu_part"], rq["mpu_complete"], rq["mpu_abort"]) == \
+        (1, 2, 8, 2, 0), rq
+    assert a["multipart"] == {"threshold_bytes": 8 * MiB, "part_bytes": 5 * MiB, "completed": 2,
+                              "failed": 0}
+    assert a["used_bytes"] == sum(HDR + n for n in sizes) and a["failed_requests"] == 0
+    assert len(srv_objects()) == 3
+    s.kill(signal.SIGKILL)
+    s.start()
+    b = s.wait_recovered()["l2"][0]
+    assert b["recovery"]["objects"] == 3 and b["used_bytes"] == a["used_bytes"]
+    with s.client(shm=False) as c:
+        assert c.lookup(keys) == 3
+        assert c.retrieve(keys) == pay
+    assert l2_status(s)["requests"]["head"] == 3
+
+
+def test_multipart_upload(make_server, s3):
+    check_multipart(make_server, s3_json(s3, s3_multipart_threshold_mb=8, s3_multipart_part_mb=5),
+                    lambda: s3.objects("t/"))
 
 
 def test_concurrent_transfers(make_server, s3):
@@ -297,6 +334,8 @@ S3_BAD = [
     (dict(S3_BASE, s3_bucket="no/slash"), '"s3_bucket" must be a bucket name'),
     (dict(S3_BASE, s3_prefer_http2="maybe"), '"s3_prefer_http2" must be true or false'),
     (dict(S3_BASE, shoe_size=42), '"shoe_size" is not a known field'),
+    (dict(S3_BASE, s3_multipart_part_mb=1), '"s3_multipart_part_mb" must be between 5'),
+    (dict(S3_BASE, s3_multipart_threshold_mb="big"), '"s3_multipart_threshold_mb" must be a number'),
 ]
 
 

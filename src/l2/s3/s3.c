@@ -102,13 +102,20 @@ static struct s3_batch *batch_new(kvt_l2 *l2, kvt_l2_task *t, bool hdrs)
     return b;
 }
 
-static void batch_send(struct s3_batch *b, uint32_t i, s3_done_fn done)
+/* Count reqs[i] as outstanding, completing through done. */
+static struct s3_req *batch_prep(struct s3_batch *b, uint32_t i, s3_done_fn done)
 {
     struct s3_req *r = &b->reqs[i];
     r->done = done;
     r->ctx = b;
     r->i = i;
     atomic_fetch_add(&b->left, 1);
+    return r;
+}
+
+static void batch_send(struct s3_batch *b, uint32_t i, s3_done_fn done)
+{
+    struct s3_req *r = batch_prep(b, i, done);
     r->next = NULL;
     if (b->q_tail)
         b->q_tail->next = r;
@@ -197,7 +204,10 @@ static void submit_store(kvt_l2 *l2, struct s3_engine *e, kvt_l2_task *t)
         r->payload = src->ptr;
         r->plen = src->len;
         snprintf(r->meta, sizeof(r->meta), "1 %u %llu", logical, (unsigned long long)src->len);
-        batch_send(b, i, store_done);
+        if (S3_HDR + src->len > e->mpu_threshold)
+            kvt_s3_put_multipart(e, batch_prep(b, i, store_done));
+        else
+            batch_send(b, i, store_done);
     }
     batch_flush(e, b);
     batch_put(b);
@@ -842,10 +852,18 @@ static void s3_status(kvt_l2 *l2, json_t *out)
     pthread_mutex_unlock(&e->lock);
     json_object_set_new(out, "parked_stores", json_integer((json_int_t)kvt_l2_parked(&e->park)));
     json_t *rq = json_object();
-    static const char *const names[S3_NOPS] = {"put", "get", "head", "delete", "list", "probe"};
+    static const char *const names[S3_NOPS] = {"put",          "get",      "head",       "delete",
+                                               "list",         "probe",    "mpu_create", "mpu_part",
+                                               "mpu_complete", "mpu_abort"};
     for (int i = 0; i < S3_NOPS; i++)
         json_object_set_new(rq, names[i], json_integer((json_int_t)atomic_load(&e->reqs[i])));
     json_object_set_new(out, "requests", rq);
+    json_t *mp = json_object();
+    json_object_set_new(mp, "threshold_bytes", json_integer((json_int_t)e->mpu_threshold));
+    json_object_set_new(mp, "part_bytes", json_integer((json_int_t)e->mpu_part));
+    json_object_set_new(mp, "completed", json_integer((json_int_t)atomic_load(&e->mpu_ok)));
+    json_object_set_new(mp, "failed", json_integer((json_int_t)atomic_load(&e->mpu_failed)));
+    json_object_set_new(out, "multipart", mp);
     json_object_set_new(out, "failed_requests",
                         json_integer((json_int_t)atomic_load(&e->failures)));
     json_object_set_new(out, "foreign_objects", json_integer((json_int_t)atomic_load(&e->foreign)));
@@ -945,6 +963,7 @@ struct kvt_s3_opts {
     double connection_timeout, request_timeout; /* seconds */
     int breaker_threshold;
     uint64_t max_capacity_bytes;
+    uint64_t mpu_threshold, mpu_part; /* bytes */
     /* resolved from the above */
     char scheme[8], host[400], bucket[128];
     bool path_style;
@@ -1053,7 +1072,7 @@ static int s3_parse(struct kvt_cfg *c, void *opts)
     memset(o, 0, sizeof(*o));
     static const char *const addrs[] = {"path", "virtual", NULL};
     int64_t nio = 64, thr = 3;
-    double cap = 0, ct = 10, rt = 30;
+    double cap = 0, ct = 10, rt = 30, mpu_thr = 64, mpu_part = 16;
     bool express = false;
     kvt_cfg_str(c, "s3_endpoint", true, NULL, &o->endpoint);
     kvt_cfg_str(c, "s3_region", true, NULL, &o->region);
@@ -1072,8 +1091,14 @@ static int s3_parse(struct kvt_cfg *c, void *opts)
     kvt_cfg_num(c, "request_timeout", false, 30, 1, 3600, &rt);
     kvt_cfg_int(c, "circuit_breaker_threshold", false, 3, 1, 1000, &thr);
     kvt_cfg_num(c, "max_capacity_gb", false, 0, 0, 1e9, &cap);
+    /* S3's rules: parts of 5 MiB to 5 GiB (the last may be smaller), a
+     * single PUT up to 5 GiB; an object is at most 1 GiB here */
+    kvt_cfg_num(c, "s3_multipart_threshold_mb", false, 64, 5, 5120, &mpu_thr);
+    kvt_cfg_num(c, "s3_multipart_part_mb", false, 16, 5, 5120, &mpu_part);
     if (c->rc)
         return c->rc;
+    o->mpu_threshold = (uint64_t)(mpu_thr * KVT_MIB);
+    o->mpu_part = (uint64_t)(mpu_part * KVT_MIB);
     /* the secrets are read but never echoed by --dry-run */
     if (o->secret)
         json_object_set_new(c->resolved, "aws_secret_access_key", json_string("<set>"));
@@ -1258,6 +1283,8 @@ static int s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     e->connect_timeout_ms = (long)(o->connection_timeout * 1000);
     e->request_timeout_ms = (long)(o->request_timeout * 1000);
     e->breaker_threshold = o->breaker_threshold;
+    e->mpu_threshold = o->mpu_threshold;
+    e->mpu_part = o->mpu_part;
     e->list = kvt_xcalloc(1, sizeof(struct list_state));
     e->park.parking = l2->cap_bytes > 0;
     l2->engine = e;

@@ -33,7 +33,16 @@
 #include <strings.h>
 #include <time.h>
 
-static const char *const op_names[S3_NOPS] = {"PUT", "GET", "HEAD", "DELETE", "LIST", "PROBE"};
+static const char *const op_names[S3_NOPS] = {"PUT",
+                                              "GET",
+                                              "HEAD",
+                                              "DELETE",
+                                              "LIST",
+                                              "PROBE",
+                                              "CreateMultipartUpload",
+                                              "UploadPart",
+                                              "CompleteMultipartUpload",
+                                              "AbortMultipartUpload"};
 
 const char *kvt_s3_outcome_name(enum s3_outcome o)
 {
@@ -44,19 +53,28 @@ const char *kvt_s3_outcome_name(enum s3_outcome o)
 
 /* ------------------------------------------------------- callbacks */
 
+uint64_t kvt_s3_body_len(const struct s3_req *r)
+{
+    if (r->op == S3_MPU_COMPLETE)
+        return r->mlen;
+    return r->op == S3_MPU_PART ? r->blen_tx : S3_HDR + r->plen;
+}
+
+/* PUT bodies: the slice [boff, boff + body length) of header + payload. */
 static size_t read_cb(char *buf, size_t size, size_t nitems, void *arg)
 {
     struct s3_req *r = arg;
     size_t room = size * nitems, n = 0;
-    uint64_t total = S3_HDR + r->plen;
+    uint64_t total = kvt_s3_body_len(r);
     while (n < room && r->sent < total) {
+        uint64_t pos = r->boff + r->sent;
         size_t take;
-        if (r->sent < S3_HDR) {
-            take = KVT_MIN(room - n, (size_t)(S3_HDR - r->sent));
-            memcpy(buf + n, r->put_hdr + r->sent, take);
+        if (pos < S3_HDR) {
+            take = (size_t)KVT_MIN((uint64_t)(room - n), KVT_MIN(S3_HDR - pos, total - r->sent));
+            memcpy(buf + n, r->put_hdr + pos, take);
         } else {
-            uint64_t off = r->sent - S3_HDR;
-            take = (size_t)KVT_MIN((uint64_t)(room - n), r->plen - off);
+            uint64_t off = pos - S3_HDR;
+            take = (size_t)KVT_MIN((uint64_t)(room - n), total - r->sent);
             memcpy(buf + n, r->payload + off, take);
         }
         n += take;
@@ -135,7 +153,7 @@ static size_t header_cb(char *p, size_t size, size_t nitems, void *arg)
     size_t n = size * nitems;
     if (n >= 5 && strncmp(p, "HTTP/", 5) == 0) { /* a new response (after 100) */
         r->clen = -1;
-        r->rmeta[0] = 0;
+        r->rmeta[0] = r->etag[0] = 0;
         return n;
     }
     const char *colon = memchr(p, ':', n);
@@ -156,6 +174,8 @@ static size_t header_cb(char *p, size_t size, size_t nitems, void *arg)
         r->clen = strtoll(tmp, NULL, 10);
     } else if (kl == 14 && strncasecmp(p, "x-amz-meta-kvt", 14) == 0) {
         snprintf(r->rmeta, sizeof(r->rmeta), "%.*s", (int)KVT_MIN(vl, sizeof(r->rmeta) - 1), v);
+    } else if (kl == 4 && strncasecmp(p, "etag", 4) == 0) {
+        snprintf(r->etag, sizeof(r->etag), "%.*s", (int)KVT_MIN(vl, sizeof(r->etag) - 1), v);
     }
     return n;
 }
@@ -206,13 +226,15 @@ static int setup(struct s3_engine *e, struct s3_req *r)
      * tool itself uses 100 KiB) */
     curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 256L * 1024);
     const char *method = "GET";
+    bool put = r->op == S3_PUT || r->op == S3_MPU_PART;
     switch (r->op) {
     case S3_PUT:
+    case S3_MPU_PART:
         method = "PUT";
         curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
         curl_easy_setopt(h, CURLOPT_READFUNCTION, read_cb);
         curl_easy_setopt(h, CURLOPT_READDATA, r);
-        curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)(S3_HDR + r->plen));
+        curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)kvt_s3_body_len(r));
         curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 256L * 1024);
         break;
     case S3_HEAD:
@@ -221,21 +243,38 @@ static int setup(struct s3_engine *e, struct s3_req *r)
         curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
         break;
     case S3_DELETE:
+    case S3_MPU_ABORT:
         method = "DELETE";
         curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "DELETE");
+        break;
+    case S3_MPU_CREATE:
+    case S3_MPU_COMPLETE:
+        method = "POST";
+        curl_easy_setopt(h, CURLOPT_POST, 1L);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, r->op == S3_MPU_COMPLETE ? r->mem : "");
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
+                         (curl_off_t)(r->op == S3_MPU_COMPLETE ? r->mlen : 0));
         break;
     default:
         break;
     }
     char date[17];
     kvt_sigv4_amz_date(time(NULL), date);
-    const char *phash = r->op == S3_PUT ? "UNSIGNED-PAYLOAD" : KVT_SHA256_EMPTY;
+    /* bodies streamed from L1 go unsigned (the objfmt checksum guards
+     * them); COMPLETE's small XML is hashed */
+    char xml_hash[65];
+    const char *phash = put ? "UNSIGNED-PAYLOAD" : KVT_SHA256_EMPTY;
+    if (r->op == S3_MPU_COMPLETE) {
+        kvt_sha256_hex(r->mem, r->mlen, xml_hash);
+        phash = xml_hash;
+    }
+    bool meta = r->op == S3_PUT || r->op == S3_MPU_CREATE;
     struct kvt_sigv4_pair hs[6];
     size_t nh = 0;
     hs[nh++] = (struct kvt_sigv4_pair){"host", e->host};
     hs[nh++] = (struct kvt_sigv4_pair){"x-amz-content-sha256", phash};
     hs[nh++] = (struct kvt_sigv4_pair){"x-amz-date", date};
-    if (r->op == S3_PUT)
+    if (meta)
         hs[nh++] = (struct kvt_sigv4_pair){"x-amz-meta-kvt", r->meta};
     if (e->creds.token[0])
         hs[nh++] = (struct kvt_sigv4_pair){"x-amz-security-token", e->creds.token};
@@ -256,8 +295,10 @@ static int setup(struct s3_engine *e, struct s3_req *r)
         add_hdr(r, "%s: %s", hs[i].name, hs[i].value);
     add_hdr(r, "Authorization: %s", so.authorization);
     add_hdr(r, "Expect:"); /* no 100-continue round trip before a PUT body */
-    if (r->op == S3_PUT)
+    if (meta)
         add_hdr(r, "Content-Type: application/octet-stream");
+    else if (r->op == S3_MPU_COMPLETE)
+        add_hdr(r, "Content-Type: application/xml");
     if (!r->hl)
         return -ENOMEM;
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, r->hl);
@@ -453,7 +494,7 @@ static void req_reset(struct s3_engine *e, struct s3_req *r)
     r->status = 0;
     r->curl_rc = 0;
     r->clen = -1;
-    r->rmeta[0] = r->errbuf[0] = r->err_code[0] = r->err_msg[0] = 0;
+    r->rmeta[0] = r->etag[0] = r->errbuf[0] = r->err_code[0] = r->err_msg[0] = 0;
     r->got = r->sent = 0;
     r->want = -1;
     r->cut = false;

@@ -24,7 +24,22 @@
 #define S3_PROBE_MIN_NS 500000000ull   /* breaker: first probe after 0.5 s */
 #define S3_PROBE_MAX_NS 30000000000ull /* breaker: probes at most 30 s apart */
 
-enum s3_op { S3_PUT, S3_GET, S3_HEAD, S3_DELETE, S3_LIST, S3_PROBE, S3_NOPS };
+/* S3_MPU_*: the steps of a multipart upload (s3_multipart.c): POST ?uploads,
+ * PUT ?partNumber&uploadId per part, POST ?uploadId with the part list,
+ * DELETE ?uploadId when a part failed. */
+enum s3_op {
+    S3_PUT,
+    S3_GET,
+    S3_HEAD,
+    S3_DELETE,
+    S3_LIST,
+    S3_PROBE,
+    S3_MPU_CREATE,
+    S3_MPU_PART,
+    S3_MPU_COMPLETE,
+    S3_MPU_ABORT,
+    S3_NOPS
+};
 
 /* What became of a request. */
 enum s3_outcome {
@@ -51,11 +66,15 @@ struct s3_req {
     char path[S3_PATH_MAX]; /* canonical (percent-encoded) path */
     char *query;            /* canonical query string (malloc'd) or NULL */
 
-    /* PUT: header + payload streamed from the caller's buffers */
+    /* PUT: header + payload streamed from the caller's buffers; a part
+     * (S3_MPU_PART) sends the slice [boff, boff + blen_tx) of that stream */
     const uint8_t *put_hdr;
     const uint8_t *payload;
     uint64_t plen, sent;
-    char meta[96]; /* x-amz-meta-kvt */
+    uint64_t boff, blen_tx;
+    char meta[96];   /* x-amz-meta-kvt (PUT, S3_MPU_CREATE) */
+    const char *mem; /* S3_MPU_COMPLETE: the request body */
+    size_t mlen;
 
     /* GET: header into hbuf, payload into dst (capacity cap) */
     uint8_t *hbuf;
@@ -74,6 +93,7 @@ struct s3_req {
     int curl_rc;
     int64_t clen;   /* Content-Length of HEAD/GET, -1 unknown */
     char rmeta[96]; /* x-amz-meta-kvt of HEAD */
+    char etag[128]; /* ETag of a PUT or part, quotes included */
     char errbuf[CURL_ERROR_SIZE];
     enum s3_outcome outcome;
     char err_code[64]; /* S3 error code of a rejected request */
@@ -114,6 +134,8 @@ struct s3_engine {
     bool http2;
     long connect_timeout_ms, request_timeout_ms;
     int breaker_threshold;
+    uint64_t mpu_threshold; /* objects (header + payload) above this go multipart */
+    uint64_t mpu_part;      /* part size of a multipart upload */
     struct s3_creds creds;
 
     /* the I/O thread */
@@ -150,6 +172,7 @@ struct s3_engine {
     uint64_t list_retry_ns;
 
     _Atomic uint64_t reqs[S3_NOPS], failures, foreign;
+    _Atomic uint64_t mpu_ok, mpu_failed; /* multipart uploads completed / aborted */
 };
 
 /* s3_http.c */
@@ -167,6 +190,15 @@ bool kvt_s3_available(struct s3_engine *e);
 /* Health line: false when the breaker is open or S3 refuses us. */
 bool kvt_s3_health(struct s3_engine *e, char *msg, size_t cap);
 const char *kvt_s3_outcome_name(enum s3_outcome o);
+
+/* s3_multipart.c: send the S3_PUT r (not yet submitted) as a multipart
+ * upload of e->mpu_part bytes a part. r->done runs on the I/O thread once
+ * the upload completed or failed (then it was aborted), with r->outcome,
+ * status and error fields as for a single PUT. */
+void kvt_s3_put_multipart(struct s3_engine *e, struct s3_req *r);
+/* Bytes of the request body: a part's slice, COMPLETE's XML, or header +
+ * payload of a PUT. */
+uint64_t kvt_s3_body_len(const struct s3_req *r);
 
 /* s3.c, called on the I/O thread */
 /* The breaker just opened: fail the parked stores. */
