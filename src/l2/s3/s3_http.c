@@ -429,8 +429,14 @@ static void classify(struct s3_engine *e, struct s3_req *r, CURLcode rc)
     if (s / 100 == 2) {
         r->outcome = S3_OK;
     } else if (s == 404) {
+        /* a missing object (HEAD has no body); any other 404 refuses us:
+         * NoSuchBucket, or an unknown access key as some servers answer it
+         * (versitygw: XAdminUserNotFound) */
         kvt_s3_xml_field(r->body, NULL, "Code", r->err_code, sizeof(r->err_code));
-        r->outcome = strcmp(r->err_code, "NoSuchBucket") == 0 ? S3_REJECTED : S3_NOTFOUND;
+        r->outcome = !r->err_code[0] || strcmp(r->err_code, "NoSuchKey") == 0 ||
+                             strcmp(r->err_code, "NoSuchUpload") == 0
+                         ? S3_NOTFOUND
+                         : S3_REJECTED;
     } else if (s / 100 == 5) {
         r->outcome = S3_SERVER;
     } else {
