@@ -100,4 +100,15 @@ bool kvt_l2_same_storage(const char *a, const char *b, char *shown, size_t cap);
  * 0, or KVT_E_CONFIG with the message open would give. */
 int kvt_s3_creds_check(bool explicit_keys, char *err, size_t errcap);
 
+/* ---- nixl_store's "OBJ" backend (NIXL's S3 plugin), served by the s3
+ * engine: nixl_store hands the whole config over ---- */
+/* Parse {"backend": "OBJ", "backend_params": {NIXL's keys}, "pool_size"}
+ * into s3 options; *opts is allocated here (free with kvt_s3_nixl_obj_free).
+ * Returns c->rc. */
+int kvt_s3_parse_nixl_obj(struct kvt_cfg *c, void **opts);
+/* Open the s3 engine from what kvt_s3_parse_nixl_obj parsed. */
+int kvt_s3_open_nixl_obj(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                         size_t errcap);
+void kvt_s3_nixl_obj_free(void *opts);
+
 #endif

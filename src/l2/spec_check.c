@@ -101,6 +101,11 @@ int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg
     if (t && !strcmp(t, "s3"))
         return kvt_s3_creds_check(json_is_string(json_object_get(r, "aws_access_key_id")), msg,
                                   cap);
+    const char *backend = json_string_value(json_object_get(r, "backend"));
+    if (t && !strcmp(t, "nixl_store") && backend && !strcmp(backend, "OBJ")) {
+        const json_t *bp = json_object_get(r, "backend_params");
+        return kvt_s3_creds_check(json_is_string(json_object_get(bp, "access_key")), msg, cap);
+    }
     const char *p = kvt_l2_spec_storage(s, field, &is_dir);
     if (!p || !p[0])
         return 0;

@@ -11,7 +11,7 @@
 #include "common/cfg.h"
 
 struct kvt_nixl_opts {
-    const char *backend; /* POSIX or HF3FS (others are refused at parse) */
+    const char *backend; /* POSIX, HF3FS, or OBJ for nixl_store (others are refused at parse) */
     const char *file_path;
     bool use_direct_io;
     uint64_t max_capacity_bytes; /* dynamic */
@@ -24,6 +24,7 @@ struct kvt_nixl_opts {
     int num_workers;
     bool durable;
     bool shared; /* dynamic: "shared", other servers use file_path too (l2/kit/dirlock.h) */
+    void *obj;   /* static pool, backend OBJ: the s3 engine's options (l2/adapters.h) */
 };
 
 /* dynamic: nixl_store_dynamic's keys, else nixl_store's. Returns c->rc. */

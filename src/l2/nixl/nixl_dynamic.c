@@ -802,8 +802,8 @@ static int refuse_backend(struct kvt_cfg *c, const char *b, bool dynamic)
     else
         snprintf(msg, sizeof(msg),
                  "\"backend\" %s is a NIXL object-store plugin, not in this build; for object "
-                 "storage use the s3 adapter ({\"type\": \"s3\", \"s3_endpoint\": ..., "
-                 "\"s3_region\": ...}), for local files \"backend\": \"POSIX\"",
+                 "storage use \"backend\": \"OBJ\" (S3) or the s3 adapter, for local files "
+                 "\"backend\": \"POSIX\"",
                  b);
     snprintf(c->err, c->errcap, "--l2-adapter #%d (%s): %s", c->index, c->type, msg);
     c->rc = KVT_E_UNSUPPORTED;
@@ -815,6 +815,8 @@ int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic)
     memset(o, 0, sizeof(*o));
     if (kvt_cfg_enum(c, "backend", true, NULL, backends, false, &o->backend))
         return c->rc;
+    if (!dynamic && strcmp(o->backend, "OBJ") == 0)
+        return kvt_s3_parse_nixl_obj(c, &o->obj); /* NIXL's OBJ plugin is S3 */
     if (strcmp(o->backend, "POSIX") != 0 && strcmp(o->backend, "HF3FS") != 0)
         return refuse_backend(c, o->backend, dynamic);
     struct kvt_cfg bp;

@@ -753,6 +753,8 @@ static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
                    size_t errcap)
 {
     const struct kvt_nixl_opts *o = opts;
+    if (o->obj) /* backend OBJ: the s3 engine */
+        return kvt_s3_open_nixl_obj(l2, spec, o->obj, err, errcap);
     uint64_t ppf = o->file_size / o->page_size;
     uint64_t pages = ppf * o->pool_size;
     if (ppf < 2 || pages > UINT32_MAX - 1) {
@@ -838,9 +840,17 @@ fail:
     return rc ? rc : KVT_E_CONFIG;
 }
 
+static void ns_opts_free(void *opts)
+{
+    struct kvt_nixl_opts *o = opts;
+    kvt_s3_nixl_obj_free(o->obj);
+    o->obj = NULL;
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_nixl_store_desc = {
     .name = "nixl_store",
     .opts_size = sizeof(struct kvt_nixl_opts),
     .parse = ns_parse,
     .open = ns_open,
+    .opts_free = ns_opts_free,
 };

@@ -964,6 +964,7 @@ struct kvt_s3_opts {
     int breaker_threshold;
     uint64_t max_capacity_bytes;
     uint64_t mpu_threshold, mpu_part; /* bytes */
+    char ep_buf[320];                 /* nixl OBJ: the endpoint built from its keys */
     /* resolved from the above */
     char scheme[8], host[400], bucket[128];
     bool path_style;
@@ -1066,6 +1067,8 @@ static int check_prefix(struct kvt_cfg *c, const char *p)
 
 static int load_creds(const struct kvt_s3_opts *o, struct s3_creds *c, char *err, size_t cap);
 
+static int s3_check_opts(struct kvt_cfg *c, struct kvt_s3_opts *o, bool tls_explicit);
+
 static int s3_parse(struct kvt_cfg *c, void *opts)
 {
     struct kvt_s3_opts *o = opts;
@@ -1114,6 +1117,13 @@ static int s3_parse(struct kvt_cfg *c, void *opts)
                                    "is not supported by this build: S3 Express One Zone needs "
                                    "CreateSession credentials, which kvtier does not implement "
                                    "(use a general-purpose bucket)");
+    return s3_check_opts(c, o, tls_explicit);
+}
+
+/* What both config forms share once their keys are read: region, credentials
+ * and prefix checks, the endpoint resolved, --dry-run's derived fields. */
+static int s3_check_opts(struct kvt_cfg *c, struct kvt_s3_opts *o, bool tls_explicit)
+{
     if (!o->region[0])
         return kvt_cfg_fail(c, "s3_region", "must not be empty");
     for (const char *p = o->region; *p; p++)
@@ -1140,6 +1150,147 @@ static int s3_parse(struct kvt_cfg *c, void *opts)
              o->path_style ? o->bucket : "");
     json_object_set_new(c->resolved, "endpoint_url", json_string(url));
     return 0;
+}
+
+/*
+ * nixl_store {"backend": "OBJ"}: NIXL's object plugin is S3 (aws-sdk-cpp),
+ * so the s3 engine serves it, with NIXL's keys in backend_params and NIXL's
+ * fallbacks (its src/plugins/obj/README.md):
+ *   bucket             else $AWS_DEFAULT_BUCKET (required)
+ *   endpoint_override  "[http[s]://]host[:port]", else $AWS_ENDPOINT_URL_S3 or
+ *                      $AWS_ENDPOINT_URL (the SDK's names), else AWS
+ *   scheme             http | https (https); a scheme in the endpoint wins
+ *   region             else $AWS_REGION, $AWS_DEFAULT_REGION, else us-east-1
+ *   use_virtual_addressing  "true"/"false" (false, NIXL's default: path style;
+ *                      on AWS without an endpoint: virtual)
+ *   access_key, secret_key, session_token  else the environment / credentials file
+ *   req_checksum       required | supported: accepted; the object header's
+ *                      checksum guards every byte anyway
+ *   create_bucket      "true" is refused: create the bucket first
+ * pool_size (NIXL's descriptors in flight) becomes s3_num_io_threads.
+ */
+static int nixl_obj_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
+{
+    static const char *const schemes[] = {"http", "https", NULL};
+    static const char *const cks[] = {"required", "supported", NULL};
+    struct kvt_cfg bp;
+    if (kvt_cfg_sub(c, "backend_params", false, &bp)) {
+        kvt_cfg_free(&bp);
+        return c->rc;
+    }
+    const char *scheme = NULL, *ep = NULL, *ck = NULL;
+    bool virt = false, create = false;
+    kvt_cfg_str(&bp, "access_key", false, NULL, &o->key_id);
+    kvt_cfg_str(&bp, "secret_key", false, NULL, &o->secret);
+    kvt_cfg_str(&bp, "session_token", false, NULL, &o->token);
+    kvt_cfg_str(&bp, "bucket", false, NULL, &o->bucket_opt);
+    kvt_cfg_str(&bp, "endpoint_override", false, NULL, &ep);
+    kvt_cfg_enum(&bp, "scheme", false, "https", schemes, false, &scheme);
+    kvt_cfg_str(&bp, "region", false, NULL, &o->region);
+    bool virt_given = kvt_cfg_has(&bp, "use_virtual_addressing");
+    kvt_cfg_bool(&bp, "use_virtual_addressing", false, &virt);
+    kvt_cfg_enum(&bp, "req_checksum", false, NULL, cks, false, &ck);
+    kvt_cfg_bool(&bp, "create_bucket", false, &create);
+    if (!bp.rc && o->secret)
+        json_object_set_new(bp.resolved, "secret_key", json_string("<set>"));
+    if (!bp.rc && o->token)
+        json_object_set_new(bp.resolved, "session_token", json_string("<set>"));
+    if (!bp.rc && create)
+        kvt_cfg_unsupported(&bp, "create_bucket",
+                            "\"true\" is not supported: create the bucket first (kvtier "
+                            "never creates or deletes buckets)");
+    if (!bp.rc && !o->key_id != !o->secret)
+        kvt_cfg_fail(&bp, o->key_id ? "secret_key" : "access_key",
+                     "is required with %s (give both, or neither to use the environment or "
+                     "~/.aws/credentials)",
+                     o->key_id ? "access_key" : "secret_key");
+    if (!bp.rc && !o->bucket_opt) {
+        o->bucket_opt = getenv("AWS_DEFAULT_BUCKET");
+        if (!o->bucket_opt || !o->bucket_opt[0])
+            kvt_cfg_fail(&bp, "bucket", "is required (or AWS_DEFAULT_BUCKET in the environment)");
+    }
+    if (!bp.rc && !bucket_name_ok(o->bucket_opt))
+        kvt_cfg_fail(&bp, "bucket",
+                     "must be a bucket name of letters, digits, '.', '-', '_' (got \"%s\")",
+                     o->bucket_opt);
+    if (!bp.rc && !ep) {
+        ep = getenv("AWS_ENDPOINT_URL_S3");
+        if (!ep || !ep[0])
+            ep = getenv("AWS_ENDPOINT_URL");
+        if (ep && !ep[0])
+            ep = NULL;
+    }
+    if (!bp.rc && ep) {
+        const char *h = strstr(ep, "://");
+        h = h ? h + 3 : ep;
+        size_t hl = strlen(h);
+        while (hl && h[hl - 1] == '/')
+            hl--;
+        bool scheme_ok = strstr(ep, "://") == NULL || strncmp(ep, "http://", 7) == 0 ||
+                         strncmp(ep, "https://", 8) == 0;
+        if (!scheme_ok || !hl || memchr(h, '/', hl) || memchr(h, '@', hl) || hl > 250)
+            kvt_cfg_fail(&bp, "endpoint_override",
+                         "must be \"[http[s]://]<host>[:port]\" (got \"%s\")", ep);
+    }
+    if (!bp.rc) {
+        if (!o->region) {
+            o->region = getenv("AWS_REGION");
+            if (!o->region || !o->region[0])
+                o->region = getenv("AWS_DEFAULT_REGION");
+            if (!o->region || !o->region[0])
+                o->region = "us-east-1";
+        }
+        json_object_set_new(bp.resolved, "region", json_string(o->region));
+        json_object_set_new(bp.resolved, "bucket", json_string(o->bucket_opt));
+        kvt_cfg_finish(&bp);
+    }
+    kvt_cfg_sub_done(c, "backend_params", &bp);
+    int64_t ps = 0;
+    double cap = 0;
+    kvt_cfg_int(c, "pool_size", true, 0, 1, 1 << 24, &ps);
+    kvt_cfg_num(c, "max_capacity_gb", false, 0, 0, 1e9, &cap);
+    kvt_cfg_str(c, "key_prefix", false, "", &o->key_prefix);
+    if (c->rc)
+        return c->rc;
+    o->num_io_threads = (int)KVT_MIN(ps, 1024);
+    o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
+    o->prefer_http2 = true;
+    o->connection_timeout = 10;
+    o->request_timeout = 30;
+    o->breaker_threshold = 3;
+    o->mpu_threshold = 64ull << 20;
+    o->mpu_part = 16ull << 20;
+    o->addressing = virt ? "virtual" : "path";
+    if (ep) {
+        /* a scheme in the endpoint decides; else NIXL's "scheme" key */
+        bool has_scheme = strstr(ep, "://") != NULL;
+        snprintf(o->ep_buf, sizeof(o->ep_buf), "%s%s", has_scheme ? "" : scheme,
+                 has_scheme ? ep : "://");
+        if (!has_scheme)
+            snprintf(o->ep_buf + strlen(o->ep_buf), sizeof(o->ep_buf) - strlen(o->ep_buf), "%s",
+                     ep);
+    } else {
+        /* AWS itself: https://<bucket>.s3.<region>.amazonaws.com, unless
+         * use_virtual_addressing is "false" */
+        snprintf(o->ep_buf, sizeof(o->ep_buf), "https://s3.%s.amazonaws.com", o->region);
+        if (!virt_given)
+            o->addressing = "virtual";
+    }
+    o->endpoint = o->ep_buf;
+    json_object_set_new(c->resolved, "served_by", json_string("s3"));
+    return s3_check_opts(c, o, false);
+}
+
+int kvt_s3_parse_nixl_obj(struct kvt_cfg *c, void **opts)
+{
+    struct kvt_s3_opts *o = kvt_xcalloc(1, sizeof(*o));
+    *opts = o;
+    return nixl_obj_parse(c, o);
+}
+
+void kvt_s3_nixl_obj_free(void *opts)
+{
+    free(opts);
 }
 
 int kvt_s3_creds_check(bool explicit_keys, char *err, size_t errcap)
@@ -1304,6 +1455,12 @@ fail:
     l2->engine = NULL;
     kvt_l2_base_destroy(l2);
     return rc;
+}
+
+int kvt_s3_open_nixl_obj(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                         size_t errcap)
+{
+    return s3_open(l2, spec, opts, err, errcap);
 }
 
 const struct kvt_l2_adapter_desc kvt_l2_s3_desc = {
