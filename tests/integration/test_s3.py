@@ -243,6 +243,110 @@ def check_multipart(make_server, spec_json, srv_objects):
     assert l2_status(s)["requests"]["head"] == 3
 
 
+class FailingProxy:
+    """An HTTP/1.1 forwarder in front of an S3 server that answers chosen
+    requests itself with 500 InternalError (the body read and dropped) and
+    passes every other request through unchanged, Host header included, so
+    SigV4 signatures stay valid. fail(method, query) decides per request."""
+
+    def __init__(self, upstream_port, fail):
+        import http.client
+        import http.server
+        up, decide = upstream_port, fail
+        self.seen = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def handle_one(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                q = self.path.partition("?")[2]
+                proxy.seen.append((self.command, q))
+                if decide(self.command, q):
+                    err = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+                    self.send_response(500)
+                    self.send_header("Content-Length", str(len(err)))
+                    self.end_headers()
+                    self.wfile.write(err)
+                    return
+                c = http.client.HTTPConnection("127.0.0.1", up, timeout=60)
+                c.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+                for k, v in self.headers.items():
+                    c.putheader(k, v)
+                c.endheaders(body)
+                r = c.getresponse()
+                data = r.read()
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("transfer-encoding", "content-length", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                c.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_one
+
+        proxy = self
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.httpd.server_address[1]
+        import threading
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_multipart_failed_part_aborts_the_upload(make_server, tmp_path):
+    """A part the server fails: the store fails (counted), no object appears,
+    the upload is aborted so the server drops the parts already sent, and
+    the next store of the same key succeeds."""
+    srv = start_s3("versitygw", tmp_path)
+    state = {"fail": True}
+    px = FailingProxy(srv.port, lambda m, q: state["fail"] and m == "PUT" and "partNumber=3&" in q)
+    try:
+        spec = json.loads(s3_json(srv, s3_multipart_threshold_mb=8, s3_multipart_part_mb=5))
+        spec["s3_endpoint"] = "127.0.0.1:%d" % px.port
+        s = make_server(["--l1-size-gb", "0.25", "--l1-init-size-gb", "0.25",
+                         "--l2-store-policy", "skip_l1", "--l2-adapter", json.dumps(spec)])
+        s.wait_recovered()
+        keys = keys_for("mpu-fail", 1)
+        pay = random_payloads(1, 22 * MiB, seed=5)
+        with s.client(shm=False) as c:
+            assert c.store(keys, pay) == 1  # L1 takes it; the L2 store fails
+            c.flush()
+        a = wait_for(lambda: (lambda x: x if x["requests"]["mpu_abort"] else None)(l2_status(s)),
+                     what="the abort")
+        assert a["counters"]["store_failed"] == 1 and a["counters"]["store_ok"] == 0
+        assert a["multipart"]["failed"] == 1 and a["multipart"]["completed"] == 0
+        assert a["requests"]["mpu_complete"] == 0 and a["used_bytes"] == 0
+        assert srv.objects("t/") == []
+        aborts = [q for m, q in px.seen if m == "DELETE" and "uploadId=" in q]
+        assert len(aborts) == 1
+        # the other four parts reached versitygw (its staging held them)
+        assert sum(1 for m, q in px.seen if m == "PUT" and "partNumber=" in q) == 5
+        staging = os.path.join(srv.dir, srv.bucket, ".sgwtmp", "multipart")
+        wait_for(lambda: not any(files for _, _, files in os.walk(staging)),
+                 what="versitygw to drop the aborted upload's parts")
+        state["fail"] = False
+        with s.client(shm=False) as c:
+            c.delete(keys)  # from L1 too, so the next store goes to L2 again
+            assert c.store(keys, pay) == 1
+            c.flush()
+            assert l2_status(s)["multipart"]["completed"] == 1
+            assert c.retrieve(keys) == pay
+        assert len(srv.objects("t/")) == 1
+    finally:
+        px.close()
+        srv.kill()
+
+
 def test_virtual_hosted_addressing(make_server, tmp_path):
     """The LMCache endpoint form "<bucket>.<host>:<port>": the bucket in the
     Host header (libcurl resolves *.localhost to loopback), checked by a
