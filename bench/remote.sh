@@ -12,7 +12,8 @@
 #
 # Usage: bench/remote.sh [resp|resp-cluster|s3|all]
 #   env: ROUNDS (5), COUNT objects per phase (32), SIZE bytes (4194304),
-#        CONC connections / transfers (4), BUILD (build)
+#        CONC connections / transfers (4), BUILD (build),
+#        S3_SERVER s3rver (default) or versitygw (the real S3 server the tests use)
 # Throughput counts payload bytes only (the adapter also moves a 512-byte
 # header per object). Writes go to fresh keys on both sides (Redis is
 # flushed between phases); reads read values that exist.
@@ -143,15 +144,26 @@ bench_resp_cluster() {
 }
 
 bench_s3() {
-  local modules=$BUILD/s3server/node_modules
-  command -v node >/dev/null && [ -d "$modules/s3rver" ] ||
-    { echo "s3: node or $modules missing (run make deps), skipped"; return; }
+  local server=${S3_SERVER:-s3rver}
   local port; port=$(free_port)
-  mkdir -p "$TMP/s3"
-  NODE_PATH=$modules node tests/integration/s3server/server.js --port "$port" --dir "$TMP/s3" \
-    --bucket bench --access-key bench --secret-key bench-secret >"$TMP/s3.out" 2>&1 &
-  PIDS+=($!)
-  for _ in $(seq 200); do grep -q ready "$TMP/s3.out" 2>/dev/null && break; sleep 0.05; done
+  if [ "$server" = versitygw ]; then
+    local vgw=${KVT_VERSITYGW:-$BUILD/tools/bin/versitygw}
+    [ -x "$vgw" ] || { echo "s3: $vgw missing (run make deps), skipped"; return; }
+    mkdir -p "$TMP/vgw/bench"
+    HOME=$TMP/vgw "$vgw" --port "127.0.0.1:$port" --access bench --secret bench-secret --quiet \
+      posix "$TMP/vgw" >"$TMP/s3.out" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.05; done
+  else
+    local modules=$BUILD/s3server/node_modules
+    command -v node >/dev/null && [ -d "$modules/s3rver" ] ||
+      { echo "s3: node or $modules missing (run make deps), skipped"; return; }
+    mkdir -p "$TMP/s3"
+    NODE_PATH=$modules node tests/integration/s3server/server.js --port "$port" --dir "$TMP/s3" \
+      --bucket bench --access-key bench --secret-key bench-secret >"$TMP/s3.out" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 200); do grep -q ready "$TMP/s3.out" 2>/dev/null && break; sleep 0.05; done
+  fi
   local url="http://127.0.0.1:$port/bench"
   local spec="{\"type\":\"s3\",\"s3_endpoint\":\"127.0.0.1:$port\",\"s3_bucket\":\"bench\",\"s3_addressing\":\"path\",\"s3_region\":\"us-east-1\",\"disable_tls\":true,\"aws_access_key_id\":\"bench\",\"aws_secret_access_key\":\"bench-secret\",\"s3_num_io_threads\":$CONC}"
   head -c "$SIZE" /dev/urandom >"$TMP/val.bin"
@@ -213,7 +225,7 @@ bench_s3() {
       fi
     done
   done
-  echo "s3 ($((SIZE >> 20)) MiB objects, $CONC parallel transfers, $COUNT ops per phase, $ROUNDS rounds; MB/s medians; server: s3rver)"
+  echo "s3 ($((SIZE >> 20)) MiB objects, $CONC parallel transfers, $COUNT ops per phase, $ROUNDS rounds; MB/s medians; server: $server)"
   printf "%-28s %10s %10s %9s\n" "" "kvtier" "curl" "ratio"
   report "store (PUT)" "$TMP/ss" "$TMP/cs"
   report "load (GET)" "$TMP/sl" "$TMP/cl"
