@@ -49,34 +49,21 @@ def ensure_modules():
         pytest.fail("npm ci of the S3 test server failed:\n" + r.stderr)
 
 
-class S3Server:
-    """s3rver with SigV4 verification, one bucket, data under a directory."""
+class S3Proc:
+    """An S3 server process on a free loopback port, one bucket, data under
+    a directory. Subclasses define launch(): start once, True when ready,
+    False when it exited (most likely its port was taken)."""
 
-    def __init__(self, workdir, bucket="kv"):
+    def __init__(self, workdir, bucket):
         self.dir = str(workdir)
         self.bucket = bucket
         self.port = free_port()
         self.proc = None
 
     def start(self):
-        ensure_modules()
-        env = dict(os.environ, NODE_PATH=MODULES)
-        def launch():
-            self.log = open(os.path.join(self.dir, "..", "s3server-%d.log" % self.port), "ab")
-            self.proc = subprocess.Popen(
-                [NODE, SERVER_JS, "--port", str(self.port), "--dir", self.dir, "--bucket", self.bucket,
-                 "--access-key", KEY, "--secret-key", SECRET],
-                stdout=subprocess.PIPE, stderr=self.log, env=env)
-            line = self.proc.stdout.readline().decode()
-            if line.startswith("ready"):
-                return True
-            self.proc.wait(timeout=30)
-            self.log.close()
-            return False  # most likely its port was taken
-
         def new_port():
             self.port = free_port()
-        return start_on_free_port(self, launch, new_port)
+        return start_on_free_port(self, self.launch, new_port)
 
     def kill(self):
         if self.proc and self.proc.poll() is None:
@@ -86,6 +73,31 @@ class S3Server:
     @property
     def endpoint(self):
         return "127.0.0.1:%d" % self.port
+
+
+class S3Server(S3Proc):
+    """s3rver with SigV4 verification."""
+
+    def __init__(self, workdir, bucket="kv"):
+        super().__init__(workdir, bucket)
+
+    def start(self):
+        ensure_modules()
+        return super().start()
+
+    def launch(self):
+        env = dict(os.environ, NODE_PATH=MODULES)
+        self.log = open(os.path.join(self.dir, "..", "s3server-%d.log" % self.port), "ab")
+        self.proc = subprocess.Popen(
+            [NODE, SERVER_JS, "--port", str(self.port), "--dir", self.dir, "--bucket", self.bucket,
+             "--access-key", KEY, "--secret-key", SECRET],
+            stdout=subprocess.PIPE, stderr=self.log, env=env)
+        line = self.proc.stdout.readline().decode()
+        if line.startswith("ready"):
+            return True
+        self.proc.wait(timeout=30)
+        self.log.close()
+        return False  # most likely its port was taken
 
     def objects(self, prefix=""):
         """Object keys as stored by s3rver (one *._S3rver_object file each)."""
@@ -105,7 +117,7 @@ class S3Server:
 VERSITYGW = os.environ.get("KVT_VERSITYGW", os.path.join(ROOT, "build", "tools", "bin", "versitygw"))
 
 
-class VersityGw:
+class VersityGw(S3Proc):
     """versitygw (github.com/versity/versitygw, Apache-2.0): a production S3
     gateway in Go, here on its POSIX backend (a bucket is a directory, an
     object a file, metadata in extended attributes). It verifies SigV4
@@ -115,43 +127,26 @@ class VersityGw:
     module proxy."""
 
     def __init__(self, workdir, bucket="kvtier-test"):  # AWS bucket rules: 3..63 characters
-        self.dir = str(workdir)
-        self.bucket = bucket
-        self.port = free_port()
-        self.proc = None
+        super().__init__(workdir, bucket)
         os.makedirs(os.path.join(self.dir, bucket), exist_ok=True)
 
-    def start(self):
-        def launch():
-            self.log = open(os.path.join(self.dir, "..", "versitygw-%d.log" % self.port), "ab")
-            self.proc = subprocess.Popen(
-                [VERSITYGW, "--port", "127.0.0.1:%d" % self.port, "--access", KEY, "--secret", SECRET,
-                 "--virtual-domain", "localhost", "--quiet", "posix", self.dir],
-                stdout=self.log, stderr=self.log, env=dict(os.environ, HOME=self.dir))
-            deadline = time.time() + 30
-            while time.time() < deadline:
-                if self.proc.poll() is not None:
-                    self.log.close()
-                    return False  # most likely its port was taken
-                try:
-                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                    return True
-                except OSError:
-                    time.sleep(0.05)
-            raise RuntimeError("versitygw did not listen on %d within 30 s" % self.port)
-
-        def new_port():
-            self.port = free_port()
-        return start_on_free_port(self, launch, new_port)
-
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    @property
-    def endpoint(self):
-        return "127.0.0.1:%d" % self.port
+    def launch(self):
+        self.log = open(os.path.join(self.dir, "..", "versitygw-%d.log" % self.port), "ab")
+        self.proc = subprocess.Popen(
+            [VERSITYGW, "--port", "127.0.0.1:%d" % self.port, "--access", KEY, "--secret", SECRET,
+             "--virtual-domain", "localhost", "--quiet", "posix", self.dir],
+            stdout=self.log, stderr=self.log, env=dict(os.environ, HOME=self.dir))
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                self.log.close()
+                return False  # most likely its port was taken
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return True
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("versitygw did not listen on %d within 30 s" % self.port)
 
     def objects(self, prefix=""):
         root = os.path.join(self.dir, self.bucket)
