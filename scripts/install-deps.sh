@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install what kvtier needs from Debian's packages (and, for the S3 tests,
-# s3rver from npm and versitygw built with Go), only what is missing. Runs apt-get as root (or through sudo).
+# Install what kvtier needs from Debian's packages (and, for the object-store
+# tests, s3rver and Azurite from npm and versitygw built with Go), only what
+# is missing. Runs apt-get as root (or through sudo).
 set -euo pipefail
 PKGS=(
   build-essential cmake pkg-config clang libclang-rt-14-dev clang-format
@@ -44,6 +45,19 @@ if command -v npm >/dev/null 2>&1 && [ ! -f "$S3DIR/node_modules/s3rver/package.
      "$ROOT/tests/integration/s3server/package-lock.json" "$S3DIR/"
   (cd "$S3DIR" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
     echo "kvtier: npm could not install the S3 test server; the s3 tests will fail" >&2
+fi
+
+# Azurite (Microsoft's Azure Storage emulator, npm), pinned by
+# tests/integration/azurite/package-lock.json, for the AZURE_BLOB tests:
+# about a minute and 360 MB the first time.
+AZDIR="$B/azurite"
+if command -v npm >/dev/null 2>&1 && [ ! -f "$AZDIR/node_modules/azurite/package.json" ]; then
+  echo "kvtier: installing Azurite (npm) into $AZDIR" >&2
+  mkdir -p "$AZDIR"
+  cp "$ROOT/tests/integration/azurite/package.json" \
+     "$ROOT/tests/integration/azurite/package-lock.json" "$AZDIR/"
+  (cd "$AZDIR" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
+    echo "kvtier: npm could not install Azurite; the Azure Blob tests will fail" >&2
 fi
 
 # A real S3 server for the s3 tests beside s3rver: versitygw (Apache-2.0, a

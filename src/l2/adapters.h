@@ -110,5 +110,11 @@ int kvt_s3_parse_nixl_obj(struct kvt_cfg *c, void **opts);
 int kvt_s3_open_nixl_obj(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
                          size_t errcap);
 void kvt_s3_nixl_obj_free(void *opts);
+/* {"backend": "AZURE_BLOB", "backend_params": {account_url, container_name,
+ * ...}}: the s3 engine in Azure Blob's dialect; opened and freed as OBJ. */
+int kvt_s3_parse_nixl_azure(struct kvt_cfg *c, void **opts);
+/* Can a server started now authenticate to Azure (an account key or SAS in
+ * the config or the environment)? 0, or KVT_E_CONFIG with the message. */
+int kvt_s3_azure_creds_check(bool explicit_creds, char *err, size_t errcap);
 
 #endif

@@ -106,6 +106,12 @@ int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg
         const json_t *bp = json_object_get(r, "backend_params");
         return kvt_s3_creds_check(json_is_string(json_object_get(bp, "access_key")), msg, cap);
     }
+    if (t && !strcmp(t, "nixl_store") && backend && !strcmp(backend, "AZURE_BLOB")) {
+        const json_t *bp = json_object_get(r, "backend_params");
+        return kvt_s3_azure_creds_check(json_is_string(json_object_get(bp, "account_key")) ||
+                                            json_is_string(json_object_get(bp, "sas_token")),
+                                        msg, cap);
+    }
     const char *p = kvt_l2_spec_storage(s, field, &is_dir);
     if (!p || !p[0])
         return 0;

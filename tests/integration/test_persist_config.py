@@ -56,8 +56,6 @@ SEED_REFUSED = [
      ["GDS", "cuFile", "\"POSIX\""]),
     ('{"type": "nixl_store", "backend": "GDS_MT", "backend_params": {"file_path": "/data/nvme/lmcache", "use_direct_io": "true"}, "pool_size": 128}',
      ["GDS_MT", "cuFile", "\"POSIX\""]),
-    ('{"type": "nixl_store", "backend": "AZURE_BLOB", "backend_params": {"account_url": "https://<account_name>.blob.core.windows.net", "container_name": "<container_name>"}, "pool_size": 32}',
-     ["AZURE_BLOB", "s3 adapter"]),
     ('{"type": "nixl_store_dynamic", "backend": "GDS", "backend_params": {"file_path": "/data/nvme/l2", "use_direct_io": "true", "max_capacity_gb": "50"}, "eviction": {"eviction_policy": "LRU", "trigger_watermark": 0.9, "eviction_ratio": 0.1}}',
      ["GDS", "cuFile", "\"POSIX\""]),
     ('''{

@@ -784,7 +784,7 @@ static const char *const backends[] = {"POSIX", "GDS",        "GDS_MT", "HF3FS",
                                        "OBJ",   "AZURE_BLOB", NULL};
 
 /* Refuse what this build cannot serve, with what to use instead. */
-static int refuse_backend(struct kvt_cfg *c, const char *b, bool dynamic)
+static int refuse_backend(struct kvt_cfg *c, const char *b)
 {
     char msg[512];
     if (strcmp(b, "GDS") == 0 || strcmp(b, "GDS_MT") == 0)
@@ -793,17 +793,11 @@ static int refuse_backend(struct kvt_cfg *c, const char *b, bool dynamic)
                  "build does not have; use \"backend\": \"POSIX\" with the same backend_params "
                  "(\"use_direct_io\": \"true\" gives direct I/O to the same NVMe)",
                  b);
-    else if (dynamic)
+    else /* OBJ or AZURE_BLOB in nixl_store_dynamic (nixl_store serves them) */
         snprintf(msg, sizeof(msg),
                  "\"backend\" %s is an object store: nixl_store_dynamic serves file backends "
-                 "only (POSIX, HF3FS); for object storage use the s3 adapter "
-                 "({\"type\": \"s3\", \"s3_endpoint\": ..., \"s3_region\": ...})",
-                 b);
-    else
-        snprintf(msg, sizeof(msg),
-                 "\"backend\" %s is a NIXL object-store plugin, not in this build; for object "
-                 "storage use \"backend\": \"OBJ\" (S3) or the s3 adapter, for local files "
-                 "\"backend\": \"POSIX\"",
+                 "only (POSIX, HF3FS); for object storage use nixl_store with this backend, or "
+                 "the s3 adapter ({\"type\": \"s3\", \"s3_endpoint\": ..., \"s3_region\": ...})",
                  b);
     snprintf(c->err, c->errcap, "--l2-adapter #%d (%s): %s", c->index, c->type, msg);
     c->rc = KVT_E_UNSUPPORTED;
@@ -817,8 +811,10 @@ int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic)
         return c->rc;
     if (!dynamic && strcmp(o->backend, "OBJ") == 0)
         return kvt_s3_parse_nixl_obj(c, &o->obj); /* NIXL's OBJ plugin is S3 */
+    if (!dynamic && strcmp(o->backend, "AZURE_BLOB") == 0)
+        return kvt_s3_parse_nixl_azure(c, &o->obj); /* the s3 engine, Azure's dialect */
     if (strcmp(o->backend, "POSIX") != 0 && strcmp(o->backend, "HF3FS") != 0)
-        return refuse_backend(c, o->backend, dynamic);
+        return refuse_backend(c, o->backend);
     struct kvt_cfg bp;
     if (kvt_cfg_sub(c, "backend_params", true, &bp)) {
         kvt_cfg_free(&bp);

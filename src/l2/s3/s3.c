@@ -666,17 +666,29 @@ static int64_t iso_ms(const char *s)
     return (int64_t)timegm(&tm) * 1000 + ms;
 }
 
-/* Parse one ListObjectsV2 page; returns whether more pages follow. */
+/* "Tue, 01 Dec 2026 22:00:00 GMT" (Azure's Last-Modified) in ms. */
+static int64_t rfc1123_ms(const char *s)
+{
+    struct tm tm;
+    memset(&tm, 0, sizeof(tm));
+    const char *end = strptime(s, "%a, %d %b %Y %H:%M:%S", &tm);
+    return end ? (int64_t)timegm(&tm) * 1000 : 0;
+}
+
+/* Parse one ListObjectsV2 page (Azure: List Blobs); returns whether more
+ * pages follow. */
 static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *body)
 {
     const char *p = body;
     char key[2048], num[32], date[64];
-    while ((p = strstr(p, "<Contents>"))) {
-        const char *z = strstr(p, "</Contents>");
+    const char *open = e->azure ? "<Blob>" : "<Contents>",
+               *close = e->azure ? "</Blob>" : "</Contents>";
+    while ((p = strstr(p, open))) {
+        const char *z = strstr(p, close);
         if (!z)
             break;
-        if (kvt_s3_xml_field(p, z, "Key", key, sizeof(key)) &&
-            kvt_s3_xml_field(p, z, "Size", num, sizeof(num))) {
+        if (kvt_s3_xml_field(p, z, e->azure ? "Name" : "Key", key, sizeof(key)) &&
+            kvt_s3_xml_field(p, z, e->azure ? "Content-Length" : "Size", num, sizeof(num))) {
             size_t kl = strlen(key);
             uint64_t size = strtoull(num, NULL, 10);
             kvt_key k;
@@ -685,8 +697,10 @@ static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *b
                 kvt_key_decode(KVT_CODEC_OBJ, key + e->prefix_len, kl - e->prefix_len, &k) == 0) {
                 kvt_key ck;
                 kvt_key_canon(KVT_CODEC_OBJ, &k, &ck);
-                int64_t ms =
-                    kvt_s3_xml_field(p, z, "LastModified", date, sizeof(date)) ? iso_ms(date) : 0;
+                int64_t ms = 0;
+                if (kvt_s3_xml_field(p, z, e->azure ? "Last-Modified" : "LastModified", date,
+                                     sizeof(date)))
+                    ms = e->azure ? rfc1123_ms(date) : iso_ms(date);
                 kvt_l2_found_push(&ls->found, &ck, (uint32_t)size, 0, S3_HDR, 0, ms * 1000000);
             } else {
                 atomic_fetch_add(&e->foreign, 1);
@@ -695,9 +709,14 @@ static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *b
         p = z;
     }
     char trunc[16] = "", tok[1100] = "";
-    kvt_s3_xml_field(body, NULL, "IsTruncated", trunc, sizeof(trunc));
     free(ls->token);
     ls->token = NULL;
+    if (e->azure) { /* a non-empty NextMarker continues */
+        if (kvt_s3_xml_field(body, NULL, "NextMarker", tok, sizeof(tok)) && tok[0])
+            ls->token = kvt_xstrdup(tok);
+        return ls->token != NULL;
+    }
+    kvt_s3_xml_field(body, NULL, "IsTruncated", trunc, sizeof(trunc));
     if (strcmp(trunc, "true") == 0 &&
         kvt_s3_xml_field(body, NULL, "NextContinuationToken", tok, sizeof(tok)) && tok[0])
         ls->token = kvt_xstrdup(tok);
@@ -774,15 +793,23 @@ static void list_page(struct s3_engine *e, struct list_state *ls)
     kvt_s3_req_clear(r);
     memset(r, 0, sizeof(*r));
     r->op = S3_LIST;
-    snprintf(r->path, sizeof(r->path), "%s/", e->base);
-    struct kvt_sigv4_pair q[4];
+    snprintf(r->path, sizeof(r->path), "%s%s", e->base, e->azure ? "" : "/");
+    struct kvt_sigv4_pair q[5];
     size_t nq = 0;
-    q[nq++] = (struct kvt_sigv4_pair){"list-type", "2"};
-    q[nq++] = (struct kvt_sigv4_pair){"max-keys", "1000"};
+    if (e->azure) { /* List Blobs */
+        q[nq++] = (struct kvt_sigv4_pair){"comp", "list"};
+        q[nq++] = (struct kvt_sigv4_pair){"maxresults", "1000"};
+        q[nq++] = (struct kvt_sigv4_pair){"restype", "container"};
+        if (ls->token)
+            q[nq++] = (struct kvt_sigv4_pair){"marker", ls->token};
+    } else {
+        q[nq++] = (struct kvt_sigv4_pair){"list-type", "2"};
+        q[nq++] = (struct kvt_sigv4_pair){"max-keys", "1000"};
+        if (ls->token)
+            q[nq++] = (struct kvt_sigv4_pair){"continuation-token", ls->token};
+    }
     if (e->prefix_len)
         q[nq++] = (struct kvt_sigv4_pair){"prefix", e->prefix};
-    if (ls->token)
-        q[nq++] = (struct kvt_sigv4_pair){"continuation-token", ls->token};
     size_t cap = 3 * (strlen(e->prefix) + (ls->token ? strlen(ls->token) : 0)) + 128;
     r->query = kvt_xmalloc(cap);
     kvt_sigv4_canonical_query(q, nq, r->query, cap);
@@ -812,9 +839,10 @@ void kvt_s3_io_tick(kvt_l2 *l2, uint64_t now)
 static void s3_status(kvt_l2 *l2, json_t *out)
 {
     struct s3_engine *e = l2->engine;
-    char url[800];
+    char url[1024];
     snprintf(url, sizeof(url), "%s://%s%s/%s", e->scheme, e->host, e->base, e->prefix);
     json_object_set_new(out, "endpoint_url", json_string(url));
+    json_object_set_new(out, "api", json_string(e->azure ? "azure_blob" : "s3"));
     json_object_set_new(out, "bucket", json_string(e->bucket));
     json_object_set_new(out, "addressing", json_string(e->path_style ? "path" : "virtual"));
     json_object_set_new(out, "region", json_string(e->region));
@@ -954,21 +982,6 @@ static bool bucket_name_ok(const char *b)
             return false;
     return true;
 }
-
-struct kvt_s3_opts {
-    const char *endpoint, *region, *bucket_opt, *addressing, *key_prefix;
-    const char *key_id, *secret, *token; /* NULL: environment or credentials file */
-    int num_io_threads;                  /* concurrent transfers */
-    bool prefer_http2, disable_tls;
-    double connection_timeout, request_timeout; /* seconds */
-    int breaker_threshold;
-    uint64_t max_capacity_bytes;
-    uint64_t mpu_threshold, mpu_part; /* bytes */
-    char ep_buf[320];                 /* nixl OBJ: the endpoint built from its keys */
-    /* resolved from the above */
-    char scheme[8], host[400], bucket[128];
-    bool path_style;
-};
 
 /*
  * Where the bucket lives, from s3_endpoint (+ s3_bucket, s3_addressing):
@@ -1415,7 +1428,7 @@ static int s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     e->l2 = l2;
     pthread_mutex_init(&e->lock, NULL);
     kvt_l2_park_init(&e->park);
-    rc = load_creds(o, &e->creds, err, errcap);
+    rc = o->azure ? kvt_s3_azure_creds(o, e, err, errcap) : load_creds(o, &e->creds, err, errcap);
     if (rc)
         goto fail;
     snprintf(e->scheme, sizeof(e->scheme), "%s", o->scheme);
@@ -1424,6 +1437,8 @@ static int s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     e->path_style = o->path_style;
     snprintf(e->base, sizeof(e->base), "%s%s", o->path_style ? "/" : "",
              o->path_style ? o->bucket : "");
+    if (o->azure)
+        snprintf(e->base, sizeof(e->base), "%s", o->az_base);
     snprintf(e->region, sizeof(e->region), "%s", o->region);
     size_t pl = strlen(o->key_prefix);
     snprintf(e->prefix, sizeof(e->prefix), "%s%s", o->key_prefix,

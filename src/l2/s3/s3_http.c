@@ -172,7 +172,8 @@ static size_t header_cb(char *p, size_t size, size_t nitems, void *arg)
         char tmp[32];
         snprintf(tmp, sizeof(tmp), "%.*s", (int)KVT_MIN(vl, 31), v);
         r->clen = strtoll(tmp, NULL, 10);
-    } else if (kl == 14 && strncasecmp(p, "x-amz-meta-kvt", 14) == 0) {
+    } else if ((kl == 14 && strncasecmp(p, "x-amz-meta-kvt", 14) == 0) ||
+               (kl == 13 && strncasecmp(p, "x-ms-meta-kvt", 13) == 0)) {
         snprintf(r->rmeta, sizeof(r->rmeta), "%.*s", (int)KVT_MIN(vl, sizeof(r->rmeta) - 1), v);
     } else if (kl == 4 && strncasecmp(p, "etag", 4) == 0) {
         snprintf(r->etag, sizeof(r->etag), "%.*s", (int)KVT_MIN(vl, sizeof(r->etag) - 1), v);
@@ -195,6 +196,92 @@ static void add_hdr(struct s3_req *r, const char *fmt, ...)
         r->hl = nl;
 }
 
+/* Percent-decode [a, a + n) into out (cap bytes incl. NUL). */
+static void pct_decode(const char *a, size_t n, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 1 < cap; i++) {
+        if (a[i] == '%' && i + 2 < n && isxdigit((unsigned char)a[i + 1]) &&
+            isxdigit((unsigned char)a[i + 2])) {
+            char hx[3] = {a[i + 1], a[i + 2], 0};
+            out[o++] = (char)strtol(hx, NULL, 16);
+            i += 2;
+        } else {
+            out[o++] = a[i];
+        }
+    }
+    out[o] = 0;
+}
+
+/*
+ * Azure Blob headers and Shared Key signature (Authorize with Shared Key,
+ * version 2009-09-19 and later):
+ *   VERB \n Content-Encoding \n Content-Language \n Content-Length (empty for
+ *   0) \n Content-MD5 \n Content-Type \n Date \n If-Modified-Since \n If-Match
+ *   \n If-None-Match \n If-Unmodified-Since \n Range \n
+ *   x-ms-* headers "name:value\n", sorted
+ *   "/" account path, then "\nname:value" per query parameter, sorted, decoded
+ * signed with HMAC-SHA256 under the decoded account key. With a SAS token
+ * instead, the token in the URL is the authorization.
+ */
+static int azure_headers(struct s3_engine *e, struct s3_req *r, const char *method)
+{
+    char date[40];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    bool put = r->op == S3_PUT;
+    uint64_t clen = put ? kvt_s3_body_len(r) : 0;
+    /* sorted by name */
+    if (put)
+        add_hdr(r, "x-ms-blob-type: BlockBlob");
+    add_hdr(r, "x-ms-date: %s", date);
+    if (put)
+        add_hdr(r, "x-ms-meta-kvt: %s", r->meta);
+    add_hdr(r, "x-ms-version: " S3_AZURE_VERSION);
+    add_hdr(r, "Expect:");
+    if (put)
+        add_hdr(r, "Content-Type: application/octet-stream");
+    if (e->az.key_len) {
+        char sts[4096], cl[24] = "";
+        if (clen)
+            snprintf(cl, sizeof(cl), "%llu", (unsigned long long)clen);
+        int n =
+            snprintf(sts, sizeof(sts),
+                     "%s\n\n\n%s\n\n%s\n\n\n\n\n\n\n%sx-ms-date:%s\n%s%s%sx-ms-version:%s\n/%s%s",
+                     method, cl, put ? "application/octet-stream" : "",
+                     put ? "x-ms-blob-type:BlockBlob\n" : "", date, put ? "x-ms-meta-kvt:" : "",
+                     put ? r->meta : "", put ? "\n" : "", S3_AZURE_VERSION, e->az.account, r->path);
+        /* the query's parameters (names already sorted and lower case) */
+        for (const char *q = r->query; q && *q && n > 0 && (size_t)n < sizeof(sts);) {
+            const char *amp = strchr(q, '&');
+            size_t len = amp ? (size_t)(amp - q) : strlen(q);
+            const char *eq = memchr(q, '=', len);
+            char name[64], val[1200];
+            size_t nl = eq ? (size_t)(eq - q) : len;
+            snprintf(name, sizeof(name), "%.*s", (int)KVT_MIN(nl, sizeof(name) - 1), q);
+            if (eq)
+                pct_decode(eq + 1, len - nl - 1, val, sizeof(val));
+            else
+                val[0] = 0;
+            n += snprintf(sts + n, sizeof(sts) - (size_t)n, "\n%s:%s", name, val);
+            q = amp ? amp + 1 : q + len;
+        }
+        if (n < 0 || (size_t)n >= sizeof(sts))
+            return -EINVAL;
+        uint8_t mac[32];
+        kvt_hmac_sha256(e->az.key, e->az.key_len, sts, (size_t)n, mac);
+        char b64[64];
+        kvt_base64_encode(mac, sizeof(mac), b64, sizeof(b64));
+        add_hdr(r, "Authorization: SharedKey %s:%s", e->az.account, b64);
+    }
+    if (!r->hl)
+        return -ENOMEM;
+    curl_easy_setopt(r->h, CURLOPT_HTTPHEADER, r->hl);
+    return 0;
+}
+
 /*
  * Build the easy handle: URL, method, body source/sink, timeouts and the
  * signed headers. Returns 0 or -ENOMEM / -EINVAL.
@@ -203,9 +290,11 @@ static int setup(struct s3_engine *e, struct s3_req *r)
 {
     CURL *h = r->h;
     r->status = 0; /* write_cb reads it once per transfer */
-    char url[S3_PATH_MAX + 512 + 2400];
-    snprintf(url, sizeof(url), "%s://%s%s%s%s", e->scheme, e->host, r->path,
-             r->query && r->query[0] ? "?" : "", r->query ? r->query : "");
+    char url[S3_PATH_MAX + 512 + 2400 + 1024];
+    bool q = r->query && r->query[0];
+    bool sas = e->azure && e->az.sas[0];
+    snprintf(url, sizeof(url), "%s://%s%s%s%s%s%s", e->scheme, e->host, r->path,
+             q || sas ? "?" : "", q ? r->query : "", q && sas ? "&" : "", sas ? e->az.sas : "");
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_PRIVATE, r);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -258,6 +347,8 @@ static int setup(struct s3_engine *e, struct s3_req *r)
     default:
         break;
     }
+    if (e->azure)
+        return azure_headers(e, r, method);
     char date[17];
     kvt_sigv4_amz_date(time(NULL), date);
     /* bodies streamed from L1 go unsigned (the objfmt checksum guards
@@ -434,7 +525,8 @@ static void classify(struct s3_engine *e, struct s3_req *r, CURLcode rc)
          * (versitygw: XAdminUserNotFound) */
         kvt_s3_xml_field(r->body, NULL, "Code", r->err_code, sizeof(r->err_code));
         r->outcome = !r->err_code[0] || strcmp(r->err_code, "NoSuchKey") == 0 ||
-                             strcmp(r->err_code, "NoSuchUpload") == 0
+                             strcmp(r->err_code, "NoSuchUpload") == 0 ||
+                             strcmp(r->err_code, "BlobNotFound") == 0
                          ? S3_NOTFOUND
                          : S3_REJECTED;
     } else if (s / 100 == 5) {
@@ -613,7 +705,9 @@ static void *io_main(void *arg)
             kvt_s3_req_clear(pr);
             memset(pr, 0, sizeof(*pr));
             pr->op = S3_PROBE;
-            snprintf(pr->path, sizeof(pr->path), "%s/", e->base);
+            snprintf(pr->path, sizeof(pr->path), "%s%s", e->base, e->azure ? "" : "/");
+            if (e->azure) /* Get Container Properties */
+                pr->query = kvt_xstrdup("restype=container");
             pr->clen = -1;
             pr->want = -1;
             atomic_fetch_add(&e->reqs[S3_PROBE], 1);

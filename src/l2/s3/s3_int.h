@@ -17,8 +17,9 @@
 #include "l2/engine.h"
 #include "l2/kit/objfmt.h"
 
-#define S3_HDR KVT_OBJHDR_MIN /* header bytes in front of every object */
-#define S3_F_LEN_KNOWN 0x80   /* index flags: logical length known */
+#define S3_AZURE_VERSION "2021-08-06" /* x-ms-version of Azure Blob requests */
+#define S3_HDR KVT_OBJHDR_MIN         /* header bytes in front of every object */
+#define S3_F_LEN_KNOWN 0x80           /* index flags: logical length known */
 #define S3_PATH_MAX 1024
 #define S3_BODY_MAX (8u << 20)         /* largest listing/error body kept */
 #define S3_PROBE_MIN_NS 500000000ull   /* breaker: first probe after 0.5 s */
@@ -119,14 +120,25 @@ enum s3_breaker { BRK_CLOSED, BRK_OPEN, BRK_PROBING };
 
 struct list_state; /* s3.c: the start-up listing (I/O thread only) */
 
+/* Azure Blob (nixl_store "backend": "AZURE_BLOB"): the same engine with
+ * Azure's REST dialect (x-ms-* headers, Shared Key or SAS, List Blobs). */
+struct s3_azure {
+    char account[64];
+    uint8_t key[96]; /* the decoded account key (Shared Key: 64 bytes), key_len 0: SAS */
+    size_t key_len;
+    char sas[1024]; /* SAS token without '?' (appended to every request) */
+};
+
 struct s3_engine {
     kvt_l2 *l2;
     /* configuration (immutable after open) */
+    bool azure; /* Azure Blob dialect; az holds its account and credentials */
+    struct s3_azure az;
     char scheme[8]; /* "http" or "https" */
     char host[400]; /* Host header and URL authority */
     char bucket[128];
     bool path_style; /* path: /bucket/key, virtual: bucket in host */
-    char base[140];  /* "/bucket" (path style) or "" */
+    char base[200];  /* "/bucket" (path style), "/[account/]container" (Azure) or "" */
     char region[64];
     char prefix[200]; /* object key prefix with trailing '/', or "" */
     size_t prefix_len;
@@ -174,6 +186,30 @@ struct s3_engine {
     _Atomic uint64_t reqs[S3_NOPS], failures, foreign;
     _Atomic uint64_t mpu_ok, mpu_failed; /* multipart uploads completed / aborted */
 };
+
+/* The parsed configuration (s3.c; s3_azure.c for nixl's AZURE_BLOB). */
+struct kvt_s3_opts {
+    const char *endpoint, *region, *bucket_opt, *addressing, *key_prefix;
+    const char *key_id, *secret, *token; /* NULL: environment or credentials file */
+    int num_io_threads;                  /* concurrent transfers */
+    bool prefer_http2, disable_tls;
+    double connection_timeout, request_timeout; /* seconds */
+    int breaker_threshold;
+    uint64_t max_capacity_bytes;
+    uint64_t mpu_threshold, mpu_part; /* bytes */
+    char ep_buf[320];                 /* nixl OBJ: the endpoint built from its keys */
+    /* nixl AZURE_BLOB (s3_azure.c): Azure's dialect, path "/[account/]container" */
+    bool azure;
+    char az_base[200], az_account[64];
+    const char *az_key, *az_sas; /* from the config, else the environment at open */
+    /* resolved from the above */
+    char scheme[8], host[400], bucket[128];
+    bool path_style;
+};
+
+/* s3_azure.c: the account key or SAS token for e (config, else
+ * $AZURE_STORAGE_KEY / $AZURE_STORAGE_SAS_TOKEN); 0 or KVT_E_CONFIG. */
+int kvt_s3_azure_creds(const struct kvt_s3_opts *o, struct s3_engine *e, char *err, size_t cap);
 
 /* s3_http.c */
 int kvt_s3_io_start(struct s3_engine *e, char *err, size_t errcap);

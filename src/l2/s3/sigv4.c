@@ -29,6 +29,36 @@ static void hmac(const void *key, size_t klen, const void *msg, size_t mlen, uin
     HMAC(EVP_sha256(), key, (int)klen, msg, mlen, out, &olen);
 }
 
+void kvt_hmac_sha256(const void *key, size_t klen, const void *msg, size_t n, uint8_t out[32])
+{
+    hmac(key, klen, msg, n, out);
+}
+
+int kvt_base64_encode(const void *in, size_t n, char *out, size_t cap)
+{
+    if (cap < 4 * ((n + 2) / 3) + 1)
+        return -ENOSPC;
+    return EVP_EncodeBlock((unsigned char *)out, in, (int)n);
+}
+
+int kvt_base64_decode(const char *in, uint8_t *out, size_t cap)
+{
+    size_t n = strlen(in);
+    if (n % 4)
+        return -EINVAL;
+    if (cap < n / 4 * 3)
+        return -ENOSPC;
+    int len = EVP_DecodeBlock(out, (const unsigned char *)in, (int)n);
+    if (len < 0)
+        return -EINVAL;
+    /* EVP_DecodeBlock counts the padding as zero bytes */
+    if (n && in[n - 1] == '=')
+        len--;
+    if (n > 1 && in[n - 2] == '=')
+        len--;
+    return len;
+}
+
 void kvt_sigv4_signing_key(const char *secret, const char *date8, const char *region,
                            const char *service, uint8_t out[32])
 {

@@ -85,6 +85,15 @@ void kvt_sha256_hex(const void *p, size_t n, char out[65]);
 /* "YYYYMMDDTHHMMSSZ" for a UTC time. */
 void kvt_sigv4_amz_date(time_t t, char out[17]);
 
+/* HMAC-SHA256 (Azure's Shared Key signs with it too). */
+void kvt_hmac_sha256(const void *key, size_t klen, const void *msg, size_t n, uint8_t out[32]);
+/* Standard base64 with padding; returns the length written (out needs
+ * 4 * ceil(n / 3) + 1 bytes) or -ENOSPC. */
+int kvt_base64_encode(const void *in, size_t n, char *out, size_t cap);
+/* Decode standard base64; returns the byte count or -EINVAL (not base64) /
+ * -ENOSPC. */
+int kvt_base64_decode(const char *in, uint8_t *out, size_t cap);
+
 /* SHA-256 of the empty string, the payload hash of bodiless requests. */
 #define KVT_SHA256_EMPTY "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
