@@ -67,7 +67,7 @@ static int parse_account_url(struct kvt_cfg *bp, const char *url, const char *co
                             "emulator's \"http://<host>:<port>/<account>\" (got \"%s\")",
                             url);
     snprintf(o->host, sizeof(o->host), "%.*s", (int)hl, h);
-    char seg[128] = "";
+    char seg[sizeof(o->az_account)] = "";
     if (slash) {
         const char *s = slash + 1, *e = strchr(s, '/');
         size_t sl = e ? (size_t)(e - s) : strlen(s);
