@@ -19,6 +19,7 @@ import pytest
 import kvtier
 from conftest import keys_for, l2_status, random_payloads, run_kvtier, wait_for
 from test_resp import Redis
+from test_shared_l2 import EVICT, L1, check_nodes, shared_workload
 
 REDIS = shutil.which("redis-server")
 CLI = shutil.which("redis-cli")
@@ -263,6 +264,20 @@ def test_delete_and_persist_false_unlink_on_each_node(make_server, cluster):
     assert s.stop() == 0
     assert sum(keys_on_masters(cluster, "gone").values()) == 0
     assert "persist_enabled is false: removed 20 keys from the cluster" in s.read_log()
+
+
+def test_three_servers_one_cluster(make_server, cluster):
+    """Three kvtier servers on the cluster (one evicting under a small cap)
+    store, load and delete the same keys at once: a load is a miss or the
+    key's own bytes, and the servers find each other's chunks
+    (test_shared_l2.py has the workload, and the bucket and directory
+    cases)."""
+    servers = [make_server(L1 + ["--l2-adapter", cl_json(cluster, "three", max_capacity_gb=0.0005,
+                                                          eviction=EVICT)])] + \
+        [make_server(L1 + ["--l2-adapter", cl_json(cluster, "three")]) for _ in range(2)]
+    for s in servers:
+        s.wait_recovered()
+    check_nodes(servers, shared_workload(servers))
 
 
 def test_bad_config(cluster):
