@@ -9,13 +9,18 @@ CMAKE_FLAGS += -DKVT_WERROR=ON
 endif
 PYTEST ?= /usr/bin/python3 -m pytest
 
-.PHONY: all deps configure build run test unit integration clean format check-format bench \
+.PHONY: all deps test-servers configure build run test unit integration clean format check-format bench \
 	test-asan test-tsan test-sanitize fuzz check-clang check-layers venv test-vllm install deb debroot ci-debroot
 
 all: build
 
 deps:
 	@./scripts/install-deps.sh
+
+# the object-store servers the integration tests start (s3rver, Azurite,
+# versitygw), into the build tree; not needed by `make run`
+test-servers: deps
+	@./scripts/install-test-servers.sh
 
 $(BUILD)/Makefile: CMakeLists.txt
 	cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
@@ -59,7 +64,7 @@ run: build
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -L unit -j $(JOBS)
 
-integration: build
+integration: build test-servers
 	KVTIER_BIN=$(abspath $(BUILD))/kvtier KVTIER_LIB=$(abspath $(BUILD))/libkvtier_client.so \
 	  $(PYTEST) -q tests/integration $(PYTEST_ARGS)
 
@@ -129,7 +134,7 @@ build-tsan/Makefile: CMakeLists.txt
 
 # The Python tests load the normal client library (an instrumented one cannot
 # be loaded into an uninstrumented interpreter); the server is instrumented.
-test-asan: build deps build-asan/Makefile
+test-asan: build deps test-servers build-asan/Makefile
 	@cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ctest --output-on-failure -L unit -j $(JOBS)
@@ -137,7 +142,7 @@ test-asan: build deps build-asan/Makefile
 	KVTIER_SANITIZER=address KVTIER_BIN=$(abspath build-asan)/kvtier KVTIER_LIB=$(abspath $(BUILD))/libkvtier_client.so \
 	  $(PYTEST) -q tests/integration $(PYTEST_ARGS)
 
-test-tsan: build deps build-tsan/Makefile
+test-tsan: build deps test-servers build-tsan/Makefile
 	@cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:suppressions=$(abspath tests/tsan.supp) \
 	  ctest --output-on-failure -L unit -j $(JOBS)

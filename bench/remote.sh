@@ -148,7 +148,7 @@ bench_s3() {
   local port; port=$(free_port)
   if [ "$server" = versitygw ]; then
     local vgw=${KVT_VERSITYGW:-$BUILD/tools/bin/versitygw}
-    [ -x "$vgw" ] || { echo "s3: $vgw missing (run make deps), skipped"; return; }
+    [ -x "$vgw" ] || { echo "s3: $vgw missing (run make test-servers), skipped"; return; }
     mkdir -p "$TMP/vgw/bench"
     HOME=$TMP/vgw "$vgw" --port "127.0.0.1:$port" --access bench --secret bench-secret --quiet \
       posix "$TMP/vgw" >"$TMP/s3.out" 2>&1 &
@@ -157,7 +157,7 @@ bench_s3() {
   else
     local modules=$BUILD/s3server/node_modules
     command -v node >/dev/null && [ -d "$modules/s3rver" ] ||
-      { echo "s3: node or $modules missing (run make deps), skipped"; return; }
+      { echo "s3: node or $modules missing (run make test-servers), skipped"; return; }
     mkdir -p "$TMP/s3"
     NODE_PATH=$modules node tests/integration/s3server/server.js --port "$port" --dir "$TMP/s3" \
       --bucket bench --access-key bench --secret-key bench-secret >"$TMP/s3.out" 2>&1 &

@@ -32,7 +32,7 @@ KEY, SECRET = "kvtier", "kvtier-secret"
 
 
 def ensure_modules():
-    """The npm packages normally come from scripts/install-deps.sh; install
+    """The npm packages normally come from scripts/install-test-servers.sh; install
     them here when a checkout skipped that step."""
     if os.path.isfile(os.path.join(MODULES, "s3rver", "package.json")):
         return
@@ -123,7 +123,7 @@ class VersityGw(S3Proc):
     object a file, metadata in extended attributes). It verifies SigV4
     itself, enforces AWS's bucket-name and multipart rules (5 MiB parts),
     and serves virtual-hosted addressing under --virtual-domain: a real S3
-    server beside s3rver. scripts/install-deps.sh builds it from the Go
+    server beside s3rver. scripts/install-test-servers.sh builds it from the Go
     module proxy."""
 
     def __init__(self, workdir, bucket="kvtier-test"):  # AWS bucket rules: 3..63 characters
@@ -166,8 +166,8 @@ def start_s3(kind, tmp_path):
         pytest.skip("node is not installed: no s3rver")
     if kind == "versitygw" and not os.access(VERSITYGW, os.X_OK):
         if os.environ.get("CI"):
-            pytest.fail("%s is missing: scripts/install-deps.sh builds it" % VERSITYGW)
-        pytest.skip("%s is not built (scripts/install-deps.sh builds it)" % VERSITYGW)
+            pytest.fail("%s is missing: scripts/install-test-servers.sh (make test-servers) builds it" % VERSITYGW)
+        pytest.skip("%s is not built (make test-servers builds it)" % VERSITYGW)
     d = tmp_path / ("s3data-" + kind)
     d.mkdir()
     return (S3Server(d) if kind == "s3rver" else VersityGw(d)).start()

@@ -13,7 +13,7 @@
  *                  [--no-verify]
  *
  * Prints "ready <port>" on stdout once listening. Needs NODE_PATH pointing at
- * the node_modules that scripts/install-deps.sh installs (build/s3server).
+ * the node_modules that scripts/install-test-servers.sh installs (build/s3server).
  */
 'use strict';
 
