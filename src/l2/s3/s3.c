@@ -1458,8 +1458,9 @@ static int s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     rc = kvt_s3_io_start(e, err, errcap);
     if (rc)
         goto fail;
-    kvt_info("%s: %s://%s%s/%s (region %s, credentials from %s, up to %d transfers)", l2->name,
-             e->scheme, e->host, e->base, e->prefix, e->region, e->creds.source, e->max_transfers);
+    kvt_info("%s: %s://%s%s/%s (%s%s, credentials from %s, up to %d transfers)", l2->name,
+             e->scheme, e->host, e->base, e->prefix, e->azure ? "Azure Blob" : "region ",
+             e->azure ? "" : e->region, e->creds.source, e->max_transfers);
     return 0;
 fail:
     free(e->list);
