@@ -225,7 +225,7 @@ def check_multipart(make_server, spec_json, srv_objects):
     assert (rq["put"], rq["mpu_create"], rq["mpu_part"], rq["mpu_complete"], rq["mpu_abort"]) == \
         (1, 2, 8, 2, 0), rq
     assert a["multipart"] == {"threshold_bytes": 8 * MiB, "part_bytes": 5 * MiB, "completed": 2,
-                              "failed": 0}
+                              "failed": 0, "stale_aborted": 0}
     assert a["used_bytes"] == sum(HDR + n for n in sizes) and a["failed_requests"] == 0
     assert len(srv_objects()) == 3
     s.kill(signal.SIGKILL)
@@ -337,6 +337,43 @@ def test_multipart_failed_part_aborts_the_upload(make_server, tmp_path):
             assert l2_status(s)["multipart"]["completed"] == 1
             assert c.retrieve(keys) == pay
         assert len(srv.objects("t/")) == 1
+    finally:
+        px.close()
+        srv.kill()
+
+
+def test_stale_uploads_are_aborted_at_start(make_server, tmp_path):
+    """An upload that neither completed nor was aborted (here: the part and
+    the abort both fail) stays on the server; a server started later lists
+    the uploads under its prefix and aborts those older than
+    s3_stale_upload_hours, leaving younger ones (another server's) alone."""
+    srv = start_s3("versitygw", tmp_path)
+    px = FailingProxy(srv.port, lambda m, q: (m == "PUT" and "partNumber=3&" in q) or
+                      (m == "DELETE" and "uploadId=" in q))
+    staging = os.path.join(srv.dir, srv.bucket, ".sgwtmp", "multipart")
+
+    def staged():
+        return sum(len(files) for _, _, files in os.walk(staging))
+    try:
+        spec = json.loads(s3_json(srv, s3_multipart_threshold_mb=8, s3_multipart_part_mb=5))
+        spec["s3_endpoint"] = "127.0.0.1:%d" % px.port
+        a = make_server(["--l2-store-policy", "skip_l1", "--l2-adapter", json.dumps(spec)])
+        a.wait_recovered()
+        with a.client(shm=False) as c:
+            c.store(keys_for("stale", 1), random_payloads(1, 22 * MiB, seed=6))
+            c.flush()
+        wait_for(lambda: l2_status(a)["requests"]["mpu_abort"] == 1, what="the failed abort")
+        a.kill(signal.SIGKILL)
+        assert staged() >= 4  # parts 1, 2, 4, 5 stay on the server
+        young = make_server(["--l2-adapter", s3_json(srv)])  # default: 24 h
+        b = young.wait_recovered()["l2"][0]
+        time.sleep(1.0)
+        assert l2_status(young)["multipart"]["stale_aborted"] == 0 and staged() >= 4
+        assert l2_status(young)["requests"]["mpu_list"] == 1
+        old = make_server(["--l2-adapter", s3_json(srv, s3_stale_upload_hours=0.0002)])  # 0.72 s
+        wait_for(lambda: l2_status(old)["multipart"]["stale_aborted"] == 1, what="the sweep")
+        wait_for(lambda: staged() == 0, what="versitygw to drop the stale parts")
+        assert b["is_healthy"]
     finally:
         px.close()
         srv.kill()

@@ -653,7 +653,7 @@ bool kvt_s3_xml_field(const char *a, const char *z, const char *tag, char *out, 
     return true;
 }
 
-static int64_t iso_ms(const char *s)
+int64_t kvt_s3_iso_ms(const char *s)
 {
     struct tm tm;
     memset(&tm, 0, sizeof(tm));
@@ -700,7 +700,7 @@ static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *b
                 int64_t ms = 0;
                 if (kvt_s3_xml_field(p, z, e->azure ? "Last-Modified" : "LastModified", date,
                                      sizeof(date)))
-                    ms = e->azure ? rfc1123_ms(date) : iso_ms(date);
+                    ms = e->azure ? rfc1123_ms(date) : kvt_s3_iso_ms(date);
                 kvt_l2_found_push(&ls->found, &ck, (uint32_t)size, 0, S3_HDR, 0, ms * 1000000);
             } else {
                 atomic_fetch_add(&e->foreign, 1);
@@ -735,6 +735,8 @@ static void list_finish(kvt_l2 *l2, struct s3_engine *e, struct list_state *ls, 
     pthread_mutex_lock(&e->lock);
     e->list_done = true;
     pthread_mutex_unlock(&e->lock);
+    if (complete)
+        kvt_s3_sweep_uploads(e);
     for (kvt_l2_task *p = kvt_l2_park_take(&e->park, true), *nx; p; p = nx) {
         nx = p->next;
         p->next = NULL;
@@ -880,9 +882,10 @@ static void s3_status(kvt_l2 *l2, json_t *out)
     pthread_mutex_unlock(&e->lock);
     json_object_set_new(out, "parked_stores", json_integer((json_int_t)kvt_l2_parked(&e->park)));
     json_t *rq = json_object();
-    static const char *const names[S3_NOPS] = {"put",          "get",      "head",       "delete",
-                                               "list",         "probe",    "mpu_create", "mpu_part",
-                                               "mpu_complete", "mpu_abort"};
+    static const char *const names[] = {"put",          "get",       "head",       "delete",
+                                        "list",         "probe",     "mpu_create", "mpu_part",
+                                        "mpu_complete", "mpu_abort", "mpu_list"};
+    _Static_assert(KVT_ARRAY_LEN(names) == S3_NOPS, "one status name per S3 op");
     for (int i = 0; i < S3_NOPS; i++)
         json_object_set_new(rq, names[i], json_integer((json_int_t)atomic_load(&e->reqs[i])));
     json_object_set_new(out, "requests", rq);
@@ -891,6 +894,7 @@ static void s3_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(mp, "part_bytes", json_integer((json_int_t)e->mpu_part));
     json_object_set_new(mp, "completed", json_integer((json_int_t)atomic_load(&e->mpu_ok)));
     json_object_set_new(mp, "failed", json_integer((json_int_t)atomic_load(&e->mpu_failed)));
+    json_object_set_new(mp, "stale_aborted", json_integer((json_int_t)atomic_load(&e->mpu_stale)));
     json_object_set_new(out, "multipart", mp);
     json_object_set_new(out, "failed_requests",
                         json_integer((json_int_t)atomic_load(&e->failures)));
@@ -1088,7 +1092,7 @@ static int s3_parse(struct kvt_cfg *c, void *opts)
     memset(o, 0, sizeof(*o));
     static const char *const addrs[] = {"path", "virtual", NULL};
     int64_t nio = 64, thr = 3;
-    double cap = 0, ct = 10, rt = 30, mpu_thr = 64, mpu_part = 16;
+    double cap = 0, ct = 10, rt = 30, mpu_thr = 64, mpu_part = 16, stale_h = 24;
     bool express = false;
     kvt_cfg_str(c, "s3_endpoint", true, NULL, &o->endpoint);
     kvt_cfg_str(c, "s3_region", true, NULL, &o->region);
@@ -1111,10 +1115,12 @@ static int s3_parse(struct kvt_cfg *c, void *opts)
      * single PUT up to 5 GiB; an object is at most 1 GiB here */
     kvt_cfg_num(c, "s3_multipart_threshold_mb", false, 64, 5, 5120, &mpu_thr);
     kvt_cfg_num(c, "s3_multipart_part_mb", false, 16, 5, 5120, &mpu_part);
+    kvt_cfg_num(c, "s3_stale_upload_hours", false, 24, 0, 87600, &stale_h);
     if (c->rc)
         return c->rc;
     o->mpu_threshold = (uint64_t)(mpu_thr * KVT_MIB);
     o->mpu_part = (uint64_t)(mpu_part * KVT_MIB);
+    o->stale_upload_s = stale_h * 3600;
     /* the secrets are read but never echoed by --dry-run */
     if (o->secret)
         json_object_set_new(c->resolved, "aws_secret_access_key", json_string("<set>"));
@@ -1273,6 +1279,7 @@ static int nixl_obj_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
     o->breaker_threshold = 3;
     o->mpu_threshold = 64ull << 20;
     o->mpu_part = 16ull << 20;
+    o->stale_upload_s = 24 * 3600;
     o->addressing = virt ? "virtual" : "path";
     if (ep) {
         /* a scheme in the endpoint decides; else NIXL's "scheme" key */
@@ -1451,6 +1458,7 @@ static int s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     e->breaker_threshold = o->breaker_threshold;
     e->mpu_threshold = o->mpu_threshold;
     e->mpu_part = o->mpu_part;
+    e->stale_upload_s = o->stale_upload_s;
     e->list = kvt_xcalloc(1, sizeof(struct list_state));
     e->park.parking = l2->cap_bytes > 0;
     l2->engine = e;

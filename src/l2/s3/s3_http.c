@@ -33,16 +33,18 @@
 #include <strings.h>
 #include <time.h>
 
-static const char *const op_names[S3_NOPS] = {"PUT",
-                                              "GET",
-                                              "HEAD",
-                                              "DELETE",
-                                              "LIST",
-                                              "PROBE",
-                                              "CreateMultipartUpload",
-                                              "UploadPart",
-                                              "CompleteMultipartUpload",
-                                              "AbortMultipartUpload"};
+static const char *const op_names[] = {"PUT",
+                                       "GET",
+                                       "HEAD",
+                                       "DELETE",
+                                       "LIST",
+                                       "PROBE",
+                                       "CreateMultipartUpload",
+                                       "UploadPart",
+                                       "CompleteMultipartUpload",
+                                       "AbortMultipartUpload",
+                                       "ListMultipartUploads"};
+_Static_assert(KVT_ARRAY_LEN(op_names) == S3_NOPS, "one name per S3 op");
 
 const char *kvt_s3_outcome_name(enum s3_outcome o)
 {
@@ -544,6 +546,10 @@ static void classify(struct s3_engine *e, struct s3_req *r, CURLcode rc)
             snprintf(r->err_msg, sizeof(r->err_msg), "%s answered %ld without an error body",
                      op_names[r->op], s);
     }
+    /* the stale-upload sweep is best effort: a server without
+     * ListMultipartUploads (or one refusing it) leaves health alone */
+    if (r->op == S3_MPU_LIST)
+        return;
     if (r->op == S3_PROBE || r->outcome != S3_SERVER) {
         breaker_ok(e); /* the server answered */
     } else {
@@ -655,7 +661,7 @@ static void finish(struct s3_engine *e, struct pool *pool, struct s3_req *r)
     }
     curl_slist_free_all(r->hl);
     r->hl = NULL;
-    if (r->outcome != S3_OK && r->outcome != S3_NOTFOUND)
+    if (r->outcome != S3_OK && r->outcome != S3_NOTFOUND && r->op != S3_MPU_LIST)
         atomic_fetch_add(&e->failures, 1);
     if (r->done)
         r->done(e, r);

@@ -39,6 +39,7 @@ enum s3_op {
     S3_MPU_PART,
     S3_MPU_COMPLETE,
     S3_MPU_ABORT,
+    S3_MPU_LIST, /* ListMultipartUploads, for the start-up sweep of stale uploads */
     S3_NOPS
 };
 
@@ -148,6 +149,7 @@ struct s3_engine {
     int breaker_threshold;
     uint64_t mpu_threshold; /* objects (header + payload) above this go multipart */
     uint64_t mpu_part;      /* part size of a multipart upload */
+    double stale_upload_s;  /* abort uploads older than this at start-up; 0: never */
     struct s3_creds creds;
 
     /* the I/O thread */
@@ -185,6 +187,7 @@ struct s3_engine {
 
     _Atomic uint64_t reqs[S3_NOPS], failures, foreign;
     _Atomic uint64_t mpu_ok, mpu_failed; /* multipart uploads completed / aborted */
+    _Atomic uint64_t mpu_stale;          /* stale uploads aborted by the start-up sweep */
 };
 
 /* The parsed configuration (s3.c; s3_azure.c for nixl's AZURE_BLOB). */
@@ -197,6 +200,7 @@ struct kvt_s3_opts {
     int breaker_threshold;
     uint64_t max_capacity_bytes;
     uint64_t mpu_threshold, mpu_part; /* bytes */
+    double stale_upload_s;            /* s3_stale_upload_hours, in seconds */
     char ep_buf[320];                 /* nixl OBJ: the endpoint built from its keys */
     /* nixl AZURE_BLOB (s3_azure.c): Azure's dialect, path "/[account/]container" */
     bool azure;
@@ -235,6 +239,12 @@ void kvt_s3_put_multipart(struct s3_engine *e, struct s3_req *r);
 /* Bytes of the request body: a part's slice, COMPLETE's XML, or header +
  * payload of a PUT. */
 uint64_t kvt_s3_body_len(const struct s3_req *r);
+/* After the start-up listing (I/O thread): list the multipart uploads under
+ * the prefix and abort those initiated more than e->stale_upload_s ago
+ * (left by a server killed mid-upload). No-op for 0 or Azure. */
+void kvt_s3_sweep_uploads(struct s3_engine *e);
+/* "2026-12-01T22:00:00.000Z" in ms since the epoch; 0 if malformed. */
+int64_t kvt_s3_iso_ms(const char *s);
 
 /* s3.c, called on the I/O thread */
 /* The breaker just opened: fail the parked stores. */

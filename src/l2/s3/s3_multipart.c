@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct mpu {
     struct s3_engine *e;
@@ -250,4 +251,153 @@ void kvt_s3_put_multipart(struct s3_engine *e, struct s3_req *r)
     int qrc = set_query(c, q, 1);
     KVT_ASSERT(qrc == 0);
     kvt_s3_submit_req(e, c);
+}
+
+/* ----------------------------------------------- stale upload sweep */
+
+/* The start-up sweep: ListMultipartUploads under the prefix, page by page,
+ * and an AbortMultipartUpload for each upload initiated more than
+ * stale_upload_s ago. Uploads younger than that may belong to another
+ * server sharing the bucket and are left alone. All on the I/O thread. */
+struct sweep {
+    struct s3_engine *e;
+    struct s3_req list;
+    char key_marker[1100], id_marker[600];
+    uint32_t aborts_left; /* aborts in flight; the sweep ends with the last */
+    bool more;            /* another page follows */
+};
+
+struct sweep_abort {
+    struct s3_req r;
+    struct sweep *sw;
+};
+
+static void sweep_page(struct sweep *sw);
+
+static bool stopping(struct s3_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    bool s = e->stop;
+    pthread_mutex_unlock(&e->lock);
+    return s;
+}
+
+static void sweep_next(struct sweep *sw)
+{
+    if (sw->aborts_left)
+        return;
+    if (sw->more && !stopping(sw->e)) {
+        sweep_page(sw);
+        return;
+    }
+    kvt_s3_req_clear(&sw->list);
+    free(sw);
+}
+
+static void sweep_abort_done(struct s3_engine *e, struct s3_req *r)
+{
+    struct sweep_abort *a = (struct sweep_abort *)r;
+    struct sweep *sw = a->sw;
+    if (r->outcome == S3_OK || r->outcome == S3_NOTFOUND) {
+        atomic_fetch_add(&e->mpu_stale, 1);
+        kvt_info("%s: aborted a stale multipart upload of %s", e->l2->name, r->path);
+    }
+    kvt_s3_req_clear(r);
+    free(a);
+    sw->aborts_left--;
+    sweep_next(sw);
+}
+
+static void sweep_list_done(struct s3_engine *e, struct s3_req *r)
+{
+    struct sweep *sw = r->ctx;
+    sw->more = false;
+    if (r->outcome != S3_OK || !r->body) {
+        if (r->outcome != S3_NOTFOUND)
+            kvt_info("%s: no sweep of stale multipart uploads: ListMultipartUploads answered "
+                     "%ld %s (%s); a bucket lifecycle rule can remove them",
+                     e->l2->name, r->status, r->err_code,
+                     r->err_msg[0] ? r->err_msg : kvt_s3_outcome_name(r->outcome));
+        sweep_next(sw);
+        return;
+    }
+    int64_t cutoff_ms = (int64_t)time(NULL) * 1000 - (int64_t)(e->stale_upload_s * 1000);
+    struct s3_req *chain = NULL, **tail = &chain;
+    char key[1024], id[512], when[64];
+    for (const char *p = r->body; (p = strstr(p, "<Upload>"));) {
+        const char *z = strstr(p, "</Upload>");
+        if (!z)
+            break;
+        if (kvt_s3_xml_field(p, z, "Key", key, sizeof(key)) &&
+            kvt_s3_xml_field(p, z, "UploadId", id, sizeof(id)) &&
+            kvt_s3_xml_field(p, z, "Initiated", when, sizeof(when)) &&
+            strncmp(key, e->prefix, e->prefix_len) == 0) {
+            int64_t t = kvt_s3_iso_ms(when);
+            struct sweep_abort *a = kvt_xcalloc(1, sizeof(*a));
+            int bl = snprintf(a->r.path, sizeof(a->r.path), "%s/", e->base);
+            const struct kvt_sigv4_pair q[] = {{"uploadId", id}};
+            if (t > 0 && t < cutoff_ms &&
+                kvt_sigv4_uri_encode(key, strlen(key), false, a->r.path + bl,
+                                     sizeof(a->r.path) - (size_t)bl) >= 0 &&
+                set_query(&a->r, q, 1) == 0) {
+                a->r.op = S3_MPU_ABORT;
+                a->r.done = sweep_abort_done;
+                a->r.ctx = sw;
+                a->sw = sw;
+                sw->aborts_left++;
+                *tail = &a->r;
+                tail = &a->r.next;
+            } else {
+                kvt_s3_req_clear(&a->r);
+                free(a);
+            }
+        }
+        p = z;
+    }
+    char trunc[16] = "";
+    kvt_s3_xml_field(r->body, NULL, "IsTruncated", trunc, sizeof(trunc));
+    if (strcmp(trunc, "true") == 0 &&
+        kvt_s3_xml_field(r->body, NULL, "NextKeyMarker", sw->key_marker, sizeof(sw->key_marker))) {
+        kvt_s3_xml_field(r->body, NULL, "NextUploadIdMarker", sw->id_marker, sizeof(sw->id_marker));
+        sw->more = true;
+    }
+    if (chain)
+        kvt_s3_submit_reqs(e, chain);
+    else
+        sweep_next(sw);
+}
+
+static void sweep_page(struct sweep *sw)
+{
+    struct s3_engine *e = sw->e;
+    struct s3_req *r = &sw->list;
+    kvt_s3_req_clear(r);
+    memset(r, 0, sizeof(*r));
+    r->op = S3_MPU_LIST;
+    snprintf(r->path, sizeof(r->path), "%s/", e->base);
+    struct kvt_sigv4_pair q[5];
+    size_t nq = 0;
+    q[nq++] = (struct kvt_sigv4_pair){"uploads", ""};
+    q[nq++] = (struct kvt_sigv4_pair){"max-uploads", "1000"};
+    if (e->prefix_len)
+        q[nq++] = (struct kvt_sigv4_pair){"prefix", e->prefix};
+    if (sw->key_marker[0])
+        q[nq++] = (struct kvt_sigv4_pair){"key-marker", sw->key_marker};
+    if (sw->id_marker[0])
+        q[nq++] = (struct kvt_sigv4_pair){"upload-id-marker", sw->id_marker};
+    size_t cap = 3 * (strlen(e->prefix) + strlen(sw->key_marker) + strlen(sw->id_marker)) + 128;
+    r->query = kvt_xmalloc(cap);
+    kvt_sigv4_canonical_query(q, nq, r->query, cap);
+    r->done = sweep_list_done;
+    r->ctx = sw;
+    kvt_s3_submit_req(e, r);
+}
+
+void kvt_s3_sweep_uploads(struct s3_engine *e)
+{
+    if (e->azure || e->stale_upload_s <= 0)
+        return;
+    struct sweep *sw = kvt_xcalloc(1, sizeof(*sw));
+    sw->e = e;
+    sweep_page(sw);
 }
