@@ -309,21 +309,18 @@ static int64_t load_hdr(struct s3_req *r)
     return -1;
 }
 
-static void delete_done_free(struct s3_engine *e, struct s3_req *r)
+/* The DELETE of a corrupt object a load found is done: only now is the load
+ * answered (a miss), so that a lookup that follows cannot find the object
+ * again, adopt it and count the same corruption twice. */
+static void corrupt_deleted(struct s3_engine *e, struct s3_req *r)
 {
     (void)e;
-    kvt_s3_req_clear(r);
-    free(r);
-}
-
-/* Fire-and-forget DELETE of a corrupt object. */
-static void delete_async(struct s3_engine *e, const char *path)
-{
-    struct s3_req *r = kvt_xcalloc(1, sizeof(*r));
-    r->op = S3_DELETE;
-    snprintf(r->path, sizeof(r->path), "%s", path);
-    r->done = delete_done_free;
-    kvt_s3_submit_req(e, r);
+    struct s3_batch *b = r->ctx;
+    kvt_key ck;
+    kvt_l2_canon(b->l2, &b->t->keys[r->i], &ck);
+    kvt_l2_drop_gone(b->l2, &ck, 1);
+    kvt_l2_task_fail(b->t, r->i, KVT_E_CORRUPT);
+    batch_put(b);
 }
 
 static void get_done(struct s3_engine *e, struct s3_req *r)
@@ -358,9 +355,11 @@ static void get_done(struct s3_engine *e, struct s3_req *r)
         atomic_fetch_add(&l2->counters.corrupt, 1);
         kvt_warn("%s: corrupt or foreign object for %s (%s): deleted, treated as a miss", l2->name,
                  kvt_key_str(&t->keys[r->i], ks, sizeof(ks)), why);
-        delete_async(e, r->path);
-        kvt_l2_drop_gone(l2, &ck, 1);
-        kvt_l2_task_fail(t, r->i, KVT_E_CORRUPT);
+        kvt_s3_req_clear(r);
+        r->op = S3_DELETE;
+        r->done = corrupt_deleted; /* ctx and i stay: the batch still waits */
+        kvt_s3_submit_req(e, r);
+        return;
     } else {
         if (r->outcome == S3_NOTFOUND)
             kvt_l2_drop_gone(l2, &ck, 1);
