@@ -38,7 +38,11 @@ Extra config keys (`kv_connector_extra_config`):
                    $KVTIER_CLIENT_KEY; docs/security.md)
     load_failure_policy  "recompute" (default) or "fail"
     copy_threads   threads a load or store copies its chunks with on the CPU
-                   (default: the CPUs the worker may use, at most 4)
+                   (default: the CPUs of copy_cpus, at most 4)
+    copy_cpus      CPU ids the worker's transfer thread (and its copy threads)
+                   run on, or "inherit" (default on the CPU: the CPUs vLLM sets
+                   aside for KV transfer, the last core of each NUMA node, as
+                   vLLM's own NIXL connector does; docs/vllm.md)
 """
 
 import json
@@ -346,6 +350,7 @@ class _Worker:
         self.load_errors = set()
         self.thread = None
         self.conn = None
+        self.cpus = None
 
     def register_kv_caches(self, kv_caches, num_blocks):
         self.conn = _Conn(self.cfg.url, self.cfg.timeout_ms, self.cfg.retry_s, self.cfg.shm,
@@ -353,16 +358,20 @@ class _Worker:
         c = self.conn.get()
         if c is not None:
             self.cfg.set_chunk_size(c.chunk_size)
+        self.cpus = _transfer_cpus(self.cfg.copy_cpus, kv_caches)
+        ct = self.cfg.copy_threads
+        if ct is None and self.cpus:
+            ct = min(4, len(self.cpus))
         try:
             self.layout = PagedLayout(kv_caches, num_blocks, self.cfg.block_size, self.cfg.chunk_size,
-                                      copy_threads=self.cfg.copy_threads)
+                                      copy_threads=ct)
         except LayoutError as e:
             raise ValueError("kvtier connector: %s" % e) from None
         log.info("kvtier worker: %d KV layers, chunk %d tokens = %d blocks = %d bytes, dtype %s, "
-                 "server %s (shared memory: %s; copies: %s)", len(self.layout.layers),
+                 "server %s (shared memory: %s; copies: %s on CPUs %s)", len(self.layout.layers),
                  self.cfg.chunk_size, self.layout.blocks_per_chunk, self.layout.chunk_bytes,
                  self.layout.dtype_name, self.cfg.url, bool(c and c.shm_active),
-                 self.layout.copy_path())
+                 self.layout.copy_path(), sorted(self.cpus) if self.cpus else "inherited")
         self._pin(c)
         self.thread = threading.Thread(target=self._run, name="kvtier-io", daemon=True)
         self.thread.start()
@@ -427,6 +436,15 @@ class _Worker:
     # --- the I/O thread
 
     def _run(self):
+        if self.cpus:
+            # this thread only (and the copy threads it starts inherit it): off
+            # the cores of vLLM's compute threads, whose model-runner thread
+            # spins on its core while a request waits for its load
+            try:
+                os.sched_setaffinity(0, self.cpus)
+            except OSError as e:
+                log.warning("kvtier worker: cannot run transfers on CPUs %s (%s); they share "
+                            "the model runner's", sorted(self.cpus), e)
         while True:
             item = self.q.get()
             try:
@@ -467,7 +485,7 @@ class _Worker:
             if c is None:
                 raise ConnectionError("no kvtier server")
             rv = c.retrieve_view(self.cfg.keys(job.hashes, job.salt))
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.thread_time()
             with rv as views:
                 n = 0
                 for i, mv in enumerate(views[:len(job.blocks)]):
@@ -477,14 +495,17 @@ class _Worker:
                         break
                     n += 1
                 L.scatter_many(zip(views[:n], job.blocks[:n]))
-                t2 = time.perf_counter()
+                t2, c2 = time.perf_counter(), time.thread_time()
                 loaded = n
         except Exception as e:  # noqa: BLE001 - whatever was scattered is not trusted
             loaded = 0
             self.conn.failed(e, "load")
         if self.cfg.stats_file and loaded:
             self._record({"op": "load", "chunks": loaded, "bytes": loaded * L.chunk_bytes,
-                          "seconds": time.perf_counter() - t0, "copy_seconds": t2 - t1})
+                          "seconds": time.perf_counter() - t0, "copy_seconds": t2 - t1,
+                          # CPU time of this thread in the copy: below copy_seconds
+                          # (one copy thread) when other threads share its core
+                          "copy_thread_cpu_seconds": c2 - c1, "copy_threads": L.copy_threads})
         bad = set()
         for row in job.blocks[loaded:]:
             bad.update(b for b in row if b >= 0)
@@ -545,6 +566,13 @@ class _Config:
             raise ValueError("kvtier connector: copy_threads must be a positive integer, got %r"
                              % (ct,))
         self.copy_threads = ct
+        cc = get("copy_cpus", None)
+        if cc is not None and cc != "inherit" and not (
+                isinstance(cc, (list, tuple)) and cc
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in cc)):
+            raise ValueError('kvtier connector: copy_cpus must be a non-empty list of CPU ids or '
+                             '"inherit", got %r' % (cc,))
+        self.copy_cpus = cc
         # benchmarks: one JSON line per load (chunks, bytes, seconds)
         self.stats_file = os.environ.get("KVTIER_VLLM_STATS")
         self.disabled = False
@@ -571,6 +599,39 @@ class _Config:
 
     def keys(self, hashes, salt):
         return kvtier.Keys(self.model, hashes, kv_rank=self.kv_rank, salt=salt)
+
+
+def _transfer_cpus(copy_cpus, kv_caches):
+    """The CPUs the transfer thread runs on, or None to keep the CPUs it
+    inherits from the model-runner thread.
+
+    vLLM's CPU worker binds its model-runner thread (and so every thread it
+    starts) to one core of its OpenMP list; that thread polls its message
+    queue while a request waits for its load, so a transfer thread left there
+    gets half a core. With a KV connector configured, vLLM sets aside the last
+    core of each NUMA node for KV transfer (utils/ompmultiprocessing.py) and
+    its NIXL connector moves its transfer thread there
+    (`current_platform.discover_numa_topology()`); so does this one. GPU
+    workers keep what they inherit: their copies are DMA."""
+    if copy_cpus == "inherit":
+        return None
+    if copy_cpus is not None:
+        return set(copy_cpus)
+    dev = getattr(next(iter(kv_caches.values()), None), "device", None) if kv_caches else None
+    if dev is None or dev.type != "cpu":
+        return None
+    try:
+        from vllm.platforms import current_platform
+        groups = current_platform.discover_numa_topology()
+    except Exception:  # noqa: BLE001 - another platform or an older vLLM
+        return None
+    cpus = {c for g in groups or [] for c in g}
+    try:
+        online = set(range(os.cpu_count() or 0))
+        cpus &= online
+    except Exception:  # noqa: BLE001
+        pass
+    return cpus or None
 
 
 def _check_kv_groups(kv_cache_config):

@@ -169,3 +169,37 @@ def test_batches_copy_on_several_threads_like_one():
     with pytest.raises(ValueError, match="out of range"):
         par.scatter_many(bad)
     assert all(torch.equal(t, b) for t, b in zip(layers, before))  # checked first
+
+
+def test_transfer_thread_cpus():
+    """The worker's transfer thread leaves the model runner's core: by
+    default for CPU KV caches the CPUs vLLM sets aside for KV transfer (one
+    per NUMA node, online ones only), none for other devices (GPU copies are
+    DMA), what copy_cpus names, or nothing for "inherit"; a bad copy_cpus is
+    refused at start naming the key."""
+    import os
+    import types
+    from kvtier.vllm import _Config, _transfer_cpus
+
+    cpu = {"l0": torch.zeros(4, 4)}
+    online = set(range(os.cpu_count()))
+    auto = _transfer_cpus(None, cpu)
+    if os.path.isdir("/sys/devices/system/node/node0"):
+        assert auto and auto <= online
+    assert _transfer_cpus("inherit", cpu) is None
+    assert _transfer_cpus([0], cpu) == {0}
+    meta = {"l0": torch.zeros(4, 4, device="meta")}
+    assert _transfer_cpus(None, meta) is None
+
+    def cfg(extra):
+        kv = types.SimpleNamespace(get_from_extra_config=lambda k, d: extra.get(k, d))
+        return types.SimpleNamespace(
+            kv_transfer_config=kv,
+            model_config=types.SimpleNamespace(served_model_name="m", model="m"),
+            cache_config=types.SimpleNamespace(block_size=16))
+
+    assert _Config(cfg({"copy_cpus": [0, 1]}), 0, 1).copy_cpus == [0, 1]
+    assert _Config(cfg({"copy_cpus": "inherit"}), 0, 1).copy_cpus == "inherit"
+    for bad in ([], "all", [-1], [True], 3, ["0"]):
+        with pytest.raises(ValueError, match="copy_cpus"):
+            _Config(cfg({"copy_cpus": bad}), 0, 1)
