@@ -23,6 +23,9 @@ struct kvt_evictor {
 static void l2_cycle(kvt_l2 *l2)
 {
     kvt_l2_reap(l2); /* objects that failed verification, once unpinned */
+    /* a shared budget: renew this server's entry and read the tier's total,
+     * which the usage fraction below compares with the watermark */
+    kvt_l2_budget_refresh(l2);
     double watermark, ratio;
     if (!kvt_l2_evict_params(l2, &watermark, &ratio))
         return;

@@ -8,6 +8,7 @@
  *   status.c  stats, usage, health, the status object, the index scan
  *   recover.c what a start-up scan found, adopted in one go
  *   park.c    parked stores and draining
+ *   budget.c  a byte budget shared with other servers (l2/budget.h)
  */
 #ifndef KVT_L2_BASE_INT_H
 #define KVT_L2_BASE_INT_H
@@ -36,5 +37,28 @@ void kvt_l2b_account_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, int sign);
 void kvt_l2b_unpin_locked_obj(kvt_l2 *l2, struct kvt_l2_obj *o);
 void kvt_l2b_drop_locked(kvt_l2 *l2, uint32_t h);
 bool kvt_l2b_make_room(kvt_l2 *l2, uint32_t stored);
+
+/* the shared budget (budget.c); only with l2->budget set, never with
+ * l2->lock held (a step may block on the record's I/O) */
+/* Charge stored bytes: 0, KVT_E_FULL (refused: over the cap), or the
+ * record's error. */
+int kvt_l2b_budget_take(kvt_l2 *l2, uint32_t stored);
+/* A charged write is over (landed, or its fate is unknown): pending drops
+ * with the next step, the total keeps the bytes. No I/O. */
+void kvt_l2b_budget_settle(kvt_l2 *l2, uint32_t stored);
+/* A charged write certainly never landed: give the bytes back. */
+void kvt_l2b_budget_refund(kvt_l2 *l2, uint32_t stored);
+/* The record's epoch as last seen: read it before a removal starts. */
+uint64_t kvt_l2b_budget_epoch(kvt_l2 *l2);
+/* This server removed bytes of objects (the backend said it removed them),
+ * the removal having started at epoch. */
+void kvt_l2b_budget_removed(kvt_l2 *l2, uint64_t bytes, uint64_t epoch);
+/* The record's total as last seen (the cap before any answer). */
+int64_t kvt_l2b_budget_total(kvt_l2 *l2);
+/* Store over the shared cap: evict from this server's index to fit. */
+bool kvt_l2b_make_room_shared(kvt_l2 *l2, uint32_t stored);
+void kvt_l2b_budget_free(kvt_l2 *l2);
+void kvt_l2b_budget_stats(kvt_l2 *l2, struct kvt_l2_stats *out);
+void kvt_l2b_budget_status(kvt_l2 *l2, json_t *o);
 
 #endif

@@ -195,6 +195,9 @@ struct kvt_l2 {
      * taker: the one filter with a submit hook, or -1 */
     struct kvt_l2_filter filters[KVT_L2_MAX_FILTERS];
     int nfilters, taker;
+    /* a byte budget shared with other servers (l2/budget.h), attached by
+     * the engine at open; NULL: the cap counts this server's index only */
+    struct kvt_l2_budget *budget;
 };
 
 struct kvt_l2_spec;
@@ -242,8 +245,19 @@ void kvt_l2_publish(kvt_l2 *l2, const kvt_key *ck);
 /* The same, recording the engine's aux (e.g. the slot) in the same lock
  * hold: nothing reads aux before the entry is READY. */
 void kvt_l2_publish_aux(kvt_l2 *l2, const kvt_key *ck, uint32_t aux);
-/* The write failed: drop the reservation. */
+/* The write failed: drop the reservation. With a shared budget its bytes
+ * are given back: call it only when the write certainly did not land (a
+ * tmp file removed before its rename, a refusal from the server). */
 void kvt_l2_unreserve(kvt_l2 *l2, const kvt_key *ck);
+/* The write failed in a way that may still have landed it (a connection
+ * lost mid-request): drop the reservation like kvt_l2_unreserve, but with a
+ * shared budget keep its bytes charged (an over-count until a recount,
+ * never an under-count). Without a shared budget: kvt_l2_unreserve. */
+void kvt_l2_unreserve_unsure(kvt_l2 *l2, const kvt_key *ck);
+/* A reserved object turned out bytes smaller than reserved (the engine
+ * corrected its entry with kvt_l2_obj_set_stored_locked): with a shared
+ * budget, give them back. No-op otherwise. */
+void kvt_l2_budget_shrunk(kvt_l2 *l2, uint32_t bytes);
 
 /* Lookup-and-pin a canonical key; copies the entry to *out when found. */
 bool kvt_l2_pin(kvt_l2 *l2, const kvt_key *ck, struct kvt_l2_obj *out);

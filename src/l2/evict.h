@@ -17,6 +17,13 @@ bool kvt_l2_has_quotas(kvt_l2 *l2);
  * thread calls this, and kvt_l2_close). Returns how many were removed. */
 uint32_t kvt_l2_reap(kvt_l2 *l2);
 
+/* With a shared budget ("shared_budget", l2/budget.h): one step on the
+ * shared record that renews this server's entry, reports its settled
+ * writes and reads the tier's total, which kvt_l2_usage's fraction then
+ * shows. May block on the record's I/O: the eviction thread calls it at
+ * the start of every cycle. No-op otherwise. */
+void kvt_l2_budget_refresh(kvt_l2 *l2);
+
 /* Evict until used_bytes <= target, policy order, skipping pinned keys.
  * Returns bytes reclaimed. Used by the eviction controller. */
 uint64_t kvt_l2_evict_to(kvt_l2 *l2, uint64_t target, uint32_t batch);

@@ -237,6 +237,7 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
 
 void kvt_l2_base_destroy(kvt_l2 *l2)
 {
+    kvt_l2b_budget_free(l2); /* this server's entry leaves the shared record */
     for (int i = 0; i < 3; i++)
         if (l2->efd[i] >= 0)
             close(l2->efd[i]);
@@ -345,9 +346,75 @@ void kvt_l2_close(kvt_l2 *l2)
 
 /* ------------------------------------------------------ engine helpers */
 
+/* The index part of a reservation with a shared budget: a WRITING entry
+ * (a second store of the key, on any thread, sees -EEXIST from now on), or
+ * why not. call with l2->lock held */
+static int reserve_entry_locked(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len,
+                                uint32_t aux, uint8_t flags)
+{
+    int q;
+    if (l2->closing)
+        return -ESHUTDOWN;
+    if (idx_find(&l2->idx, ck) != NOHANDLE)
+        return -EEXIST;
+    if ((q = kvt_l2b_quota_of_locked(l2, ck->ns)) >= 0 &&
+        l2->quotas[q].used + stored > l2->quotas[q].limit) {
+        l2->quotas[q].rejected++;
+        atomic_fetch_add(&l2->counters.rejected_writes, 1);
+        atomic_fetch_add(&l2->counters.quota_rejections, 1);
+        return KVT_E_LIMIT;
+    }
+    uint32_t h = kvt_l2b_idx_insert(l2, ck);
+    struct kvt_l2_obj *o = &l2->idx.objs[h];
+    o->stored = stored;
+    o->len = len;
+    o->aux = aux;
+    o->flags = flags;
+    o->state = KVT_OBJ_WRITING;
+    kvt_l2b_account_locked(l2, o, +1);
+    return 0;
+}
+
+/*
+ * kvt_l2_reserve with a shared budget (l2/budget.h): the cap is the shared
+ * record's, charged outside the lock after the entry went in. Refused, the
+ * entry goes again and, with an eviction policy, this server evicts from
+ * its own index (kvt_l2b_make_room_shared: each server frees what it
+ * holds) and asks again; a record that does not answer fails the store
+ * (the cap cannot be checked, so nothing is written).
+ */
+static int reserve_shared(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len,
+                          uint32_t aux, uint8_t flags)
+{
+    for (int attempt = 0;; attempt++) {
+        pthread_mutex_lock(&l2->lock);
+        int rc = reserve_entry_locked(l2, ck, stored, len, aux, flags);
+        pthread_mutex_unlock(&l2->lock);
+        if (rc)
+            return rc;
+        rc = kvt_l2b_budget_take(l2, stored);
+        if (rc == 0)
+            return 0;
+        pthread_mutex_lock(&l2->lock); /* not charged: the entry goes, nothing to give back */
+        uint32_t h = idx_find(&l2->idx, ck);
+        KVT_ASSERT(h != NOHANDLE && st(&l2->idx.objs[h]) == KVT_OBJ_WRITING);
+        kvt_l2b_drop_locked(l2, h);
+        pthread_mutex_unlock(&l2->lock);
+        if (rc != KVT_E_FULL)
+            return rc;
+        if (!(l2->policy && !l2->no_sync_evict && attempt < 16 &&
+              kvt_l2b_make_room_shared(l2, stored))) {
+            atomic_fetch_add(&l2->counters.rejected_writes, 1);
+            return KVT_E_FULL;
+        }
+    }
+}
+
 int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
                    uint8_t flags)
 {
+    if (l2->budget)
+        return reserve_shared(l2, ck, stored, len, aux, flags);
     int rc = 0, q;
     for (int attempt = 0;; attempt++) {
         pthread_mutex_lock(&l2->lock);
@@ -391,14 +458,18 @@ int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len,
 
 static void publish(kvt_l2 *l2, const kvt_key *ck, bool set_aux, uint32_t aux)
 {
+    uint32_t settled = 0;
     pthread_mutex_lock(&l2->lock);
     uint32_t h = idx_find(&l2->idx, ck);
     if (h != NOHANDLE && st(&l2->idx.objs[h]) == KVT_OBJ_WRITING) {
         if (set_aux)
             l2->idx.objs[h].aux = aux;
         l2->idx.objs[h].state = KVT_OBJ_READY;
+        settled = l2->idx.objs[h].stored;
     }
     pthread_mutex_unlock(&l2->lock);
+    if (l2->budget && settled)
+        kvt_l2b_budget_settle(l2, settled);
 }
 
 void kvt_l2_publish(kvt_l2 *l2, const kvt_key *ck)
@@ -411,13 +482,32 @@ void kvt_l2_publish_aux(kvt_l2 *l2, const kvt_key *ck, uint32_t aux)
     publish(l2, ck, true, aux);
 }
 
-void kvt_l2_unreserve(kvt_l2 *l2, const kvt_key *ck)
+/* Drop a WRITING entry; returns its stored bytes (0: there was none). */
+static uint32_t unreserve(kvt_l2 *l2, const kvt_key *ck)
 {
+    uint32_t stored = 0;
     pthread_mutex_lock(&l2->lock);
     uint32_t h = idx_find(&l2->idx, ck);
-    if (h != NOHANDLE && st(&l2->idx.objs[h]) == KVT_OBJ_WRITING)
+    if (h != NOHANDLE && st(&l2->idx.objs[h]) == KVT_OBJ_WRITING) {
+        stored = l2->idx.objs[h].stored;
         kvt_l2b_drop_locked(l2, h);
+    }
     pthread_mutex_unlock(&l2->lock);
+    return stored;
+}
+
+void kvt_l2_unreserve(kvt_l2 *l2, const kvt_key *ck)
+{
+    uint32_t stored = unreserve(l2, ck);
+    if (l2->budget && stored)
+        kvt_l2b_budget_refund(l2, stored);
+}
+
+void kvt_l2_unreserve_unsure(kvt_l2 *l2, const kvt_key *ck)
+{
+    uint32_t stored = unreserve(l2, ck);
+    if (l2->budget && stored)
+        kvt_l2b_budget_settle(l2, stored);
 }
 
 /* Pin a ready entry; NULL when there is none (or it cannot take another

@@ -133,9 +133,12 @@ uint32_t kvt_l2_delete(kvt_l2 *l2, const kvt_key *keys, uint32_t n, uint64_t *re
 uint32_t kvt_l2_drop_gone(kvt_l2 *l2, const kvt_key *ck, uint32_t n);
 
 struct kvt_l2_usage {
-    uint64_t used_bytes;
+    uint64_t used_bytes; /* this server's index */
     uint64_t cap_bytes;
-    double fraction; /* used / cap, or -1 when cap is 0 */
+    /* used / cap, or -1 when cap is 0; with a shared budget the tier's
+     * total (as last read from the shared record) / cap: what the
+     * eviction trigger compares with its watermark */
+    double fraction;
     uint64_t objects;
 };
 void kvt_l2_usage(kvt_l2 *l2, struct kvt_l2_usage *u);
@@ -183,6 +186,11 @@ struct kvt_l2_stats {
     bool recovering;
     uint64_t recovered_objs, recovered_bytes;
     double recovery_seconds;
+    /* a budget shared with other servers (l2/budget.h), as last read */
+    bool shared_budget;
+    int64_t shared_total; /* the tier's bytes in the shared record */
+    int64_t shared_part;  /* this server's net part of them */
+    uint32_t shared_nodes;
 };
 void kvt_l2_stats(kvt_l2 *l2, struct kvt_l2_stats *out);
 

@@ -1,5 +1,6 @@
 /* L2 base: the end of a start-up scan (what it found, adopted in one go). */
 #include "l2/base_int.h"
+#include "l2/budget.h"
 #include "l2/evict.h"
 #include "l2/adapters.h"
 #include "common/log.h"
@@ -66,7 +67,9 @@ void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0
     for (size_t i = 0; i < fv->n; i++)
         order[i] = (struct mt_idx){fv->v[i].mtime_ns, i};
     qsort(order, fv->n, sizeof(*order), by_mtime_desc);
-    uint64_t objs = 0, bytes = 0;
+    uint64_t objs = 0, bytes = 0, walked = 0;
+    for (size_t i = 0; i < fv->n; i++)
+        walked += fv->v[i].stored; /* everything found, indexed meanwhile or not */
     pthread_mutex_lock(&l2->lock);
     index_reserve_locked(l2, fv->n);
     pthread_mutex_unlock(&l2->lock);
@@ -110,6 +113,8 @@ void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0
     double secs = kvt_l2_recovery_done(l2, objs, bytes, t0_ns);
     kvt_info("%s: recovered %llu objects, %llu bytes from %s in %.3f s", l2->name,
              (unsigned long long)objs, (unsigned long long)bytes, where, secs);
+    /* the scan walked the whole tier: the shared record's start-up recount */
+    kvt_l2_budget_recount_end(l2, walked, true);
 }
 
 double kvt_l2_recovery_done(kvt_l2 *l2, uint64_t objs, uint64_t bytes, uint64_t t0_ns)

@@ -81,12 +81,74 @@ static int parse_common(struct kvt_cfg *c, struct kvt_l2_spec *s)
             return kvt_cfg_fail(c, "namespace_quotas", "%s", msg);
         json_object_set(c->resolved, "namespace_quotas", s->quotas);
     }
+    /* a budget shared with other servers (l2/budget.h): read only when
+     * given, so a config without it resolves exactly as before */
+    if (!c->rc && kvt_cfg_has(c, "shared_budget"))
+        kvt_cfg_bool(c, "shared_budget", false, &s->shared_budget);
     /* the chain is built here (key files read and checked), so a bad serde
      * fails the config with exit 2, --dry-run included */
     const json_t *serde = kvt_cfg_raw(c, "serde");
     if (!c->rc && serde && !json_is_null(serde))
         kvt_serde_parse(c, serde, &s->serde);
     return c->rc;
+}
+
+/*
+ * "shared_budget": true needs a tier that several servers really share,
+ * a record kept there, and a cap: a shared directory ("shared": true) for
+ * fs, fs_native and nixl_store_dynamic (a locked file in it), or a Redis
+ * server (a hash on it). s3 keeps no record yet (docs/remote-tiers.md says
+ * why and what is left). persist_enabled false is refused as with "shared":
+ * a server would remove, at close, objects the others' budget counts.
+ */
+static void check_shared_budget(struct kvt_cfg *c, const struct kvt_l2_spec *s)
+{
+    const char *t = s->type;
+    bool dir = !strcmp(t, "fs") || !strcmp(t, "fs_native") || !strcmp(t, "nixl_store_dynamic");
+    bool redis = !strcmp(t, "resp") || !strcmp(t, "valkey");
+    const char *backend = json_string_value(json_object_get(c->resolved, "backend"));
+    bool object_store =
+        !strcmp(t, "s3") || (!strcmp(t, "nixl_store") && backend &&
+                             (!strcmp(backend, "OBJ") || !strcmp(backend, "AZURE_BLOB")));
+    if (object_store) {
+        kvt_cfg_unsupported(
+            c, "shared_budget",
+            "is not available for %s yet: an object store's DELETE answers the same whether "
+            "it removed the object or not, so two servers evicting one object would both "
+            "subtract it (docs/remote-tiers.md, \"Two kvtier servers sharing one L2\"); share "
+            "a budget through a directory (fs or nixl_store_dynamic with \"shared\": true) or "
+            "Redis (resp, valkey), or give one server the tier's cap",
+            t);
+        return;
+    }
+    if (!dir && !redis) {
+        kvt_cfg_fail(c, "shared_budget",
+                     "is for tiers several servers share: fs, fs_native and nixl_store_dynamic "
+                     "with \"shared\": true, resp, valkey (not %s)",
+                     t);
+        return;
+    }
+    if (dir && !json_is_true(json_object_get(c->resolved, "shared"))) {
+        kvt_cfg_fail(c, "shared_budget",
+                     "needs \"shared\": true: the budget is shared by the servers that share "
+                     "the directory (without it the directory has one owner, whose "
+                     "max_capacity_gb is the budget already)");
+        return;
+    }
+    const json_t *cap = json_object_get(c->resolved, "max_capacity_gb");
+    if (!cap)
+        cap = json_object_get(json_object_get(c->resolved, "backend_params"), "max_capacity_gb");
+    if (!(json_number_value(cap) > 0)) {
+        kvt_cfg_fail(c, "shared_budget",
+                     "needs max_capacity_gb > 0: the shared budget is that cap, held across "
+                     "every server sharing the tier (give each the same value)");
+        return;
+    }
+    if (!s->persist_enabled)
+        kvt_cfg_fail(c, "shared_budget",
+                     "cannot be combined with \"persist_enabled\": false: a server would remove "
+                     "at close objects the other servers' budget counts (keep persist_enabled "
+                     "true)");
 }
 
 int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *err, size_t errcap)
@@ -142,6 +204,8 @@ int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *
                      "remove the files of the other servers sharing the directory when it "
                      "stops (keep persist_enabled true, or give each server its own "
                      "directory)");
+    if (!c.rc && s->shared_budget)
+        check_shared_budget(&c, s);
     int rc = c.rc;
     if (!rc) {
         s->resolved = json_object();

@@ -72,18 +72,22 @@ static uint64_t remove_marked(kvt_l2 *l2, uint32_t *hs, struct kvt_l2_obj *copie
                               uint32_t *nremoved)
 {
     uint32_t cnt = 0;
+    /* shared budget: the epoch before any byte goes (budget.h, "removed") */
+    uint64_t epoch = l2->budget && n ? kvt_l2b_budget_epoch(l2) : 0;
     int *rcs = kvt_xcalloc(n ? n : 1, sizeof(int));
     if (l2->ops->remove_batch && n)
         l2->ops->remove_batch(l2, copies, n, rcs);
     else
         for (uint32_t i = 0; i < n; i++)
             rcs[i] = l2->ops->remove ? l2->ops->remove(l2, &copies[i]) : 0;
-    uint64_t freed = 0;
+    uint64_t freed = 0, removed = 0;
     pthread_mutex_lock(&l2->lock);
     for (uint32_t i = 0; i < n; i++) {
         struct kvt_l2_obj *o = &l2->idx.objs[hs[i]];
         if (eviction) /* marked by victim_visit: settled now, either way */
             l2->evicting_bytes -= KVT_MIN(l2->evicting_bytes, (uint64_t)copies[i].stored);
+        if (rcs[i] == 0) /* this server removed it (-ENOENT: someone else did) */
+            removed += copies[i].stored;
         if (rcs[i] == 0 || rcs[i] == -ENOENT) {
             freed += o->stored;
             cnt++;
@@ -110,6 +114,8 @@ static uint64_t remove_marked(kvt_l2 *l2, uint32_t *hs, struct kvt_l2_obj *copie
         pthread_cond_broadcast(&l2->evict_cv);
     pthread_mutex_unlock(&l2->lock);
     free(rcs);
+    if (l2->budget)
+        kvt_l2b_budget_removed(l2, removed, epoch);
     if (nremoved)
         *nremoved = cnt;
     return freed;
@@ -392,4 +398,50 @@ bool kvt_l2b_make_room(kvt_l2 *l2, uint32_t stored)
     bool again = wait_evictions_locked(l2) || l2->used_bytes + stored <= l2->cap_bytes;
     pthread_mutex_unlock(&l2->lock);
     return again;
+}
+
+/*
+ * kvt_l2b_make_room with a shared budget: the record refused a store of
+ * stored bytes (its total, as the refusal read it, + stored > cap). This
+ * server frees what it can from its own index (which may hold objects
+ * other servers stored): at least the overshoot, and at least
+ * eviction_ratio of what it holds, as the eviction controller would. The
+ * removals are subtracted from the record (remove_marked), then the store
+ * asks again. Returns whether it may: something was freed here, or others'
+ * evictions were in flight. A server holding nothing evictable refuses at
+ * once: the others' eviction controllers free the tier on their next wake.
+ */
+bool kvt_l2b_make_room_shared(kvt_l2 *l2, uint32_t stored)
+{
+    uint64_t cap = l2->cap_bytes;
+    int64_t total = kvt_l2b_budget_total(l2);
+    if (!cap || stored > cap)
+        return false; /* never fits */
+    uint64_t t = total > 0 ? (uint64_t)total : 0;
+    uint64_t need = t + stored > cap ? t + stored - cap : stored;
+    pthread_mutex_lock(&l2->lock);
+    uint64_t used = l2->used_bytes;
+    uint64_t live = used - KVT_MIN(used, l2->evicting_bytes);
+    double ratio = l2->policy ? l2->policy->eviction_ratio : 0;
+    if (live == 0) {
+        bool again = wait_evictions_locked(l2);
+        pthread_mutex_unlock(&l2->lock);
+        return again;
+    }
+    pthread_mutex_unlock(&l2->lock);
+    uint64_t want = KVT_MAX(need, (uint64_t)((double)live * ratio));
+    uint64_t target = live > want ? live - want : 0;
+    bool stuck;
+    uint64_t freed = evict_to(l2, target, 256, &stuck);
+    if (freed) {
+        atomic_fetch_add(&l2->counters.sync_evictions, 1);
+        kvt_debug("%s: a store of %u bytes did not fit under the shared cap: evicted %llu bytes "
+                  "now",
+                  l2->name, stored, (unsigned long long)freed);
+        return true;
+    }
+    pthread_mutex_lock(&l2->lock);
+    bool again = wait_evictions_locked(l2);
+    pthread_mutex_unlock(&l2->lock);
+    return again || !stuck;
 }

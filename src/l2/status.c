@@ -58,6 +58,7 @@ void kvt_l2_stats(kvt_l2 *l2, struct kvt_l2_stats *out)
     out->recovered_bytes = l2->recovered_bytes;
     out->recovery_seconds = l2->recovery_seconds;
     pthread_mutex_unlock(&l2->lock);
+    kvt_l2b_budget_stats(l2, out);
 }
 
 #undef LOAD
@@ -93,6 +94,8 @@ void kvt_l2_usage(kvt_l2 *l2, struct kvt_l2_usage *u)
     u->objects = l2->idx.nobjs;
     pthread_mutex_unlock(&l2->lock);
     u->fraction = u->cap_bytes ? (double)u->used_bytes / (double)u->cap_bytes : -1.0;
+    if (l2->budget && u->cap_bytes) /* the shared record's total, as last read */
+        u->fraction = (double)kvt_l2b_budget_total(l2) / (double)u->cap_bytes;
 }
 
 bool kvt_l2_healthy(kvt_l2 *l2, char *msg, size_t cap)
@@ -224,6 +227,7 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(c, "quota_evictions", C(quota_evictions));
     json_object_set_new(o, "counters", c);
     json_object_set_new(o, "serde", json_null()); /* the serde filter fills it in */
+    kvt_l2b_budget_status(l2, o);                 /* "shared_budget", with one attached */
     if (l2->ops->status)
         l2->ops->status(l2, o);
     for (int f = 0; f < l2->nfilters; f++)

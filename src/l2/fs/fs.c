@@ -40,6 +40,8 @@
 #include "l2/kit/objfmt.h"
 #include "l2/kit/scanq.h"
 #include "l2/kit/dirlock.h"
+#include "l2/kit/budget_file.h"
+#include "l2/budget.h"
 #include "l2/kit/tmpguard.h"
 
 #include <dirent.h>
@@ -502,8 +504,12 @@ static void *scan_main(void *arg)
     }
     char **tmps = NULL;
     size_t ntmp = 0, tmpcap = 0;
-    struct dirent *de;
-    while (d && !atomic_load(&e->stop) && (de = readdir(d))) {
+    struct dirent *de = NULL;
+    /* a walk cut short (closing, a directory that cannot be read) may have
+     * missed objects: the shared budget's recount is skipped then */
+    bool incomplete = !d;
+    while (d && !atomic_load(&e->stop) &&
+           (errno = 0, de = readdir(d), incomplete = !de && errno, de)) {
         size_t len = strlen(de->d_name);
         if (len < 6 || strcmp(de->d_name + len - 5, ".data") != 0) {
             if (de->d_name[0] != '.' && kvt_tmpguard_is_tmp(de->d_name)) {
@@ -528,6 +534,8 @@ static void *scan_main(void *arg)
     sweep_tmp_names(e, tmps, ntmp);
     if (e->tmpfd != e->dirfd)
         sweep_tmp(e, e->tmpfd, false);
+    if (incomplete || atomic_load(&e->stop))
+        kvt_l2_budget_recount_end(l2, 0, false);
     kvt_l2_finish_recovery(l2, &fv, t0, e->base);
     if (atomic_load(&e->tmp_removed))
         kvt_info("%s: removed %llu tmp files left by dead writers", l2->name,
@@ -717,6 +725,10 @@ static int fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
         e->lockfd = rc;
     }
     rc = 0;
+    /* "shared_budget": the record in the directory, before the scan walks it */
+    if (spec->shared_budget &&
+        (rc = kvt_budget_file_attach(l2, e->dirfd, e->base, e->durable, err, errcap)))
+        goto fail;
     if (e->tmp_rel[0]) {
         char tp[PATH_MAX];
         snprintf(tp, sizeof(tp), "%s/%s", e->base, e->tmp_rel);

@@ -29,6 +29,9 @@
 #include <sys/types.h>
 
 #define KVT_DIRLOCK_NAME ".kvtier.lock"
+/* The shared budget record of servers sharing the directory with
+ * "shared_budget" (l2/kit/budget_file.h): no cache file either. */
+#define KVT_BUDGET_FILE_NAME ".kvtier-budget"
 
 /* Take the lock of the directory open at dirfd (path and what, e.g.
  * "base_path", for messages). Returns the lock's fd (>= 0; close it to

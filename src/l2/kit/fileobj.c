@@ -215,13 +215,18 @@ void kvt_fileobj_store_adopt(kvt_l2 *l2, int dirfd, const char *name, kvt_l2_tas
 
 void kvt_fileobj_set_hdr_len(kvt_l2 *l2, const kvt_key *ck, uint16_t hl, uint64_t plen)
 {
+    uint32_t shrunk = 0;
     pthread_mutex_lock(&l2->lock);
     struct kvt_l2_obj *o = kvt_l2_find_locked(l2, ck);
     if (o) {
+        /* the fallback header is the small one: the object only shrinks */
+        if (o->stored > hl + plen)
+            shrunk = (uint32_t)(o->stored - (hl + plen));
         kvt_l2_obj_set_stored_locked(l2, o, (uint32_t)(hl + plen));
         o->aux = hl;
     }
     pthread_mutex_unlock(&l2->lock);
+    kvt_l2_budget_shrunk(l2, shrunk); /* a shared budget gets them back */
 }
 
 void kvt_fileobj_remove_indexed(kvt_l2 *l2)

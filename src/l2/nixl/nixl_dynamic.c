@@ -52,6 +52,8 @@
 #include "l2/kit/objfmt.h"
 #include "l2/kit/scanq.h"
 #include "l2/kit/dirlock.h"
+#include "l2/kit/budget_file.h"
+#include "l2/budget.h"
 #include "l2/kit/tmpguard.h"
 #include "l2/nixl/nixl.h"
 
@@ -125,6 +127,8 @@ struct nd_engine {
     struct kvt_l2_drain drain; /* live batches */
 
     _Atomic uint64_t tmp_removed;
+    /* the start-up scan could not read a directory (set by the scan thread) */
+    _Atomic bool scan_incomplete;
     /* tmp files the last scan left in place (live writers, undecidable,
      * recent without a marker): written by the scan thread, read by status */
     _Atomic uint64_t tmp_kept, tmp_kept_bytes;
@@ -594,10 +598,13 @@ static void scan_dir(kvt_l2 *l2, struct nd_engine *e, struct kvt_tmpguard *g, in
     if (!d) {
         if (fd >= 0)
             close(fd);
+        atomic_store(&e->scan_incomplete, true);
         return;
     }
-    struct dirent *de;
-    while (!(atomic_load(&e->stop) && !closing) && (de = readdir(d))) {
+    struct dirent *de = NULL;
+    int rerr = 0; /* readdir's error, if it failed */
+    while (!(atomic_load(&e->stop) && !closing) &&
+           (errno = 0, de = readdir(d), rerr = de ? 0 : errno, de)) {
         const char *nm = de->d_name;
         if (nm[0] == '.')
             continue;
@@ -611,6 +618,8 @@ static void scan_dir(kvt_l2 *l2, struct nd_engine *e, struct kvt_tmpguard *g, in
             if (sub >= 0) {
                 scan_dir(l2, e, g, sub, depth + 1, closing, sq);
                 close(sub);
+            } else if (errno != ENOENT) {
+                atomic_store(&e->scan_incomplete, true);
             }
             continue;
         }
@@ -630,6 +639,8 @@ static void scan_dir(kvt_l2 *l2, struct nd_engine *e, struct kvt_tmpguard *g, in
         kvt_key_canon(KVT_CODEC_NIXL, &k, &ck);
         kvt_l2_scanq_add(sq, dfd, nm, &ck); /* stat'ed in batches */
     }
+    if (rerr)
+        atomic_store(&e->scan_incomplete, true);
     if (sq)
         kvt_l2_scanq_flush(sq); /* the batch refers to dfd: done before it closes */
     closedir(d);
@@ -679,6 +690,10 @@ static void *scan_main(void *arg)
     scan_dir(l2, e, &g, e->dirfd, 0, false, sq);
     kvt_tmpguard_fini(&g);
     kvt_l2_scanq_free(sq);
+    /* a walk cut short (closing, an unreadable directory) may have missed
+     * objects: the shared budget's recount is skipped, not under-counted */
+    if (atomic_load(&e->stop) || atomic_load(&e->scan_incomplete))
+        kvt_l2_budget_recount_end(l2, 0, false);
     kvt_l2_finish_recovery(l2, &sv, t0, e->base);
     if (atomic_load(&e->tmp_removed))
         kvt_info("%s: removed %llu tmp files left by dead writers", l2->name,
@@ -934,6 +949,10 @@ static int nd_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     }
     rc = 0;
     e->shared = o->shared;
+    /* "shared_budget": the record in the directory, before the scan walks it */
+    if (spec->shared_budget &&
+        (rc = kvt_budget_file_attach(l2, e->dirfd, e->base, e->durable, err, errcap)))
+        goto fail;
     kvt_odirect_init(&e->od, o->use_direct_io, e->dirfd, ND_HDR_MAX, e->base);
     char nm[16];
     snprintf(nm, sizeof(nm), "nixlio%d", spec->index);

@@ -1,0 +1,346 @@
+/*
+ * L2 base: a byte budget shared by several servers (budget.h has the
+ * rules). The base charges, refunds, settles and subtracts through the
+ * record backend an engine attached; l2.c (reserve, publish, unreserve)
+ * and remove.c (removals, eviction to make room) call the helpers below
+ * (base_int.h).
+ *
+ * Locks: b->lock is a leaf guarding the cached view, the recount snapshot
+ * and the counters; it is never held across a record step. Record steps
+ * run without l2->lock (they may block on the record's I/O: a file lock, a
+ * Redis round trip); their backend serializes them itself.
+ */
+#include "l2/base_int.h"
+#include "l2/budget.h"
+#include "l2/evict.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "kvtier/error.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kvt_l2_budget {
+    const struct kvt_budget_rec_ops *ops;
+    void *rec;
+    uint64_t cap;
+    /* charged bytes of writes in flight (reserved, not yet published or
+     * dropped): the record's pending for this server when it rejoins */
+    _Atomic uint64_t inflight;
+    /* charged bytes whose writes are over, to report with the next step
+     * (the record's pending only ever over-states) */
+    _Atomic uint64_t settled;
+    pthread_mutex_t lock;        /* a leaf: guards the fields below */
+    struct kvt_budget_view view; /* the last step's answer */
+    bool have_view;
+    uint64_t view_ns;
+    struct kvt_budget_snap snap; /* the recount in progress */
+    bool snap_valid;
+    uint64_t snap_ns;
+    uint64_t steps, step_errors, refused, refunded_bytes, removed_bytes, removed_dropped;
+    uint64_t rejoins, recounts, recounts_skipped;
+    uint64_t last_walked;
+    int64_t last_before, last_after;
+    double last_seconds;
+    char last_error[256];
+    char where[300];
+};
+
+bool kvt_l2_budget_on(const kvt_l2 *l2)
+{
+    return l2->budget != NULL;
+}
+
+/* One record step with this server's figures; the view is cached for
+ * status, the eviction trigger and the removal epoch. */
+static int step(kvt_l2 *l2, struct kvt_budget_req *rq, struct kvt_budget_view *v)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    char err[256] = "";
+    rq->cap = b->cap;
+    uint64_t settled = atomic_exchange(&b->settled, 0);
+    rq->settled += settled;
+    rq->inflight = atomic_load(&b->inflight);
+    memset(v, 0, sizeof(*v));
+    int rc = b->ops->apply(b->rec, rq, v, err, sizeof(err));
+    bool first_err = false, rejoined = false;
+    pthread_mutex_lock(&b->lock);
+    b->steps++;
+    if (rc) {
+        b->step_errors++;
+        first_err = strcmp(b->last_error, err) != 0;
+        snprintf(b->last_error, sizeof(b->last_error), "%s", err[0] ? err : kvt_strerror(rc));
+    } else {
+        rejoined = v->rejoined && b->have_view;
+        if (rejoined)
+            b->rejoins++;
+        b->view = *v;
+        b->have_view = true;
+        b->view_ns = kvt_now_ns();
+        b->last_error[0] = 0;
+        if (rq->refund)
+            b->refunded_bytes += rq->refund;
+        if (rq->removed && v->removed_ok)
+            b->removed_bytes += rq->removed;
+        else if (rq->removed)
+            b->removed_dropped += rq->removed;
+    }
+    pthread_mutex_unlock(&b->lock);
+    if (rc) {
+        atomic_fetch_add(&b->settled, settled); /* report them next time */
+        if (first_err)
+            kvt_warn("%s: shared budget record %s: %s (stores are refused until it answers)",
+                     l2->name, b->where, err[0] ? err : kvt_strerror(rc));
+    }
+    if (rejoined)
+        kvt_warn("%s: shared budget record %s had no entry for this server (presumed dead, or "
+                 "the record was rebuilt): joined again",
+                 l2->name, b->where);
+    return rc;
+}
+
+int kvt_l2b_budget_take(kvt_l2 *l2, uint32_t stored)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    /* counted in flight before the step: a rejoin's pending includes it */
+    atomic_fetch_add(&b->inflight, stored);
+    struct kvt_budget_req rq = {.take = stored};
+    struct kvt_budget_view v;
+    int rc = step(l2, &rq, &v);
+    if (rc == 0 && v.granted)
+        return 0;
+    atomic_fetch_sub(&b->inflight, stored);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&b->lock);
+    b->refused++;
+    pthread_mutex_unlock(&b->lock);
+    return KVT_E_FULL;
+}
+
+void kvt_l2b_budget_settle(kvt_l2 *l2, uint32_t stored)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    atomic_fetch_sub(&b->inflight, stored);
+    atomic_fetch_add(&b->settled, stored);
+}
+
+void kvt_l2b_budget_refund(kvt_l2 *l2, uint32_t stored)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    atomic_fetch_sub(&b->inflight, stored);
+    struct kvt_budget_req rq = {.refund = stored};
+    struct kvt_budget_view v;
+    step(l2, &rq, &v); /* unanswered: an over-count, until a recount */
+}
+
+uint64_t kvt_l2b_budget_epoch(kvt_l2 *l2)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    pthread_mutex_lock(&b->lock);
+    uint64_t e = b->have_view ? b->view.epoch : 0; /* 0: no removal is subtracted */
+    pthread_mutex_unlock(&b->lock);
+    return e;
+}
+
+void kvt_l2b_budget_removed(kvt_l2 *l2, uint64_t bytes, uint64_t epoch)
+{
+    if (!bytes)
+        return;
+    struct kvt_budget_req rq = {.removed = bytes, .removed_epoch = epoch};
+    struct kvt_budget_view v;
+    step(l2, &rq, &v);
+}
+
+int64_t kvt_l2b_budget_total(kvt_l2 *l2)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    pthread_mutex_lock(&b->lock);
+    int64_t t = b->have_view ? b->view.total : (int64_t)b->cap;
+    pthread_mutex_unlock(&b->lock);
+    return t;
+}
+
+void kvt_l2_budget_shrunk(kvt_l2 *l2, uint32_t bytes)
+{
+    if (l2->budget && bytes)
+        kvt_l2b_budget_refund(l2, bytes);
+}
+
+void kvt_l2_budget_refresh(kvt_l2 *l2)
+{
+    if (!l2->budget)
+        return;
+    struct kvt_budget_req rq = {0};
+    struct kvt_budget_view v;
+    step(l2, &rq, &v);
+}
+
+int kvt_l2_budget_attach(kvt_l2 *l2, const struct kvt_budget_rec_ops *ops, void *rec, char *err,
+                         size_t errcap)
+{
+    (void)err;
+    (void)errcap;
+    struct kvt_l2_budget *b = kvt_xcalloc(1, sizeof(*b));
+    b->ops = ops;
+    b->rec = rec;
+    b->cap = l2->cap_bytes;
+    pthread_mutex_init(&b->lock, NULL);
+    ops->where(rec, b->where, sizeof(b->where));
+    l2->budget = b;
+    kvt_info("%s: shared budget of %llu bytes in %s", l2->name, (unsigned long long)b->cap,
+             b->where);
+    return 0;
+}
+
+int kvt_l2_budget_recount_begin(kvt_l2 *l2, char *errout, size_t errcap)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    if (!b)
+        return 0;
+    struct kvt_budget_snap s;
+    memset(&s, 0, sizeof(s));
+    char err[256] = "";
+    int rc = b->ops->begin(b->rec, &s, err, sizeof(err));
+    pthread_mutex_lock(&b->lock);
+    b->snap_valid = rc == 0;
+    b->snap = s;
+    b->snap_ns = kvt_now_ns();
+    if (rc)
+        snprintf(b->last_error, sizeof(b->last_error), "%s", err);
+    pthread_mutex_unlock(&b->lock);
+    if (rc && errout)
+        snprintf(errout, errcap, "shared budget record: %s", err);
+    return rc;
+}
+
+void kvt_l2_budget_recount_end(kvt_l2 *l2, uint64_t walked, bool complete)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->lock);
+    bool have = b->snap_valid;
+    struct kvt_budget_snap s = b->snap;
+    uint64_t t0 = b->snap_ns;
+    b->snap_valid = false;
+    if (have && !complete)
+        b->recounts_skipped++;
+    pthread_mutex_unlock(&b->lock);
+    if (!have)
+        return;
+    if (!complete) {
+        kvt_info("%s: shared budget: the walk may have missed objects: the record's total is "
+                 "left as it was",
+                 l2->name);
+        return;
+    }
+    struct kvt_budget_view v;
+    memset(&v, 0, sizeof(v));
+    char err[256] = "";
+    int rc = b->ops->end(b->rec, &s, walked, &v, err, sizeof(err));
+    double secs = (double)(kvt_now_ns() - t0) / 1e9;
+    pthread_mutex_lock(&b->lock);
+    if (rc) {
+        snprintf(b->last_error, sizeof(b->last_error), "%s", err);
+    } else {
+        b->recounts++;
+        b->last_walked = walked;
+        b->last_before = b->have_view ? b->view.total : 0;
+        b->last_after = v.total;
+        b->last_seconds = secs;
+        b->view = v;
+        b->have_view = true;
+        b->view_ns = kvt_now_ns();
+    }
+    pthread_mutex_unlock(&b->lock);
+    if (rc)
+        kvt_warn("%s: shared budget record %s: the recount was not recorded: %s", l2->name,
+                 b->where, err);
+    else
+        kvt_info("%s: shared budget recounted: the tier holds %llu bytes of objects, the "
+                 "record's total is now %lld bytes (%llu pending, %llu charged during the "
+                 "%.3f s walk) of %llu",
+                 l2->name, (unsigned long long)walked, (long long)v.total,
+                 (unsigned long long)s.pending, (unsigned long long)(v.adds - s.adds), secs,
+                 (unsigned long long)b->cap);
+}
+
+void kvt_l2_budget_detach(kvt_l2 *l2)
+{
+    kvt_l2b_budget_free(l2);
+}
+
+void kvt_l2b_budget_free(kvt_l2 *l2)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    if (!b)
+        return;
+    l2->budget = NULL;
+    b->ops->leave(b->rec);
+    pthread_mutex_destroy(&b->lock);
+    free(b);
+}
+
+void kvt_l2b_budget_stats(kvt_l2 *l2, struct kvt_l2_stats *out)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->lock);
+    out->shared_budget = true;
+    out->shared_total = b->have_view ? b->view.total : 0;
+    out->shared_part = b->have_view ? b->view.part : 0;
+    out->shared_nodes = b->have_view ? b->view.nodes : 0;
+    pthread_mutex_unlock(&b->lock);
+}
+
+#define I(v) json_integer((json_int_t)(v))
+
+void kvt_l2b_budget_status(kvt_l2 *l2, json_t *o)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    if (!b)
+        return;
+    json_t *j = json_object();
+    pthread_mutex_lock(&b->lock);
+    const struct kvt_budget_view *v = &b->view;
+    json_object_set_new(j, "record", json_string(b->where));
+    json_object_set_new(j, "capacity_bytes", I(b->cap));
+    json_object_set_new(j, "record_capacity_bytes", b->have_view ? I(v->cap) : json_null());
+    json_object_set_new(j, "total_bytes", b->have_view ? I(v->total) : json_null());
+    json_object_set_new(j, "usage_fraction",
+                        b->have_view && b->cap ? json_real((double)v->total / (double)b->cap)
+                                               : json_null());
+    json_object_set_new(j, "node_bytes", b->have_view ? I(v->part) : json_null());
+    json_object_set_new(j, "node_pending_bytes", b->have_view ? I(v->pending) : json_null());
+    json_object_set_new(j, "inflight_bytes", I(atomic_load(&b->inflight)));
+    json_object_set_new(j, "nodes", b->have_view ? I(v->nodes) : json_null());
+    json_object_set_new(j, "epoch", b->have_view ? I(v->epoch) : json_null());
+    json_object_set_new(j, "charged_total_bytes", b->have_view ? I(v->adds) : json_null());
+    json_object_set_new(j, "record_recounts", b->have_view ? I(v->recounts) : json_null());
+    json_object_set_new(j, "age_seconds",
+                        b->have_view ? json_real((double)(kvt_now_ns() - b->view_ns) / 1e9)
+                                     : json_null());
+    json_object_set_new(j, "steps", I(b->steps));
+    json_object_set_new(j, "step_errors", I(b->step_errors));
+    json_object_set_new(j, "refused", I(b->refused));
+    json_object_set_new(j, "refunded_bytes", I(b->refunded_bytes));
+    json_object_set_new(j, "removed_bytes", I(b->removed_bytes));
+    json_object_set_new(j, "removed_dropped_bytes", I(b->removed_dropped));
+    json_object_set_new(j, "rejoins", I(b->rejoins));
+    json_t *rc = json_object();
+    json_object_set_new(rc, "state", json_string(b->snap_valid ? "running" : "idle"));
+    json_object_set_new(rc, "count", I(b->recounts));
+    json_object_set_new(rc, "skipped", I(b->recounts_skipped));
+    json_object_set_new(rc, "walked_bytes", I(b->last_walked));
+    json_object_set_new(rc, "total_before", I(b->last_before));
+    json_object_set_new(rc, "total_after", I(b->last_after));
+    json_object_set_new(rc, "seconds", json_real(b->last_seconds));
+    json_object_set_new(j, "recount", rc);
+    json_object_set_new(j, "last_error",
+                        b->last_error[0] ? json_string(b->last_error) : json_null());
+    pthread_mutex_unlock(&b->lock);
+    json_object_set_new(o, "shared_budget", j);
+}

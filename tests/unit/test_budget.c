@@ -1,0 +1,303 @@
+/*
+ * Description: the shared budget record's arithmetic (l2/kit/brec.h): takes
+ * all or nothing under the cap, refunds, removals subtracted only in their
+ * epoch, recounts from a walk; its encoding (checksum, torn records); and a
+ * randomized run of three servers storing, failing, removing, dying and
+ * recounting concurrently in which the record's total never falls below
+ * the tier's bytes plus the writes that can still land, and ends exact.
+ */
+#include "test.h"
+
+#include "common/util.h"
+#include "l2/kit/brec.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+static void apply(struct kvt_brec *r, int slot, struct kvt_budget_req rq, struct kvt_budget_view *v)
+{
+    kvt_brec_apply(r, slot, &rq, false, 0, v);
+}
+
+static void test_take_refund_remove(void)
+{
+    struct kvt_brec r;
+    struct kvt_budget_view v;
+    kvt_brec_init(&r, 1000, 1);
+    kvt_brec_join(&r, 0, 11, 1, "a", 1);
+    kvt_brec_join(&r, 1, 22, 2, "b", 1);
+    apply(&r, 0, (struct kvt_budget_req){.take = 600, .cap = 1000}, &v);
+    TEST_ASSERT(v.granted && v.total == 600 && v.part == 600 && v.pending == 600);
+    apply(&r, 1, (struct kvt_budget_req){.take = 500, .cap = 1000}, &v);
+    TEST_ASSERT(!v.granted && v.total == 600 && v.part == 0); /* all or nothing */
+    apply(&r, 1, (struct kvt_budget_req){.take = 400, .cap = 1000}, &v);
+    TEST_ASSERT(v.granted && v.total == 1000);
+    /* a refund frees room for the take in the same step */
+    apply(&r, 0, (struct kvt_budget_req){.refund = 100, .take = 50, .cap = 1000}, &v);
+    TEST_ASSERT(v.granted && v.total == 950 && v.part == 550 && v.pending == 550);
+    /* settled lowers pending only */
+    apply(&r, 0, (struct kvt_budget_req){.settled = 550, .cap = 1000}, &v);
+    TEST_ASSERT(v.total == 950 && v.pending == 0 && v.part == 550);
+    /* node 1 removes node 0's object: the total drops, node 1's part too */
+    apply(&r, 1, (struct kvt_budget_req){.removed = 200, .removed_epoch = 1, .cap = 1000}, &v);
+    TEST_ASSERT(v.removed_ok && v.total == 750 && v.part == 200);
+    /* a removal read in an older epoch is not subtracted */
+    r.epoch = 2;
+    apply(&r, 1, (struct kvt_budget_req){.removed = 200, .removed_epoch = 1, .cap = 1000}, &v);
+    TEST_ASSERT(!v.removed_ok && v.total == 750);
+    TEST_ASSERT(r.adds == 1050);
+    /* folding keeps the total */
+    kvt_brec_fold(&r, 0);
+    TEST_ASSERT(r.total == 750 && kvt_brec_find(&r, 11) == -1 && kvt_brec_find(&r, 22) == 1);
+}
+
+static void test_recount(void)
+{
+    struct kvt_brec r;
+    struct kvt_budget_view v;
+    kvt_brec_init(&r, 1 << 20, 1);
+    kvt_brec_join(&r, 0, 1, 1, "a", 1);
+    kvt_brec_join(&r, 1, 2, 2, "b", 1);
+    apply(&r, 0, (struct kvt_budget_req){.take = 100, .cap = 1 << 20}, &v);
+    apply(&r, 1, (struct kvt_budget_req){.take = 300, .cap = 1 << 20}, &v);
+    bool live[KVT_BREC_NODES] = {true, false}; /* node 1 died */
+    struct kvt_budget_snap s;
+    kvt_brec_begin(&r, live, &s);
+    TEST_ASSERT(s.adds == 400 && s.pending == 100 && s.epoch == 1);
+    apply(&r, 0, (struct kvt_budget_req){.take = 50, .cap = 1 << 20}, &v); /* during the walk */
+    kvt_brec_end(&r, &s, 120, 9);
+    TEST_ASSERT(r.total == 120 + 50 + 100 && r.epoch == 2 && r.recounts == 1);
+    TEST_ASSERT(r.recount_before == 450 && r.recount_after == 270 && r.recount_walked == 120);
+}
+
+static void test_encoding(void)
+{
+    struct kvt_brec r, back;
+    kvt_brec_init(&r, 12345, 7);
+    kvt_brec_join(&r, 3, 99, 4242, "a-very-long-host-name-that-is-cut", 8);
+    r.total = -5;
+    r.node[3].part = -7;
+    uint8_t buf[KVT_BREC_BYTES];
+    TEST_ASSERT(KVT_BREC_BYTES == 4096);
+    kvt_brec_encode(&r, buf);
+    TEST_ASSERT(kvt_brec_decode(buf, sizeof(buf), &back) == 0);
+    TEST_ASSERT(back.total == -5 && back.cap == 12345 && back.epoch == 1);
+    TEST_ASSERT(back.node[3].id == 99 && back.node[3].pid == 4242 && back.node[3].part == -7);
+    TEST_ASSERT(strlen(back.node[3].host) == KVT_BREC_HOST - 1);
+    TEST_ASSERT(kvt_brec_decode(buf, 0, &back) == -ENODATA);
+    TEST_ASSERT(kvt_brec_decode(buf, 100, &back) == -EBADMSG);
+    buf[200] ^= 1;
+    TEST_ASSERT(kvt_brec_decode(buf, sizeof(buf), &back) == -EBADMSG);
+}
+
+/* ---------------------------------------------------------------- model */
+
+#define K 48 /* keys */
+#define N 3  /* server slots */
+#define CAP 5000
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t rnd(uint32_t n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng % n);
+}
+
+struct write {
+    int key;
+    uint32_t size;
+};
+struct removal {
+    uint32_t size;
+    uint64_t epoch;
+};
+struct server {
+    bool live;
+    uint64_t id;
+    struct write w[K];
+    int nw;
+    struct removal rm[K];
+    int nrm;
+    uint64_t settled, epoch;
+};
+
+static struct kvt_brec rec;
+static struct server sv[N];
+static bool present[K], writing[K];
+static uint32_t size_of[K];
+
+static uint64_t tier(void)
+{
+    uint64_t t = 0;
+    for (int k = 0; k < K; k++)
+        t += present[k] ? size_of[k] : 0;
+    return t;
+}
+
+/* bytes that may still land: live servers' writes in flight */
+static uint64_t landable(void)
+{
+    uint64_t t = 0;
+    for (int n = 0; n < N; n++)
+        for (int i = 0; sv[n].live && i < sv[n].nw; i++)
+            t += sv[n].w[i].size;
+    return t;
+}
+
+static void step(int n, struct kvt_budget_req rq, struct kvt_budget_view *v)
+{
+    rq.settled += sv[n].settled;
+    sv[n].settled = 0;
+    rq.cap = CAP;
+    int slot = kvt_brec_find(&rec, sv[n].id);
+    bool rejoined = false;
+    if (slot < 0) {
+        slot = kvt_brec_free_slot(&rec);
+        TEST_ASSERT(slot >= 0);
+        kvt_brec_join(&rec, slot, sv[n].id, 0, "", 0);
+        rejoined = true;
+    }
+    kvt_brec_apply(&rec, slot, &rq, rejoined, 0, v);
+    sv[n].epoch = v->epoch;
+}
+
+static void drop_write(struct server *s, int i)
+{
+    writing[s->w[i].key] = false;
+    s->w[i] = s->w[--s->nw];
+}
+
+static void test_model(void)
+{
+    struct kvt_budget_view v;
+    kvt_brec_init(&rec, CAP, 0);
+    for (int k = 0; k < K; k++)
+        size_of[k] = 100 + rnd(400);
+    uint64_t ids = 1;
+    for (int n = 0; n < N; n++)
+        sv[n] = (struct server){.live = true, .id = ids++};
+    /* a recount in progress: its snapshot and walk position */
+    struct kvt_budget_snap snap;
+    int walk = -1;
+    uint64_t walked = 0;
+    uint64_t max_over = 0, recounts = 0, refused = 0, dropped = 0;
+    for (int it = 0; it < 200000; it++) {
+        int n = (int)rnd(N);
+        struct server *s = &sv[n];
+        uint32_t op = rnd(100);
+        if (!s->live) {
+            if (op < 5) { /* restarted: a new entry */
+                *s = (struct server){.live = true, .id = ids++};
+            }
+        } else if (op < 30) { /* a store begins: charge first */
+            int k = (int)rnd(K);
+            if (!present[k] && !writing[k]) {
+                step(n, (struct kvt_budget_req){.take = size_of[k]}, &v);
+                if (v.granted) {
+                    writing[k] = true;
+                    s->w[s->nw++] = (struct write){k, size_of[k]};
+                } else {
+                    refused++;
+                }
+            }
+        } else if (op < 50 && s->nw) { /* a write lands (settled lazily) */
+            int i = (int)rnd((uint32_t)s->nw);
+            present[s->w[i].key] = true;
+            s->settled += s->w[i].size;
+            drop_write(s, i);
+        } else if (op < 55 && s->nw) { /* a write fails, certainly not landed */
+            int i = (int)rnd((uint32_t)s->nw);
+            uint32_t sz = s->w[i].size;
+            drop_write(s, i);
+            step(n, (struct kvt_budget_req){.refund = sz}, &v);
+        } else if (op < 58 && s->nw) { /* a write's fate is unknown: it may land */
+            int i = (int)rnd((uint32_t)s->nw);
+            if (rnd(2))
+                present[s->w[i].key] = true;
+            s->settled += s->w[i].size;
+            drop_write(s, i);
+        } else if (op < 75) { /* a removal: the epoch read first, the give later */
+            int k = (int)rnd(K);
+            uint64_t ep = s->epoch;
+            if (present[k]) { /* unlink succeeded (ENOENT: someone else's) */
+                present[k] = false;
+                s->rm[s->nrm++] = (struct removal){size_of[k], ep};
+            }
+        } else if (op < 88 && s->nrm) { /* the removal reaches the record */
+            struct removal r = s->rm[--s->nrm];
+            step(n, (struct kvt_budget_req){.removed = r.size, .removed_epoch = r.epoch}, &v);
+            dropped += !v.removed_ok;
+        } else if (op < 92) { /* the periodic step */
+            step(n, (struct kvt_budget_req){0}, &v);
+        } else if (op < 93) { /* SIGKILL: its writes never land, its gives are lost */
+            for (int i = 0; i < s->nw; i++)
+                writing[s->w[i].key] = false;
+            s->live = false;
+            s->nw = s->nrm = 0;
+        } else if (op < 99 && walk < 0) { /* a recount begins (a server starts) */
+            bool alive[KVT_BREC_NODES] = {0};
+            for (int i = 0; i < KVT_BREC_NODES; i++)
+                for (int m = 0; m < N; m++)
+                    if (rec.node[i].id == sv[m].id && sv[m].live)
+                        alive[i] = true;
+            for (int i = 0; i < KVT_BREC_NODES; i++)
+                if (rec.node[i].id && !alive[i])
+                    kvt_brec_fold(&rec, i); /* the census */
+            kvt_brec_begin(&rec, alive, &snap);
+            walk = 0;
+            walked = 0;
+        }
+        if (walk >= 0 && rnd(4) == 0) { /* the walk visits the next key */
+            walked += present[walk] ? size_of[walk] : 0;
+            if (++walk == K) {
+                kvt_brec_end(&rec, &snap, walked, 0);
+                walk = -1;
+                recounts++;
+            }
+        }
+        uint64_t must = tier() + landable();
+        TEST_ASSERT(rec.total >= (int64_t)must);
+        if ((uint64_t)rec.total > must)
+            max_over = KVT_MAX(max_over, (uint64_t)rec.total - must);
+        TEST_ASSERT(tier() <= CAP);
+    }
+    /* quiet: every live server reports, a last recount is exact */
+    for (int n = 0; n < N; n++) {
+        if (!sv[n].live)
+            continue;
+        while (sv[n].nw) {
+            present[sv[n].w[0].key] = true;
+            sv[n].settled += sv[n].w[0].size;
+            drop_write(&sv[n], 0);
+        }
+        sv[n].nrm = 0;
+        step(n, (struct kvt_budget_req){0}, &v);
+    }
+    bool alive[KVT_BREC_NODES] = {0};
+    for (int i = 0; i < KVT_BREC_NODES; i++)
+        for (int m = 0; m < N; m++)
+            alive[i] |= rec.node[i].id == sv[m].id && sv[m].live;
+    if (walk >= 0)
+        kvt_brec_end(&rec, &snap, walked, 0); /* an over-count at worst */
+    kvt_brec_begin(&rec, alive, &snap);
+    kvt_brec_end(&rec, &snap, tier(), 0);
+    TEST_ASSERT(rec.total == (int64_t)tier());
+    fprintf(stderr,
+            "   %llu recounts, %llu takes refused, %llu removals dropped, max over-count "
+            "%llu bytes\n",
+            (unsigned long long)recounts, (unsigned long long)refused, (unsigned long long)dropped,
+            (unsigned long long)max_over);
+    TEST_ASSERT(recounts > 100 && refused > 100);
+}
+
+int main(void)
+{
+    RUN(test_take_refund_remove);
+    RUN(test_recount);
+    RUN(test_encoding);
+    RUN(test_model);
+    return TEST_RESULT();
+}
