@@ -9,7 +9,10 @@
  * opts.no_shm to force the inline path. Requests themselves go over a
  * same-host Unix socket when the server offers one (fewer thread hops than
  * ZeroMQ; kvt_client_local_active); KVTIER_NO_LOCAL=1 or opts.no_local keeps
- * them on ZeroMQ.
+ * them on ZeroMQ. The clients of one process share one ZeroMQ context;
+ * KVTIER_IO_THREADS=N (1..64, default 1) gives it N I/O threads, which is
+ * worth it only for several CURVE connections in one process (each
+ * connection's encryption runs on one I/O thread).
  *
  * Errors: every function returns 0 or a negative code (include
  * kvtier/error.h): -errno, or KVT_E_* for protocol and server errors. After

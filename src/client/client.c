@@ -90,8 +90,13 @@ static int ctx_users;    /* guarded by ctx_lock */
 static void *ctx_get(void)
 {
     pthread_mutex_lock(&ctx_lock);
-    if (!shared_ctx)
+    if (!shared_ctx) {
         shared_ctx = zmq_ctx_new();
+        const char *e = getenv("KVTIER_IO_THREADS"); /* client.h */
+        long n = e ? strtol(e, NULL, 10) : 0;
+        if (shared_ctx && n > 1 && n <= 64)
+            zmq_ctx_set(shared_ctx, ZMQ_IO_THREADS, (int)n);
+    }
     void *c = shared_ctx;
     if (c)
         ctx_users++;

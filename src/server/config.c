@@ -27,6 +27,7 @@ enum {
     O_BIND,
     O_CHUNK,
     O_WORKERS,
+    O_IO_THREADS,
     O_L1_SIZE,
     O_L1_INIT,
     O_L1_LAZY,
@@ -71,6 +72,7 @@ static const struct option opts[] = {
     {"bind", required_argument, NULL, O_BIND},
     {"chunk-size", required_argument, NULL, O_CHUNK},
     {"max-workers", required_argument, NULL, O_WORKERS},
+    {"io-threads", required_argument, NULL, O_IO_THREADS},
     {"l1-size-gb", required_argument, NULL, O_L1_SIZE},
     {"l1-init-size-gb", required_argument, NULL, O_L1_INIT},
     {"l1-use-lazy", no_argument, NULL, O_L1_LAZY},
@@ -124,6 +126,8 @@ void kvt_server_usage(FILE *f)
            "(127.0.0.1)\n"
            "  --http-port N                 HTTP port (8080; 0 = off)\n"
            "  --max-workers N               handler threads (4)\n"
+           "  --io-threads N                ZeroMQ I/O threads of the client port (1; with\n"
+           "                                --auth-key half the CPUs, 1..4: CURVE encrypts there)\n"
            "  --chunk-size N                tokens per chunk, reported to clients (256)\n"
            "  --max-object-mb N             largest object accepted (1024)\n"
            "  --no-shm                      do not offer the shared-memory data path\n"
@@ -278,6 +282,16 @@ static int check_storage(const struct kvt_server_cfg *c)
         }
     }
     return 0;
+}
+
+int kvt_server_io_threads(const struct kvt_server_cfg *c)
+{
+    if (c->io_threads > 0)
+        return c->io_threads;
+    if (!c->auth_key_file[0])
+        return 1;
+    long n = sysconf(_SC_NPROCESSORS_ONLN) / 2;
+    return n < 1 ? 1 : n > 4 ? 4 : (int)n;
 }
 
 bool kvt_host_is_loopback(const char *host)
@@ -468,6 +482,10 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         case O_WORKERS:
             rc = integer(f, optarg, 1, 1024, &l);
             c->max_workers = (int)l;
+            break;
+        case O_IO_THREADS:
+            rc = integer(f, optarg, 1, 64, &l);
+            c->io_threads = (int)l;
             break;
         case O_L1_SIZE:
             rc = num(f, optarg, 0.001, 65536, &c->l1_size_gb);
@@ -791,6 +809,7 @@ json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
     json_object_set_new(o, "bind", json_string(c->bind));
     json_object_set_new(o, "chunk_size", json_integer(c->chunk_size));
     json_object_set_new(o, "max_workers", json_integer(c->max_workers));
+    json_object_set_new(o, "io_threads", json_integer(kvt_server_io_threads(c)));
     json_object_set_new(o, "max_object_bytes", json_integer((json_int_t)c->max_object_bytes));
     json_object_set_new(o, "shm", json_boolean(c->shm));
     json_object_set_new(o, "local_socket", json_boolean(c->local && c->shm));

@@ -23,6 +23,7 @@ struct kvt_server_cfg {
     char bind[300]; /* ZeroMQ endpoint; derived from host/port unless --bind */
     int chunk_size;
     int max_workers;
+    int io_threads; /* --io-threads; 0 = kvt_server_io_threads() decides */
 
     double l1_size_gb, l1_init_size_gb;
     bool l1_lazy, l1_hugepages;
@@ -69,6 +70,13 @@ struct kvt_server_cfg {
     char http_token[256];         /* read from it: never logged or shown; "" = none */
     bool insecure_no_auth;        /* --insecure-no-auth: beyond loopback without auth */
 };
+
+/* ZeroMQ I/O threads of the client socket: --io-threads, else 1 without
+ * authentication (a plain frame costs its I/O thread a read) and half the
+ * CPUs, 1..4, with it (CURVE encrypts and decrypts every byte on the I/O
+ * thread that owns the connection: one thread caps the server near one
+ * core's XSalsa20-Poly1305 rate). */
+int kvt_server_io_threads(const struct kvt_server_cfg *c);
 
 /* true if a ZeroMQ endpoint (tcp://host:port, ipc://, inproc://) or a host
  * name / address is reachable from this host only. */

@@ -797,6 +797,8 @@ static int start(struct kvt_server *s)
     /* listeners before storage: a port in use fails here, before any
      * adapter has locked, scanned or changed its directory */
     s->zctx = zmq_ctx_new();
+    /* before the first socket: ZeroMQ starts its I/O threads with it */
+    zmq_ctx_set(s->zctx, ZMQ_IO_THREADS, kvt_server_io_threads(c));
     s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
     /* a frame is a data frame (<= max_object_bytes) or a body (<= 16 MiB,
      * enough for a full batch of 65,536 keys): a smaller --max-object-mb
