@@ -60,6 +60,7 @@
 #include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/resp/resp_int.h"
+#include "l2/budget.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -161,8 +162,20 @@ static uint8_t *worker_hdrs(struct worker *w, uint32_t n)
 
 /* Per-key outcome of one pipelined pass. K_REDIR: MOVED/ASK (cluster: sent
  * again to w->tgt[j]); K_DOWN: the key's node failed (cluster: the key
- * fails, the others go on); K_NOTSEL: not part of this pass. */
-enum { K_PENDING = 0, K_OK, K_SKIP, K_FAIL, K_MISS, K_CORRUPT, K_REDIR, K_DOWN, K_NOTSEL };
+ * fails, the others go on); K_NOTSEL: not part of this pass; K_EXISTS: a
+ * SET ... NX found the key there (shared budget: another server stored it). */
+enum {
+    K_PENDING = 0,
+    K_OK,
+    K_SKIP,
+    K_FAIL,
+    K_MISS,
+    K_CORRUPT,
+    K_REDIR,
+    K_DOWN,
+    K_NOTSEL,
+    K_EXISTS
+};
 
 /* Cluster mode: the state for an error reply to key j's command: K_REDIR
  * (w->tgt/askf say where next), K_DOWN (a transient cluster error), or 0
@@ -283,7 +296,9 @@ static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
         int kl = kvt_resp_wire_key(e, &t->keys[i], key);
         pre_off[k++] = w->wb.len;
         put_asking(w);
-        kvt_resp_wb_fmt(&w->wb, "*3\r\n$3\r\nSET\r\n");
+        /* with a shared budget, SET ... NX: a key another server stored is
+         * not overwritten (and not charged twice) */
+        kvt_resp_wb_fmt(&w->wb, e->nx ? "*4\r\n$3\r\nSET\r\n" : "*3\r\n$3\r\nSET\r\n");
         kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
         kvt_resp_wb_fmt(&w->wb, "$%llu\r\n", (unsigned long long)(HDR + t->bufs[i].len));
     }
@@ -299,7 +314,10 @@ static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
         iov[cnt++] = (struct iovec){w->hdrs + (size_t)j * HDR, HDR};
         if (t->bufs[i].len)
             iov[cnt++] = (struct iovec){t->bufs[i].ptr, t->bufs[i].len};
-        iov[cnt++] = (struct iovec){(void *)"\r\n", 2};
+        if (e->nx)
+            iov[cnt++] = (struct iovec){(void *)"\r\n$2\r\nNX\r\n", 10};
+        else
+            iov[cnt++] = (struct iovec){(void *)"\r\n", 2};
         k++;
     }
     int rc = kvt_resp_wr_all(w->cur, iov, cnt);
@@ -318,6 +336,8 @@ static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
             break;
         if (ty == R_STATUS) {
             st[j] = K_OK;
+        } else if (ty == R_NIL && e->nx) {
+            st[j] = K_EXISTS;
         } else if (ty == R_ERROR && (cs = cl_err_state(e, w, j, err))) {
             st[j] = (uint8_t)cs;
         } else {
@@ -538,8 +558,20 @@ static void do_store(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
             kvt_l2_publish(l2, &ck);
             atomic_fetch_add(&l2->counters.store_ok, 1);
             kvt_l2_task_ok(t, i, HDR + t->bufs[i].len);
-        } else { /* K_PENDING (no reply), K_FAIL (refused), K_DOWN (its node failed) */
+        } else if (st[j] == K_EXISTS) {
+            /* another server's value: ours never went in (its bytes go back
+             * to the shared budget), theirs is adopted */
             kvt_l2_unreserve(l2, &ck);
+            kvt_l2_adopt(l2, &ck, (uint32_t)(HDR + t->bufs[i].len), t->meta[i].len, HDR,
+                         (uint8_t)(F_LEN_KNOWN | gen), false, false);
+            atomic_fetch_add(&l2->counters.store_skipped, 1);
+            kvt_l2_task_ok(t, i, 0);
+        } else if (st[j] == K_FAIL) { /* refused by the server: nothing written */
+            kvt_l2_unreserve(l2, &ck);
+            kvt_l2_task_fail(t, i, rc ? rc : KVT_E_UNHEALTHY);
+            atomic_fetch_add(&l2->counters.store_failed, 1);
+        } else { /* K_PENDING (no reply), K_DOWN (its node failed): may have landed */
+            kvt_l2_unreserve_unsure(l2, &ck);
             kvt_l2_task_fail(t, i, rc ? rc : KVT_E_UNHEALTHY);
             atomic_fetch_add(&l2->counters.store_failed, 1);
         }
@@ -1090,6 +1122,16 @@ static redisReply *ctl_command(kvt_l2 *l2, struct resp_engine *e, int argc, cons
     return NULL;
 }
 
+redisReply *kvt_resp_ctl_key(kvt_l2 *l2, struct resp_engine *e, const char *key, size_t kl,
+                             int argc, const char **argv, const size_t *lens)
+{
+    pthread_mutex_lock(&e->ctl_lock);
+    redisReply *r = e->cluster ? kvt_resp_cl_command(e, key, kl, argc, argv, lens)
+                               : ctl_command(l2, e, argc, argv, lens);
+    pthread_mutex_unlock(&e->ctl_lock);
+    return r;
+}
+
 static int resp_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 {
     struct resp_engine *e = l2->engine;
@@ -1272,6 +1314,7 @@ static void resp_close(kvt_l2 *l2)
                                                .pools = {e->pool}});
     if (!l2->persist_enabled)
         delete_all_indexed(l2, e);
+    kvt_l2_budget_detach(l2); /* its record steps use the control connection */
     kvt_resp_conn_close(&e->ctl);
     kvt_resp_cl_close(e);
     free(e->ctl.rbuf);
@@ -1365,6 +1408,10 @@ static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
     e->park.parking = l2->cap_bytes > 0;
     l2->engine = e;
     l2->recovering = true;
+    /* "shared_budget": a hash on the server; no I/O yet (the server may be
+     * down): the start-up scan's recount is the first step */
+    if (spec->shared_budget && (rc = kvt_resp_budget_attach(l2, e, err, errcap)))
+        goto fail;
     if (o->nnodes > 1 && !e->cluster)
         kvt_warn("%s: startup_nodes lists %d servers; standalone mode uses the first (%s)",
                  l2->name, o->nnodes, e->endpoint);
@@ -1397,6 +1444,7 @@ static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
 fail:
     if (e->pool)
         kvt_tpool_destroy(e->pool);
+    kvt_l2_budget_detach(l2);
     pthread_mutex_destroy(&e->maplock);
     free(e->ctl.rbuf);
     free(e->ctl.obuf);

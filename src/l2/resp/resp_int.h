@@ -102,6 +102,10 @@ struct resp_engine {
     uint64_t next_refresh_ns;            /* hlock */
     struct conn ctl_nodes[CL_MAX_NODES]; /* ctl_lock: remove's connections per node */
     _Atomic uint64_t refreshes, moved, asked, cl_errors;
+
+    /* "shared_budget" (resp_budget.c): stores are SET ... NX, so a key
+     * another server stored is neither overwritten nor charged twice */
+    bool nx;
 };
 
 /* Growable command buffer for small commands. */
@@ -141,6 +145,15 @@ int kvt_resp_check_header(const uint8_t *buf, uint32_t got, uint64_t vlen, const
 /* Fail the parked stores (the server is down, or close: stop_parking). */
 void kvt_resp_fail_parked(kvt_l2 *l2, struct resp_engine *e, bool stop_parking);
 void kvt_resp_submit(kvt_l2 *l2, kvt_l2_task *t);
+
+/* Run one command about key on its control connection (standalone: e->ctl,
+ * reopened once; cluster: the key's node, following redirects), taking
+ * e->ctl_lock. NULL: no reply (the error is in last_error). */
+redisReply *kvt_resp_ctl_key(kvt_l2 *l2, struct resp_engine *e, const char *key, size_t kl,
+                             int argc, const char **argv, const size_t *lens);
+
+/* resp_budget.c: the shared budget's record, a hash on the server */
+int kvt_resp_budget_attach(kvt_l2 *l2, struct resp_engine *e, char *err, size_t errcap);
 
 /* resp_wire.c: connections (each owned by one thread) and the raw protocol */
 void kvt_resp_conn_close(struct conn *cn);

@@ -6,6 +6,7 @@
 #include "common/util.h"
 #include "kvtier/error.h"
 #include "l2/resp/resp_int.h"
+#include "l2/budget.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -154,7 +155,7 @@ static bool mark_seen(kvt_l2 *l2, const kvt_key *ck, unsigned gen, uint32_t logi
 /* One SCAN page's keys: STRLEN + header of each, pipelined; adopt the valid
  * ones at the cold end. Returns 0 or -EIO (connection lost). */
 static int scan_page(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, redisReply *keys,
-                     unsigned gen, uint64_t *objs, uint64_t *bytes)
+                     unsigned gen, uint64_t *objs, uint64_t *bytes, uint64_t *walked)
 {
     redisContext *c = mon->c;
     size_t n = keys->elements;
@@ -186,6 +187,7 @@ static int scan_page(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, redisR
             kvt_key_canon(KVT_CODEC_OBJ, &k[i], &ck);
             if (kvt_resp_check_header((const uint8_t *)b->str, (uint32_t)b->len,
                                       (uint64_t)a->integer, &k[i], &h, &why) == 0) {
+                *walked += (uint64_t)a->integer; /* every value found, indexed or not */
                 if (!mark_seen(l2, &ck, gen, (uint32_t)h.logical_len) &&
                     kvt_l2_adopt(l2, &ck, (uint32_t)a->integer, (uint32_t)h.logical_len, HDR,
                                  (uint8_t)(F_LEN_KNOWN | gen), false, true)) {
@@ -232,8 +234,8 @@ static uint64_t sweep_unseen(kvt_l2 *l2, unsigned gen)
 
 /* SCAN one connection's server for pattern, adopting what it holds. */
 static int scan_conn(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, const char *pattern,
-                     size_t pl, unsigned gen, uint64_t *objs, uint64_t *bytes, char *msg,
-                     size_t cap)
+                     size_t pl, unsigned gen, uint64_t *objs, uint64_t *bytes, uint64_t *walked,
+                     char *msg, size_t cap)
 {
     char cursor[32] = "0";
     int rc = 0;
@@ -256,7 +258,7 @@ static int scan_conn(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, const 
             break;
         }
         snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
-        rc = scan_page(l2, e, mon, r->element[1], gen, objs, bytes);
+        rc = scan_page(l2, e, mon, r->element[1], gen, objs, bytes, walked);
         if (rc)
             snprintf(msg, cap, "SCAN: %s", mon->c->errstr[0] ? mon->c->errstr : "connection lost");
         freeReplyObject(r);
@@ -287,10 +289,14 @@ static int scan_all(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, bool sw
     }
     unsigned gen = atomic_load(&e->gen) % F_GEN + 1;
     atomic_store(&e->gen, gen);
-    uint64_t t0 = kvt_now_ns(), objs = 0, bytes = 0;
+    uint64_t t0 = kvt_now_ns(), objs = 0, bytes = 0, walked = 0;
+    /* the scan walks the whole prefix: the shared budget's recount (a
+     * reshard meanwhile may move keys past it: then no recount) */
+    kvt_l2_budget_recount_begin(l2, NULL, 0);
+    uint64_t topo = atomic_load(&e->moved) + atomic_load(&e->asked) + atomic_load(&e->refreshes);
     int rc = 0;
     if (!e->cluster) {
-        rc = scan_conn(l2, e, mon, pattern, pl, gen, &objs, &bytes, msg, cap);
+        rc = scan_conn(l2, e, mon, pattern, pl, gen, &objs, &bytes, &walked, msg, cap);
     } else {
         /* every master holds its slots' keys: SCAN each one in turn */
         int masters[CL_MAX_NODES];
@@ -299,11 +305,14 @@ static int scan_all(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, bool sw
             mon->node = masters[m];
             rc = kvt_resp_conn_open(e, mon, msg, cap) ? -EIO : 0;
             if (!rc)
-                rc = scan_conn(l2, e, mon, pattern, pl, gen, &objs, &bytes, msg, cap);
+                rc = scan_conn(l2, e, mon, pattern, pl, gen, &objs, &bytes, &walked, msg, cap);
         }
         if (rc == -EIO)
             kvt_resp_cl_want_refresh(e);
     }
+    bool same_topo =
+        topo == atomic_load(&e->moved) + atomic_load(&e->asked) + atomic_load(&e->refreshes);
+    kvt_l2_budget_recount_end(l2, walked, rc == 0 && same_topo);
     if (rc) {
         kvt_resp_conn_close(mon);
         return rc;
