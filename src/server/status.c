@@ -218,6 +218,30 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
                       lat.bucket, KVT_L2_LAT_BUCKETS, lat.sum_ns, lat.count);
         }
     }
+    bool shared = false;
+    for (int i = 0; i < s->nl2; i++)
+        shared |= st[i].shared_budget;
+    if (shared) { /* adapters with "shared_budget" only (l2/budget.h) */
+        metric(&b, "kvtier_l2_shared_budget_bytes", "gauge",
+               "Bytes of the shared tier in the budget record of the servers sharing it.");
+        for (int i = 0; i < s->nl2; i++)
+            if (st[i].shared_budget)
+                sbf(&b, "kvtier_l2_shared_budget_bytes{adapter=\"%s\"} %lld\n",
+                    kvt_l2_name(s->l2s[i]), (long long)st[i].shared_total);
+        metric(&b, "kvtier_l2_shared_budget_node_bytes", "gauge",
+               "This server's net part of the shared budget (stored minus removed; may be "
+               "negative when it removes what others stored).");
+        for (int i = 0; i < s->nl2; i++)
+            if (st[i].shared_budget)
+                sbf(&b, "kvtier_l2_shared_budget_node_bytes{adapter=\"%s\"} %lld\n",
+                    kvt_l2_name(s->l2s[i]), (long long)st[i].shared_part);
+        metric(&b, "kvtier_l2_shared_budget_nodes", "gauge",
+               "Live servers in the shared budget record.");
+        for (int i = 0; i < s->nl2; i++)
+            if (st[i].shared_budget)
+                sbf(&b, "kvtier_l2_shared_budget_nodes{adapter=\"%s\"} %u\n",
+                    kvt_l2_name(s->l2s[i]), st[i].shared_nodes);
+    }
     metric(&b, "kvtier_l2_healthy", "gauge", "1 if the adapter is healthy.");
     for (int i = 0; i < s->nl2; i++) {
         char msg[256];
