@@ -18,7 +18,8 @@
  * these against redis-server).
  *
  * Locks: a step runs on the control connection under e->ctl_lock
- * (kvt_resp_ctl_key); nothing else is held.
+ * (kvt_resp_ctl_key); an apply step also under rb->lock, taken first (it
+ * numbers the steps in the order the server sees them).
  */
 #include "common/log.h"
 #include "common/util.h"
@@ -73,7 +74,8 @@
     "    if string.sub(f, 1, 2) == 't:' then\n"                                                    \
     "      local n = string.sub(f, 3)\n"                                                           \
     "      if n ~= id and now - tonumber(all[i + 1]) > lease then\n"                               \
-    "        redis.call('HDEL', k, 't:' .. n, 'p:' .. n, 'q:' .. n, 'h:' .. n)\n"                  \
+    "        redis.call('HDEL', k, 't:' .. n, 'p:' .. n, 'q:' .. n, 'h:' .. n, 's:' .. n,\n"       \
+    "                   'r:' .. n)\n"                                                              \
     "        folded = folded + 1\n"                                                                \
     "      else\n"                                                                                 \
     "        live = live + 1\n"                                                                    \
@@ -84,18 +86,27 @@
     "end\n"
 
 /* the view, as struct kvt_budget_view's fields in this order */
-#define LUA_VIEW                                                                                   \
+#define LUA_VIEW_STMT                                                                              \
     "return {num('total'), part, pend, num('adds'), num('epoch'), num('recounts'), num('cap'),\n"  \
     "        live, folded, granted, removed_ok, rejoined, created}\n"
+#define LUA_VIEW LUA_VIEW_STMT
 
 /* ARGV[6] take, [7] refund, [8] removed, [9] removed's epoch, [10]
- * settled, [11] in flight (take included), [12] census 0/1 (l2/kit/brec.c:
- * apply) */
+ * settled, [11] in flight (take included), [12] census 0/1, [13] this
+ * server's step number (l2/kit/brec.c: apply). A step whose number is not
+ * above the last one applied is a resend (the control connection reopened
+ * after the reply was lost): it answers the first one's outcome and
+ * changes nothing, so a refund or a removal is never subtracted twice. */
 static const char apply_lua[] = LUA_HEAD
     "local take, refund, removed, rep = tonumber(ARGV[6]), tonumber(ARGV[7]),\n"
     "  tonumber(ARGV[8]), tonumber(ARGV[9])\n"
     "local settled, inflight = tonumber(ARGV[10]), tonumber(ARGV[11])\n"
     "local part, pend, rejoined = entry(math.max(inflight - take, 0))\n"
+    "local seq = tonumber(ARGV[13])\n"
+    "if seq <= num('s:' .. id) then\n"
+    "  local f = num('r:' .. id)\n"
+    "  local granted, removed_ok, live, folded = math.floor(f / 2), f % 2, -1, 0\n"
+    "  " LUA_VIEW_STMT "end\n"
     "local total = num('total')\n"
     "total = total - refund\n"
     "part = part - refund\n"
@@ -113,7 +124,8 @@ static const char apply_lua[] = LUA_HEAD
     "  granted = 1\n"
     "  redis.call('HINCRBY', k, 'adds', take)\n"
     "end\n"
-    "redis.call('HSET', k, 'total', total, 'p:' .. id, part, 'q:' .. id, pend, 't:' .. id, now)\n"
+    "redis.call('HSET', k, 'total', total, 'p:' .. id, part, 'q:' .. id, pend, 't:' .. id, now,\n"
+    "           's:' .. id, seq, 'r:' .. id, granted * 2 + removed_ok)\n"
     "local live, folded = -1, 0\n"
     "if ARGV[12] == '1' or rejoined == 1 then live, folded = census() end\n" LUA_VIEW;
 
@@ -147,7 +159,8 @@ static const char end_lua[] = LUA_HEAD
     "local granted, removed_ok = 0, 0\n" LUA_VIEW;
 
 static const char leave_lua[] = "redis.call('HDEL', KEYS[1], 't:' .. ARGV[1], 'p:' .. ARGV[1],\n"
-                                "           'q:' .. ARGV[1], 'h:' .. ARGV[1])\n"
+                                "           'q:' .. ARGV[1], 'h:' .. ARGV[1], 's:' .. ARGV[1],\n"
+                                "           'r:' .. ARGV[1])\n"
                                 "return 0\n";
 
 struct rbud {
@@ -160,6 +173,10 @@ struct rbud {
     uint64_t cap;
     _Atomic uint32_t live; /* at the last census */
     _Atomic bool seen;     /* a script has answered: the record existed */
+    /* numbers this server's apply steps in the order they reach the
+     * server: held across the EVAL (a leaf above e->ctl_lock) */
+    pthread_mutex_t lock;
+    uint64_t seq; /* guarded by lock */
 };
 
 /* EVAL script with our key and ARGV[1..5] + extra (n of them). */
@@ -174,13 +191,14 @@ static int eval(struct rbud *rb, const char *script, const char *const *extra, i
     char lease[24], cap[24];
     snprintf(lease, sizeof(lease), "%d", LEASE_MS);
     snprintf(cap, sizeof(cap), "%llu", (unsigned long long)rb->cap);
-    const char *argv[16] = {"EVAL",  script,  "1",
+    const char *argv[24] = {"EVAL",  script,  "1",
                             rb->key, rb->id,  lease,
                             cap,     rb->who, atomic_load(&rb->seen) ? "1" : "0"};
     int argc = 9;
-    for (int i = 0; i < n && argc < 16; i++)
+    KVT_ASSERT(argc + n <= 24);
+    for (int i = 0; i < n; i++)
         argv[argc++] = extra[i];
-    size_t lens[16];
+    size_t lens[24];
     for (int i = 0; i < argc; i++)
         lens[i] = i == 3 ? rb->kl : strlen(argv[i]);
     redisReply *r = kvt_resp_ctl_key(rb->l2, e, rb->key, rb->kl, argc, argv, lens);
@@ -265,9 +283,13 @@ static int rb_apply(void *rec, const struct kvt_budget_req *rq, struct kvt_budge
     snprintf(a[5], 24, "%llu", (unsigned long long)rq->inflight);
     bool refresh = !rq->take && !rq->refund && !rq->removed;
     snprintf(a[6], 24, "%d", refresh ? 1 : 0);
-    const char *extra[7] = {a[0], a[1], a[2], a[3], a[4], a[5], a[6]};
+    char seq[24];
+    const char *extra[8] = {a[0], a[1], a[2], a[3], a[4], a[5], a[6], seq};
     redisReply *r = NULL;
-    int rc = eval(rb, apply_lua, extra, 7, &r, err, errcap);
+    pthread_mutex_lock(&rb->lock);
+    snprintf(seq, sizeof(seq), "%llu", (unsigned long long)++rb->seq);
+    int rc = eval(rb, apply_lua, extra, 8, &r, err, errcap);
+    pthread_mutex_unlock(&rb->lock);
     if (rc)
         return rc;
     rc = view_of(rb, r, out, err, errcap);
@@ -331,6 +353,7 @@ static void rb_leave(void *rec)
         if (r)
             freeReplyObject(r);
     }
+    pthread_mutex_destroy(&rb->lock);
     free(rb);
 }
 
@@ -349,6 +372,7 @@ int kvt_resp_budget_attach(kvt_l2 *l2, struct resp_engine *e, char *err, size_t 
     rb->l2 = l2;
     rb->e = e;
     rb->cap = l2->cap_bytes;
+    pthread_mutex_init(&rb->lock, NULL);
     rb->kl = (size_t)snprintf(rb->key, sizeof(rb->key), "kvtier:budget:%s", e->prefix);
     uint64_t id = 0;
     while (id == 0)
