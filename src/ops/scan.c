@@ -110,8 +110,9 @@ static int walk_dir(struct walk *w, int dfd, int depth)
         const char *nm = de->d_name;
         if (!strcmp(nm, ".") || !strcmp(nm, ".."))
             continue;
-        if (depth == 0 && !strcmp(nm, KVT_DIRLOCK_NAME))
-            continue; /* the owner's lock file (l2/kit/dirlock.h) is no cache file */
+        if (depth == 0 && (!strcmp(nm, KVT_DIRLOCK_NAME) || !strcmp(nm, KVT_BUDGET_FILE_NAME)))
+            continue; /* the owner's lock file and the shared budget's record
+                       * (l2/kit/dirlock.h) are no cache files */
         bool tmp = kvt_tmpguard_is_tmp(nm);
         if (w->tmp_only && !tmp && !(depth < 2 && is_hex2(nm)))
             continue;
