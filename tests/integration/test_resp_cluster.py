@@ -280,6 +280,32 @@ def test_three_servers_one_cluster(make_server, cluster):
     check_nodes(servers, shared_workload(servers))
 
 
+def test_three_servers_shared_budget(make_server, cluster):
+    """"shared_budget": three servers store, load and delete over one key
+    space through the cluster while one is SIGKILLed and restarted: the
+    values' bytes (summed on every master by one Lua script each) never go
+    over the one cap they share (test_shared_budget.py has the workload and
+    the directory and single-Redis cases)."""
+    from test_shared_budget import (CAP, CAP_GB, EVICT as SB_EVICT, L1 as SB_L1, Sampler,
+                                    check_run, redis_value_bytes, workload)
+    spec = cl_json(cluster, "sb", max_capacity_gb=CAP_GB, shared_budget=True, eviction=SB_EVICT)
+    servers = [make_server(SB_L1 + ["--l2-adapter", spec]) for _ in range(3)]
+    for s in servers:
+        s.wait_recovered()
+    masters = cluster.masters()
+    measure = lambda: redis_value_bytes(masters, "sb")  # noqa: E731
+    sampler = Sampler(measure)
+    sampler.start()
+    tally = workload(servers, 10.0, kill=(1, 4.0), model="sb-cluster")
+    # the killed server's entry lives out its lease: 4 entries
+    real, b = check_run(servers, sampler, measure, tally, "redis cluster", nodes=4)
+    assert tally["killed"] == 1 and b[1]["recount"]["count"] == 1, b[1]
+    assert real <= CAP
+    # the record is one hash on the master owning its slot
+    holders = [m for m in masters if m.cmd("EXISTS", "kvtier:budget:sb") == 1]
+    assert len(holders) == 1
+
+
 def test_bad_config(cluster):
     base = {"type": "resp", "host": "127.0.0.1", "port": cluster.seed().port, "cluster": True}
     r = run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(dict(base, database_id=3)))

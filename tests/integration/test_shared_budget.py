@@ -1,0 +1,414 @@
+"""Three kvtier servers sharing one L2 with "shared_budget": true hold one
+byte cap together (l2/budget.h, docs/remote-tiers.md "Two kvtier servers
+sharing one L2"): a shared directory (nixl_store_dynamic and fs with
+"shared": true, the record a locked file in it) and one Redis (the record a
+hash; the Redis Cluster case is in test_resp_cluster.py). Each server's
+thread stores, loads and deletes keys of one key space at once, so the tier
+fills and every server evicts; one server is SIGKILLed mid-run and started
+again. A sampler measures the tier's real bytes all along: the object files'
+sizes, or the values' STRLEN summed by one Lua script (an atomic snapshot).
+The documented consistency allows none over the cap: an object's bytes are
+charged before it is written and subtracted after it is gone."""
+
+import hashlib
+import json
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from conftest import adapter_json, keys_for, l2_status, run_kvtier, wait_for
+from test_resp import REDIS, Redis
+
+KiB = 1 << 10
+MiB = 1 << 20
+CAP = 1 * MiB
+CAP_GB = CAP / (1 << 30)
+HDR = 512  # the object header in front of every payload (no O_DIRECT here)
+L1 = ["--l1-size-gb", "0.02", "--l1-init-size-gb", "0.02", "--eviction-interval-ms", "200"]
+EVICT = {"eviction_policy": "LRU", "trigger_watermark": 0.8, "eviction_ratio": 0.3}
+NKEYS = 160
+
+
+def payload(i):
+    seed = hashlib.sha256(b"budget %d" % i).digest()
+    n = 16 * KiB + (i * 7919) % (32 * KiB)
+    return (seed * (n // 32 + 1))[:n]
+
+
+class Sampler(threading.Thread):
+    """Calls measure() (-> bytes) until stopped; keeps the maximum."""
+
+    def __init__(self, measure):
+        super().__init__(daemon=True)
+        self.measure = measure
+        self.stop = threading.Event()
+        self.max = 0
+        self.samples = 0
+        self.error = None
+
+    def run(self):
+        try:
+            while not self.stop.is_set():
+                self.max = max(self.max, self.measure())
+                self.samples += 1
+                time.sleep(0.003)
+        except Exception as e:  # reported by the test
+            self.error = e
+
+    def finish(self):
+        self.stop.set()
+        self.join()
+        assert self.error is None, self.error
+        return self.max
+
+
+def dir_object_bytes(d):
+    """Bytes of the object files under d (tmp files of writes in flight are
+    not objects: their bytes are charged as the write's)."""
+    total = 0
+    for root, _, files in os.walk(d):
+        for f in files:
+            if not (f.endswith(".bin") or f.endswith(".data")):
+                continue
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except FileNotFoundError:
+                pass
+    return total
+
+
+SUM_LUA = ("local s = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do "
+           "s = s + redis.call('STRLEN', k) end return s")
+
+
+def redis_value_bytes(nodes, prefix):
+    """Sum of the values' lengths under prefix: one read-only Lua script per
+    server, an atomic snapshot of it. Of a cluster's masters: every one's
+    writes paused first (CLIENT PAUSE WRITE), so that the sums are one
+    instant's (the moment the last pause took effect), not an object
+    removed on one master after its sum plus one stored on the next."""
+    if len(nodes) > 1:
+        for n in nodes:
+            assert n.cmd("CLIENT", "PAUSE", 2000, "WRITE") == b"OK"
+    try:
+        total = 0
+        for n in nodes:
+            r = n.cmd("EVAL_RO", SUM_LUA, 0, prefix + "@*")
+            if isinstance(r, Exception):
+                raise r
+            total += r
+        return total
+    finally:
+        if len(nodes) > 1:
+            for n in nodes:
+                n.cmd("CLIENT", "UNPAUSE")
+
+
+def workload(servers, seconds, kill=None, model="budget"):
+    """One thread per server: store (batches of 1-3 keys), load, delete over
+    one key space. kill=(i, at): server i is SIGKILLed at `at` seconds and
+    started again; its thread waits and reconnects. Returns the tally;
+    raises on a wrong byte or a failed request of a server not being
+    killed."""
+    keys = keys_for(model, NKEYS)
+    want = [payload(i) for i in range(NKEYS)]
+    errors, tally = [], {"store": 0, "hit": 0, "miss": 0, "delete": 0, "reconnect": 0,
+                         "killed": 0}
+    lock = threading.Lock()
+    down = threading.Event()
+    t0 = time.time()
+    deadline = t0 + seconds
+
+    def run(t, srv):
+        rnd = random.Random(t)
+        c = None
+        while time.time() < deadline and not errors:
+            try:
+                if c is None:
+                    c = srv.client(timeout_ms=10000)
+                i = rnd.randrange(NKEYS)
+                op = rnd.random()
+                if op < 0.55:
+                    n = min(NKEYS - i, rnd.randint(1, 3))
+                    c.store(keys[i:i + n], want[i:i + n])
+                    what = "store"
+                elif op < 0.85:
+                    got = c.retrieve(keys[i:i + 1])
+                    if got and got[0] != want[i]:
+                        errors.append("server %d: key %d came back with wrong bytes" % (t, i))
+                    what = "hit" if got else "miss"
+                else:
+                    c.delete(keys[i:i + 1])
+                    what = "delete"
+                with lock:
+                    tally[what] += 1
+            except Exception as e:
+                if kill and t == kill[0] and (down.is_set() or time.time() >= t0 + kill[1]):
+                    if c is not None:
+                        c.close()
+                    c = None
+                    while down.is_set() and time.time() < deadline:
+                        time.sleep(0.05)
+                    with lock:
+                        tally["reconnect"] += 1
+                    continue
+                errors.append("server %d: %r" % (t, e))
+        if c is not None:
+            c.close()
+
+    def killer():
+        time.sleep(kill[1])
+        down.set()
+        pid = servers[kill[0]].proc.pid
+        servers[kill[0]].kill()
+        servers[kill[0]].start()
+        assert servers[kill[0]].proc.pid != pid
+        tally["killed"] += 1
+        down.clear()
+
+    threads = [threading.Thread(target=run, args=(t, s)) for t, s in enumerate(servers)]
+    if kill:
+        threads.append(threading.Thread(target=killer))
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    return tally
+
+
+def budget(server):
+    return l2_status(server)["shared_budget"]
+
+
+def settle(servers, measure, what):
+    """Wait until no store is in flight and every server reported its
+    writes (its periodic step): the record then holds the tier's bytes
+    plus only what a crash left over."""
+    def quiet():
+        b = [budget(s) for s in servers]
+        return all(x["inflight_bytes"] == 0 and x["node_pending_bytes"] == 0 for x in b) and b
+    time.sleep(1.0)
+    return wait_for(quiet, timeout=20, what=what)
+
+
+def check_run(servers, sampler, measure, tally, tier, nodes=3):
+    peak = sampler.finish()
+    print("\n%s: %d samples, peak %d bytes of objects, cap %d (%+d); tally %s" % (
+        tier, sampler.samples, peak, CAP, peak - CAP, tally))
+    assert sampler.samples > 100
+    assert tally["store"] > 100 and tally["hit"] > 0 and tally["delete"] > 0, tally
+    # the cap held across the servers at every sample
+    assert peak <= CAP, "%s held %d bytes over the %d-byte cap" % (tier, peak - CAP, CAP)
+    b = settle(servers, measure, "the servers to settle")
+    real = measure()
+    for x in b:
+        assert x["total_bytes"] >= real, (x, real)  # an upper bound, never below
+        assert x["nodes"] == nodes, x
+        assert 0 < x["usage_fraction"] <= 1.0 + 1e-9
+    st = [l2_status(s) for s in servers]
+    assert sum(a["counters"]["evictions"] for a in st) > 0, [a["counters"] for a in st]
+    assert sum(a["shared_budget"]["removed_bytes"] for a in st) > 0
+    return real, b
+
+
+def final_recount(servers, measure, idx=0, extra=0):
+    """A server restarted with nothing in flight recounts the tier at start:
+    the record's total is then exactly the tier's bytes (plus extra: the
+    pending bytes of servers presumed alive)."""
+    real = measure()
+    servers[idx].stop()
+    servers[idx].start()
+    servers[idx].wait_recovered()
+    b = budget(servers[idx])
+    assert b["recount"]["count"] == 1 and b["recount"]["walked_bytes"] == real, b
+    assert b["total_bytes"] == real + extra, (b, real, extra)
+    return b
+
+
+def dir_spec(kind, d, **kw):
+    if kind == "nixl_store_dynamic":
+        return adapter_json(type="nixl_store_dynamic", backend="POSIX", shared=True,
+                            shared_budget=True, eviction=EVICT,
+                            backend_params={"file_path": str(d), "max_capacity_gb": CAP_GB}, **kw)
+    return adapter_json(type="fs", base_path=str(d), shared=True, shared_budget=True,
+                        max_capacity_gb=CAP_GB, eviction=EVICT, **kw)
+
+
+@pytest.mark.parametrize("kind", ["nixl_store_dynamic", "fs"])
+def test_three_servers_one_directory(make_server, tmp_path, kind):
+    d = tmp_path / "hf3fs"
+    d.mkdir()
+    servers = [make_server(L1 + ["--l2-adapter", dir_spec(kind, d)]) for _ in range(3)]
+    for s in servers:
+        s.wait_recovered()
+    measure = lambda: dir_object_bytes(d)  # noqa: E731
+    sampler = Sampler(measure)
+    sampler.start()
+    tally = workload(servers, 10.0, kill=(1, 4.0))
+    real, b = check_run(servers, sampler, measure, tally, kind)
+    assert tally["killed"] == 1
+    # the killed server's successor recounted the directory at its start
+    assert b[1]["recount"]["count"] == 1, b[1]
+    assert os.path.exists(d / ".kvtier-budget")
+    final_recount(servers, measure)
+
+
+def test_without_shared_budget_each_server_caps_only_itself(make_server, tmp_path):
+    """The same run without "shared_budget": each server caps what it
+    stored, so together they hold more than one cap (the sampler sees it)."""
+    d = tmp_path / "hf3fs"
+    d.mkdir()
+    spec = adapter_json(type="nixl_store_dynamic", backend="POSIX", shared=True, eviction=EVICT,
+                        backend_params={"file_path": str(d), "max_capacity_gb": CAP_GB})
+    servers = [make_server(L1 + ["--l2-adapter", spec]) for _ in range(3)]
+    for s in servers:
+        s.wait_recovered()
+    sampler = Sampler(lambda: dir_object_bytes(d))
+    sampler.start()
+    workload(servers, 4.0)
+    peak = sampler.finish()
+    print("\nwithout shared_budget: peak %d bytes of objects, cap %d (%+d)" % (peak, CAP, peak - CAP))
+    assert peak > CAP
+    assert "shared_budget" not in l2_status(servers[0])
+    assert not os.path.exists(d / ".kvtier-budget")
+
+
+@pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
+def test_three_servers_one_redis(make_server, tmp_path):
+    rd = tmp_path / "redis"
+    rd.mkdir()
+    r = Redis(rd).start()
+    try:
+        spec = adapter_json(type="resp", host="127.0.0.1", port=r.port, key_prefix="sb",
+                            max_capacity_gb=CAP_GB, shared_budget=True, eviction=EVICT)
+        servers = [make_server(L1 + ["--l2-adapter", spec]) for _ in range(3)]
+        for s in servers:
+            s.wait_recovered()
+        measure = lambda: redis_value_bytes([r], "sb")  # noqa: E731
+        sampler = Sampler(measure)
+        sampler.start()
+        tally = workload(servers, 10.0, kill=(1, 4.0))
+        # the killed server's entry lives out its 30 s lease: 4 entries
+        real, b = check_run(servers, sampler, measure, tally, "redis", nodes=4)
+        assert tally["killed"] == 1
+        assert b[1]["recount"]["count"] == 1, b[1]
+        # the record, a hash beside the data
+        rec = r.cmd("HGETALL", "kvtier:budget:sb")
+        fields = dict(zip(rec[::2], rec[1::2]))
+        assert int(fields[b"total"]) == b[0]["total_bytes"]
+        assert int(fields[b"cap"]) == int(CAP_GB * (1 << 30))
+        assert sum(1 for f in fields if f.startswith(b"t:")) == 4
+        # the dead server's pending (its writes in flight when it died)
+        # counts until its lease ends: the recount is exact but for them
+        dead = sum(int(v) for f, v in fields.items() if f.startswith(b"q:"))
+        final_recount(servers, measure, extra=dead)
+        # SET ... NX: a key another server stored is adopted, not rewritten
+        st = [l2_status(s) for s in servers]
+        assert sum(a["counters"]["store_skipped"] for a in st) > 0
+    finally:
+        r.kill()
+
+
+@pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
+def test_redis_record_lost_is_made_full_then_recounted(make_server, tmp_path):
+    """The record vanishes while a server uses it (an eviction policy, a
+    FLUSHALL of that key): made again as full (nothing over the cap while
+    the truth is unknown), then the SCAN the server starts recounts it."""
+    rd = tmp_path / "redis"
+    rd.mkdir()
+    r = Redis(rd).start()
+    try:
+        spec = adapter_json(type="resp", host="127.0.0.1", port=r.port, key_prefix="gone",
+                            max_capacity_gb=CAP_GB, shared_budget=True)
+        s = make_server(["--l2-adapter", spec])
+        s.wait_recovered()
+        keys = keys_for("gone", 6)
+        with s.client() as c:
+            c.store(keys, [payload(i) for i in range(6)])
+            c.flush()
+        real = redis_value_bytes([r], "gone")
+        assert real == sum(HDR + len(payload(i)) for i in range(6))
+        assert budget(s)["total_bytes"] == real
+        assert r.cmd("DEL", "kvtier:budget:gone") == 1
+        b = wait_for(lambda: (lambda x: x if x["recount"]["count"] >= 2 else None)(budget(s)),
+                     what="the recount after the record was lost")
+        assert b["total_bytes"] == real, b
+        assert "was gone" in s.read_log()
+    finally:
+        r.kill()
+
+
+def test_metrics_and_status_show_the_record(make_server, tmp_path):
+    d = tmp_path / "shared"
+    d.mkdir()
+    servers = [make_server(["--l2-adapter", dir_spec("nixl_store_dynamic", d)]) for _ in range(2)]
+    for s in servers:
+        s.wait_recovered()
+    keys = keys_for("metrics", 4)
+    with servers[0].client() as c:
+        c.store(keys, [payload(i) for i in range(4)])
+        c.flush()
+    stored = sum(HDR + len(payload(i)) for i in range(4))
+    # server 1 reads the record at its next periodic step
+    b = wait_for(lambda: (lambda x: x if x["total_bytes"] == stored else None)(budget(servers[1])),
+                 what="the total through the other server")
+    assert b["nodes"] == 2 and b["node_bytes"] == 0
+    b0 = budget(servers[0])
+    assert b0["node_bytes"] == stored and b0["record"] == "file:%s/.kvtier-budget" % d
+    code, text = servers[0].http_get("/metrics")
+    assert code == 200
+    assert 'kvtier_l2_shared_budget_bytes{adapter="nixl_store_dynamic[0]"} %d' % stored in text
+    assert 'kvtier_l2_shared_budget_node_bytes{adapter="nixl_store_dynamic[0]"} %d' % stored in text
+    assert 'kvtier_l2_shared_budget_nodes{adapter="nixl_store_dynamic[0]"} 2' in text
+    # server 1 deletes server 0's objects: the total drops, server 1's part
+    # goes negative (it removed what another stored)
+    with servers[1].client() as c:
+        assert len(c.retrieve(keys)) == 4  # found in the directory: adopted
+        assert c.delete(keys) == 4
+    b1 = wait_for(lambda: (lambda x: x if x["total_bytes"] == 0 else None)(budget(servers[1])),
+                  what="the removals")
+    assert b1["node_bytes"] == -stored
+    # a server that stops leaves the record: its part folds into the total
+    servers[0].stop()
+    b1 = wait_for(lambda: (lambda x: x if x["nodes"] == 1 else None)(budget(servers[1])),
+                  what="the census after a stop")
+    assert b1["total_bytes"] == 0
+
+
+def _dry(spec):
+    return run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(spec))
+
+
+def test_bad_config(tmp_path):
+    d = str(tmp_path / "d")
+    nd = {"type": "nixl_store_dynamic", "backend": "POSIX", "shared": True, "shared_budget": True,
+          "backend_params": {"file_path": d, "max_capacity_gb": 1}}
+    ok = _dry(nd)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["l2_adapters"][0]["shared_budget"] is True
+    # without the key nothing changes in the resolved config
+    plain = dict(nd)
+    del plain["shared_budget"]
+    assert "shared_budget" not in json.loads(_dry(plain).stdout)["l2_adapters"][0]
+    cases = [
+        (dict(nd, shared_budget="yes"), '"shared_budget" must be true or false (got "yes")'),
+        (dict(nd, shared_budget=1), '"shared_budget" must be true or false'),
+        (dict(nd, shared=False), '"shared_budget" needs "shared": true'),
+        (dict(nd, persist_enabled=False), '"persist_enabled": false'),
+        ({"type": "fs", "base_path": d, "shared": True, "shared_budget": True},
+         '"shared_budget" needs max_capacity_gb > 0'),
+        ({"type": "resp", "host": "127.0.0.1", "shared_budget": True},
+         '"shared_budget" needs max_capacity_gb > 0'),
+        ({"type": "mock", "max_size_gb": 1, "mock_bandwidth_gb": 1, "shared_budget": True},
+         '"shared_budget" is for tiers several servers share'),
+        ({"type": "s3", "s3_endpoint": "127.0.0.1:9", "s3_bucket": "b", "s3_region": "r",
+          "aws_access_key_id": "a", "aws_secret_access_key": "s", "max_capacity_gb": 1,
+          "shared_budget": True}, '"shared_budget" is not available for s3 yet'),
+    ]
+    for spec, msg in cases:
+        r = _dry(spec)
+        assert r.returncode == 2 and msg in r.stderr, (spec, r.returncode, r.stderr)
