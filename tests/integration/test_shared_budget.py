@@ -379,6 +379,21 @@ def test_metrics_and_status_show_the_record(make_server, tmp_path):
     assert b1["total_bytes"] == 0
 
 
+def test_server_outside_the_budget_is_warned(make_server, tmp_path):
+    """A server sharing the directory without "shared_budget" where the
+    others keep a record: its stores would not count, and it says so."""
+    d = tmp_path / "shared"
+    d.mkdir()
+    a = make_server(["--l2-adapter", dir_spec("nixl_store_dynamic", d)])
+    a.wait_recovered()
+    spec = adapter_json(type="nixl_store_dynamic", backend="POSIX", shared=True,
+                        backend_params={"file_path": str(d), "max_capacity_gb": CAP_GB})
+    b = make_server(["--l2-adapter", spec])
+    b.wait_recovered()
+    assert "has no \"shared_budget\": what it stores is not counted" in b.read_log()
+    assert "not counted" not in a.read_log()
+
+
 def _dry(spec):
     return run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(spec))
 

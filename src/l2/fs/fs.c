@@ -729,6 +729,8 @@ static int fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     if (spec->shared_budget &&
         (rc = kvt_budget_file_attach(l2, e->dirfd, e->base, e->durable, err, errcap)))
         goto fail;
+    if (e->shared && !spec->shared_budget)
+        kvt_budget_file_warn_outside(l2, e->dirfd, e->base);
     if (e->tmp_rel[0]) {
         char tp[PATH_MAX];
         snprintf(tp, sizeof(tp), "%s/%s", e->base, e->tmp_rel);

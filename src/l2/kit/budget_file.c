@@ -358,3 +358,12 @@ int kvt_budget_file_attach(kvt_l2 *l2, int dirfd, const char *dir, bool durable,
      * not the first store (the base leaves it when l2 is destroyed) */
     return kvt_l2_budget_recount_begin(l2, err, errcap);
 }
+
+void kvt_budget_file_warn_outside(kvt_l2 *l2, int dirfd, const char *dir)
+{
+    if (faccessat(dirfd, KVT_BUDGET_FILE_NAME, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+        kvt_warn("%s: %s/%s holds the shared budget of servers sharing this directory, but this "
+                 "server has no \"shared_budget\": what it stores is not counted in their cap "
+                 "(give every server sharing the directory \"shared_budget\": true)",
+                 l2->name, dir, KVT_BUDGET_FILE_NAME);
+}

@@ -38,5 +38,8 @@ int kvt_budget_file_open(int dirfd, const char *dir, bool durable, uint64_t cap,
  * kvt_l2_finish_recovery completes. 0, or -errno with err. */
 int kvt_budget_file_attach(kvt_l2 *l2, int dirfd, const char *dir, bool durable, char *err,
                            size_t errcap);
+/* A server sharing the directory without "shared_budget": warn when the
+ * others keep a record there (its stores would not count in their budget). */
+void kvt_budget_file_warn_outside(kvt_l2 *l2, int dirfd, const char *dir);
 
 #endif

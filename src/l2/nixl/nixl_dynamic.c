@@ -953,6 +953,8 @@ static int nd_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     if (spec->shared_budget &&
         (rc = kvt_budget_file_attach(l2, e->dirfd, e->base, e->durable, err, errcap)))
         goto fail;
+    if (e->shared && !spec->shared_budget)
+        kvt_budget_file_warn_outside(l2, e->dirfd, e->base);
     kvt_odirect_init(&e->od, o->use_direct_io, e->dirfd, ND_HDR_MAX, e->base);
     char nm[16];
     snprintf(nm, sizeof(nm), "nixlio%d", spec->index);
