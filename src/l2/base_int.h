@@ -53,6 +53,10 @@ uint64_t kvt_l2b_budget_epoch(kvt_l2 *l2);
 /* This server removed bytes of objects (the backend said it removed them),
  * the removal having started at epoch. */
 void kvt_l2b_budget_removed(kvt_l2 *l2, uint64_t bytes, uint64_t epoch);
+/* The record's total as last seen (the cap before any answer); true when
+ * it may drive watermark eviction: the last step answered and the view is
+ * younger than three eviction intervals. Logs when that changes. */
+bool kvt_l2b_budget_fresh_total(kvt_l2 *l2, int64_t *total);
 /* The record's total as last seen (the cap before any answer). */
 int64_t kvt_l2b_budget_total(kvt_l2 *l2);
 /* Store over the shared cap: evict from this server's index to fit. */

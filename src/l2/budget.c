@@ -48,6 +48,10 @@ struct kvt_l2_budget {
     struct kvt_budget_view view; /* the last step's answer */
     bool have_view;
     uint64_t view_ns;
+    bool last_ok;                /* the last record step answered */
+    bool skip_warned;            /* watermark eviction is skipped (logged once) */
+    uint64_t refresh_ns;         /* the last periodic step (an eviction cycle) */
+    uint64_t refresh_gap;        /* ns between the last two: the eviction interval */
     struct kvt_budget_snap snap; /* the recount in progress */
     bool snap_valid;
     uint64_t snap_ns;
@@ -80,6 +84,7 @@ static int step(kvt_l2 *l2, struct kvt_budget_req *rq, struct kvt_budget_view *v
     bool first_err = false, rejoined = false;
     pthread_mutex_lock(&b->lock);
     b->steps++;
+    b->last_ok = rc == 0;
     if (rc) {
         b->step_errors++;
         first_err = strcmp(b->last_error, err) != 0;
@@ -211,6 +216,48 @@ void kvt_l2b_budget_removed(kvt_l2 *l2, uint64_t bytes, uint64_t epoch)
     step(l2, &rq, &v);
 }
 
+/* How old a view may be to drive watermark eviction: three eviction
+ * intervals (as the periodic steps measure them), at least 1 s. */
+static uint64_t fresh_limit_ns(const struct kvt_l2_budget *b)
+{
+    uint64_t gap = b->refresh_gap ? b->refresh_gap : 1000000000ull;
+    return KVT_MAX(3 * gap, 1000000000ull);
+}
+
+/* "ok", "none" (no answer yet), "unavailable" (the last step failed),
+ * "stale" (older than fresh_limit_ns). call with b->lock held */
+static const char *state_locked(const struct kvt_l2_budget *b, uint64_t now)
+{
+    if (!b->have_view)
+        return "none";
+    if (!b->last_ok)
+        return "unavailable";
+    if (now - b->view_ns > fresh_limit_ns(b))
+        return "stale";
+    return "ok";
+}
+
+bool kvt_l2b_budget_fresh_total(kvt_l2 *l2, int64_t *total)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    pthread_mutex_lock(&b->lock);
+    const char *state = state_locked(b, kvt_now_ns());
+    bool fresh = strcmp(state, "ok") == 0;
+    *total = b->have_view ? b->view.total : (int64_t)b->cap;
+    bool changed = fresh == b->skip_warned;
+    b->skip_warned = !fresh;
+    pthread_mutex_unlock(&b->lock);
+    if (changed && !fresh)
+        kvt_warn("%s: shared budget record %s is %s: watermark eviction is skipped until it "
+                 "answers (its last total would drive every cycle while removals cannot be "
+                 "subtracted)",
+                 l2->name, b->where, state);
+    else if (changed)
+        kvt_info("%s: shared budget record %s answers again: watermark eviction resumes", l2->name,
+                 b->where);
+    return fresh;
+}
+
 int64_t kvt_l2b_budget_total(kvt_l2 *l2)
 {
     struct kvt_l2_budget *b = l2->budget;
@@ -233,6 +280,10 @@ void kvt_l2_budget_refresh(kvt_l2 *l2)
         return;
     /* credit untouched since the last cycle goes back to the others */
     pthread_mutex_lock(&b->lock);
+    uint64_t now = kvt_now_ns();
+    if (b->refresh_ns)
+        b->refresh_gap = now - b->refresh_ns;
+    b->refresh_ns = now;
     bool idle = !b->credit_used;
     b->credit_used = false;
     pthread_mutex_unlock(&b->lock);
@@ -276,8 +327,10 @@ int kvt_l2_budget_recount_begin(kvt_l2 *l2, char *errout, size_t errcap)
     b->snap_valid = rc == 0;
     b->snap = s;
     b->snap_ns = kvt_now_ns();
-    if (rc)
+    if (rc) {
+        b->last_ok = false;
         snprintf(b->last_error, sizeof(b->last_error), "%s", err);
+    }
     pthread_mutex_unlock(&b->lock);
     if (rc && errout)
         snprintf(errout, errcap, "shared budget record: %s", err);
@@ -311,6 +364,7 @@ void kvt_l2_budget_recount_end(kvt_l2 *l2, uint64_t walked, bool complete)
     int rc = b->ops->end(b->rec, &s, walked, &v, err, sizeof(err));
     double secs = (double)(kvt_now_ns() - t0) / 1e9;
     pthread_mutex_lock(&b->lock);
+    b->last_ok = rc == 0;
     if (rc) {
         snprintf(b->last_error, sizeof(b->last_error), "%s", err);
     } else {
@@ -378,6 +432,8 @@ void kvt_l2b_budget_status(kvt_l2 *l2, json_t *o)
     pthread_mutex_lock(&b->lock);
     const struct kvt_budget_view *v = &b->view;
     json_object_set_new(j, "record", json_string(b->where));
+    /* whether the total below drives watermark eviction ("ok") */
+    json_object_set_new(j, "record_state", json_string(state_locked(b, kvt_now_ns())));
     json_object_set_new(j, "capacity_bytes", I(b->cap));
     json_object_set_new(j, "record_capacity_bytes", b->have_view ? I(v->cap) : json_null());
     json_object_set_new(j, "total_bytes", b->have_view ? I(v->total) : json_null());

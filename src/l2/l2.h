@@ -137,7 +137,9 @@ struct kvt_l2_usage {
     uint64_t cap_bytes;
     /* used / cap, or -1 when cap is 0; with a shared budget the tier's
      * total (as last read from the shared record) / cap: what the
-     * eviction trigger compares with its watermark */
+     * eviction trigger compares with its watermark; -1 (no watermark
+     * eviction) while the record does not answer or its view is older
+     * than three eviction intervals */
     double fraction;
     uint64_t objects;
 };

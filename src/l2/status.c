@@ -94,8 +94,14 @@ void kvt_l2_usage(kvt_l2 *l2, struct kvt_l2_usage *u)
     u->objects = l2->idx.nobjs;
     pthread_mutex_unlock(&l2->lock);
     u->fraction = u->cap_bytes ? (double)u->used_bytes / (double)u->cap_bytes : -1.0;
-    if (l2->budget && u->cap_bytes) /* the shared record's total, as last read */
-        u->fraction = (double)kvt_l2b_budget_total(l2) / (double)u->cap_bytes;
+    /* the shared record's total, as last read, while it is current; a
+     * record that stopped answering (removed, its Redis down) leaves an old
+     * total that removals can no longer lower: evicting on it every cycle
+     * would drain the index, so the usage is unknown (-1) until it answers */
+    int64_t total;
+    if (l2->budget && u->cap_bytes)
+        u->fraction =
+            kvt_l2b_budget_fresh_total(l2, &total) ? (double)total / (double)u->cap_bytes : -1.0;
 }
 
 bool kvt_l2_healthy(kvt_l2 *l2, char *msg, size_t cap)

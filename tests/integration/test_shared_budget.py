@@ -427,3 +427,34 @@ def test_bad_config(tmp_path):
     for spec, msg in cases:
         r = _dry(spec)
         assert r.returncode == 2 and msg in r.stderr, (spec, r.returncode, r.stderr)
+
+
+def test_removed_record_does_not_drain_the_index(make_server, tmp_path):
+    """The record file removed under a running server: every step fails
+    (ESTALE) and the total it last read never moves again. The eviction
+    controller must not keep evicting on that stale total (each cycle's
+    removals fail to be subtracted, so the usage never falls and the index
+    would drain); it skips watermark eviction until the record answers,
+    and status says the record is unavailable."""
+    d = tmp_path / "shared"
+    d.mkdir()
+    ev = {"eviction_policy": "LRU", "trigger_watermark": 0.5, "eviction_ratio": 0.1}
+    args = L1[:4] + ["--eviction-interval-ms", "1000"]
+    spec = adapter_json(type="fs", base_path=str(d), shared=True, shared_budget=True,
+                        max_capacity_gb=CAP_GB, eviction=ev)
+    s = make_server(args + ["--l2-adapter", spec])
+    s.wait_recovered()
+    keys = keys_for("stale", 20)
+    with s.client() as c:  # ~660 KB: over the watermark, under the cap
+        c.store(keys, [payload(i) for i in range(20)])
+        c.flush()
+    os.unlink(d / ".kvtier-budget")
+    before = dir_object_bytes(d)
+    assert before > 0.55 * CAP, before  # at most one cycle ran since
+    b = wait_for(lambda: (lambda x: x if x["record_state"] == "unavailable" else None)(budget(s)),
+                 what="the record to be reported unavailable")
+    assert "removed" in b["last_error"], b
+    time.sleep(5.0)  # five eviction cycles: 10% each with the stale total
+    after = dir_object_bytes(d)
+    assert after == before, (before, after)
+    assert budget(s)["record_state"] == "unavailable"
