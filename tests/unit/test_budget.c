@@ -10,10 +10,16 @@
 
 #include "common/util.h"
 #include "l2/kit/brec.h"
+#include "l2/kit/budget_file.h"
+#include "l2/kit/dirlock.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void apply(struct kvt_brec *r, int slot, struct kvt_budget_req rq, struct kvt_budget_view *v)
 {
@@ -89,6 +95,62 @@ static void test_encoding(void)
     TEST_ASSERT(kvt_brec_decode(buf, 100, &back) == -EBADMSG);
     buf[200] ^= 1;
     TEST_ASSERT(kvt_brec_decode(buf, sizeof(buf), &back) == -EBADMSG);
+}
+
+/* ------------------------------------------------------ the file record */
+
+struct tdir {
+    char path[64];
+    int fd;
+};
+
+static void tdir_make(struct tdir *d)
+{
+    snprintf(d->path, sizeof(d->path), "/tmp/kvt-budget-XXXXXX");
+    TEST_ASSERT(mkdtemp(d->path) != NULL);
+    d->fd = open(d->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    TEST_ASSERT(d->fd >= 0);
+}
+
+static void tdir_drop(struct tdir *d)
+{
+    unlinkat(d->fd, KVT_BUDGET_FILE_NAME, 0);
+    close(d->fd);
+    rmdir(d->path);
+}
+
+static int file_take(void *rec, uint64_t take, uint64_t inflight, struct kvt_budget_view *v)
+{
+    char err[256];
+    struct kvt_budget_req rq = {.take = take, .inflight = inflight, .cap = 1000};
+    return kvt_budget_file_ops.apply(rec, &rq, v, err, sizeof(err));
+}
+
+/* A record created by a server's open (the first server, or one
+ * re-creating a removed record while objects remain) is full until that
+ * server's walk ends: another server's store is refused meanwhile, not
+ * charged against 0. */
+static void test_file_created_full(void)
+{
+    struct tdir d;
+    tdir_make(&d);
+    char err[256];
+    void *a = NULL, *b = NULL;
+    TEST_ASSERT(kvt_budget_file_open(d.fd, d.path, false, 1000, &a, err, sizeof(err)) == 0);
+    TEST_ASSERT(kvt_budget_file_open(d.fd, d.path, false, 1000, &b, err, sizeof(err)) == 0);
+    struct kvt_budget_snap s;
+    TEST_ASSERT(kvt_budget_file_ops.begin(a, &s, err, sizeof(err)) == 0); /* creates it */
+    struct kvt_budget_view v;
+    TEST_ASSERT(file_take(b, 10, 10, &v) == 0);
+    TEST_ASSERT(!v.granted && v.total == 1000);
+    /* a's walk found 300 bytes: the truth, and room again */
+    TEST_ASSERT(kvt_budget_file_ops.end(a, &s, 300, &v, err, sizeof(err)) == 0);
+    TEST_ASSERT(v.total == 300);
+    TEST_ASSERT(file_take(b, 10, 10, &v) == 0);
+    TEST_ASSERT(v.granted && v.total == 310);
+    kvt_budget_file_ops.leave(b);
+    kvt_budget_file_ops.leave(a);
+    tdir_drop(&d);
 }
 
 /* ---------------------------------------------------------------- model */
@@ -298,6 +360,7 @@ int main(void)
     RUN(test_take_refund_remove);
     RUN(test_recount);
     RUN(test_encoding);
+    RUN(test_file_created_full);
     RUN(test_model);
     return TEST_RESULT();
 }

@@ -106,8 +106,12 @@ static uint32_t census(struct bfile *f, struct kvt_brec *r)
     return folded;
 }
 
-/* Read the record (the record lock held). A missing one starts fresh; a
- * torn or foreign one is rebuilt as full (total = cap) until a recount. */
+/* Read the record (the record lock held). An empty one (just created:
+ * the first server, or one re-creating a removed record while objects
+ * remain) and a torn or foreign one start full (total = cap) until a
+ * recount: the file is created at open and the opener's start-up walk
+ * (begin, then end) follows at once; charging against 0 meanwhile could
+ * let the running servers fill a tier that already holds a cap. */
 static int load(struct bfile *f, struct kvt_brec *r)
 {
     struct stat st;
@@ -122,6 +126,7 @@ static int load(struct bfile *f, struct kvt_brec *r)
     int rc = kvt_brec_decode(buf, (size_t)n, r);
     if (rc == -ENODATA) {
         kvt_brec_init(r, f->cap, now_ms());
+        r->total = (int64_t)f->cap;
     } else if (rc) {
         if (!f->warned_torn)
             kvt_warn("shared budget %s: the record is torn or of another format (%zd bytes): "

@@ -13,9 +13,11 @@
  * without them is refused at open: the record cannot be kept consistent
  * there.
  *
- * A record found torn or of another format is rebuilt with total = cap (as
- * if the tier were full: nothing over the cap while the truth is unknown)
- * until a recount (a server's start-up scan) sets the real figure.
+ * A record created (an empty file: the first server, or one re-creating a
+ * removed record) or found torn or of another format starts with total =
+ * cap (as if the tier were full: nothing over the cap while the truth is
+ * unknown) until a recount (the opener's start-up scan) sets the real
+ * figure.
  */
 #ifndef KVT_L2_KIT_BUDGET_FILE_H
 #define KVT_L2_KIT_BUDGET_FILE_H

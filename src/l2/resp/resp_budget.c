@@ -38,10 +38,12 @@
 
 /* ARGV[1] id, ARGV[2] lease ms, ARGV[3] cap, ARGV[4] "host pid", ARGV[5]
  * 1 when this server has seen the record before. The record is created
- * when missing (created = 1): empty the first time; as full (total = cap)
- * when it was there before and is gone (evicted by a maxmemory policy,
- * FLUSHALL, a restart without persistence), so that nothing goes over the
- * cap until the recount the server then runs (a new SCAN) sets the truth.
+ * when missing as full (total = cap): created = 1 the first time this
+ * server looks, 2 when it was there before and is gone (evicted by a
+ * maxmemory policy, FLUSHALL, a restart without persistence). Values may
+ * remain under the prefix either way (every server stopped, the record
+ * lost): charging against 0 would let the running servers go over the cap
+ * until the recount the server then runs (its SCAN) sets the truth.
  * entry(pend0): our (part, pending, rejoined), a new entry starting with
  * pend0; census(): fold the dead (their bytes stay in the total), count
  * the live. */
@@ -53,11 +55,10 @@
     "local function num(f) return tonumber(redis.call('HGET', k, f) or '0') end\n"                 \
     "local created = 0\n"                                                                          \
     "if redis.call('EXISTS', k) == 0 then\n"                                                       \
-    "  local t0 = 0\n"                                                                             \
-    "  if ARGV[5] == '1' then t0 = cap end\n"                                                      \
-    "  redis.call('HSET', k, 'total', t0, 'adds', 0, 'epoch', 1, 'recounts', 0, 'cap', cap,\n"     \
+    "  redis.call('HSET', k, 'total', cap, 'adds', 0, 'epoch', 1, 'recounts', 0, 'cap', cap,\n"    \
     "             'created_ms', now)\n"                                                            \
     "  created = 1\n"                                                                              \
+    "  if ARGV[5] == '1' then created = 2 end\n"                                                   \
     "end\n"                                                                                        \
     "local function entry(pend0)\n"                                                                \
     "  if redis.call('HEXISTS', k, 't:' .. id) == 1 then\n"                                        \
@@ -255,13 +256,15 @@ static int view_of(struct rbud *rb, redisReply *r, struct kvt_budget_view *out, 
     out->granted = at(r, 9) != 0;
     out->removed_ok = at(r, 10) != 0;
     out->rejoined = at(r, 11) != 0;
-    if (at(r, 12) && out->total == 0) {
-        kvt_info("%s: created the shared budget record %s", rb->l2->name, rb->key);
-    } else if (at(r, 12)) {
-        /* it was there and is gone: made as full; a SCAN recounts it */
+    if (at(r, 12) == 1)
+        kvt_info("%s: created the shared budget record %s, as full until a SCAN of the prefix "
+                 "recounts the tier",
+                 rb->l2->name, rb->key);
+    else if (at(r, 12))
         kvt_warn("%s: the shared budget record %s was gone (evicted? use maxmemory-policy "
                  "noeviction): made again as full until a SCAN of the prefix recounts the tier",
                  rb->l2->name, rb->key);
+    if (at(r, 12)) { /* made as full: a SCAN recounts it */
         pthread_mutex_lock(&rb->e->hlock);
         rb->e->scan_needed = true;
         pthread_cond_broadcast(&rb->e->hcond);
