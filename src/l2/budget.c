@@ -76,9 +76,11 @@ static int step(kvt_l2 *l2, struct kvt_budget_req *rq, struct kvt_budget_view *v
     struct kvt_l2_budget *b = l2->budget;
     char err[256] = "";
     rq->cap = b->cap;
+    /* inflight first: a write settling in between is then in both (an
+     * over-count on a rejoin), never in neither */
+    rq->inflight = atomic_load(&b->inflight);
     uint64_t settled = atomic_exchange(&b->settled, 0);
     rq->settled += settled;
-    rq->inflight = atomic_load(&b->inflight);
     memset(v, 0, sizeof(*v));
     int rc = b->ops->apply(b->rec, rq, v, err, sizeof(err));
     bool first_err = false, rejoined = false;
@@ -322,7 +324,7 @@ int kvt_l2_budget_recount_begin(kvt_l2 *l2, char *errout, size_t errcap)
     struct kvt_budget_snap s;
     memset(&s, 0, sizeof(s));
     char err[256] = "";
-    int rc = b->ops->begin(b->rec, &s, err, sizeof(err));
+    int rc = b->ops->begin(b->rec, atomic_load(&b->inflight), &s, err, sizeof(err));
     pthread_mutex_lock(&b->lock);
     b->snap_valid = rc == 0;
     b->snap = s;
@@ -361,7 +363,7 @@ void kvt_l2_budget_recount_end(kvt_l2 *l2, uint64_t walked, bool complete)
     struct kvt_budget_view v;
     memset(&v, 0, sizeof(v));
     char err[256] = "";
-    int rc = b->ops->end(b->rec, &s, walked, &v, err, sizeof(err));
+    int rc = b->ops->end(b->rec, atomic_load(&b->inflight), &s, walked, &v, err, sizeof(err));
     double secs = (double)(kvt_now_ns() - t0) / 1e9;
     pthread_mutex_lock(&b->lock);
     b->last_ok = rc == 0;

@@ -54,9 +54,10 @@ struct kvt_budget_req {
     uint64_t removed_epoch; /* the record's epoch when that removal began */
     uint64_t settled;       /* charged bytes whose writes are over */
     uint64_t inflight;      /* an upper bound of this server's charged writes still
-                             * in flight, take included: its pending when the
-                             * record has no entry for it (first use, or folded
-                             * as dead while it lived) */
+                             * in flight (credit too), take included, read
+                             * before settled: with refund and settled what the
+                             * record gets back when it has no entry for it
+                             * (folded as dead while it lived, a rebuilt record) */
     uint64_t cap;           /* this server's cap (bytes) */
 };
 
@@ -89,8 +90,11 @@ struct kvt_budget_rec_ops {
     const char *kind; /* "file", "redis" */
     int (*apply)(void *rec, const struct kvt_budget_req *rq, struct kvt_budget_view *out, char *err,
                  size_t errcap);
-    int (*begin)(void *rec, struct kvt_budget_snap *snap, char *err, size_t errcap);
-    int (*end)(void *rec, const struct kvt_budget_snap *snap, uint64_t walked,
+    /* begin and end: inflight is the server's charged bytes in flight
+     * (credit included), what it holds if the step rejoins it */
+    int (*begin)(void *rec, uint64_t inflight, struct kvt_budget_snap *snap, char *err,
+                 size_t errcap);
+    int (*end)(void *rec, uint64_t inflight, const struct kvt_budget_snap *snap, uint64_t walked,
                struct kvt_budget_view *out, char *err, size_t errcap);
     /* Where the record lives ("file:/mnt/kv/.kvtier-budget"), for status. */
     void (*where)(void *rec, char *out, size_t cap);

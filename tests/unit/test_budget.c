@@ -77,6 +77,58 @@ static void test_recount(void)
     TEST_ASSERT(r.recount_before == 450 && r.recount_after == 270 && r.recount_walked == 120);
 }
 
+/* A server folded as dead while it lived (a lapsed lease, a Redis restart)
+ * and a recount that left its pending out: when it rejoins, the record
+ * gets back what it holds. inflight was read after its settled and
+ * refunded bytes left it: they are not subtracted from its pending again,
+ * and a refund of credit the recount left out does not lower the total
+ * below the tier. */
+static void test_rejoin(void)
+{
+    struct kvt_brec r;
+    struct kvt_budget_view v;
+    kvt_brec_init(&r, 10000, 1);
+    kvt_brec_join(&r, 0, 11, 1, "a", 1);
+    /* a store of 600 with 400 of credit: 1000 in flight */
+    apply(&r, 0, (struct kvt_budget_req){.take = 1000, .inflight = 1000, .cap = 10000}, &v);
+    TEST_ASSERT(v.granted && v.total == 1000 && v.pending == 1000);
+    /* the 600 land; a is folded and a recount without it walks them */
+    kvt_brec_fold(&r, 0);
+    bool live[KVT_BREC_NODES] = {false};
+    struct kvt_budget_snap s;
+    kvt_brec_begin(&r, live, &s);
+    kvt_brec_end(&r, &s, 600, 2);
+    TEST_ASSERT(r.total == 600);
+    /* a's next step: the 600 settled, the credit refunded, nothing in flight */
+    kvt_brec_join(&r, 0, 11, 1, "a", 3);
+    kvt_brec_apply(
+        &r, 0, &(struct kvt_budget_req){.refund = 400, .settled = 600, .inflight = 0, .cap = 10000},
+        true, 3, &v);
+    TEST_ASSERT(v.rejoined && v.pending == 0);
+    TEST_ASSERT(v.total >= 600); /* was 200: the refund of uncounted credit */
+    /* b: a write of 500 and credit 300 in flight when folded and recounted
+     * away; it rejoins with a take of 200 (in flight 1000, the take included) */
+    kvt_brec_init(&r, 10000, 1);
+    kvt_brec_join(&r, 1, 22, 2, "b", 1);
+    apply(&r, 1, (struct kvt_budget_req){.take = 800, .inflight = 800, .cap = 10000}, &v);
+    kvt_brec_fold(&r, 1);
+    kvt_brec_begin(&r, live, &s);
+    kvt_brec_end(&r, &s, 0, 2);
+    TEST_ASSERT(r.total == 0);
+    kvt_brec_join(&r, 1, 22, 2, "b", 3);
+    kvt_brec_apply(&r, 1, &(struct kvt_budget_req){.take = 200, .inflight = 1000, .cap = 10000},
+                   true, 3, &v);
+    TEST_ASSERT(v.granted && v.pending == 1000);
+    TEST_ASSERT(v.total == 1000); /* the 500 can land, the 300 of credit be spent */
+    /* a recount with b alive counts its pending; b's bytes are adds since */
+    live[1] = true;
+    kvt_brec_begin(&r, live, &s);
+    TEST_ASSERT(s.pending == 1000);
+}
+
+/* The file record's begin and end rejoin with what the server holds. */
+static void test_file_rejoin(void);
+
 static void test_encoding(void)
 {
     struct kvt_brec r, back;
@@ -139,15 +191,46 @@ static void test_file_created_full(void)
     TEST_ASSERT(kvt_budget_file_open(d.fd, d.path, false, 1000, &a, err, sizeof(err)) == 0);
     TEST_ASSERT(kvt_budget_file_open(d.fd, d.path, false, 1000, &b, err, sizeof(err)) == 0);
     struct kvt_budget_snap s;
-    TEST_ASSERT(kvt_budget_file_ops.begin(a, &s, err, sizeof(err)) == 0); /* creates it */
+    TEST_ASSERT(kvt_budget_file_ops.begin(a, 0, &s, err, sizeof(err)) == 0); /* creates it */
     struct kvt_budget_view v;
     TEST_ASSERT(file_take(b, 10, 10, &v) == 0);
     TEST_ASSERT(!v.granted && v.total == 1000);
     /* a's walk found 300 bytes: the truth, and room again */
-    TEST_ASSERT(kvt_budget_file_ops.end(a, &s, 300, &v, err, sizeof(err)) == 0);
+    TEST_ASSERT(kvt_budget_file_ops.end(a, 0, &s, 300, &v, err, sizeof(err)) == 0);
     TEST_ASSERT(v.total == 300);
     TEST_ASSERT(file_take(b, 10, 10, &v) == 0);
     TEST_ASSERT(v.granted && v.total == 310);
+    kvt_budget_file_ops.leave(b);
+    kvt_budget_file_ops.leave(a);
+    tdir_drop(&d);
+}
+
+static void test_file_rejoin(void)
+{
+    struct tdir d;
+    tdir_make(&d);
+    char err[256];
+    void *a = NULL;
+    TEST_ASSERT(kvt_budget_file_open(d.fd, d.path, false, 1000, &a, err, sizeof(err)) == 0);
+    struct kvt_budget_snap s;
+    struct kvt_budget_view v;
+    TEST_ASSERT(kvt_budget_file_ops.begin(a, 0, &s, err, sizeof(err)) == 0);
+    TEST_ASSERT(kvt_budget_file_ops.end(a, 0, &s, 0, &v, err, sizeof(err)) == 0);
+    TEST_ASSERT(file_take(a, 100, 100, &v) == 0 && v.granted && v.total == 100);
+    /* the record is rebuilt (torn) and recounted by another server: a's
+     * 100 in flight are not in it; a's recount begins and rejoins */
+    int fd = openat(d.fd, KVT_BUDGET_FILE_NAME, O_WRONLY | O_TRUNC);
+    TEST_ASSERT(fd >= 0 && write(fd, "torn", 4) == 4);
+    close(fd);
+    void *b = NULL;
+    TEST_ASSERT(kvt_budget_file_open(d.fd, d.path, false, 1000, &b, err, sizeof(err)) == 0);
+    TEST_ASSERT(kvt_budget_file_ops.begin(b, 0, &s, err, sizeof(err)) == 0);
+    TEST_ASSERT(kvt_budget_file_ops.end(b, 0, &s, 0, &v, err, sizeof(err)) == 0);
+    TEST_ASSERT(v.total == 0);
+    TEST_ASSERT(kvt_budget_file_ops.begin(a, 100, &s, err, sizeof(err)) == 0);
+    TEST_ASSERT(s.pending == 100);
+    TEST_ASSERT(kvt_budget_file_ops.end(a, 100, &s, 0, &v, err, sizeof(err)) == 0);
+    TEST_ASSERT(v.total == 100 && v.pending == 100);
     kvt_budget_file_ops.leave(b);
     kvt_budget_file_ops.leave(a);
     tdir_drop(&d);
@@ -211,6 +294,9 @@ static uint64_t landable(void)
 
 static void step(int n, struct kvt_budget_req rq, struct kvt_budget_view *v)
 {
+    rq.inflight = rq.take; /* the take, and the writes still in flight */
+    for (int i = 0; i < sv[n].nw; i++)
+        rq.inflight += sv[n].w[i].size;
     rq.settled += sv[n].settled;
     sv[n].settled = 0;
     rq.cap = CAP;
@@ -294,6 +380,10 @@ static void test_model(void)
             dropped += !v.removed_ok;
         } else if (op < 92) { /* the periodic step */
             step(n, (struct kvt_budget_req){0}, &v);
+        } else if (op < 93 && rnd(4) == 0) { /* presumed dead while it lives: folded */
+            int slot = kvt_brec_find(&rec, s->id);
+            if (slot >= 0)
+                kvt_brec_fold(&rec, slot);
         } else if (op < 93) { /* SIGKILL: its writes never land, its gives are lost */
             for (int i = 0; i < s->nw; i++)
                 writing[s->w[i].key] = false;
@@ -360,7 +450,9 @@ int main(void)
     RUN(test_take_refund_remove);
     RUN(test_recount);
     RUN(test_encoding);
+    RUN(test_rejoin);
     RUN(test_file_created_full);
+    RUN(test_file_rejoin);
     RUN(test_model);
     return TEST_RESULT();
 }

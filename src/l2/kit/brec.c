@@ -72,13 +72,26 @@ static uint64_t sub_floor(uint64_t a, uint64_t b)
     return a > b ? a - b : 0;
 }
 
+void kvt_brec_rejoin(struct kvt_brec *r, int slot, uint64_t back)
+{
+    struct kvt_brec_node *n = &r->node[slot];
+    r->total += (int64_t)back;
+    r->adds += back; /* a recount running now counts it as charged during its walk */
+    n->part += (int64_t)back;
+    n->pending = back;
+}
+
 void kvt_brec_apply(struct kvt_brec *r, int slot, const struct kvt_budget_req *rq, bool rejoined,
                     uint64_t now_ms, struct kvt_budget_view *out)
 {
     struct kvt_brec_node *n = &r->node[slot];
     bool removed_ok = false, granted = false;
-    if (rejoined) /* nothing of ours was in flight as far as the record knows */
-        n->pending = rq->inflight > rq->take ? rq->inflight - rq->take : 0;
+    /* rejoined: the record may have lost what we hold. rq->inflight (the
+     * take included) was read after settled and refunded bytes left it:
+     * those are added back too, then subtracted below like any step's (a
+     * refund of credit a recount left out must not lower the total) */
+    if (rejoined)
+        kvt_brec_rejoin(r, slot, sub_floor(rq->inflight, rq->take) + rq->refund + rq->settled);
     /* refunds, removals and settlements first: they free room for the take */
     r->total -= (int64_t)rq->refund;
     n->part -= (int64_t)rq->refund;

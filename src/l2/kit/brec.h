@@ -56,8 +56,16 @@ void kvt_brec_join(struct kvt_brec *r, int slot, uint64_t id, uint32_t pid, cons
 /* Fold a dead server's entry away: the total keeps its bytes (they may be
  * real objects), its pending is forgotten (it writes nothing any more). */
 void kvt_brec_fold(struct kvt_brec *r, int slot);
-/* One step of server slot; rejoined: the entry was just joined (its pending
- * starts at rq->inflight). Fills out (nodes and folded are the caller's). */
+/* A server's entry was just joined while it may hold charged bytes (its
+ * old entry was folded while it lived, or the record was rebuilt): a
+ * recount since may have left out its pending, so back bytes go (again)
+ * into the total, adds and its part, and its pending starts at back. An
+ * over-count when nothing was lost, which the next recount removes. */
+void kvt_brec_rejoin(struct kvt_brec *r, int slot, uint64_t back);
+/* One step of server slot; rejoined: the entry was just joined:
+ * kvt_brec_rejoin with what it may hold (rq->inflight, which excludes this
+ * step's refund and settled, less the take, plus those two, which the step
+ * then subtracts as usual). Fills out (nodes and folded are the caller's). */
 void kvt_brec_apply(struct kvt_brec *r, int slot, const struct kvt_budget_req *rq, bool rejoined,
                     uint64_t now_ms, struct kvt_budget_view *out);
 /* A recount's snapshot: adds, and the pending of the entries alive[i]. */

@@ -189,8 +189,8 @@ enum step_kind { STEP_APPLY, STEP_BEGIN, STEP_END };
 
 /* One step under both locks. */
 static int step(struct bfile *f, enum step_kind kind, const struct kvt_budget_req *rq,
-                struct kvt_budget_snap *snap, uint64_t walked, struct kvt_budget_view *out,
-                char *err, size_t errcap)
+                uint64_t inflight, struct kvt_budget_snap *snap, uint64_t walked,
+                struct kvt_budget_view *out, char *err, size_t errcap)
 {
     struct kvt_brec r;
     pthread_mutex_lock(&f->lock);
@@ -219,6 +219,8 @@ static int step(struct bfile *f, enum step_kind kind, const struct kvt_budget_re
         kvt_brec_apply(&r, f->slot, rq, rejoined, now_ms(), out);
     } else {
         folded += census(f, &r);
+        if (rejoined)
+            kvt_brec_rejoin(&r, f->slot, inflight);
         bool live[KVT_BREC_NODES];
         for (int i = 0; i < KVT_BREC_NODES; i++)
             live[i] = r.node[i].id != 0; /* census left only live entries */
@@ -247,19 +249,20 @@ out:
 static int bf_apply(void *rec, const struct kvt_budget_req *rq, struct kvt_budget_view *out,
                     char *err, size_t errcap)
 {
-    return step(rec, STEP_APPLY, rq, NULL, 0, out, err, errcap);
+    return step(rec, STEP_APPLY, rq, 0, NULL, 0, out, err, errcap);
 }
 
-static int bf_begin(void *rec, struct kvt_budget_snap *snap, char *err, size_t errcap)
+static int bf_begin(void *rec, uint64_t inflight, struct kvt_budget_snap *snap, char *err,
+                    size_t errcap)
 {
-    return step(rec, STEP_BEGIN, NULL, snap, 0, NULL, err, errcap);
+    return step(rec, STEP_BEGIN, NULL, inflight, snap, 0, NULL, err, errcap);
 }
 
-static int bf_end(void *rec, const struct kvt_budget_snap *snap, uint64_t walked,
+static int bf_end(void *rec, uint64_t inflight, const struct kvt_budget_snap *snap, uint64_t walked,
                   struct kvt_budget_view *out, char *err, size_t errcap)
 {
     struct kvt_budget_snap s = *snap;
-    return step(rec, STEP_END, NULL, &s, walked, out, err, errcap);
+    return step(rec, STEP_END, NULL, inflight, &s, walked, out, err, errcap);
 }
 
 static void bf_where(void *rec, char *out, size_t cap)

@@ -44,8 +44,11 @@
  * remain under the prefix either way (every server stopped, the record
  * lost): charging against 0 would let the running servers go over the cap
  * until the recount the server then runs (its SCAN) sets the truth.
- * entry(pend0): our (part, pending, rejoined), a new entry starting with
- * pend0; census(): fold the dead (their bytes stay in the total), count
+ * entry(back): our (part, pending, rejoined), a new entry (first use,
+ * folded while we lived, a record made again) starting with part and
+ * pending back: what we may hold that a recount since the fold left out
+ * (l2/kit/brec.c: kvt_brec_rejoin), which the caller adds to the total and
+ * adds; census(): fold the dead (their bytes stay in the total), count
  * the live. */
 #define LUA_HEAD                                                                                   \
     "local k = KEYS[1]\n"                                                                          \
@@ -60,12 +63,12 @@
     "  created = 1\n"                                                                              \
     "  if ARGV[5] == '1' then created = 2 end\n"                                                   \
     "end\n"                                                                                        \
-    "local function entry(pend0)\n"                                                                \
+    "local function entry(back)\n"                                                                 \
     "  if redis.call('HEXISTS', k, 't:' .. id) == 1 then\n"                                        \
     "    return num('p:' .. id), num('q:' .. id), 0\n"                                             \
     "  end\n"                                                                                      \
     "  redis.call('HSET', k, 'h:' .. id, ARGV[4])\n"                                               \
-    "  return 0, pend0, 1\n"                                                                       \
+    "  return back, back, 1\n"                                                                     \
     "end\n"                                                                                        \
     "local function census()\n"                                                                    \
     "  local live, folded = 0, 0\n"                                                                \
@@ -102,13 +105,17 @@ static const char apply_lua[] = LUA_HEAD
     "local take, refund, removed, rep = tonumber(ARGV[6]), tonumber(ARGV[7]),\n"
     "  tonumber(ARGV[8]), tonumber(ARGV[9])\n"
     "local settled, inflight = tonumber(ARGV[10]), tonumber(ARGV[11])\n"
-    "local part, pend, rejoined = entry(math.max(inflight - take, 0))\n"
+    "local part, pend, rejoined = entry(math.max(inflight - take, 0) + refund + settled)\n"
     "local seq = tonumber(ARGV[13])\n"
     "if seq <= num('s:' .. id) then\n"
     "  local f = num('r:' .. id)\n"
     "  local granted, removed_ok, live, folded = math.floor(f / 2), f % 2, -1, 0\n"
     "  " LUA_VIEW_STMT "end\n"
     "local total = num('total')\n"
+    "if rejoined == 1 then\n"
+    "  total = total + part\n"
+    "  redis.call('HINCRBY', k, 'adds', part)\n"
+    "end\n"
     "total = total - refund\n"
     "part = part - refund\n"
     "pend = math.max(pend - refund - settled, 0)\n"
@@ -130,9 +137,13 @@ static const char apply_lua[] = LUA_HEAD
     "local live, folded = -1, 0\n"
     "if ARGV[12] == '1' or rejoined == 1 then live, folded = census() end\n" LUA_VIEW;
 
-/* begin: returns {adds, pending of the live, epoch} */
+/* begin: ARGV[6] in flight; returns {adds, pending of the live, epoch} */
 static const char begin_lua[] =
-    LUA_HEAD "local part, pend = entry(0)\n"
+    LUA_HEAD "local part, pend, rejoined = entry(tonumber(ARGV[6]))\n"
+             "if rejoined == 1 then\n"
+             "  redis.call('HINCRBY', k, 'total', part)\n"
+             "  redis.call('HINCRBY', k, 'adds', part)\n"
+             "end\n"
              "redis.call('HSET', k, 'p:' .. id, part, 'q:' .. id, pend, 't:' .. id, now)\n"
              "census()\n"
              "local sum = 0\n"
@@ -142,10 +153,11 @@ static const char begin_lua[] =
              "end\n"
              "return {num('adds'), sum, num('epoch')}\n";
 
-/* end: ARGV[6] snapshot adds, [7] snapshot pending, [8] walked */
+/* end: ARGV[6] snapshot adds, [7] snapshot pending, [8] walked, [9] in flight */
 static const char end_lua[] = LUA_HEAD
     "local sadds, spend, walked = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])\n"
-    "local part, pend, rejoined = entry(0)\n"
+    "local part, pend, rejoined = entry(tonumber(ARGV[9]))\n"
+    "if rejoined == 1 then redis.call('HINCRBY', k, 'adds', part) end\n"
     "local adds = num('adds')\n"
     "local since = adds - sadds\n"
     "if since < 0 then since = adds end\n"
@@ -300,11 +312,15 @@ static int rb_apply(void *rec, const struct kvt_budget_req *rq, struct kvt_budge
     return rc;
 }
 
-static int rb_begin(void *rec, struct kvt_budget_snap *snap, char *err, size_t errcap)
+static int rb_begin(void *rec, uint64_t inflight, struct kvt_budget_snap *snap, char *err,
+                    size_t errcap)
 {
     struct rbud *rb = rec;
     redisReply *r = NULL;
-    int rc = eval(rb, begin_lua, NULL, 0, &r, err, errcap);
+    char a[24];
+    snprintf(a, sizeof(a), "%llu", (unsigned long long)inflight);
+    const char *extra[1] = {a};
+    int rc = eval(rb, begin_lua, extra, 1, &r, err, errcap);
     if (rc)
         return rc;
     if (r->elements < 3) {
@@ -319,17 +335,18 @@ static int rb_begin(void *rec, struct kvt_budget_snap *snap, char *err, size_t e
     return 0;
 }
 
-static int rb_end(void *rec, const struct kvt_budget_snap *snap, uint64_t walked,
+static int rb_end(void *rec, uint64_t inflight, const struct kvt_budget_snap *snap, uint64_t walked,
                   struct kvt_budget_view *out, char *err, size_t errcap)
 {
     struct rbud *rb = rec;
-    char a[3][24];
+    char a[4][24];
     snprintf(a[0], 24, "%llu", (unsigned long long)snap->adds);
     snprintf(a[1], 24, "%llu", (unsigned long long)snap->pending);
     snprintf(a[2], 24, "%llu", (unsigned long long)walked);
-    const char *extra[3] = {a[0], a[1], a[2]};
+    snprintf(a[3], 24, "%llu", (unsigned long long)inflight);
+    const char *extra[4] = {a[0], a[1], a[2], a[3]};
     redisReply *r = NULL;
-    int rc = eval(rb, end_lua, extra, 3, &r, err, errcap);
+    int rc = eval(rb, end_lua, extra, 4, &r, err, errcap);
     if (rc)
         return rc;
     rc = view_of(rb, r, out, err, errcap);
