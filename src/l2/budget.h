@@ -80,6 +80,7 @@ struct kvt_budget_snap {
     uint64_t adds;    /* adds at the snapshot */
     uint64_t pending; /* sum of the live servers' pending */
     uint64_t epoch;
+    uint64_t created; /* the record's created_ms: another at the end is a rebuilt record */
 };
 
 /* A record backend. Each function is one atomic step on the shared record

@@ -14,7 +14,7 @@
 void kvt_brec_init(struct kvt_brec *r, uint64_t cap, uint64_t now_ms)
 {
     memset(r, 0, sizeof(*r));
-    r->epoch = 1;
+    r->epoch = now_ms ? now_ms : 1; /* monotonic across rebuilds (brec.h) */
     r->cap = cap;
     r->created_ms = now_ms;
 }
@@ -124,6 +124,7 @@ void kvt_brec_begin(const struct kvt_brec *r, const bool *alive, struct kvt_budg
 {
     s->adds = r->adds;
     s->epoch = r->epoch;
+    s->created = r->created_ms;
     s->pending = 0;
     for (int i = 0; i < KVT_BREC_NODES; i++)
         if (r->node[i].id && alive[i])
@@ -134,9 +135,11 @@ void kvt_brec_end(struct kvt_brec *r, const struct kvt_budget_snap *s, uint64_t 
                   uint64_t now_ms)
 {
     int64_t before = r->total;
-    /* adds only grows; a record re-created since the snapshot (lost,
-     * torn) has fewer: count all of them */
-    uint64_t since = r->adds >= s->adds ? r->adds - s->adds : r->adds;
+    /* adds only grows within one record; one re-created since the
+     * snapshot (lost, torn) counts from 0, and may have passed the old
+     * snapshot's adds already: all of its adds are since */
+    bool same = r->created_ms == s->created && r->adds >= s->adds;
+    uint64_t since = same ? r->adds - s->adds : r->adds;
     r->total = (int64_t)(walked + since + s->pending);
     r->epoch++;
     r->recounts++;

@@ -44,7 +44,10 @@ struct kvt_brec {
     struct kvt_brec_node node[KVT_BREC_NODES];
 };
 
-/* A fresh record (epoch 1). */
+/* A fresh record. Its epoch starts at now_ms (at least 1), above any
+ * record's before it (one epoch per recount, far fewer than the ms between
+ * two records), so a removal read in a lost record's epoch is never
+ * subtracted from a rebuilt one. */
 void kvt_brec_init(struct kvt_brec *r, uint64_t cap, uint64_t now_ms);
 /* The entry of server id, or -1. */
 int kvt_brec_find(const struct kvt_brec *r, uint64_t id);
@@ -70,7 +73,9 @@ void kvt_brec_apply(struct kvt_brec *r, int slot, const struct kvt_budget_req *r
                     uint64_t now_ms, struct kvt_budget_view *out);
 /* A recount's snapshot: adds, and the pending of the entries alive[i]. */
 void kvt_brec_begin(const struct kvt_brec *r, const bool *alive, struct kvt_budget_snap *s);
-/* Complete a recount: total = walked + adds since s + s's pending. */
+/* Complete a recount: total = walked + adds since s + s's pending; all of
+ * the record's adds when it is not s's record (rebuilt since: created_ms
+ * differs, or adds went back). */
 void kvt_brec_end(struct kvt_brec *r, const struct kvt_budget_snap *s, uint64_t walked,
                   uint64_t now_ms);
 /* The view of entry slot (nodes, folded and the step's flags left 0). */

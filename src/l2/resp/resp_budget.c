@@ -58,7 +58,7 @@
     "local function num(f) return tonumber(redis.call('HGET', k, f) or '0') end\n"                 \
     "local created = 0\n"                                                                          \
     "if redis.call('EXISTS', k) == 0 then\n"                                                       \
-    "  redis.call('HSET', k, 'total', cap, 'adds', 0, 'epoch', 1, 'recounts', 0, 'cap', cap,\n"    \
+    "  redis.call('HSET', k, 'total', cap, 'adds', 0, 'epoch', now, 'recounts', 0, 'cap', cap,\n"  \
     "             'created_ms', now)\n"                                                            \
     "  created = 1\n"                                                                              \
     "  if ARGV[5] == '1' then created = 2 end\n"                                                   \
@@ -137,7 +137,8 @@ static const char apply_lua[] = LUA_HEAD
     "local live, folded = -1, 0\n"
     "if ARGV[12] == '1' or rejoined == 1 then live, folded = census() end\n" LUA_VIEW;
 
-/* begin: ARGV[6] in flight; returns {adds, pending of the live, epoch} */
+/* begin: ARGV[6] in flight; returns {adds, pending of the live, epoch,
+ * created_ms} */
 static const char begin_lua[] =
     LUA_HEAD "local part, pend, rejoined = entry(tonumber(ARGV[6]))\n"
              "if rejoined == 1 then\n"
@@ -151,16 +152,18 @@ static const char begin_lua[] =
              "for i = 1, #all, 2 do\n"
              "  if string.sub(all[i], 1, 2) == 'q:' then sum = sum + tonumber(all[i + 1]) end\n"
              "end\n"
-             "return {num('adds'), sum, num('epoch')}\n";
+             "return {num('adds'), sum, num('epoch'), num('created_ms')}\n";
 
-/* end: ARGV[6] snapshot adds, [7] snapshot pending, [8] walked, [9] in flight */
+/* end: ARGV[6] snapshot adds, [7] snapshot pending, [8] walked, [9] in
+ * flight, [10] the snapshot's created_ms (another: the record was made
+ * again since, and all of its adds are since the snapshot) */
 static const char end_lua[] = LUA_HEAD
     "local sadds, spend, walked = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])\n"
     "local part, pend, rejoined = entry(tonumber(ARGV[9]))\n"
     "if rejoined == 1 then redis.call('HINCRBY', k, 'adds', part) end\n"
     "local adds = num('adds')\n"
     "local since = adds - sadds\n"
-    "if since < 0 then since = adds end\n"
+    "if since < 0 or num('created_ms') ~= tonumber(ARGV[10]) then since = adds end\n"
     "local before = num('total')\n"
     "local total = walked + since + spend\n"
     "redis.call('HSET', k, 'total', total, 'recount_ms', now, 'recount_walked', walked,\n"
@@ -323,7 +326,7 @@ static int rb_begin(void *rec, uint64_t inflight, struct kvt_budget_snap *snap, 
     int rc = eval(rb, begin_lua, extra, 1, &r, err, errcap);
     if (rc)
         return rc;
-    if (r->elements < 3) {
+    if (r->elements < 4) {
         snprintf(err, errcap, "EVAL: short reply");
         freeReplyObject(r);
         return -EPROTO;
@@ -331,6 +334,7 @@ static int rb_begin(void *rec, uint64_t inflight, struct kvt_budget_snap *snap, 
     snap->adds = (uint64_t)at(r, 0);
     snap->pending = (uint64_t)at(r, 1);
     snap->epoch = (uint64_t)at(r, 2);
+    snap->created = (uint64_t)at(r, 3);
     freeReplyObject(r);
     return 0;
 }
@@ -339,14 +343,15 @@ static int rb_end(void *rec, uint64_t inflight, const struct kvt_budget_snap *sn
                   struct kvt_budget_view *out, char *err, size_t errcap)
 {
     struct rbud *rb = rec;
-    char a[4][24];
+    char a[5][24];
     snprintf(a[0], 24, "%llu", (unsigned long long)snap->adds);
     snprintf(a[1], 24, "%llu", (unsigned long long)snap->pending);
     snprintf(a[2], 24, "%llu", (unsigned long long)walked);
     snprintf(a[3], 24, "%llu", (unsigned long long)inflight);
-    const char *extra[4] = {a[0], a[1], a[2], a[3]};
+    snprintf(a[4], 24, "%llu", (unsigned long long)snap->created);
+    const char *extra[5] = {a[0], a[1], a[2], a[3], a[4]};
     redisReply *r = NULL;
-    int rc = eval(rb, end_lua, extra, 4, &r, err, errcap);
+    int rc = eval(rb, end_lua, extra, 5, &r, err, errcap);
     if (rc)
         return rc;
     rc = view_of(rb, r, out, err, errcap);
