@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import random
+import socket
 import threading
 import time
 
@@ -392,6 +393,111 @@ def test_server_outside_the_budget_is_warned(make_server, tmp_path):
     b.wait_recovered()
     assert "has no \"shared_budget\": what it stores is not counted" in b.read_log()
     assert "not counted" not in a.read_log()
+
+
+class BreakingProxy(threading.Thread):
+    """A TCP proxy to Redis that, once armed, forwards the next pipelined
+    SET ... NX and closes the connection without passing Redis's reply on:
+    the SET ran, its client never learns it."""
+
+    def __init__(self, port):
+        super().__init__(daemon=True)
+        self.to = port
+        self.ls = socket.socket()
+        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(16)
+        self.port = self.ls.getsockname()[1]
+        self.armed = threading.Event()
+        self.broke = threading.Event()
+
+    def run(self):
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            s = socket.create_connection(("127.0.0.1", self.to))
+            drop = threading.Event()
+            threading.Thread(target=self.up, args=(c, s, drop), daemon=True).start()
+            threading.Thread(target=self.down, args=(s, c, drop), daemon=True).start()
+
+    def up(self, c, s, drop):
+        buf = b""
+        try:
+            while True:
+                d = c.recv(1 << 16)
+                if not d:
+                    break
+                buf = (buf + d)[-64:]
+                if self.armed.is_set() and b"$2\r\nNX\r\n" in buf:
+                    drop.set()
+                    s.sendall(d)
+                    time.sleep(0.3)  # Redis runs it and replies into the void
+                    self.armed.clear()
+                    self.broke.set()
+                    break
+                s.sendall(d)
+        except OSError:
+            pass
+        for x in (c, s):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            x.close()
+
+    def down(self, s, c, drop):
+        try:
+            while True:
+                d = s.recv(1 << 16)
+                if not d or drop.is_set():
+                    break
+                c.sendall(d)
+        except OSError:
+            pass
+
+    def close(self):
+        self.ls.close()
+
+
+@pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
+def test_resent_set_nx_is_not_refunded(make_server, tmp_path):
+    """A SET ... NX that ran on Redis but whose reply was lost is sent
+    again on a new connection and answers nil: the value found is our own
+    write, so its bytes stay charged (settled, not refunded), or the
+    total would fall under the tier's bytes."""
+    rd = tmp_path / "redis"
+    rd.mkdir()
+    r = Redis(rd).start()
+    proxy = BreakingProxy(r.port)
+    proxy.start()
+    try:
+        # one worker: the second store goes over the first one's connection
+        spec = adapter_json(type="resp", host="127.0.0.1", port=proxy.port, key_prefix="resend",
+                            max_capacity_gb=CAP_GB, shared_budget=True, num_workers=1)
+        s = make_server(["--l2-adapter", spec])
+        s.wait_recovered()
+        keys = keys_for("resend", 2)
+        with s.client() as c:
+            c.store(keys[:1], [payload(0)])
+            c.flush()
+            proxy.armed.set()  # the store's connection is a used one: retried once
+            c.store(keys[1:], [payload(1)])
+            c.flush()
+        assert proxy.broke.is_set()
+        real = redis_value_bytes([r], "resend")
+        assert real == sum(HDR + len(payload(i)) for i in range(2))
+        st = l2_status(s)
+        assert st["counters"]["store_skipped"] == 1, (st["counters"], s.read_log()[-3000:])
+        # once the credit went back: the total still holds both values
+        b = wait_for(lambda: (lambda x: x if x["credit_bytes"] == 0 and x["inflight_bytes"] == 0
+                              and x["node_pending_bytes"] == 0 else None)(budget(s)),
+                     what="the credit to go back")
+        assert b["total_bytes"] >= real, (b, real)
+    finally:
+        proxy.close()
+        r.kill()
 
 
 def _dry(spec):

@@ -267,18 +267,22 @@ static void cl_unlink_keys(struct resp_engine *e, const kvt_key *keys, const uin
     pthread_mutex_unlock(&e->ctl_lock);
 }
 
+/* store_pass's ctx: per key, SENT_UNSURE (sent, no reply known to say it
+ * did not land) and SENT_AGAIN (sent once more after that) */
+enum { SENT_UNSURE = 1, SENT_AGAIN = 2 };
+
 /*
  * STORE, one pipelined pass over keys idx[lo..hi) already reserved
  * (st[j] == K_PENDING). Writes "SET key <header+payload>" for each with one
  * writev per IOV_MAX pieces, then reads the replies. Returns 0 or a
  * transport error (then nothing is known about the pass: the caller may
- * retry it on a fresh connection).
+ * retry it on a fresh connection). ctx: the keys' SENT_* flags (n).
  */
 static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
                       const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
                       size_t cap)
 {
-    (void)ctx;
+    uint8_t *sent = ctx;
     uint32_t live = 0;
     for (uint32_t j = 0; j < n; j++)
         live += st[j] == K_PENDING;
@@ -295,6 +299,11 @@ static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
         uint32_t i = idx[j];
         int kl = kvt_resp_wire_key(e, &t->keys[i], key);
         pre_off[k++] = w->wb.len;
+        /* a SET ... NX resent after an earlier attempt got no reply: that
+         * one may have landed, and then answers nil to this one */
+        if (sent[j] & SENT_UNSURE)
+            sent[j] |= SENT_AGAIN;
+        sent[j] |= SENT_UNSURE;
         put_asking(w);
         /* with a shared budget, SET ... NX: a key another server stored is
          * not overwritten (and not charged twice) */
@@ -340,6 +349,8 @@ static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
             st[j] = K_EXISTS;
         } else if (ty == R_ERROR && (cs = cl_err_state(e, w, j, err))) {
             st[j] = (uint8_t)cs;
+            if (cs == K_REDIR) /* not run there: only an unanswered send is unsure */
+                sent[j] &= (uint8_t)~SENT_UNSURE;
         } else {
             st[j] = K_FAIL;
             atomic_fetch_add(&e->cmd_errors, 1);
@@ -539,7 +550,8 @@ static void do_store(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
         kvt_objhdr_encode(hdrs + (size_t)j * HDR, HDR, &t->keys[i], &t->meta[i], t->meta[i].serde,
                           src->len, sum);
     }
-    int rc = run_pass(l2, e, w, store_pass, t, idx, n, st, NULL, node);
+    uint8_t *sent = kvt_xcalloc(n, 1);
+    int rc = run_pass(l2, e, w, store_pass, t, idx, n, st, sent, node);
     gen = atomic_load(&e->gen);
     for (uint32_t j = 0; j < n; j++) {
         uint32_t i = idx[j];
@@ -560,8 +572,13 @@ static void do_store(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
             kvt_l2_task_ok(t, i, HDR + t->bufs[i].len);
         } else if (st[j] == K_EXISTS) {
             /* another server's value: ours never went in (its bytes go back
-             * to the shared budget), theirs is adopted */
-            kvt_l2_unreserve(l2, &ck);
+             * to the shared budget), theirs is adopted. Resent after an
+             * unanswered attempt, the value found may be ours, landed then:
+             * settled, not refunded (its eviction will subtract it) */
+            if (sent[j] & SENT_AGAIN)
+                kvt_l2_unreserve_unsure(l2, &ck);
+            else
+                kvt_l2_unreserve(l2, &ck);
             kvt_l2_adopt(l2, &ck, (uint32_t)(HDR + t->bufs[i].len), t->meta[i].len, HDR,
                          (uint8_t)(F_LEN_KNOWN | gen), false, false);
             atomic_fetch_add(&l2->counters.store_skipped, 1);
@@ -576,6 +593,7 @@ static void do_store(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2
             atomic_fetch_add(&l2->counters.store_failed, 1);
         }
     }
+    free(sent);
     free(st);
 }
 
