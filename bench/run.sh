@@ -91,6 +91,9 @@ l1)
   echo "$czc" | grep -v '^RESULT'
   echo "$cinl" | grep -v '^RESULT'
   echo "$csm" | grep -v '^RESULT'
+  # the cipher CURVE runs, alone on one thread: what one I/O thread can seal at all
+  cry=""
+  [ -x $B/bench/bench_crypto ] && cry=$($B/bench/bench_crypto) && echo "$cry" | grep -v '^RESULT'
   rport=$(free_port)
   redis-server --port "$rport" --save "" --appendonly no --daemonize no --loglevel warning >/dev/null &
   PIDS+=($!)
@@ -114,6 +117,10 @@ l1)
   echo "  inline retrieve / redis GET   $(ratio "$(echo "$inl" | result inline_retrieve_rps)" "$rget")   (goal >= 1.0)"
   echo "  inline store, CURVE / plain   $(ratio "$(echo "$cinl" | result inline_store_rps)" "$(echo "$inl" | result inline_store_rps)")   (goal >= 0.8)"
   echo "  inline retrieve, CURVE / plain $(ratio "$(echo "$cinl" | result inline_retrieve_rps)" "$(echo "$inl" | result inline_retrieve_rps)")   (goal >= 0.8)"
+  if [ -n "$cry" ]; then
+    seal_rps=$(echo "$cry" | result seal_gbps | awk '{printf "%.1f", $1 * 1e9 / 4194304}')
+    echo "  inline store, CURVE / one thread sealing 4 MiB frames ($seal_rps /s)   $(ratio "$(echo "$cinl" | result inline_store_rps)" "$seal_rps")   (the cipher's own ceiling per I/O thread; client and server each pay it)"
+  fi
   echo "  zero-copy store, CURVE / plain $(ratio "$(echo "$czc" | result zc_store_gbps)" "$(echo "$zc" | result zc_store_gbps)")   (the same-host path: goal ~1.0)"
   echo "  ping, CURVE / plain           $(ratio "$(echo "$csm" | result ping_ops)" "$(echo "$sm" | result ping_ops)")   (same-host socket bound to the key: goal ~1.0)"
   echo "  lookup, CURVE / plain         $(ratio "$(echo "$csm" | result lookup_ops)" "$(echo "$sm" | result lookup_ops)")   (goal ~1.0)"
