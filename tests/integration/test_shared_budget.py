@@ -535,8 +535,11 @@ def test_bad_config(tmp_path):
         assert r.returncode == 2 and msg in r.stderr, (spec, r.returncode, r.stderr)
 
 
-def test_removed_record_does_not_drain_the_index(make_server, tmp_path):
-    """The record file removed under a running server: every step fails
+@pytest.mark.parametrize("how", ["unlink", "rename"])
+def test_removed_record_does_not_drain_the_index(make_server, tmp_path, how):
+    """The record file removed (or renamed away with its link kept, as NFS
+    silly-renames a file removed on the same host, and another file put at
+    the name) under a running server: every step fails
     (ESTALE) and the total it last read never moves again. The eviction
     controller must not keep evicting on that stale total (each cycle's
     removals fail to be subtracted, so the usage never falls and the index
@@ -554,7 +557,12 @@ def test_removed_record_does_not_drain_the_index(make_server, tmp_path):
     with s.client() as c:  # ~660 KB: over the watermark, under the cap
         c.store(keys, [payload(i) for i in range(20)])
         c.flush()
-    os.unlink(d / ".kvtier-budget")
+    if how == "unlink":
+        os.unlink(d / ".kvtier-budget")
+    else:  # moved away with its link kept (NFS's silly rename), another file at the name
+        os.rename(d / ".kvtier-budget", d / ".nfs000000000001")
+        (d / "new-record").write_bytes(b"")
+        os.rename(d / "new-record", d / ".kvtier-budget")
     before = dir_object_bytes(d)
     assert before > 0.55 * CAP, before  # at most one cycle ran since
     b = wait_for(lambda: (lambda x: x if x["record_state"] == "unavailable" else None)(budget(s)),

@@ -266,6 +266,39 @@ static void test_file_rejoin(void)
     tdir_drop(&d);
 }
 
+/* A record replaced under a running server (a rename puts another file at
+ * the name; NFS silly-renames a file this host removes and its nlink stays
+ * 1) is stale like a removed one: stepping the old file would split the
+ * servers between two records. */
+static void test_file_replaced(void)
+{
+    struct tdir d;
+    tdir_make(&d);
+    char err[256];
+    void *a = NULL;
+    TEST_ASSERT(kvt_budget_file_open(d.fd, d.path, false, 1000, &a, err, sizeof(err)) == 0);
+    struct kvt_budget_snap s;
+    struct kvt_budget_view v;
+    TEST_ASSERT(kvt_budget_file_ops.begin(a, 0, &s, err, sizeof(err)) == 0);
+    TEST_ASSERT(kvt_budget_file_ops.end(a, 0, &s, 0, &v, err, sizeof(err)) == 0);
+    TEST_ASSERT(file_take(a, 100, 100, &v) == 0 && v.granted);
+    /* renamed away (what a silly rename does): the name is gone, the file
+     * still has a link */
+    TEST_ASSERT(renameat(d.fd, KVT_BUDGET_FILE_NAME, d.fd, ".nfs0001") == 0);
+    TEST_ASSERT(file_take(a, 10, 10, &v) == -ESTALE);
+    /* another file put at the name by a rename */
+    int fd = openat(d.fd, "other", O_WRONLY | O_CREAT | O_EXCL, 0644);
+    TEST_ASSERT(fd >= 0);
+    close(fd);
+    TEST_ASSERT(renameat(d.fd, "other", d.fd, KVT_BUDGET_FILE_NAME) == 0);
+    TEST_ASSERT(file_take(a, 10, 10, &v) == -ESTALE);
+    /* the old file back at the name: the record again */
+    TEST_ASSERT(renameat(d.fd, ".nfs0001", d.fd, KVT_BUDGET_FILE_NAME) == 0);
+    TEST_ASSERT(file_take(a, 10, 10, &v) == 0 && v.granted && v.total == 110);
+    kvt_budget_file_ops.leave(a);
+    tdir_drop(&d);
+}
+
 /* ---------------------------------------------------------------- model */
 
 #define K 48 /* keys */
@@ -484,6 +517,7 @@ int main(void)
     RUN(test_rebuilt);
     RUN(test_file_created_full);
     RUN(test_file_rejoin);
+    RUN(test_file_replaced);
     RUN(test_model);
     return TEST_RESULT();
 }

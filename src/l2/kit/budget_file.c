@@ -32,6 +32,7 @@
 struct bfile {
     pthread_mutex_t lock; /* one step at a time from this process (see the top) */
     int fd;
+    int dirfd; /* our own duplicate: load() checks the name still leads to fd's file */
     char path[PATH_MAX];
     bool durable;
     uint64_t cap;
@@ -114,11 +115,19 @@ static uint32_t census(struct bfile *f, struct kvt_brec *r)
  * let the running servers fill a tier that already holds a cap. */
 static int load(struct bfile *f, struct kvt_brec *r)
 {
-    struct stat st;
+    struct stat st, at;
     if (fstat(f->fd, &st) < 0)
         return -errno;
     if (st.st_nlink == 0)
         return -ESTALE; /* removed under us: a new one would split the servers */
+    /* A record removed on NFS by this host is silly-renamed (.nfsXXXX) and
+     * keeps nlink 1, and one replaced by a rename is another file at the
+     * name: either way our descriptor is no longer the record the others
+     * open. Treated as removed. */
+    if (fstatat(f->dirfd, KVT_BUDGET_FILE_NAME, &at, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT ? -ESTALE : -errno;
+    if (at.st_dev != st.st_dev || at.st_ino != st.st_ino)
+        return -ESTALE;
     uint8_t buf[KVT_BREC_BYTES + 1];
     ssize_t n = pread(f->fd, buf, sizeof(buf), 0);
     if (n < 0)
@@ -208,7 +217,7 @@ static int step(struct bfile *f, enum step_kind kind, const struct kvt_budget_re
     if (rc) {
         snprintf(err, errcap, "%s: %s", f->path,
                  rc == -ENOSPC   ? "every entry is taken by a live server (at most 62 servers)"
-                 : rc == -ESTALE ? "the record file was removed while servers use it"
+                 : rc == -ESTALE ? "the record file was removed or replaced while servers use it"
                                  : kvt_strerror(rc));
         goto out;
     }
@@ -275,6 +284,8 @@ static void bf_free(struct bfile *f)
 {
     if (f->fd >= 0)
         close(f->fd); /* drops this description's OFD locks */
+    if (f->dirfd >= 0)
+        close(f->dirfd);
     pthread_mutex_destroy(&f->lock);
     free(f);
 }
@@ -315,6 +326,8 @@ int kvt_budget_file_open(int dirfd, const char *dir, bool durable, uint64_t cap,
     struct bfile *f = kvt_xcalloc(1, sizeof(*f));
     pthread_mutex_init(&f->lock, NULL);
     f->slot = -1;
+    f->fd = -1;
+    f->dirfd = -1;
     f->durable = durable;
     f->cap = cap;
     f->pid = (uint32_t)getpid();
@@ -325,6 +338,14 @@ int kvt_budget_file_open(int dirfd, const char *dir, bool durable, uint64_t cap,
     while (f->id == 0)
         if (getrandom(&f->id, sizeof(f->id), 0) != sizeof(f->id))
             f->id = kvt_now_ns() ^ ((uint64_t)f->pid << 32);
+    f->dirfd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0);
+    if (f->dirfd < 0) {
+        int rc = -errno;
+        snprintf(err, errcap, "cannot open the shared budget record %s: %s", f->path,
+                 kvt_strerror(rc));
+        bf_free(f);
+        return rc;
+    }
     f->fd = openat(dirfd, KVT_BUDGET_FILE_NAME, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (f->fd < 0) {
         int rc = -errno;
