@@ -97,6 +97,18 @@ int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg
  * path, for messages (may be NULL). */
 bool kvt_l2_same_storage(const char *a, const char *b, char *shown, size_t cap);
 
+/* ---- "shared_budget" on Redis (l2/resp/resp_budget.c) ---- */
+/* A server's entry in a Redis record is a lease on the Redis server's
+ * clock, renewed by the step each L2 eviction cycle makes: an entry older
+ * than this is a dead server's and is folded. */
+#define KVT_RESP_BUDGET_LEASE_MS 30000
+/* The longest --eviction-interval-ms an adapter allows (0: any): a third of
+ * the lease for "shared_budget" on Redis (resp, valkey), so that a cycle
+ * delayed by its own evictions or a slow step does not let the lease end
+ * and the server's entry fold while it runs (its stores in flight would
+ * then be counted twice, its later removals dropped). */
+int kvt_l2_spec_max_interval_ms(const struct kvt_l2_spec *s);
+
 /* ---- s3 (l2/s3): what spec_check asks of it ---- */
 /* Can a server started now sign requests? explicit_keys: the config has
  * them; else the environment or the credentials file must (as at open).

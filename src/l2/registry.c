@@ -151,6 +151,13 @@ static void check_shared_budget(struct kvt_cfg *c, const struct kvt_l2_spec *s)
                      "true)");
 }
 
+int kvt_l2_spec_max_interval_ms(const struct kvt_l2_spec *s)
+{
+    if (s->shared_budget && (!strcmp(s->type, "resp") || !strcmp(s->type, "valkey")))
+        return KVT_RESP_BUDGET_LEASE_MS / 3;
+    return 0;
+}
+
 int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *err, size_t errcap)
 {
     memset(s, 0, sizeof(*s));

@@ -500,8 +500,8 @@ def test_resent_set_nx_is_not_refunded(make_server, tmp_path):
         r.kill()
 
 
-def _dry(spec):
-    return run_kvtier("server", "--dry-run", "--l2-adapter", json.dumps(spec))
+def _dry(spec, *args):
+    return run_kvtier("server", "--dry-run", *args, "--l2-adapter", json.dumps(spec))
 
 
 def test_bad_config(tmp_path):
@@ -533,6 +533,19 @@ def test_bad_config(tmp_path):
     for spec, msg in cases:
         r = _dry(spec)
         assert r.returncode == 2 and msg in r.stderr, (spec, r.returncode, r.stderr)
+    # Redis: each eviction cycle renews the server's 30 s lease in the
+    # record; an interval too long for it is refused, naming both
+    rs = {"type": "resp", "host": "127.0.0.1", "max_capacity_gb": 1, "shared_budget": True}
+    assert _dry(rs, "--eviction-interval-ms", "10000").returncode == 0
+    for spec in (rs, dict(rs, type="valkey")):
+        r = _dry(spec, "--eviction-interval-ms", "30000")
+        assert r.returncode == 2, (spec, r.returncode, r.stderr)
+        assert "--eviction-interval-ms" in r.stderr and '"shared_budget"' in r.stderr, r.stderr
+    # without shared_budget, or on a directory (locks, no lease), any interval
+    plain = dict(rs)
+    del plain["shared_budget"]
+    assert _dry(plain, "--eviction-interval-ms", "3600000").returncode == 0
+    assert _dry(nd, "--eviction-interval-ms", "3600000").returncode == 0
 
 
 @pytest.mark.parametrize("how", ["unlink", "rename"])

@@ -11,7 +11,8 @@
  * server's TIME in ms at its last step: its lease), h:<id> ("host pid").
  * A server whose t: is older than LEASE_MS is dead: a census folds its
  * fields away (the total keeps its bytes). Servers step at least once per
- * eviction cycle (--eviction-interval-ms, 1 s) from their evict-l2 thread.
+ * eviction cycle (--eviction-interval-ms, 1 s; a server refuses to start
+ * with one over a third of the lease) from their evict-l2 thread.
  *
  * The scripts mirror l2/kit/brec.c, the arithmetic the file record uses
  * (tests/unit/test_budget.c checks that one; the integration tests run
@@ -24,6 +25,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "kvtier/error.h"
+#include "l2/adapters.h"
 #include "l2/budget.h"
 #include "l2/resp/resp_int.h"
 
@@ -34,7 +36,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#define LEASE_MS 30000
+#define LEASE_MS KVT_RESP_BUDGET_LEASE_MS /* longer than the eviction interval: config.c */
 
 /* ARGV[1] id, ARGV[2] lease ms, ARGV[3] cap, ARGV[4] "host pid", ARGV[5]
  * 1 when this server has seen the record before. The record is created
