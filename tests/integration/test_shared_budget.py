@@ -585,3 +585,37 @@ def test_removed_record_does_not_drain_the_index(make_server, tmp_path, how):
     after = dir_object_bytes(d)
     assert after == before, (before, after)
     assert budget(s)["record_state"] == "unavailable"
+
+
+def test_redis_record_lost_during_the_scan_is_recounted_again(make_server, tmp_path):
+    """The record lost while the start-up SCAN runs: the next step makes
+    it again as full and asks for a SCAN. That request must not be lost
+    when the running SCAN ends (it began before the record was made, so its
+    end cannot make the new record exact): a second SCAN recounts it."""
+    rd = tmp_path / "redis"
+    rd.mkdir()
+    r = Redis(rd).start()
+    try:
+        # keys under the prefix that are no objects: the SCAN walks them all
+        # (about a second per million), which gives the test its window
+        for _ in range(6):
+            r.cmd("EVAL", "local b = redis.call('DBSIZE') for i = 1, 250000 do "
+                  "redis.call('SET', 'mid@junk:' .. (b + i), 'x') end return 0", "0")
+        spec = adapter_json(type="resp", host="127.0.0.1", port=r.port, key_prefix="mid",
+                            max_capacity_gb=CAP_GB, shared_budget=True)
+        s = make_server(L1 + ["--l2-adapter", spec])
+        rec = "kvtier:budget:mid"
+        wait_for(lambda: r.cmd("EXISTS", rec) == 1, what="the record", timeout=10)
+        if l2_status(s)["recovery"]["state"] == "done":
+            pytest.skip("the start-up SCAN ended before the record could be removed")
+        assert r.cmd("DEL", rec) == 1
+        wait_for(lambda: r.cmd("EXISTS", rec) == 1, what="the record made again", timeout=10)
+        if l2_status(s)["recovery"]["state"] == "done":
+            pytest.skip("the start-up SCAN ended before the record was made again")
+        s.wait_recovered(timeout=120)
+        b = wait_for(lambda: (lambda x: x if x["recount"]["count"] >= 2 else None)(budget(s)),
+                     what="a second recount of the record made during the first", timeout=60)
+        assert b["total_bytes"] == 0, b
+        assert "was gone" in s.read_log()
+    finally:
+        r.kill()

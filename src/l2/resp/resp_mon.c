@@ -372,6 +372,11 @@ void *kvt_resp_monitor_main(void *arg)
             if (up && e->scan_needed) {
                 do_scan = true;
                 sweep = e->sweep_after_scan;
+                /* cleared as the scan starts: a request made while it runs
+                 * (the budget record re-created mid-SCAN, a restart seen)
+                 * asks for another; a failed scan asks again below */
+                e->scan_needed = false;
+                e->sweep_after_scan = false;
                 e->scan_running = true;
                 break;
             }
@@ -418,6 +423,8 @@ void *kvt_resp_monitor_main(void *arg)
                     kvt_resp_mark_down(l2, e, msg);
                     pthread_mutex_lock(&e->hlock);
                     e->scan_running = false;
+                    e->scan_needed = true;
+                    e->sweep_after_scan |= sweep;
                     pthread_mutex_unlock(&e->hlock);
                     continue;
                 }
@@ -426,9 +433,9 @@ void *kvt_resp_monitor_main(void *arg)
             int rc = scan_all(l2, e, &mon, sweep, msg, sizeof(msg));
             pthread_mutex_lock(&e->hlock);
             e->scan_running = false;
-            if (rc == 0) {
-                e->scan_needed = false;
-                e->sweep_after_scan = false;
+            if (rc) {
+                e->scan_needed = true;
+                e->sweep_after_scan |= sweep;
             }
             pthread_mutex_unlock(&e->hlock);
             if (rc == 0)
