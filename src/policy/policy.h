@@ -58,8 +58,9 @@ struct kvt_policy *kvt_arc_create(void);
 struct kvt_policy *kvt_lfu_create(void);
 struct kvt_policy *kvt_adaptive_create(void);
 /* For tests: the expert an adaptive policy follows ("adaptive": 0 LRU,
- * 1 ARC, 2 LFU; "value": 0 the order by V, 1 LRU) and each one's decayed
- * shadow hits (score[2] is 0 for "value"); -1 for other policies. */
+ * 1 ARC, 2 LFU; "value": 0 the order by V, 1 LRU, the first) and each
+ * one's decayed shadow prefix hits (score[2] is 0 for "value"); -1 for
+ * other policies. */
 int kvt_adaptive_state(const struct kvt_policy *p, double score[3]);
 
 /* LFU's frequency cap: a use count stops growing here (lfu.c). */
@@ -82,9 +83,9 @@ struct kvt_value_params {
     bool follow_recency; /* true: "value" as kvt_value_create says; false: the bare order */
 };
 void kvt_value_defaults(struct kvt_value_params *p);
-/* "value": the order by V (below) followed only while it hits more than
- * plain recency would (adaptive.c: a shadow of each, the same mechanism as
- * "adaptive"), so its factors are used where they help; with
+/* "value": LRU, and the order by V (below) followed only while it has
+ * earned it against plain recency (adaptive.c: a shadow of each, the same
+ * mechanism as "adaptive"), so its factors are used where they help; with
  * follow_recency false, the bare order by V. NULL: defaults. */
 struct kvt_policy *kvt_value_create(const struct kvt_value_params *p);
 /* The bare order by V (value.c), for tests of the formula and the wrapper. */

@@ -5,11 +5,15 @@
  * old favourites age out, and a recovered (cold) object goes first; on ties
  * all evict a request's deeper chunk before its head; the adaptive policy
  * follows ARC where a hot set outlives LRU's window and does as well as LRU
- * where blocks come back soon; names parse for L1
+ * where blocks come back soon, and on chats fed as a tier feeds it (touches
+ * tail first, evictions before a commit, commits tail first) it is within
+ * a point of the best of LRU, ARC and LFU and "value" not below LRU,
+ * with a walk that visits each object once; names parse for L1
  * and in an adapter's "eviction" block, an unknown one is refused.
  */
 #include "test.h"
 
+#include "common/util.h"
 #include "policy/policy.h"
 #include "kvtier/error.h"
 
@@ -26,6 +30,26 @@ static uint32_t victim(struct kvt_policy *p)
     uint32_t v = UINT32_MAX;
     p->ops->walk(p, first, &v);
     return v;
+}
+
+enum { TIER_KEYS = 40000 };
+
+/* A walk that marks each visited handle with stamp: a second visit, or
+ * one beyond the handles in use, fails. */
+struct walk_check {
+    uint32_t *seen, stamp, n;
+    bool ok;
+};
+
+static bool walk_once(uint32_t h, void *arg)
+{
+    struct walk_check *w = arg;
+    if (h >= TIER_KEYS || w->seen[h] == w->stamp)
+        w->ok = false;
+    else
+        w->seen[h] = w->stamp;
+    w->n++;
+    return w->ok;
 }
 
 /* Evict the first victim as a tier would. */
@@ -211,6 +235,111 @@ static void test_adaptive_follows_the_better_expert(void)
     kvt_policy_destroy(p);
 }
 
+/* A tier of cap objects fed as the server's L1 feeds its policy (and as
+ * kvtier replay --offline does): a request's cached prefix is touched tail
+ * first, the rest is stored in order (a cached chunk is a use, a new one
+ * evicts the first victim when full and waits), then the new chunks are
+ * committed tail first with their position and count. Requests: chats on
+ * 40 shared system prompts of 4 chunks (skewed choice), each turn adding 2
+ * to 4 chunks to its session's history. Returns the prefix hits; checks at
+ * every 500th request that the walk visits each object exactly once. */
+static uint64_t tier_prefix_hits(struct kvt_policy *p, uint32_t cap, uint32_t seed,
+                                 uint64_t *accesses)
+{
+    static uint8_t in[TIER_KEYS];  /* 0 out, 1 cached, 2 pending */
+    static uint32_t sess[32][128]; /* open sessions' chunks */
+    static uint32_t slen[32], seen[TIER_KEYS];
+    uint32_t nsess = 0, next = 1000, size = 0, x = seed;
+    uint64_t hits = 0;
+    memset(in, 0, sizeof(in));
+    *accesses = 0;
+    for (uint32_t q = 0; q < 3000 && next + 8 < TIER_KEYS; q++) {
+        x = x * 1103515245u + 12345u;
+        uint32_t s;
+        if (nsess && (x >> 16) % 16 < nsess && (x >> 8) % 4 && slen[(x >> 4) % nsess] < 100) {
+            s = (x >> 4) % nsess; /* the next turn of an open chat */
+        } else {
+            s = nsess < 32 ? nsess++ : (x >> 4) % 32; /* a new one (or replace one) */
+            uint32_t r1 = (x >> 12) % 40, r2 = (x >> 20) % 40, sp = KVT_MIN(r1, r2);
+            slen[s] = 0;
+            for (uint32_t i = 0; i < 4; i++)
+                sess[s][slen[s]++] = sp * 4 + i;
+        }
+        for (uint32_t i = 2 + (x >> 24) % 3; i-- > 0 && slen[s] < 128;)
+            sess[s][slen[s]++] = next++;
+        const uint32_t *d = sess[s];
+        uint32_t b = slen[s], h = 0;
+        *accesses += b;
+        while (h < b && in[d[h]] == 1)
+            h++;
+        hits += h;
+        for (uint32_t i = h; i-- > 0;)
+            p->ops->access(p, d[i]);
+        uint32_t nnew = 0;
+        for (uint32_t i = h; i < b; i++) {
+            if (in[d[i]] == 1) {
+                p->ops->access(p, d[i]);
+                continue;
+            }
+            while (size >= cap) {
+                uint32_t v = evict(p);
+                if (v == UINT32_MAX)
+                    break; /* the rest of the tier is this request's, pending */
+                TEST_ASSERT(in[v] == 1);
+                in[v] = 0;
+                size--;
+            }
+            in[d[i]] = 2;
+            size++;
+            nnew++;
+        }
+        for (uint32_t i = b, k = nnew; i-- > h;) {
+            if (in[d[i]] != 2)
+                continue;
+            struct kvt_policy_hint hint = {
+                .prefix_pos = --k, .prefix_len = nnew, .bytes = 16384, .fp = d[i] + 1ull};
+            p->ops->insert(p, d[i], false, &hint);
+            in[d[i]] = 1;
+        }
+        if (q % 500 == 499) { /* each object once, nothing else */
+            static uint32_t stamp;
+            struct walk_check w = {seen, ++stamp, 0, true};
+            p->ops->walk(p, walk_once, &w);
+            TEST_ASSERT(w.ok && w.n == size);
+        }
+    }
+    return hits;
+}
+
+static void test_adaptive_on_prefix_requests(void)
+{
+    /* Each expert alone, then the adaptive policy: it keeps what its
+     * leader's shadow keeps and its shadows see commits as the tier does,
+     * so it is never far below the best of them; "value" follows V only
+     * where V has earned it. */
+    const char *names[] = {"LRU", "ARC", "LFU", "adaptive", "value"};
+    for (uint32_t cap = 200; cap <= 800; cap *= 2) {
+        uint64_t hits[5], acc = 0;
+        for (int k = 0; k < 5; k++) {
+            struct kvt_policy *p = kvt_policy_create(names[k], 1, 0);
+            hits[k] = tier_prefix_hits(p, cap, 7, &acc);
+            kvt_policy_destroy(p);
+        }
+        fprintf(stderr,
+                "   cap %u: prefix hits of %llu: LRU %llu ARC %llu LFU %llu adaptive %llu "
+                "value %llu\n",
+                cap, (unsigned long long)acc, (unsigned long long)hits[0],
+                (unsigned long long)hits[1], (unsigned long long)hits[2],
+                (unsigned long long)hits[3], (unsigned long long)hits[4]);
+        uint64_t best = KVT_MAX(hits[0], KVT_MAX(hits[1], hits[2]));
+        /* within a point (small caches on a long stream: the leader's lead is
+         * often within the noise; the follow-the-leader without a batch,
+         * prefix credit and stale list was 1.6 points below at cap 200) */
+        TEST_ASSERT(hits[3] * 100 >= best * 100 - acc);
+        TEST_ASSERT(hits[4] >= hits[0]); /* value: not below LRU */
+    }
+}
+
 static void test_names_and_config(void)
 {
     const char *ok[] = {"lru", "arc", "lfu", "Adaptive", "Value", "noop"};
@@ -241,6 +370,7 @@ int main(void)
     RUN(test_lfu_aging);
     RUN(test_arc_scan_and_adaptation);
     RUN(test_adaptive_follows_the_better_expert);
+    RUN(test_adaptive_on_prefix_requests);
     RUN(test_names_and_config);
     return TEST_RESULT();
 }
