@@ -415,7 +415,7 @@ int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len,
 {
     if (l2->budget)
         return reserve_shared(l2, ck, stored, len, aux, flags);
-    int rc = 0, q;
+    int rc;
     for (int attempt = 0;; attempt++) {
         pthread_mutex_lock(&l2->lock);
         bool over = !l2->closing && l2->cap_bytes && l2->used_bytes + stored > l2->cap_bytes &&
@@ -429,28 +429,14 @@ int kvt_l2_reserve(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len,
             break; /* everything left is pinned or in flight: refused below */
         }
     }
-    if (l2->closing) {
-        rc = -ESHUTDOWN;
-    } else if (idx_find(&l2->idx, ck) != NOHANDLE) {
-        rc = -EEXIST;
-    } else if (l2->cap_bytes && l2->used_bytes + stored > l2->cap_bytes) {
+    /* over the cap is refused as full, unless closing or already there
+     * (reserve_entry_locked answers those) */
+    if (l2->cap_bytes && l2->used_bytes + stored > l2->cap_bytes && !l2->closing &&
+        idx_find(&l2->idx, ck) == NOHANDLE) {
         rc = KVT_E_FULL;
         atomic_fetch_add(&l2->counters.rejected_writes, 1);
-    } else if ((q = kvt_l2b_quota_of_locked(l2, ck->ns)) >= 0 &&
-               l2->quotas[q].used + stored > l2->quotas[q].limit) {
-        rc = KVT_E_LIMIT;
-        l2->quotas[q].rejected++;
-        atomic_fetch_add(&l2->counters.rejected_writes, 1);
-        atomic_fetch_add(&l2->counters.quota_rejections, 1);
     } else {
-        uint32_t h = kvt_l2b_idx_insert(l2, ck);
-        struct kvt_l2_obj *o = &l2->idx.objs[h];
-        o->stored = stored;
-        o->len = len;
-        o->aux = aux;
-        o->flags = flags;
-        o->state = KVT_OBJ_WRITING;
-        kvt_l2b_account_locked(l2, o, +1);
+        rc = reserve_entry_locked(l2, ck, stored, len, aux, flags);
     }
     pthread_mutex_unlock(&l2->lock);
     return rc;
