@@ -323,13 +323,19 @@ static void shadow_use(struct adaptive *a, uint64_t fp, const struct kvt_policy_
     if (!fp)
         return;
     bool commit = hint && hint->prefix_len > 0;
+    uint32_t sh = sk_find(&a->sk, fp);
+    /* Flush unless the same commit goes on with a key not in its batch: a
+     * key batched twice would be inserted twice into a shadow, and that
+     * shadow would count it twice and stay a key short of c for good. */
     if (a->nbatch &&
-        !(commit && hint->prefix_len == a->batch_len && hint->prefix_pos < a->batch_pos))
-        batch_flush(a);                     /* not the same commit going on */
+        (!(commit && hint->prefix_len == a->batch_len && hint->prefix_pos < a->batch_pos) ||
+         (sh != NIL && (a->sk.in[sh] & BATCHED)))) {
+        batch_flush(a);
+        sh = sk_find(&a->sk, fp); /* the flush may have released it */
+    }
     struct kvt_policy_hint h0 = {.fp = fp}; /* ARC's shadow remembers keys by it */
     if (!hint)
         hint = &h0;
-    uint32_t sh = sk_find(&a->sk, fp);
     if (sh == NIL && (sh = sk_new(&a->sk, fp)) == NIL)
         return;
     if (fp != a->expect)
