@@ -432,11 +432,15 @@ static void unmap(struct adaptive *a, uint32_t h)
 }
 
 /* A commit inserts its chunks tail first with falling positions: the one
- * inserted now is the parent of the one inserted just before. */
+ * inserted now is the parent of the one inserted just before. Any other
+ * use or insert, and any remove, ends the commit (last_fp 0): else a later
+ * commit's chunk at the next position would be taken for the parent. */
 static void learn_parent(struct adaptive *a, const struct kvt_policy_hint *hint)
 {
-    if (!hint->fp || !hint->prefix_len)
+    if (!hint || !hint->fp || !hint->prefix_len) {
+        a->last_fp = 0;
         return;
+    }
     if (a->last_fp && hint->prefix_len == a->last_len && hint->prefix_pos + 1 == a->last_pos) {
         uint32_t sh = sk_find(&a->sk, a->last_fp);
         if (sh != NIL)
@@ -462,10 +466,11 @@ static void ad_insert(struct kvt_policy *p, uint32_t h, bool cold,
         unmap(a, h);
     }
     a->fp[h] = hint ? hint->fp : 0;
-    if (cold)
+    if (cold) {
+        a->last_fp = 0;
         return;
-    if (hint)
-        learn_parent(a, hint);
+    }
+    learn_parent(a, hint);
     shadow_use(a, a->fp[h], hint);
     map_used(a, h);
 }
@@ -477,6 +482,7 @@ static void ad_access(struct kvt_policy *p, uint32_t h)
         return;
     for (int e = 0; e < a->nexp; e++)
         a->real[e]->ops->access(a->real[e], h);
+    a->last_fp = 0; /* the commit, if any, has ended */
     shadow_use(a, a->fp[h], NULL);
     map_used(a, h);
 }
@@ -488,6 +494,7 @@ static void ad_remove(struct kvt_policy *p, uint32_t h)
         return;
     for (int e = 0; e < a->nexp; e++)
         a->real[e]->ops->remove(a->real[e], h);
+    a->last_fp = 0; /* the commit, if any, has ended */
     unmap(a, h);
     a->present[h] = 0;
     a->n--;

@@ -392,6 +392,37 @@ static void test_key_twice_in_one_commit(void)
     }
 }
 
+static void test_parent_only_within_a_commit(void)
+{
+    /* A commit stores only its chunk at position 2 of 3 (the others were
+     * there), then the tier uses or drops an object or stores a chunk
+     * outside any commit, then another commit of 3 stores its chunk at
+     * position 1: not the first chunk's parent. Before, last_fp survived
+     * the use and the second commit's chunk was recorded as its parent.
+     * Two chunks of one commit in a row still are. */
+    for (int how = 0; how < 4; how++) {
+        struct kvt_policy *p = kvt_policy_create("adaptive", 1, 0);
+        struct adaptive *a = (struct adaptive *)p;
+        struct kvt_policy_hint h5 = {.bytes = 16384, .fp = 5};
+        p->ops->insert(p, 5, false, &h5);
+        p->ops->insert(p, 6, false, &h5);
+        struct kvt_policy_hint h1 = {.prefix_pos = 2, .prefix_len = 3, .bytes = 16384, .fp = 11};
+        p->ops->insert(p, 1, false, &h1);
+        if (how == 0)
+            p->ops->access(p, 5);
+        else if (how == 1)
+            p->ops->remove(p, 6);
+        else if (how == 2)
+            p->ops->insert(p, 7, true, &h5); /* recovered (cold) */
+        struct kvt_policy_hint h2 = {.prefix_pos = 1, .prefix_len = 3, .bytes = 16384, .fp = 12};
+        p->ops->insert(p, 2, false, &h2);
+        uint32_t sh = sk_find(&a->sk, 11);
+        TEST_ASSERT(sh != NIL);
+        TEST_ASSERT(a->sk.par[sh] == (how == 3 ? 12u : 0u));
+        kvt_policy_destroy(p);
+    }
+}
+
 static void test_names_and_config(void)
 {
     const char *ok[] = {"lru", "arc", "lfu", "Adaptive", "Value", "noop"};
@@ -424,6 +455,7 @@ int main(void)
     RUN(test_adaptive_follows_the_better_expert);
     RUN(test_adaptive_on_prefix_requests);
     RUN(test_key_twice_in_one_commit);
+    RUN(test_parent_only_within_a_commit);
     RUN(test_names_and_config);
     return TEST_RESULT();
 }
