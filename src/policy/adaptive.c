@@ -188,10 +188,10 @@ static void stale_push(struct adaptive *a, int e, uint32_t h)
         return;
     uint32_t *l = a->slink[e];
     struct kvt_dl *d = &a->stale_list[e];
-    l[2 * h] = NIL;
-    l[2 * h + 1] = d->head;
+    l[2 * (size_t)h] = NIL;
+    l[2 * (size_t)h + 1] = d->head;
     if (d->head != NIL)
-        l[2 * d->head] = h;
+        l[2 * (size_t)d->head] = h;
     d->head = h;
     if (d->tail == NIL)
         d->tail = h;
@@ -207,13 +207,13 @@ static void unstale(struct adaptive *a, uint32_t h)
             continue;
         uint32_t *l = a->slink[e];
         struct kvt_dl *d = &a->stale_list[e];
-        uint32_t p = l[2 * h], n = l[2 * h + 1];
+        uint32_t p = l[2 * (size_t)h], n = l[2 * (size_t)h + 1];
         if (p != NIL)
-            l[2 * p + 1] = n;
+            l[2 * (size_t)p + 1] = n;
         else
             d->head = n;
         if (n != NIL)
-            l[2 * n] = p;
+            l[2 * (size_t)n] = p;
         else
             d->tail = p;
         d->n--;
@@ -524,9 +524,11 @@ static void ad_walk(struct kvt_policy *p, bool (*visit)(uint32_t, void *), void 
     int e = a->leader;
     struct kvt_policy *r = a->real[e];
     const uint32_t *l = a->slink[e];
-    for (uint32_t h = a->stale_list[e].tail; h != NIL; h = l[2 * h])
+    for (uint32_t h = a->stale_list[e].tail, prev; h != NIL; h = prev) {
+        prev = l[2 * (size_t)h]; /* read first: visit may change the lists */
         if (!visit(h, arg))
             return;
+    }
     if (!a->stale_list[e].n) {
         r->ops->walk(r, visit, arg);
         return;
