@@ -124,9 +124,9 @@ struct adaptive {
     int leader;
     bool mirror; /* walk the leader's stale objects first ("adaptive", not "value") */
     /* "value" only: the evidence for following V */
-    double disagree;       /* decayed (by keep^2) uses where the two shadows disagreed */
+    double disagree;       /* decayed (by keep^2) uses where one shadow missed, the other hit */
     double since[2];       /* total[] at the last switch */
-    double disagree_since; /* uses where they disagreed since the last switch */
+    double disagree_since; /* the same since the last switch, not decayed */
     struct shadow_keys sk;
 };
 
@@ -285,12 +285,23 @@ static void credit_run(struct adaptive *a)
 /* "adaptive": the expert with the most decayed credit (only a strictly
  * better one takes over). "value": LRU, the order by V with every weight
  * 0, unless V has earned it: V takes over when its decayed credit leads by
- * two standard errors and it has out-hit LRU by two standard errors since
- * the last switch; it hands back as soon as LRU has out-hit it since it
- * took over (or leads). So a trial of V that does not pay ends at break
- * even, and V's factors are used only where they help. The standard error
- * of a difference of hit counts is the square root of the number of uses
- * on which the two shadows disagreed. */
+ * more than 2 sqrt(D) and it has out-hit LRU by more than 2 sqrt(D') since
+ * the last switch, D and D' the uses (decayed, and since the switch) on
+ * which exactly one of the two shadows missed; it hands back as soon as
+ * LRU has out-hit it since it took over (or leads). So a trial of V that
+ * does not pay ends at break even, and V's factors are used only where
+ * they help.
+ *
+ * 2 sqrt(D) is called "two standard errors" but is looser than that: the
+ * credit is given per tail-first run (a run of L hits credited at its
+ * head, wiped by a miss before it), so one disagreeing use can move the
+ * gap by L while adding 1 to D. The run-level variance (the square of
+ * each credited run's difference) was tried (2026-12-02, on issue 15's
+ * sets bench, tuning, check and fresh; value minus LRU, points, worst /
+ * mean per set): worst -0.13 -0.02 -0.02 -0.12 -> 0.00 0.00 -0.01 -0.01,
+ * mean 0.24 0.14 0.55 0.51 -> 0.04 0.09 0.39 0.25 (120 random cells:
+ * -0.15/0.46 -> -0.04/0.27). It gives up half of V's gain for a tenth of a
+ * point at worst, so the per-use count stays. */
 static void choose_leader(struct adaptive *a)
 {
     int old = a->leader;
@@ -604,7 +615,9 @@ struct kvt_policy *kvt_adaptive_create(void)
  * order by V (value.c: the seed's factors) and LRU, i.e. V with every
  * weight 0 (what GreedyDual aging is when all objects are worth the same).
  * It starts with LRU and follows V only while V has earned it
- * (choose_leader: a lead of two standard errors, kept since the switch;
+ * (choose_leader: a lead of twice the square root of the uses on which
+ * one shadow missed, kept since the switch, looser than two standard
+ * errors of the run-credited gap;
  * back to LRU at break even), so where V's factors do not help it is LRU,
  * victim for victim. It walks its leader's own order, without the stale
  * lists: a trial of V that is cut soon costs less that way (on 120 cells
