@@ -61,6 +61,16 @@
  * Mooncake trace at 10%: 0.2627 to 0.2657), so gaps below that are noise in
  * the yardstick rather than in the mechanism.
  *
+ * Known limits (review 2026-12-02, not fixed):
+ * - Parents are learned only within one commit. A store's first new chunk
+ *   (the next turn's, after a cached history) never has a known parent,
+ *   so across turns a hit on it is credited even when the shadow dropped
+ *   the chunks before it (a block hit, not a prefix hit).
+ * - c, the shadows' size, is the most objects the tier has held and never
+ *   shrinks. After the tier's capacity is cut the shadows stay that large:
+ *   their hits are a larger cache's, they rarely drop a key the tier
+ *   holds, and the stale lists stop applying.
+ *
  * Cost: the three real orders (8 + 17 + 17 bytes per handle), the
  * fingerprint (8), the stale links and bits (25; new here), and per shadow
  * key its fingerprint, membership, map slot and its place in each shadow
