@@ -346,6 +346,23 @@ void kvt_l2_close(kvt_l2 *l2)
 
 /* ------------------------------------------------------ engine helpers */
 
+/* A new index entry in state `state`, counted in the tier's bytes (a
+ * reservation's WRITING entry, or an object adopted READY). call with
+ * l2->lock held */
+static uint32_t new_entry_locked(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len,
+                                 uint32_t aux, uint8_t flags, uint8_t state)
+{
+    uint32_t h = kvt_l2b_idx_insert(l2, ck);
+    struct kvt_l2_obj *o = &l2->idx.objs[h];
+    o->stored = stored;
+    o->len = len;
+    o->aux = aux;
+    o->flags = flags;
+    o->state = state;
+    kvt_l2b_account_locked(l2, o, +1);
+    return h;
+}
+
 /* The index part of a reservation with a shared budget: a WRITING entry
  * (a second store of the key, on any thread, sees -EEXIST from now on), or
  * why not. call with l2->lock held */
@@ -364,14 +381,7 @@ static int reserve_entry_locked(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, 
         atomic_fetch_add(&l2->counters.quota_rejections, 1);
         return KVT_E_LIMIT;
     }
-    uint32_t h = kvt_l2b_idx_insert(l2, ck);
-    struct kvt_l2_obj *o = &l2->idx.objs[h];
-    o->stored = stored;
-    o->len = len;
-    o->aux = aux;
-    o->flags = flags;
-    o->state = KVT_OBJ_WRITING;
-    kvt_l2b_account_locked(l2, o, +1);
+    new_entry_locked(l2, ck, stored, len, aux, flags, KVT_OBJ_WRITING);
     return 0;
 }
 
@@ -574,19 +584,12 @@ bool kvt_l2_adopt(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, 
     pthread_mutex_lock(&l2->lock);
     uint32_t h = idx_find(&l2->idx, ck);
     if (h == NOHANDLE) {
-        h = kvt_l2b_idx_insert(l2, ck);
-        struct kvt_l2_obj *o = &l2->idx.objs[h];
-        o->stored = stored;
-        o->len = len;
-        o->aux = aux;
-        o->flags = flags;
-        o->state = KVT_OBJ_READY;
-        kvt_l2b_account_locked(l2, o, +1);
+        h = new_entry_locked(l2, ck, stored, len, aux, flags, KVT_OBJ_READY);
         if (l2->policy) {
             struct kvt_policy_hint hint = {
                 .prefix_pos = 0, .bytes = stored, .fp = kvt_key_hash(ck)};
             kvt_policy_insert(l2->policy, h, at_cold_end, &hint);
-            o->state |= ST_TRACKED;
+            l2->idx.objs[h].state |= ST_TRACKED;
         }
         inserted = true;
     }

@@ -235,27 +235,34 @@ static void test_file_created_full(void)
     tdir_drop(&d);
 }
 
+/* A server joining the record in dir d with an empty recount (a start-up
+ * scan that found nothing); its view after the recount in *v. */
+static void *joined(const struct tdir *d, struct kvt_budget_view *v)
+{
+    char err[256];
+    void *b = NULL;
+    struct kvt_budget_snap s;
+    TEST_ASSERT(kvt_budget_file_open(d->fd, d->path, false, 1000, &b, err, sizeof(err)) == 0);
+    TEST_ASSERT(kvt_budget_file_ops.begin(b, 0, &s, err, sizeof(err)) == 0);
+    TEST_ASSERT(kvt_budget_file_ops.end(b, 0, &s, 0, v, err, sizeof(err)) == 0);
+    return b;
+}
+
 static void test_file_rejoin(void)
 {
     struct tdir d;
     tdir_make(&d);
     char err[256];
-    void *a = NULL;
-    TEST_ASSERT(kvt_budget_file_open(d.fd, d.path, false, 1000, &a, err, sizeof(err)) == 0);
     struct kvt_budget_snap s;
     struct kvt_budget_view v;
-    TEST_ASSERT(kvt_budget_file_ops.begin(a, 0, &s, err, sizeof(err)) == 0);
-    TEST_ASSERT(kvt_budget_file_ops.end(a, 0, &s, 0, &v, err, sizeof(err)) == 0);
+    void *a = joined(&d, &v);
     TEST_ASSERT(file_take(a, 100, 100, &v) == 0 && v.granted && v.total == 100);
     /* the record is rebuilt (torn) and recounted by another server: a's
      * 100 in flight are not in it; a's recount begins and rejoins */
     int fd = openat(d.fd, KVT_BUDGET_FILE_NAME, O_WRONLY | O_TRUNC);
     TEST_ASSERT(fd >= 0 && write(fd, "torn", 4) == 4);
     close(fd);
-    void *b = NULL;
-    TEST_ASSERT(kvt_budget_file_open(d.fd, d.path, false, 1000, &b, err, sizeof(err)) == 0);
-    TEST_ASSERT(kvt_budget_file_ops.begin(b, 0, &s, err, sizeof(err)) == 0);
-    TEST_ASSERT(kvt_budget_file_ops.end(b, 0, &s, 0, &v, err, sizeof(err)) == 0);
+    void *b = joined(&d, &v);
     TEST_ASSERT(v.total == 0);
     TEST_ASSERT(kvt_budget_file_ops.begin(a, 100, &s, err, sizeof(err)) == 0);
     TEST_ASSERT(s.pending == 100);
@@ -274,13 +281,8 @@ static void test_file_replaced(void)
 {
     struct tdir d;
     tdir_make(&d);
-    char err[256];
-    void *a = NULL;
-    TEST_ASSERT(kvt_budget_file_open(d.fd, d.path, false, 1000, &a, err, sizeof(err)) == 0);
-    struct kvt_budget_snap s;
     struct kvt_budget_view v;
-    TEST_ASSERT(kvt_budget_file_ops.begin(a, 0, &s, err, sizeof(err)) == 0);
-    TEST_ASSERT(kvt_budget_file_ops.end(a, 0, &s, 0, &v, err, sizeof(err)) == 0);
+    void *a = joined(&d, &v);
     TEST_ASSERT(file_take(a, 100, 100, &v) == 0 && v.granted);
     /* renamed away (what a silly rename does): the name is gone, the file
      * still has a link */
