@@ -102,8 +102,12 @@ bool kvt_l2_same_storage(const char *a, const char *b, char *shown, size_t cap);
  * clock, renewed by the step each L2 eviction cycle makes: an entry older
  * than this is a dead server's and is folded. */
 #define KVT_RESP_BUDGET_LEASE_MS 30000
+/* The same lease in a bucket's record (l2/s3/s3_budget.c), on the S3
+ * server's clock (its answers' Date header). */
+#define KVT_S3_BUDGET_LEASE_MS KVT_RESP_BUDGET_LEASE_MS
 /* The longest --eviction-interval-ms an adapter allows (0: any): a third of
- * the lease for "shared_budget" on Redis (resp, valkey), so that a cycle
+ * the lease for "shared_budget" on Redis (resp, valkey) and S3 (s3, nixl_store
+ * OBJ), so that a cycle
  * delayed by its own evictions or a slow step does not let the lease end
  * and the server's entry fold while it runs (its stores in flight would
  * then be counted twice, its later removals dropped). */

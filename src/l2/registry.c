@@ -96,35 +96,43 @@ static int parse_common(struct kvt_cfg *c, struct kvt_l2_spec *s)
 /*
  * "shared_budget": true needs a tier that several servers really share,
  * a record kept there, and a cap: a shared directory ("shared": true) for
- * fs, fs_native and nixl_store_dynamic (a locked file in it), or a Redis
- * server (a hash on it). s3 keeps no record yet (docs/remote-tiers.md says
- * why and what is left). persist_enabled false is refused as with "shared":
- * a server would remove, at close, objects the others' budget counts.
+ * fs, fs_native and nixl_store_dynamic (a locked file in it), a Redis
+ * server (a hash on it), or a bucket (s3, nixl_store OBJ: an object written
+ * with conditional PUTs). Azure Blob keeps no record yet. persist_enabled
+ * false is refused as with "shared": a server would remove, at close,
+ * objects the others' budget counts.
  */
+static bool spec_is(const struct kvt_l2_spec *s, const json_t *resolved, const char *what)
+{
+    const char *t = s->type;
+    const char *backend = json_string_value(json_object_get(resolved, "backend"));
+    if (!strcmp(what, "redis"))
+        return !strcmp(t, "resp") || !strcmp(t, "valkey");
+    if (!strcmp(what, "bucket"))
+        return !strcmp(t, "s3") || (!strcmp(t, "nixl_store") && backend && !strcmp(backend, "OBJ"));
+    return !strcmp(t, "nixl_store") && backend && !strcmp(backend, "AZURE_BLOB");
+}
+
 static void check_shared_budget(struct kvt_cfg *c, const struct kvt_l2_spec *s)
 {
     const char *t = s->type;
     bool dir = !strcmp(t, "fs") || !strcmp(t, "fs_native") || !strcmp(t, "nixl_store_dynamic");
-    bool redis = !strcmp(t, "resp") || !strcmp(t, "valkey");
-    const char *backend = json_string_value(json_object_get(c->resolved, "backend"));
-    bool object_store =
-        !strcmp(t, "s3") || (!strcmp(t, "nixl_store") && backend &&
-                             (!strcmp(backend, "OBJ") || !strcmp(backend, "AZURE_BLOB")));
-    if (object_store) {
+    bool redis = spec_is(s, c->resolved, "redis");
+    bool bucket = spec_is(s, c->resolved, "bucket");
+    if (spec_is(s, c->resolved, "azure")) {
         kvt_cfg_unsupported(
             c, "shared_budget",
-            "is not available for %s yet: an object store's DELETE answers the same whether "
-            "it removed the object or not, so two servers evicting one object would both "
-            "subtract it (docs/remote-tiers.md, \"Two kvtier servers sharing one L2\"); share "
-            "a budget through a directory (fs or nixl_store_dynamic with \"shared\": true) or "
-            "Redis (resp, valkey), or give one server the tier's cap",
-            t);
+            "is not available for Azure Blob yet (its record would need Azure's conditional "
+            "headers, not written): share a budget through a bucket (s3), a directory (fs or "
+            "nixl_store_dynamic with \"shared\": true) or Redis (resp, valkey), or give one "
+            "server the container's cap");
         return;
     }
-    if (!dir && !redis) {
+    if (!dir && !redis && !bucket) {
         kvt_cfg_fail(c, "shared_budget",
                      "is for tiers several servers share: fs, fs_native and nixl_store_dynamic "
-                     "with \"shared\": true, resp, valkey (not %s)",
+                     "with \"shared\": true, resp, valkey, s3, nixl_store with backend OBJ "
+                     "(not %s)",
                      t);
         return;
     }
@@ -153,7 +161,8 @@ static void check_shared_budget(struct kvt_cfg *c, const struct kvt_l2_spec *s)
 
 int kvt_l2_spec_max_interval_ms(const struct kvt_l2_spec *s)
 {
-    if (s->shared_budget && (!strcmp(s->type, "resp") || !strcmp(s->type, "valkey")))
+    if (s->shared_budget && (!strcmp(s->type, "resp") || !strcmp(s->type, "valkey") ||
+                             !strcmp(s->type, "s3") || !strcmp(s->type, "nixl_store")))
         return KVT_RESP_BUDGET_LEASE_MS / 3;
     return 0;
 }

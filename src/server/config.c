@@ -789,12 +789,13 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         if (max && c->eviction_interval_ms > max) {
             char la[400], fa[64];
             label(&c->adapters[i], NULL, la, sizeof(la), fa, sizeof(fa));
-            fprintf(stderr,
-                    "kvtier server: %s: \"shared_budget\" on Redis needs --eviction-interval-ms "
-                    "<= %d (got %d): each eviction cycle renews this server's %d ms lease in "
-                    "the shared record, and a longer interval lets the lease end while the "
-                    "server runs (the others would fold its entry)\n",
-                    la, max, c->eviction_interval_ms, KVT_RESP_BUDGET_LEASE_MS);
+            fprintf(
+                stderr,
+                "kvtier server: %s: \"shared_budget\" on Redis or S3 needs --eviction-interval-ms "
+                "<= %d (got %d): each eviction cycle renews this server's %d ms lease in "
+                "the shared record, and a longer interval lets the lease end while the "
+                "server runs (the others would fold its entry)\n",
+                la, max, c->eviction_interval_ms, KVT_RESP_BUDGET_LEASE_MS);
             kvt_server_cfg_free(c);
             return 2;
         }

@@ -314,6 +314,75 @@ def test_three_servers_one_redis(make_server, tmp_path):
         r.kill()
 
 
+def bucket_object_bytes(srv, prefix):
+    """Bytes of the objects under prefix in versitygw's bucket directory (an
+    object is a file; its staging directories and the budget record are
+    not objects)."""
+    total = 0
+    for root, dirs, files in os.walk(os.path.join(srv.dir, srv.bucket, prefix)):
+        dirs[:] = [x for x in dirs if not x.startswith(".")]
+        for f in files:
+            if f.startswith("."):  # the record, versitygw's link-then-rename names
+                continue
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def record_pending(path):
+    """Sum of the entries' pending bytes in a budget record file (brec.h:
+    128-byte header, 64-byte entries: id, part, pending, ...)."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    assert len(buf) == 4096 and buf[:8] == b"KVTBUDG1"
+    total = 0
+    for i in range(62):
+        e = buf[128 + 64 * i:128 + 64 * (i + 1)]
+        if int.from_bytes(e[0:8], "little"):
+            total += int.from_bytes(e[16:24], "little")
+    return total
+
+
+def test_three_servers_one_bucket(make_server, tmp_path):
+    """The same run on a real S3 server (versitygw): the record is the
+    object "sb/.kvtier-budget" written with conditional PUTs, stores are
+    If-None-Match: *, and each removal is claimed (HEAD, PUT If-Match of an
+    empty marker) so that one server subtracts it."""
+    from test_s3 import s3_json, start_s3
+    srv = start_s3("versitygw", tmp_path)
+    try:
+        spec = s3_json(srv, key_prefix="sb", max_capacity_gb=CAP_GB, shared_budget=True,
+                       eviction=EVICT)
+        servers = [make_server(L1 + ["--l2-adapter", spec]) for _ in range(3)]
+        for s in servers:
+            s.wait_recovered()
+        measure = lambda: bucket_object_bytes(srv, "sb")  # noqa: E731
+        sampler = Sampler(measure)
+        sampler.start()
+        tally = workload(servers, 10.0, kill=(1, 4.0))
+        # the killed server's entry lives out its 30 s lease: 4 entries
+        real, b = check_run(servers, sampler, measure, tally, "s3 (versitygw)", nodes=4)
+        assert tally["killed"] == 1
+        assert b[1]["recount"]["count"] == 1, b[1]
+        assert b[0]["record"].endswith("/sb/.kvtier-budget"), b[0]
+        st = [l2_status(s) for s in servers]
+        claims = [a["removal_claims"] for a in st]
+        assert sum(c["won"] for c in claims) > 0, claims
+        # If-None-Match: a key another server stored is not written again
+        assert sum(a["counters"]["store_skipped"] for a in st) > 0
+        # the others stop first: their eviction cycles, driven by a total
+        # that still holds the dead server's pending, would evict between
+        # the measure and the walk
+        for s in servers[1:]:
+            s.stop()
+        rec = os.path.join(srv.dir, srv.bucket, "sb", ".kvtier-budget")
+        final_recount(servers, measure, extra=record_pending(rec))
+    finally:
+        srv.kill()
+
+
 @pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
 def test_redis_record_lost_is_made_full_then_recounted(make_server, tmp_path):
     """The record vanishes while a server uses it (an eviction policy, a
@@ -396,13 +465,17 @@ def test_server_outside_the_budget_is_warned(make_server, tmp_path):
 
 
 class BreakingProxy(threading.Thread):
-    """A TCP proxy to Redis that, once armed, forwards the next pipelined
-    SET ... NX and closes the connection without passing Redis's reply on:
-    the SET ran, its client never learns it."""
+    """A TCP proxy that, once armed, forwards the next request containing
+    `trigger` (by default a pipelined SET ... NX to Redis; for S3 a PUT of
+    the budget record, whose body it keeps forwarding for `linger` seconds)
+    and closes the connection without passing the reply on: the request
+    ran, its client never learns it."""
 
-    def __init__(self, port):
+    def __init__(self, port, trigger=b"$2\r\nNX\r\n", linger=0.0):
         super().__init__(daemon=True)
         self.to = port
+        self.trigger = trigger
+        self.linger = linger
         self.ls = socket.socket()
         self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.ls.bind(("127.0.0.1", 0))
@@ -429,11 +502,22 @@ class BreakingProxy(threading.Thread):
                 d = c.recv(1 << 16)
                 if not d:
                     break
-                buf = (buf + d)[-64:]
-                if self.armed.is_set() and b"$2\r\nNX\r\n" in buf:
+                hit = self.trigger in buf + d
+                buf = (buf + d)[-256:]
+                if self.armed.is_set() and hit:
                     drop.set()
                     s.sendall(d)
-                    time.sleep(0.3)  # Redis runs it and replies into the void
+                    end = time.time() + self.linger  # the rest of its body
+                    c.settimeout(0.02)
+                    while time.time() < end:
+                        try:
+                            d = c.recv(1 << 16)
+                        except socket.timeout:
+                            continue
+                        if not d:
+                            break
+                        s.sendall(d)
+                    time.sleep(0.3)  # the server runs it and replies into the void
                     self.armed.clear()
                     self.broke.set()
                     break
@@ -459,6 +543,44 @@ class BreakingProxy(threading.Thread):
 
     def close(self):
         self.ls.close()
+
+
+def test_bucket_record_step_whose_answer_was_lost_counts_once(make_server, tmp_path):
+    """A PUT of the bucket record lands but its answer is lost (the proxy
+    closes the connection): the server cannot tell whether its step went
+    in. Applied again, a removal would be subtracted twice (an under-count);
+    the step's tag in the server's entry says it landed, so it is not."""
+    from test_s3 import s3_json, start_s3
+    srv = start_s3("versitygw", tmp_path)
+    proxy = BreakingProxy(srv.port, trigger=b"PUT /kvtier-test/lost/.kvtier-budget HTTP",
+                          linger=0.3)
+    proxy.start()
+    try:
+        spec = s3_json(srv, s3_endpoint="127.0.0.1:%d" % proxy.port, key_prefix="lost",
+                       max_capacity_gb=CAP_GB, shared_budget=True)
+        # one eviction cycle in 10 s: no periodic step gets in between
+        s = make_server(["--eviction-interval-ms", "10000", "--l2-adapter", spec])
+        s.wait_recovered()
+        keys = keys_for("lost", 3)
+        with s.client() as c:
+            c.store(keys, [payload(i) for i in range(3)])
+            c.flush()
+        stored = sum(HDR + len(payload(i)) for i in range(3))
+        assert bucket_object_bytes(srv, "lost") == stored
+        assert budget(s)["total_bytes"] == stored
+        proxy.armed.set()
+        with s.client() as c:
+            assert c.delete(keys[:1]) == 1  # its removal step: landed, answer lost
+        assert proxy.broke.wait(5)
+        left = stored - HDR - len(payload(0))
+        assert bucket_object_bytes(srv, "lost") == left
+        b = budget(s)
+        assert b["total_bytes"] == left, b  # subtracted once
+        assert b["removed_bytes"] == HDR + len(payload(0)), b
+        assert "its answer was lost, and it had landed" in s.read_log()
+    finally:
+        proxy.close()
+        srv.kill()
 
 
 @pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
@@ -527,8 +649,12 @@ def test_bad_config(tmp_path):
         ({"type": "mock", "max_size_gb": 1, "mock_bandwidth_gb": 1, "shared_budget": True},
          '"shared_budget" is for tiers several servers share'),
         ({"type": "s3", "s3_endpoint": "127.0.0.1:9", "s3_bucket": "b", "s3_region": "r",
-          "aws_access_key_id": "a", "aws_secret_access_key": "s", "max_capacity_gb": 1,
-          "shared_budget": True}, '"shared_budget" is not available for s3 yet'),
+          "aws_access_key_id": "a", "aws_secret_access_key": "s", "shared_budget": True},
+         '"shared_budget" needs max_capacity_gb > 0'),
+        ({"type": "nixl_store", "backend": "AZURE_BLOB", "shared_budget": True,
+          "max_capacity_gb": 1, "pool_size": 8,
+          "backend_params": {"account_url": "http://127.0.0.1:9/acct", "container_name": "kvc"}},
+         '"shared_budget" is not available for Azure Blob yet'),
     ]
     for spec, msg in cases:
         r = _dry(spec)
@@ -536,8 +662,14 @@ def test_bad_config(tmp_path):
     # Redis: each eviction cycle renews the server's 30 s lease in the
     # record; an interval too long for it is refused, naming both
     rs = {"type": "resp", "host": "127.0.0.1", "max_capacity_gb": 1, "shared_budget": True}
+    s3 = {"type": "s3", "s3_endpoint": "127.0.0.1:9", "s3_bucket": "b", "s3_region": "r",
+          "aws_access_key_id": "a", "aws_secret_access_key": "s", "max_capacity_gb": 1,
+          "shared_budget": True}
     assert _dry(rs, "--eviction-interval-ms", "10000").returncode == 0
-    for spec in (rs, dict(rs, type="valkey")):
+    ok = _dry(s3, "--eviction-interval-ms", "10000")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["l2_adapters"][0]["shared_budget"] is True
+    for spec in (rs, dict(rs, type="valkey"), s3):
         r = _dry(spec, "--eviction-interval-ms", "30000")
         assert r.returncode == 2, (spec, r.returncode, r.stderr)
         assert "--eviction-interval-ms" in r.stderr and '"shared_budget"' in r.stderr, r.stderr

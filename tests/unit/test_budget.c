@@ -166,6 +166,7 @@ static void test_encoding(void)
     kvt_brec_join(&r, 3, 99, 4242, "a-very-long-host-name-that-is-cut", 8);
     r.total = -5;
     r.node[3].part = -7;
+    r.node[3].step = 0xfffffffdu; /* the bucket record's step tag (s3_budget.c) */
     uint8_t buf[KVT_BREC_BYTES];
     TEST_ASSERT(KVT_BREC_BYTES == 4096);
     kvt_brec_encode(&r, buf);
@@ -173,6 +174,7 @@ static void test_encoding(void)
     TEST_ASSERT(back.total == -5 && back.cap == 12345 && back.epoch == 7);
     TEST_ASSERT(back.node[3].id == 99 && back.node[3].pid == 4242 && back.node[3].part == -7);
     TEST_ASSERT(strlen(back.node[3].host) == KVT_BREC_HOST - 1);
+    TEST_ASSERT(back.node[3].step == 0xfffffffdu && back.node[2].step == 0);
     TEST_ASSERT(kvt_brec_decode(buf, 0, &back) == -ENODATA);
     TEST_ASSERT(kvt_brec_decode(buf, 100, &back) == -EBADMSG);
     buf[200] ^= 1;

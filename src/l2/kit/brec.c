@@ -178,6 +178,7 @@ void kvt_brec_encode(const struct kvt_brec *r, uint8_t *buf)
         kvt_put32(p + 32, n->pid);
         memcpy(p + 36, n->host, KVT_BREC_HOST);
         p[36 + KVT_BREC_HOST - 1] = 0;
+        kvt_put32(p + 60, n->step);
     }
     kvt_put64(buf + 120, kvt_payload_hash(buf, KVT_BREC_BYTES));
 }
@@ -216,6 +217,7 @@ int kvt_brec_decode(const uint8_t *buf, size_t n, struct kvt_brec *r)
         nd->pid = kvt_get32(p + 32);
         memcpy(nd->host, p + 36, KVT_BREC_HOST);
         nd->host[KVT_BREC_HOST - 1] = 0;
+        nd->step = kvt_get32(p + 60);
     }
     return 0;
 }

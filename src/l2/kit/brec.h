@@ -30,6 +30,8 @@ struct kvt_brec_node {
     uint64_t seen_ms; /* wall clock of its last step */
     uint32_t pid;
     char host[KVT_BREC_HOST]; /* NUL-terminated */
+    uint32_t step;            /* the record's backend may tag its last step here (the
+                               * bucket record: s3_budget.c); 0 otherwise */
 };
 
 struct kvt_brec {

@@ -37,6 +37,7 @@
 #include "common/util.h"
 #include "kvtier/error.h"
 #include "l2/adapters.h"
+#include "l2/budget.h"
 #include "common/cfg.h"
 #include "l2/engine.h"
 #include "l2/life.h"
@@ -163,8 +164,20 @@ static void store_done(struct s3_engine *e, struct s3_req *r)
         kvt_l2_publish(l2, &ck);
         atomic_fetch_add(&l2->counters.store_ok, 1);
         kvt_l2_task_ok(t, r->i, S3_HDR + r->plen);
-    } else {
+    } else if (r->outcome == S3_PRECOND) {
+        /* If-None-Match: the key is there already (another server's object,
+         * or a removal's marker): ours never went in, its bytes go back.
+         * Not adopted: a lookup finds out what it is */
         kvt_l2_unreserve(l2, &ck);
+        atomic_fetch_add(&l2->counters.store_skipped, 1);
+        kvt_l2_task_ok(t, r->i, 0);
+    } else {
+        /* no answer, a 5xx or a cut transfer: the object may have landed,
+         * so a shared budget keeps the charge (settled, not refunded) */
+        if (r->outcome == S3_CONN || r->outcome == S3_SERVER || r->outcome == S3_BADDATA)
+            kvt_l2_unreserve_unsure(l2, &ck);
+        else
+            kvt_l2_unreserve(l2, &ck);
         atomic_fetch_add(&l2->counters.store_failed, 1);
         kvt_l2_task_fail(t, r->i, outcome_err(r));
     }
@@ -204,6 +217,8 @@ static void submit_store(kvt_l2 *l2, struct s3_engine *e, kvt_l2_task *t)
         r->payload = src->ptr;
         r->plen = src->len;
         snprintf(r->meta, sizeof(r->meta), "1 %u %llu", logical, (unsigned long long)src->len);
+        if (e->shared_budget) /* like SET ... NX: another server's object is never rewritten */
+            snprintf(r->cond, sizeof(r->cond), "If-None-Match: *");
         if (S3_HDR + src->len > e->mpu_threshold)
             kvt_s3_put_multipart(e, batch_prep(b, i, store_done));
         else
@@ -215,6 +230,34 @@ static void submit_store(kvt_l2 *l2, struct s3_engine *e, kvt_l2_task *t)
 
 /* ------------------------------------------------------------- lookup */
 
+static void marker_gone(struct s3_engine *e, struct s3_req *r)
+{
+    (void)e;
+    kvt_s3_req_clear(r);
+    free(r);
+}
+
+/*
+ * A lookup or load found an empty object: the marker a removal claimed
+ * (see "remove" below) and has not deleted yet, or left behind when its
+ * server died. It is a miss; it is deleted if it is still that marker
+ * (If-Match on its ETag: never another server's object stored since), so
+ * that the key can be stored again. Anyone may delete a marker: the
+ * claiming server subtracted the object's bytes when its claim landed.
+ */
+static void marker_found(struct s3_engine *e, const struct s3_req *r)
+{
+    atomic_fetch_add(&e->markers, 1);
+    if (!r->etag[0])
+        return;
+    struct s3_req *d = kvt_xcalloc(1, sizeof(*d));
+    d->op = S3_DELETE;
+    memcpy(d->path, r->path, sizeof(d->path));
+    snprintf(d->cond, sizeof(d->cond), "If-Match: %s", r->etag);
+    d->done = marker_gone;
+    kvt_s3_submit_req(e, d);
+}
+
 static void head_done(struct s3_engine *e, struct s3_req *r)
 {
     struct s3_batch *b = r->ctx;
@@ -222,7 +265,10 @@ static void head_done(struct s3_engine *e, struct s3_req *r)
     kvt_l2_task *t = b->t;
     kvt_key ck;
     kvt_l2_canon(l2, &t->keys[r->i], &ck);
-    if (r->outcome == S3_OK) {
+    if (r->outcome == S3_OK && r->clen == 0 && e->shared_budget) {
+        marker_found(e, r); /* a removal's marker: a miss */
+        kvt_l2_drop_gone(l2, &ck, 1);
+    } else if (r->outcome == S3_OK) {
         unsigned v = 0;
         unsigned long long logical = 0, plen = 0;
         if (sscanf(r->rmeta, "%u %llu %llu", &v, &logical, &plen) == 3 && v == 1 &&
@@ -333,6 +379,13 @@ static void get_done(struct s3_engine *e, struct s3_req *r)
     const char *why = NULL;
     if (r->outcome == S3_OK) {
         struct kvt_objhdr h;
+        if (r->want < 0 && r->got == 0 && r->clen == 0 && e->shared_budget) {
+            marker_found(e, r); /* a removal's marker: a miss, not corruption */
+            kvt_l2_drop_gone(l2, &ck, 1);
+            kvt_l2_task_fail(t, r->i, KVT_E_NOTFOUND);
+            batch_put(b);
+            return;
+        }
         if (r->want < 0)
             why = "object shorter than a header";
         else if ((uint64_t)r->want != r->got)
@@ -466,15 +519,15 @@ static void removal_done(struct s3_engine *e, struct s3_req *r)
  * idempotent; AWS's SDKs retry the same way). */
 #define REMOVE_RETRIES 2
 
-/* Send the DELETEs of reqs[0..m) whose op is S3_DELETE and rcs[r->i] is
- * 1 (pending), all at once, and wait for them. */
-static void remove_round(struct s3_engine *e, struct s3_req *reqs, uint32_t m, int *rcs)
+/* Send the requests of reqs[0..m) whose rcs[r->i] is 1 (pending), all at
+ * once, and wait for them; their outcomes are the caller's to read. */
+static void send_round(struct s3_engine *e, struct s3_req *reqs, uint32_t m, const int *rcs)
 {
     struct removal w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
     struct s3_req *head = NULL, **tail = &head;
     for (uint32_t i = 0; i < m; i++) {
         struct s3_req *r = &reqs[i];
-        if (r->op != S3_DELETE || rcs[r->i] != 1)
+        if (rcs[r->i] != 1)
             continue;
         kvt_s3_req_clear(r);
         r->next = NULL;
@@ -490,55 +543,174 @@ static void remove_round(struct s3_engine *e, struct s3_req *reqs, uint32_t m, i
     while (w.left)
         pthread_cond_wait(&w.c, &w.m);
     pthread_mutex_unlock(&w.m);
+}
+
+/* What became of one request of a round: sets *rc (1 leaves it pending:
+ * sent again after a pause, REMOVE_RETRIES times at most). */
+typedef void (*judge_fn)(const struct s3_req *r, int *rc);
+
+/* Send the pending requests of reqs[0..m) (rcs[r->i] == 1) at once, judge
+ * their answers, and send the still pending ones again after 50 ms, then
+ * 200 ms (5xx answers: InternalError, SlowDown; AWS's SDKs retry the same
+ * way). Still pending after that: giveup. */
+static void rounds(struct s3_engine *e, struct s3_req *reqs, uint32_t m, int *rcs, judge_fn judge,
+                   int giveup)
+{
+    for (int attempt = 0; attempt <= REMOVE_RETRIES; attempt++) {
+        bool again = false;
+        for (uint32_t i = 0; i < m && !again; i++)
+            again = rcs[reqs[i].i] == 1;
+        if (!again)
+            return;
+        if (attempt) {
+            struct timespec ts = {0, attempt == 1 ? 50000000L : 200000000L};
+            nanosleep(&ts, NULL);
+        }
+        send_round(e, reqs, m, rcs);
+        for (uint32_t i = 0; i < m; i++)
+            if (rcs[reqs[i].i] == 1)
+                judge(&reqs[i], &rcs[reqs[i].i]);
+    }
+    for (uint32_t i = 0; i < m; i++)
+        if (rcs[reqs[i].i] == 1)
+            rcs[reqs[i].i] = giveup;
+}
+
+static void judge_delete(const struct s3_req *r, int *rc)
+{
+    if (r->outcome == S3_OK)
+        *rc = 0;
+    else if (r->outcome == S3_NOTFOUND)
+        *rc = -ENOENT;
+    else if (r->outcome != S3_SERVER)
+        *rc = -EIO;
+}
+
+/* claim states between the rounds (besides 1, pending, and the results) */
+#define CL_FOUND 2   /* HEAD: an object with content: claim it */
+#define CL_CLAIMED 3 /* our marker replaced it: delete the marker */
+
+static void judge_head(const struct s3_req *r, int *rc)
+{
+    if (r->outcome == S3_OK)
+        *rc = r->clen > 0 && r->etag[0] ? CL_FOUND : -ENOENT; /* empty: another's marker */
+    else if (r->outcome == S3_NOTFOUND)
+        *rc = -ENOENT;
+    else if (r->outcome != S3_SERVER)
+        *rc = -EIO;
+}
+
+static void judge_claim(const struct s3_req *r, int *rc)
+{
+    if (r->outcome == S3_OK && r->etag[0])
+        *rc = CL_CLAIMED;
+    else if (r->outcome == S3_PRECOND || r->outcome == S3_NOTFOUND)
+        *rc = -ENOENT; /* another server's claim (or removal) came first */
+    else
+        *rc = -EIO; /* unknown (it may have landed): not subtracted, an over-count */
+}
+
+static void judge_marker(const struct s3_req *r, int *rc)
+{
+    (void)r;
+    *rc = r->outcome == S3_SERVER ? 1 : 0; /* ours either way: a marker left is a miss */
+}
+
+/* Prepare the requests of keys[base..base+m) with op; 1 (pending) where
+ * the key has a path. */
+static void prep_keys(struct s3_engine *e, struct s3_req *reqs, const kvt_key *keys, uint32_t base,
+                      uint32_t m, int *rcs, enum s3_op op)
+{
     for (uint32_t i = 0; i < m; i++) {
         struct s3_req *r = &reqs[i];
-        if (r->op != S3_DELETE || rcs[r->i] != 1)
-            continue;
-        if (r->outcome == S3_OK)
-            rcs[r->i] = 0;
-        else if (r->outcome == S3_NOTFOUND)
-            rcs[r->i] = -ENOENT;
-        else if (r->outcome != S3_SERVER)
-            rcs[r->i] = -EIO;
+        kvt_s3_req_clear(r);
+        memset(r, 0, sizeof(*r));
+        r->i = base + i;
+        int rc = obj_path(e, &keys[base + i], r->path, sizeof(r->path));
+        rcs[base + i] = rc < 0 ? rc : 1; /* 1: pending */
+        r->op = op;
+        r->done = removal_done;
     }
 }
 
-/* DELETE n objects concurrently (one lock, one wakeup per round), not one
- * round trip after another: evicting 256 objects takes about one round trip
- * per s3_num_io_threads objects. */
-static void remove_keys(struct s3_engine *e, const kvt_key *keys, uint32_t n, int *rcs)
+/* The requests in state `from` go on as op (pending), the others stay out
+ * of the next round; cond: a conditional header on each request's ETag. */
+static void next_phase(struct s3_req *reqs, uint32_t m, int *rcs, int from, enum s3_op op,
+                       const char *cond)
+{
+    for (uint32_t i = 0; i < m; i++) {
+        struct s3_req *r = &reqs[i];
+        if (rcs[r->i] != from)
+            continue;
+        snprintf(r->cond, sizeof(r->cond), "%s%s", cond, r->etag);
+        r->op = op;
+        r->meta[0] = 0; /* a marker carries no x-amz-meta-kvt: HEAD reads it as none */
+        r->mem = "";
+        r->mlen = 0;
+        rcs[r->i] = 1;
+    }
+}
+
+/*
+ * Removal with a shared budget. S3's DELETE answers 204 whether it removed
+ * the object or not, so it cannot tell which of two servers evicting one
+ * object removed it, and the budget must subtract an object's bytes exactly
+ * once (docs/remote-tiers.md, "The removal claim"). So a removal is claimed
+ * first, each round sent for the whole batch at once:
+ *   1. HEAD: 404, or an empty object (another server's marker): someone
+ *      else removed it (-ENOENT). Otherwise its ETag.
+ *   2. PUT If-Match: <that ETag>, an empty body: the object's bytes leave the
+ *      tier at once, replaced by an empty marker. Only one server's PUT can
+ *      match (the first changes the ETag): that server subtracts (0); a 412
+ *      or 404 means another got there first (-ENOENT); no answer: unknown,
+ *      not subtracted (-EIO: an over-count, never an under-count).
+ *   3. DELETE If-Match: <the marker's ETag>: best effort; a marker left
+ *      behind is a miss to lookups and loads, which delete it.
+ * Stores are If-None-Match: *, so an object is never replaced in place:
+ * between a HEAD and its claim the key can only lose its object, never get
+ * a different one with the same size counted twice.
+ */
+static void claim_keys(struct s3_engine *e, const kvt_key *keys, uint32_t n, int *rcs)
 {
     struct s3_req *reqs = kvt_xcalloc(KVT_MIN(n, REMOVE_CHUNK) + 1, sizeof(*reqs));
     for (uint32_t base = 0; base < n; base += REMOVE_CHUNK) {
         uint32_t m = KVT_MIN(n - base, REMOVE_CHUNK);
+        prep_keys(e, reqs, keys, base, m, rcs, S3_HEAD);
+        rounds(e, reqs, m, rcs, judge_head, -EIO);
+        next_phase(reqs, m, rcs, CL_FOUND, S3_PUT, "If-Match: ");
+        rounds(e, reqs, m, rcs, judge_claim, -EIO);
         for (uint32_t i = 0; i < m; i++) {
-            struct s3_req *r = &reqs[i];
-            memset(r, 0, sizeof(*r));
-            r->i = base + i;
-            int rc = obj_path(e, &keys[base + i], r->path, sizeof(r->path));
-            rcs[base + i] = rc < 0 ? rc : 1; /* 1: pending */
-            if (rc < 0)
-                continue;
-            r->op = S3_DELETE;
-            r->done = removal_done;
+            int rc = rcs[reqs[i].i];
+            if (rc == CL_CLAIMED)
+                atomic_fetch_add(&e->claims, 1);
+            else if (rc == -ENOENT)
+                atomic_fetch_add(&e->claims_lost, 1);
         }
-        for (int attempt = 0; attempt <= REMOVE_RETRIES; attempt++) {
-            if (attempt) {
-                bool again = false;
-                for (uint32_t i = 0; i < m && !again; i++)
-                    again = rcs[base + i] == 1;
-                if (!again)
-                    break;
-                struct timespec ts = {0, attempt == 1 ? 50000000L : 200000000L};
-                nanosleep(&ts, NULL);
-            }
-            remove_round(e, reqs, m, rcs);
-        }
-        for (uint32_t i = 0; i < m; i++) {
-            if (rcs[base + i] == 1) /* a 5xx every time */
-                rcs[base + i] = -EIO;
+        next_phase(reqs, m, rcs, CL_CLAIMED, S3_DELETE, "If-Match: ");
+        rounds(e, reqs, m, rcs, judge_marker, 0);
+        for (uint32_t i = 0; i < m; i++)
             kvt_s3_req_clear(&reqs[i]);
-        }
+    }
+    free(reqs);
+}
+
+/* DELETE n objects concurrently (one lock, one wakeup per round), not one
+ * round trip after another: evicting 256 objects takes about one round trip
+ * per s3_num_io_threads objects. With a shared budget, each removal is
+ * claimed first (claim_keys). */
+static void remove_keys(struct s3_engine *e, const kvt_key *keys, uint32_t n, int *rcs)
+{
+    if (e->shared_budget) {
+        claim_keys(e, keys, n, rcs);
+        return;
+    }
+    struct s3_req *reqs = kvt_xcalloc(KVT_MIN(n, REMOVE_CHUNK) + 1, sizeof(*reqs));
+    for (uint32_t base = 0; base < n; base += REMOVE_CHUNK) {
+        uint32_t m = KVT_MIN(n - base, REMOVE_CHUNK);
+        prep_keys(e, reqs, keys, base, m, rcs, S3_DELETE);
+        rounds(e, reqs, m, rcs, judge_delete, -EIO);
+        for (uint32_t i = 0; i < m; i++)
+            kvt_s3_req_clear(&reqs[i]);
     }
     free(reqs);
 }
@@ -666,14 +838,6 @@ int64_t kvt_s3_iso_ms(const char *s)
 }
 
 /* "Tue, 01 Dec 2026 22:00:00 GMT" (Azure's Last-Modified) in ms. */
-static int64_t rfc1123_ms(const char *s)
-{
-    struct tm tm;
-    memset(&tm, 0, sizeof(tm));
-    const char *end = strptime(s, "%a, %d %b %Y %H:%M:%S", &tm);
-    return end ? (int64_t)timegm(&tm) * 1000 : 0;
-}
-
 /* Parse one ListObjectsV2 page (Azure: List Blobs); returns whether more
  * pages follow. */
 static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *body)
@@ -691,15 +855,20 @@ static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *b
             size_t kl = strlen(key);
             uint64_t size = strtoull(num, NULL, 10);
             kvt_key k;
-            if (kl > e->prefix_len && strncmp(key, e->prefix, e->prefix_len) == 0 &&
-                size >= S3_HDR && size <= UINT32_MAX &&
-                kvt_key_decode(KVT_CODEC_OBJ, key + e->prefix_len, kl - e->prefix_len, &k) == 0) {
+            if ((kl == e->prefix_len + sizeof(".kvtier-budget") - 1 &&
+                 strcmp(key + e->prefix_len, ".kvtier-budget") == 0) ||
+                (size == 0 && e->shared_budget)) {
+                /* the shared budget's record, a removal's marker: not objects */
+            } else if (kl > e->prefix_len && strncmp(key, e->prefix, e->prefix_len) == 0 &&
+                       size >= S3_HDR && size <= UINT32_MAX &&
+                       kvt_key_decode(KVT_CODEC_OBJ, key + e->prefix_len, kl - e->prefix_len, &k) ==
+                           0) {
                 kvt_key ck;
                 kvt_key_canon(KVT_CODEC_OBJ, &k, &ck);
                 int64_t ms = 0;
                 if (kvt_s3_xml_field(p, z, e->azure ? "Last-Modified" : "LastModified", date,
                                      sizeof(date)))
-                    ms = e->azure ? rfc1123_ms(date) : kvt_s3_iso_ms(date);
+                    ms = e->azure ? kvt_s3_http_date_ms(date) : kvt_s3_iso_ms(date);
                 kvt_l2_found_push(&ls->found, &ck, (uint32_t)size, 0, S3_HDR, 0, ms * 1000000);
             } else {
                 atomic_fetch_add(&e->foreign, 1);
@@ -730,6 +899,8 @@ static void list_finish(kvt_l2 *l2, struct s3_engine *e, struct list_state *ls, 
     char where[1200];
     snprintf(where, sizeof(where), "%s://%s%s/%s (%llu pages%s)", e->scheme, e->host, e->base,
              e->prefix, (unsigned long long)ls->pages, complete ? "" : ", listing given up");
+    if (!complete) /* the shared budget's recount: the walk may have missed objects */
+        kvt_l2_budget_recount_end(l2, 0, false);
     kvt_l2_finish_recovery(l2, &ls->found, ls->t0, where);
     pthread_mutex_lock(&e->lock);
     e->list_done = true;
@@ -832,6 +1003,21 @@ void kvt_s3_io_tick(kvt_l2 *l2, uint64_t now)
         return;
     if (!ls->t0)
         ls->t0 = kvt_now_ns();
+    if (e->shared_budget && !ls->token) {
+        /* the walk starts: the shared budget's recount takes its snapshot
+         * (a step on the record); unanswered, the listing waits for it */
+        char err[300];
+        if (kvt_l2_budget_recount_begin(l2, err, sizeof(err))) {
+            ls->backoff_ns =
+                ls->backoff_ns ? KVT_MIN(ls->backoff_ns * 2, S3_PROBE_MAX_NS) : 1000000000ull;
+            pthread_mutex_lock(&e->lock);
+            e->list_retry_ns = kvt_now_ns() + ls->backoff_ns;
+            pthread_mutex_unlock(&e->lock);
+            kvt_warn("%s: %s: the start-up listing waits %.1f s for it", l2->name, err,
+                     (double)ls->backoff_ns / 1e9);
+            return;
+        }
+    }
     list_page(e, ls);
 }
 
@@ -898,6 +1084,14 @@ static void s3_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "failed_requests",
                         json_integer((json_int_t)atomic_load(&e->failures)));
     json_object_set_new(out, "foreign_objects", json_integer((json_int_t)atomic_load(&e->foreign)));
+    if (e->shared_budget) { /* the removal claim (remove_keys) */
+        json_t *cl = json_object();
+        json_object_set_new(cl, "won", json_integer((json_int_t)atomic_load(&e->claims)));
+        json_object_set_new(cl, "lost", json_integer((json_int_t)atomic_load(&e->claims_lost)));
+        json_object_set_new(cl, "markers_found",
+                            json_integer((json_int_t)atomic_load(&e->markers)));
+        json_object_set_new(out, "removal_claims", cl);
+    }
 }
 
 static bool s3_healthy(kvt_l2 *l2, char *msg, size_t cap)
@@ -948,13 +1142,14 @@ static void s3_close(kvt_l2 *l2)
     if (!l2->persist_enabled && e->io_started)
         delete_all_indexed(l2, e);
     kvt_s3_io_stop(e);
+    kvt_l2_budget_detach(l2); /* after the last store and removal; it uses e */
     struct list_state *ls = e->list;
     kvt_s3_req_clear(&ls->req);
     free(ls->token);
     free(ls->found.v);
     free(ls);
     explicit_bzero(&e->creds, sizeof(e->creds));
-    explicit_bzero(e->sig_key, sizeof(e->sig_key));
+    explicit_bzero(&e->sig, sizeof(e->sig));
     kvt_l2_park_destroy(&e->park);
     pthread_mutex_destroy(&e->lock);
     free(e);
@@ -1462,6 +1657,12 @@ static int s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     e->park.parking = l2->cap_bytes > 0;
     l2->engine = e;
     l2->recovering = true;
+    if (spec->shared_budget) { /* before the I/O thread starts the listing */
+        e->shared_budget = true;
+        rc = kvt_s3_budget_attach(e, err, errcap);
+        if (rc)
+            goto fail;
+    }
     rc = kvt_s3_io_start(e, err, errcap);
     if (rc)
         goto fail;
@@ -1470,6 +1671,7 @@ static int s3_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
              e->azure ? "" : e->region, e->creds.source, e->max_transfers);
     return 0;
 fail:
+    kvt_l2_budget_detach(l2); /* it uses e */
     free(e->list);
     explicit_bzero(&e->creds, sizeof(e->creds));
     kvt_l2_park_destroy(&e->park);

@@ -48,8 +48,9 @@ _Static_assert(KVT_ARRAY_LEN(op_names) == S3_NOPS, "one name per S3 op");
 
 const char *kvt_s3_outcome_name(enum s3_outcome o)
 {
-    static const char *const n[] = {"ok",       "not found",    "connection error", "unavailable",
-                                    "rejected", "server error", "bad data"};
+    static const char *const n[] = {"ok",          "not found",          "connection error",
+                                    "unavailable", "rejected",           "server error",
+                                    "bad data",    "precondition failed"};
     return (unsigned)o < KVT_ARRAY_LEN(n) ? n[o] : "?";
 }
 
@@ -57,7 +58,7 @@ const char *kvt_s3_outcome_name(enum s3_outcome o)
 
 uint64_t kvt_s3_body_len(const struct s3_req *r)
 {
-    if (r->op == S3_MPU_COMPLETE)
+    if (r->op == S3_MPU_COMPLETE || (r->op == S3_PUT && r->mem))
         return r->mlen;
     return r->op == S3_MPU_PART ? r->blen_tx : S3_HDR + r->plen;
 }
@@ -68,6 +69,12 @@ static size_t read_cb(char *buf, size_t size, size_t nitems, void *arg)
     struct s3_req *r = arg;
     size_t room = size * nitems, n = 0;
     uint64_t total = kvt_s3_body_len(r);
+    if (r->mem) { /* a PUT from memory */
+        n = (size_t)KVT_MIN((uint64_t)room, total - r->sent);
+        memcpy(buf, r->mem + r->sent, n);
+        r->sent += n;
+        return n;
+    }
     while (n < room && r->sent < total) {
         uint64_t pos = r->boff + r->sent;
         size_t take;
@@ -118,7 +125,7 @@ static size_t write_cb(char *p, size_t size, size_t nmemb, void *arg)
     size_t n = size * nmemb;
     if (!r->status) /* once per transfer: body bytes follow the final status */
         curl_easy_getinfo(r->h, CURLINFO_RESPONSE_CODE, &r->status);
-    if (r->op != S3_GET || r->status / 100 != 2)
+    if (r->op != S3_GET || r->status / 100 != 2 || !r->on_hdr)
         return body_put(r, p, n) == n ? n : 0;
     size_t used = 0;
     while (used < n) {
@@ -156,6 +163,7 @@ static size_t header_cb(char *p, size_t size, size_t nitems, void *arg)
     if (n >= 5 && strncmp(p, "HTTP/", 5) == 0) { /* a new response (after 100) */
         r->clen = -1;
         r->rmeta[0] = r->etag[0] = 0;
+        r->date_ms = 0;
         return n;
     }
     const char *colon = memchr(p, ':', n);
@@ -179,6 +187,10 @@ static size_t header_cb(char *p, size_t size, size_t nitems, void *arg)
         snprintf(r->rmeta, sizeof(r->rmeta), "%.*s", (int)KVT_MIN(vl, sizeof(r->rmeta) - 1), v);
     } else if (kl == 4 && strncasecmp(p, "etag", 4) == 0) {
         snprintf(r->etag, sizeof(r->etag), "%.*s", (int)KVT_MIN(vl, sizeof(r->etag) - 1), v);
+    } else if (kl == 4 && strncasecmp(p, "date", 4) == 0) {
+        char tmp[64];
+        snprintf(tmp, sizeof(tmp), "%.*s", (int)KVT_MIN(vl, sizeof(tmp) - 1), v);
+        r->date_ms = kvt_s3_http_date_ms(tmp);
     }
     return n;
 }
@@ -288,7 +300,15 @@ static int azure_headers(struct s3_engine *e, struct s3_req *r, const char *meth
  * Build the easy handle: URL, method, body source/sink, timeouts and the
  * signed headers. Returns 0 or -ENOMEM / -EINVAL.
  */
-static int setup(struct s3_engine *e, struct s3_req *r)
+int64_t kvt_s3_http_date_ms(const char *s)
+{
+    struct tm tm;
+    memset(&tm, 0, sizeof(tm));
+    const char *end = strptime(s, "%a, %d %b %Y %H:%M:%S", &tm);
+    return end ? (int64_t)timegm(&tm) * 1000 : 0;
+}
+
+static int setup(struct s3_engine *e, struct s3_req *r, struct s3_sigkey *sk)
 {
     CURL *h = r->h;
     r->status = 0; /* write_cb reads it once per transfer */
@@ -361,7 +381,7 @@ static int setup(struct s3_engine *e, struct s3_req *r)
         kvt_sha256_hex(r->mem, r->mlen, xml_hash);
         phash = xml_hash;
     }
-    bool meta = r->op == S3_PUT || r->op == S3_MPU_CREATE;
+    bool meta = (r->op == S3_PUT || r->op == S3_MPU_CREATE) && r->meta[0];
     struct kvt_sigv4_pair hs[6];
     size_t nh = 0;
     hs[nh++] = (struct kvt_sigv4_pair){"host", e->host};
@@ -371,14 +391,14 @@ static int setup(struct s3_engine *e, struct s3_req *r)
         hs[nh++] = (struct kvt_sigv4_pair){"x-amz-meta-kvt", r->meta};
     if (e->creds.token[0])
         hs[nh++] = (struct kvt_sigv4_pair){"x-amz-security-token", e->creds.token};
-    if (memcmp(e->sig_date8, date, 8) != 0) { /* a new day: derive the key once */
-        memcpy(e->sig_date8, date, 8);
-        e->sig_date8[8] = 0;
-        kvt_sigv4_signing_key(e->creds.secret, e->sig_date8, e->region, "s3", e->sig_key);
+    if (memcmp(sk->date8, date, 8) != 0) { /* a new day: derive the key once */
+        memcpy(sk->date8, date, 8);
+        sk->date8[8] = 0;
+        kvt_sigv4_signing_key(e->creds.secret, sk->date8, e->region, "s3", sk->key);
     }
     struct kvt_sigv4_req sr = {
-        method, r->path,         r->query ? r->query : "", hs,        nh, phash, date, e->region,
-        "s3",   e->creds.key_id, e->creds.secret,          e->sig_key};
+        method, r->path,         r->query ? r->query : "", hs,     nh, phash, date, e->region,
+        "s3",   e->creds.key_id, e->creds.secret,          sk->key};
     struct kvt_sigv4_out so;
     memset(&so, 0, sizeof(so));
     int rc = kvt_sigv4_sign(&sr, &so);
@@ -388,7 +408,9 @@ static int setup(struct s3_engine *e, struct s3_req *r)
         add_hdr(r, "%s: %s", hs[i].name, hs[i].value);
     add_hdr(r, "Authorization: %s", so.authorization);
     add_hdr(r, "Expect:"); /* no 100-continue round trip before a PUT body */
-    if (meta)
+    if (r->cond[0])        /* not signed: SigV4 needs only host and the x-amz-* ones */
+        add_hdr(r, "%s", r->cond);
+    if (r->op == S3_PUT || r->op == S3_MPU_CREATE)
         add_hdr(r, "Content-Type: application/octet-stream");
     else if (r->op == S3_MPU_COMPLETE)
         add_hdr(r, "Content-Type: application/xml");
@@ -521,6 +543,13 @@ static void classify(struct s3_engine *e, struct s3_req *r, CURLcode rc)
     long s = r->status;
     if (s / 100 == 2) {
         r->outcome = S3_OK;
+    } else if (s == 412 || s == 409) {
+        /* a condition that did not hold (409: AWS's ConditionalRequestConflict,
+         * two conditional writes at once); any other 409 refuses us */
+        kvt_s3_xml_field(r->body, NULL, "Code", r->err_code, sizeof(r->err_code));
+        r->outcome = s == 412 || strcmp(r->err_code, "ConditionalRequestConflict") == 0
+                         ? S3_PRECOND
+                         : S3_REJECTED;
     } else if (s == 404) {
         /* a missing object (HEAD has no body); any other 404 refuses us:
          * NoSuchBucket, or an unknown access key as some servers answer it
@@ -631,6 +660,43 @@ void kvt_s3_submit_req(struct s3_engine *e, struct s3_req *r)
     kvt_s3_submit_reqs(e, r);
 }
 
+enum s3_outcome kvt_s3_perform(struct s3_engine *e, struct s3_sync *s, struct s3_req *r)
+{
+    req_reset(e, r);
+    r->next = NULL;
+    if (!kvt_s3_available(e)) {
+        r->outcome = S3_UNAVAILABLE;
+        snprintf(r->err_msg, sizeof(r->err_msg), "circuit open");
+        return r->outcome;
+    }
+    if (s->h)
+        curl_easy_reset(s->h);
+    else
+        s->h = curl_easy_init();
+    r->h = s->h;
+    int rc = r->h ? setup(e, r, &s->sk) : -ENOMEM;
+    if (rc) {
+        r->outcome = S3_CONN;
+        snprintf(r->err_msg, sizeof(r->err_msg), "cannot start the request: %s", kvt_strerror(rc));
+    } else {
+        classify(e, r, curl_easy_perform(r->h));
+    }
+    curl_slist_free_all(r->hl);
+    r->hl = NULL;
+    r->h = NULL;
+    if (r->outcome != S3_OK && r->outcome != S3_NOTFOUND && r->outcome != S3_PRECOND)
+        atomic_fetch_add(&e->failures, 1);
+    return r->outcome;
+}
+
+void kvt_s3_sync_free(struct s3_sync *s)
+{
+    if (s->h)
+        curl_easy_cleanup(s->h);
+    s->h = NULL;
+    explicit_bzero(&s->sk, sizeof(s->sk));
+}
+
 struct pool {
     CURL **h;
     int n, cap;
@@ -661,7 +727,8 @@ static void finish(struct s3_engine *e, struct pool *pool, struct s3_req *r)
     }
     curl_slist_free_all(r->hl);
     r->hl = NULL;
-    if (r->outcome != S3_OK && r->outcome != S3_NOTFOUND && r->op != S3_MPU_LIST)
+    if (r->outcome != S3_OK && r->outcome != S3_NOTFOUND && r->outcome != S3_PRECOND &&
+        r->op != S3_MPU_LIST)
         atomic_fetch_add(&e->failures, 1);
     if (r->done)
         r->done(e, r);
@@ -732,7 +799,7 @@ static void *io_main(void *arg)
             start = r->next;
             r->next = NULL;
             r->h = pool_get(&pool);
-            int rc = r->h ? setup(e, r) : -ENOMEM;
+            int rc = r->h ? setup(e, r, &e->sig) : -ENOMEM;
             if (rc == 0 && curl_multi_add_handle(e->multi, r->h) == CURLM_OK)
                 continue;
             r->outcome = S3_CONN;

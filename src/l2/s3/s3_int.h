@@ -52,10 +52,18 @@ enum s3_outcome {
     S3_REJECTED,    /* 4xx other than 404: credentials, permissions, bucket */
     S3_SERVER,      /* 5xx */
     S3_BADDATA,     /* the body did not fit or did not verify (transfer cut) */
+    S3_PRECOND,     /* 412 (or 409 ConditionalRequestConflict): a conditional
+                     * request's If-Match / If-None-Match did not hold */
 };
 
 struct s3_engine;
 struct s3_req;
+
+/* A signing key cache for SigV4 (one per thread that signs). */
+struct s3_sigkey {
+    char date8[9];
+    uint8_t key[32];
+};
 
 typedef void (*s3_done_fn)(struct s3_engine *e, struct s3_req *r);
 /* GET: called once the first S3_HDR bytes arrived; returns the payload
@@ -74,11 +82,13 @@ struct s3_req {
     const uint8_t *payload;
     uint64_t plen, sent;
     uint64_t boff, blen_tx;
-    char meta[96];   /* x-amz-meta-kvt (PUT, S3_MPU_CREATE) */
-    const char *mem; /* S3_MPU_COMPLETE: the request body */
+    char meta[96];   /* x-amz-meta-kvt (PUT, S3_MPU_CREATE); "" sends none */
+    const char *mem; /* S3_MPU_COMPLETE, or a PUT from memory: the request body */
     size_t mlen;
+    char cond[160]; /* a conditional header line ("If-None-Match: *"), or "" */
 
-    /* GET: header into hbuf, payload into dst (capacity cap) */
+    /* GET: header into hbuf, payload into dst (capacity cap); without
+     * on_hdr the body goes to body (a small object: the budget record) */
     uint8_t *hbuf;
     uint8_t *dst;
     uint64_t cap, got;
@@ -93,9 +103,10 @@ struct s3_req {
     /* response */
     long status;
     int curl_rc;
-    int64_t clen;   /* Content-Length of HEAD/GET, -1 unknown */
-    char rmeta[96]; /* x-amz-meta-kvt of HEAD */
-    char etag[128]; /* ETag of a PUT or part, quotes included */
+    int64_t clen;    /* Content-Length of HEAD/GET, -1 unknown */
+    char rmeta[96];  /* x-amz-meta-kvt of HEAD */
+    char etag[128];  /* ETag of a PUT, part, HEAD or GET, quotes included */
+    int64_t date_ms; /* the answer's Date header (the server's clock), 0 if none */
     char errbuf[CURL_ERROR_SIZE];
     enum s3_outcome outcome;
     char err_code[64]; /* S3 error code of a rejected request */
@@ -173,10 +184,9 @@ struct s3_engine {
     uint32_t active;      /* transfers in curl */
     uint32_t peak_active; /* most transfers in curl at once */
     struct s3_req probe;  /* the breaker's probe (I/O thread only) */
-    /* SigV4 signing key for sig_date8 (I/O thread only: it signs every
-     * request); region, service and secret are fixed for the engine's life */
-    char sig_date8[9];
-    uint8_t sig_key[32];
+    /* SigV4 signing key of the I/O thread (it signs every request it
+     * runs); region, service and secret are fixed for the engine's life */
+    struct s3_sigkey sig;
 
     /* start-up listing */
     struct list_state *list;
@@ -184,6 +194,11 @@ struct s3_engine {
     struct kvt_l2_park park; /* stores waiting for the listing; its lock is a
                               * leaf, taken under lock */
     uint64_t list_retry_ns;
+
+    /* "shared_budget" (s3_budget.c): stores are PUT If-None-Match: * and a
+     * removal is claimed first (HEAD, then PUT If-Match of an empty marker) */
+    bool shared_budget;
+    _Atomic uint64_t claims, claims_lost, markers;
 
     _Atomic uint64_t reqs[S3_NOPS], failures, foreign;
     _Atomic uint64_t mpu_ok, mpu_failed; /* multipart uploads completed / aborted */
@@ -215,7 +230,22 @@ struct kvt_s3_opts {
  * $AZURE_STORAGE_KEY / $AZURE_STORAGE_SAS_TOKEN); 0 or KVT_E_CONFIG. */
 int kvt_s3_azure_creds(const struct kvt_s3_opts *o, struct s3_engine *e, char *err, size_t cap);
 
+/* A synchronous requester for threads other than the I/O thread (the
+ * budget record's steps run on store, eviction and I/O threads alike):
+ * its own easy handle and signing key; one request at a time. */
+struct s3_sync {
+    CURL *h;
+    struct s3_sigkey sk;
+};
+
 /* s3_http.c */
+/* Run r now on the calling thread through s (a request of e: its endpoint,
+ * credentials, breaker and counters); fills r's outcome and answer as the
+ * I/O thread would. The breaker open: S3_UNAVAILABLE without a request. */
+enum s3_outcome kvt_s3_perform(struct s3_engine *e, struct s3_sync *s, struct s3_req *r);
+void kvt_s3_sync_free(struct s3_sync *s);
+/* "Wed, 02 Dec 2026 11:29:07 GMT" in ms since the epoch; 0 if malformed. */
+int64_t kvt_s3_http_date_ms(const char *s);
 int kvt_s3_io_start(struct s3_engine *e, char *err, size_t errcap);
 /* Stop after every submitted request completed. */
 void kvt_s3_io_stop(struct s3_engine *e);
@@ -245,6 +275,13 @@ uint64_t kvt_s3_body_len(const struct s3_req *r);
 void kvt_s3_sweep_uploads(struct s3_engine *e);
 /* "2026-12-01T22:00:00.000Z" in ms since the epoch; 0 if malformed. */
 int64_t kvt_s3_iso_ms(const char *s);
+
+/* s3_budget.c: attach the bucket's shared budget record
+ * ("<prefix>.kvtier-budget") to e->l2 ("shared_budget": true). No I/O:
+ * the listing takes the recount's snapshot before its first page. */
+int kvt_s3_budget_attach(struct s3_engine *e, char *err, size_t errcap);
+/* The record's object name under the bucket ("<prefix>.kvtier-budget"). */
+void kvt_s3_budget_name(const struct s3_engine *e, char *out, size_t cap);
 
 /* s3.c, called on the I/O thread */
 /* The breaker just opened: fail the parked stores. */

@@ -111,6 +111,7 @@ static void fail_and_abort(struct mpu *m)
     struct s3_req *c = &m->ctl;
     kvt_s3_req_clear(c);
     c->op = S3_MPU_ABORT;
+    c->cond[0] = 0;
     c->done = abort_done;
     c->ctx = m;
     const struct kvt_sigv4_pair q[] = {{"uploadId", m->upload_id}};
@@ -160,6 +161,9 @@ static void send_complete(struct mpu *m)
     c->op = S3_MPU_COMPLETE;
     c->mem = m->xml;
     c->mlen = len;
+    /* the object's condition (If-None-Match: * with a shared budget) holds
+     * where the object appears: at the completion */
+    snprintf(c->cond, sizeof(c->cond), "%s", m->parent->cond);
     c->done = complete_done;
     c->ctx = m;
     const struct kvt_sigv4_pair q[] = {{"uploadId", m->upload_id}};
