@@ -209,7 +209,11 @@ def check_run(servers, sampler, measure, tally, tier, nodes=3):
     for x in b:
         assert x["total_bytes"] >= real, (x, real)  # an upper bound, never below
         assert x["nodes"] == nodes, x
-        assert 0 < x["usage_fraction"] <= 1.0 + 1e-9
+        # over the cap only by what the documented over-counts allow: the
+        # killed server's writes in flight (at most a batch of 3 x 48 KiB
+        # and its credit) and a recount that counted a write landing during
+        # its walk twice (charged before, then walked)
+        assert 0 < x["usage_fraction"] <= 1.25, x
     st = [l2_status(s) for s in servers]
     assert sum(a["counters"]["evictions"] for a in st) > 0, [a["counters"] for a in st]
     assert sum(a["shared_budget"]["removed_bytes"] for a in st) > 0
