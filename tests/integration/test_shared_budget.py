@@ -549,6 +549,36 @@ class BreakingProxy(threading.Thread):
         self.ls.close()
 
 
+def test_bucket_record_lost_is_made_full_then_recounted(make_server, tmp_path):
+    """The record object vanishes under a running server (removed by hand,
+    a lifecycle rule): the next step makes it again as full (nothing over
+    the cap while the truth is unknown), and the server lists the bucket
+    again to recount it."""
+    from test_s3 import s3_json, start_s3
+    srv = start_s3("versitygw", tmp_path)
+    try:
+        spec = s3_json(srv, key_prefix="gone", max_capacity_gb=CAP_GB, shared_budget=True)
+        s = make_server(["--l2-adapter", spec])
+        s.wait_recovered()
+        keys = keys_for("gone", 6)
+        with s.client() as c:
+            c.store(keys, [payload(i) for i in range(6)])
+            c.flush()
+        real = bucket_object_bytes(srv, "gone")
+        assert real == sum(HDR + len(payload(i)) for i in range(6))
+        assert budget(s)["total_bytes"] == real
+        os.unlink(os.path.join(srv.dir, srv.bucket, "gone", ".kvtier-budget"))
+        b = wait_for(lambda: (lambda x: x if x["recount"]["count"] >= 2 else None)(budget(s)),
+                     what="the recount after the record was lost")
+        assert b["total_bytes"] == real, b
+        assert b["recount"]["walked_bytes"] == real, b
+        assert "the record is gone" in s.read_log()
+        with s.client() as c:  # stores go on
+            assert c.store(keys_for("gone-after", 1), [payload(7)]) == 1
+    finally:
+        srv.kill()
+
+
 def test_bucket_record_step_whose_answer_was_lost_counts_once(make_server, tmp_path):
     """A PUT of the bucket record lands but its answer is lost (the proxy
     closes the connection): the server cannot tell whether its step went

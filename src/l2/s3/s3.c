@@ -746,6 +746,7 @@ struct list_state {
     uint64_t t0, backoff_ns;
     struct kvt_l2_found_vec found;
     uint64_t pages;
+    bool recount; /* a listing that only recounts the shared budget (the record was lost) */
 };
 
 /* Decode XML character references and the five entities, in place. */
@@ -896,6 +897,15 @@ static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *b
  * parked stores go. */
 static void list_finish(kvt_l2 *l2, struct s3_engine *e, struct list_state *ls, bool complete)
 {
+    if (ls->recount) { /* the objects are indexed already: only the record's total */
+        uint64_t walked = 0;
+        for (size_t i = 0; i < ls->found.n; i++)
+            walked += ls->found.v[i].stored;
+        ls->found.n = 0;
+        ls->recount = false;
+        kvt_l2_budget_recount_end(l2, walked, complete);
+        return;
+    }
     char where[1200];
     snprintf(where, sizeof(where), "%s://%s%s/%s (%llu pages%s)", e->scheme, e->host, e->base,
              e->prefix, (unsigned long long)ls->pages, complete ? "" : ", listing given up");
@@ -996,8 +1006,21 @@ void kvt_s3_io_tick(kvt_l2 *l2, uint64_t now)
 {
     struct s3_engine *e = l2->engine;
     struct list_state *ls = e->list;
+    if (e->shared_budget && !ls->running && atomic_exchange(&e->relist, false)) {
+        pthread_mutex_lock(&e->lock);
+        bool started = e->list_done; /* the start-up listing recounts anyway */
+        pthread_mutex_unlock(&e->lock);
+        if (started && !ls->recount) {
+            ls->recount = true;
+            free(ls->token);
+            ls->token = NULL;
+            ls->found.n = 0;
+            ls->backoff_ns = 0;
+        }
+    }
     pthread_mutex_lock(&e->lock);
-    bool go = !e->list_done && !e->stop && e->brk == BRK_CLOSED && now >= e->list_retry_ns;
+    bool go = (!e->list_done || ls->recount) && !e->stop && e->brk == BRK_CLOSED &&
+              now >= e->list_retry_ns;
     pthread_mutex_unlock(&e->lock);
     if (!go || ls->running)
         return;

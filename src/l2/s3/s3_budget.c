@@ -26,7 +26,8 @@
  *
  * A record that is missing or torn is made again full (total = cap) until a
  * recount: the start-up listing of a server (begin before its first page,
- * end after its last).
+ * end after its last), or, for a record that vanished under a running
+ * server, a listing that server starts then.
  *
  * Threads: steps run on store threads, the eviction thread and the I/O
  * thread (the listing's recount, parked stores resuming), so they never
@@ -126,11 +127,12 @@ static int fetch(struct s3rec *s, struct kvt_brec *r, char *etag, size_t etcap, 
         }
     } else if (o == S3_NOTFOUND) {
         /* the first server, or a record removed: full until a recount */
-        if (s->made)
+        if (s->made) {
             kvt_warn("shared budget %s: the record is gone (removed while servers use it): "
-                     "made again as full (stores are refused until a server restart lists "
-                     "the bucket)",
+                     "made again as full, and the bucket is listed again to recount it",
                      s->where);
+            atomic_store(&s->e->relist, true); /* the I/O thread lists (kvt_s3_io_tick) */
+        }
         kvt_brec_init(r, s->cap, local_ms());
         r->total = (int64_t)s->cap;
         etag[0] = 0;
@@ -193,8 +195,8 @@ static uint32_t census(struct s3rec *s, struct kvt_brec *r, uint64_t now)
         }
         kvt_info("shared budget %s: the server %s pid %u has not stepped for %.0f s: its entry "
                  "(part %lld bytes, %llu pending) is folded into the total",
-                 s->where, n->host, n->pid, (double)(now - n->seen_ms) / 1000.0,
-                 (long long)n->part, (unsigned long long)n->pending);
+                 s->where, n->host, n->pid, (double)(now - n->seen_ms) / 1000.0, (long long)n->part,
+                 (unsigned long long)n->pending);
         kvt_brec_fold(r, i);
         folded++;
     }
@@ -203,8 +205,7 @@ static uint32_t census(struct s3rec *s, struct kvt_brec *r, uint64_t now)
 }
 
 /* Our entry, joining when we have none. */
-static int join(struct s3rec *s, struct kvt_brec *r, uint64_t now, bool *rejoined,
-                uint32_t *folded)
+static int join(struct s3rec *s, struct kvt_brec *r, uint64_t now, bool *rejoined, uint32_t *folded)
 {
     int slot = kvt_brec_find(r, s->id);
     if (slot >= 0)
@@ -269,8 +270,10 @@ static int step(struct s3rec *s, enum step_kind kind, const struct kvt_budget_re
         uint32_t folded = 0;
         int slot = join(s, &r, now, &rejoined, &folded);
         if (slot < 0) {
-            snprintf(err, errcap, "%s: every entry is taken by a live server (at most %d "
-                     "servers)", s->where, KVT_BREC_NODES);
+            snprintf(err, errcap,
+                     "%s: every entry is taken by a live server (at most %d "
+                     "servers)",
+                     s->where, KVT_BREC_NODES);
             rc = slot;
             break;
         }
@@ -403,8 +406,8 @@ int kvt_s3_budget_attach(struct s3_engine *e, char *err, size_t errcap)
     char name[300];
     kvt_s3_budget_name(e, name, sizeof(name));
     int bl = snprintf(s->path, sizeof(s->path), "%s/", e->base);
-    if (kvt_sigv4_uri_encode(name, strlen(name), false, s->path + bl, sizeof(s->path) - (size_t)bl) <
-        0) {
+    if (kvt_sigv4_uri_encode(name, strlen(name), false, s->path + bl,
+                             sizeof(s->path) - (size_t)bl) < 0) {
         snprintf(err, errcap, "the budget record's name %s is too long", name);
         pthread_mutex_destroy(&s->lock);
         free(s);

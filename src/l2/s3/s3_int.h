@@ -198,6 +198,7 @@ struct s3_engine {
     /* "shared_budget" (s3_budget.c): stores are PUT If-None-Match: * and a
      * removal is claimed first (HEAD, then PUT If-Match of an empty marker) */
     bool shared_budget;
+    _Atomic bool relist; /* the record was found gone: list the bucket to recount */
     _Atomic uint64_t claims, claims_lost, markers;
 
     _Atomic uint64_t reqs[S3_NOPS], failures, foreign;
