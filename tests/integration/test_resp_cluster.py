@@ -223,6 +223,61 @@ def test_store_load_spread_over_masters(make_server, cluster):
     assert l2_status(s2)["counters"]["secondary_hits"] == 96
 
 
+def replica_gets(cluster):
+    """GET calls served by the replicas (INFO commandstats)."""
+    total = 0
+    for n in cluster.nodes:
+        if n.alive() and not n.is_master():
+            v = n.info("commandstats").get("cmdstat_get", "")
+            total += int(v.split("calls=")[1].split(",")[0]) if "calls=" in v else 0
+    return total
+
+
+def test_read_from_replicas(make_server, cluster):
+    """"read_from_replicas": true: loads go to a replica of each slot's
+    master (connections opened READONLY), stores to the masters. A replica
+    SIGKILLed: the loads it would have served are asked of its master in
+    the same request: every key comes back, byte for byte."""
+    s1 = make_server(["--l2-adapter", cl_json(cluster, "rr")])
+    s2 = make_server(["--l2-adapter", cl_json(cluster, "rr", read_from_replicas=True)])
+    s2.wait_recovered()
+    keys = keys_for("rr", 96)
+    pay = random_payloads(96, 8 * KiB, seed=12)
+    with s1.client() as c:
+        assert c.store(keys, pay) == 96
+        c.flush()
+    for m in cluster.masters():  # every replica has the values
+        assert m.cmd("WAIT", 1, 5000) == 1
+    # the node asked for the slot map may not have heard of every replica
+    # yet: the adapter reads the map again until each master has one
+    wait_for(lambda: l2_status(s2)["cluster_nodes_known"] >= 6, what="the replicas in the map")
+    before = replica_gets(cluster)
+    with s2.client() as c:
+        got = c.retrieve(keys)
+    assert len(got) == 96
+    check_prefix(got, pay)
+    a = l2_status(s2)
+    assert a["read_from_replicas"] is True and a["replica_loads"] == 96, a
+    served = replica_gets(cluster) - before
+    assert served >= 96, served  # the replicas served them (not the masters)
+    # a replica dies: its master serves its slots' loads
+    victim = next(n for n in cluster.nodes if n.alive() and not n.is_master())
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(timeout=30)
+    try:
+        s3 = make_server(["--l2-adapter", cl_json(cluster, "rr", read_from_replicas=True)])
+        s3.wait_recovered()
+        with s3.client() as c:
+            got = c.retrieve(keys)
+        assert len(got) == 96
+        check_prefix(got, pay)
+        b = l2_status(s3)
+        assert b["replica_fallbacks"] > 0 and b["counters"]["load_ok"] == 96, b
+    finally:
+        victim.start()  # rejoins as the replica it was
+        cluster.wait_ok()
+
+
 def test_cap_and_restart_recovers_from_every_master(make_server, cluster):
     """The cap holds across the whole cluster; a kvtier restart SCANs every
     master and recovers the same accounting."""
@@ -317,7 +372,11 @@ def test_bad_config(cluster):
                    json.dumps(dict(base, cluster=False, nodes=["h:1"])))
     assert r.returncode == 2 and '"nodes" is for cluster mode only' in r.stderr, r.stderr
     r = run_kvtier("server", "--dry-run", "--l2-adapter",
-                   json.dumps(dict(base, read_from_replicas=True)))
+                   json.dumps(dict(base, cluster=False, read_from_replicas=True)))
+    assert r.returncode == 2 and '"read_from_replicas" is for cluster mode only' in r.stderr, \
+        r.stderr
+    r = run_kvtier("server", "--dry-run", "--l2-adapter",
+                   json.dumps(dict(base, read_from_replicas="yes")))
     assert r.returncode == 2 and '"read_from_replicas"' in r.stderr, r.stderr
     ok = run_kvtier("server", "--dry-run", "--l2-adapter",
                     json.dumps(dict(base, nodes=["127.0.0.1:1"])))

@@ -844,6 +844,24 @@ static void do_load(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_
     struct load_ctx lc = {kvt_xcalloc(n, sizeof(char *))};
     worker_hdrs(w, n);
     int rc = run_pass(l2, e, w, load_pass, t, idx, n, st, &lc, node);
+    int master = e->read_replicas ? kvt_resp_cl_master_of(e, node) : -1;
+    if (master >= 0) {
+        /* read from a replica: what it did not have (replication is
+         * asynchronous: a value stored a moment ago) or could not serve
+         * (down, failing over) is asked of its master */
+        atomic_fetch_add(&e->replica_loads, n);
+        uint32_t again = 0;
+        for (uint32_t j = 0; j < n; j++)
+            if (st[j] == K_MISS || st[j] == K_DOWN) {
+                st[j] = K_PENDING;
+                again++;
+            }
+        if (again) {
+            atomic_fetch_add(&e->replica_fallbacks, again);
+            /* only the K_PENDING keys are sent again */
+            rc = run_pass(l2, e, w, load_pass, t, idx, n, st, &lc, master);
+        }
+    }
     uint32_t *bad = kvt_xcalloc(n, sizeof(uint32_t));
     uint32_t nbad = 0;
     for (uint32_t j = 0; j < n; j++) {
@@ -998,7 +1016,10 @@ static void group_by_node(struct resp_engine *e, kvt_l2_task *t, uint32_t *idx, 
     char key[KEY_MAX];
     for (uint32_t j = 0; j < n; j++) {
         int kl = kvt_resp_wire_key(e, &t->keys[idx[j]], key);
-        int o = kl > 0 ? kvt_resp_cl_node_of(e, key, (size_t)kl) : -1;
+        int o = kl <= 0 ? -1
+                : t->kind == KVT_L2_LOAD && e->read_replicas
+                    ? kvt_resp_cl_read_node_of(e, key, (size_t)kl)
+                    : kvt_resp_cl_node_of(e, key, (size_t)kl);
         nd[j] = (uint16_t)(o < 0 ? 0 : o);
         cnt[nd[j]]++;
     }
@@ -1220,6 +1241,13 @@ static void resp_status(kvt_l2 *l2, json_t *out)
         json_object_set_new(out, "ask_redirects", json_integer((json_int_t)atomic_load(&e->asked)));
         json_object_set_new(out, "cluster_errors",
                             json_integer((json_int_t)atomic_load(&e->cl_errors)));
+        json_object_set_new(out, "read_from_replicas", json_boolean(e->read_replicas));
+        if (e->read_replicas) {
+            json_object_set_new(out, "replica_loads",
+                                json_integer((json_int_t)atomic_load(&e->replica_loads)));
+            json_object_set_new(out, "replica_fallbacks",
+                                json_integer((json_int_t)atomic_load(&e->replica_fallbacks)));
+        }
     }
 }
 
@@ -1383,8 +1411,11 @@ static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
     pthread_mutex_init(&e->ctl_lock, NULL);
     pthread_mutex_init(&e->maplock, NULL);
     e->cluster = o->cluster;
+    e->read_replicas = o->read_replicas;
     for (unsigned s = 0; s < CL_SLOTS; s++)
-        e->slots[s] = CL_NO_NODE;
+        e->slots[s] = e->rslots[s] = CL_NO_NODE;
+    for (int i = 0; i < CL_MAX_NODES; i++)
+        e->master_of[i] = CL_NO_NODE;
     for (int i = 0; i < o->nseeds && e->cluster; i++)
         kvt_resp_cl_node_add(e, o->seed_host[i], o->seed_port[i]);
     e->nseeds = e->nnodes;

@@ -126,10 +126,10 @@ static int resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
                             "must be 0 in cluster mode (Redis Cluster has database 0 only; "
                             "got %lld)",
                             (long long)db);
-    if (replicas)
-        return kvt_cfg_unsupported(c, "read_from_replicas",
-                                   "is not supported: cluster mode reads from masters only "
-                                   "(set it to false)");
+    if (replicas && !o->cluster)
+        return kvt_cfg_fail(c, "read_from_replicas",
+                            "is for cluster mode only (set \"cluster\": true)");
+    o->read_replicas = replicas;
     if (seeds && !o->cluster)
         return kvt_cfg_fail(c, "nodes", "is for cluster mode only (set \"cluster\": true)");
     if (tls)

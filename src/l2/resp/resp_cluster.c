@@ -78,6 +78,28 @@ int kvt_resp_cl_node_add(struct resp_engine *e, const char *host, int port)
     return i;
 }
 
+int kvt_resp_cl_read_node_of(struct resp_engine *e, const char *key, size_t len)
+{
+    unsigned s = kvt_resp_cl_slot(key, len);
+    pthread_mutex_lock(&e->maplock);
+    int n = e->slots[s] == CL_NO_NODE ? -1 : e->slots[s];
+    uint16_t r = e->read_replicas ? e->rslots[s] : CL_NO_NODE;
+    if (n >= 0 && r != CL_NO_NODE && !e->node_down_ns[r])
+        n = r;
+    pthread_mutex_unlock(&e->maplock);
+    return n;
+}
+
+int kvt_resp_cl_master_of(struct resp_engine *e, int node)
+{
+    pthread_mutex_lock(&e->maplock);
+    int m = node >= 0 && node < CL_MAX_NODES && e->master_of[node] != CL_NO_NODE
+                ? e->master_of[node]
+                : -1;
+    pthread_mutex_unlock(&e->maplock);
+    return m;
+}
+
 /* The node that owns key's slot, or -1 when the map does not know. */
 int kvt_resp_cl_node_of(struct resp_engine *e, const char *key, size_t len)
 {
@@ -207,14 +229,19 @@ int kvt_resp_cl_error(struct resp_engine *e, const char *err, int *node, bool *a
 /* ------------------------------------------------------------ refresh */
 
 /* Parse a CLUSTER SLOTS reply into slots (node indices); the owners'
- * addresses are added to the node table. An empty host: the node asked. */
+ * addresses are added to the node table. An empty host: the node asked.
+ * With "read_from_replicas", rslots gets a replica per slot (its first
+ * replica: the entry's fourth element on) and master_of the replicas'
+ * masters. */
 static int parse_slots(struct resp_engine *e, const redisReply *r, int asked, uint16_t *slots,
-                       int *nmasters)
+                       uint16_t *rslots, uint16_t *master_of, int *nmasters)
 {
     if (r->type != REDIS_REPLY_ARRAY)
         return -EPROTO;
     for (unsigned s = 0; s < CL_SLOTS; s++)
-        slots[s] = CL_NO_NODE;
+        slots[s] = rslots[s] = CL_NO_NODE;
+    for (int i = 0; i < CL_MAX_NODES; i++)
+        master_of[i] = CL_NO_NODE;
     bool seen[CL_MAX_NODES] = {false};
     int masters = 0;
     pthread_mutex_lock(&e->maplock);
@@ -239,8 +266,24 @@ static int parse_slots(struct resp_engine *e, const redisReply *r, int asked, ui
             seen[n] = true;
             masters++;
         }
-        for (long long s = lo; s <= hi; s++)
+        int rep = -1;
+        for (size_t k = 3; e->read_replicas && rep < 0 && k < ent->elements; k++) {
+            const redisReply *x = ent->element[k];
+            if (x->type != REDIS_REPLY_ARRAY || x->elements < 2 ||
+                x->element[0]->type != REDIS_REPLY_STRING ||
+                x->element[1]->type != REDIS_REPLY_INTEGER)
+                continue;
+            rep = node_add_locked(e, x->element[0]->len ? x->element[0]->str : asked_host,
+                                  (int)x->element[1]->integer);
+            if (rep == n)
+                rep = -1;
+        }
+        if (rep >= 0)
+            master_of[rep] = (uint16_t)n;
+        for (long long s = lo; s <= hi; s++) {
             slots[s] = (uint16_t)n;
+            rslots[s] = rep >= 0 ? (uint16_t)rep : CL_NO_NODE;
+        }
     }
     pthread_mutex_unlock(&e->maplock);
     *nmasters = masters;
@@ -255,6 +298,8 @@ static int parse_slots(struct resp_engine *e, const redisReply *r, int asked, ui
 int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, char *msg, size_t cap)
 {
     uint16_t *slots = kvt_xmalloc(CL_SLOTS * sizeof(uint16_t));
+    uint16_t *rslots = kvt_xmalloc(CL_SLOTS * sizeof(uint16_t));
+    uint16_t master_of[CL_MAX_NODES];
     pthread_mutex_lock(&e->maplock);
     int count = e->nnodes;
     pthread_mutex_unlock(&e->maplock);
@@ -276,7 +321,7 @@ int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, cha
         } else if (r->type == REDIS_REPLY_ERROR) {
             snprintf(msg, cap, "CLUSTER SLOTS: %s", r->str); /* e.g. not a cluster node */
             rc = KVT_E_UNHEALTHY;
-        } else if ((rc = parse_slots(e, r, i, slots, &nm))) {
+        } else if ((rc = parse_slots(e, r, i, slots, rslots, master_of, &nm))) {
             snprintf(msg, cap, "CLUSTER SLOTS: no slot is served");
         }
         if (r)
@@ -287,6 +332,11 @@ int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, cha
         }
         pthread_mutex_lock(&e->maplock);
         memcpy(e->slots, slots, CL_SLOTS * sizeof(uint16_t));
+        memcpy(e->rslots, rslots, CL_SLOTS * sizeof(uint16_t));
+        memcpy(e->master_of, master_of, sizeof(master_of));
+        bool lacking = false; /* a served slot without a replica to read from */
+        for (unsigned s = 0; e->read_replicas && s < CL_SLOTS && !lacking; s++)
+            lacking = slots[s] != CL_NO_NODE && rslots[s] == CL_NO_NODE;
         bool changed = e->nmasters != nm;
         e->nmasters = nm;
         e->node_down_ns[i] = 0; /* it answered */
@@ -294,14 +344,18 @@ int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, cha
         pthread_mutex_unlock(&e->maplock);
         /* a master that failed still owns slots: its replica has not taken
          * over yet; read the map again shortly until one has */
-        if (down)
+        if (down || lacking)
             kvt_resp_cl_want_refresh(e);
+        pthread_mutex_lock(&e->hlock);
+        e->replica_poll = lacking && !down;
+        pthread_mutex_unlock(&e->hlock);
         atomic_fetch_add(&e->refreshes, 1);
         if (changed)
             kvt_info("%s: cluster slot map: %d masters", l2->name, nm);
         break;
     }
     free(slots);
+    free(rslots);
     return rc;
 }
 

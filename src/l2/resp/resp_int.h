@@ -35,6 +35,10 @@
 #define CL_MAX_REDIRECTS 5 /* MOVED/ASK hops per key and batch */
 #define CL_MAX_SEEDS 16
 #define CL_REFRESH_GAP_NS 200000000ull /* at most 5 slot-map refreshes a second */
+/* "read_from_replicas" while a master has no replica in the map (a new
+ * cluster whose replicas the asked node has not heard of yet, a replica
+ * lost): read the map again this often */
+#define CL_REPLICA_POLL_NS 2000000000ull
 
 /* One connection with its raw reply reader. Owned by one thread. */
 struct conn {
@@ -102,6 +106,15 @@ struct resp_engine {
     uint64_t next_refresh_ns;            /* hlock */
     struct conn ctl_nodes[CL_MAX_NODES]; /* ctl_lock: remove's connections per node */
     _Atomic uint64_t refreshes, moved, asked, cl_errors;
+    /* "read_from_replicas": loads go to a replica of the slot's master
+     * (connections opened READONLY); a miss or a failure there is asked of
+     * the master again. rslots: slot -> a replica (CL_NO_NODE: none);
+     * master_of: a replica's master (CL_NO_NODE for a master). maplock */
+    bool read_replicas;
+    bool replica_poll; /* hlock: a master has no replica in the map: poll it */
+    uint16_t rslots[CL_SLOTS];
+    uint16_t master_of[CL_MAX_NODES];
+    _Atomic uint64_t replica_loads, replica_fallbacks;
 
     /* "shared_budget" (resp_budget.c): stores are SET ... NX, so a key
      * another server stored is neither overwritten nor charged twice */
@@ -128,7 +141,8 @@ struct kvt_resp_opts {
     int database_id;
     uint64_t max_capacity_bytes;
     bool cluster;
-    int nseeds; /* cluster mode: host/port or startup_nodes, then "nodes" */
+    bool read_replicas; /* "read_from_replicas" (cluster mode) */
+    int nseeds;         /* cluster mode: host/port or startup_nodes, then "nodes" */
     char seed_host[CL_MAX_SEEDS][256];
     int seed_port[CL_MAX_SEEDS];
 };
@@ -172,6 +186,11 @@ bool kvt_resp_is_transport(int rc);
 unsigned kvt_resp_cl_slot(const char *key, size_t len);
 int kvt_resp_cl_node_add(struct resp_engine *e, const char *host, int port);
 int kvt_resp_cl_node_of(struct resp_engine *e, const char *key, size_t len);
+/* The node to read key from: with "read_from_replicas" a replica of its
+ * slot's master that is not marked down, else the master (-1: unknown). */
+int kvt_resp_cl_read_node_of(struct resp_engine *e, const char *key, size_t len);
+/* node's master when node is a replica, else -1. */
+int kvt_resp_cl_master_of(struct resp_engine *e, int node);
 void kvt_resp_cl_addr(struct resp_engine *e, int node, char *host, size_t cap, int *port);
 int kvt_resp_cl_masters(struct resp_engine *e, int *out, int max);
 void kvt_resp_cl_want_refresh(struct resp_engine *e);

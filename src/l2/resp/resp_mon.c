@@ -410,7 +410,8 @@ void *kvt_resp_monitor_main(void *arg)
             char msg[256];
             int rc = kvt_resp_cl_refresh(l2, e, &mon, msg, sizeof(msg));
             pthread_mutex_lock(&e->hlock);
-            e->next_refresh_ns = kvt_now_ns() + CL_REFRESH_GAP_NS;
+            e->next_refresh_ns =
+                kvt_now_ns() + (e->replica_poll ? CL_REPLICA_POLL_NS : CL_REFRESH_GAP_NS);
             pthread_mutex_unlock(&e->hlock);
             if (rc)
                 kvt_resp_mark_down(l2, e, msg);

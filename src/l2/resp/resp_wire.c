@@ -83,6 +83,10 @@ int kvt_resp_conn_open(struct resp_engine *e, struct conn *cn, char *msg, size_t
         redisReply *r = redisCommand(c, "SELECT %d", e->db);
         rc = check_reply(c, r, "SELECT", msg, cap);
     }
+    if (!rc && e->read_replicas) { /* a replica serves reads of its master's slots */
+        redisReply *r = redisCommand(c, "READONLY");
+        rc = check_reply(c, r, "READONLY", msg, cap);
+    }
     if (rc) {
         redisFree(c);
         return rc;
