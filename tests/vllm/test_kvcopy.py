@@ -126,6 +126,37 @@ def test_memcpy_path_writes_the_layout_the_torch_path_does(layout):
         assert not torch.equal(t, old)
 
 
+def test_large_segments_take_the_streaming_copy():
+    """Segments of 16 KiB and more are copied with non-temporal stores
+    (kvcopy.c): a block of 15 tokens x 33 heads x 127 dims in bf16 is
+    125,730 bytes, so its copies start on every alignment and end with a
+    tail shorter than a store; both directions must match torch's path."""
+    nb, bs = 8, 15
+    layers = [torch.randn(2, nb, bs, 33, 127).to(torch.bfloat16) for _ in range(2)]
+    caches = {"l%d" % i: t for i, t in enumerate(layers)}
+    fast = PagedLayout(caches, nb, bs, bs * 3)
+    slow = PagedLayout(caches, nb, bs, bs * 3)
+    slow._ccopy = None
+    assert fast._ccopy is not None
+    chunk = [6, 1, 3]
+    a, b = bytearray(fast.chunk_bytes), bytearray(fast.chunk_bytes)
+    fast.gather(chunk, memoryview(a))
+    slow.gather(chunk, memoryview(b))
+    assert a == b
+    before = [t.clone() for t in layers]
+    dst = [0, 7, 4]
+    fast.scatter(memoryview(a), dst)
+    after_fast = [t.clone() for t in layers]
+    for t, old in zip(layers, before):
+        t.copy_(old)
+    slow.scatter(memoryview(b), dst)
+    for t, f in zip(layers, after_fast):
+        assert torch.equal(t, f)
+    for t in layers:
+        for sb, db in zip(chunk, dst):
+            assert torch.equal(t[:, db], t[:, sb])
+
+
 def test_memcpy_path_refuses_block_ids_out_of_range():
     t = torch.randn(2, NB, BS, 4, 8)
     L = PagedLayout({"a": t}, NB, BS, BS * 4)
