@@ -102,24 +102,15 @@ static int parse_common(struct kvt_cfg *c, struct kvt_l2_spec *s)
  * false is refused as with "shared": a server would remove, at close,
  * objects the others' budget counts.
  */
-static bool spec_is(const struct kvt_l2_spec *s, const json_t *resolved, const char *what)
-{
-    const char *t = s->type;
-    const char *backend = json_string_value(json_object_get(resolved, "backend"));
-    if (!strcmp(what, "redis"))
-        return !strcmp(t, "resp") || !strcmp(t, "valkey");
-    if (!strcmp(what, "bucket"))
-        return !strcmp(t, "s3") || (!strcmp(t, "nixl_store") && backend && !strcmp(backend, "OBJ"));
-    return !strcmp(t, "nixl_store") && backend && !strcmp(backend, "AZURE_BLOB");
-}
-
 static void check_shared_budget(struct kvt_cfg *c, const struct kvt_l2_spec *s)
 {
     const char *t = s->type;
+    const char *backend = json_string_value(json_object_get(c->resolved, "backend"));
+    const char *nixl = !strcmp(t, "nixl_store") && backend ? backend : "";
     bool dir = !strcmp(t, "fs") || !strcmp(t, "fs_native") || !strcmp(t, "nixl_store_dynamic");
-    bool redis = spec_is(s, c->resolved, "redis");
-    bool bucket = spec_is(s, c->resolved, "bucket");
-    if (spec_is(s, c->resolved, "azure")) {
+    bool redis = !strcmp(t, "resp") || !strcmp(t, "valkey");
+    bool bucket = !strcmp(t, "s3") || !strcmp(nixl, "OBJ");
+    if (!strcmp(nixl, "AZURE_BLOB")) {
         kvt_cfg_unsupported(
             c, "shared_budget",
             "is not available for Azure Blob yet (its record would need Azure's conditional "

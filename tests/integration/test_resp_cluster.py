@@ -195,6 +195,16 @@ def check_prefix(got, want):
         assert bytes(g) == want[i], "wrong bytes for key %d" % i
 
 
+def store_96(server, model, seed):
+    """96 keys of 8 KiB stored and flushed through server: (keys, payloads)."""
+    keys = keys_for(model, 96)
+    pay = random_payloads(96, 8 * KiB, seed=seed)
+    with server.client() as c:
+        assert c.store(keys, pay) == 96
+        c.flush()
+    return keys, pay
+
+
 def test_store_load_spread_over_masters(make_server, cluster):
     """Many keys over all slots: stored through one kvtier, looked up and
     loaded through another (its L1 is empty: every byte comes from the
@@ -203,11 +213,7 @@ def test_store_load_spread_over_masters(make_server, cluster):
     s1 = make_server(["--l2-adapter", spec])
     s2 = make_server(["--l2-adapter", spec])
     s2.wait_recovered()
-    keys = keys_for("spread", 96)
-    pay = random_payloads(96, 8 * KiB, seed=11)
-    with s1.client() as c:
-        assert c.store(keys, pay) == 96
-        c.flush()
+    keys, pay = store_96(s1, "spread", 11)
     a = l2_status(s1)
     assert a["cluster"] is True and a["cluster_masters"] == 3 and a["slot_map_refreshes"] >= 1
     assert a["objects"] == 96
@@ -241,11 +247,7 @@ def test_read_from_replicas(make_server, cluster):
     s1 = make_server(["--l2-adapter", cl_json(cluster, "rr")])
     s2 = make_server(["--l2-adapter", cl_json(cluster, "rr", read_from_replicas=True)])
     s2.wait_recovered()
-    keys = keys_for("rr", 96)
-    pay = random_payloads(96, 8 * KiB, seed=12)
-    with s1.client() as c:
-        assert c.store(keys, pay) == 96
-        c.flush()
+    keys, pay = store_96(s1, "rr", 12)
     for m in cluster.masters():  # every replica has the values
         assert m.cmd("WAIT", 1, 5000) == 1
     # the node asked for the slot map may not have heard of every replica
@@ -341,20 +343,13 @@ def test_three_servers_shared_budget(make_server, cluster):
     values' bytes (summed on every master by one Lua script each) never go
     over the one cap they share (test_shared_budget.py has the workload and
     the directory and single-Redis cases)."""
-    from test_shared_budget import (CAP, CAP_GB, EVICT as SB_EVICT, L1 as SB_L1, Sampler,
-                                    check_run, redis_value_bytes, workload)
+    from test_shared_budget import CAP, CAP_GB, EVICT as SB_EVICT, killed_run, redis_value_bytes
     spec = cl_json(cluster, "sb", max_capacity_gb=CAP_GB, shared_budget=True, eviction=SB_EVICT)
-    servers = [make_server(SB_L1 + ["--l2-adapter", spec]) for _ in range(3)]
-    for s in servers:
-        s.wait_recovered()
     masters = cluster.masters()
     measure = lambda: redis_value_bytes(masters, "sb")  # noqa: E731
-    sampler = Sampler(measure)
-    sampler.start()
-    tally = workload(servers, 10.0, kill=(1, 4.0), model="sb-cluster")
     # the killed server's entry lives out its lease: 4 entries
-    real, b = check_run(servers, sampler, measure, tally, "redis cluster", nodes=4)
-    assert tally["killed"] == 1 and b[1]["recount"]["count"] == 1, b[1]
+    _, real, _ = killed_run(make_server, spec, measure, "redis cluster", nodes=4,
+                            model="sb-cluster")
     assert real <= CAP
     # the record is one hash on the master owning its slot
     holders = [m for m in masters if m.cmd("EXISTS", "kvtier:budget:sb") == 1]

@@ -69,15 +69,22 @@ class Sampler(threading.Thread):
 def dir_object_bytes(d):
     """Bytes of the object files under d (tmp files of writes in flight are
     not objects: their bytes are charged as the write's)."""
+    return file_bytes(d, lambda f: f.endswith(".bin") or f.endswith(".data"))
+
+
+def file_bytes(top, counts, skip_dot_dirs=False):
+    """Sizes of the files under top whose name counts(name) accepts (a file
+    removed meanwhile counts 0)."""
     total = 0
-    for root, _, files in os.walk(d):
+    for root, dirs, files in os.walk(top):
+        if skip_dot_dirs:
+            dirs[:] = [x for x in dirs if not x.startswith(".")]
         for f in files:
-            if not (f.endswith(".bin") or f.endswith(".data")):
-                continue
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except FileNotFoundError:
-                pass
+            if counts(f):
+                try:
+                    total += os.path.getsize(os.path.join(root, f))
+                except FileNotFoundError:
+                    pass
     return total
 
 
@@ -181,6 +188,18 @@ def workload(servers, seconds, kill=None, model="budget"):
     return tally
 
 
+def stored_server(make_server, spec, model, n, args=()):
+    """A recovered server on spec that stored keys_for(model, n) with
+    payload(i): (server, keys, their bytes with headers)."""
+    s = make_server(list(args) + ["--l2-adapter", spec])
+    s.wait_recovered()
+    keys = keys_for(model, n)
+    with s.client() as c:
+        c.store(keys, [payload(i) for i in range(n)])
+        c.flush()
+    return s, keys, sum(HDR + len(payload(i)) for i in range(n))
+
+
 def budget(server):
     return l2_status(server)["shared_budget"]
 
@@ -234,6 +253,23 @@ def final_recount(servers, measure, idx=0, extra=0):
     return b
 
 
+def killed_run(make_server, spec, measure, tier, nodes=3, model="budget"):
+    """Three servers on spec run the workload for 10 s, server 1 SIGKILLed
+    at 4 s and started again, under the sampler; check_run's checks, and
+    the killed server's successor recounted the tier at its start.
+    Returns (servers, real bytes, budget status of each)."""
+    servers = [make_server(L1 + ["--l2-adapter", spec]) for _ in range(3)]
+    for s in servers:
+        s.wait_recovered()
+    sampler = Sampler(measure)
+    sampler.start()
+    tally = workload(servers, 10.0, kill=(1, 4.0), model=model)
+    real, b = check_run(servers, sampler, measure, tally, tier, nodes=nodes)
+    assert tally["killed"] == 1
+    assert b[1]["recount"]["count"] == 1, b[1]
+    return servers, real, b
+
+
 def dir_spec(kind, d, **kw):
     if kind == "nixl_store_dynamic":
         return adapter_json(type="nixl_store_dynamic", backend="POSIX", shared=True,
@@ -247,17 +283,8 @@ def dir_spec(kind, d, **kw):
 def test_three_servers_one_directory(make_server, tmp_path, kind):
     d = tmp_path / "hf3fs"
     d.mkdir()
-    servers = [make_server(L1 + ["--l2-adapter", dir_spec(kind, d)]) for _ in range(3)]
-    for s in servers:
-        s.wait_recovered()
     measure = lambda: dir_object_bytes(d)  # noqa: E731
-    sampler = Sampler(measure)
-    sampler.start()
-    tally = workload(servers, 10.0, kill=(1, 4.0))
-    real, b = check_run(servers, sampler, measure, tally, kind)
-    assert tally["killed"] == 1
-    # the killed server's successor recounted the directory at its start
-    assert b[1]["recount"]["count"] == 1, b[1]
+    servers, _, _ = killed_run(make_server, dir_spec(kind, d), measure, kind)
     assert os.path.exists(d / ".kvtier-budget")
     final_recount(servers, measure)
 
@@ -290,17 +317,9 @@ def test_three_servers_one_redis(make_server, tmp_path):
     try:
         spec = adapter_json(type="resp", host="127.0.0.1", port=r.port, key_prefix="sb",
                             max_capacity_gb=CAP_GB, shared_budget=True, eviction=EVICT)
-        servers = [make_server(L1 + ["--l2-adapter", spec]) for _ in range(3)]
-        for s in servers:
-            s.wait_recovered()
         measure = lambda: redis_value_bytes([r], "sb")  # noqa: E731
-        sampler = Sampler(measure)
-        sampler.start()
-        tally = workload(servers, 10.0, kill=(1, 4.0))
         # the killed server's entry lives out its 30 s lease: 4 entries
-        real, b = check_run(servers, sampler, measure, tally, "redis", nodes=4)
-        assert tally["killed"] == 1
-        assert b[1]["recount"]["count"] == 1, b[1]
+        servers, _, b = killed_run(make_server, spec, measure, "redis", nodes=4)
         # the record, a hash beside the data
         rec = r.cmd("HGETALL", "kvtier:budget:sb")
         fields = dict(zip(rec[::2], rec[1::2]))
@@ -322,17 +341,9 @@ def bucket_object_bytes(srv, prefix):
     """Bytes of the objects under prefix in versitygw's bucket directory (an
     object is a file; its staging directories and the budget record are
     not objects)."""
-    total = 0
-    for root, dirs, files in os.walk(os.path.join(srv.dir, srv.bucket, prefix)):
-        dirs[:] = [x for x in dirs if not x.startswith(".")]
-        for f in files:
-            if f.startswith("."):  # the record, versitygw's link-then-rename names
-                continue
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except FileNotFoundError:
-                pass
-    return total
+    # dot-files: the record, versitygw's link-then-rename names
+    return file_bytes(os.path.join(srv.dir, srv.bucket, prefix), lambda f: not f.startswith("."),
+                      skip_dot_dirs=True)
 
 
 def record_pending(path):
@@ -359,17 +370,9 @@ def test_three_servers_one_bucket(make_server, tmp_path):
     try:
         spec = s3_json(srv, key_prefix="sb", max_capacity_gb=CAP_GB, shared_budget=True,
                        eviction=EVICT)
-        servers = [make_server(L1 + ["--l2-adapter", spec]) for _ in range(3)]
-        for s in servers:
-            s.wait_recovered()
         measure = lambda: bucket_object_bytes(srv, "sb")  # noqa: E731
-        sampler = Sampler(measure)
-        sampler.start()
-        tally = workload(servers, 10.0, kill=(1, 4.0))
         # the killed server's entry lives out its 30 s lease: 4 entries
-        real, b = check_run(servers, sampler, measure, tally, "s3 (versitygw)", nodes=4)
-        assert tally["killed"] == 1
-        assert b[1]["recount"]["count"] == 1, b[1]
+        servers, _, b = killed_run(make_server, spec, measure, "s3 (versitygw)", nodes=4)
         assert b[0]["record"].endswith("/sb/.kvtier-budget"), b[0]
         st = [l2_status(s) for s in servers]
         claims = [a["removal_claims"] for a in st]
@@ -398,14 +401,9 @@ def test_redis_record_lost_is_made_full_then_recounted(make_server, tmp_path):
     try:
         spec = adapter_json(type="resp", host="127.0.0.1", port=r.port, key_prefix="gone",
                             max_capacity_gb=CAP_GB, shared_budget=True)
-        s = make_server(["--l2-adapter", spec])
-        s.wait_recovered()
-        keys = keys_for("gone", 6)
-        with s.client() as c:
-            c.store(keys, [payload(i) for i in range(6)])
-            c.flush()
+        s, _, stored = stored_server(make_server, spec, "gone", 6)
         real = redis_value_bytes([r], "gone")
-        assert real == sum(HDR + len(payload(i)) for i in range(6))
+        assert real == stored
         assert budget(s)["total_bytes"] == real
         assert r.cmd("DEL", "kvtier:budget:gone") == 1
         b = wait_for(lambda: (lambda x: x if x["recount"]["count"] >= 2 else None)(budget(s)),
@@ -558,14 +556,9 @@ def test_bucket_record_lost_is_made_full_then_recounted(make_server, tmp_path):
     srv = start_s3("versitygw", tmp_path)
     try:
         spec = s3_json(srv, key_prefix="gone", max_capacity_gb=CAP_GB, shared_budget=True)
-        s = make_server(["--l2-adapter", spec])
-        s.wait_recovered()
-        keys = keys_for("gone", 6)
-        with s.client() as c:
-            c.store(keys, [payload(i) for i in range(6)])
-            c.flush()
+        s, _, stored = stored_server(make_server, spec, "gone", 6)
         real = bucket_object_bytes(srv, "gone")
-        assert real == sum(HDR + len(payload(i)) for i in range(6))
+        assert real == stored
         assert budget(s)["total_bytes"] == real
         os.unlink(os.path.join(srv.dir, srv.bucket, "gone", ".kvtier-budget"))
         b = wait_for(lambda: (lambda x: x if x["recount"]["count"] >= 2 else None)(budget(s)),
@@ -593,13 +586,8 @@ def test_bucket_record_step_whose_answer_was_lost_counts_once(make_server, tmp_p
         spec = s3_json(srv, s3_endpoint="127.0.0.1:%d" % proxy.port, key_prefix="lost",
                        max_capacity_gb=CAP_GB, shared_budget=True)
         # one eviction cycle in 10 s: no periodic step gets in between
-        s = make_server(["--eviction-interval-ms", "10000", "--l2-adapter", spec])
-        s.wait_recovered()
-        keys = keys_for("lost", 3)
-        with s.client() as c:
-            c.store(keys, [payload(i) for i in range(3)])
-            c.flush()
-        stored = sum(HDR + len(payload(i)) for i in range(3))
+        s, keys, stored = stored_server(make_server, spec, "lost", 3,
+                                        args=["--eviction-interval-ms", "10000"])
         assert bucket_object_bytes(srv, "lost") == stored
         assert budget(s)["total_bytes"] == stored
         proxy.armed.set()

@@ -95,26 +95,19 @@ def test_an_object_of_another_layout_is_not_scattered():
         a.scatter(bytearray(a.chunk_bytes - 1), [0, 1, 2, 3])
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_memcpy_path_writes_the_layout_the_torch_path_does(layout):
-    """kvt_copy_blocks (the CPU memcpy path) and torch's index_select /
-    index_copy_ give the same object bytes and the same cache contents, so
-    objects written by either (or by the CUDA path) load through the other."""
-    layers = LAYOUTS[layout](torch.float16)
+def copy_like_torch(layers, nb, bs, chunk, dst):
+    """Gather chunk and scatter it into dst (-1: skipped) through the C
+    path and through torch's: the same object bytes and the same caches.
+    Returns whether the C path was taken."""
     caches = {"l%d" % i: t for i, t in enumerate(layers)}
-    fast = PagedLayout(caches, NB, BS, BS * 4)
-    slow = PagedLayout(caches, NB, BS, BS * 4)
+    fast = PagedLayout(caches, nb, bs, bs * len(chunk))
+    slow = PagedLayout(caches, nb, bs, bs * len(chunk))
     slow._ccopy = None
-    # every contiguous layout takes the memcpy path; the permuted view cannot
-    assert (fast._ccopy is not None) == (layout != "strided")
-    chunk = [5, 17, 2, 40]
     a, b = bytearray(fast.chunk_bytes), bytearray(fast.chunk_bytes)
     fast.gather(chunk, memoryview(a))
     slow.gather(chunk, memoryview(b))
     assert a == b
     before = [t.clone() for t in layers]
-    # scatter one chunk's bytes into other blocks (one skipped) both ways
-    dst = [9, -1, 33, 63]
     fast.scatter(memoryview(a), dst)
     after_fast = [t.clone() for t in layers]
     for t, old in zip(layers, before):
@@ -124,36 +117,30 @@ def test_memcpy_path_writes_the_layout_the_torch_path_does(layout):
         assert torch.equal(t, f)
     for t, old in zip(layers, before):
         assert not torch.equal(t, old)
+    return fast._ccopy is not None
 
 
-def test_large_segments_take_the_streaming_copy():
-    """Segments of 16 KiB and more are copied with non-temporal stores
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_memcpy_path_writes_the_layout_the_torch_path_does(layout):
+    """kvt_copy_blocks (the CPU memcpy path) and torch's index_select /
+    index_copy_ give the same object bytes and the same cache contents, so
+    objects written by either (or by the CUDA path) load through the other."""
+    # scatter one chunk's bytes into other blocks (one skipped) both ways;
+    # every contiguous layout takes the memcpy path; the permuted view cannot
+    c = copy_like_torch(LAYOUTS[layout](torch.float16), NB, BS, [5, 17, 2, 40], [9, -1, 33, 63])
+    assert c == (layout != "strided")
+
+
+def test_large_unaligned_blocks_copy_like_torch():
+    """Blocks of 16 KiB and more are copied with non-temporal stores
     (kvcopy.c): a block of 15 tokens x 33 heads x 127 dims in bf16 is
     125,730 bytes, so its copies start on every alignment and end with a
     tail shorter than a store; both directions must match torch's path."""
     nb, bs = 8, 15
     layers = [torch.randn(2, nb, bs, 33, 127).to(torch.bfloat16) for _ in range(2)]
-    caches = {"l%d" % i: t for i, t in enumerate(layers)}
-    fast = PagedLayout(caches, nb, bs, bs * 3)
-    slow = PagedLayout(caches, nb, bs, bs * 3)
-    slow._ccopy = None
-    assert fast._ccopy is not None
-    chunk = [6, 1, 3]
-    a, b = bytearray(fast.chunk_bytes), bytearray(fast.chunk_bytes)
-    fast.gather(chunk, memoryview(a))
-    slow.gather(chunk, memoryview(b))
-    assert a == b
-    before = [t.clone() for t in layers]
-    dst = [0, 7, 4]
-    fast.scatter(memoryview(a), dst)
-    after_fast = [t.clone() for t in layers]
-    for t, old in zip(layers, before):
-        t.copy_(old)
-    slow.scatter(memoryview(b), dst)
-    for t, f in zip(layers, after_fast):
-        assert torch.equal(t, f)
+    assert copy_like_torch(layers, nb, bs, [6, 1, 3], [0, 7, 4])
     for t in layers:
-        for sb, db in zip(chunk, dst):
+        for sb, db in zip([6, 1, 3], [0, 7, 4]):
             assert torch.equal(t[:, db], t[:, sb])
 
 

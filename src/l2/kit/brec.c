@@ -149,6 +149,37 @@ void kvt_brec_end(struct kvt_brec *r, const struct kvt_budget_snap *s, uint64_t 
     r->recount_after = r->total;
 }
 
+uint32_t kvt_brec_step(struct kvt_brec *r, int slot, const struct kvt_brec_op *op, bool rejoined,
+                       uint64_t now_ms, kvt_brec_census_fn census, void *ctx,
+                       struct kvt_budget_view *out)
+{
+    uint32_t folded = 0;
+    if (op->kind == KVT_BREC_APPLY) {
+        const struct kvt_budget_req *rq = op->rq;
+        bool refresh = !rq->take && !rq->refund && !rq->removed;
+        if (refresh && !rejoined) /* the periodic step counts and folds */
+            folded = census(ctx, r, now_ms);
+        kvt_brec_apply(r, slot, rq, rejoined, now_ms, out);
+    } else {
+        folded = census(ctx, r, now_ms);
+        if (rejoined)
+            kvt_brec_rejoin(r, slot, op->inflight);
+        bool live[KVT_BREC_NODES];
+        for (int i = 0; i < KVT_BREC_NODES; i++)
+            live[i] = r->node[i].id != 0; /* census left only live entries */
+        if (op->kind == KVT_BREC_BEGIN)
+            kvt_brec_begin(r, live, op->snap);
+        else
+            kvt_brec_end(r, op->snap, op->walked, now_ms);
+        r->node[slot].seen_ms = now_ms;
+        if (out)
+            kvt_brec_view(r, slot, out);
+    }
+    if (out)
+        out->rejoined = out->rejoined || rejoined;
+    return folded;
+}
+
 /* ---------------------------------------------------------- encoding */
 
 void kvt_brec_encode(const struct kvt_brec *r, uint8_t *buf)

@@ -80,6 +80,26 @@ void kvt_brec_begin(const struct kvt_brec *r, const bool *alive, struct kvt_budg
  * differs, or adds went back). */
 void kvt_brec_end(struct kvt_brec *r, const struct kvt_budget_snap *s, uint64_t walked,
                   uint64_t now_ms);
+/* One step of a record backend (budget.h's apply, begin and end). */
+enum kvt_brec_kind { KVT_BREC_APPLY, KVT_BREC_BEGIN, KVT_BREC_END };
+struct kvt_brec_op {
+    enum kvt_brec_kind kind;
+    const struct kvt_budget_req *rq; /* APPLY */
+    uint64_t inflight;               /* BEGIN, END: what a rejoin adds back */
+    struct kvt_budget_snap *snap;    /* BEGIN fills it, END reads it */
+    uint64_t walked;                 /* END */
+};
+/* Folds the entries of dead servers (a backend's way of telling: locks,
+ * leases) and returns how many. */
+typedef uint32_t (*kvt_brec_census_fn)(void *ctx, struct kvt_brec *r, uint64_t now_ms);
+/* The step op of server slot on a record the backend read and joined
+ * (rejoined: just now): the periodic step (an APPLY of nothing) and the
+ * recounts run census first; a recount's BEGIN and END renew slot's
+ * seen_ms. Fills out when not NULL (nodes and folded are the caller's;
+ * rejoined is or-ed in). Returns the entries census folded. */
+uint32_t kvt_brec_step(struct kvt_brec *r, int slot, const struct kvt_brec_op *op, bool rejoined,
+                       uint64_t now_ms, kvt_brec_census_fn census, void *ctx,
+                       struct kvt_budget_view *out);
 /* The view of entry slot (nodes, folded and the step's flags left 0). */
 void kvt_brec_view(const struct kvt_brec *r, int slot, struct kvt_budget_view *out);
 

@@ -85,9 +85,12 @@ static bool alive(struct bfile *f, int slot)
 }
 
 /* Fold the entries of dead servers; count the live ones. Returns how many
- * were folded. call with f->lock and the record lock held */
-static uint32_t census(struct bfile *f, struct kvt_brec *r)
+ * were folded (a kvt_brec_census_fn). call with f->lock and the record lock
+ * held */
+static uint32_t census(void *ctx, struct kvt_brec *r, uint64_t now)
 {
+    (void)now; /* the kernel's locks tell the dead */
+    struct bfile *f = ctx;
     uint32_t folded = 0, live = 0;
     for (int i = 0; i < KVT_BREC_NODES; i++) {
         if (!r->node[i].id)
@@ -178,7 +181,7 @@ static int join(struct bfile *f, struct kvt_brec *r, bool *rejoined, uint32_t *f
         ofd(f->fd, F_OFD_SETLK, F_UNLCK, LIVE + f->slot);
         f->slot = -1;
     }
-    *folded += census(f, r);
+    *folded += census(f, r, 0);
     for (int i = 0; i < KVT_BREC_NODES; i++) {
         if (r->node[i].id)
             continue;
@@ -194,12 +197,9 @@ static int join(struct bfile *f, struct kvt_brec *r, bool *rejoined, uint32_t *f
     return -ENOSPC;
 }
 
-enum step_kind { STEP_APPLY, STEP_BEGIN, STEP_END };
-
 /* One step under both locks. */
-static int step(struct bfile *f, enum step_kind kind, const struct kvt_budget_req *rq,
-                uint64_t inflight, struct kvt_budget_snap *snap, uint64_t walked,
-                struct kvt_budget_view *out, char *err, size_t errcap)
+static int step(struct bfile *f, const struct kvt_brec_op *op, struct kvt_budget_view *out,
+                char *err, size_t errcap)
 {
     struct kvt_brec r;
     pthread_mutex_lock(&f->lock);
@@ -221,30 +221,10 @@ static int step(struct bfile *f, enum step_kind kind, const struct kvt_budget_re
                                  : kvt_strerror(rc));
         goto out;
     }
-    if (kind == STEP_APPLY) {
-        bool refresh = !rq->take && !rq->refund && !rq->removed;
-        if (refresh && !rejoined) /* the periodic step counts and folds */
-            folded += census(f, &r);
-        kvt_brec_apply(&r, f->slot, rq, rejoined, now_ms(), out);
-    } else {
-        folded += census(f, &r);
-        if (rejoined)
-            kvt_brec_rejoin(&r, f->slot, inflight);
-        bool live[KVT_BREC_NODES];
-        for (int i = 0; i < KVT_BREC_NODES; i++)
-            live[i] = r.node[i].id != 0; /* census left only live entries */
-        if (kind == STEP_BEGIN)
-            kvt_brec_begin(&r, live, snap);
-        else
-            kvt_brec_end(&r, snap, walked, now_ms());
-        r.node[f->slot].seen_ms = now_ms();
-        if (out)
-            kvt_brec_view(&r, f->slot, out);
-    }
+    folded += kvt_brec_step(&r, f->slot, op, rejoined, now_ms(), census, f, out);
     if (out) {
         out->nodes = f->live;
         out->folded = folded;
-        out->rejoined = out->rejoined || rejoined;
     }
     rc = save(f, &r);
     if (rc)
@@ -258,20 +238,24 @@ out:
 static int bf_apply(void *rec, const struct kvt_budget_req *rq, struct kvt_budget_view *out,
                     char *err, size_t errcap)
 {
-    return step(rec, STEP_APPLY, rq, 0, NULL, 0, out, err, errcap);
+    struct kvt_brec_op op = {.kind = KVT_BREC_APPLY, .rq = rq};
+    return step(rec, &op, out, err, errcap);
 }
 
 static int bf_begin(void *rec, uint64_t inflight, struct kvt_budget_snap *snap, char *err,
                     size_t errcap)
 {
-    return step(rec, STEP_BEGIN, NULL, inflight, snap, 0, NULL, err, errcap);
+    struct kvt_brec_op op = {.kind = KVT_BREC_BEGIN, .inflight = inflight, .snap = snap};
+    return step(rec, &op, NULL, err, errcap);
 }
 
 static int bf_end(void *rec, uint64_t inflight, const struct kvt_budget_snap *snap, uint64_t walked,
                   struct kvt_budget_view *out, char *err, size_t errcap)
 {
     struct kvt_budget_snap s = *snap;
-    return step(rec, STEP_END, NULL, inflight, &s, walked, out, err, errcap);
+    struct kvt_brec_op op = {
+        .kind = KVT_BREC_END, .inflight = inflight, .snap = &s, .walked = walked};
+    return step(rec, &op, out, err, errcap);
 }
 
 static void bf_where(void *rec, char *out, size_t cap)

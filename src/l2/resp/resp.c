@@ -1016,10 +1016,7 @@ static void group_by_node(struct resp_engine *e, kvt_l2_task *t, uint32_t *idx, 
     char key[KEY_MAX];
     for (uint32_t j = 0; j < n; j++) {
         int kl = kvt_resp_wire_key(e, &t->keys[idx[j]], key);
-        int o = kl <= 0 ? -1
-                : t->kind == KVT_L2_LOAD && e->read_replicas
-                    ? kvt_resp_cl_read_node_of(e, key, (size_t)kl)
-                    : kvt_resp_cl_node_of(e, key, (size_t)kl);
+        int o = kl > 0 ? kvt_resp_cl_node_of(e, key, (size_t)kl, t->kind == KVT_L2_LOAD) : -1;
         nd[j] = (uint16_t)(o < 0 ? 0 : o);
         cnt[nd[j]]++;
     }
@@ -1413,9 +1410,9 @@ static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
     e->cluster = o->cluster;
     e->read_replicas = o->read_replicas;
     for (unsigned s = 0; s < CL_SLOTS; s++)
-        e->slots[s] = e->rslots[s] = CL_NO_NODE;
+        e->slots[s] = CL_NO_NODE;
     for (int i = 0; i < CL_MAX_NODES; i++)
-        e->master_of[i] = CL_NO_NODE;
+        e->replica_of[i] = e->master_of[i] = CL_NO_NODE;
     for (int i = 0; i < o->nseeds && e->cluster; i++)
         kvt_resp_cl_node_add(e, o->seed_host[i], o->seed_port[i]);
     e->nseeds = e->nnodes;

@@ -78,18 +78,6 @@ int kvt_resp_cl_node_add(struct resp_engine *e, const char *host, int port)
     return i;
 }
 
-int kvt_resp_cl_read_node_of(struct resp_engine *e, const char *key, size_t len)
-{
-    unsigned s = kvt_resp_cl_slot(key, len);
-    pthread_mutex_lock(&e->maplock);
-    int n = e->slots[s] == CL_NO_NODE ? -1 : e->slots[s];
-    uint16_t r = e->read_replicas ? e->rslots[s] : CL_NO_NODE;
-    if (n >= 0 && r != CL_NO_NODE && !e->node_down_ns[r])
-        n = r;
-    pthread_mutex_unlock(&e->maplock);
-    return n;
-}
-
 int kvt_resp_cl_master_of(struct resp_engine *e, int node)
 {
     pthread_mutex_lock(&e->maplock);
@@ -100,12 +88,16 @@ int kvt_resp_cl_master_of(struct resp_engine *e, int node)
     return m;
 }
 
-/* The node that owns key's slot, or -1 when the map does not know. */
-int kvt_resp_cl_node_of(struct resp_engine *e, const char *key, size_t len)
+int kvt_resp_cl_node_of(struct resp_engine *e, const char *key, size_t len, bool read)
 {
     unsigned s = kvt_resp_cl_slot(key, len);
     pthread_mutex_lock(&e->maplock);
     int n = e->slots[s] == CL_NO_NODE ? -1 : e->slots[s];
+    if (n >= 0 && read && e->read_replicas) {
+        uint16_t r = e->replica_of[n];
+        if (r != CL_NO_NODE && !e->node_down_ns[r])
+            n = r;
+    }
     pthread_mutex_unlock(&e->maplock);
     return n;
 }
@@ -228,20 +220,32 @@ int kvt_resp_cl_error(struct resp_engine *e, const char *err, int *node, bool *a
 
 /* ------------------------------------------------------------ refresh */
 
+/* The node of one [host, port, ...] element of a CLUSTER SLOTS entry,
+ * added to the table (an empty host: the node asked); -1: malformed or the
+ * table is full. call with maplock held */
+static int slots_node_locked(struct resp_engine *e, const redisReply *x, const char *asked_host)
+{
+    if (x->type != REDIS_REPLY_ARRAY || x->elements < 2 ||
+        x->element[0]->type != REDIS_REPLY_STRING || x->element[1]->type != REDIS_REPLY_INTEGER)
+        return -1;
+    return node_add_locked(e, x->element[0]->len ? x->element[0]->str : asked_host,
+                           (int)x->element[1]->integer);
+}
+
 /* Parse a CLUSTER SLOTS reply into slots (node indices); the owners'
  * addresses are added to the node table. An empty host: the node asked.
- * With "read_from_replicas", rslots gets a replica per slot (its first
- * replica: the entry's fourth element on) and master_of the replicas'
- * masters. */
+ * With "read_from_replicas", replica_of gets each master's first replica
+ * (an entry's fourth element on) and master_of its inverse; *lacking: a
+ * master has none. */
 static int parse_slots(struct resp_engine *e, const redisReply *r, int asked, uint16_t *slots,
-                       uint16_t *rslots, uint16_t *master_of, int *nmasters)
+                       uint16_t *replica_of, uint16_t *master_of, int *nmasters, bool *lacking)
 {
     if (r->type != REDIS_REPLY_ARRAY)
         return -EPROTO;
     for (unsigned s = 0; s < CL_SLOTS; s++)
-        slots[s] = rslots[s] = CL_NO_NODE;
+        slots[s] = CL_NO_NODE;
     for (int i = 0; i < CL_MAX_NODES; i++)
-        master_of[i] = CL_NO_NODE;
+        replica_of[i] = master_of[i] = CL_NO_NODE;
     bool seen[CL_MAX_NODES] = {false};
     int masters = 0;
     pthread_mutex_lock(&e->maplock);
@@ -251,15 +255,10 @@ static int parse_slots(struct resp_engine *e, const redisReply *r, int asked, ui
         const redisReply *ent = r->element[i];
         if (ent->type != REDIS_REPLY_ARRAY || ent->elements < 3 ||
             ent->element[0]->type != REDIS_REPLY_INTEGER ||
-            ent->element[1]->type != REDIS_REPLY_INTEGER ||
-            ent->element[2]->type != REDIS_REPLY_ARRAY || ent->element[2]->elements < 2)
+            ent->element[1]->type != REDIS_REPLY_INTEGER)
             continue;
         long long lo = ent->element[0]->integer, hi = ent->element[1]->integer;
-        const redisReply *m = ent->element[2];
-        if (m->element[0]->type != REDIS_REPLY_STRING || m->element[1]->type != REDIS_REPLY_INTEGER)
-            continue;
-        const char *host = m->element[0]->len ? m->element[0]->str : asked_host;
-        int n = node_add_locked(e, host, (int)m->element[1]->integer);
+        int n = slots_node_locked(e, ent->element[2], asked_host);
         if (n < 0 || lo < 0 || hi >= CL_SLOTS || lo > hi)
             continue;
         if (!seen[n]) {
@@ -268,24 +267,21 @@ static int parse_slots(struct resp_engine *e, const redisReply *r, int asked, ui
         }
         int rep = -1;
         for (size_t k = 3; e->read_replicas && rep < 0 && k < ent->elements; k++) {
-            const redisReply *x = ent->element[k];
-            if (x->type != REDIS_REPLY_ARRAY || x->elements < 2 ||
-                x->element[0]->type != REDIS_REPLY_STRING ||
-                x->element[1]->type != REDIS_REPLY_INTEGER)
-                continue;
-            rep = node_add_locked(e, x->element[0]->len ? x->element[0]->str : asked_host,
-                                  (int)x->element[1]->integer);
+            rep = slots_node_locked(e, ent->element[k], asked_host);
             if (rep == n)
                 rep = -1;
         }
-        if (rep >= 0)
+        if (rep >= 0) {
+            replica_of[n] = (uint16_t)rep;
             master_of[rep] = (uint16_t)n;
-        for (long long s = lo; s <= hi; s++) {
-            slots[s] = (uint16_t)n;
-            rslots[s] = rep >= 0 ? (uint16_t)rep : CL_NO_NODE;
         }
+        for (long long s = lo; s <= hi; s++)
+            slots[s] = (uint16_t)n;
     }
     pthread_mutex_unlock(&e->maplock);
+    *lacking = false;
+    for (int i = 0; e->read_replicas && i < CL_MAX_NODES; i++)
+        *lacking = *lacking || (seen[i] && replica_of[i] == CL_NO_NODE);
     *nmasters = masters;
     return masters ? 0 : -ENOENT;
 }
@@ -298,8 +294,8 @@ static int parse_slots(struct resp_engine *e, const redisReply *r, int asked, ui
 int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, char *msg, size_t cap)
 {
     uint16_t *slots = kvt_xmalloc(CL_SLOTS * sizeof(uint16_t));
-    uint16_t *rslots = kvt_xmalloc(CL_SLOTS * sizeof(uint16_t));
-    uint16_t master_of[CL_MAX_NODES];
+    uint16_t replica_of[CL_MAX_NODES], master_of[CL_MAX_NODES];
+    bool lacking = false; /* a master without a replica to read from */
     pthread_mutex_lock(&e->maplock);
     int count = e->nnodes;
     pthread_mutex_unlock(&e->maplock);
@@ -321,7 +317,7 @@ int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, cha
         } else if (r->type == REDIS_REPLY_ERROR) {
             snprintf(msg, cap, "CLUSTER SLOTS: %s", r->str); /* e.g. not a cluster node */
             rc = KVT_E_UNHEALTHY;
-        } else if ((rc = parse_slots(e, r, i, slots, rslots, master_of, &nm))) {
+        } else if ((rc = parse_slots(e, r, i, slots, replica_of, master_of, &nm, &lacking))) {
             snprintf(msg, cap, "CLUSTER SLOTS: no slot is served");
         }
         if (r)
@@ -332,11 +328,8 @@ int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, cha
         }
         pthread_mutex_lock(&e->maplock);
         memcpy(e->slots, slots, CL_SLOTS * sizeof(uint16_t));
-        memcpy(e->rslots, rslots, CL_SLOTS * sizeof(uint16_t));
+        memcpy(e->replica_of, replica_of, sizeof(replica_of));
         memcpy(e->master_of, master_of, sizeof(master_of));
-        bool lacking = false; /* a served slot without a replica to read from */
-        for (unsigned s = 0; e->read_replicas && s < CL_SLOTS && !lacking; s++)
-            lacking = slots[s] != CL_NO_NODE && rslots[s] == CL_NO_NODE;
         bool changed = e->nmasters != nm;
         e->nmasters = nm;
         e->node_down_ns[i] = 0; /* it answered */
@@ -355,7 +348,6 @@ int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, cha
         break;
     }
     free(slots);
-    free(rslots);
     return rc;
 }
 
@@ -364,7 +356,7 @@ int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, cha
 redisReply *kvt_resp_cl_command(struct resp_engine *e, const char *key, size_t kl, int argc,
                                 const char **argv, const size_t *lens)
 {
-    int node = kvt_resp_cl_node_of(e, key, kl);
+    int node = kvt_resp_cl_node_of(e, key, kl, false);
     bool ask = false;
     if (node < 0)
         node = 0;

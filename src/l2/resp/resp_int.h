@@ -108,11 +108,11 @@ struct resp_engine {
     _Atomic uint64_t refreshes, moved, asked, cl_errors;
     /* "read_from_replicas": loads go to a replica of the slot's master
      * (connections opened READONLY); a miss or a failure there is asked of
-     * the master again. rslots: slot -> a replica (CL_NO_NODE: none);
-     * master_of: a replica's master (CL_NO_NODE for a master). maplock */
+     * the master again. replica_of: a master's replica to read from,
+     * master_of: a replica's master (CL_NO_NODE: none). maplock */
     bool read_replicas;
     bool replica_poll; /* hlock: a master has no replica in the map: poll it */
-    uint16_t rslots[CL_SLOTS];
+    uint16_t replica_of[CL_MAX_NODES];
     uint16_t master_of[CL_MAX_NODES];
     _Atomic uint64_t replica_loads, replica_fallbacks;
 
@@ -185,10 +185,9 @@ bool kvt_resp_is_transport(int rc);
 /* resp_cluster.c: slot map, redirects, per-node control commands */
 unsigned kvt_resp_cl_slot(const char *key, size_t len);
 int kvt_resp_cl_node_add(struct resp_engine *e, const char *host, int port);
-int kvt_resp_cl_node_of(struct resp_engine *e, const char *key, size_t len);
-/* The node to read key from: with "read_from_replicas" a replica of its
- * slot's master that is not marked down, else the master (-1: unknown). */
-int kvt_resp_cl_read_node_of(struct resp_engine *e, const char *key, size_t len);
+/* The node that owns key's slot (-1: the map does not know); read, with
+ * "read_from_replicas": its replica instead, unless that is marked down. */
+int kvt_resp_cl_node_of(struct resp_engine *e, const char *key, size_t len, bool read);
 /* node's master when node is a replica, else -1. */
 int kvt_resp_cl_master_of(struct resp_engine *e, int node);
 void kvt_resp_cl_addr(struct resp_engine *e, int node, char *host, size_t cap, int *port);

@@ -41,6 +41,7 @@
 #include "common/cfg.h"
 #include "l2/engine.h"
 #include "l2/life.h"
+#include "l2/kit/dirlock.h"
 #include "l2/kit/objfmt.h"
 #include "l2/s3/s3_int.h"
 #include "l2/s3/sigv4.h"
@@ -238,15 +239,17 @@ static void marker_gone(struct s3_engine *e, struct s3_req *r)
 }
 
 /*
- * A lookup or load found an empty object: the marker a removal claimed
- * (see "remove" below) and has not deleted yet, or left behind when its
- * server died. It is a miss; it is deleted if it is still that marker
- * (If-Match on its ETag: never another server's object stored since), so
- * that the key can be stored again. Anyone may delete a marker: the
- * claiming server subtracted the object's bytes when its claim landed.
+ * A lookup or load found an empty object under ck: the marker a removal
+ * claimed (see "remove" below) and has not deleted yet, or left behind
+ * when its server died. It is a miss (the index forgets ck); it is deleted
+ * if it is still that marker (If-Match on its ETag: never another server's
+ * object stored since), so that the key can be stored again. Anyone may
+ * delete a marker: the claiming server subtracted the object's bytes when
+ * its claim landed.
  */
-static void marker_found(struct s3_engine *e, const struct s3_req *r)
+static void marker_found(struct s3_engine *e, const struct s3_req *r, const kvt_key *ck)
 {
+    kvt_l2_drop_gone(e->l2, ck, 1);
     atomic_fetch_add(&e->markers, 1);
     if (!r->etag[0])
         return;
@@ -266,8 +269,7 @@ static void head_done(struct s3_engine *e, struct s3_req *r)
     kvt_key ck;
     kvt_l2_canon(l2, &t->keys[r->i], &ck);
     if (r->outcome == S3_OK && r->clen == 0 && e->shared_budget) {
-        marker_found(e, r); /* a removal's marker: a miss */
-        kvt_l2_drop_gone(l2, &ck, 1);
+        marker_found(e, r, &ck); /* a removal's marker: a miss */
     } else if (r->outcome == S3_OK) {
         unsigned v = 0;
         unsigned long long logical = 0, plen = 0;
@@ -380,8 +382,7 @@ static void get_done(struct s3_engine *e, struct s3_req *r)
     if (r->outcome == S3_OK) {
         struct kvt_objhdr h;
         if (r->want < 0 && r->got == 0 && r->clen == 0 && e->shared_budget) {
-            marker_found(e, r); /* a removal's marker: a miss, not corruption */
-            kvt_l2_drop_gone(l2, &ck, 1);
+            marker_found(e, r, &ck); /* a removal's marker: a miss, not corruption */
             kvt_l2_task_fail(t, r->i, KVT_E_NOTFOUND);
             batch_put(b);
             return;
@@ -612,7 +613,6 @@ static void judge_claim(const struct s3_req *r, int *rc)
 
 static void judge_marker(const struct s3_req *r, int *rc)
 {
-    (void)r;
     *rc = r->outcome == S3_SERVER ? 1 : 0; /* ours either way: a marker left is a miss */
 }
 
@@ -838,7 +838,6 @@ int64_t kvt_s3_iso_ms(const char *s)
     return (int64_t)timegm(&tm) * 1000 + ms;
 }
 
-/* "Tue, 01 Dec 2026 22:00:00 GMT" (Azure's Last-Modified) in ms. */
 /* Parse one ListObjectsV2 page (Azure: List Blobs); returns whether more
  * pages follow. */
 static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *body)
@@ -856,12 +855,11 @@ static bool list_parse(struct s3_engine *e, struct list_state *ls, const char *b
             size_t kl = strlen(key);
             uint64_t size = strtoull(num, NULL, 10);
             kvt_key k;
-            if ((kl == e->prefix_len + sizeof(".kvtier-budget") - 1 &&
-                 strcmp(key + e->prefix_len, ".kvtier-budget") == 0) ||
+            bool ours = kl > e->prefix_len && strncmp(key, e->prefix, e->prefix_len) == 0;
+            if ((ours && strcmp(key + e->prefix_len, KVT_BUDGET_FILE_NAME) == 0) ||
                 (size == 0 && e->shared_budget)) {
                 /* the shared budget's record, a removal's marker: not objects */
-            } else if (kl > e->prefix_len && strncmp(key, e->prefix, e->prefix_len) == 0 &&
-                       size >= S3_HDR && size <= UINT32_MAX &&
+            } else if (ours && size >= S3_HDR && size <= UINT32_MAX &&
                        kvt_key_decode(KVT_CODEC_OBJ, key + e->prefix_len, kl - e->prefix_len, &k) ==
                            0) {
                 kvt_key ck;
@@ -926,6 +924,16 @@ static void list_finish(kvt_l2 *l2, struct s3_engine *e, struct list_state *ls, 
 
 static void list_page(struct s3_engine *e, struct list_state *ls);
 
+/* The listing (or its recount's snapshot) failed: start over after a pause
+ * doubling from 1 s up to S3_PROBE_MAX_NS. */
+static void list_retry_later(struct s3_engine *e, struct list_state *ls)
+{
+    ls->backoff_ns = ls->backoff_ns ? KVT_MIN(ls->backoff_ns * 2, S3_PROBE_MAX_NS) : 1000000000ull;
+    pthread_mutex_lock(&e->lock);
+    e->list_retry_ns = kvt_now_ns() + ls->backoff_ns;
+    pthread_mutex_unlock(&e->lock);
+}
+
 static void list_done(struct s3_engine *e, struct s3_req *r)
 {
     kvt_l2 *l2 = e->l2;
@@ -957,10 +965,7 @@ static void list_done(struct s3_engine *e, struct s3_req *r)
     }
     /* unreachable or a server error: try again later (stores fail meanwhile
      * if the breaker opened; otherwise they stay parked) */
-    ls->backoff_ns = ls->backoff_ns ? KVT_MIN(ls->backoff_ns * 2, S3_PROBE_MAX_NS) : 1000000000ull;
-    pthread_mutex_lock(&e->lock);
-    e->list_retry_ns = kvt_now_ns() + ls->backoff_ns;
-    pthread_mutex_unlock(&e->lock);
+    list_retry_later(e, ls);
     kvt_debug("%s: listing failed (%s), retrying in %.1f s", l2->name,
               kvt_s3_outcome_name(r->outcome), (double)ls->backoff_ns / 1e9);
     free(ls->token); /* start over: the page set may have changed */
@@ -1031,11 +1036,7 @@ void kvt_s3_io_tick(kvt_l2 *l2, uint64_t now)
          * (a step on the record); unanswered, the listing waits for it */
         char err[300];
         if (kvt_l2_budget_recount_begin(l2, err, sizeof(err))) {
-            ls->backoff_ns =
-                ls->backoff_ns ? KVT_MIN(ls->backoff_ns * 2, S3_PROBE_MAX_NS) : 1000000000ull;
-            pthread_mutex_lock(&e->lock);
-            e->list_retry_ns = kvt_now_ns() + ls->backoff_ns;
-            pthread_mutex_unlock(&e->lock);
+            list_retry_later(e, ls);
             kvt_warn("%s: %s: the start-up listing waits %.1f s for it", l2->name, err,
                      (double)ls->backoff_ns / 1e9);
             return;

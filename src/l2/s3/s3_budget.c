@@ -40,6 +40,7 @@
 #include "l2/adapters.h"
 #include "l2/budget.h"
 #include "l2/kit/brec.h"
+#include "l2/kit/dirlock.h"
 #include "l2/s3/s3_int.h"
 #include "l2/s3/sigv4.h"
 
@@ -53,7 +54,6 @@
 
 #define LEASE_MS KVT_S3_BUDGET_LEASE_MS
 #define MAX_TRIES 64 /* conflicts before a step gives up (the store fails: safe) */
-#define NAME ".kvtier-budget"
 
 /* the entry's step word: a tag (30 bits) and the step's result */
 #define W_GRANTED 1u
@@ -72,7 +72,6 @@ struct s3rec {
     uint32_t tag;  /* the last step's tag (guarded by lock) */
     uint32_t live; /* live entries at the last census */
     bool warned_torn, made;
-    uint64_t conflicts; /* 412s: another server stepped in between */
 };
 
 static uint64_t local_ms(void)
@@ -80,12 +79,6 @@ static uint64_t local_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-void kvt_s3_budget_name(const struct s3_engine *e, char *out, size_t cap)
-{
-    /* "kv/" -> "kv/.kvtier-budget"; "" -> ".kvtier-budget" */
-    snprintf(out, cap, "%s%s", e->prefix, NAME);
 }
 
 static void describe(const struct s3_req *r, const char *what, char *err, size_t errcap)
@@ -181,9 +174,10 @@ static int store(struct s3rec *s, const struct kvt_brec *r, const char *etag, ch
 }
 
 /* Fold the entries not renewed within the lease (by the S3 server's clock);
- * count the live ones. */
-static uint32_t census(struct s3rec *s, struct kvt_brec *r, uint64_t now)
+ * count the live ones (a kvt_brec_census_fn). */
+static uint32_t census(void *ctx, struct kvt_brec *r, uint64_t now)
 {
+    struct s3rec *s = ctx;
     uint32_t folded = 0, live = 0;
     for (int i = 0; i < KVT_BREC_NODES; i++) {
         const struct kvt_brec_node *n = &r->node[i];
@@ -220,11 +214,8 @@ static int join(struct s3rec *s, struct kvt_brec *r, uint64_t now, bool *rejoine
     return slot;
 }
 
-enum step_kind { STEP_APPLY, STEP_BEGIN, STEP_END };
-
-static int step(struct s3rec *s, enum step_kind kind, const struct kvt_budget_req *rq,
-                uint64_t inflight, struct kvt_budget_snap *snap, uint64_t walked,
-                struct kvt_budget_view *out, char *err, size_t errcap)
+static int step(struct s3rec *s, const struct kvt_brec_op *op, struct kvt_budget_view *out,
+                char *err, size_t errcap)
 {
     pthread_mutex_lock(&s->lock);
     s->tag = (s->tag + 1) & 0x3fffffffu;
@@ -253,7 +244,7 @@ static int step(struct s3rec *s, enum step_kind kind, const struct kvt_budget_re
             break;
         }
         int mine = kvt_brec_find(&r, s->id);
-        if (unsure && kind == STEP_APPLY && mine >= 0 && (r.node[mine].step >> 2) == tag) {
+        if (unsure && op->kind == KVT_BREC_APPLY && mine >= 0 && (r.node[mine].step >> 2) == tag) {
             /* the lost answer's PUT landed: its result is in our entry */
             uint32_t w = r.node[mine].step;
             kvt_info("shared budget %s: a step's PUT got no answer (%s); its answer was lost, "
@@ -277,33 +268,13 @@ static int step(struct s3rec *s, enum step_kind kind, const struct kvt_budget_re
             rc = slot;
             break;
         }
-        if (kind == STEP_APPLY) {
-            bool refresh = !rq->take && !rq->refund && !rq->removed;
-            if (refresh && !rejoined) /* the periodic step counts and folds */
-                folded += census(s, &r, now);
-            kvt_brec_apply(&r, slot, rq, rejoined, now, out);
-            r.node[slot].step =
-                tag << 2 | (out->granted ? W_GRANTED : 0) | (out->removed_ok ? W_REMOVED : 0);
-        } else {
-            folded += census(s, &r, now);
-            if (rejoined)
-                kvt_brec_rejoin(&r, slot, inflight);
-            bool live[KVT_BREC_NODES];
-            for (int i = 0; i < KVT_BREC_NODES; i++)
-                live[i] = r.node[i].id != 0; /* census left only live entries */
-            if (kind == STEP_BEGIN)
-                kvt_brec_begin(&r, live, snap);
-            else
-                kvt_brec_end(&r, snap, walked, now);
-            r.node[slot].seen_ms = now;
-            r.node[slot].step = tag << 2;
-            if (out)
-                kvt_brec_view(&r, slot, out);
-        }
+        folded += kvt_brec_step(&r, slot, op, rejoined, now, census, s, out);
+        /* the result travels in the entry: a lost answer is read back */
+        r.node[slot].step = tag << 2 | (out && out->granted ? W_GRANTED : 0) |
+                            (out && out->removed_ok ? W_REMOVED : 0);
         if (out) {
             out->nodes = s->live;
             out->folded = folded;
-            out->rejoined = out->rejoined || rejoined;
         }
         int w = store(s, &r, etag, err, errcap);
         if (w == 0) {
@@ -317,10 +288,7 @@ static int step(struct s3rec *s, enum step_kind kind, const struct kvt_budget_re
                 break;
             continue; /* an earlier attempt may have landed: look */
         }
-        if (w == 1)
-            s->conflicts++;
-        else
-            unsure = true;
+        unsure = unsure || w == 2;
         snprintf(err, errcap, "%s: %d conflicting steps in a row", s->where, attempt + 1);
         rc = -EBUSY;
     }
@@ -333,20 +301,24 @@ static int step(struct s3rec *s, enum step_kind kind, const struct kvt_budget_re
 static int sr_apply(void *rec, const struct kvt_budget_req *rq, struct kvt_budget_view *out,
                     char *err, size_t errcap)
 {
-    return step(rec, STEP_APPLY, rq, 0, NULL, 0, out, err, errcap);
+    struct kvt_brec_op op = {.kind = KVT_BREC_APPLY, .rq = rq};
+    return step(rec, &op, out, err, errcap);
 }
 
 static int sr_begin(void *rec, uint64_t inflight, struct kvt_budget_snap *snap, char *err,
                     size_t errcap)
 {
-    return step(rec, STEP_BEGIN, NULL, inflight, snap, 0, NULL, err, errcap);
+    struct kvt_brec_op op = {.kind = KVT_BREC_BEGIN, .inflight = inflight, .snap = snap};
+    return step(rec, &op, NULL, err, errcap);
 }
 
 static int sr_end(void *rec, uint64_t inflight, const struct kvt_budget_snap *snap, uint64_t walked,
                   struct kvt_budget_view *out, char *err, size_t errcap)
 {
     struct kvt_budget_snap sn = *snap;
-    return step(rec, STEP_END, NULL, inflight, &sn, walked, out, err, errcap);
+    struct kvt_brec_op op = {
+        .kind = KVT_BREC_END, .inflight = inflight, .snap = &sn, .walked = walked};
+    return step(rec, &op, out, err, errcap);
 }
 
 static void sr_where(void *rec, char *out, size_t cap)
@@ -403,8 +375,8 @@ int kvt_s3_budget_attach(struct s3_engine *e, char *err, size_t errcap)
             s->id = kvt_now_ns() ^ ((uint64_t)s->pid << 32);
     if (getrandom(&s->tag, sizeof(s->tag), 0) != sizeof(s->tag))
         s->tag = (uint32_t)kvt_now_ns();
-    char name[300];
-    kvt_s3_budget_name(e, name, sizeof(name));
+    char name[300]; /* "kv/" -> "kv/.kvtier-budget"; "" -> ".kvtier-budget" */
+    snprintf(name, sizeof(name), "%s%s", e->prefix, KVT_BUDGET_FILE_NAME);
     int bl = snprintf(s->path, sizeof(s->path), "%s/", e->base);
     if (kvt_sigv4_uri_encode(name, strlen(name), false, s->path + bl,
                              sizeof(s->path) - (size_t)bl) < 0) {

@@ -296,10 +296,6 @@ static int azure_headers(struct s3_engine *e, struct s3_req *r, const char *meth
     return 0;
 }
 
-/*
- * Build the easy handle: URL, method, body source/sink, timeouts and the
- * signed headers. Returns 0 or -ENOMEM / -EINVAL.
- */
 int64_t kvt_s3_http_date_ms(const char *s)
 {
     struct tm tm;
@@ -308,6 +304,10 @@ int64_t kvt_s3_http_date_ms(const char *s)
     return end ? (int64_t)timegm(&tm) * 1000 : 0;
 }
 
+/*
+ * Build the easy handle: URL, method, body source/sink, timeouts and the
+ * signed headers. Returns 0 or -ENOMEM / -EINVAL.
+ */
 static int setup(struct s3_engine *e, struct s3_req *r, struct s3_sigkey *sk)
 {
     CURL *h = r->h;
@@ -660,6 +660,15 @@ void kvt_s3_submit_req(struct s3_engine *e, struct s3_req *r)
     kvt_s3_submit_reqs(e, r);
 }
 
+/* failed_requests: not a missing object, a condition that did not hold, or
+ * the best-effort sweep's listing */
+static void count_failure(struct s3_engine *e, const struct s3_req *r)
+{
+    if (r->outcome != S3_OK && r->outcome != S3_NOTFOUND && r->outcome != S3_PRECOND &&
+        r->op != S3_MPU_LIST)
+        atomic_fetch_add(&e->failures, 1);
+}
+
 enum s3_outcome kvt_s3_perform(struct s3_engine *e, struct s3_sync *s, struct s3_req *r)
 {
     req_reset(e, r);
@@ -684,8 +693,7 @@ enum s3_outcome kvt_s3_perform(struct s3_engine *e, struct s3_sync *s, struct s3
     curl_slist_free_all(r->hl);
     r->hl = NULL;
     r->h = NULL;
-    if (r->outcome != S3_OK && r->outcome != S3_NOTFOUND && r->outcome != S3_PRECOND)
-        atomic_fetch_add(&e->failures, 1);
+    count_failure(e, r);
     return r->outcome;
 }
 
@@ -727,9 +735,7 @@ static void finish(struct s3_engine *e, struct pool *pool, struct s3_req *r)
     }
     curl_slist_free_all(r->hl);
     r->hl = NULL;
-    if (r->outcome != S3_OK && r->outcome != S3_NOTFOUND && r->outcome != S3_PRECOND &&
-        r->op != S3_MPU_LIST)
-        atomic_fetch_add(&e->failures, 1);
+    count_failure(e, r);
     if (r->done)
         r->done(e, r);
 }

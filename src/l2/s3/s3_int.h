@@ -281,8 +281,6 @@ int64_t kvt_s3_iso_ms(const char *s);
  * ("<prefix>.kvtier-budget") to e->l2 ("shared_budget": true). No I/O:
  * the listing takes the recount's snapshot before its first page. */
 int kvt_s3_budget_attach(struct s3_engine *e, char *err, size_t errcap);
-/* The record's object name under the bucket ("<prefix>.kvtier-budget"). */
-void kvt_s3_budget_name(const struct s3_engine *e, char *out, size_t cap);
 
 /* s3.c, called on the I/O thread */
 /* The breaker just opened: fail the parked stores. */
