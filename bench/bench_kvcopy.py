@@ -68,13 +68,27 @@ def main():
     ap.add_argument("--chunks", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cache-gib", type=float, default=None,
+                    help="place the layers in one zeroed buffer of this size, as vLLM allocates "
+                         "its KV cache (vllm/v1/worker/utils.py allocate_kv_cache), so the "
+                         "blocks spread over it; default: a cache just large enough")
     a = ap.parse_args()
     dev = torch.device(a.device)
     dt = getattr(torch, a.dtype)
     bpc = a.chunk // a.block
     nb = a.chunks * bpc * 2 + 8
-    caches = {"layer.%d" % i: torch.randn(2, nb, a.block, a.heads, a.head_dim, device=dev).to(dt)
-              for i in range(a.layers)}
+    if a.cache_gib:
+        per_block = 2 * a.block * a.heads * a.head_dim * dt.itemsize
+        nb = max(nb, int(a.cache_gib * 2 ** 30) // (a.layers * per_block))
+        buf = torch.zeros(nb * per_block * a.layers, dtype=torch.int8, device=dev)
+        n = nb * per_block
+        caches = {"layer.%d" % i: buf[i * n:(i + 1) * n].view(dt).view(2, nb, a.block, a.heads,
+                                                                         a.head_dim)
+                  for i in range(a.layers)}
+    else:
+        caches = {"layer.%d" % i: torch.randn(2, nb, a.block, a.heads, a.head_dim,
+                                              device=dev).to(dt)
+                  for i in range(a.layers)}
     L = PagedLayout(caches, nb, a.block, a.chunk)
     c = kvtier.Client(a.url)
     if c.chunk_size != a.chunk:
@@ -84,9 +98,11 @@ def main():
     unpin = register_pinned(*c.pool) if dev.type == "cuda" else None
     total = L.chunk_bytes * a.chunks
     print("%s: %d layers, chunk %d tokens = %.2f MiB, %d chunks = %.1f MiB a round, %s, "
-          "%d copy threads; memcpy = torch's copy_ with %d threads"
+          "%d copy threads, blocks drawn from %d (%.2f GiB); memcpy = torch's copy_ with %d "
+          "threads"
           % (dev, a.layers, a.chunk, L.chunk_bytes / 2 ** 20, a.chunks, total / 2 ** 20, a.dtype,
-             L.copy_threads if L._ccopy is not None else 1, torch.get_num_threads()))
+             L.copy_threads if L._ccopy is not None else 1, nb,
+             nb * L.chunk_bytes / bpc / 2 ** 30, torch.get_num_threads()))
 
     def rounds(paths):
         r = random.Random(7)

@@ -242,14 +242,18 @@ def main():
         ls = statistics.median(l["seconds"] for l in loads)
         cs = statistics.median(l.get("copy_seconds", l["seconds"]) for l in loads)
         ct = loads[0].get("copy_threads", 1)
+        # the calling copy thread's CPU time over its copy time: near 1 means
+        # it ran all along (a slow copy), near 1/2 that it waited for a core
+        share = statistics.median(l["copy_thread_cpu_seconds"] / l["copy_seconds"]
+                                  for l in loads if l.get("copy_seconds"))
         ms, mb = memcpy_seconds(kvt.url, last_keys, ct)
         assert mb == lb, (mb, lb)
         print("connector load (b): %.1f MiB in %.3f s = %.2f GB/s (of it the copy into the paged "
               "cache, %d thread(s), %.3f s = %.2f GB/s); memcpy of the same pool bytes, as many "
               "threads, vLLM idle, %.3f s = %.2f GB/s; load time / memcpy time %.2f, copy time / "
-              "memcpy time %.2f"
+              "memcpy time %.2f; the copy thread was on a CPU %.0f%% of its copy time"
               % (lb / 2 ** 20, ls, lb / ls / 1e9, ct, cs, lb / cs / 1e9, ms, lb / ms / 1e9,
-                 ls / ms, cs / ms))
+                 ls / ms, cs / ms, 100 * share))
     kvt.stop()
     if "d" in med:
         print("(b) / (d) %.2f, (c) / (d) %.2f" % (med["b"] / med["d"], med["c"] / med["d"]))
