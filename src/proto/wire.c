@@ -257,13 +257,13 @@ int kvt_wire_meta_decode(const msgpack_object *body, kvt_objmeta *m, const char 
     const msgpack_object *sh = kvt_mp_get(body, "shape");
     if (sh && sh->type != MSGPACK_OBJECT_NIL) {
         if (sh->type != MSGPACK_OBJECT_ARRAY || sh->via.array.size > KVT_MAX_DIMS) {
-            *why = "shape must be an array of at most 6 non-negative integers";
+            *why = "shape must be an array of at most 6 integers from 0 to 2^32-1";
             return KVT_E_BADREQ;
         }
         for (uint32_t d = 0; d < sh->via.array.size; d++) {
             const msgpack_object *v = &sh->via.array.ptr[d];
             if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 > UINT32_MAX) {
-                *why = "shape must be an array of at most 6 non-negative integers";
+                *why = "shape must be an array of at most 6 integers from 0 to 2^32-1";
                 return KVT_E_BADREQ;
             }
             m->shape[d] = (uint32_t)v->via.u64;

@@ -123,6 +123,11 @@ static int get_keys(struct kvt_server *s, struct request *q, kvt_key **keys, uin
 
 /* ---------------------------------------------------------------- hello */
 
+/* a same-host connection with authentication on, before its ticket */
+#define LOCAL_UNBOUND_MSG                                                                          \
+    "this same-host connection has no key: its first request must be a hello with the ticket "     \
+    "(bin, single use, 30 s) from a hello over CURVE (docs/protocol.md)"
+
 static void h_hello(struct kvt_server *s, struct request *q)
 {
     struct reply *r = q->r;
@@ -136,11 +141,12 @@ static void h_hello(struct kvt_server *s, struct request *q)
         return;
     }
     if (ver->type == MSGPACK_OBJECT_NEGATIVE_INTEGER || ver->via.u64 != KVT_PROTO_VERSION) {
-        kvt_reply_error(r, KVT_E_PROTO, "client speaks protocol %lld, server speaks %d",
-                        ver->type == MSGPACK_OBJECT_NEGATIVE_INTEGER
-                            ? (long long)ver->via.i64
-                            : (long long)KVT_MIN(ver->via.u64, (uint64_t)INT64_MAX),
-                        KVT_PROTO_VERSION);
+        if (ver->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+            kvt_reply_error(r, KVT_E_PROTO, "client speaks protocol %lld, server speaks %d",
+                            (long long)ver->via.i64, KVT_PROTO_VERSION);
+        else
+            kvt_reply_error(r, KVT_E_PROTO, "client speaks protocol %llu, server speaks %d",
+                            (unsigned long long)ver->via.u64, KVT_PROTO_VERSION);
         return;
     }
     bool same_host = kvt_local_is_ident(&r->ident);
@@ -151,10 +157,7 @@ static void h_hello(struct kvt_server *s, struct request *q)
         if (!t || t->type != MSGPACK_OBJECT_BIN ||
             !(r->who = kvt_local_redeem(s, &r->ident, t->via.bin.ptr, t->via.bin.size))) {
             atomic_fetch_add(&s->local_denied, 1);
-            kvt_reply_error(r, KVT_E_DENIED,
-                            "this same-host connection has no key: its first request must be "
-                            "a hello with the ticket (bin, single use, 30 s) from a hello over "
-                            "CURVE (docs/protocol.md)");
+            kvt_reply_error(r, KVT_E_DENIED, LOCAL_UNBOUND_MSG);
             return;
         }
         atomic_fetch_add(&s->local_bound, 1);
@@ -609,6 +612,18 @@ static void h_free_locks(struct kvt_server *s, struct request *q)
     }
     struct kvt_l1_owner ow = owner_of(q->r);
     int rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, &ow, NULL, NULL, 0);
+    if (rc == KVT_E_EXPIRED) {
+        /* not a read lease: a write lease (prepare_store) is given back with
+         * nothing published, as commit_store with no bit set would */
+        int n = kvt_l1_lease_handles(s->l1, lease, KVT_LEASE_WRITE, &ow, NULL, 0);
+        if (n >= 0) {
+            uint64_t *none = kvt_xcalloc(kvt_bm_words(n ? (uint32_t)n : 1), sizeof(uint64_t));
+            rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_WRITE, &ow, none, NULL, 0);
+            free(none);
+        } else {
+            rc = n;
+        }
+    }
     if (rc == KVT_E_LEASE_OWNER) {
         lease_refused(q->r, rc, lease);
         return;
@@ -985,9 +1000,18 @@ void kvt_handle(struct kvt_server *s, enum kvt_op op, struct request *q)
      * admitted); a same-host connection gets its key from the ticket in
      * its first hello */
     if (s->cfg->auth && !q->r->who && !(op == OP_HELLO && kvt_local_is_ident(&q->r->ident))) {
-        kvt_reply_error(q->r, KVT_E_DENIED,
-                        "this connection's key is not (or no longer, after "
-                        "a reload) in the authorized-clients file");
+        if (kvt_local_is_ident(&q->r->ident)) {
+            /* counted with the hellos that had no valid ticket */
+            atomic_fetch_add(&s->local_denied, 1);
+            kvt_reply_error(q->r, KVT_E_DENIED,
+                            "%s; or its key was removed from the authorized-clients file by "
+                            "a reload",
+                            LOCAL_UNBOUND_MSG);
+        } else {
+            kvt_reply_error(q->r, KVT_E_DENIED,
+                            "this connection's key is not (or no longer, after "
+                            "a reload) in the authorized-clients file");
+        }
         op = OP_COUNT;
     }
     switch (op) {

@@ -296,7 +296,8 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
             sbf(&b, "kvtier_auth_denied_total{client=\"%s\"} %llu\n", cur->c[i].name,
                 (unsigned long long)atomic_load(&cur->c[i].denied));
         metric(&b, "kvtier_auth_same_host_denied_total", "counter",
-               "Same-host connections refused: their hello had no valid ticket.");
+               "Same-host requests refused: a hello without a valid ticket, or any other "
+               "request before one.");
         sbf(&b, "kvtier_auth_same_host_denied_total %llu\n",
             (unsigned long long)atomic_load(&s->local_denied));
     }

@@ -19,6 +19,7 @@ from rawproto import (RawLocal, RawZmq, hello_body, keys_body, local_name,  # no
                       mp_pack, raw_keys)
 
 E_BADREQ, E_BADOP, E_PROTO, E_TOOBIG = -1002, -1003, -1004, -1005
+E_EXPIRED = -1009
 MiB = 1 << 20
 
 
@@ -153,6 +154,84 @@ def test_write_lease_is_bound_to_its_connection(server):
     finally:
         a.close()
         b.close()
+
+
+def test_free_locks_gives_a_write_lease_back(server):
+    """free_locks takes either kind of lease (docs/protocol.md): on a
+    prepare_store's write lease it gives the reservation back with nothing
+    published, another connection gets -EPERM and leaves it as it was, and
+    the lease is gone afterwards (commit_store: E_EXPIRED)."""
+    k = keys_for("wlease-free", 2)
+    a, b = RawZmq(server.url), RawZmq(server.url)
+    try:
+        p = a.call([b"p", b"prepare_store", keys_body(k, sizes=[100, 100])])
+        assert p.status == 0 and min(p.body["offsets"]) >= 0, p
+        lease = p.body["lease"]
+        r = b.call([b"f", b"free_locks", mp_pack({"lease": lease})])
+        assert r.status == -errno.EPERM and r.body["error"] == "EPERM", r
+        r = a.call([b"f2", b"free_locks", mp_pack({"lease": lease})])
+        assert r.status == 0 and r.body["released"] is True, r
+        assert a.call([b"l", b"lookup", keys_body(k)]).body["hits"] == 0  # nothing published
+        r = a.call([b"c", b"commit_store", mp_pack({"lease": lease})])
+        assert r.status == E_EXPIRED, r
+        r = a.call([b"f3", b"free_locks", mp_pack({"lease": lease})])
+        assert r.status == 0 and r.body["released"] is False, r
+        # the keys can be reserved again at once
+        p = a.call([b"p2", b"prepare_store", keys_body(k, sizes=[100, 100])])
+        assert p.status == 0 and min(p.body["offsets"]) >= 0, p
+        c = a.call([b"c2", b"commit_store", mp_pack({"lease": p.body["lease"]})])
+        assert c.status == 0 and c.body["accepted"] == 2, c
+    finally:
+        a.close()
+        b.close()
+
+
+def test_documented_edges_of_keys_and_leases(server):
+    """What docs/protocol.md says of the edges a client written from it
+    meets: key fields that default, 32-bit kv_rank/group/shape, lease 0 when
+    nothing was locked, and the written bitmap (bit j = j-th reserved slot,
+    least significant bit first)."""
+    c = RawZmq(server.url)
+    try:
+        h = [bytes([i]) * 32 for i in range(11)]
+        # model and hashes only: kv_rank 0, group 0, salt "" (nil the same)
+        r = c.call([b"s", b"store", raw_keys("edges", h[:1]), b"x" * 64])
+        assert r.status == 0 and r.body["accepted"] == 1, r
+        full = mp_pack({"keys": {"model": "edges", "kv_rank": 0, "group": 0, "salt": None,
+                                 "hashes": h[:1]}})
+        assert c.call([b"l", b"lookup", full]).body["hits"] == 1
+        for bad in ({"kv_rank": 2 ** 32}, {"group": 2 ** 32}):
+            k = {"model": "edges", "hashes": h[:1]}
+            k.update(bad)
+            r = c.call([b"b", b"lookup", mp_pack({"keys": k})])
+            assert r.status == E_BADREQ and "32 bits" in r.body["message"], r
+        r = c.call([b"sh", b"store", raw_keys("edges", h[9:10], shape=[2 ** 32]), b"y"])
+        assert r.status == E_BADREQ and "2^32-1" in r.body["message"], r
+        r = c.call([b"sh2", b"store", raw_keys("edges", h[9:10], shape=[2 ** 32 - 1]), b"y"])
+        assert r.status == 0, r
+        # nothing locked: lease 0, which names no lease
+        miss = raw_keys("edges-miss", h[:2])
+        r = c.call([b"m", b"lookup", miss])
+        assert r.status == 0 and r.body == {"hits": 0, "lease": 0}, r
+        assert c.call([b"m2", b"prepare_retrieve", miss]).body["lease"] == 0
+        r = c.call([b"f", b"free_locks", mp_pack({"lease": 0})])
+        assert r.status == 0 and r.body["released"] is False, r
+        # 9 reserved slots behind one present key: bits 0 and 8 = slots 0 and 8
+        ks = raw_keys("edges", h[:9] + h[10:], sizes=[16] * 10)
+        p = c.call([b"p", b"prepare_store", ks])
+        offs = p.body["offsets"]
+        assert p.status == 0 and offs[0] == -1 and min(offs[1:]) >= 0, p
+        r = c.call([b"w0", b"commit_store", mp_pack({"lease": p.body["lease"], "written": b"\x01"})])
+        assert r.status == E_BADREQ, r  # 9 slots need 2 bytes
+        r = c.call([b"w", b"commit_store", mp_pack({"lease": p.body["lease"],
+                                                     "written": b"\x01\x01\x00"})])
+        assert r.status == 0 and r.body["accepted"] == 2, r
+        got = [c.call([b"g%d" % i, b"lookup", raw_keys("edges", [h[i]])]).body["hits"]
+               for i in range(11)]
+        # h[0] stored first, h[1] slot 0, h[9] stored with the shape, h[10] slot 8
+        assert got == [1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1], got
+    finally:
+        c.close()
 
 
 def test_lease_ids_are_not_guessable(server):
