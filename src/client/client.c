@@ -272,8 +272,8 @@ static int call_zmq(kvt_client *c, const char *op, const msgpack_sbuffer *body,
             zc_wait(c);
             if (c->opening)
                 return kvt_c_seterr(c, KVT_E_TIMEOUT,
-                                    "%s accepts connections but did not answer hello within %d ms "
-                                    "(the connect timeout; is it a kvtier server?%s)",
+                                    "no connection to %s, or no answer to hello, within %d ms "
+                                    "(the connect timeout: is a kvtier server listening there?%s)",
                                     c->url, tmo,
                                     c->curve.on
                                         ? " With CURVE: does it admit this client's key, and "

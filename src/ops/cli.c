@@ -4,6 +4,7 @@
 #include "kvtier/error.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,26 @@ void kvt_human(char *out, size_t cap, double b)
         i++;
     }
     snprintf(out, cap, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+}
+
+/* Whether the directory that would hold path exists (a server creates only
+ * the root's last level). */
+static bool parent_exists(const char *path)
+{
+    char d[4096];
+    snprintf(d, sizeof d, "%s", path);
+    size_t n = strlen(d);
+    while (n > 1 && d[n - 1] == '/')
+        d[--n] = 0;
+    char *slash = strrchr(d, '/');
+    if (!slash)
+        return true; /* relative, in the working directory */
+    if (slash == d)
+        slash[1] = 0;
+    else
+        *slash = 0;
+    struct stat st;
+    return stat(d, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 int kvt_cli_target(const char *cmd, const char *config, const char *root, const char *url,
@@ -59,14 +80,22 @@ int kvt_cli_target(const char *cmd, const char *config, const char *root, const 
         return 2;
     }
     if (!realpath(want, t->root)) {
-        if (errno == ENOENT && !root) /* a fresh machine: no server created it yet */
+        int e = errno;
+        if (e == ENOENT && !root && parent_exists(want)) /* no server created it yet */
             fprintf(stderr,
                     "kvtier %s: the cache root %s (KVP_CACHE_ROOT of %s) does not exist "
                     "yet: nothing has been stored there. A server started with this "
                     "config creates it (kvtier server --config %s).\n",
                     cmd, want, config, config);
+        else if (e == ENOENT && !root) /* the server would not create it either */
+            fprintf(stderr,
+                    "kvtier %s: the cache root %s (KVP_CACHE_ROOT of %s) does not exist, "
+                    "nor does its parent directory (a server creates only the last "
+                    "level): create the parent, or set KVP_CACHE_ROOT (environment or "
+                    "%s.local) to a directory of yours.\n",
+                    cmd, want, config, config);
         else
-            fprintf(stderr, "kvtier %s: cache root %s: %s\n", cmd, want, kvt_strerror(-errno));
+            fprintf(stderr, "kvtier %s: cache root %s: %s\n", cmd, want, kvt_strerror(-e));
         kvt_cli_target_free(t);
         return 2;
     }

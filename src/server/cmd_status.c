@@ -262,6 +262,7 @@ static json_t *report_offline(const struct kvt_scan *sc, const struct kvt_cli_ta
                 set_u(e, "used_bytes", used);
                 json_object_set_new(e, "usage_fraction",
                                     lim ? json_real((double)used / (double)lim) : json_null());
+                json_object_set_new(e, "rejected_writes", json_null()); /* a server's counter */
                 json_object_set_new(quotas, k, e);
             }
             json_decref(q);

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,21 @@ static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, char *
 
 /* With --http-token: "Authorization: Bearer <token>" (compared without an
  * early exit). Always true without one. */
+/* libmicrohttpd's own diagnostics (a port in use, a failed accept) go
+ * through kvtier's logger, so --log-format json stays one JSON object per
+ * line; the caller reports a failed start in its own words, so they are
+ * debug lines. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = 0;
+    kvt_debug("http: libmicrohttpd: %s", msg);
+}
+
 static bool token_ok(struct kvt_server *s, struct MHD_Connection *c)
 {
     if (!s->cfg->http_token[0])
@@ -92,10 +108,10 @@ int kvt_http_start(struct kvt_server *s, char *err, size_t cap)
         sa.sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
         freeaddrinfo(res);
     }
-    s->http = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
-                               (uint16_t)s->cfg->http_port, NULL, NULL, on_request, s,
-                               MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT,
-                               (unsigned)10, MHD_OPTION_END);
+    s->http = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)s->cfg->http_port, NULL,
+        NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!s->http) {
         snprintf(err, cap, "cannot listen on http://%s:%d (port in use? use --http-port)",
                  s->cfg->http_host, s->cfg->http_port);

@@ -109,7 +109,7 @@ def test_shipped_config_parses(tmp_path):
     ("KVP_CACHE_ROOT=/x\nKVP_CACHE_BUDGET=10\n", "bad.env:2: KVP_CACHE_BUDGET: unknown variable"),
     ("KVP_CACHE_ROOT=/x\nKVP_CACHE_BUDGET_GB=lots\n", "bad.env:2: KVP_CACHE_BUDGET_GB: expected a number"),
     ("KVP_CACHE_ROOT=/x\nKVP_EVICTION_RATIO=2\n", "KVP_EVICTION_RATIO: expected a number in [0, 1]"),
-    ("KVP_CACHE_ROOT=/x\nKVP_QUOTAS_FILE=nope.json\n", "namespace_quotas"),
+    ("KVP_CACHE_ROOT=/x\nKVP_QUOTAS_FILE=nope.json\n", "bad.env:2: KVP_QUOTAS_FILE: cannot read"),
 ])
 def test_config_errors_exit_2_and_name_the_variable(tmp_path, text, needle):
     p = tmp_path / "bad.env"

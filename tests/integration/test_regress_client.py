@@ -80,7 +80,7 @@ def test_silent_listener_fails_after_the_connect_timeout():
         with pytest.raises(kvtier.KvtierError) as e:
             kvtier.Client(url, connect_timeout_ms=300)
         took = time.monotonic() - t0
-    assert e.value.name == "E_TIMEOUT" and "did not answer hello within 300 ms" in str(e.value)
+    assert e.value.name == "E_TIMEOUT" and "no answer to hello, within 300 ms" in str(e.value)
     assert 0.25 < took < 5.0, took
 
 
@@ -112,6 +112,12 @@ def test_status_config_with_missing_root_says_so(tmp_path):
     r = run_kvtier("status", "--config", str(env))
     assert r.returncode != 0 and not root.exists()
     assert "does not exist yet" in r.stderr and str(root) in r.stderr, r.stderr
+    # a server would not create a root whose parent is missing: not "creates it"
+    deep = tmp_path / "no-parent" / "cache"
+    env.write_text("KVP_CACHE_ROOT=%s\n" % deep)
+    r = run_kvtier("status", "--config", str(env))
+    assert r.returncode == 2 and not deep.parent.exists()
+    assert "nor does its parent" in r.stderr and "creates it" not in r.stderr, r.stderr
 
 
 # ---------------------------------------------------------------- copies

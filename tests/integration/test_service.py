@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import BIN, Server
+from conftest import BIN, Server, free_port
 from test_install import needs_build_tree
 
 
@@ -133,6 +133,17 @@ def test_json_lines_log(tmp_path):
             assert r["ts"].endswith("Z")
         assert any(r["msg"].startswith("kvtier ") and "listening on" in r["msg"] for r in recs)
         assert recs[-1]["msg"] == "stopped"
+    # an HTTP port in use: libmicrohttpd's own complaint goes through the
+    # logger too (it printed a bare "Failed to bind to port" line)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        r = subprocess.run([BIN, "server", "--log-format", "json", "--port", str(free_port()),
+                            "--http-port", str(busy.getsockname()[1]), "--data-dir",
+                            str(tmp_path / "busy")], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1, r.stderr
+    recs = [json.loads(l) for l in r.stderr.splitlines()]  # all of them, or this raises
+    assert any("cannot listen on http" in x["msg"] for x in recs), recs
     r = subprocess.run([BIN, "server", "--log-format", "yaml", "--dry-run"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "--log-format" in r.stderr, r.stderr
