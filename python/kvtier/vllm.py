@@ -298,6 +298,8 @@ class _Scheduler:
         for st in self.loads:
             meta.loads.append(self._load_job(st))
         self.loads = []
+        if self.cfg.disabled:   # another chunk size now: keys of this one would be wrong
+            return meta
         for req in so.scheduled_new_reqs:
             st = self.reqs.get(req.req_id)
             if st is None:
@@ -484,6 +486,9 @@ class _Worker:
         try:
             if c is None:
                 raise ConnectionError("no kvtier server")
+            if c.chunk_size != self.cfg.chunk_size:   # restarted with another chunk size
+                self.cfg.chunk_mismatch(c.chunk_size)
+                raise ValueError("the server's chunk size changed")
             rv = c.retrieve_view(self.cfg.keys(job.hashes, job.salt))
             t1, c1 = time.perf_counter(), time.thread_time()
             with rv as views:
@@ -522,7 +527,9 @@ class _Worker:
         L = self.layout
         try:
             c = self.conn.get()
-            if c is None:
+            if c is not None and c.chunk_size != self.cfg.chunk_size:
+                self.cfg.chunk_mismatch(c.chunk_size)
+            if c is None or self.cfg.disabled:
                 self.stats["store_skipped_chunks"] = self.stats.get("store_skipped_chunks", 0) + len(job.hashes)
                 return
             keys = self.cfg.keys(job.hashes, job.salt)
@@ -610,9 +617,9 @@ def _transfer_cpus(copy_cpus, kv_caches):
     queue while a request waits for its load, so a transfer thread left there
     gets half a core. With a KV connector configured, vLLM sets aside the last
     core of each NUMA node for KV transfer (utils/ompmultiprocessing.py) and
-    its NIXL connector moves its transfer thread there
-    (`current_platform.discover_numa_topology()`); so does this one. GPU
-    workers keep what they inherit: their copies are DMA."""
+    its NIXL connector moves its transfer thread there (the highest core of
+    each group `current_platform.discover_numa_topology()` lists); so does
+    this one. GPU workers keep what they inherit: their copies are DMA."""
     if copy_cpus == "inherit":
         return None
     if copy_cpus is not None:
@@ -625,7 +632,7 @@ def _transfer_cpus(copy_cpus, kv_caches):
         groups = current_platform.discover_numa_topology()
     except Exception:  # noqa: BLE001 - another platform or an older vLLM
         return None
-    cpus = {c for g in groups or [] for c in g}
+    cpus = {max(g) for g in groups or [] if g}   # the last core of each node, as NIXL
     try:
         online = set(range(os.cpu_count() or 0))
         cpus &= online

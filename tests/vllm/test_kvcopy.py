@@ -203,7 +203,11 @@ def test_transfer_thread_cpus():
     online = set(range(os.cpu_count()))
     auto = _transfer_cpus(None, cpu)
     if os.path.isdir("/sys/devices/system/node/node0"):
-        assert auto and auto <= online
+        from vllm.platforms import current_platform
+        groups = current_platform.discover_numa_topology()
+        # the last core of each node, as vLLM reserves it and NIXL uses it:
+        # not every core (the model runner's among them)
+        assert auto == {max(g) for g in groups if g} & online, (auto, groups)
     assert _transfer_cpus("inherit", cpu) is None
     assert _transfer_cpus([0], cpu) == {0}
     meta = {"l0": torch.zeros(4, 4, device="meta")}
@@ -221,3 +225,58 @@ def test_transfer_thread_cpus():
     for bad in ([], "all", [-1], [True], 3, ["0"]):
         with pytest.raises(ValueError, match="copy_cpus"):
             _Config(cfg({"copy_cpus": bad}), 0, 1)
+
+
+def _connector_cfg(extra):
+    """The vllm_config parts the connector's _Config reads."""
+    import types
+    kv = types.SimpleNamespace(get_from_extra_config=lambda k, d: extra.get(k, d))
+    return types.SimpleNamespace(
+        kv_transfer_config=kv,
+        model_config=types.SimpleNamespace(served_model_name="chunk-change", model="chunk-change"),
+        cache_config=types.SimpleNamespace(block_size=BS))
+
+
+def test_worker_stops_when_the_server_returns_with_another_chunk_size(tmp_path):
+    """kvtier restarted with another --chunk-size under a running engine: the
+    worker notices on its own connection, stores nothing more and turns its
+    loads into load errors (vLLM recomputes), as docs/vllm.md says."""
+    import types
+    from kvtier.vllm import LoadJob, StoreJob, _Config, _Worker
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    s1 = Server(["--chunk-size", str(BS * 4), "--no-l2"], tmp_path / "a")
+    s1.start()
+    cfg = _Config(_connector_cfg({"url": s1.url, "copy_cpus": "inherit", "retry_s": 0}), 0, 1)
+    layers = [torch.randn(NB, 4, BS, 16) for _ in range(2)]
+    w = _Worker(cfg)
+    w.register_kv_caches({"l%d" % i: t for i, t in enumerate(layers)}, NB)
+    s2 = None
+    try:
+        bpc = cfg.blocks_per_chunk
+        hashes = kvtier.chunk_hashes(list(range(cfg.chunk_size)), cfg.chunk_size)
+        w.save(types.SimpleNamespace(stores=[StoreJob("s0", "", hashes, [list(range(bpc))])]))
+        w.drain()
+        assert w.stats["store_chunks"] == 1 and not cfg.disabled
+        s1.kill()
+        s2 = Server(["--chunk-size", str(BS * 8), "--no-l2"], tmp_path / "b")
+        s2.port, s2.url = s1.port, s1.url
+        s2.start()
+        for i in range(1, 4):   # a failed request, a reconnect, then the check
+            w.save(types.SimpleNamespace(stores=[StoreJob("s%d" % i, "", hashes,
+                                                          [list(range(bpc))])]))
+            w.drain()
+        assert cfg.disabled, w.stats
+        stored = w.stats.get("store_chunks", 0)
+        w.save(types.SimpleNamespace(stores=[StoreJob("s9", "", hashes, [list(range(bpc))])]))
+        w.drain()
+        assert w.stats.get("store_chunks", 0) == stored      # no store once disabled
+        dst = list(range(bpc, 2 * bpc))
+        w.start_load(types.SimpleNamespace(loads=[LoadJob("r", "", hashes, [dst])]))
+        w.drain()
+        assert w.take_load_errors() == set(dst)
+    finally:
+        w.shutdown()
+        if s2 is not None:
+            s2.kill()
