@@ -615,11 +615,14 @@ def _transfer_cpus(copy_cpus, kv_caches):
     vLLM's CPU worker binds its model-runner thread (and so every thread it
     starts) to one core of its OpenMP list; that thread polls its message
     queue while a request waits for its load, so a transfer thread left there
-    gets half a core. With a KV connector configured, vLLM sets aside the last
-    core of each NUMA node for KV transfer (utils/ompmultiprocessing.py) and
-    its NIXL connector moves its transfer thread there (the highest core of
-    each group `current_platform.discover_numa_topology()` lists); so does
-    this one. GPU workers keep what they inherit: their copies are DMA."""
+    gets half a core. The transfer thread is let onto every core of vLLM's
+    CPU topology (`current_platform.discover_numa_topology()`), so the
+    kernel puts its copies wherever a core is free. vLLM's NIXL connector
+    pins its transfer thread to the last core of each node instead (the one
+    vLLM sets aside for KV transfer): on the 2-core VM that made a 64 MiB
+    load 4-8x slower (bench/bench_vllm.py, 2026-12-02; docs/vllm.md), so
+    this connector does it only when `copy_cpus` says so. GPU workers keep
+    what they inherit: their copies are DMA."""
     if copy_cpus == "inherit":
         return None
     if copy_cpus is not None:
@@ -632,7 +635,7 @@ def _transfer_cpus(copy_cpus, kv_caches):
         groups = current_platform.discover_numa_topology()
     except Exception:  # noqa: BLE001 - another platform or an older vLLM
         return None
-    cpus = {max(g) for g in groups or [] if g}   # the last core of each node, as NIXL
+    cpus = {c for g in groups or [] for c in g}
     try:
         online = set(range(os.cpu_count() or 0))
         cpus &= online
