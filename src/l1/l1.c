@@ -898,25 +898,19 @@ int kvt_l1_lease_take(struct kvt_l1 *l1, uint64_t id, const struct kvt_l1_owner 
     return (int)lim;
 }
 
-int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
-                     const struct kvt_l1_owner *owner, const uint64_t *written, uint32_t *keep,
-                     uint32_t keep_cap)
+/* End L (found, owner checked): see kvt_l1_lease_end; none: a WRITE lease
+ * publishes nothing, whatever written says. */
+static int lease_end_locked(struct kvt_l1 *l1, struct lease *L, const uint64_t *written, bool none,
+                            uint32_t *keep, uint32_t keep_cap)
 {
-    pthread_mutex_lock(&l1->lock);
-    int rc;
-    struct lease *L = lease_find_locked(l1, id, kind, owner, &rc);
-    if (!L) {
-        pthread_mutex_unlock(&l1->lock);
-        return rc;
-    }
     int committed = 0;
-    if (kind == KVT_LEASE_WRITE) {
+    if (L->kind == KVT_LEASE_WRITE) {
         for (uint32_t i = L->n; i-- > 0;) {
             uint32_t h = L->hs[i];
             struct l1_obj *o = obj(l1, h);
             if (o->state != ST_WRITING)
                 continue;
-            if (written && !kvt_bm_test(written, i)) {
+            if (none || (written && !kvt_bm_test(written, i))) {
                 obj_unlink_locked(l1, h);
                 continue;
             }
@@ -949,8 +943,32 @@ int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
             put_locked(l1, L->hs[i]);
     }
     lease_free_locked(l1, L);
-    pthread_mutex_unlock(&l1->lock);
     return committed;
+}
+
+int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
+                     const struct kvt_l1_owner *owner, const uint64_t *written, uint32_t *keep,
+                     uint32_t keep_cap)
+{
+    pthread_mutex_lock(&l1->lock);
+    int rc;
+    struct lease *L = lease_find_locked(l1, id, kind, owner, &rc);
+    if (L)
+        rc = lease_end_locked(l1, L, written, false, keep, keep_cap);
+    pthread_mutex_unlock(&l1->lock);
+    return rc;
+}
+
+int kvt_l1_lease_drop(struct kvt_l1 *l1, uint64_t id, const struct kvt_l1_owner *owner)
+{
+    pthread_mutex_lock(&l1->lock);
+    int rc;
+    struct lease *K = lease_lookup_locked(l1, id);
+    struct lease *L = lease_find_locked(l1, id, K ? K->kind : KVT_LEASE_READ, owner, &rc);
+    if (L)
+        lease_end_locked(l1, L, NULL, true, NULL, 0);
+    pthread_mutex_unlock(&l1->lock);
+    return rc;
 }
 
 /* A lease ends without its holder (expiry). */

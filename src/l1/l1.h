@@ -175,6 +175,10 @@ int kvt_l1_lease_handles(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kin
 int kvt_l1_lease_end(struct kvt_l1 *l1, uint64_t id, enum kvt_lease_kind kind,
                      const struct kvt_l1_owner *owner, const uint64_t *written, uint32_t *keep,
                      uint32_t keep_cap);
+/* End a lease of either kind with nothing published: a READ lease drops
+ * its references, a WRITE lease aborts every reservation. 0, KVT_E_EXPIRED
+ * or KVT_E_LEASE_OWNER (nothing done). */
+int kvt_l1_lease_drop(struct kvt_l1 *l1, uint64_t id, const struct kvt_l1_owner *owner);
 /* Serve a read lease to a retrieve of keys[0..n): the first min(n, lease
  * size) keys must be the lease's, in order. Then the lease's references
  * move into refs (one each, in order), the lease ends and the count is

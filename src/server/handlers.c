@@ -611,19 +611,9 @@ static void h_free_locks(struct kvt_server *s, struct request *q)
         return;
     }
     struct kvt_l1_owner ow = owner_of(q->r);
-    int rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_READ, &ow, NULL, NULL, 0);
-    if (rc == KVT_E_EXPIRED) {
-        /* not a read lease: a write lease (prepare_store) is given back with
-         * nothing published, as commit_store with no bit set would */
-        int n = kvt_l1_lease_handles(s->l1, lease, KVT_LEASE_WRITE, &ow, NULL, 0);
-        if (n >= 0) {
-            uint64_t *none = kvt_xcalloc(kvt_bm_words(n ? (uint32_t)n : 1), sizeof(uint64_t));
-            rc = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_WRITE, &ow, none, NULL, 0);
-            free(none);
-        } else {
-            rc = n;
-        }
-    }
+    /* either kind: a write lease (prepare_store) is given back with nothing
+     * published, as commit_store with no bit set would */
+    int rc = kvt_l1_lease_drop(s->l1, lease, &ow);
     if (rc == KVT_E_LEASE_OWNER) {
         lease_refused(q->r, rc, lease);
         return;

@@ -283,15 +283,8 @@ void lmc_xfer_drop(struct kvt_lmc *m, struct lmc_xfer **pp)
 {
     struct lmc_xfer *x = *pp;
     *pp = x->next;
-    if (x->write) {
-        uint64_t *none = kvt_xcalloc(kvt_bm_words(x->n ? x->n : 1), sizeof(uint64_t));
-        struct kvt_l1_owner ow = lmc_inst_owner(&x->instance_id);
-        kvt_l1_lease_end(m->s->l1, x->lease, KVT_LEASE_WRITE, &ow, none, NULL, 0);
-        free(none);
-    } else {
-        struct kvt_l1_owner ow = lmc_inst_owner(&x->instance_id);
-        kvt_l1_lease_end(m->s->l1, x->lease, KVT_LEASE_READ, &ow, NULL, NULL, 0);
-    }
+    struct kvt_l1_owner ow = lmc_inst_owner(&x->instance_id);
+    kvt_l1_lease_drop(m->s->l1, x->lease, &ow);
     free(x);
     atomic_fetch_sub(&m->pending_xfers, 1);
 }

@@ -167,6 +167,28 @@ static void test_temp_and_leases(void)
     TEST_ASSERT(keep[0] == ra.h);
     TEST_ASSERT(kvt_l1_contains(l1, &a) && !kvt_l1_contains(l1, &b));
     kvt_l1_put(l1, keep[0]);
+
+    /* drop: either kind, nothing published, only by its owner */
+    struct kvt_l1_owner me = {"\0c1", 3}, other = {"\0c2", 3};
+    kvt_key c = key(3003);
+    struct kvt_l1_ref rc;
+    struct kvt_l1_usage u0, u1;
+    kvt_l1_usage(l1, &u0);
+    TEST_ASSERT(kvt_l1_reserve(l1, &c, &m, &rc) == 0);
+    wl = kvt_l1_lease_new(l1, KVT_LEASE_WRITE, &rc.h, 1, &me);
+    TEST_ASSERT(kvt_l1_lease_drop(l1, wl, &other) == KVT_E_LEASE_OWNER);
+    TEST_ASSERT(kvt_l1_lease_handles(l1, wl, KVT_LEASE_WRITE, &me, NULL, 0) == 1); /* kept */
+    TEST_ASSERT(kvt_l1_lease_drop(l1, wl, &me) == 0);
+    TEST_ASSERT(!kvt_l1_contains(l1, &c));
+    TEST_ASSERT(kvt_l1_lease_drop(l1, wl, &me) == KVT_E_EXPIRED);
+    kvt_l1_usage(l1, &u1);
+    TEST_ASSERT(u1.used_bytes == u0.used_bytes);         /* the reservation's space is back */
+    TEST_ASSERT(kvt_l1_get_prefix(l1, &a, 1, &ra) == 1); /* a reference to a */
+    uint64_t rl = kvt_l1_lease_new(l1, KVT_LEASE_READ, &ra.h, 1, &me);
+    TEST_ASSERT(kvt_l1_delete_unleased(l1, &a) == -EBUSY);
+    TEST_ASSERT(kvt_l1_lease_drop(l1, rl, &me) == 0);
+    TEST_ASSERT(kvt_l1_contains(l1, &a)); /* a read lease only unlocks */
+    TEST_ASSERT(kvt_l1_delete_unleased(l1, &a) == 1);
     kvt_l1_destroy(l1);
 }
 
