@@ -2,6 +2,7 @@
 #include "ops/envcfg.h"
 
 #include "kvtier/error.h"
+#include "l2/kit/quota.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -453,6 +454,16 @@ int kvt_envcfg_load(const char *path, struct kvt_envcfg *c, char *err, size_t er
                 rc = verr(err, errcap, v, n, "path too long: '%s'", val);
                 goto out;
             }
+            /* read and checked here, once, so an error names file:line; the
+             * adapter gets the quotas themselves, not the path */
+            char qerr[PATH_MAX + 256];
+            json_t *qpath = json_string(c->quotas);
+            rc = c->quotas[0] ? kvt_quota_parse(qpath, &c->quotas_bytes, qerr, sizeof(qerr)) : 0;
+            json_decref(qpath);
+            if (rc) {
+                rc = verr(err, errcap, v, n, "%s", qerr);
+                goto out;
+            }
         } else if (!strcmp(n, "KVP_SERVER_URL")) {
             if (strncmp(val, "tcp://", 6) && strncmp(val, "ipc://", 6)) {
                 rc = verr(err, errcap, v, n, "expected tcp://HOST:PORT or ipc://PATH, got '%s'",
@@ -492,6 +503,8 @@ void kvt_envcfg_free(struct kvt_envcfg *c)
 {
     json_decref(c->sources);
     c->sources = NULL;
+    json_decref(c->quotas_bytes);
+    c->quotas_bytes = NULL;
 }
 
 char *kvt_envcfg_adapter_json(const struct kvt_envcfg *c)
@@ -517,8 +530,18 @@ char *kvt_envcfg_adapter_json(const struct kvt_envcfg *c)
             json_object_set_new(ev, "half_life_hours", json_real(c->half_life_h));
         json_object_set_new(j, "eviction", ev);
     }
-    if (c->quotas[0])
-        json_object_set_new(j, "namespace_quotas", json_string(c->quotas));
+    if (c->quotas_bytes) {
+        json_t *q = json_object();
+        const char *ns;
+        json_t *b;
+        json_object_foreach(c->quotas_bytes, ns, b)
+        {
+            json_t *e = json_object();
+            json_object_set(e, "max_bytes", b);
+            json_object_set_new(q, ns, e);
+        }
+        json_object_set_new(j, "namespace_quotas", q);
+    }
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     return s;

@@ -47,6 +47,7 @@ struct kvt_envcfg {
     bool durable;          /* KVP_DURABLE: false */
     bool shard_dirs;       /* KVP_SHARD_DIRS: false */
     json_t *sources;       /* KVP name -> "file:line" or "default" (owned) */
+    json_t *quotas_bytes;  /* KVP_QUOTAS_FILE parsed: namespace -> bytes (owned), or NULL */
 };
 
 /* Read path and path.local (if present). 0, or KVT_E_CONFIG (a file that

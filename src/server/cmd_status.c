@@ -245,31 +245,22 @@ static json_t *report_offline(const struct kvt_scan *sc, const struct kvt_cli_ta
     set_u(o, "other_files", sc->other_files);
     set_u(o, "other_bytes", sc->other_bytes);
     json_t *quotas = json_null();
-    if (t->have_cfg && t->cfg.quotas[0]) {
-        json_t *path = json_string(t->cfg.quotas), *q = NULL;
-        char err[512];
-        if (kvt_quota_parse(path, &q, err, sizeof(err)) == 0) {
-            json_decref(quotas);
-            quotas = json_object();
-            const char *k;
-            json_t *v;
-            json_object_foreach(q, k, v)
-            {
-                json_t *e = json_object();
-                uint64_t lim = (uint64_t)json_integer_value(v);
-                uint64_t used = (uint64_t)ji(sc->per_ns_bytes, k);
-                set_u(e, "quota_bytes", lim);
-                set_u(e, "used_bytes", used);
-                json_object_set_new(e, "usage_fraction",
-                                    lim ? json_real((double)used / (double)lim) : json_null());
-                json_object_set_new(e, "rejected_writes", json_null()); /* a server's counter */
-                json_object_set_new(quotas, k, e);
-            }
-            json_decref(q);
-        } else {
-            fprintf(stderr, "kvtier status: KVP_QUOTAS_FILE: %s\n", err);
+    if (t->have_cfg && t->cfg.quotas_bytes) { /* read and checked with the config */
+        quotas = json_object();
+        const char *k;
+        json_t *v;
+        json_object_foreach(t->cfg.quotas_bytes, k, v)
+        {
+            json_t *e = json_object();
+            uint64_t lim = (uint64_t)json_integer_value(v);
+            uint64_t used = (uint64_t)ji(sc->per_ns_bytes, k);
+            set_u(e, "quota_bytes", lim);
+            set_u(e, "used_bytes", used);
+            json_object_set_new(e, "usage_fraction",
+                                lim ? json_real((double)used / (double)lim) : json_null());
+            json_object_set_new(e, "rejected_writes", json_null()); /* a server's counter */
+            json_object_set_new(quotas, k, e);
         }
-        json_decref(path);
     }
     json_object_set_new(o, "namespace_quotas", quotas);
     json_t *fs = json_object();

@@ -772,15 +772,8 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         rc = kvt_l2_spec_parse(l2_args[i], i, &c->adapters[i], err, sizeof(err));
         if (rc) {
             bool from_cfg = cfg_adapter && i == 0;
-            const char *q = from_cfg ? strstr(err, "\"namespace_quotas\" ") : NULL;
-            const json_t *src =
-                json_object_get(json_object_get(c->config_file, "sources"), "KVP_QUOTAS_FILE");
-            if (q && json_is_string(src)) /* the quotas file: named as the user wrote it */
-                fprintf(stderr, "kvtier server: --config %s: %s: KVP_QUOTAS_FILE: %s\n",
-                        config_path, json_string_value(src), q + strlen("\"namespace_quotas\" "));
-            else
-                fprintf(stderr, "kvtier server: %s%s%s%s\n", from_cfg ? "--config " : "",
-                        from_cfg ? config_path : "", from_cfg ? ": " : "", err);
+            fprintf(stderr, "kvtier server: %s%s%s%s\n", from_cfg ? "--config " : "",
+                    from_cfg ? config_path : "", from_cfg ? ": " : "", err);
             free(cfg_adapter);
             kvt_server_cfg_free(c);
             return 2;

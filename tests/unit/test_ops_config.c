@@ -46,6 +46,7 @@ static void test_envcfg(void)
     char err[1024];
     setenv("KVT_TEST_BASE", "/data/nvme", 1);
     unsetenv("KVT_TEST_UNSET");
+    write_file("quotas.json", "{\"--models--a\": 2}");
     TEST_ASSERT(load("# the seed's variables\n"
                      "export KVP_CACHE_ROOT=\"${KVT_TEST_BASE}/kv cache\"   # quoted, expanded\n"
                      "KVP_CACHE_BUDGET_GB=${KVT_TEST_UNSET:-750}\n"
@@ -72,7 +73,10 @@ static void test_envcfg(void)
     TEST_ASSERT(strcmp(json_string_value(
                            json_object_get(json_object_get(j, "eviction"), "eviction_policy")),
                        "value") == 0);
-    TEST_ASSERT(strcmp(json_string_value(json_object_get(j, "namespace_quotas")), want) == 0);
+    /* the quotas themselves (read once, with the config), not the path */
+    TEST_ASSERT(json_integer_value(json_object_get(
+                    json_object_get(json_object_get(j, "namespace_quotas"), "--models--a"),
+                    "max_bytes")) == 2LL << 30);
     json_decref(j);
     free(js);
     kvt_envcfg_free(&c);
@@ -91,6 +95,8 @@ static void test_envcfg(void)
         {"KVP_CACHE_ROOT=/d\nKVP_EVICTION_POLICY=MRU\n", "KVP_EVICTION_POLICY", "LRU, ARC, LFU"},
         {"KVP_CACHE_ROOT=/d\nKVP_VALUE_HALF_LIFE_HOURS=-1\n", "KVP_VALUE_HALF_LIFE_HOURS", ">= 0"},
         {"KVP_CACHE_ROOT=/d\nKVP_USE_DIRECT_IO=maybe\n", "KVP_USE_DIRECT_IO", "true or false"},
+        {"KVP_CACHE_ROOT=/d\nKVP_QUOTAS_FILE=nope.json\n", "cache.env:2: KVP_QUOTAS_FILE",
+         "cannot read quotas file"},
         {"KVP_CACHE_ROOT=$KVT_TEST_UNSET/x\n", "cache.env:1", "is not set"},
         {"KVP_CACHE_ROOT = /d\n", "cache.env:1", "NAME=VALUE"},
         {"KVP_CACHE_ROOT=\"/d\n", "cache.env:1", "unterminated"},
@@ -115,13 +121,16 @@ static void test_quota_parse(void)
     char err[400];
     json_t *out = NULL;
     json_t *v = json_loads("{\"--models--A--v1\": 200, \"/models/B/v2\": {\"max_gb\": \"0.5\"}, "
-                           "\"C\": {\"max_bytes\": 1000}, \"D\": \"2\"}",
+                           "\"C\": {\"max_bytes\": 1000}, \"D\": \"2\", "
+                           "\"E\": {\"max_bytes\": 5000000000000}}",
                            0, NULL);
     TEST_ASSERT(kvt_quota_parse(v, &out, err, sizeof(err)) == 0);
     TEST_ASSERT(json_integer_value(json_object_get(out, "--models--A--v1")) == 200ll << 30);
     TEST_ASSERT(json_integer_value(json_object_get(out, "--models--B--v2")) == 512ll << 20);
     TEST_ASSERT(json_integer_value(json_object_get(out, "C")) == 1000);
     TEST_ASSERT(json_integer_value(json_object_get(out, "D")) == 2ll << 30);
+    /* bytes are not bounded as GiB are (1e9): 5 TB was refused */
+    TEST_ASSERT(json_integer_value(json_object_get(out, "E")) == 5000000000000ll);
     json_decref(out);
     json_decref(v);
     const char *bad[][2] = {

@@ -47,8 +47,8 @@ static int quota_name_ok(const char *name, const char **why)
     return kvt_validate_model(name, strlen(name), why) ? -1 : 0;
 }
 
-/* A size in GiB from a JSON number or a numeric string. */
-static int gib(const json_t *v, double *out)
+/* A number from 0 to max from a JSON number or a numeric string. */
+static int number(const json_t *v, double max, double *out)
 {
     double d;
     if (json_is_number(v)) {
@@ -63,10 +63,16 @@ static int gib(const json_t *v, double *out)
     } else {
         return -1;
     }
-    if (!isfinite(d) || d < 0 || d > 1e9)
+    if (!isfinite(d) || d < 0 || d > max)
         return -1;
     *out = d;
     return 0;
+}
+
+/* A size in GiB (at most 1e9). */
+static int gib(const json_t *v, double *out)
+{
+    return number(v, 1e9, out);
 }
 
 /* One entry's limit in bytes: a number of GiB, or {max_gb} / {max_bytes}. */
@@ -96,7 +102,8 @@ static int entry_bytes(const char *name, const json_t *v, uint64_t *bytes, char 
             }
             *bytes = (uint64_t)(d * KVT_GIB);
         } else if (strcmp(k, "max_bytes") == 0) {
-            if (gib(x, &d) || d != floor(d)) {
+            /* bytes: exact up to 2^53 (8 PiB) */
+            if (number(x, 9007199254740992.0, &d) || d != floor(d)) {
                 snprintf(err, cap, "\"%s\".max_bytes must be an integer >= 0", name);
                 return -1;
             }
