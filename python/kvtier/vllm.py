@@ -230,8 +230,7 @@ class _Scheduler:
         if c is None:
             return 0
         try:
-            if c.chunk_size != self.cfg.chunk_size:
-                self.cfg.chunk_mismatch(c.chunk_size)
+            if not self.cfg.same_chunk_size(c):
                 return 0
             keys = self.cfg.keys(st.hashes, st.salt)
             n = c.lookup(keys)
@@ -486,8 +485,7 @@ class _Worker:
         try:
             if c is None:
                 raise ConnectionError("no kvtier server")
-            if c.chunk_size != self.cfg.chunk_size:   # restarted with another chunk size
-                self.cfg.chunk_mismatch(c.chunk_size)
+            if not self.cfg.same_chunk_size(c):   # restarted with another chunk size
                 raise ValueError("the server's chunk size changed")
             rv = c.retrieve_view(self.cfg.keys(job.hashes, job.salt))
             t1, c1 = time.perf_counter(), time.thread_time()
@@ -527,9 +525,7 @@ class _Worker:
         L = self.layout
         try:
             c = self.conn.get()
-            if c is not None and c.chunk_size != self.cfg.chunk_size:
-                self.cfg.chunk_mismatch(c.chunk_size)
-            if c is None or self.cfg.disabled:
+            if c is None or not self.cfg.same_chunk_size(c):
                 self.stats["store_skipped_chunks"] = self.stats.get("store_skipped_chunks", 0) + len(job.hashes)
                 return
             keys = self.cfg.keys(job.hashes, job.salt)
@@ -597,6 +593,13 @@ class _Config:
         if n and n != self.chunk_size:
             self.chunk_size = int(n)
             self._check_chunk()
+
+    def same_chunk_size(self, c):
+        """Whether client c's server still has this engine's chunk size; if
+        not, this engine stops using kvtier (chunk_mismatch)."""
+        if c.chunk_size != self.chunk_size:
+            self.chunk_mismatch(c.chunk_size)
+        return not self.disabled
 
     def chunk_mismatch(self, n):
         if not self.disabled:
