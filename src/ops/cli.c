@@ -4,6 +4,8 @@
 #include "kvtier/error.h"
 
 #include <errno.h>
+#include <libgen.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,20 +34,10 @@ void kvt_human(char *out, size_t cap, double b)
  * the root's last level). */
 static bool parent_exists(const char *path)
 {
-    char d[4096];
+    char d[PATH_MAX];
     snprintf(d, sizeof d, "%s", path);
-    size_t n = strlen(d);
-    while (n > 1 && d[n - 1] == '/')
-        d[--n] = 0;
-    char *slash = strrchr(d, '/');
-    if (!slash)
-        return true; /* relative, in the working directory */
-    if (slash == d)
-        slash[1] = 0;
-    else
-        *slash = 0;
     struct stat st;
-    return stat(d, &st) == 0 && S_ISDIR(st.st_mode);
+    return stat(dirname(d), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 int kvt_cli_target(const char *cmd, const char *config, const char *root, const char *url,

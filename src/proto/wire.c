@@ -231,6 +231,8 @@ json_t *kvt_mp_to_json(const msgpack_object *o)
     }
 }
 
+#define BAD_SHAPE "shape must be an array of at most 6 integers from 0 to 2^32-1"
+
 int kvt_wire_meta_decode(const msgpack_object *body, kvt_objmeta *m, const char **why)
 {
     memset(m, 0, sizeof(*m));
@@ -257,13 +259,13 @@ int kvt_wire_meta_decode(const msgpack_object *body, kvt_objmeta *m, const char 
     const msgpack_object *sh = kvt_mp_get(body, "shape");
     if (sh && sh->type != MSGPACK_OBJECT_NIL) {
         if (sh->type != MSGPACK_OBJECT_ARRAY || sh->via.array.size > KVT_MAX_DIMS) {
-            *why = "shape must be an array of at most 6 integers from 0 to 2^32-1";
+            *why = BAD_SHAPE;
             return KVT_E_BADREQ;
         }
         for (uint32_t d = 0; d < sh->via.array.size; d++) {
             const msgpack_object *v = &sh->via.array.ptr[d];
             if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 > UINT32_MAX) {
-                *why = "shape must be an array of at most 6 integers from 0 to 2^32-1";
+                *why = BAD_SHAPE;
                 return KVT_E_BADREQ;
             }
             m->shape[d] = (uint32_t)v->via.u64;

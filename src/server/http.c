@@ -24,8 +24,6 @@ static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, char *
     return ret;
 }
 
-/* With --http-token: "Authorization: Bearer <token>" (compared without an
- * early exit). Always true without one. */
 /* libmicrohttpd's own diagnostics (a port in use, a failed accept) go
  * through kvtier's logger, so --log-format json stays one JSON object per
  * line; the caller reports a failed start in its own words, so they are
@@ -41,6 +39,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     kvt_debug("http: libmicrohttpd: %s", msg);
 }
 
+/* With --http-token: "Authorization: Bearer <token>" (compared without an
+ * early exit). Always true without one. */
 static bool token_ok(struct kvt_server *s, struct MHD_Connection *c)
 {
     if (!s->cfg->http_token[0])
