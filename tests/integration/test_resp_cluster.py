@@ -40,11 +40,19 @@ def _bindable(port):
 
 
 def cluster_ports(n):
-    """n ports whose cluster bus ports (+10000) are free too."""
+    """n ports whose cluster bus ports (+10000) are free too, both below the
+    kernel's ephemeral range: a node killed and started again must find its
+    port free, and an outgoing connection may be given any ephemeral port
+    meanwhile (seen: "bind: Address already in use" on a restart)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
     r = random.Random(os.getpid() ^ int(time.time()))
     out = []
     while len(out) < n:
-        p = r.randrange(20000, 45000)
+        p = r.randrange(10000, max(10001, low - 10000))
         if p not in out and _bindable(p) and _bindable(p + 10000):
             out.append(p)
     return out
