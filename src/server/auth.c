@@ -310,6 +310,23 @@ int kvt_auth_load(const char *path, struct kvt_auth **out, char *err, size_t cap
     return rc;
 }
 
+bool kvt_auth_client_is(const struct kvt_auth_client *c, const char *id)
+{
+    return !strcmp(c->name, id) || !strcmp(c->key, id);
+}
+
+struct kvt_auth_client *kvt_auth_named(const struct kvt_auth *a, const char *id)
+{
+    struct kvt_auth_client *one = NULL;
+    for (uint32_t i = 0; i < a->n; i++)
+        if (kvt_auth_client_is(&a->c[i], id)) {
+            if (one)
+                return NULL;
+            one = &a->c[i];
+        }
+    return one;
+}
+
 struct kvt_auth_client *kvt_auth_find(const struct kvt_auth *a, const uint8_t *bin)
 {
     for (uint32_t i = 0; i < a->n; i++) /* at handshakes only */
@@ -335,6 +352,8 @@ json_t *kvt_auth_status(const struct kvt_auth *root, const struct kvt_auth *a)
                         json_integer((json_int_t)atomic_load(&root->handshakes_refused)));
     json_object_set_new(o, "handshakes_failed",
                         json_integer((json_int_t)atomic_load(&root->handshakes_failed)));
+    json_object_set_new(o, "lmcache_connections_refused",
+                        json_integer((json_int_t)atomic_load(&root->lmc_refused)));
     json_object_set_new(o, "generation", json_integer((json_int_t)a->gen));
     json_object_set_new(o, "reloads", json_integer((json_int_t)atomic_load(&root->reloads)));
     json_object_set_new(o, "reload_failures",
@@ -363,11 +382,82 @@ struct kvt_zap {
     struct kvt_auth *root;         /* the first table: its counters */
     struct kvt_auth *_Atomic *cur; /* the table that admits: the server's pointer */
     uint64_t last_log_ns;          /* zap thread only */
+    const char *same_uid_client;   /* kvt_zap_start_same_uid: the client its peers act as */
 };
 
 static void zap_send(void *sock, const char *s, size_t l, bool more)
 {
     zmq_send(sock, s, l, more ? ZMQ_SNDMORE : 0);
+}
+
+/* Send the reply to the request in f[0..n) and close its frames. 0. */
+static int zap_answer(struct kvt_zap *z, zmq_msg_t *f, int n, const char *status, const char *text,
+                      const char *uid)
+{
+    zap_send(z->sock, "1.0", 3, true);
+    if (n >= 2)
+        zmq_send(z->sock, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
+    else
+        zap_send(z->sock, "", 0, true);
+    zap_send(z->sock, status, 3, true);
+    zap_send(z->sock, text, strlen(text), true);
+    zap_send(z->sock, uid, strlen(uid), true);
+    zap_send(z->sock, "", 0, false);
+    for (int i = 0; i < n; i++)
+        zmq_msg_close(&f[i]);
+    return 0;
+}
+
+/* The peer's uid from a ZAP address ending in ":uid:gid:pid" (libzmq adds
+ * it from SO_PEERCRED on Unix sockets), and its pid; -1 when absent. */
+static long long addr_uid(zmq_msg_t *addr, long long *pid)
+{
+    char b[128];
+    size_t l = KVT_MIN(zmq_msg_size(addr), sizeof(b) - 1);
+    memcpy(b, zmq_msg_data(addr), l);
+    b[l] = 0;
+    char *p3 = strrchr(b, ':');
+    if (!p3)
+        return -1;
+    *p3 = 0;
+    char *p2 = strrchr(b, ':');
+    if (!p2)
+        return -1;
+    *p2 = 0;
+    char *p1 = strrchr(b, ':');
+    if (!p1)
+        return -1;
+    char *e1, *e3;
+    errno = 0;
+    long long u = strtoll(p1 + 1, &e1, 10), p = strtoll(p3 + 1, &e3, 10);
+    if (errno || e1 == p1 + 1 || *e1 || e3 == p3 + 1 || *e3 || u < 0)
+        return -1;
+    *pid = p;
+    return u;
+}
+
+/* kvt_zap_start_same_uid's rule: the server's uid, while its client exists. */
+static int zap_same_uid(struct kvt_zap *z, struct kvt_auth *a, zmq_msg_t *f, int n)
+{
+    long long pid = -1, u = addr_uid(&f[3], &pid);
+    bool client = kvt_auth_named(a, z->same_uid_client) != NULL;
+    if (u == (long long)geteuid() && client)
+        return zap_answer(z, f, n, "200", "OK", "lmcache");
+    atomic_fetch_add(&z->root->lmc_refused, 1);
+    uint64_t now = kvt_now_ns();
+    if (now - z->last_log_ns >= 1000000000ull) { /* one line a second at most */
+        if (!client)
+            kvt_warn("auth: refused an LMCache connection: --lmcache-client %s is no longer "
+                     "one client of the authorized-clients file (%llu refused so far)",
+                     z->same_uid_client, (unsigned long long)atomic_load(&z->root->lmc_refused));
+        else
+            kvt_warn("auth: refused an LMCache connection from uid %lld (pid %lld): only this "
+                     "server's uid %u may use it (%llu refused so far)",
+                     u, pid, (unsigned)geteuid(),
+                     (unsigned long long)atomic_load(&z->root->lmc_refused));
+        z->last_log_ns = now;
+    }
+    return zap_answer(z, f, n, "400", client ? "another uid" : "no client", "");
 }
 
 /* One request: [version][request id][domain][address][identity][mechanism]
@@ -398,9 +488,13 @@ static int zap_one(struct kvt_zap *z)
     char uid[32] = "";
     struct kvt_auth_client *c = NULL;
     struct kvt_auth *a = atomic_load_explicit(z->cur, memory_order_acquire);
-    if (n >= 7 && zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) &&
-        zmq_msg_size(&f[6]) == 32)
+    if (z->same_uid_client) {
+        if (n >= 6 && zmq_msg_size(&f[5]) == 4 && !memcmp(zmq_msg_data(&f[5]), "NULL", 4))
+            return zap_same_uid(z, a, f, n);
+    } else if (n >= 7 && zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) &&
+               zmq_msg_size(&f[6]) == 32) {
         c = kvt_auth_find(a, zmq_msg_data(&f[6]));
+    }
     if (c) {
         status = "200";
         text = "OK";
@@ -423,24 +517,13 @@ static int zap_one(struct kvt_zap *z)
             z->last_log_ns = now;
         }
     }
-    zap_send(z->sock, "1.0", 3, true);
-    if (n >= 2)
-        zmq_send(z->sock, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
-    else
-        zap_send(z->sock, "", 0, true);
-    zap_send(z->sock, status, 3, true);
-    zap_send(z->sock, text, strlen(text), true);
-    zap_send(z->sock, uid, strlen(uid), true);
-    zap_send(z->sock, "", 0, false);
-    for (int i = 0; i < n; i++)
-        zmq_msg_close(&f[i]);
-    return 0;
+    return zap_answer(z, f, n, status, text, uid);
 }
 
 static void *zap_main(void *arg)
 {
     struct kvt_zap *z = arg;
-    pthread_setname_np(pthread_self(), "zap");
+    pthread_setname_np(pthread_self(), z->same_uid_client ? "zap-lmcache" : "zap");
     while (zap_one(z) != -ETERM)
         ;
     int linger = 0;
@@ -452,9 +535,16 @@ static void *zap_main(void *arg)
 int kvt_zap_start(void *zctx, struct kvt_auth *root, struct kvt_auth *_Atomic *cur,
                   struct kvt_zap **out)
 {
+    return kvt_zap_start_same_uid(zctx, root, cur, NULL, out);
+}
+
+int kvt_zap_start_same_uid(void *zctx, struct kvt_auth *root, struct kvt_auth *_Atomic *cur,
+                           const char *client, struct kvt_zap **out)
+{
     struct kvt_zap *z = kvt_xcalloc(1, sizeof(*z));
     z->root = root;
     z->cur = cur;
+    z->same_uid_client = client;
     z->sock = zmq_socket(zctx, ZMQ_REP);
     if (!z->sock || zmq_bind(z->sock, "inproc://zeromq.zap.01") < 0) {
         int e = errno;

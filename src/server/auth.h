@@ -60,6 +60,7 @@ struct kvt_auth {
     _Atomic uint64_t handshakes_refused; /* ZAP: key not in the file */
     _Atomic uint64_t handshakes_failed;  /* no key, wrong server key, bad handshake */
     _Atomic uint64_t reloads, reload_failures;
+    _Atomic uint64_t lmc_refused; /* ZAP on the LMCache socket: another uid, or no client */
 };
 
 /* Parse an authorized-clients file's text (len bytes, no NUL needed).
@@ -71,6 +72,11 @@ int kvt_auth_load(const char *path, struct kvt_auth **out, char *err, size_t cap
 void kvt_auth_free(struct kvt_auth *a);
 /* The client with this public key (32 bytes), or NULL. */
 struct kvt_auth_client *kvt_auth_find(const struct kvt_auth *a, const uint8_t *bin);
+/* Is id c's name= label or its public key (Z85)? */
+bool kvt_auth_client_is(const struct kvt_auth_client *c, const char *id);
+/* The one client of a that id names (kvt_auth_client_is), or NULL (none,
+ * or several: a label given twice). */
+struct kvt_auth_client *kvt_auth_named(const struct kvt_auth *a, const char *id);
 /* May c use this salt (NUL-terminated, "" = none)? */
 bool kvt_auth_salt_ok(const struct kvt_auth_client *c, const char *salt);
 /* The counters (root: the first table) and the current table's clients,
@@ -97,6 +103,13 @@ struct kvt_zap;
  * table in use, read at every handshake (a reload replaces it). */
 int kvt_zap_start(void *zctx, struct kvt_auth *root, struct kvt_auth *_Atomic *cur,
                   struct kvt_zap **out);
+/* The same for a context whose sockets have no CURVE (NULL mechanism, ZAP
+ * domain set) and listen on Unix sockets only: admits a peer whose
+ * SO_PEERCRED uid (libzmq puts ":uid:gid:pid" at the end of the ZAP
+ * address) is this process's, while `client` names one client of the table
+ * in use (kvt_auth_named); refusals count in root->lmc_refused. */
+int kvt_zap_start_same_uid(void *zctx, struct kvt_auth *root, struct kvt_auth *_Atomic *cur,
+                           const char *client, struct kvt_zap **out);
 void kvt_zap_join(struct kvt_zap *z);
 
 #endif

@@ -59,6 +59,7 @@ enum {
     O_LMC_PORT,
     O_LMC_HOST,
     O_LMC_SHM,
+    O_LMC_CLIENT,
     O_AUTH_KEY,
     O_AUTH_CLIENTS,
     O_HTTP_TOKEN,
@@ -104,6 +105,7 @@ static const struct option opts[] = {
     {"lmcache-port", required_argument, NULL, O_LMC_PORT},
     {"lmcache-host", required_argument, NULL, O_LMC_HOST},
     {"lmcache-shm-name", required_argument, NULL, O_LMC_SHM},
+    {"lmcache-client", required_argument, NULL, O_LMC_CLIENT},
     {"auth-key", required_argument, NULL, O_AUTH_KEY},
     {"auth-clients", required_argument, NULL, O_AUTH_CLIENTS},
     {"http-token", required_argument, NULL, O_HTTP_TOKEN},
@@ -161,7 +163,10 @@ void kvt_server_usage(FILE *f)
            "  --lmcache-port N              also answer LMCache's multi-process protocol\n"
            "                                (vLLM's LMCacheMPConnector, engine_driven) on N (0 = "
            "off)\n"
-           "  --lmcache-host HOST           its bind address (localhost, as lmcache server)\n"
+           "  --lmcache-host HOST           its bind address (localhost, as lmcache server), or\n"
+           "                                ipc://PATH: a Unix socket PATH:PORT (with --auth-key)\n"
+           "  --lmcache-client NAME         with --auth-key: the authorized client (name= or\n"
+           "                                public key) that requests on the LMCache port act as\n"
            "  --lmcache-shm-name NAME       POSIX shm name of the L1 pool handed to workers\n"
            "                                (lmcache_l1_pool_kvtier_<pid>)\n"
            "Authentication (docs/security.md)\n"
@@ -330,6 +335,58 @@ bool kvt_endpoint_is_local(const char *ep)
     return kvt_host_is_loopback(host);
 }
 
+bool kvt_lmc_host_is_ipc(const char *host)
+{
+    return !strncmp(host, "ipc://", 6);
+}
+
+bool kvt_lmc_host_is_local(const char *host)
+{
+    return kvt_lmc_host_is_ipc(host) || kvt_host_is_loopback(host);
+}
+
+/* The LMCache front end with --auth-key, or beyond this host. LMCache's
+ * client has no CURVE, so with authentication it listens only on a Unix
+ * socket, where the ZAP handler admits the server's uid alone (SO_PEERCRED),
+ * and its requests act as one authorized client (--lmcache-client). 0 or 2. */
+static int check_lmcache_auth(struct kvt_server_cfg *c, const char *hint)
+{
+    if (!c->auth) { /* beyond loopback, no authentication */
+        fprintf(stderr,
+                "kvtier server: --lmcache-port: the LMCache protocol front end has no "
+                "authentication of its own and --lmcache-host is beyond loopback; %s\n",
+                hint);
+        return 2;
+    }
+    if (!kvt_lmc_host_is_ipc(c->lmc_host)) {
+        fprintf(stderr,
+                "kvtier server: --lmcache-host: with --auth-key the LMCache front end listens "
+                "only on a Unix socket (LMCache's client has no CURVE; there only the server's "
+                "uid is admitted): give --lmcache-host ipc:///PATH and --lmcache-client NAME, and "
+                "in vLLM \"lmcache.mp.host\": \"ipc:///PATH\" (docs/security.md)\n");
+        return 2;
+    }
+    if (!c->lmc_client[0]) {
+        fprintf(stderr,
+                "kvtier server: --lmcache-client: with --auth-key, name the authorized client "
+                "(its name= label or public key in %s) whose tenants and rights the LMCache "
+                "port's requests get\n",
+                c->auth_clients_file);
+        return 2;
+    }
+    int n = 0;
+    for (uint32_t i = 0; i < c->auth->n; i++)
+        n += kvt_auth_client_is(&c->auth->c[i], c->lmc_client);
+    if (n != 1) {
+        fprintf(stderr,
+                "kvtier server: --lmcache-client: %s names %s in %s: give a client's name= "
+                "label (unique) or public key\n",
+                c->lmc_client, n ? "several clients" : "no client", c->auth_clients_file);
+        return 2;
+    }
+    return 0;
+}
+
 /* Load the key, the clients and the token the flags name, and refuse to
  * listen beyond loopback without authentication (unless --insecure-no-auth).
  * 0 or 2 (message printed, naming the flag). */
@@ -383,9 +440,18 @@ static int check_auth(struct kvt_server_cfg *c)
             return 2;
         }
     }
+    static const char hint[] = "give --insecure-no-auth to accept that (docs/security.md)";
+    if (c->lmc_client[0] && !c->auth) {
+        fprintf(stderr, "kvtier server: --lmcache-client: only with --auth-key and "
+                        "--auth-clients (it names one of the authorized clients)\n");
+        return 2;
+    }
+    /* with authentication on, the LMCache port authenticates too, whatever
+     * --insecure-no-auth says */
+    if (c->lmc_port && c->auth && check_lmcache_auth(c, hint))
+        return 2;
     if (c->insecure_no_auth)
         return 0;
-    static const char hint[] = "give --insecure-no-auth to accept that (docs/security.md)";
     if (!c->auth && !kvt_endpoint_is_local(c->bind)) {
         fprintf(stderr,
                 "kvtier server: --host: %s (--host, --bind or --config's KVP_SERVER_URL) "
@@ -401,15 +467,8 @@ static int check_auth(struct kvt_server_cfg *c)
                 c->http_host, hint);
         return 2;
     }
-    if (c->lmc_port && (c->auth || !kvt_host_is_loopback(c->lmc_host))) {
-        fprintf(stderr,
-                "kvtier server: --lmcache-port: the LMCache protocol front end does not "
-                "authenticate its clients%s; %s\n",
-                c->auth ? " (it would bypass --auth-key)"
-                        : " and --lmcache-host is beyond loopback",
-                hint);
-        return 2;
-    }
+    if (c->lmc_port && !c->auth && !kvt_lmc_host_is_local(c->lmc_host))
+        return check_lmcache_auth(c, hint);
     return 0;
 }
 
@@ -588,6 +647,11 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
             if (!optarg[0] || strlen(optarg) >= sizeof(c->lmc_host))
                 return fail(f, "expected a host name or address, got '%s'", optarg);
             snprintf(c->lmc_host, sizeof(c->lmc_host), "%s", optarg);
+            break;
+        case O_LMC_CLIENT:
+            if (!optarg[0] || strlen(optarg) >= sizeof(c->lmc_client))
+                return fail(f, "expected a client's name= label or public key, got '%s'", optarg);
+            snprintf(c->lmc_client, sizeof(c->lmc_client), "%s", optarg);
             break;
         case O_LMC_SHM: {
             /* LMCache's rule: the name always starts with lmcache_l1_pool_ */
@@ -860,6 +924,7 @@ json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
     json_t *lmc = json_object();
     json_object_set_new(lmc, "port", json_integer(c->lmc_port));
     json_object_set_new(lmc, "host", json_string(c->lmc_host));
+    json_object_set_new(lmc, "client", c->lmc_client[0] ? json_string(c->lmc_client) : json_null());
     json_object_set_new(lmc, "shm_name", json_string(c->lmc_shm_name));
     json_object_set_new(o, "lmcache", lmc);
     /* file names and the public key only: never a secret */

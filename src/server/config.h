@@ -46,8 +46,9 @@ struct kvt_server_cfg {
     int http_port; /* 0 = off */
 
     /* LMCache multi-process protocol front end (src/server/lmc.c) */
-    int lmc_port; /* 0 = off */
-    char lmc_host[128];
+    int lmc_port;           /* 0 = off */
+    char lmc_host[128];     /* a host, or ipc://PATH (the endpoint is then ipc://PATH:PORT) */
+    char lmc_client[64];    /* --lmcache-client: the authorized client its requests act as */
     char lmc_shm_name[224]; /* the L1 pool's POSIX shm name when lmc_port is set */
 
     uint64_t max_object_bytes;
@@ -82,6 +83,9 @@ int kvt_server_io_threads(const struct kvt_server_cfg *c);
  * name / address is reachable from this host only. */
 bool kvt_endpoint_is_local(const char *endpoint);
 bool kvt_host_is_loopback(const char *host);
+/* --lmcache-host: ipc://PATH (a Unix socket), or local (ipc, or loopback) */
+bool kvt_lmc_host_is_ipc(const char *host);
+bool kvt_lmc_host_is_local(const char *host);
 
 /* Parse argv (after the "server" word). On error prints a message naming the
  * flag or adapter key to stderr and returns 2; returns 1 for --help (printed);

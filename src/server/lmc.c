@@ -40,6 +40,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------ requests */
@@ -411,6 +414,56 @@ void lmc_pack_slot(msgpack_packer *pk, const struct lmc_ctx *c, uint64_t off)
     kvt_mp_str0(pk, c->dtype);
 }
 
+/* ---------------------------------------------------------------- auth */
+
+struct kvt_auth_client *lmc_who(struct kvt_lmc *m)
+{
+    /* a published table never changes but for atomic counters, and stays
+     * until exit: this thread may read it (auth.h) */
+    struct kvt_auth *a = kvt_server_auth(m->s);
+    if (a != m->who_tab) {
+        m->who_tab = a;
+        m->who = kvt_auth_named(a, m->s->cfg->lmc_client);
+        if (!m->who)
+            kvt_error("lmcache: --lmcache-client %s is no longer one client of %s: every "
+                      "request on the LMCache port is denied (served as a miss)",
+                      m->s->cfg->lmc_client, m->s->cfg->auth_clients_file);
+    }
+    return m->who;
+}
+
+bool lmc_denied(struct lmc_rq *q, const struct lmc_key *k, bool write)
+{
+    struct kvt_lmc *m = q->m;
+    if (!m->s->cfg->auth)
+        return false;
+    struct kvt_auth_client *c = lmc_who(m);
+    char salt[256]; /* validated before (kvt_ns_intern: at most 128 bytes) */
+    bool fits = k->salt_len < sizeof(salt);
+    size_t sl = fits ? k->salt_len : 0;
+    memcpy(salt, k->salt, sl);
+    salt[sl] = 0;
+    const char *why = !c                ? "its client is gone from the authorized-clients file"
+                      : !fits           ? "the cache salt is too long"
+                      : write && !c->rw ? "its client is read-only"
+                      : !kvt_auth_salt_ok(c, salt)
+                          ? "the cache salt is not one of its client's tenants"
+                          : NULL;
+    if (!why)
+        return false;
+    if (c)
+        atomic_fetch_add_explicit(&c->denied, 1, memory_order_relaxed);
+    uint64_t nth = atomic_fetch_add_explicit(&m->denied, 1, memory_order_relaxed) + 1;
+    uint64_t now = kvt_now_ns();
+    if (now - m->denied_log_ns >= 1000000000ull) { /* one line a second at most */
+        kvt_warn("lmcache: %s denied (served as a miss / nothing stored): %s (salt '%s', "
+                 "client %s; %llu denied so far)",
+                 lmc_ops[q->op].name, why, salt, m->s->cfg->lmc_client, (unsigned long long)nth);
+        m->denied_log_ns = now;
+    }
+    return true;
+}
+
 /* ---------------------------------------------------------------- loop */
 
 static void sweep(struct kvt_lmc *m, uint64_t now, uint64_t *next_deadline)
@@ -527,6 +580,47 @@ static void *lmc_main(void *arg)
 
 /* --------------------------------------------------------------- setup */
 
+/* --lmcache-host ipc://PATH: PATH must be free, or a socket nobody listens
+ * on (a SIGKILLed server's, removed here); libzmq would replace anything
+ * there, another server's socket or a file. 0, or -errno with err. */
+static int ipc_path_free(const char *path, char *err, size_t cap)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT
+                   ? 0
+                   : (snprintf(err, cap, "--lmcache-host: %s: %s", path, kvt_strerror(-errno)),
+                      -errno);
+    if (!S_ISSOCK(st.st_mode)) {
+        snprintf(err, cap, "--lmcache-host: %s exists and is not a socket: not replaced", path);
+        return -EEXIST;
+    }
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(a.sun_path)) {
+        snprintf(err, cap, "--lmcache-host: %s: a Unix socket path holds at most %zu bytes", path,
+                 sizeof(a.sun_path) - 1);
+        return -ENAMETOOLONG;
+    }
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int rc = connect(fd, (struct sockaddr *)&a, sizeof(a));
+    int e = errno;
+    close(fd);
+    if (rc == 0) {
+        snprintf(err, cap, "--lmcache-host: %s: another process listens there (another server?)",
+                 path);
+        return -EADDRINUSE;
+    }
+    if (e == ECONNREFUSED && unlink(path) == 0) {
+        kvt_info("lmcache: removed the stale socket %s (nobody listened on it)", path);
+        return 0;
+    }
+    snprintf(err, cap, "--lmcache-host: %s: %s", path, kvt_strerror(-e));
+    return -e;
+}
+
 int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
 {
     struct kvt_server_cfg *c = s->cfg;
@@ -535,7 +629,21 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
     s->lmc = m;
     pthread_mutex_init(&m->done_lock, NULL);
     m->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    snprintf(m->endpoint, sizeof(m->endpoint), "tcp://%s:%d", c->lmc_host, c->lmc_port);
+    if (m->efd < 0) {
+        snprintf(err, cap, "--lmcache-port: eventfd: %s", kvt_strerror(-errno));
+        return -errno;
+    }
+    /* what LMCache's connector connects to: f"{lmcache.mp.host}:{lmcache.mp.port}" */
+    bool ipc = kvt_lmc_host_is_ipc(c->lmc_host);
+    snprintf(m->endpoint, sizeof(m->endpoint), "%s%s:%d", ipc ? "" : "tcp://", c->lmc_host,
+             c->lmc_port);
+    const char *path = m->endpoint + 6;
+    m->ipc_file = ipc && path[0] != '@'; /* '@': Linux's abstract namespace, no file */
+    if (m->ipc_file) {
+        int rc = ipc_path_free(path, err, cap);
+        if (rc)
+            return rc;
+    }
     m->zctx = zmq_ctx_new();
     m->sock = zmq_socket(m->zctx, ZMQ_ROUTER);
     int zero = 0, linger = 0;
@@ -543,8 +651,24 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
     zmq_setsockopt(m->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
     zmq_setsockopt(m->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(m->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-    int brc = m->efd < 0 ? -1 : zmq_bind(m->sock, m->endpoint);
-    if (brc < 0 && m->efd >= 0 && errno == ENODEV) {
+    if (c->auth) {
+        /* the handler before the domain and the bind: without one libzmq
+         * admits every peer (config.c allows only ipc:// here) */
+        int rc = kvt_zap_start_same_uid(m->zctx, c->auth, &s->auth_cur, c->lmc_client, &m->zap);
+        if (rc || zmq_setsockopt(m->sock, ZMQ_ZAP_DOMAIN, "kvtier-lmcache", 14)) {
+            snprintf(err, cap, "--lmcache-port: cannot start its ZAP handler: %s",
+                     kvt_strerror(rc ? rc : -errno));
+            return rc ? rc : -errno;
+        }
+    }
+    /* the socket file is made 0600 as it is created: only the server's uid
+     * (and root) may connect, with or without authentication */
+    mode_t um = m->ipc_file ? umask(077) : 0;
+    int brc = zmq_bind(m->sock, m->endpoint);
+    int be = errno;
+    if (m->ipc_file)
+        umask(um);
+    if (brc < 0 && !ipc && be == ENODEV) {
         /* libzmq binds to addresses or interface names, not host names (pyzmq's
          * bundled libzmq takes "localhost", LMCache's default): resolve it */
         struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
@@ -553,15 +677,23 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
             inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, ip, sizeof(ip));
             snprintf(m->endpoint, sizeof(m->endpoint), "tcp://%s:%d", ip, c->lmc_port);
             brc = zmq_bind(m->sock, m->endpoint);
+            be = errno;
             freeaddrinfo(ai);
-        } else {
-            errno = ENODEV;
         }
     }
     if (brc < 0) {
-        snprintf(err, cap, "--lmcache-port: cannot listen on %s: %s", m->endpoint,
-                 m->efd < 0 ? kvt_strerror(-errno) : kvt_strerror(-errno));
-        return -EADDRINUSE;
+        snprintf(err, cap, "--lmcache-port: cannot listen on %s: %s%s", m->endpoint,
+                 kvt_strerror(-be), ipc && be == ENOENT ? " (its directory must exist)" : "");
+        return -be;
+    }
+    struct stat st;
+    if (m->ipc_file && chmod(path, 0600) < 0)
+        kvt_warn("lmcache: chmod 0600 %s: %s", path, kvt_strerror(-errno));
+    if (m->ipc_file && lstat(path, &st) == 0) {
+        m->ipc_dev = st.st_dev;
+        m->ipc_ino = st.st_ino;
+    } else {
+        m->ipc_file = false; /* not ours to remove at stop */
     }
     return 0;
 }
@@ -594,6 +726,19 @@ void kvt_lmc_stop(struct kvt_server *s)
     if (m->sock)
         zmq_close(m->sock);
     m->sock = NULL;
+    /* libzmq 4.3 leaves an ipc:// socket file behind: remove it, if it is
+     * still the one this server bound (not a newer server's) */
+    struct stat st;
+    const char *path = m->endpoint + 6;
+    if (m->ipc_file && lstat(path, &st) == 0 && st.st_dev == m->ipc_dev &&
+        st.st_ino == m->ipc_ino)
+        unlink(path);
+    m->ipc_file = false;
+    if (m->zctx && m->zap) {
+        zmq_ctx_shutdown(m->zctx); /* the ZAP thread's recv returns ETERM */
+        kvt_zap_join(m->zap);
+        m->zap = NULL;
+    }
     if (m->zctx)
         zmq_ctx_term(m->zctx);
     m->zctx = NULL;
@@ -658,6 +803,16 @@ json_t *kvt_lmc_status(struct kvt_server *s)
     json_object_set_new(o, "lookup_hit_chunks", N(lookup_hits));
     json_object_set_new(o, "chunks_stored", N(chunks_stored));
     json_object_set_new(o, "chunks_retrieved", N(chunks_retrieved));
+    if (s->cfg->auth) { /* status runs on the rpc thread: the name, not m->who */
+        json_t *au = json_object();
+        json_object_set_new(au, "client", json_string(s->cfg->lmc_client));
+        json_object_set_new(au, "denied_requests", N(denied));
+        json_object_set_new(au, "connections_refused",
+                            json_integer((json_int_t)atomic_load(&s->cfg->auth->lmc_refused)));
+        json_object_set_new(o, "auth", au);
+    } else {
+        json_object_set_new(o, "auth", json_null());
+    }
     json_t *ops = json_object();
     for (int i = 0; i < LMC_OP_COUNT; i++) {
         uint64_t n = atomic_load_explicit(&m->count[i], memory_order_relaxed);

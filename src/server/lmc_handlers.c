@@ -194,6 +194,10 @@ static void h_lookup(struct lmc_rq *q)
     }
     if (lmc_key_ns(q, &k, &ns) || lmc_key_chunks(q, &k, true, &c0, &c1, &hashes))
         goto out;
+    if (lmc_denied(q, &k, false)) {
+        lmc_reply(q, NULL); /* 0 hits: the session is done with none */
+        goto out;
+    }
     uint32_t nr = k.has_worker ? 1 : k.world_size;
     uint64_t n64 = (uint64_t)c1 * nr;
     if (n64 > KVT_MAX_BATCH * 16ull) {
@@ -321,6 +325,8 @@ struct xfer_args {
     uint8_t id[32];
 };
 
+static void serve_as_nothing(struct lmc_rq *q);
+
 static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
 {
     memset(a, 0, sizeof(*a));
@@ -334,6 +340,10 @@ static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
     }
     if (lmc_key_ns(q, &a->k, &a->ns) || lmc_key_chunks(q, &a->k, false, &a->c0, &a->c1, &a->hashes))
         goto fail;
+    if (lmc_denied(q, &a->k, write)) {
+        serve_as_nothing(q);
+        goto fail;
+    }
     a->c = lmc_ctx_find(q->m, a->inst);
     if (!a->c) {
         /* a worker this server does not know: kvtier restarted under a running
@@ -345,36 +355,7 @@ static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
             kvt_warn("lmcache: %s from instance %lld, which has not registered with this server: "
                      "served as a miss until it registers again",
                      lmc_ops[q->op].name, (long long)a->inst);
-        switch (q->op) {
-        case LMC_PREPARE_STORE: {
-            struct body b;
-            lmc_body_init(&b);
-            msgpack_pack_map(&b.pk, 1);
-            kvt_mp_str0(&b.pk, "context");
-            msgpack_pack_map(&b.pk, 2);
-            kvt_mp_str0(&b.pk, "slots");
-            msgpack_pack_array(&b.pk, 0);
-            kvt_mp_str0(&b.pk, "chunk_indices");
-            msgpack_pack_array(&b.pk, 0);
-            lmc_reply_body(q, &b);
-            break;
-        }
-        case LMC_PREPARE_RETRIEVE: {
-            struct body b;
-            lmc_body_init(&b);
-            msgpack_pack_map(&b.pk, 3);
-            kvt_mp_str0(&b.pk, "success");
-            msgpack_pack_false(&b.pk);
-            kvt_mp_str0(&b.pk, "data");
-            msgpack_pack_bin(&b.pk, 0);
-            kvt_mp_str0(&b.pk, "context");
-            msgpack_pack_map(&b.pk, 0);
-            lmc_reply_body(q, &b);
-            break;
-        }
-        default:
-            lmc_reply_bool(q, q->op == LMC_COMMIT_RETRIEVE);
-        }
+        serve_as_nothing(q);
         goto fail;
     }
     a->c->last_seen_ns = kvt_now_ns();
@@ -384,6 +365,42 @@ fail:
     lmc_key_free(&a->k);
     free(a->hashes);
     return -1;
+}
+
+/* A transfer that cannot be served answers what the worker takes without an
+ * error: nothing to store, a miss, or nothing committed. */
+static void serve_as_nothing(struct lmc_rq *q)
+{
+    switch (q->op) {
+    case LMC_PREPARE_STORE: {
+        struct body b;
+        lmc_body_init(&b);
+        msgpack_pack_map(&b.pk, 1);
+        kvt_mp_str0(&b.pk, "context");
+        msgpack_pack_map(&b.pk, 2);
+        kvt_mp_str0(&b.pk, "slots");
+        msgpack_pack_array(&b.pk, 0);
+        kvt_mp_str0(&b.pk, "chunk_indices");
+        msgpack_pack_array(&b.pk, 0);
+        lmc_reply_body(q, &b);
+        break;
+    }
+    case LMC_PREPARE_RETRIEVE: {
+        struct body b;
+        lmc_body_init(&b);
+        msgpack_pack_map(&b.pk, 3);
+        kvt_mp_str0(&b.pk, "success");
+        msgpack_pack_false(&b.pk);
+        kvt_mp_str0(&b.pk, "data");
+        msgpack_pack_bin(&b.pk, 0);
+        kvt_mp_str0(&b.pk, "context");
+        msgpack_pack_map(&b.pk, 0);
+        lmc_reply_body(q, &b);
+        break;
+    }
+    default:
+        lmc_reply_bool(q, q->op == LMC_COMMIT_RETRIEVE);
+    }
 }
 
 static void xfer_end(struct xfer_args *a)
@@ -648,6 +665,19 @@ static void h_ping(struct lmc_rq *q)
 
 static void h_clear(struct lmc_rq *q)
 {
+    if (q->m->s->cfg->auth) { /* every tenant's L1 objects: an operator's call */
+        struct kvt_auth_client *c = lmc_who(q->m);
+        if (!c || !c->admin) {
+            if (c)
+                atomic_fetch_add_explicit(&c->denied, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&q->m->denied, 1, memory_order_relaxed);
+            lmc_reply_err(q,
+                          "E_DENIED: clear empties every tenant's L1: --lmcache-client %s "
+                          "is not an admin key",
+                          q->m->s->cfg->lmc_client);
+            return;
+        }
+    }
     /* LMCache's clear empties L1 of what nobody holds; kvtier's L2 is not
      * touched (use kvtier purge for that) */
     uint64_t freed = kvt_l1_evict_to(q->m->s->l1, 0);

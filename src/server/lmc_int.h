@@ -6,6 +6,8 @@
 #ifndef KVT_SERVER_LMC_INT_H
 #define KVT_SERVER_LMC_INT_H
 
+#include <sys/types.h>
+
 #include "proto/lmc_wire.h"
 #include "server/internal.h"
 
@@ -88,6 +90,17 @@ struct kvt_lmc {
     _Atomic uint64_t count[LMC_OP_COUNT], errors[LMC_OP_COUNT];
     _Atomic uint64_t bad_frames, sessions, contexts, pending_xfers;
     _Atomic uint64_t chunks_stored, chunks_retrieved, lookup_chunks, lookup_hits;
+    /* with --auth-key (docs/security.md): the ZAP handler of zctx, and the
+     * client (--lmcache-client) of the table in use, looked up again when
+     * the table changes (this thread only) */
+    struct kvt_zap *zap;
+    struct kvt_auth *who_tab;
+    struct kvt_auth_client *who;
+    _Atomic uint64_t denied;
+    uint64_t denied_log_ns;
+    bool ipc_file; /* the endpoint is a socket file (made 0600, removed at stop) */
+    dev_t ipc_dev; /* that file, as bound: only it is removed */
+    ino_t ipc_ino;
 };
 
 struct lmc_rq {
@@ -137,5 +150,12 @@ void lmc_xfer_id(int64_t inst, const struct lmc_key *k, uint32_t ns, const uint8
 void lmc_pack_slot(msgpack_packer *pk, const struct lmc_ctx *c, uint64_t off);
 void lmc_drain_fetches(struct kvt_lmc *m, bool discard);
 void lmc_handle(struct kvt_lmc *m, zmq_msg_t *parts, uint32_t n);
+/* With --auth-key: whether the request may use k's salt (and store, if
+ * write). Not: counted (per client too), logged, true, and the caller
+ * serves it as a miss or as nothing to store (an error would fail vLLM's
+ * step: a cache_salt is any API user's choice). Without auth: false. */
+bool lmc_denied(struct lmc_rq *q, const struct lmc_key *k, bool write);
+/* --lmcache-client's entry in the table in use, or NULL (removed). */
+struct kvt_auth_client *lmc_who(struct kvt_lmc *m);
 
 #endif

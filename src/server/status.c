@@ -283,6 +283,11 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
                "Handshakes that failed before the key was checked (no key, wrong server key).");
         sbf(&b, "kvtier_auth_handshakes_failed_total %llu\n",
             (unsigned long long)atomic_load(&a->handshakes_failed));
+        metric(&b, "kvtier_auth_lmcache_refused_total", "counter",
+               "Connections to the LMCache port (a Unix socket) refused: another uid, or "
+               "--lmcache-client no longer in the authorized-clients file.");
+        sbf(&b, "kvtier_auth_lmcache_refused_total %llu\n",
+            (unsigned long long)atomic_load(&a->lmc_refused));
         metric(&b, "kvtier_auth_reloads_total", "counter",
                "Reloads of the authorized-clients file (SIGHUP), by result.");
         sbf(&b, "kvtier_auth_reloads_total{result=\"ok\"} %llu\n",

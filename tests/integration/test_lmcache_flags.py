@@ -36,7 +36,8 @@ def test_dry_run_shows_lmcache_config(tmp_path):
              "--data-dir", str(tmp_path)])
     assert r.returncode == 0, r.stderr
     cfg = json.loads(r.stdout)
-    assert cfg["lmcache"] == {"port": 5999, "host": "localhost", "shm_name": "lmcache_l1_pool_x1"}
+    assert cfg["lmcache"] == {"port": 5999, "host": "localhost", "shm_name": "lmcache_l1_pool_x1",
+                              "client": None}
 
 
 def test_named_pool_lives_with_the_server_and_a_name_in_use_is_refused(make_server, tmp_path):

@@ -5,19 +5,22 @@ in logs, --dry-run or status."""
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+import zmq
 
 import kvtier
-from conftest import BIN
-from rawproto import RawLocal, RawZmq, hello_body, keys_body, mp_pack
+from conftest import BIN, free_port
+from rawproto import RawLocal, RawZmq, hello_body, keys_body, mp_pack, mp_unpack
 
 E_DENIED = -1017
 E_TIMEOUT = -1012
@@ -241,7 +244,16 @@ def test_bad_auth_config_exits_2_naming_the_flag(keys, tmp_path):
         (["--bind", "tcp://*:5999"], "--host"),
         (["--http-host", "0.0.0.0"], "--http-host"),
         (["--lmcache-port", "5998", "--lmcache-host", "0.0.0.0"], "--lmcache-port"),
-        (["--auth-key", srv, "--auth-clients", cf, "--lmcache-port", "5998"], "--lmcache-port"),
+        # with authentication the LMCache port is a Unix socket of the
+        # server's uid, acting as one named client
+        (["--auth-key", srv, "--auth-clients", cf, "--lmcache-port", "5998"], "--lmcache-host"),
+        (["--auth-key", srv, "--auth-clients", cf, "--lmcache-port", "5998", "--lmcache-host",
+          "ipc:///tmp/x"], "--lmcache-client"),
+        (["--auth-key", srv, "--auth-clients", cf, "--lmcache-port", "5998", "--lmcache-host",
+          "ipc:///tmp/x", "--lmcache-client", "nosuch"], "names no client"),
+        (["--auth-key", srv, "--auth-clients", cf, "--lmcache-port", "5998", "--lmcache-host",
+          "127.0.0.1", "--lmcache-client", "alice", "--insecure-no-auth"], "--lmcache-host"),
+        (["--lmcache-port", "5998", "--lmcache-client", "alice"], "--lmcache-client"),
         (["--http-token", open_key], "--http-token"),
     ]
     for args, needle in cases:
@@ -250,6 +262,9 @@ def test_bad_auth_config_exits_2_naming_the_flag(keys, tmp_path):
         assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)
     # beyond loopback is allowed with authentication, or when asked for
     for args in (["--host", "0.0.0.0", "--auth-key", srv, "--auth-clients", cf],
+                 ["--auth-key", srv, "--auth-clients", cf, "--lmcache-port", "5998",
+                  "--lmcache-host", "ipc:///tmp/x", "--lmcache-client", "alice"],
+                 ["--lmcache-port", "5998", "--lmcache-host", "ipc:///tmp/x"],
                  ["--host", "0.0.0.0", "--http-host", "0.0.0.0", "--insecure-no-auth"],
                  ["--http-host", "0.0.0.0", "--http-token", keys["token"]]):
         r = subprocess.run([BIN, "server", "--no-l2", "--dry-run"] + args, capture_output=True,
@@ -588,3 +603,197 @@ def test_curve_connections_spread_over_io_threads(auth_server, keys, tmp_path):
     for t in ts:
         t.join()
     assert not errors, errors
+
+
+# ------------------------------------------------ the LMCache front end
+
+LMC_LOOKUP, LMC_QUERY, LMC_REGISTER, LMC_PREPARE_STORE, LMC_CLEAR, LMC_CHUNK_SIZE = 8, 9, 14, 16, 20, 21
+
+
+class RawLmc:
+    """LMCache's framing (docs/lmcache-protocol.md): [uid][op][one msgpack
+    document per argument] from a DEALER, over pyzmq."""
+
+    def __init__(self, url):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(url)
+        self.uid = 0
+
+    def call(self, op, *args, timeout_ms=5000):
+        """(op frame, result) of the reply, or None when none came."""
+        self.uid += 1
+        self.sock.send_multipart([mp_pack(self.uid), mp_pack(op)] + [mp_pack(a) for a in args])
+        if not self.sock.poll(timeout_ms):
+            return None
+        f = self.sock.recv_multipart()
+        assert mp_unpack(f[0]) == self.uid
+        return mp_unpack(f[1]), (mp_unpack(f[2]) if len(f) > 2 else None)
+
+    def close(self):
+        self.sock.close()
+        self.ctx.term()
+
+
+def lmc_key(salt, rid="r1", worker=None, chunks=2, chunk=256):
+    return {"model_name": "m/lmc", "world_size": 1, "worker_id": worker,
+            "token_ids": list(range(1, chunks * chunk + 1)), "start": 0, "end": chunks * chunk,
+            "request_id": rid, "cache_salt": salt, "request_configs": None, "num_kv_readers": 1}
+
+
+LMC_CONTEXT = {"instance_id": 42, "model_name": "m/lmc", "world_size": 1, "block_size": 16,
+               "num_layers": 2, "hidden_dim_size": 64, "dtype_str": "float16", "use_mla": False,
+               "num_physical_slots": 256}
+
+@pytest.fixture
+def short_dir():
+    """A directory of the given mode under /tmp (a Unix socket path holds at
+    most 107 bytes, and pytest's tmp_path is 0700 to other uids)."""
+    made = []
+
+    def make(mode):
+        d = tempfile.mkdtemp(prefix="kvt-lmc-")
+        os.chmod(d, mode)
+        made.append(d)
+        return d
+    yield make
+    for d in made:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+OTHER_UID_LMC = r"""
+import json, os, sys, zmq
+ctx = zmq.Context()
+d = ctx.socket(zmq.DEALER)
+d.setsockopt(zmq.LINGER, 0)
+d.connect(sys.argv[1])
+d.send_multipart([b"\x01", b"\x15"])  # uid 1, get_chunk_size (21)
+r = d.recv_multipart() if d.poll(1500) else None
+print(json.dumps({"uid": os.getuid(), "reply": [f.hex() for f in r] if r else None}))
+"""
+
+
+def test_lmcache_port_with_auth_is_the_servers_uid_acting_as_one_client(auth_server, keys,
+                                                                          tmp_path, short_dir):
+    """--auth-key with --lmcache-port: the LMCache front end listens on a Unix
+    socket made 0600, its ZAP handler admits only the server's uid
+    (SO_PEERCRED), and every request acts as --lmcache-client's line: other
+    salts and, for a read-only line, stores are denied and served as a miss
+    or nothing to store (vLLM recomputes; an error would fail its step),
+    counted per client; clear needs admin. A reload that changes the line
+    applies at once; one that removes it refuses new connections."""
+    run = short_dir(0o700)
+    host = "ipc://%s/lmc" % run
+    sock = "%s/lmc:5556" % run
+    s = auth_server(["--lmcache-port", "5556", "--lmcache-host", host, "--lmcache-client", "alice"],
+                    names=("alice", "bob", "admin"))
+    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600 and stat.S_ISSOCK(os.stat(sock).st_mode)
+    c = RawLmc("ipc://" + sock)
+    try:
+        assert c.call(LMC_CHUNK_SIZE) == (LMC_CHUNK_SIZE, 256)
+        assert c.call(LMC_REGISTER, LMC_CONTEXT)[0] == LMC_REGISTER
+        # alice's tenant: slots to write; another salt: nothing, no error
+        op, r = c.call(LMC_PREPARE_STORE, lmc_key("team-a", worker=0), 42)
+        assert op == LMC_PREPARE_STORE and len(r["context"]["slots"]) == 2, r
+        op, r = c.call(LMC_PREPARE_STORE, lmc_key("team-b", worker=0), 42)
+        assert op == LMC_PREPARE_STORE and r["context"]["slots"] == [], r
+        assert c.call(LMC_LOOKUP, lmc_key("team-b", rid="rb"), 1) == (LMC_LOOKUP, None)
+        assert c.call(LMC_QUERY, "rb") == (LMC_QUERY, 0)
+        op, _ = c.call(LMC_CLEAR, False)
+        assert isinstance(op, str) and "E_DENIED" in op and "admin" in op, op
+        with client(s, keys, "admin") as adm:
+            st = adm.status()
+        assert st["lmcache"]["auth"] == {"client": "alice", "denied_requests": 3,
+                                         "connections_refused": 0}, st["lmcache"]
+        assert [x["denied"] for x in st["auth"]["clients"] if x["name"] == "alice"] == [3]
+        # alice becomes read-only: her stores are denied on the open connection
+        path = str(tmp_path / "clients")
+        with open(path, "w") as f:
+            f.write("%s ro team-a name=alice\n" % z85(keys["alice"][1]))
+            f.write("%s rw * admin name=ops\n" % z85(keys["admin"][1]))
+        s.proc.send_signal(signal.SIGHUP)
+        assert wait_counter(s, keys, "reloads", 1) == 1
+        op, r = c.call(LMC_PREPARE_STORE, lmc_key("team-a", rid="r2", worker=0), 42)
+        assert r["context"]["slots"] == [], r
+        assert c.call(LMC_LOOKUP, lmc_key("team-a", rid="r3"), 1) == (LMC_LOOKUP, None)
+        # alice goes: the open connection is denied, a new one is refused
+        with open(path, "w") as f:
+            f.write("%s rw * admin name=ops\n" % z85(keys["admin"][1]))
+        s.proc.send_signal(signal.SIGHUP)
+        assert wait_counter(s, keys, "reloads", 2) == 2
+        op, r = c.call(LMC_PREPARE_STORE, lmc_key("team-a", rid="r4", worker=0), 42)
+        assert r["context"]["slots"] == [], r
+    finally:
+        c.close()
+    c2 = RawLmc("ipc://" + sock)
+    try:
+        assert c2.call(LMC_CHUNK_SIZE, timeout_ms=1500) is None
+    finally:
+        c2.close()
+    with client(s, keys, "admin") as adm:
+        st = adm.status()
+    assert st["lmcache"]["auth"]["denied_requests"] == 5, st["lmcache"]
+    assert st["auth"]["lmcache_connections_refused"] >= 1
+    assert "--lmcache-client alice is no longer one client" in s.read_log()
+    code, body = s.http_get("/metrics")
+    assert "kvtier_auth_lmcache_refused_total " in body
+    s.stop()
+    assert not os.path.exists(sock)  # removed at stop (libzmq leaves it)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a probe as another uid")
+def test_lmcache_port_refuses_another_uid_and_a_second_server(auth_server, keys, tmp_path,
+                                                              short_dir):
+    """Even with the socket file opened to everyone (chmod 666, a mistake),
+    another uid gets no reply: ZAP refuses it. A SIGKILLed server's socket is
+    replaced by the next; a running server's is not taken over."""
+    run = short_dir(0o755)  # nobody must reach the socket: ZAP, not the path, refuses
+    host = "ipc://%s/lmc" % run
+    sock = "%s/lmc:5557" % run
+    extra = ["--lmcache-port", "5557", "--lmcache-host", host, "--lmcache-client", "alice"]
+    s = auth_server(extra)
+    os.chmod(sock, 0o666)
+
+    def as_nobody():
+        os.setgid(65534)
+        os.setuid(65534)
+    r = subprocess.run(["/usr/bin/python3", "-c", OTHER_UID_LMC, "ipc://" + sock],
+                       capture_output=True, text=True, preexec_fn=as_nobody, cwd="/")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["uid"] == 65534 and out["reply"] is None, out
+    with client(s, keys, "admin") as adm:
+        assert adm.status()["auth"]["lmcache_connections_refused"] >= 1
+    assert "refused an LMCache connection from uid 65534" in s.read_log()
+    # a second server on the same socket path: refused, the first one keeps it
+    r = subprocess.run([BIN, "server", "--no-l2", "--port", str(free_port()), "--http-port", "0",
+                        "--auth-key", keys["server"][0], "--auth-clients",
+                        str(tmp_path / "clients")] + extra, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode != 0 and "another process listens there" in r.stderr, r.stderr
+    c = RawLmc("ipc://" + sock)
+    try:
+        assert c.call(LMC_CHUNK_SIZE) == (LMC_CHUNK_SIZE, 256)
+    finally:
+        c.close()
+    # SIGKILL leaves the socket; the next server replaces it
+    s.kill()
+    assert os.path.exists(sock)
+    s.start()
+    assert "removed the stale socket" in s.read_log()
+    c = RawLmc("ipc://" + sock)
+    try:
+        assert c.call(LMC_CHUNK_SIZE) == (LMC_CHUNK_SIZE, 256)
+    finally:
+        c.close()
+    # a path that is not a socket is never replaced
+    s.stop()
+    with open(sock, "w") as f:
+        f.write("precious")
+    r = subprocess.run([BIN, "server", "--no-l2", "--port", str(free_port()), "--http-port", "0",
+                        "--auth-key", keys["server"][0], "--auth-clients",
+                        str(tmp_path / "clients")] + extra, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode != 0 and "is not a socket" in r.stderr, r.stderr
+    assert open(sock).read() == "precious"
