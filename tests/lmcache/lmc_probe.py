@@ -2,7 +2,8 @@
 LMCache's own Python client, the way vLLM's LMCacheMPConnector does in
 engine-driven mode, and print one JSON line with what it saw.
 
-Usage: python lmc_probe.py tcp://127.0.0.1:PORT [--capture DIR] [--chunks N]
+Usage: python lmc_probe.py tcp://127.0.0.1:PORT|ipc://PATH:PORT [--capture DIR] [--chunks N]
+       [--salt S] [--no-clear]
 Runs under the venv that has the pinned lmcache package.
 """
 import argparse
@@ -24,6 +25,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--phase", default="all", choices=["all", "store", "retrieve"])
+    ap.add_argument("--salt", default="", help="the keys' cache_salt (a tenant)")
+    ap.add_argument("--no-clear", action="store_true", help="skip clear (an admin's call)")
     a = ap.parse_args()
 
     import torch
@@ -86,7 +89,7 @@ def main() -> int:
         def key(rid, worker, start, stop):
             return IPCCacheServerKey(model_name=a.model, world_size=1, worker_id=worker,
                                      token_ids=toks, start=start, end=stop, request_id=rid,
-                                     num_kv_readers=1)
+                                     cache_salt=a.salt, num_kv_readers=1)
 
         def lookup(rid):
             c.lookup(key(rid, None, 0, end), 1).result(timeout=T)
@@ -149,7 +152,8 @@ def main() -> int:
             # wait_prefetch_status on an unknown id answers 0
             out["wait_unknown"] = c.wait_prefetch_status("nope-" + rid, 0.1).result(timeout=T)
         out["report_block_allocation"] = c.report_block_allocation(inst, a.model, []).result(timeout=T)
-        out["clear"] = c.clear(False).result(timeout=T)
+        if not a.no_clear:
+            out["clear"] = c.clear(False).result(timeout=T)
         out["unregister"] = c.unregister_kv_cache_engine_driven_context(inst).result(timeout=T)
         del view
         shm.close()

@@ -28,10 +28,11 @@ BLOCK = 32
 
 
 class Kvtier:
-    def __init__(self, workdir, data_dir, extra=()):
+    def __init__(self, workdir, data_dir, extra=(), lmc_host="127.0.0.1"):
         self.workdir = str(workdir)
         self.data_dir = str(data_dir)
         self.extra = list(extra)
+        self.lmc_host = lmc_host
         self.port = harness.free_port()
         self.lmc_port = harness.free_port()
         self.http_port = harness.free_port()
@@ -40,7 +41,7 @@ class Kvtier:
 
     def start(self):
         cmd = [BIN, "server", "--port", str(self.port), "--http-port", str(self.http_port),
-               "--lmcache-port", str(self.lmc_port), "--lmcache-host", "127.0.0.1",
+               "--lmcache-port", str(self.lmc_port), "--lmcache-host", self.lmc_host,
                "--chunk-size", str(CHUNK), "--l1-size-gb", "0.25", "--l1-init-size-gb", "0.25",
                "--data-dir", self.data_dir] + self.extra
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
@@ -64,7 +65,9 @@ class Kvtier:
         return self.status()["lmcache"]
 
     def url(self):
-        return "tcp://127.0.0.1:%d" % self.lmc_port
+        """What LMCache's connector connects to: lmcache.mp.host:lmcache.mp.port."""
+        host = self.lmc_host if self.lmc_host.startswith("ipc://") else "tcp://" + self.lmc_host
+        return "%s:%d" % (host, self.lmc_port)
 
     def flush(self):
         """Wait until every store reached L2 (store controller idle)."""
@@ -95,14 +98,38 @@ class Kvtier:
 def kvt(tmp_path):
     servers = []
 
-    def make(data_dir=None, extra=()):
-        s = Kvtier(tmp_path, data_dir or (tmp_path / "data"), extra)
+    def make(data_dir=None, extra=(), lmc_host="127.0.0.1"):
+        s = Kvtier(tmp_path, data_dir or (tmp_path / "data"), extra, lmc_host)
         servers.append(s)
         return s.start()
 
     yield make
     for s in servers:
         s.stop()
+
+
+@pytest.fixture
+def lmc_auth(tmp_path):
+    """Authentication on (docs/security.md): a server key, one client line
+    for the LMCache port (`tenants` as written in the file), a short
+    directory of mode 0700 for its Unix socket. Returns (server flags,
+    lmcache host)."""
+    import shutil
+    import tempfile
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for n in ("server", "vllm"):
+        subprocess.run([BIN, "keygen", str(keys / n)], check=True, capture_output=True)
+    run = tempfile.mkdtemp(prefix="kvt-lmc-")  # a socket path holds at most 107 bytes
+
+    def make(tenants, access="rw"):
+        pub = [l for l in open(keys / "vllm.pub") if l.strip() and not l.startswith("#")][0]
+        with open(keys / "clients", "w") as f:
+            f.write("%s %s %s name=vllm\n" % (pub.strip(), access, tenants))
+        return (["--auth-key", str(keys / "server.key"), "--auth-clients", str(keys / "clients"),
+                 "--lmcache-client", "vllm"], "ipc://%s/lmc" % run)
+    yield make
+    shutil.rmtree(run, ignore_errors=True)
 
 
 def probe(url, *args, timeout=180):
@@ -144,6 +171,25 @@ def test_lmcache_client_restart_hits_from_l2(kvt, tmp_path):
     s2 = kvt(data)
     r = probe(s2.url(), "--phase", "retrieve", "--seed", "7")
     assert r.get("lookup_warm") == 3 and r.get("identical") is True, r
+
+
+def test_lmcache_client_over_the_authenticated_unix_socket(kvt, lmc_auth):
+    """With --auth-key: LMCache's own client over ipc:// (the server's uid),
+    its requests acting as the one client line: its tenant is served byte
+    for byte, another salt is a miss with nothing stored, never an error."""
+    extra, host = lmc_auth("team-a")
+    s = kvt(extra=extra, lmc_host=host)
+    assert s.url().startswith("ipc://")
+    r = probe(s.url(), "--chunks", "3", "--salt", "team-a", "--no-clear")
+    assert "error" not in r, r
+    assert r["store_slots"] == 3 and r["commit_store"] is True, r
+    assert r["lookup_warm"] == 3 and r["identical"] is True, r
+    r = probe(s.url(), "--chunks", "3", "--salt", "team-b", "--no-clear", "--seed", "2")
+    assert "error" not in r, r
+    assert r["lookup_cold"] == 0 and r["store_slots"] == 0 and r["lookup_warm"] == 0, r
+    st = s.status()
+    assert st["lmcache"]["chunks_stored"] == 3, st["lmcache"]
+    assert st["lmcache"]["auth"]["denied_requests"] >= 3, st["lmcache"]
 
 
 def _client_call(url, code):
@@ -276,8 +322,8 @@ LMC_ENV = {"LMCACHE_MP_TRANSFER_MODE": "engine_driven", "LMCACHE_DISABLE_BANNER"
            "LMCACHE_USAGE_TRACK": "0", "LMCACHE_TRACK_USAGE": "false"}
 
 
-def _engine(model, log, port=None, heartbeat=10.0):
-    return harness.Engine(model, _ktc(port, heartbeat=heartbeat) if port else None,
+def _engine(model, log, port=None, heartbeat=10.0, host="tcp://127.0.0.1"):
+    return harness.Engine(model, _ktc(port, host, heartbeat=heartbeat) if port else None,
                           block_size=BLOCK, max_model_len=1024, env=LMC_ENV, log=log)
 
 
@@ -331,14 +377,20 @@ def test_vllm_second_engine_hits_every_full_chunk(kvt, model, baseline, tmp_path
     assert cached == [f * CHUNK for f in full], cached
 
 
-def test_vllm_kvtier_restart_and_kill_under_a_running_engine(kvt, model, baseline, tmp_path):
+def test_vllm_kvtier_restart_and_kill_under_a_running_engine(kvt, lmc_auth, model, baseline,
+                                                             tmp_path):
     """One engine keeps running while kvtier restarts (the worker registers
     again on its heartbeat and hits come from kvtier's L2), then while kvtier
-    is SIGKILLed: every request completes, token-identical to no cache."""
+    is SIGKILLed: every request completes, token-identical to no cache.
+    kvtier runs with authentication on, as docs/security.md sets it up: the
+    LMCache port is a Unix socket ("lmcache.mp.host": "ipc://..."), the
+    requests (no cache_salt: @none) act as the client line vllm."""
     prompts, want = baseline
     full = len(prompts[0]["tokens"]) // CHUNK
-    s = kvt(tmp_path / "kdata")
-    with _engine(model, str(tmp_path / "vllm-restart-kill.log"), s.lmc_port, 1.0) as eng:
+    extra, host = lmc_auth("@none")
+    s = kvt(tmp_path / "kdata", extra=extra, lmc_host=host)
+    with _engine(model, str(tmp_path / "vllm-restart-kill.log"), s.lmc_port, 1.0,
+                 host=host) as eng:
         toks, _ = _each(eng, prompts[:1])
         assert toks == want[:1]
         # restart on the same port; the L1 pool is new (a new name)
@@ -354,6 +406,7 @@ def test_vllm_kvtier_restart_and_kill_under_a_running_engine(kvt, model, baselin
         assert toks == want[:1]
         assert s.lmc()["chunks_retrieved"] == full  # served from the L2 after the restart
         assert cached == [full * CHUNK]
+        assert s.lmc()["auth"]["denied_requests"] == 0
         s.stop(signal.SIGKILL)
         time.sleep(4)  # > two heartbeat intervals: the adapters go degraded
         toks, _ = _each(eng, prompts[1:])
