@@ -730,8 +730,7 @@ void kvt_lmc_stop(struct kvt_server *s)
      * still the one this server bound (not a newer server's) */
     struct stat st;
     const char *path = m->endpoint + 6;
-    if (m->ipc_file && lstat(path, &st) == 0 && st.st_dev == m->ipc_dev &&
-        st.st_ino == m->ipc_ino)
+    if (m->ipc_file && lstat(path, &st) == 0 && st.st_dev == m->ipc_dev && st.st_ino == m->ipc_ino)
         unlink(path);
     m->ipc_file = false;
     if (m->zctx && m->zap) {

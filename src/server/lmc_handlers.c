@@ -327,6 +327,31 @@ struct xfer_args {
 
 static void serve_as_nothing(struct lmc_rq *q);
 
+/* prepare_retrieve's answer up to its context map of nctx entries:
+ * {success, data: b"", context: {...}} */
+static void pack_retrieve_head(msgpack_packer *pk, bool success, uint32_t nctx)
+{
+    msgpack_pack_map(pk, 3);
+    kvt_mp_str0(pk, "success");
+    if (success)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    kvt_mp_str0(pk, "data");
+    msgpack_pack_bin(pk, 0);
+    kvt_mp_str0(pk, "context");
+    msgpack_pack_map(pk, nctx);
+}
+
+/* prepare_retrieve's miss: {success: false, data: b"", context: {}} */
+static void reply_retrieve_miss(struct lmc_rq *q)
+{
+    struct body b;
+    lmc_body_init(&b);
+    pack_retrieve_head(&b.pk, false, 0);
+    lmc_reply_body(q, &b);
+}
+
 static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
 {
     memset(a, 0, sizeof(*a));
@@ -385,19 +410,9 @@ static void serve_as_nothing(struct lmc_rq *q)
         lmc_reply_body(q, &b);
         break;
     }
-    case LMC_PREPARE_RETRIEVE: {
-        struct body b;
-        lmc_body_init(&b);
-        msgpack_pack_map(&b.pk, 3);
-        kvt_mp_str0(&b.pk, "success");
-        msgpack_pack_false(&b.pk);
-        kvt_mp_str0(&b.pk, "data");
-        msgpack_pack_bin(&b.pk, 0);
-        kvt_mp_str0(&b.pk, "context");
-        msgpack_pack_map(&b.pk, 0);
-        lmc_reply_body(q, &b);
+    case LMC_PREPARE_RETRIEVE:
+        reply_retrieve_miss(q);
         break;
-    }
     default:
         lmc_reply_bool(q, q->op == LMC_COMMIT_RETRIEVE);
     }
@@ -553,23 +568,16 @@ static void h_prepare_retrieve(struct lmc_rq *q)
             break;
         }
     }
-    struct body b;
-    lmc_body_init(&b);
     if (nc == 0 || k != nc || refs[k - 1].meta.len != a.c->meta.len) {
         for (uint32_t i = 0; i < k; i++)
             kvt_l1_put(l1, refs[i].h);
-        msgpack_pack_map(&b.pk, 3);
-        kvt_mp_str0(&b.pk, "success");
-        msgpack_pack_false(&b.pk);
-        kvt_mp_str0(&b.pk, "data");
-        msgpack_pack_bin(&b.pk, 0);
-        kvt_mp_str0(&b.pk, "context");
-        msgpack_pack_map(&b.pk, 0);
-        lmc_reply_body(q, &b);
+        reply_retrieve_miss(q);
         free(refs);
         xfer_end(&a);
         return;
     }
+    struct body b;
+    lmc_body_init(&b);
     uint32_t *hs = kvt_xmalloc(nc * sizeof(uint32_t));
     for (uint32_t i = 0; i < nc; i++)
         hs[i] = refs[i].h;
@@ -584,13 +592,7 @@ static void h_prepare_retrieve(struct lmc_rq *q)
                 kvt_l1_put(l1, x->hs[i]);
         }
     }
-    msgpack_pack_map(&b.pk, 3);
-    kvt_mp_str0(&b.pk, "success");
-    msgpack_pack_true(&b.pk);
-    kvt_mp_str0(&b.pk, "data");
-    msgpack_pack_bin(&b.pk, 0);
-    kvt_mp_str0(&b.pk, "context");
-    msgpack_pack_map(&b.pk, 1);
+    pack_retrieve_head(&b.pk, true, 1);
     kvt_mp_str0(&b.pk, "slots");
     msgpack_pack_array(&b.pk, nc);
     for (uint32_t i = 0; i < nc; i++)

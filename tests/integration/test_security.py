@@ -766,34 +766,33 @@ def test_lmcache_port_refuses_another_uid_and_a_second_server(auth_server, keys,
     with client(s, keys, "admin") as adm:
         assert adm.status()["auth"]["lmcache_connections_refused"] >= 1
     assert "refused an LMCache connection from uid 65534" in s.read_log()
+
+    def another():  # a second server on the same socket path
+        return subprocess.run([BIN, "server", "--no-l2", "--port", str(free_port()),
+                               "--http-port", "0", "--auth-key", keys["server"][0],
+                               "--auth-clients", str(tmp_path / "clients")] + extra,
+                              capture_output=True, text=True, timeout=30)
+
+    def served():
+        c = RawLmc("ipc://" + sock)
+        try:
+            assert c.call(LMC_CHUNK_SIZE) == (LMC_CHUNK_SIZE, 256)
+        finally:
+            c.close()
     # a second server on the same socket path: refused, the first one keeps it
-    r = subprocess.run([BIN, "server", "--no-l2", "--port", str(free_port()), "--http-port", "0",
-                        "--auth-key", keys["server"][0], "--auth-clients",
-                        str(tmp_path / "clients")] + extra, capture_output=True, text=True,
-                       timeout=30)
+    r = another()
     assert r.returncode != 0 and "another process listens there" in r.stderr, r.stderr
-    c = RawLmc("ipc://" + sock)
-    try:
-        assert c.call(LMC_CHUNK_SIZE) == (LMC_CHUNK_SIZE, 256)
-    finally:
-        c.close()
+    served()
     # SIGKILL leaves the socket; the next server replaces it
     s.kill()
     assert os.path.exists(sock)
     s.start()
     assert "removed the stale socket" in s.read_log()
-    c = RawLmc("ipc://" + sock)
-    try:
-        assert c.call(LMC_CHUNK_SIZE) == (LMC_CHUNK_SIZE, 256)
-    finally:
-        c.close()
+    served()
     # a path that is not a socket is never replaced
     s.stop()
     with open(sock, "w") as f:
         f.write("precious")
-    r = subprocess.run([BIN, "server", "--no-l2", "--port", str(free_port()), "--http-port", "0",
-                        "--auth-key", keys["server"][0], "--auth-clients",
-                        str(tmp_path / "clients")] + extra, capture_output=True, text=True,
-                       timeout=30)
+    r = another()
     assert r.returncode != 0 and "is not a socket" in r.stderr, r.stderr
     assert open(sock).read() == "precious"
