@@ -646,6 +646,8 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         case O_LMC_HOST:
             if (!optarg[0] || strlen(optarg) >= sizeof(c->lmc_host))
                 return fail(f, "expected a host name or address, got '%s'", optarg);
+            if (!strncmp(optarg, "ipc://", 6) && optarg[6] != '/' && optarg[6] != '@')
+                return fail(f, "expected ipc:///ABSOLUTE/PATH or ipc://@NAME, got '%s'", optarg);
             snprintf(c->lmc_host, sizeof(c->lmc_host), "%s", optarg);
             break;
         case O_LMC_CLIENT:

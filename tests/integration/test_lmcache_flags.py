@@ -25,6 +25,7 @@ def test_flag_errors_exit_2_naming_the_flag(tmp_path):
         (["--lmcache-shm-name", "a/b"], "--lmcache-shm-name"),
         (["--lmcache-shm-name", ""], "--lmcache-shm-name"),
         (["--lmcache-host", ""], "--lmcache-host"),
+        (["--lmcache-host", "ipc://relative/path"], "--lmcache-host"),
     ]:
         r = run(args + ["--dry-run", "--data-dir", str(tmp_path)])
         assert r.returncode == 2, (args, r.stdout, r.stderr)
