@@ -46,7 +46,8 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
     text = unit.read_text()
     for line in ("Type=notify", "WatchdogSec=", "ProtectSystem=strict",
                  "ReadWritePaths=/var/lib/kvtier", "NoNewPrivileges=true", "PrivateTmp=true",
-                 "LimitNOFILE=", "User=kvtier", "RuntimeDirectory=kvtier", "RuntimeDirectoryMode=0700"):
+                 "LimitNOFILE=", "User=kvtier", "RuntimeDirectory=kvtier",
+                 "RuntimeDirectoryMode=0700"):
         assert line in text, line
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True,
                        env=dict(os.environ, MANPATH=str(prefix / "share/man")))
