@@ -4,7 +4,8 @@
 #   bench/run.sh [section...]      sections: fs persist l1 remote serde recovery replay
 #                                  (default: all of these), and vllm / lmcache (a real
 #                                  vLLM engine each: need `make venv`), lmcache-client
-#                                  (LMCache's client without vLLM, larger volumes);
+#                                  (LMCache's client without vLLM, larger volumes),
+#                                  lmcache-auth (its port with authentication vs plain);
 #                                  QUICK=1: a smaller model)
 #
 # Environment: BENCH_DIR (a directory on the disk to test; default
@@ -205,6 +206,63 @@ lmcache)
     "$PY" bench/lmc_vllm_bench.py --dir "$DIR" --bin "$BIN"
   fi
   echo
+  ;;
+lmcache-auth)
+  # The LMCache port with authentication (docs/security.md: a Unix socket of
+  # the server's uid, ZAP at connect, the client line's salt check on every
+  # request) against the plain TCP port, the same server binary and LMCache's
+  # own client, small chunks so the request path shows, rounds alternating.
+  PY=${KVT_VENV_PYTHON:-$B/venv/bin/python}
+  req=200; ch=4; rounds=3; [ "$QUICK" = 1 ] && { req=40; rounds=1; }
+  keys=$DIR/lmc-auth-keys; rm -rf "$keys"; mkdir -m 700 "$keys"
+  $BIN keygen "$keys/server" >/dev/null; $BIN keygen "$keys/vllm" >/dev/null
+  echo "$(cat "$keys/vllm.pub") rw @none name=vllm" > "$keys/clients"
+  sock=$(mktemp -d /tmp/kvt-lmcb-XXXXXX); chmod 700 "$sock"
+  echo "== LMCache protocol: authenticated Unix socket (--auth-key, --lmcache-host ipc://) vs plain TCP"
+  echo "   LMCache's own client, no L2, $req requests x $ch chunks of 64 KiB, $rounds round(s) each, alternating"
+  auth_one() { # tcp|ipc -> one BENCH line (store, then retrieve from L1)
+    local lp; lp=$(free_port); local url="tcp://127.0.0.1:$lp"
+    local -a extra=(--lmcache-host 127.0.0.1)
+    if [ "$1" = ipc ]; then
+      extra=(--lmcache-host "ipc://$sock/lmc" --auth-key "$keys/server.key" --auth-clients "$keys/clients"
+             --lmcache-client vllm); url="ipc://$sock/lmc:$lp"
+    fi
+    $BIN server --port "$(free_port)" --http-port 0 --lmcache-port "$lp" "${extra[@]}" --no-l2 \
+      --chunk-size 256 --l1-size-gb 1 --log-level warn > "$DIR/lmc-auth-$1.log" 2>&1 &
+    local pid=$!; PIDS+=($pid)
+    for _ in $(seq 300); do
+      if [ "$1" = ipc ]; then [ -S "$sock/lmc:$lp" ] && break; else (echo > /dev/tcp/127.0.0.1/$lp) 2>/dev/null && break; fi
+      sleep 0.1
+    done
+    "$PY" bench/lmc_bench.py "$url" --pid $pid --requests $req --chunks $ch --layers 1 --hidden 64 \
+      --settle 0.2 | grep '^BENCH' | sed "s/^BENCH /BENCH $1 /"
+    kill -INT $pid; wait $pid 2>/dev/null || true
+  }
+  res=""
+  for r in $(seq $rounds); do
+    if [ $((r % 2)) = 1 ]; then res+=$(auth_one tcp)$'\n'$(auth_one ipc)$'\n'
+    else res+=$(auth_one ipc)$'\n'$(auth_one tcp)$'\n'; fi
+  done
+  rm -rf "$sock"
+  /usr/bin/python3 - "$res" <<'PYEOF'
+import json, statistics, sys
+rows = {"tcp": [], "ipc": []}
+for l in sys.argv[1].splitlines():
+    if l.startswith("BENCH "):
+        _, mode, js = l.split(" ", 2)
+        rows[mode].append(json.loads(js))
+if not rows["tcp"] or not rows["ipc"]:
+    print("RESULT lmcache-auth store_ratio=n/a retrieve_ratio=n/a")
+    sys.exit(0)
+med = {m: {k: statistics.median(x[k] for x in v) for k in ("store_ms", "retrieve_ms")}
+       for m, v in rows.items()}
+print("%-40s %10s %10s %8s" % ("median of the rounds' medians, ms", "tcp", "ipc+auth", "ratio"))
+for k, name in (("store_ms", "store request (lookup..end_session)"),
+                ("retrieve_ms", "retrieve from L1 (lookup..commit)")):
+    print("%-40s %10.3f %10.3f %8.2f" % (name, med["tcp"][k], med["ipc"][k], med["ipc"][k] / med["tcp"][k]))
+print("RESULT lmcache-auth store_ratio=%.2f retrieve_ratio=%.2f" % (
+    med["ipc"]["store_ms"] / med["tcp"]["store_ms"], med["ipc"]["retrieve_ms"] / med["tcp"]["retrieve_ms"]))
+PYEOF
   ;;
 lmcache-client)
   # LMCache's own client (no vLLM) drives both servers: larger volumes (CPU per GB).
