@@ -456,9 +456,11 @@ int kvt_envcfg_load(const char *path, struct kvt_envcfg *c, char *err, size_t er
             }
             /* read and checked here, once, so an error names file:line; the
              * adapter gets the quotas themselves, not the path */
+            json_decref(c->quotas_bytes); /* set again (cache.env.local): the last one holds */
+            c->quotas_bytes = NULL;
             char qerr[PATH_MAX + 256];
-            json_t *qpath = json_string(c->quotas);
-            rc = c->quotas[0] ? kvt_quota_parse(qpath, &c->quotas_bytes, qerr, sizeof(qerr)) : 0;
+            json_t *qpath = c->quotas[0] ? json_string(c->quotas) : NULL; /* empty: none */
+            rc = qpath ? kvt_quota_parse(qpath, &c->quotas_bytes, qerr, sizeof(qerr)) : 0;
             json_decref(qpath);
             if (rc) {
                 rc = verr(err, errcap, v, n, "%s", qerr);

@@ -315,16 +315,18 @@ bool kvt_auth_client_is(const struct kvt_auth_client *c, const char *id)
     return !strcmp(c->name, id) || !strcmp(c->key, id);
 }
 
-struct kvt_auth_client *kvt_auth_named(const struct kvt_auth *a, const char *id)
+struct kvt_auth_client *kvt_auth_named(const struct kvt_auth *a, const char *id, uint32_t *matches)
 {
     struct kvt_auth_client *one = NULL;
+    uint32_t n = 0;
     for (uint32_t i = 0; i < a->n; i++)
         if (kvt_auth_client_is(&a->c[i], id)) {
-            if (one)
-                return NULL;
             one = &a->c[i];
+            n++;
         }
-    return one;
+    if (matches)
+        *matches = n;
+    return n == 1 ? one : NULL;
 }
 
 struct kvt_auth_client *kvt_auth_find(const struct kvt_auth *a, const uint8_t *bin)
@@ -440,7 +442,7 @@ static long long addr_uid(zmq_msg_t *addr, long long *pid)
 static int zap_same_uid(struct kvt_zap *z, struct kvt_auth *a, zmq_msg_t *f, int n)
 {
     long long pid = -1, u = addr_uid(&f[3], &pid);
-    bool client = kvt_auth_named(a, z->same_uid_client) != NULL;
+    bool client = kvt_auth_named(a, z->same_uid_client, NULL) != NULL;
     if (u == (long long)geteuid() && client)
         return zap_answer(z, f, n, "200", "OK", "lmcache");
     atomic_fetch_add(&z->root->lmc_refused, 1);

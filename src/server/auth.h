@@ -75,8 +75,8 @@ struct kvt_auth_client *kvt_auth_find(const struct kvt_auth *a, const uint8_t *b
 /* Is id c's name= label or its public key (Z85)? */
 bool kvt_auth_client_is(const struct kvt_auth_client *c, const char *id);
 /* The one client of a that id names (kvt_auth_client_is), or NULL (none,
- * or several: a label given twice). */
-struct kvt_auth_client *kvt_auth_named(const struct kvt_auth *a, const char *id);
+ * or several: a label given twice); *matches (if not NULL): how many. */
+struct kvt_auth_client *kvt_auth_named(const struct kvt_auth *a, const char *id, uint32_t *matches);
 /* May c use this salt (NUL-terminated, "" = none)? */
 bool kvt_auth_salt_ok(const struct kvt_auth_client *c, const char *salt);
 /* The counters (root: the first table) and the current table's clients,

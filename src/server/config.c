@@ -340,24 +340,12 @@ bool kvt_lmc_host_is_ipc(const char *host)
     return !strncmp(host, "ipc://", 6);
 }
 
-bool kvt_lmc_host_is_local(const char *host)
+/* The LMCache front end with --auth-key. LMCache's client has no CURVE, so
+ * it listens only on a Unix socket, where the ZAP handler admits the
+ * server's uid alone (SO_PEERCRED), and its requests act as one authorized
+ * client (--lmcache-client). 0 or 2. */
+static int check_lmcache_auth(struct kvt_server_cfg *c)
 {
-    return kvt_lmc_host_is_ipc(host) || kvt_host_is_loopback(host);
-}
-
-/* The LMCache front end with --auth-key, or beyond this host. LMCache's
- * client has no CURVE, so with authentication it listens only on a Unix
- * socket, where the ZAP handler admits the server's uid alone (SO_PEERCRED),
- * and its requests act as one authorized client (--lmcache-client). 0 or 2. */
-static int check_lmcache_auth(struct kvt_server_cfg *c, const char *hint)
-{
-    if (!c->auth) { /* beyond loopback, no authentication */
-        fprintf(stderr,
-                "kvtier server: --lmcache-port: the LMCache protocol front end has no "
-                "authentication of its own and --lmcache-host is beyond loopback; %s\n",
-                hint);
-        return 2;
-    }
     if (!kvt_lmc_host_is_ipc(c->lmc_host)) {
         fprintf(stderr,
                 "kvtier server: --lmcache-host: with --auth-key the LMCache front end listens "
@@ -374,10 +362,8 @@ static int check_lmcache_auth(struct kvt_server_cfg *c, const char *hint)
                 c->auth_clients_file);
         return 2;
     }
-    int n = 0;
-    for (uint32_t i = 0; i < c->auth->n; i++)
-        n += kvt_auth_client_is(&c->auth->c[i], c->lmc_client);
-    if (n != 1) {
+    uint32_t n;
+    if (!kvt_auth_named(c->auth, c->lmc_client, &n)) {
         fprintf(stderr,
                 "kvtier server: --lmcache-client: %s names %s in %s: give a client's name= "
                 "label (unique) or public key\n",
@@ -448,7 +434,7 @@ static int check_auth(struct kvt_server_cfg *c)
     }
     /* with authentication on, the LMCache port authenticates too, whatever
      * --insecure-no-auth says */
-    if (c->lmc_port && c->auth && check_lmcache_auth(c, hint))
+    if (c->lmc_port && c->auth && check_lmcache_auth(c))
         return 2;
     if (c->insecure_no_auth)
         return 0;
@@ -467,8 +453,14 @@ static int check_auth(struct kvt_server_cfg *c)
                 c->http_host, hint);
         return 2;
     }
-    if (c->lmc_port && !c->auth && !kvt_lmc_host_is_local(c->lmc_host))
-        return check_lmcache_auth(c, hint);
+    if (c->lmc_port && !c->auth && !kvt_lmc_host_is_ipc(c->lmc_host) &&
+        !kvt_host_is_loopback(c->lmc_host)) {
+        fprintf(stderr,
+                "kvtier server: --lmcache-port: the LMCache protocol front end has no "
+                "authentication of its own and --lmcache-host is beyond loopback; %s\n",
+                hint);
+        return 2;
+    }
     return 0;
 }
 
@@ -646,7 +638,7 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         case O_LMC_HOST:
             if (!optarg[0] || strlen(optarg) >= sizeof(c->lmc_host))
                 return fail(f, "expected a host name or address, got '%s'", optarg);
-            if (!strncmp(optarg, "ipc://", 6) && optarg[6] != '/' && optarg[6] != '@')
+            if (kvt_lmc_host_is_ipc(optarg) && optarg[6] != '/' && optarg[6] != '@')
                 return fail(f, "expected ipc:///ABSOLUTE/PATH or ipc://@NAME, got '%s'", optarg);
             snprintf(c->lmc_host, sizeof(c->lmc_host), "%s", optarg);
             break;

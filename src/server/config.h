@@ -83,9 +83,8 @@ int kvt_server_io_threads(const struct kvt_server_cfg *c);
  * name / address is reachable from this host only. */
 bool kvt_endpoint_is_local(const char *endpoint);
 bool kvt_host_is_loopback(const char *host);
-/* --lmcache-host: ipc://PATH (a Unix socket), or local (ipc, or loopback) */
+/* --lmcache-host is ipc://PATH (a Unix socket) */
 bool kvt_lmc_host_is_ipc(const char *host);
-bool kvt_lmc_host_is_local(const char *host);
 
 /* Parse argv (after the "server" word). On error prints a message naming the
  * flag or adapter key to stderr and returns 2; returns 1 for --help (printed);

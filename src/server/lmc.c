@@ -423,7 +423,7 @@ struct kvt_auth_client *lmc_who(struct kvt_lmc *m)
     struct kvt_auth *a = kvt_server_auth(m->s);
     if (a != m->who_tab) {
         m->who_tab = a;
-        m->who = kvt_auth_named(a, m->s->cfg->lmc_client);
+        m->who = kvt_auth_named(a, m->s->cfg->lmc_client, NULL);
         if (!m->who)
             kvt_error("lmcache: --lmcache-client %s is no longer one client of %s: every "
                       "request on the LMCache port is denied (served as a miss)",
@@ -432,28 +432,28 @@ struct kvt_auth_client *lmc_who(struct kvt_lmc *m)
     return m->who;
 }
 
-bool lmc_denied(struct lmc_rq *q, const struct lmc_key *k, bool write)
+uint64_t lmc_count_denied(struct kvt_lmc *m, struct kvt_auth_client *c)
+{
+    if (c)
+        atomic_fetch_add_explicit(&c->denied, 1, memory_order_relaxed);
+    return atomic_fetch_add_explicit(&m->denied, 1, memory_order_relaxed) + 1;
+}
+
+bool lmc_denied(struct lmc_rq *q, uint32_t ns, bool write)
 {
     struct kvt_lmc *m = q->m;
     if (!m->s->cfg->auth)
         return false;
     struct kvt_auth_client *c = lmc_who(m);
-    char salt[256]; /* validated before (kvt_ns_intern: at most 128 bytes) */
-    bool fits = k->salt_len < sizeof(salt);
-    size_t sl = fits ? k->salt_len : 0;
-    memcpy(salt, k->salt, sl);
-    salt[sl] = 0;
+    const char *salt = kvt_ns_salt(ns);
     const char *why = !c                ? "its client is gone from the authorized-clients file"
-                      : !fits           ? "the cache salt is too long"
                       : write && !c->rw ? "its client is read-only"
                       : !kvt_auth_salt_ok(c, salt)
                           ? "the cache salt is not one of its client's tenants"
                           : NULL;
     if (!why)
         return false;
-    if (c)
-        atomic_fetch_add_explicit(&c->denied, 1, memory_order_relaxed);
-    uint64_t nth = atomic_fetch_add_explicit(&m->denied, 1, memory_order_relaxed) + 1;
+    uint64_t nth = lmc_count_denied(m, c);
     uint64_t now = kvt_now_ns();
     if (now - m->denied_log_ns >= 1000000000ull) { /* one line a second at most */
         kvt_warn("lmcache: %s denied (served as a miss / nothing stored): %s (salt '%s', "
@@ -586,11 +586,13 @@ static void *lmc_main(void *arg)
 static int ipc_path_free(const char *path, char *err, size_t cap)
 {
     struct stat st;
-    if (lstat(path, &st) < 0)
-        return errno == ENOENT
-                   ? 0
-                   : (snprintf(err, cap, "--lmcache-host: %s: %s", path, kvt_strerror(-errno)),
-                      -errno);
+    if (lstat(path, &st) < 0) {
+        int e = errno;
+        if (e == ENOENT)
+            return 0;
+        snprintf(err, cap, "--lmcache-host: %s: %s", path, kvt_strerror(-e));
+        return -e;
+    }
     if (!S_ISSOCK(st.st_mode)) {
         snprintf(err, cap, "--lmcache-host: %s exists and is not a socket: not replaced", path);
         return -EEXIST;
@@ -630,8 +632,9 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
     pthread_mutex_init(&m->done_lock, NULL);
     m->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (m->efd < 0) {
-        snprintf(err, cap, "--lmcache-port: eventfd: %s", kvt_strerror(-errno));
-        return -errno;
+        int e = errno;
+        snprintf(err, cap, "--lmcache-port: eventfd: %s", kvt_strerror(-e));
+        return -e;
     }
     /* what LMCache's connector connects to: f"{lmcache.mp.host}:{lmcache.mp.port}" */
     bool ipc = kvt_lmc_host_is_ipc(c->lmc_host);
@@ -655,15 +658,18 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
         /* the handler before the domain and the bind: without one libzmq
          * admits every peer (config.c allows only ipc:// here) */
         int rc = kvt_zap_start_same_uid(m->zctx, c->auth, &s->auth_cur, c->lmc_client, &m->zap);
-        if (rc || zmq_setsockopt(m->sock, ZMQ_ZAP_DOMAIN, "kvtier-lmcache", 14)) {
+        if (!rc && zmq_setsockopt(m->sock, ZMQ_ZAP_DOMAIN, "kvtier-lmcache", 14))
+            rc = -errno;
+        if (rc) {
             snprintf(err, cap, "--lmcache-port: cannot start its ZAP handler: %s",
-                     kvt_strerror(rc ? rc : -errno));
-            return rc ? rc : -errno;
+                     kvt_strerror(rc));
+            return rc;
         }
     }
     /* the socket file is made 0600 as it is created: only the server's uid
-     * (and root) may connect, with or without authentication */
-    mode_t um = m->ipc_file ? umask(077) : 0;
+     * (and root) may connect, with or without authentication. Nothing else
+     * creates files now (start-up, before the adapters open). */
+    mode_t um = m->ipc_file ? umask(0177) : 0;
     int brc = zmq_bind(m->sock, m->endpoint);
     int be = errno;
     if (m->ipc_file)
@@ -687,8 +693,6 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
         return -be;
     }
     struct stat st;
-    if (m->ipc_file && chmod(path, 0600) < 0)
-        kvt_warn("lmcache: chmod 0600 %s: %s", path, kvt_strerror(-errno));
     if (m->ipc_file && lstat(path, &st) == 0) {
         m->ipc_dev = st.st_dev;
         m->ipc_ino = st.st_ino;

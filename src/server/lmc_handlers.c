@@ -194,7 +194,7 @@ static void h_lookup(struct lmc_rq *q)
     }
     if (lmc_key_ns(q, &k, &ns) || lmc_key_chunks(q, &k, true, &c0, &c1, &hashes))
         goto out;
-    if (lmc_denied(q, &k, false)) {
+    if (lmc_denied(q, ns, false)) {
         lmc_reply(q, NULL); /* 0 hits: the session is done with none */
         goto out;
     }
@@ -327,6 +327,27 @@ struct xfer_args {
 
 static void serve_as_nothing(struct lmc_rq *q);
 
+/* prepare_store's answer: {context: {slots: [k slots of c at offs],
+ * chunk_indices: idx[0..k)}}; k 0: nothing to store. */
+static void reply_store_slots(struct lmc_rq *q, const struct lmc_ctx *c, const uint64_t *offs,
+                              const uint32_t *idx, uint32_t k)
+{
+    struct body b;
+    lmc_body_init(&b);
+    msgpack_pack_map(&b.pk, 1);
+    kvt_mp_str0(&b.pk, "context");
+    msgpack_pack_map(&b.pk, 2);
+    kvt_mp_str0(&b.pk, "slots");
+    msgpack_pack_array(&b.pk, k);
+    for (uint32_t i = 0; i < k; i++)
+        lmc_pack_slot(&b.pk, c, offs[i]);
+    kvt_mp_str0(&b.pk, "chunk_indices");
+    msgpack_pack_array(&b.pk, k);
+    for (uint32_t i = 0; i < k; i++)
+        msgpack_pack_uint32(&b.pk, idx[i]);
+    lmc_reply_body(q, &b);
+}
+
 /* prepare_retrieve's answer up to its context map of nctx entries:
  * {success, data: b"", context: {...}} */
 static void pack_retrieve_head(msgpack_packer *pk, bool success, uint32_t nctx)
@@ -365,7 +386,7 @@ static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
     }
     if (lmc_key_ns(q, &a->k, &a->ns) || lmc_key_chunks(q, &a->k, false, &a->c0, &a->c1, &a->hashes))
         goto fail;
-    if (lmc_denied(q, &a->k, write)) {
+    if (lmc_denied(q, a->ns, write)) {
         serve_as_nothing(q);
         goto fail;
     }
@@ -397,19 +418,9 @@ fail:
 static void serve_as_nothing(struct lmc_rq *q)
 {
     switch (q->op) {
-    case LMC_PREPARE_STORE: {
-        struct body b;
-        lmc_body_init(&b);
-        msgpack_pack_map(&b.pk, 1);
-        kvt_mp_str0(&b.pk, "context");
-        msgpack_pack_map(&b.pk, 2);
-        kvt_mp_str0(&b.pk, "slots");
-        msgpack_pack_array(&b.pk, 0);
-        kvt_mp_str0(&b.pk, "chunk_indices");
-        msgpack_pack_array(&b.pk, 0);
-        lmc_reply_body(q, &b);
+    case LMC_PREPARE_STORE:
+        reply_store_slots(q, NULL, NULL, NULL, 0);
         break;
-    }
     case LMC_PREPARE_RETRIEVE:
         reply_retrieve_miss(q);
         break;
@@ -471,20 +482,7 @@ static void h_prepare_store(struct lmc_rq *q)
         struct kvt_l1_owner ow = lmc_inst_owner(&a.inst);
         xfer_add(m, &a, true, kvt_l1_lease_new(m->s->l1, KVT_LEASE_WRITE, hs, k, &ow), k);
     }
-    struct body b;
-    lmc_body_init(&b);
-    msgpack_pack_map(&b.pk, 1);
-    kvt_mp_str0(&b.pk, "context");
-    msgpack_pack_map(&b.pk, 2);
-    kvt_mp_str0(&b.pk, "slots");
-    msgpack_pack_array(&b.pk, k);
-    for (uint32_t i = 0; i < k; i++)
-        lmc_pack_slot(&b.pk, a.c, offs[i]);
-    kvt_mp_str0(&b.pk, "chunk_indices");
-    msgpack_pack_array(&b.pk, k);
-    for (uint32_t i = 0; i < k; i++)
-        msgpack_pack_uint32(&b.pk, idx[i]);
-    lmc_reply_body(q, &b);
+    reply_store_slots(q, a.c, offs, idx, k);
     free(hs);
     free(idx);
     free(offs);
@@ -670,9 +668,7 @@ static void h_clear(struct lmc_rq *q)
     if (q->m->s->cfg->auth) { /* every tenant's L1 objects: an operator's call */
         struct kvt_auth_client *c = lmc_who(q->m);
         if (!c || !c->admin) {
-            if (c)
-                atomic_fetch_add_explicit(&c->denied, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&q->m->denied, 1, memory_order_relaxed);
+            lmc_count_denied(q->m, c);
             lmc_reply_err(q,
                           "E_DENIED: clear empties every tenant's L1: --lmcache-client %s "
                           "is not an admin key",

@@ -98,7 +98,7 @@ struct kvt_lmc {
     struct kvt_auth_client *who;
     _Atomic uint64_t denied;
     uint64_t denied_log_ns;
-    bool ipc_file; /* the endpoint is a socket file (made 0600, removed at stop) */
+    bool ipc_file; /* the endpoint is a socket file (created 0600, removed at stop) */
     dev_t ipc_dev; /* that file, as bound: only it is removed */
     ino_t ipc_ino;
 };
@@ -150,11 +150,13 @@ void lmc_xfer_id(int64_t inst, const struct lmc_key *k, uint32_t ns, const uint8
 void lmc_pack_slot(msgpack_packer *pk, const struct lmc_ctx *c, uint64_t off);
 void lmc_drain_fetches(struct kvt_lmc *m, bool discard);
 void lmc_handle(struct kvt_lmc *m, zmq_msg_t *parts, uint32_t n);
-/* With --auth-key: whether the request may use k's salt (and store, if
+/* With --auth-key: whether the request may use ns's salt (and store, if
  * write). Not: counted (per client too), logged, true, and the caller
  * serves it as a miss or as nothing to store (an error would fail vLLM's
  * step: a cache_salt is any API user's choice). Without auth: false. */
-bool lmc_denied(struct lmc_rq *q, const struct lmc_key *k, bool write);
+bool lmc_denied(struct lmc_rq *q, uint32_t ns, bool write);
+/* Count a denial, for client c (if any) and for the port; the port's total. */
+uint64_t lmc_count_denied(struct kvt_lmc *m, struct kvt_auth_client *c);
 /* --lmcache-client's entry in the table in use, or NULL (removed). */
 struct kvt_auth_client *lmc_who(struct kvt_lmc *m);
 

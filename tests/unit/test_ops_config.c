@@ -81,6 +81,18 @@ static void test_envcfg(void)
     free(js);
     kvt_envcfg_free(&c);
 
+    /* cache.env.local sets KVP_QUOTAS_FILE again: the last one holds, and
+     * empty means none (no namespace_quotas for the adapter) */
+    TEST_ASSERT(load("KVP_CACHE_ROOT=/d\nKVP_QUOTAS_FILE=quotas.json\n", "KVP_QUOTAS_FILE=\n", &c,
+                     err) == 0);
+    TEST_ASSERT(c.quotas_bytes == NULL);
+    js = kvt_envcfg_adapter_json(&c);
+    j = json_loads(js, 0, NULL);
+    TEST_ASSERT(j && json_object_get(j, "namespace_quotas") == NULL);
+    json_decref(j);
+    free(js);
+    kvt_envcfg_free(&c);
+
     /* defaults: only the root is required */
     TEST_ASSERT(load("KVP_CACHE_ROOT=/d\n", NULL, &c, err) == 0);
     TEST_ASSERT(c.budget_gb == 1500 && strcmp(c.policy, "LRU") == 0 && c.num_workers == 4);

@@ -110,10 +110,10 @@ def kvt(tmp_path):
 
 @pytest.fixture
 def lmc_auth(tmp_path):
-    """Authentication on (docs/security.md): a server key, one client line
-    for the LMCache port (`tenants` as written in the file), a short
-    directory of mode 0700 for its Unix socket. Returns (server flags,
-    lmcache host)."""
+    """Authentication on (docs/security.md): a server key and a short
+    directory of mode 0700 for the LMCache port's Unix socket. Returns
+    make(tenants): it writes the one client line, vllm, with those tenants
+    (as written in the file), and gives (server flags, lmcache host)."""
     import shutil
     import tempfile
     keys = tmp_path / "keys"
@@ -122,10 +122,10 @@ def lmc_auth(tmp_path):
         subprocess.run([BIN, "keygen", str(keys / n)], check=True, capture_output=True)
     run = tempfile.mkdtemp(prefix="kvt-lmc-")  # a socket path holds at most 107 bytes
 
-    def make(tenants, access="rw"):
+    def make(tenants):
         pub = [l for l in open(keys / "vllm.pub") if l.strip() and not l.startswith("#")][0]
         with open(keys / "clients", "w") as f:
-            f.write("%s %s %s name=vllm\n" % (pub.strip(), access, tenants))
+            f.write("%s rw %s name=vllm\n" % (pub.strip(), tenants))
         return (["--auth-key", str(keys / "server.key"), "--auth-clients", str(keys / "clients"),
                  "--lmcache-client", "vllm"], "ipc://%s/lmc" % run)
     yield make
