@@ -205,14 +205,26 @@ def budget(server):
 
 
 def settle(servers, measure, what):
-    """Wait until no store is in flight and every server reported its
-    writes (its periodic step): the record then holds the tier's bytes
-    plus only what a crash left over."""
+    """Wait until no store is queued or in flight and every server reported
+    its writes (its periodic step): the record then holds the tier's bytes
+    plus only what a crash left over. The views are taken after the store
+    controllers drained: a view is an instant's total, and only a store
+    landing after it (one the controller still had queued) could make the
+    tier larger than it; removals only make it smaller."""
+    def drained():
+        for s in servers:
+            with s.client() as c:
+                if c.status()["store"]["in_flight_batches"]:
+                    return False
+        return True
+
     def quiet():
+        if not drained():
+            return False
         b = [budget(s) for s in servers]
         return all(x["inflight_bytes"] == 0 and x["node_pending_bytes"] == 0 for x in b) and b
     time.sleep(1.0)
-    return wait_for(quiet, timeout=20, what=what)
+    return wait_for(quiet, timeout=60, what=what)
 
 
 def check_run(servers, sampler, measure, tally, tier, nodes=3):
