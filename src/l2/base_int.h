@@ -43,9 +43,14 @@ bool kvt_l2b_make_room(kvt_l2 *l2, uint32_t stored);
 /* Charge stored bytes: 0, KVT_E_FULL (refused: over the cap), or the
  * record's error. */
 int kvt_l2b_budget_take(kvt_l2 *l2, uint32_t stored);
-/* A charged write is over (landed, or its fate is unknown): pending drops
- * with the next step, the total keeps the bytes. No I/O. */
+/* A charged write landed: pending drops with the next step, the total
+ * keeps the bytes. No I/O. */
 void kvt_l2b_budget_settle(kvt_l2 *l2, uint32_t stored);
+/* A charged write's fate is unknown (no answer): it may still land later
+ * (a server that got the whole request runs it after the client gave up),
+ * so its bytes stay in flight and pending for KVT_BUDGET_UNSURE_HOLD_S to
+ * 2x that (a recount meanwhile counts them), then settle. No I/O. */
+void kvt_l2b_budget_unsure(kvt_l2 *l2, uint32_t stored);
 /* A charged write certainly never landed: give the bytes back. */
 void kvt_l2b_budget_refund(kvt_l2 *l2, uint32_t stored);
 /* The record's epoch as last seen: read it before a removal starts. */

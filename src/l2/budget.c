@@ -41,9 +41,14 @@ struct kvt_l2_budget {
     /* charged bytes whose writes are over, to report with the next step
      * (the record's pending only ever over-states) */
     _Atomic uint64_t settled;
-    uint64_t chunk;              /* credit taken with a store (0: none) */
-    pthread_mutex_t lock;        /* a leaf: guards the fields below */
-    uint64_t credit;             /* charged, not yet given to a write */
+    uint64_t chunk;       /* credit taken with a store (0: none) */
+    pthread_mutex_t lock; /* a leaf: guards the fields below */
+    uint64_t credit;      /* charged, not yet given to a write */
+    /* writes whose fate is unknown, still in flight (they may land):
+     * unsure_new since unsure_ns, unsure_old the period before; each
+     * periodic step at least KVT_BUDGET_UNSURE_HOLD_S after unsure_ns
+     * settles unsure_old and ages unsure_new */
+    uint64_t unsure_new, unsure_old, unsure_ns;
     bool credit_used;            /* since the last periodic step */
     struct kvt_budget_view view; /* the last step's answer */
     bool have_view;
@@ -188,6 +193,35 @@ void kvt_l2b_budget_settle(kvt_l2 *l2, uint32_t stored)
     atomic_fetch_add(&b->settled, stored);
 }
 
+void kvt_l2b_budget_unsure(kvt_l2 *l2, uint32_t stored)
+{
+    struct kvt_l2_budget *b = l2->budget;
+    pthread_mutex_lock(&b->lock);
+    b->unsure_new += stored;
+    pthread_mutex_unlock(&b->lock);
+}
+
+/* The periodic step's share of the hold: what has been unsure for a whole
+ * period is settled now (it can no longer land, we assume). */
+static void unsure_age(struct kvt_l2_budget *b, uint64_t now)
+{
+    uint64_t due = 0;
+    pthread_mutex_lock(&b->lock);
+    if (!b->unsure_ns) {
+        b->unsure_ns = now;
+    } else if (now - b->unsure_ns >= (uint64_t)KVT_BUDGET_UNSURE_HOLD_S * 1000000000ull) {
+        due = b->unsure_old;
+        b->unsure_old = b->unsure_new;
+        b->unsure_new = 0;
+        b->unsure_ns = now;
+    }
+    pthread_mutex_unlock(&b->lock);
+    if (due) {
+        atomic_fetch_sub(&b->inflight, due);
+        atomic_fetch_add(&b->settled, due);
+    }
+}
+
 void kvt_l2b_budget_refund(kvt_l2 *l2, uint32_t stored)
 {
     struct kvt_l2_budget *b = l2->budget;
@@ -291,6 +325,7 @@ void kvt_l2_budget_refresh(kvt_l2 *l2)
     pthread_mutex_unlock(&b->lock);
     if (idle)
         credit_return(l2, 0);
+    unsure_age(b, now);
     struct kvt_budget_req rq = {0};
     struct kvt_budget_view v;
     step(l2, &rq, &v);
@@ -446,6 +481,7 @@ void kvt_l2b_budget_status(kvt_l2 *l2, json_t *o)
     json_object_set_new(j, "node_pending_bytes", b->have_view ? I(v->pending) : json_null());
     json_object_set_new(j, "inflight_bytes", I(atomic_load(&b->inflight)));
     json_object_set_new(j, "credit_bytes", I(b->credit));
+    json_object_set_new(j, "unsure_bytes", I(b->unsure_new + b->unsure_old));
     json_object_set_new(j, "credit_chunk_bytes", I(b->chunk));
     json_object_set_new(j, "nodes", b->have_view ? I(v->nodes) : json_null());
     json_object_set_new(j, "epoch", b->have_view ? I(v->epoch) : json_null());

@@ -20,8 +20,9 @@
  *            server last read the epoch (removed_epoch): the recount
  *            already counted the tier without it, and subtracting again
  *            would under-count
- *   settled  charged writes that are over (landed, or unknown): pending
- *            drops; reported lazily with the next operation
+ *   settled  charged writes that are over (landed; or unanswered, once
+ *            KVT_BUDGET_UNSURE_HOLD_S passed: until then they may still
+ *            land): pending drops; reported lazily with the next operation
  *   recount  begin: snapshot adds and the live servers' pending; walk the
  *            tier (the engine's scan) to `walked` bytes; end: total =
  *            walked + (adds since the snapshot) + the snapshot's pending,
@@ -45,6 +46,11 @@
 #include <jansson.h>
 
 #include "l2/l2.h"
+
+/* How long a write whose fate is unknown (no answer from the backend) is
+ * still counted as one that may land: its bytes are settled after this
+ * many to twice as many seconds (budget.c, kvt_l2b_budget_unsure). */
+#define KVT_BUDGET_UNSURE_HOLD_S 60
 
 /* One operation on the record (every field may be 0). */
 struct kvt_budget_req {

@@ -249,10 +249,12 @@ void kvt_l2_publish_aux(kvt_l2 *l2, const kvt_key *ck, uint32_t aux);
  * are given back: call it only when the write certainly did not land (a
  * tmp file removed before its rename, a refusal from the server). */
 void kvt_l2_unreserve(kvt_l2 *l2, const kvt_key *ck);
-/* The write failed in a way that may still have landed it (a connection
- * lost mid-request): drop the reservation like kvt_l2_unreserve, but with a
- * shared budget keep its bytes charged (an over-count until a recount,
- * never an under-count). Without a shared budget: kvt_l2_unreserve. */
+/* The write failed in a way that may still have landed it, or may land it
+ * later (a connection lost mid-request): drop the reservation like
+ * kvt_l2_unreserve, but with a shared budget keep its bytes charged and
+ * pending for KVT_BUDGET_UNSURE_HOLD_S (an over-count, never an
+ * under-count: a recount meanwhile counts them, in case they land after
+ * its walk). Without a shared budget: kvt_l2_unreserve. */
 void kvt_l2_unreserve_unsure(kvt_l2 *l2, const kvt_key *ck);
 /* A reserved object turned out bytes smaller than reserved (the engine
  * corrected its entry with kvt_l2_obj_set_stored_locked): with a shared

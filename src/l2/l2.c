@@ -503,7 +503,7 @@ void kvt_l2_unreserve_unsure(kvt_l2 *l2, const kvt_key *ck)
 {
     uint32_t stored = unreserve(l2, ck);
     if (l2->budget && stored)
-        kvt_l2b_budget_settle(l2, stored);
+        kvt_l2b_budget_unsure(l2, stored);
 }
 
 /* Pin a ready entry; NULL when there is none (or it cannot take another

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -617,6 +618,147 @@ def test_bucket_record_step_whose_answer_was_lost_counts_once(make_server, tmp_p
         srv.kill()
 
 
+class HoldingProxy(threading.Thread):
+    """A TCP proxy that, once armed, keeps the next request matching
+    `pattern` (read whole, by its Content-Length), closes its connection
+    without an answer, refuses any other matching request the same way
+    while it holds one, and sends the kept request to the server only when
+    release() is called: a write its client gave up on lands later."""
+
+    def __init__(self, port, pattern):
+        super().__init__(daemon=True)
+        self.to = port
+        self.pattern = re.compile(pattern)
+        self.ls = socket.socket()
+        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(16)
+        self.port = self.ls.getsockname()[1]
+        self.armed = threading.Event()
+        self.held = None
+        self.holding = threading.Event()
+
+    def run(self):
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+
+    @staticmethod
+    def read_request(c, buf, body=True):
+        """One whole request or answer from c (buf: bytes read already;
+        body False: a HEAD's answer, whose Content-Length has no body):
+        (it, the rest), or (None, b"") at EOF."""
+        while b"\r\n\r\n" not in buf:
+            d = c.recv(1 << 16)
+            if not d:
+                return None, b""
+            buf += d
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+        n = int(m.group(1)) if m and body else 0
+        while len(rest) < n:
+            d = c.recv(1 << 16)
+            if not d:
+                return None, b""
+            rest += d
+        return head + b"\r\n\r\n" + rest[:n], rest[n:]
+
+    def serve(self, c):
+        s = socket.create_connection(("127.0.0.1", self.to))
+        buf = b""
+        try:
+            while True:
+                req, buf = self.read_request(c, buf)
+                if req is None:
+                    break
+                if self.armed.is_set() and self.pattern.match(req):
+                    if self.held is None:
+                        self.held = req
+                        self.holding.set()
+                    break  # closed without an answer
+                s.sendall(req)
+                resp, _ = self.read_request(s, b"", body=not req.startswith(b"HEAD "))
+                if resp is None:
+                    break
+                c.sendall(resp)
+        except OSError:
+            pass
+        for x in (c, s):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            x.close()
+
+    def release(self):
+        """Send the kept request to the server; its HTTP status."""
+        self.armed.clear()
+        with socket.create_connection(("127.0.0.1", self.to)) as s:
+            s.sendall(self.held)
+            resp, _ = self.read_request(s, b"")
+        return int(resp.split(b" ", 2)[1])
+
+    def close(self):
+        self.ls.close()
+
+
+def record_total(path):
+    """The total of a budget record file (brec.h: at byte 16)."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    assert len(buf) == 4096 and buf[:8] == b"KVTBUDG1"
+    return int.from_bytes(buf[16:24], "little", signed=True)
+
+
+def test_unanswered_store_that_lands_after_a_recount_stays_counted(make_server, tmp_path):
+    """A store's PUT gets no answer (the proxy closes the connection), but
+    the S3 server has the whole request and runs it later: after another
+    server's start-up listing recounted the tier. Its bytes stay pending
+    (status unsure_bytes) for KVT_BUDGET_UNSURE_HOLD_S, so that recount
+    counts them; settled at once, as before, the recount would leave them
+    out and the total would fall below the tier's bytes when it lands."""
+    from test_s3 import s3_json, start_s3
+    srv = start_s3("versitygw", tmp_path)
+    # a data object's PUT (not the record, a dot name)
+    proxy = HoldingProxy(srv.port, rb"PUT /kvtier-test/late/[^.]")
+    proxy.start()
+    big = 200 * KiB  # more than a credit chunk (cap/64): no credit can hide it
+    try:
+        spec = dict(type="s3", key_prefix="late", max_capacity_gb=CAP_GB, shared_budget=True)
+        a = make_server(L1 + ["--l2-adapter",
+                              s3_json(srv, s3_endpoint="127.0.0.1:%d" % proxy.port, **spec)])
+        a.wait_recovered()
+        proxy.armed.set()
+        key = keys_for("late", 1)
+        with a.client() as c:
+            assert c.store(key, [b"\x5a" * big]) == 1  # L1 took it; L2's write goes unanswered
+            c.flush()
+        assert proxy.holding.wait(10)
+        want = HDR + big
+        b = wait_for(lambda: (lambda x: x if x["credit_bytes"] == 0 and x["unsure_bytes"] else None)
+                     (budget(a)), what="the unsure write and no credit")
+        assert b["unsure_bytes"] == want and b["inflight_bytes"] == want, b
+        assert b["node_pending_bytes"] == want, b
+        assert bucket_object_bytes(srv, "late") == 0
+        # another server starts: its listing recounts a tier without the object
+        s = make_server(L1 + ["--l2-adapter", s3_json(srv, **spec)])
+        s.wait_recovered()
+        rb = budget(s)
+        assert rb["recount"]["count"] == 1 and rb["recount"]["walked_bytes"] == 0, rb
+        assert rb["total_bytes"] >= want, rb  # a's pending write is counted
+        assert proxy.release() == 200  # it lands now
+        real = bucket_object_bytes(srv, "late")
+        assert real == want
+        total = record_total(os.path.join(srv.dir, srv.bucket, "late", ".kvtier-budget"))
+        assert total >= real, (total, real)
+    finally:
+        proxy.close()
+        srv.kill()
+
+
 @pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
 def test_resent_set_nx_is_not_refunded(make_server, tmp_path):
     """A SET ... NX that ran on Redis but whose reply was lost is sent
@@ -646,10 +788,14 @@ def test_resent_set_nx_is_not_refunded(make_server, tmp_path):
         assert real == sum(HDR + len(payload(i)) for i in range(2))
         st = l2_status(s)
         assert st["counters"]["store_skipped"] == 1, (st["counters"], s.read_log()[-3000:])
-        # once the credit went back: the total still holds both values
-        b = wait_for(lambda: (lambda x: x if x["credit_bytes"] == 0 and x["inflight_bytes"] == 0
-                              and x["node_pending_bytes"] == 0 else None)(budget(s)),
+        # once the credit went back: the total still holds both values, and
+        # the resent one stays in flight and pending (unsure: it might have
+        # been another's, or land later) for KVT_BUDGET_UNSURE_HOLD_S
+        b = wait_for(lambda: (lambda x: x if x["credit_bytes"] == 0 and
+                              x["inflight_bytes"] == x["unsure_bytes"] else None)(budget(s)),
                      what="the credit to go back")
+        assert b["unsure_bytes"] == HDR + len(payload(1)), b
+        assert b["node_pending_bytes"] == b["unsure_bytes"], b
         assert b["total_bytes"] >= real, (b, real)
     finally:
         proxy.close()

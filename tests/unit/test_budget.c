@@ -2,8 +2,9 @@
  * Description: the shared budget record's arithmetic (l2/kit/brec.h): takes
  * all or nothing under the cap, refunds, removals subtracted only in their
  * epoch, recounts from a walk; its encoding (checksum, torn records); and a
- * randomized run of three servers storing, failing, removing, dying and
- * recounting concurrently in which the record's total never falls below
+ * randomized run of three servers storing, failing (writes refused, and
+ * unanswered ones that may land late), removing, dying and recounting
+ * concurrently in which the record's total never falls below
  * the tier's bytes plus the writes that can still land, and ends exact.
  */
 #include "test.h"
@@ -321,6 +322,9 @@ static uint32_t rnd(uint32_t n)
 struct write {
     int key;
     uint32_t size;
+    bool unsure; /* no answer: held in flight until it is released */
+    bool landed; /* an unsure write that landed after its client gave up */
+    int age;     /* periodic steps since it became unsure */
 };
 struct removal {
     uint32_t size;
@@ -355,8 +359,15 @@ static uint64_t landable(void)
     uint64_t t = 0;
     for (int n = 0; n < N; n++)
         for (int i = 0; sv[n].live && i < sv[n].nw; i++)
-            t += sv[n].w[i].size;
+            t += sv[n].w[i].landed ? 0 : sv[n].w[i].size;
     return t;
+}
+
+/* a write still in flight that has an answer coming (not unsure); -1: none */
+static int pick_answered(const struct server *s)
+{
+    int i = s->nw ? (int)rnd((uint32_t)s->nw) : -1;
+    return i >= 0 && !s->w[i].unsure ? i : -1;
 }
 
 static void step(int n, struct kvt_budget_req rq, struct kvt_budget_view *v)
@@ -413,27 +424,34 @@ static void test_model(void)
                 step(n, (struct kvt_budget_req){.take = size_of[k]}, &v);
                 if (v.granted) {
                     writing[k] = true;
-                    s->w[s->nw++] = (struct write){k, size_of[k]};
+                    s->w[s->nw++] = (struct write){.key = k, .size = size_of[k]};
                 } else {
                     refused++;
                 }
             }
         } else if (op < 50 && s->nw) { /* a write lands (settled lazily) */
             int i = (int)rnd((uint32_t)s->nw);
-            present[s->w[i].key] = true;
-            s->settled += s->w[i].size;
-            drop_write(s, i);
-        } else if (op < 55 && s->nw) { /* a write fails, certainly not landed */
-            int i = (int)rnd((uint32_t)s->nw);
+            if (!s->w[i].unsure) {
+                present[s->w[i].key] = true;
+                s->settled += s->w[i].size;
+                drop_write(s, i);
+            } else if (!s->w[i].landed && rnd(2)) {
+                /* unanswered, it lands late (maybe after a recount's walk
+                 * passed it); its server does not know: still held */
+                present[s->w[i].key] = true;
+                s->w[i].landed = true;
+            }
+        } else if (op < 55 && pick_answered(s) >= 0) { /* a write fails, certainly not landed */
+            int i = pick_answered(s);
             uint32_t sz = s->w[i].size;
             drop_write(s, i);
             step(n, (struct kvt_budget_req){.refund = sz}, &v);
-        } else if (op < 58 && s->nw) { /* a write's fate is unknown: it may land */
-            int i = (int)rnd((uint32_t)s->nw);
-            if (rnd(2))
-                present[s->w[i].key] = true;
-            s->settled += s->w[i].size;
-            drop_write(s, i);
+        } else if (op < 58 && pick_answered(s) >= 0) {
+            /* no answer (kvt_l2b_budget_unsure): the write may land at any
+             * time until it is released, in flight until then */
+            int i = pick_answered(s);
+            s->w[i].unsure = true;
+            s->w[i].age = 0;
         } else if (op < 75) { /* a removal: the epoch read first, the give later */
             int k = (int)rnd(K);
             uint64_t ep = s->epoch;
@@ -445,7 +463,12 @@ static void test_model(void)
             struct removal r = s->rm[--s->nrm];
             step(n, (struct kvt_budget_req){.removed = r.size, .removed_epoch = r.epoch}, &v);
             dropped += !v.removed_ok;
-        } else if (op < 92) { /* the periodic step */
+        } else if (op < 92) { /* the periodic step: the hold of unsure writes ages */
+            for (int i = s->nw - 1; i >= 0; i--)
+                if (s->w[i].unsure && ++s->w[i].age > 2) { /* released: it never lands now */
+                    s->settled += s->w[i].size;
+                    drop_write(s, i);
+                }
             step(n, (struct kvt_budget_req){0}, &v);
         } else if (op < 93 && rnd(4) == 0) { /* presumed dead while it lives: folded */
             int slot = kvt_brec_find(&rec, s->id);
@@ -488,7 +511,8 @@ static void test_model(void)
         if (!sv[n].live)
             continue;
         while (sv[n].nw) {
-            present[sv[n].w[0].key] = true;
+            if (!sv[n].w[0].unsure) /* an unsure one landed already, or never will */
+                present[sv[n].w[0].key] = true;
             sv[n].settled += sv[n].w[0].size;
             drop_write(&sv[n], 0);
         }
