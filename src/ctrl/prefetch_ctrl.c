@@ -79,6 +79,18 @@ static void finish_req(struct kvt_prefetch_ctrl *pc, struct req *r)
             commit[nc++] = r->refs[i].h;
     kvt_l1_commit(pc->l1, commit, nc, pc->policy == KVT_PREFETCH_RETAIN ? 0 : KVT_L1_TEMP);
     atomic_fetch_add(&pc->keys_loaded, nc);
+    /* a load a client's store of the same key beat to its publish: the
+     * lookup's lease takes the client's object (it needs a READY one) */
+    for (uint32_t i = 0; i < count; i++) {
+        if (r->st[i] != K_LOADED || kvt_l1_winner(pc->l1, &r->refs[i]))
+            continue;
+        for (uint32_t j = i; j < count; j++) { /* gone since: the prefix ends here */
+            kvt_l1_put(pc->l1, r->refs[j].h);
+            r->st[j] = K_MISS; /* nothing more to do for it below */
+        }
+        count = i;
+        break;
+    }
     /* beyond the prefix: keep valid loads only under retain */
     for (uint32_t i = count; i < r->plan; i++) {
         if (r->st[i] == K_LOADED && pc->policy == KVT_PREFETCH_RETAIN) {
@@ -149,7 +161,7 @@ static void plan_and_load(struct kvt_prefetch_ctrl *pc, struct req *r)
             continue;
         kvt_objmeta m = {0};
         m.len = r->lookups[r->src[i]]->meta[i].len;
-        int rc = kvt_l1_reserve(pc->l1, &r->keys[i], &m, &r->refs[i]);
+        int rc = kvt_l1_reserve_free(pc->l1, &r->keys[i], &m, &r->refs[i]);
         if (rc == 0) {
             r->st[i] = K_LOADING;
         } else if (rc == -EEXIST && kvt_l1_get(pc->l1, &r->keys[i], &r->refs[i]) == 0) {

@@ -23,7 +23,10 @@
 #define NIL UINT32_MAX
 
 enum { ST_FREE = 0, ST_WRITING, ST_READY, ST_DEAD };
-enum { F_TEMP = 1, F_TRACKED = 2, F_QUARANTINE = 4 };
+/* F_UNMAPPED: a WRITING object reserved while another writer held its key
+ * (the map has one handle per key): it takes the key at its publish if
+ * that writer has not published yet, else it is dropped (publish_locked) */
+enum { F_TEMP = 1, F_TRACKED = 2, F_QUARANTINE = 4, F_UNMAPPED = 8 };
 
 struct l1_obj {
     kvt_key key;
@@ -377,7 +380,8 @@ static void obj_unlink_locked(struct kvt_l1 *l1, uint32_t h)
         l1->nready--;
     else
         l1->nwriting--;
-    kvt_kindex_del(&l1->map, h);
+    if (!(o->flags & F_UNMAPPED))
+        kvt_kindex_del(&l1->map, h);
     if (o->flags & F_TRACKED) {
         kvt_policy_remove(l1->policy, h);
         o->flags &= (uint8_t)~F_TRACKED;
@@ -434,21 +438,25 @@ static uint64_t evict_batch_locked(struct kvt_l1 *l1, uint64_t want_pages)
     return freed;
 }
 
-int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
-                   struct kvt_l1_ref *out)
+static int reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
+                   struct kvt_l1_ref *out, bool beside)
 {
     uint64_t pages = KVT_MAX(1, KVT_ALIGN_UP((uint64_t)meta->len, l1->align) / l1->align);
     if ((uint64_t)meta->len > KVT_MAX_OBJECT || pages * l1->align > l1->map_size)
         return KVT_E_TOOBIG;
     pthread_mutex_lock(&l1->lock);
     uint32_t have = kvt_kindex_find(&l1->map, k);
-    if (have != KVT_NOHANDLE) {
+    if (have != KVT_NOHANDLE && (obj(l1, have)->state == ST_READY || !beside)) {
         /* stored again: the engine is using this prefix, as good as a read */
         if (obj(l1, have)->flags & F_TRACKED)
             kvt_policy_access(l1->policy, have);
         pthread_mutex_unlock(&l1->lock);
         return -EEXIST;
     }
+    /* being written by another (not yet published): this writer gets its
+     * own object too, and the first to publish wins (publish_locked); told
+     * "present" instead, it would count a key its first writer may still
+     * give up */
     uint32_t page;
     int rc;
     for (;;) {
@@ -480,7 +488,10 @@ int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
     o->meta = *meta;
     o->refs = 1;
     o->state = ST_WRITING;
-    kvt_kindex_put(&l1->map, h);
+    if (have == KVT_NOHANDLE)
+        kvt_kindex_put(&l1->map, h);
+    else
+        o->flags |= F_UNMAPPED;
     l1->nwriting++;
     out->h = h;
     out->off = o->off;
@@ -494,29 +505,83 @@ int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
     return 0;
 }
 
+/* WRITING h (position pos of a commit of n) becomes READY under its key.
+ * The first publisher wins: an object reserved while another writer held
+ * the key (F_UNMAPPED) takes it over if that writer has not published (the
+ * other becomes unmapped in turn, and loses at its own publish), and is
+ * dropped if it has. false: dropped (the key is held, by the other). */
+static void fill_ref(struct kvt_l1 *l1, uint32_t h, struct kvt_l1_ref *r);
+
+static bool publish_locked(struct kvt_l1 *l1, uint32_t h, uint32_t pos, uint32_t n, bool temp)
+{
+    struct l1_obj *o = obj(l1, h);
+    if (o->flags & F_UNMAPPED) {
+        uint32_t m = kvt_kindex_find(&l1->map, &o->key);
+        if (m != KVT_NOHANDLE && obj(l1, m)->state == ST_READY) {
+            obj_unlink_locked(l1, h);
+            l1->c.stores_raced++;
+            return false;
+        }
+        if (m != KVT_NOHANDLE) {
+            kvt_kindex_del(&l1->map, m);
+            obj(l1, m)->flags |= F_UNMAPPED;
+        }
+        o->flags &= (uint8_t)~F_UNMAPPED;
+        kvt_kindex_put(&l1->map, h);
+    }
+    o->state = ST_READY;
+    l1->nwriting--;
+    l1->nready++;
+    l1->c.stores++;
+    if (temp) {
+        o->flags |= F_TEMP;
+    } else {
+        struct kvt_policy_hint hint = {
+            .prefix_pos = pos, .prefix_len = n, .bytes = o->meta.len, .fp = kvt_key_hash(&o->key)};
+        kvt_policy_insert(l1->policy, h, false, &hint);
+        o->flags |= F_TRACKED;
+    }
+    return true;
+}
+
+int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
+                   struct kvt_l1_ref *out)
+{
+    return reserve(l1, k, meta, out, true);
+}
+
+int kvt_l1_reserve_free(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
+                        struct kvt_l1_ref *out)
+{
+    return reserve(l1, k, meta, out, false);
+}
+
 void kvt_l1_commit(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n, unsigned flags)
 {
     pthread_mutex_lock(&l1->lock);
-    for (uint32_t i = n; i-- > 0;) {
-        struct l1_obj *o = obj(l1, hs[i]);
-        if (o->state != ST_WRITING)
-            continue;
-        o->state = ST_READY;
-        l1->nwriting--;
-        l1->nready++;
-        l1->c.stores++;
-        if (flags & KVT_L1_TEMP) {
-            o->flags |= F_TEMP;
-        } else {
-            struct kvt_policy_hint hint = {.prefix_pos = i,
-                                           .prefix_len = n,
-                                           .bytes = o->meta.len,
-                                           .fp = kvt_key_hash(&o->key)};
-            kvt_policy_insert(l1->policy, hs[i], false, &hint);
-            o->flags |= F_TRACKED;
+    for (uint32_t i = n; i-- > 0;)
+        if (obj(l1, hs[i])->state == ST_WRITING)
+            publish_locked(l1, hs[i], i, n, (flags & KVT_L1_TEMP) != 0);
+    pthread_mutex_unlock(&l1->lock);
+}
+
+bool kvt_l1_winner(struct kvt_l1 *l1, struct kvt_l1_ref *r)
+{
+    pthread_mutex_lock(&l1->lock);
+    struct l1_obj *o = obj(l1, r->h);
+    bool ok = o->state == ST_READY;
+    if (!ok) { /* dropped at its publish: the key's READY object won */
+        uint32_t m = kvt_kindex_find(&l1->map, &o->key);
+        ok = m != KVT_NOHANDLE && obj(l1, m)->state == ST_READY;
+        if (ok) {
+            uint32_t old = r->h;
+            obj(l1, m)->refs++;
+            fill_ref(l1, m, r);
+            put_locked(l1, old);
         }
     }
     pthread_mutex_unlock(&l1->lock);
+    return ok;
 }
 
 void kvt_l1_set_meta(struct kvt_l1 *l1, uint32_t h, const kvt_objmeta *meta)
@@ -914,17 +979,15 @@ static int lease_end_locked(struct kvt_l1 *l1, struct lease *L, const uint64_t *
                 obj_unlink_locked(l1, h);
                 continue;
             }
-            o->state = ST_READY;
-            l1->nwriting--;
-            l1->nready++;
-            l1->c.stores++;
-            struct kvt_policy_hint hint = {.prefix_pos = i,
-                                           .prefix_len = L->n,
-                                           .bytes = o->meta.len,
-                                           .fp = kvt_key_hash(&o->key)};
-            kvt_policy_insert(l1->policy, h, false, &hint);
-            o->flags |= F_TRACKED;
-            committed++;
+            if (!publish_locked(l1, h, i, L->n, false)) {
+                /* another writer published the key first: the lease's
+                 * reference moves to its object, which the caller keeps */
+                uint32_t m = kvt_kindex_find(&l1->map, &o->key);
+                obj(l1, m)->refs++;
+                put_locked(l1, h);
+                L->hs[i] = m;
+            }
+            committed++; /* held now: ours, or the first publisher's */
         }
         /* hand references to the caller in request order */
         uint32_t kept = 0;
@@ -1101,6 +1164,7 @@ json_t *kvt_l1_status(struct kvt_l1 *l1)
     json_object_set_new(cn, "misses", json_integer((json_int_t)c.misses));
     json_object_set_new(cn, "stores", json_integer((json_int_t)c.stores));
     json_object_set_new(cn, "store_full", json_integer((json_int_t)c.store_full));
+    json_object_set_new(cn, "stores_raced", json_integer((json_int_t)c.stores_raced));
     json_object_set_new(cn, "evictions", json_integer((json_int_t)c.evictions));
     json_object_set_new(cn, "evicted_bytes", json_integer((json_int_t)c.evicted_bytes));
     json_object_set_new(cn, "leases_expired_read", json_integer((json_int_t)c.leases_expired_read));

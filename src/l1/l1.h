@@ -92,10 +92,17 @@ uint64_t kvt_l1_pool_id(const struct kvt_l1 *l1);
 
 /* Reserve a WRITING object for key with meta->len bytes. Evicts unreferenced
  * objects (policy order) and grows a lazy pool when needed. Returns 0 and a
- * reference in *out; -EEXIST if the key is present (READY or WRITING);
- * KVT_E_TOOBIG if it can never fit; KVT_E_FULL if no memory now. */
+ * reference in *out; -EEXIST if the key is present (READY); KVT_E_TOOBIG
+ * if it can never fit; KVT_E_FULL if no memory now. A key another writer
+ * holds WRITING gets an object of its own too: the first of them to
+ * publish (commit, lease end) wins, the others are dropped at theirs. */
 int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
                    struct kvt_l1_ref *out);
+/* The same, but -EEXIST also while another writer holds the key WRITING:
+ * for a writer that must not lose the race (the prefetch hands what it
+ * loads to a lookup's lease, which needs the READY object). */
+int kvt_l1_reserve_free(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
+                        struct kvt_l1_ref *out);
 
 enum { KVT_L1_TEMP = 1 }; /* commit flag: free when the last reference goes */
 
@@ -103,6 +110,11 @@ enum { KVT_L1_TEMP = 1 }; /* commit flag: free when the last reference goes */
  * policy learns them in reverse order (the head of a prefix is the most
  * recent). */
 void kvt_l1_commit(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n, unsigned flags);
+/* r's object was committed: if it lost to another writer that published
+ * the key first (it was dropped), r's reference moves to the READY object
+ * that won. true: r is a READY object of its key; false (the winner was
+ * evicted or deleted since): r still refers to the dropped one. */
+bool kvt_l1_winner(struct kvt_l1 *l1, struct kvt_l1_ref *r);
 /* Replace the metadata of a WRITING object (length must not change). */
 void kvt_l1_set_meta(struct kvt_l1 *l1, uint32_t h, const kvt_objmeta *meta);
 /* Drop a WRITING object (its memory is freed when unreferenced). */
@@ -211,6 +223,9 @@ json_t *kvt_l1_status(struct kvt_l1 *l1);
 
 struct kvt_l1_counters {
     uint64_t hits, misses, stores, store_full, evictions, evicted_bytes;
+    /* writes of a key another writer published while they were under way:
+     * the first publisher's copy is kept, theirs dropped */
+    uint64_t stores_raced;
     uint64_t leases_expired_read, leases_expired_write, quarantined_bytes;
 };
 void kvt_l1_counters(struct kvt_l1 *l1, struct kvt_l1_counters *c);

@@ -186,6 +186,44 @@ def test_free_locks_gives_a_write_lease_back(server):
         b.close()
 
 
+def test_a_reservation_given_up_does_not_take_a_key_another_client_stored(server):
+    """Two clients store one key (docs/protocol.md, prepare_store): A
+    reserves it, B stores it inline while A's reservation is open; B is not
+    told "already there" on the strength of A's reservation. A gives its
+    reservation back: B's key is held, with B's bytes. Then the other order
+    of publishing: A reserves, B reserves too (a slot of its own), B
+    commits first; A's later commit counts the key as accepted and drops
+    its copy: readers see B's bytes."""
+    k = keys_for("two-writers", 2)
+    a, b = RawZmq(server.url), RawZmq(server.url)
+    try:
+        p = a.call([b"p", b"prepare_store", keys_body(k[:1], sizes=[100])])
+        assert p.status == 0 and p.body["offsets"][0] >= 0, p
+        r = b.call([b"s", b"store", keys_body(k[:1]), b"B" * 100])
+        assert r.status == 0 and r.body == {"accepted": 1, "failed": []}, r
+        r = a.call([b"f", b"free_locks", mp_pack({"lease": p.body["lease"]})])
+        assert r.status == 0 and r.body["released"] is True, r
+        r = b.call([b"r", b"retrieve", keys_body(k[:1])])
+        assert r.status == 0 and r.body["n"] == 1 and r.data[0] == b"B" * 100, r
+        # both reserve, the second commits first
+        pa = a.call([b"p2", b"prepare_store", keys_body(k[1:], sizes=[64])])
+        pb = b.call([b"p3", b"prepare_store", keys_body(k[1:], sizes=[64])])
+        assert pa.body["offsets"][0] >= 0 and pb.body["offsets"][0] >= 0, (pa, pb)
+        assert pa.body["offsets"][0] != pb.body["offsets"][0]
+        # (nothing written into the pool here: both publish zeros; the
+        # winner is told apart by the status counter)
+        before = b.call([b"st", b"status", b""]).body["l1"]["counters"]["stores_raced"]
+        cb = b.call([b"c", b"commit_store", mp_pack({"lease": pb.body["lease"]})])
+        ca = a.call([b"c2", b"commit_store", mp_pack({"lease": pa.body["lease"]})])
+        assert cb.body["accepted"] == 1 and ca.body["accepted"] == 1, (cb, ca)
+        after = b.call([b"st2", b"status", b""]).body["l1"]["counters"]["stores_raced"]
+        assert after == before + 1
+        assert a.call([b"l", b"lookup", keys_body(k[1:])]).body["hits"] == 1
+    finally:
+        a.close()
+        b.close()
+
+
 def test_documented_edges_of_keys_and_leases(server):
     """What docs/protocol.md says of the edges a client written from it
     meets: key fields that default, 32-bit kv_rank/group/shape, lease 0 when

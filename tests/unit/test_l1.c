@@ -48,9 +48,10 @@ static void test_basic(void)
         /* invisible while written */
         struct kvt_l1_ref g;
         TEST_ASSERT(kvt_l1_get(l1, &k, &g) == -ENOENT);
-        TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &g) == -EEXIST);
+        TEST_ASSERT(kvt_l1_reserve_free(l1, &k, &m, &g) == -EEXIST);
         kvt_l1_commit(l1, &r.h, 1, 0);
         kvt_l1_put(l1, r.h);
+        TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &g) == -EEXIST); /* READY: present */
     }
     for (int i = 0; i < 100; i++) {
         kvt_key k = key(i);
@@ -390,6 +391,78 @@ static void test_fill_before_evict(void)
     TEST_ASSERT(mean >= 0.97);
 }
 
+/* Two writers of one key (two clients storing the same prefix): each gets
+ * its own object, nobody is told "present" while the first may still give
+ * up, and the first to publish wins, whichever reserved first. */
+static void test_two_writers_first_publisher_wins(void)
+{
+    struct kvt_l1 *l1 = mk(1 << 20, "LRU");
+    kvt_objmeta m = {.len = 4096};
+    struct kvt_l1_ref a, b, g;
+    struct kvt_l1_counters c0, c1;
+    struct kvt_l1_usage u0, u1;
+    kvt_l1_usage(l1, &u0);
+    kvt_l1_counters(l1, &c0);
+    for (int round = 0; round < 3; round++) {
+        kvt_key k = key(500 + round);
+        TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &a) == 0);
+        TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &b) == 0);
+        TEST_ASSERT(a.h != b.h && a.off != b.off);
+        memset(a.ptr, 'a', m.len);
+        memset(b.ptr, 'b', m.len);
+        TEST_ASSERT(!kvt_l1_contains(l1, &k));
+        char want;
+        if (round == 0) { /* the second writer publishes first: it wins */
+            kvt_l1_commit(l1, &b.h, 1, 0);
+            kvt_l1_commit(l1, &a.h, 1, 0);
+            want = 'b';
+        } else if (round == 1) { /* the first publishes first: it wins */
+            kvt_l1_commit(l1, &a.h, 1, 0);
+            kvt_l1_commit(l1, &b.h, 1, 0);
+            want = 'a';
+        } else { /* the first gives up: the second's copy is the key's */
+            kvt_l1_abort(l1, a.h);
+            TEST_ASSERT(!kvt_l1_contains(l1, &k));
+            kvt_l1_commit(l1, &b.h, 1, 0);
+            want = 'b';
+        }
+        TEST_ASSERT(kvt_l1_get(l1, &k, &g) == 0);
+        TEST_ASSERT(((char *)g.ptr)[0] == want && ((char *)g.ptr)[m.len - 1] == want);
+        kvt_l1_put(l1, g.h);
+        /* the loser's reference moves to the winner */
+        struct kvt_l1_ref *lost = want == 'a' ? &b : &a;
+        if (round < 2) {
+            TEST_ASSERT(kvt_l1_winner(l1, lost));
+            TEST_ASSERT(((char *)lost->ptr)[0] == want);
+        }
+        kvt_l1_put(l1, a.h);
+        kvt_l1_put(l1, b.h);
+        TEST_ASSERT(kvt_l1_delete(l1, &k));
+    }
+    /* a write lease that loses: its end counts the key and hands the
+     * caller the winner's object */
+    struct kvt_l1_owner me = {"\0c1", 3};
+    kvt_key k = key(600);
+    TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &a) == 0);
+    uint64_t wl = kvt_l1_lease_new(l1, KVT_LEASE_WRITE, &a.h, 1, &me);
+    TEST_ASSERT(kvt_l1_reserve(l1, &k, &m, &b) == 0);
+    memset(b.ptr, 'b', m.len);
+    kvt_l1_commit(l1, &b.h, 1, 0);
+    uint32_t keep[1];
+    TEST_ASSERT(kvt_l1_lease_end(l1, wl, KVT_LEASE_WRITE, &me, NULL, keep, 1) == 1);
+    TEST_ASSERT(keep[0] == b.h);
+    kvt_l1_put(l1, keep[0]);
+    kvt_l1_put(l1, b.h);
+    TEST_ASSERT(kvt_l1_delete(l1, &k));
+    kvt_l1_counters(l1, &c1);
+    TEST_ASSERT(c1.stores_raced - c0.stores_raced == 3);
+    TEST_ASSERT(c1.stores - c0.stores == 4);
+    kvt_l1_usage(l1, &u1); /* nothing left behind */
+    TEST_ASSERT(u1.used_bytes == u0.used_bytes && u1.objects == u0.objects);
+    TEST_ASSERT(u1.objects_writing == 0);
+    kvt_l1_destroy(l1);
+}
+
 int main(void)
 {
     RUN(test_basic);
@@ -399,5 +472,6 @@ int main(void)
     RUN(test_expiry);
     RUN(test_lease_owner_keys_and_delete);
     RUN(test_fill_before_evict);
+    RUN(test_two_writers_first_publisher_wins);
     return TEST_RESULT();
 }
