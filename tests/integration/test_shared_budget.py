@@ -479,25 +479,29 @@ def test_server_outside_the_budget_is_warned(make_server, tmp_path):
     assert "not counted" not in a.read_log()
 
 
-class BreakingProxy(threading.Thread):
-    """A TCP proxy that, once armed, forwards the next request containing
-    `trigger` (by default a pipelined SET ... NX to Redis; for S3 a PUT of
-    the budget record, whose body it keeps forwarding for `linger` seconds)
-    and closes the connection without passing the reply on: the request
-    ran, its client never learns it."""
+def shut(*socks):
+    """Close connections for good (both directions at once)."""
+    for x in socks:
+        try:
+            x.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        x.close()
 
-    def __init__(self, port, trigger=b"$2\r\nNX\r\n", linger=0.0):
+
+class Proxy(threading.Thread):
+    """A TCP proxy on a free loopback port in front of 127.0.0.1:port: a
+    thread per connection runs serve(client socket, server socket)."""
+
+    def __init__(self, port):
         super().__init__(daemon=True)
         self.to = port
-        self.trigger = trigger
-        self.linger = linger
         self.ls = socket.socket()
         self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.ls.bind(("127.0.0.1", 0))
         self.ls.listen(16)
         self.port = self.ls.getsockname()[1]
         self.armed = threading.Event()
-        self.broke = threading.Event()
 
     def run(self):
         while True:
@@ -505,10 +509,37 @@ class BreakingProxy(threading.Thread):
                 c, _ = self.ls.accept()
             except OSError:
                 return
+            threading.Thread(target=self.serve_one, args=(c,), daemon=True).start()
+
+    def serve_one(self, c):
+        try:
             s = socket.create_connection(("127.0.0.1", self.to))
-            drop = threading.Event()
-            threading.Thread(target=self.up, args=(c, s, drop), daemon=True).start()
-            threading.Thread(target=self.down, args=(s, c, drop), daemon=True).start()
+        except OSError:  # the server is gone (the test is ending)
+            shut(c)
+            return
+        self.serve(c, s)
+
+    def close(self):
+        self.ls.close()
+
+
+class BreakingProxy(Proxy):
+    """A TCP proxy that, once armed, forwards the next request containing
+    `trigger` (by default a pipelined SET ... NX to Redis; for S3 a PUT of
+    the budget record, whose body it keeps forwarding for `linger` seconds)
+    and closes the connection without passing the reply on: the request
+    ran, its client never learns it."""
+
+    def __init__(self, port, trigger=b"$2\r\nNX\r\n", linger=0.0):
+        super().__init__(port)
+        self.trigger = trigger
+        self.linger = linger
+        self.broke = threading.Event()
+
+    def serve(self, c, s):
+        drop = threading.Event()
+        threading.Thread(target=self.down, args=(s, c, drop), daemon=True).start()
+        self.up(c, s, drop)
 
     def up(self, c, s, drop):
         buf = b""
@@ -539,12 +570,7 @@ class BreakingProxy(threading.Thread):
                 s.sendall(d)
         except OSError:
             pass
-        for x in (c, s):
-            try:
-                x.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            x.close()
+        shut(c, s)
 
     def down(self, s, c, drop):
         try:
@@ -555,9 +581,6 @@ class BreakingProxy(threading.Thread):
                 c.sendall(d)
         except OSError:
             pass
-
-    def close(self):
-        self.ls.close()
 
 
 def test_bucket_record_lost_is_made_full_then_recounted(make_server, tmp_path):
@@ -618,7 +641,7 @@ def test_bucket_record_step_whose_answer_was_lost_counts_once(make_server, tmp_p
         srv.kill()
 
 
-class HoldingProxy(threading.Thread):
+class HoldingProxy(Proxy):
     """A TCP proxy that, once armed, keeps the next request matching
     `pattern` (read whole, by its Content-Length), closes its connection
     without an answer, refuses any other matching request the same way
@@ -626,25 +649,10 @@ class HoldingProxy(threading.Thread):
     release() is called: a write its client gave up on lands later."""
 
     def __init__(self, port, pattern):
-        super().__init__(daemon=True)
-        self.to = port
+        super().__init__(port)
         self.pattern = re.compile(pattern)
-        self.ls = socket.socket()
-        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(16)
-        self.port = self.ls.getsockname()[1]
-        self.armed = threading.Event()
         self.held = None
         self.holding = threading.Event()
-
-    def run(self):
-        while True:
-            try:
-                c, _ = self.ls.accept()
-            except OSError:
-                return
-            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
 
     @staticmethod
     def read_request(c, buf, body=True):
@@ -666,8 +674,7 @@ class HoldingProxy(threading.Thread):
             rest += d
         return head + b"\r\n\r\n" + rest[:n], rest[n:]
 
-    def serve(self, c):
-        s = socket.create_connection(("127.0.0.1", self.to))
+    def serve(self, c, s):
         buf = b""
         try:
             while True:
@@ -686,12 +693,7 @@ class HoldingProxy(threading.Thread):
                 c.sendall(resp)
         except OSError:
             pass
-        for x in (c, s):
-            try:
-                x.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            x.close()
+        shut(c, s)
 
     def release(self):
         """Send the kept request to the server; its HTTP status."""
@@ -700,9 +702,6 @@ class HoldingProxy(threading.Thread):
             s.sendall(self.held)
             resp, _ = self.read_request(s, b"")
         return int(resp.split(b" ", 2)[1])
-
-    def close(self):
-        self.ls.close()
 
 
 def record_total(path):
