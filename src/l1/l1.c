@@ -505,13 +505,13 @@ static int reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
     return 0;
 }
 
+static void fill_ref(struct kvt_l1 *l1, uint32_t h, struct kvt_l1_ref *r);
+
 /* WRITING h (position pos of a commit of n) becomes READY under its key.
  * The first publisher wins: an object reserved while another writer held
  * the key (F_UNMAPPED) takes it over if that writer has not published (the
  * other becomes unmapped in turn, and loses at its own publish), and is
  * dropped if it has. false: dropped (the key is held, by the other). */
-static void fill_ref(struct kvt_l1 *l1, uint32_t h, struct kvt_l1_ref *r);
-
 static bool publish_locked(struct kvt_l1 *l1, uint32_t h, uint32_t pos, uint32_t n, bool temp)
 {
     struct l1_obj *o = obj(l1, h);
