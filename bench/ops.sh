@@ -29,7 +29,7 @@ trap cleanup EXIT
 
 now() { date +%s.%N; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { /usr/bin/python3 tests/ports.py "$@"; }  # a free port not among the arguments
 
 # N object files of 4 KiB in two namespaces, plus a few tmp files
 make_files() {

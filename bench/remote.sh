@@ -35,7 +35,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { /usr/bin/python3 tests/ports.py "$@"; }  # a free port not among the arguments
 median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 now() { date +%s.%N; }
 mbs() { awk -v n="$1" -v s="$SIZE" -v a="$2" -v b="$3" 'BEGIN {printf "%.1f\n", n*s/(b-a)/1e6}'; }

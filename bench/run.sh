@@ -20,7 +20,7 @@ mkdir -p "$DIR"
 sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(fs persist l1 remote serde recovery replay)
 
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { /usr/bin/python3 tests/ports.py "$@"; }  # a free port not among the arguments
 wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 result() { grep "^RESULT $1 " | awk '{print $3}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
@@ -227,7 +227,7 @@ lmcache-auth)
       extra=(--lmcache-host "ipc://$sock/lmc" --auth-key "$keys/server.key" --auth-clients "$keys/clients"
              --lmcache-client vllm); url="ipc://$sock/lmc:$lp"
     fi
-    $BIN server --port "$(free_port)" --http-port 0 --lmcache-port "$lp" "${extra[@]}" --no-l2 \
+    $BIN server --port "$(free_port "$lp")" --http-port 0 --lmcache-port "$lp" "${extra[@]}" --no-l2 \
       --chunk-size 256 --l1-size-gb 1 --log-level warn > "$DIR/lmc-auth-$1.log" 2>&1 &
     local pid=$!; PIDS+=($pid)
     for _ in $(seq 300); do
@@ -286,11 +286,11 @@ lmcache-client)
     kill -INT $pid; wait $pid 2>/dev/null || true
   }
   rm -rf "$DIR/lmc-l2-kvtier" "$DIR/lmc-l2-lmcache"; mkdir -p "$DIR/lmc-l2-kvtier" "$DIR/lmc-l2-lmcache"
-  LP=$(free_port); KP=$(free_port)
+  LP=$(free_port); KP=$(free_port "$LP")
   kv=$(lmc_run kvtier $BIN server --port "$KP" --http-port 0 --lmcache-port "$LP" --lmcache-host 127.0.0.1 \
         --chunk-size 256 --l1-size-gb 1 --l1-init-size-gb 1 --data-dir "$DIR/lmc-l2-kvtier" --log-level warn)
   LP=$(free_port)
-  lm=$(lmc_run lmcache env LMCACHE_DISABLE_BANNER=1 "$LMC" server --host 127.0.0.1 --port "$LP" --http-port "$(free_port)" \
+  lm=$(lmc_run lmcache env LMCACHE_DISABLE_BANNER=1 "$LMC" server --host 127.0.0.1 --port "$LP" --http-port "$(free_port "$LP")" \
         --l1-size-gb 1 --eviction-policy LRU --chunk-size 256 --supported-transfer-mode engine_driven \
         --shm-name "kvtbench$$" --no-l1-use-lazy --disable-observability --disable-metrics \
         --l2-adapter "{\"type\":\"fs\",\"base_path\":\"$DIR/lmc-l2-lmcache\"}" || true)

@@ -340,6 +340,49 @@ bool kvt_lmc_host_is_ipc(const char *host)
     return !strncmp(host, "ipc://", 6);
 }
 
+/* Two listeners on these hosts and one port would collide: the same
+ * address, a wildcard on either side, or localhost and 127.0.0.1. */
+static bool hosts_collide(const char *a, const char *b)
+{
+    const char *any[] = {"*", "0.0.0.0", "::", "[::]", ""};
+    for (size_t i = 0; i < sizeof any / sizeof any[0]; i++)
+        if (!strcmp(a, any[i]) || !strcmp(b, any[i]))
+            return true;
+    bool la = !strcasecmp(a, "localhost") || !strcmp(a, "127.0.0.1");
+    bool lb = !strcasecmp(b, "localhost") || !strcmp(b, "127.0.0.1");
+    return !strcasecmp(a, b) || (la && lb);
+}
+
+/* --http-port or --lmcache-port equal to the request port (or to each
+ * other) on colliding hosts: refused here, naming the key, rather than a
+ * failed bind at start-up. 0 or 2. */
+static int check_ports(const struct kvt_server_cfg *c)
+{
+    char host[256] = "";
+    int port = 0;
+    const char *h = c->bind + 6, *colon = strrchr(h, ':');
+    if (!strncmp(c->bind, "tcp://", 6) && colon && (size_t)(colon - h) < sizeof host) {
+        memcpy(host, h, (size_t)(colon - h));
+        host[colon - h] = 0;
+        port = atoi(colon + 1);
+    }
+    bool lmc_tcp = c->lmc_port && !kvt_lmc_host_is_ipc(c->lmc_host);
+    const char *key = NULL, *other = NULL;
+    int p = 0;
+    if (c->http_port && port && c->http_port == port && hosts_collide(c->http_host, host))
+        key = "--http-port", other = "--port", p = port;
+    else if (lmc_tcp && port && c->lmc_port == port && hosts_collide(c->lmc_host, host))
+        key = "--lmcache-port", other = "--port", p = port;
+    else if (lmc_tcp && c->http_port && c->lmc_port == c->http_port &&
+             hosts_collide(c->lmc_host, c->http_host))
+        key = "--lmcache-port", other = "--http-port", p = c->http_port;
+    if (!key)
+        return 0;
+    fprintf(stderr, "kvtier server: %s: port %d is also %s's; give each listener its own port\n",
+            key, p, other);
+    return 2;
+}
+
 /* The LMCache front end with --auth-key. LMCache's client has no CURVE, so
  * it listens only on a Unix socket, where the ZAP handler admits the
  * server's uid alone (SO_PEERCRED), and its requests act as one authorized
@@ -778,7 +821,9 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
     }
     if (!c->bind[0])
         snprintf(c->bind, sizeof(c->bind), "tcp://%s:%d", c->host, c->port);
-    rc = check_auth(c);
+    rc = check_ports(c);
+    if (!rc)
+        rc = check_auth(c);
     if (rc) {
         free(cfg_adapter);
         kvt_server_cfg_free(c);

@@ -6,6 +6,7 @@
 #include "server/internal.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <stdarg.h>
@@ -13,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, char *body, size_t len,
                                const char *ctype)
@@ -108,12 +111,26 @@ int kvt_http_start(struct kvt_server *s, char *err, size_t cap)
         sa.sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
         freeaddrinfo(res);
     }
-    s->http = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)s->cfg->http_port, NULL,
-        NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
-    if (!s->http) {
-        snprintf(err, cap, "cannot listen on http://%s:%d (port in use? use --http-port)",
+    /* bound here, not by libmicrohttpd, so that a failed bind says why
+     * (its own start reports only NULL); MHD_stop_daemon closes it */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+        bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 64)) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        snprintf(err, cap, "cannot listen on http://%s:%d: %s (use --http-port)", s->cfg->http_host,
+                 s->cfg->http_port, strerror(e));
+        return -1;
+    }
+    s->http =
+        MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+                         (uint16_t)s->cfg->http_port, NULL, NULL, on_request, s,
+                         MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd, MHD_OPTION_CONNECTION_TIMEOUT,
+                         (unsigned)10, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    if (!s->http) { /* fd left open: whether a failed start closed it is not documented */
+        snprintf(err, cap, "cannot start the http server on http://%s:%d (libmicrohttpd)",
                  s->cfg->http_host, s->cfg->http_port);
         return -1;
     }

@@ -11,7 +11,6 @@ temporary directory, talk to it with the real client library.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,9 +19,11 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 BIN = os.environ.get("KVTIER_BIN", os.path.join(ROOT, "build", "kvtier"))
 os.environ.setdefault("KVTIER_LIB", os.path.join(ROOT, "build", "libkvtier_client.so"))
 import kvtier  # noqa: E402
+from ports import free_port  # noqa: E402,F401  (re-exported to the test modules)
 
 # tests/faultio: an LD_PRELOAD library that fails, slows down or logs a
 # server's file I/O (see its header); not loadable into sanitized servers
@@ -44,10 +45,8 @@ SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "WARNING
                      "runtime error:")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# what a server logs when it exited because a port was taken
+PORT_IN_USE = ("Address already in use",)
 
 
 def start_on_free_port(obj, launch, new_ports, attempts=5):
@@ -109,7 +108,7 @@ class Server:
                 self.log.close()
                 # a restart right after a SIGKILL can meet the dead server's
                 # device lock still held by its io_uring teardown
-                if self.proc.poll() is not None and ("Address already in use" in log or (
+                if self.proc.poll() is not None and (any(m in log for m in PORT_IN_USE) or (
                         getattr(self, "started", False) and "in use by another process" in log)):
                     return False
                 raise

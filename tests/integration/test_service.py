@@ -144,10 +144,38 @@ def test_json_lines_log(tmp_path):
                             str(tmp_path / "busy")], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1, r.stderr
     recs = [json.loads(l) for l in r.stderr.splitlines()]  # all of them, or this raises
-    assert any("cannot listen on http" in x["msg"] for x in recs), recs
+    # the bind's own error, not a guess
+    assert any("cannot listen on http" in x["msg"] and "Address already in use" in x["msg"]
+               for x in recs), recs
     r = subprocess.run([BIN, "server", "--log-format", "yaml", "--dry-run"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "--log-format" in r.stderr, r.stderr
     r = subprocess.run([BIN, "server", "--dry-run"], capture_output=True, text=True,
                        env=dict(os.environ, KVT_LOG_FORMAT="yaml"))
     assert r.returncode == 2 and "KVT_LOG_FORMAT" in r.stderr, r.stderr
+
+
+def test_one_port_for_two_listeners_is_refused_naming_the_key(tmp_path):
+    """--http-port or --lmcache-port equal to --port (or to each other) on
+    hosts that collide: exit 2 naming the key, before anything binds or
+    touches the data directory. Different hosts may share a number."""
+    p, q = free_port(), free_port()
+    data = tmp_path / "data"
+    cases = [
+        (["--port", str(p), "--http-port", str(p)], "--http-port", "--port"),
+        (["--host", "0.0.0.0", "--port", str(p), "--http-port", str(p), "--http-token", "t"],
+         "--http-port", "--port"),
+        (["--port", str(p), "--http-port", "0", "--lmcache-port", str(p)], "--lmcache-port",
+         "--port"),
+        (["--port", str(p), "--http-port", str(q), "--lmcache-port", str(q)], "--lmcache-port",
+         "--http-port"),
+    ]
+    for args, key, other in cases:
+        r = subprocess.run([BIN, "server", "--data-dir", str(data)] + args, capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "%s: port %d is also %s's" % (key, int(args[args.index(key) + 1]), other) in r.stderr
+        assert not data.exists()
+    r = subprocess.run([BIN, "server", "--dry-run", "--no-l2", "--port", str(p), "--http-host",
+                        "127.0.0.2", "--http-port", str(p)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

@@ -10,13 +10,14 @@ returns the output token ids with vLLM's prefix-cache statistics.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+from ports import free_port  # noqa: E402,F401  (harness.free_port for the tests and benchmarks)
 
 # vLLM's CPU build: a small KV cache, eager mode (no torch.compile on 2 cores),
 # no usage reporting, nothing from a hub.
@@ -30,13 +31,6 @@ ENGINE_ENV = {
     "OMP_NUM_THREADS": "2",
     "TOKENIZERS_PARALLELISM": "false",
 }
-
-
-def free_port():
-    """A TCP port free on loopback now (the kernel's pick)."""
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        return sk.getsockname()[1]
 
 
 def make_tiny_model(path, layers=2, hidden=128, heads=4, kv_heads=2, vocab=2048,
