@@ -207,48 +207,44 @@ def budget(server):
 
 def recounted_after(server, before):
     """server's budget status once a recount ended after the status
-    `before` (None until then). Counted from before's count, not from a
-    fixed number: a server's start-up may recount twice (a Redis record
-    created during the start-up SCAN asks for another), and a view read
-    between the record's loss and its recount holds the rebuilt record's
-    total (the cap, as full)."""
+    `before` (None until then): counted from before's count, not from a
+    fixed number, so that whatever the start-up recounted cannot stand in
+    for the recount of the lost record (a view read between the loss and
+    that recount holds the rebuilt record's total: the cap, as full)."""
     x = budget(server)
     return x if x["recount"]["count"] > before["recount"]["count"] else None
 
 
-def settle(servers, measure, what):
+def settle(servers, what):
     """Wait until no store is queued or in flight and every server reported
     its writes (its periodic step): the record then holds the tier's bytes
     plus only what a crash left over. A view is the record's total at the
-    server's last step (status shows it with its age_seconds), so every
-    view returned was taken after the store controllers had all drained:
-    a view from before that (the server's last step came before another
-    server's last stores were charged; seen in CI: 934915 < 946670, with
-    the other servers' views equal to the tier) is older than the tier's
-    last bytes. After the drain nothing is charged any more; removals only
-    make the tier smaller."""
-    def drained():
-        for s in servers:
-            with s.client() as c:
-                if c.status()["store"]["in_flight_batches"]:
-                    return False
-        return True
-
-    since = []  # when the controllers were first seen drained
+    server's last step (status shows it with its age_seconds), so the views
+    returned were all taken after the store controllers had drained: one
+    from before (its server's last step came before another server's last
+    stores were charged; seen in CI: 934915 < 946670, with the other
+    servers' views equal to the tier) is older than the tier's last bytes.
+    After the drain nothing is charged any more; removals only make the
+    tier smaller. One status per server and poll carries both."""
+    since = None  # when the controllers were first all seen drained
 
     def quiet():
-        if not drained():
-            since.clear()
-            return False
-        if not since:
-            since.append(time.time())  # every store charged before this has landed
-        b = []
+        nonlocal since
+        views = []
         for s in servers:
             asked = time.time()
-            x = budget(s)
-            if asked - x["age_seconds"] <= since[0]:
-                return False  # a view from before the drain: wait for its next step
-            b.append(x)
+            with s.client() as c:
+                st = c.status()
+            if st["store"]["in_flight_batches"]:
+                since = None
+                return False
+            views.append((asked, st["l2"][0]["shared_budget"]))
+        if since is None:
+            since = time.time()  # every store charged before this has landed
+            return False
+        if any(asked - x["age_seconds"] <= since for asked, x in views):
+            return False  # a view from before the drain: wait for its server's next step
+        b = [x for _, x in views]
         return all(x["inflight_bytes"] == 0 and x["node_pending_bytes"] == 0 for x in b) and b
     time.sleep(1.0)
     return wait_for(quiet, timeout=60, what=what)
@@ -262,7 +258,7 @@ def check_run(servers, sampler, measure, tally, tier, nodes=3):
     assert tally["store"] > 100 and tally["hit"] > 0 and tally["delete"] > 0, tally
     # the cap held across the servers at every sample
     assert peak <= CAP, "%s held %d bytes over the %d-byte cap" % (tier, peak - CAP, CAP)
-    b = settle(servers, measure, "the servers to settle")
+    b = settle(servers, "the servers to settle")
     real = measure()
     for x in b:
         assert x["total_bytes"] >= real, (x, real)  # an upper bound, never below
