@@ -19,8 +19,11 @@ Sets (issue 15):
   random   60 traces (seeds 100-159) with parameters drawn at random from
            wide ranges (skew 0.3-2, 1-20 turns, 32-1500 open sessions, ...):
            the broad sample the 2026-12-02 change was judged on
+  held     60 more drawn the same way (seeds 300-359), run only after the
+           2026-12-05 change (the order by V as a gated fourth expert of
+           adaptive) was chosen, to check it
 
-  bench/policy_sweep.py [--sets bench,tuning,check,fresh] [--bin build/kvtier]
+  bench/policy_sweep.py [--sets bench,tuning,check,fresh,random,held] [--bin build/kvtier]
                         [--budgets 10,25] [--json OUT]
 """
 import argparse
@@ -99,6 +102,7 @@ def random_params(seed):
 
 
 SETS["random"] = [("w%d" % s, random_params(s)) for s in range(100, 160)]
+SETS["held"] = [("h%d" % s, random_params(s)) for s in range(300, 360)]
 
 # extra budgets for the fresh set: the Mooncake trace at budgets never tuned on
 FRESH_BUDGETS = [5, 10, 15, 25, 40]

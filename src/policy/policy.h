@@ -58,10 +58,11 @@ struct kvt_policy *kvt_arc_create(void);
 struct kvt_policy *kvt_lfu_create(void);
 struct kvt_policy *kvt_adaptive_create(void);
 /* For tests: the expert an adaptive policy follows ("adaptive": 0 LRU,
- * 1 ARC, 2 LFU; "value": 0 the order by V, 1 LRU, the first) and each
- * one's decayed shadow prefix hits (score[2] is 0 for "value"); -1 for
- * other policies. */
-int kvt_adaptive_state(const struct kvt_policy *p, double score[3]);
+ * 1 ARC, 2 LFU, 3 the order by V; "value": 0 the order by V, 1 LRU, the
+ * first) and each one's decayed shadow prefix hits (0 past the last
+ * expert); -1 for other policies. */
+#define KVT_ADAPTIVE_EXPERTS 4
+int kvt_adaptive_state(const struct kvt_policy *p, double score[KVT_ADAPTIVE_EXPERTS]);
 
 /* LFU's frequency cap: a use count stops growing here (lfu.c). */
 #define KVT_LFU_FCAP 3

@@ -220,7 +220,7 @@ static void test_adaptive_follows_the_better_expert(void)
                 use(p, in, &n, 8, scan++);
         }
     }
-    double score[3];
+    double score[KVT_ADAPTIVE_EXPERTS];
     int lead = kvt_adaptive_state(p, score);
     fprintf(stderr, "   leader %d, shadow hits LRU %.1f ARC %.1f LFU %.1f, hot hits %u of 4000\n",
             lead, score[0], score[1], score[2], hits);

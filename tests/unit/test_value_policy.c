@@ -8,7 +8,8 @@
  * with every weight 0 it orders exactly like LRU; the config block accepts
  * its keys and refuses them for other policies; the "value" policy follows
  * plain recency where the factors would lose hits to it, victim for victim
- * the same as LRU.
+ * the same as LRU; where the factors win (long histories that come back
+ * beyond LRU's window), both "value" and "adaptive" follow the order by V.
  */
 #include "test.h"
 
@@ -257,7 +258,7 @@ static void test_config(void)
     TEST_ASSERT(json_real_value(json_object_get(d, "half_life_hours")) == 6);
     TEST_ASSERT(json_is_true(json_object_get(d, "follow_recency")));
     json_decref(d);
-    double score[3];
+    double score[KVT_ADAPTIVE_EXPERTS];
     TEST_ASSERT(kvt_adaptive_state(p, score) == 1); /* follows LRU until V has earned it */
     kvt_policy_destroy(p);
     json_decref(ev);
@@ -356,7 +357,7 @@ static void test_value_follows_recency_where_factors_lose(void)
     record_victims = false;
     TEST_ASSERT(victims_n == nv && memcmp(victims, victims_val, nv * sizeof(uint32_t)) == 0);
     kvt_policy_destroy(lru2);
-    double score[3];
+    double score[KVT_ADAPTIVE_EXPERTS];
     int lead = kvt_adaptive_state(val, score);
     fprintf(stderr, "   hot hits: LRU %u, order by V %u, value %u (leader %d, %.1f / %.1f)\n", l, b,
             v, lead, score[0], score[1]);
@@ -368,6 +369,82 @@ static void test_value_follows_recency_where_factors_lose(void)
     kvt_policy_destroy(val);
 }
 
+/* Chunks of long histories (prefix length 200) come back once, 200 steps
+ * after they were stored (stored again when missed), between one-time
+ * short prompts (prefix length 1), in a tier of cap (300) objects: beyond
+ * LRU's window (some 330 stores), with no reuse to tell ARC or LFU anything
+ * at their first use; only V's length factor keeps them. Returns the
+ * returning chunks' hits in the last half of the steps (of 3000). */
+static uint32_t long_hits(struct kvt_policy *p, uint32_t cap)
+{
+    static bool in[40000];
+    memset(in, 0, sizeof(in));
+    uint32_t n = 0, hits = 0;
+    for (uint32_t step = 0; step < 9000; step++) {
+        uint32_t keys[5], len[5], pos[5], k = 0;
+        keys[k] = 20000 + step, len[k] = 1, pos[k++] = 0; /* a one-time short prompt */
+        if (step % 3 == 0)                                /* a long history's two new chunks */
+            for (uint32_t i = 0; i < 2; i++)
+                keys[k] = 2 * step + 1 - i, len[k] = 200, pos[k++] = 1 - i; /* tail first */
+        if (step >= 200 && (step - 200) % 3 == 0) /* the history stored 200 steps ago returns */
+            for (uint32_t i = 0; i < 2; i++) {
+                uint32_t h = 2 * (step - 200) + 1 - i;
+                if (in[h]) {
+                    hits += step >= 4500;
+                    p->ops->access(p, h);
+                } else {
+                    keys[k] = h, len[k] = 200, pos[k++] = 1 - i; /* recomputed, stored again */
+                }
+            }
+        for (uint32_t i = 0; i < k; i++) {
+            while (n >= cap) {
+                struct order o;
+                walk_all(p, &o, 1);
+                p->ops->remove(p, o.h[0]);
+                in[o.h[0]] = false;
+                n--;
+            }
+            struct kvt_policy_hint hint = {.prefix_pos = pos[i],
+                                           .prefix_len = len[i],
+                                           .bytes = 16384,
+                                           .fp = 0x9e3779b97f4a7c15ull * (keys[i] + 1)};
+            p->ops->insert(p, keys[i], false, &hint);
+            in[keys[i]] = true;
+            n++;
+        }
+    }
+    return hits;
+}
+
+static void test_adaptive_follows_value_where_factors_win(void)
+{
+    const uint32_t CAP = 300;
+    const char *names[] = {"LRU", "ARC", "LFU"};
+    uint32_t best = 0;
+    for (int i = 0; i < 3; i++) {
+        struct kvt_policy *p = kvt_policy_create(names[i], 1, 0);
+        uint32_t h = long_hits(p, CAP);
+        fprintf(stderr, "   %s %u\n", names[i], h);
+        best = h > best ? h : best;
+        kvt_policy_destroy(p);
+    }
+    struct kvt_policy *bare = kvt_value_order_create(NULL),
+                      *ad = kvt_policy_create("adaptive", 1, 0),
+                      *val = kvt_policy_create("value", 1, 0);
+    uint32_t b = long_hits(bare, CAP), a = long_hits(ad, CAP), v = long_hits(val, CAP);
+    double score[KVT_ADAPTIVE_EXPERTS];
+    int lead = kvt_adaptive_state(ad, score);
+    fprintf(stderr, "   order by V %u, value %u, adaptive %u (leader %d: %.1f %.1f %.1f %.1f)\n", b,
+            v, a, lead, score[0], score[1], score[2], score[3]);
+    TEST_ASSERT(b > 2 * best + 500); /* of 3000 returning chunks in the last half */
+    TEST_ASSERT(lead == 3 && score[3] > score[0] && score[3] > score[1] && score[3] > score[2]);
+    TEST_ASSERT(a >= b * 9 / 10 && v >= b * 9 / 10);
+    TEST_ASSERT(kvt_adaptive_state(val, score) == 0); /* "value" follows V here too */
+    kvt_policy_destroy(bare);
+    kvt_policy_destroy(ad);
+    kvt_policy_destroy(val);
+}
+
 int main(void)
 {
     RUN(test_walk_is_sorted);
@@ -376,5 +453,6 @@ int main(void)
     RUN(test_zero_weights_is_lru);
     RUN(test_config);
     RUN(test_value_follows_recency_where_factors_lose);
+    RUN(test_adaptive_follows_value_where_factors_win);
     return TEST_RESULT();
 }
