@@ -65,11 +65,11 @@
  *   a switch to LFU the tier hit 1,000 times less than LFU's shadow over
  *   the next 10 turnovers (of 31,000 hits).
  *
- * Measured offline for that change, three experts then (bench/policy_sweep.py:
- * kvtier replay --offline, budgets 10% and 25% of the unique blocks; gap:
- * points below the best of LRU, ARC and LFU): on the 34 cells of issue 15 worst 0.47 (was 0.55),
- * mean 0.13 (was 0.09: the old switching sometimes beat all three by luck
- * and sometimes lost badly); on 120 cells of 60 randomly drawn generated
+ * Measured offline for that change, three experts then
+ * (bench/policy_sweep.py: kvtier replay --offline, budgets 10% and 25% of
+ * the unique blocks; gap: points below the best of LRU, ARC and LFU): on
+ * the 34 cells of issue 15 worst 0.47 (was 0.55), mean 0.13 (was 0.09: the old switching sometimes
+ * beat all three by luck and sometimes lost badly); on 120 cells of 60 randomly drawn generated
  * traces worst 0.58 (was 1.78), mean 0.10 (was 0.14), 2 cells above 0.5
  * (was 7); on 21 cells made only after the change (8 new generated traces,
  * and the Mooncake trace at 5, 15 and 40% too) worst 0.31 on the generated
@@ -139,7 +139,6 @@ struct adaptive {
     struct kvt_policy *shadow[MAXEXP];
     uint32_t scount[MAXEXP]; /* keys in each shadow */
     double score[MAXEXP];    /* decayed prefix hits credited to each shadow */
-    double total[MAXEXP];    /* the same, never decayed */
     double run[MAXEXP];      /* hits of the current tail-first run, not yet credited */
     uint64_t expect;         /* the parent of the last key used: the run goes on if it comes */
     uint64_t last_fp;        /* the previous insert (learning parents) */
@@ -316,7 +315,6 @@ static void credit_run(struct adaptive *a)
     a->gain += a->run[a->gated] - a->run[a->blead];
     for (int e = 0; e < a->nexp; e++) {
         a->score[e] += a->run[e];
-        a->total[e] += a->run[e];
         a->run[e] = 0;
     }
 }

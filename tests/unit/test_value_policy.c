@@ -293,6 +293,30 @@ static void test_config(void)
 static bool record_victims;
 static uint32_t victims[8000 * 2], victims_val[8000 * 2], victims_n;
 
+/* Store chunk h (position pos of a request of len chunks) into a simulated
+ * cache of cap objects under p: evict the policy's first victims until
+ * there is room, then insert it with the tier's hint. */
+static void store(struct kvt_policy *p, bool *in, uint32_t *n, uint32_t cap, uint32_t h,
+                  uint32_t pos, uint32_t len)
+{
+    while (*n >= cap) {
+        struct order o;
+        walk_all(p, &o, 1);
+        if (record_victims && victims_n < sizeof(victims) / sizeof(victims[0]))
+            victims[victims_n++] = o.h[0];
+        p->ops->remove(p, o.h[0]);
+        in[o.h[0]] = false;
+        --*n;
+    }
+    struct kvt_policy_hint hint = {.prefix_pos = pos,
+                                   .prefix_len = len,
+                                   .bytes = 16384,
+                                   .fp = 0x9e3779b97f4a7c15ull * (h + 1)};
+    p->ops->insert(p, h, false, &hint);
+    in[h] = true;
+    ++*n;
+}
+
 /* One simulated cache of cap objects under p: hot keys 0..29 come back
  * every ~90 inserts (short requests, prefix length 1); between them,
  * requests of 2 one-time chunks of a long history (prefix length 200).
@@ -317,22 +341,7 @@ static uint32_t hot_hits(struct kvt_policy *p, uint32_t cap)
                 p->ops->access(p, h);
                 continue;
             }
-            while (n >= cap) {
-                struct order o;
-                walk_all(p, &o, 1);
-                if (record_victims && victims_n < sizeof(victims) / sizeof(victims[0]))
-                    victims[victims_n++] = o.h[0];
-                p->ops->remove(p, o.h[0]);
-                in[o.h[0]] = false;
-                n--;
-            }
-            struct kvt_policy_hint hint = {.prefix_pos = i,
-                                           .prefix_len = len,
-                                           .bytes = 16384,
-                                           .fp = 0x9e3779b97f4a7c15ull * (h + 1)};
-            p->ops->insert(p, h, false, &hint);
-            in[h] = true;
-            n++;
+            store(p, in, &n, cap, h, i, len);
         }
     }
     return hits;
@@ -396,22 +405,8 @@ static uint32_t long_hits(struct kvt_policy *p, uint32_t cap)
                     keys[k] = h, len[k] = 200, pos[k++] = 1 - i; /* recomputed, stored again */
                 }
             }
-        for (uint32_t i = 0; i < k; i++) {
-            while (n >= cap) {
-                struct order o;
-                walk_all(p, &o, 1);
-                p->ops->remove(p, o.h[0]);
-                in[o.h[0]] = false;
-                n--;
-            }
-            struct kvt_policy_hint hint = {.prefix_pos = pos[i],
-                                           .prefix_len = len[i],
-                                           .bytes = 16384,
-                                           .fp = 0x9e3779b97f4a7c15ull * (keys[i] + 1)};
-            p->ops->insert(p, keys[i], false, &hint);
-            in[keys[i]] = true;
-            n++;
-        }
+        for (uint32_t i = 0; i < k; i++)
+            store(p, in, &n, cap, keys[i], pos[i], len[i]);
     }
     return hits;
 }
