@@ -1138,7 +1138,7 @@ json_t *kvt_l1_status(struct kvt_l1 *l1)
     uint64_t qb = l1->q_pages * l1->align;
     uint64_t largest = kvt_palloc_largest(&l1->pa) * l1->align;
     uint32_t runs = l1->pa.live_runs;
-    const char *pol = l1->policy->ops->name;
+    const char *pol = l1->policy->ops->name, *follow = kvt_policy_following(l1->policy);
     pthread_mutex_unlock(&l1->lock);
     json_t *o = json_object();
     json_object_set_new(o, "used_bytes", json_integer((json_int_t)u.used_bytes));
@@ -1155,6 +1155,7 @@ json_t *kvt_l1_status(struct kvt_l1 *l1)
     json_object_set_new(o, "lazy", json_boolean(l1->lazy));
     json_object_set_new(o, "hugepages", json_boolean(l1->huge));
     json_object_set_new(o, "eviction_policy", json_string(pol));
+    json_object_set_new(o, "eviction_following", follow ? json_string(follow) : json_null());
     json_object_set_new(o, "trigger_watermark", json_real(l1->watermark));
     json_object_set_new(o, "eviction_ratio", json_real(l1->ratio));
     json_object_set_new(o, "read_leases", json_integer(lr));

@@ -175,6 +175,7 @@ json_t *kvt_l2_status(kvt_l2 *l2)
                             json_integer(l2->ns_objs[ns] + (cur ? json_integer_value(cur) : 0)));
     }
     const char *pname = l2->policy ? l2->policy->ops->name : NULL;
+    const char *follow = l2->policy ? kvt_policy_following(l2->policy) : NULL;
     double wm = l2->policy ? l2->policy->trigger_watermark : 0,
            ratio = l2->policy ? l2->policy->eviction_ratio : 0;
     pthread_mutex_unlock(&l2->lock);
@@ -205,6 +206,8 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     if (pname) {
         json_object_set_new(ev, "trigger_watermark", json_real(wm));
         json_object_set_new(ev, "eviction_ratio", json_real(ratio));
+        /* adaptive, value: the order evicted by now (its leader) */
+        json_object_set_new(ev, "following", follow ? json_string(follow) : json_null());
     }
     json_object_set_new(o, "eviction", ev);
 

@@ -725,8 +725,16 @@ int kvt_value_orders(const struct kvt_policy *p, struct kvt_policy *out[2])
     return 2;
 }
 
-/* For tests and status: the expert followed now and the decayed shadow
- * hits of each (policy.h); -1 for other policies. */
+const char *kvt_policy_following(const struct kvt_policy *p)
+{
+    if (p->ops != &adaptive_ops && p->ops != &value_ops)
+        return NULL;
+    const struct adaptive *a = (const struct adaptive *)p;
+    return a->real[a->leader]->ops->name;
+}
+
+/* For tests: the expert followed now and the decayed shadow hits of each
+ * (policy.h); -1 for other policies. */
 int kvt_adaptive_state(const struct kvt_policy *p, double score[KVT_ADAPTIVE_EXPERTS])
 {
     if (p->ops != &adaptive_ops && p->ops != &value_ops)

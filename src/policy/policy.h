@@ -63,6 +63,10 @@ struct kvt_policy *kvt_adaptive_create(void);
  * expert); -1 for other policies. */
 #define KVT_ADAPTIVE_EXPERTS 4
 int kvt_adaptive_state(const struct kvt_policy *p, double score[KVT_ADAPTIVE_EXPERTS]);
+/* For status: the name of the order an "adaptive" or "value" policy
+ * follows now ("LRU", "ARC", "LFU", or "value" for the order by V); NULL
+ * for other policies. Called under the lock that guards the policy. */
+const char *kvt_policy_following(const struct kvt_policy *p);
 
 /* LFU's frequency cap: a use count stops growing here (lfu.c). */
 #define KVT_LFU_FCAP 3

@@ -135,6 +135,9 @@ def test_l1_eviction_under_load_larger_than_l1(make_server, tmp_path):
         assert 0.7 <= peak <= 0.8, peak
         assert l1["usage_fraction"] >= 0.5, l1
         assert l1["counters"]["evictions"] > 100
+        # the default follows LRU until another order earns credit: with no
+        # key used twice, none does
+        assert l1["eviction_policy"] == "adaptive" and l1["eviction_following"] == "LRU", l1
         assert l1["used_bytes"] <= l1["capacity_bytes"]
         # the oldest keys left L1 but are served from L2, byte-exact
         assert c.lookup(keys[:20]) == 20
