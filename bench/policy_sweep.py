@@ -22,8 +22,11 @@ Sets (issue 15):
   held     60 more drawn the same way (seeds 300-359), run only after the
            2026-12-05 change (the order by V as a gated fourth expert of
            adaptive) was chosen, to check it
+  late     200 more drawn the same way (seeds 500-599, 700-799), drawn while the
+           shadows fed by lookups (2026-12-05, adaptive.c: ad_request) were
+           judged: the broad sample that change was chosen on
 
-  bench/policy_sweep.py [--sets bench,tuning,check,fresh,random,held] [--bin build/kvtier]
+  bench/policy_sweep.py [--sets bench,tuning,check,fresh,random,held,late] [--bin build/kvtier]
                         [--budgets 10,25] [--json OUT]
 """
 import argparse
@@ -103,6 +106,7 @@ def random_params(seed):
 
 SETS["random"] = [("w%d" % s, random_params(s)) for s in range(100, 160)]
 SETS["held"] = [("h%d" % s, random_params(s)) for s in range(300, 360)]
+SETS["late"] = [("x%d" % s, random_params(s)) for s in list(range(500, 600)) + list(range(700, 800))]
 
 # extra budgets for the fresh set: the Mooncake trace at budgets never tuned on
 FRESH_BUDGETS = [5, 10, 15, 25, 40]

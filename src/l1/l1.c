@@ -691,6 +691,19 @@ bool kvt_l1_contains(struct kvt_l1 *l1, const kvt_key *k)
     return r;
 }
 
+void kvt_l1_note_request(struct kvt_l1 *l1, const kvt_key *keys, uint32_t n)
+{
+    if (!n || !l1->policy || !l1->policy->ops->request)
+        return;
+    uint64_t *fps = kvt_xmalloc(n * sizeof(uint64_t));
+    for (uint32_t i = 0; i < n; i++)
+        fps[i] = kvt_key_hash(&keys[i]);
+    pthread_mutex_lock(&l1->lock);
+    kvt_policy_request(l1->policy, fps, n);
+    pthread_mutex_unlock(&l1->lock);
+    free(fps);
+}
+
 void kvt_l1_touch(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n)
 {
     pthread_mutex_lock(&l1->lock);

@@ -138,6 +138,10 @@ uint32_t kvt_l1_get_prefix(struct kvt_l1 *l1, const kvt_key *keys, uint32_t n,
                            struct kvt_l1_ref *refs);
 /* Is the key READY (no reference taken)? */
 bool kvt_l1_contains(struct kvt_l1 *l1, const kvt_key *k);
+/* Tell the policy a request looked up these keys (all of them, head
+ * first, before kvt_l1_touch of its hits): "adaptive" and "value" judge
+ * their experts by it (policy.h's request). Cheap for other policies. */
+void kvt_l1_note_request(struct kvt_l1 *l1, const kvt_key *keys, uint32_t n);
 /* Tell the policy the objects were read (reverse order). */
 void kvt_l1_touch(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n);
 /* Remove from the table (skip_l1, delete); memory goes when unreferenced. */

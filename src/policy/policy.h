@@ -43,6 +43,10 @@ struct kvt_policy_ops {
     /* Grow per-handle state so that handles < n are valid. */
     void (*reserve)(struct kvt_policy *p, uint32_t n);
     void (*destroy)(struct kvt_policy *p);
+    /* Optional (NULL: ignored): a lookup of one request's chunks, by key
+     * fingerprint (kvt_key_hash), head first, hit or not, before the tier
+     * touches its hits. "adaptive" and "value" feed their shadows from it. */
+    void (*request)(struct kvt_policy *p, const uint64_t *fps, uint32_t n);
 };
 
 struct kvt_policy {
@@ -151,6 +155,11 @@ static inline void kvt_policy_remove(struct kvt_policy *p, uint32_t h)
 {
     if (p)
         p->ops->remove(p, h);
+}
+static inline void kvt_policy_request(struct kvt_policy *p, const uint64_t *fps, uint32_t n)
+{
+    if (p && p->ops->request)
+        p->ops->request(p, fps, n);
 }
 
 #endif

@@ -246,7 +246,8 @@ static struct simres sim_belady(const struct trace *t, const uint32_t *d, uint32
 
 /* Any eviction policy through its vtable (the code the server runs), fed
  * exactly as the live L1 feeds it, so that live and offline agree: dense
- * ids are the handles. For each request: the lookup's prefix hits are
+ * ids are the handles. For each request: the lookup names all its blocks
+ * to the policy (kvt_policy_request, as kvt_l1_note_request), its prefix hits are
  * touched tail first (kvt_l1_touch); the store of the rest goes in order,
  * a block already cached is a use (reserve's -EEXIST) and a new one takes
  * a slot, evicting the policy's first victim when the budget is full (new
@@ -278,12 +279,20 @@ static struct simres sim_policy(const struct trace *t, const uint32_t *d, uint32
     kvt_value_set_clock(p, sim_now, &clk);
     kvt_policy_reserve(p, u);
     uint8_t *in = calloc(u, 1);
-    uint64_t size = 0;
+    uint64_t size = 0, *fps = NULL;
+    uint32_t fpcap = 0;
     struct simres r = {0};
     for (uint32_t q = 0; q < t->nreq; q++) {
         uint32_t a = t->start[q], b = t->start[q + 1];
         clk.now = t->ts[q];
         count_hits(d, a, b, in, &r);
+        if (b - a > fpcap) { /* the lookup (kvt_l1_note_request) */
+            fpcap = b - a;
+            fps = realloc(fps, fpcap * sizeof(uint64_t));
+        }
+        for (uint32_t i = a; i < b; i++)
+            fps[i - a] = (uint64_t)d[i] + 1;
+        kvt_policy_request(p, fps, b - a);
         uint32_t h = a;
         while (h < b && in[d[h]] == CACHED)
             h++;
@@ -321,6 +330,7 @@ static struct simres sim_policy(const struct trace *t, const uint32_t *d, uint32
             in[x] = CACHED;
         }
     }
+    free(fps);
     free(in);
     return r;
 }

@@ -592,6 +592,8 @@ static void h_fetch(struct kvt_server *s, struct request *q, enum kvt_op op)
             return;
         }
     }
+    if (op == OP_LOOKUP)
+        kvt_l1_note_request(s->l1, f->keys, f->n);
     f->m = kvt_l1_get_prefix(s->l1, f->keys, f->n, f->refs);
     if (f->m == f->n || s->nl2 == 0) {
         finish_fetch(f, f->m, true);

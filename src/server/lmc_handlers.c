@@ -218,6 +218,7 @@ static void h_lookup(struct lmc_rq *q)
                          0);
         }
     struct kvt_l1_ref *refs = kvt_xcalloc(n, sizeof(*refs));
+    kvt_l1_note_request(s->l1, keys, n);
     uint32_t m0 = kvt_l1_get_prefix(s->l1, keys, n, refs);
     if (m0 == n || s->nl2 == 0) {
         finish_lookup(m, x, refs, m0, nr, k.num_kv_readers);

@@ -8,7 +8,9 @@
  * where blocks come back soon, and on chats fed as a tier feeds it (touches
  * tail first, evictions before a commit, commits tail first) it is within
  * a point of the best of LRU, ARC and LFU and "value" not below LRU,
- * with a walk that visits each object once; names parse for L1
+ * with a walk that visits each object once; told each lookup's chunks,
+ * its shadows are credited within a tenth of a point of each expert
+ * alone (fed the tier's uses, more than twice as far); names parse for L1
  * and in an adapter's "eviction" block, an unknown one is refused.
  */
 #include "test.h"
@@ -17,6 +19,7 @@
 #include "policy/policy.h"
 #include "kvtier/error.h"
 
+#include <math.h>
 #include <string.h>
 
 /* adaptive.c itself, for its shadows' key counts (its `first` renamed:
@@ -255,6 +258,8 @@ static void test_adaptive_follows_the_better_expert(void)
  * every 500th request (every 10th for adaptive and value, whose walk joins
  * the stale lists and the leader's order) that the walk visits each cached
  * object exactly once and nothing else. */
+static bool tier_lookups; /* name each request's chunks first (kvt_l1_note_request) */
+
 static uint64_t tier_prefix_hits(struct kvt_policy *p, uint32_t cap, uint32_t seed,
                                  uint64_t *accesses)
 {
@@ -284,6 +289,12 @@ static uint64_t tier_prefix_hits(struct kvt_policy *p, uint32_t cap, uint32_t se
         const uint32_t *d = sess[s];
         uint32_t b = slen[s], h = 0;
         *accesses += b;
+        if (tier_lookups) {
+            uint64_t fps[128];
+            for (uint32_t i = 0; i < b; i++)
+                fps[i] = d[i] + 1ull;
+            kvt_policy_request(p, fps, b);
+        }
         while (h < b && in[d[h]] == 1)
             h++;
         hits += h;
@@ -351,6 +362,56 @@ static void test_adaptive_on_prefix_requests(void)
          * prefix credit and stale list was 1.6 points below at cap 200) */
         TEST_ASSERT(hits[3] * 100 >= best * 100 - acc);
         TEST_ASSERT(hits[4] >= hits[0]); /* value: not below LRU */
+    }
+}
+
+static void test_request_fed_shadows_match_their_experts(void)
+{
+    /* Told each request's chunks before the tier touches and stores them,
+     * every shadow is credited its expert's prefix hits alone (exactly once
+     * the tier has filled; the early history differs by at most one
+     * request's room, adaptive.c: request_store); fed the tier's own uses,
+     * a shadow that is not followed sees the chunks past the tier's first
+     * miss in store order and is credited less. The tier still keeps within
+     * a point of the best of them. */
+    const char *names[] = {"LRU", "ARC", "LFU"};
+    for (uint32_t cap = 200; cap <= 800; cap *= 2) {
+        uint64_t alone[3], acc = 0;
+        for (int k = 0; k < 3; k++) {
+            struct kvt_policy *p = kvt_policy_create(names[k], 1, 0);
+            alone[k] = tier_prefix_hits(p, cap, 7, &acc);
+            kvt_policy_destroy(p);
+        }
+        double off[2] = {0, 0}; /* the largest shortfall of a shadow, fed uses / requests */
+        uint64_t hits[2];
+        for (int fed = 0; fed < 2; fed++) {
+            tier_lookups = fed;
+            struct kvt_policy *p = kvt_policy_create("adaptive", 1, 0);
+            hits[fed] = tier_prefix_hits(p, cap, 7, &acc);
+            struct adaptive *a = (struct adaptive *)p;
+            TEST_ASSERT(a->by_request == (fed == 1));
+            for (int e = 0; e < 3; e++)
+                off[fed] = fmax(off[fed], fabs(a->total[e] - (double)alone[e]) / (double)acc);
+            fprintf(stderr,
+                    "   cap %u, fed %s: alone LRU %llu ARC %llu LFU %llu; shadows %.0f %.0f "
+                    "%.0f; adaptive %llu\n",
+                    cap, fed ? "requests" : "uses", (unsigned long long)alone[0],
+                    (unsigned long long)alone[1], (unsigned long long)alone[2], a->total[0],
+                    a->total[1], a->total[2], (unsigned long long)hits[fed]);
+            kvt_policy_destroy(p);
+        }
+        tier_lookups = false;
+        uint64_t best = KVT_MAX(alone[0], KVT_MAX(alone[1], alone[2]));
+        TEST_ASSERT(hits[1] * 100 >= best * 100 - acc);
+        TEST_ASSERT(off[1] < 0.001);      /* within a tenth of a point of each expert */
+        TEST_ASSERT(off[1] * 2 < off[0]); /* fed uses, at least twice as far off */
+        /* "value" has no request op: its shadows stay fed by the tier's uses */
+        tier_lookups = true;
+        struct kvt_policy *p = kvt_policy_create("value", 1, 0);
+        uint64_t h = tier_prefix_hits(p, cap, 7, &acc);
+        TEST_ASSERT(!((struct adaptive *)p)->by_request && h >= alone[0]);
+        kvt_policy_destroy(p);
+        tier_lookups = false;
     }
 }
 
@@ -462,6 +523,7 @@ int main(void)
     RUN(test_arc_scan_and_adaptation);
     RUN(test_adaptive_follows_the_better_expert);
     RUN(test_adaptive_on_prefix_requests);
+    RUN(test_request_fed_shadows_match_their_experts);
     RUN(test_key_twice_in_one_commit);
     RUN(test_parent_only_within_a_commit);
     RUN(test_names_and_config);
