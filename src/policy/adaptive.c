@@ -101,6 +101,17 @@
  * Mooncake trace at 10%: 0.2627 to 0.2657), so gaps below that are noise in
  * the yardstick rather than in the mechanism.
  *
+ * What is left (2026-12-06): where two or three experts are within a
+ * fraction of a point, the one that has just drawn ahead does worse next,
+ * so following it loses. On the generated trace x751 at 10% the shadows
+ * followed hit 134,069 times in all, each expert alone 136,124-136,667,
+ * while the tier hit 643 times more than the shadows it followed (its
+ * catch-up after a switch cost nothing). Windows of 16 and 64 turnovers,
+ * margins before a switch (z sqrt(D) for z = 0.5, 1, 2; the measured cost
+ * of a switch) and evicting first what two or all three shadows dropped
+ * were measured on 695 cells and not kept (README, "Where the remaining
+ * cells lose", has the table).
+ *
  * Known limits (review 2026-12-02, not fixed):
  * - Parents are learned only within one commit. A store's first new chunk
  *   (the next turn's, after a cached history) never has a known parent,
