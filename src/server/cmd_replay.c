@@ -17,6 +17,9 @@
 #include "policy/policy.h"
 #include "kvtier/client.h"
 
+#include "proto/wire.h"
+
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -77,6 +80,16 @@ static int load_trace(const char *path, struct trace *t, uint32_t limit)
         json_t *v;
         json_array_foreach(h, i, v)
         {
+            if (!json_is_integer(v) || json_integer_value(v) < 0) {
+                fprintf(stderr,
+                        "kvtier replay: %s:%llu: hash_ids[%zu] is not a block id (a "
+                        "whole number >= 0)\n",
+                        path, (unsigned long long)lineno, i);
+                json_decref(j);
+                free(line);
+                fclose(f);
+                return -1;
+            }
             if (t->nacc == cap_a) {
                 cap_a *= 2;
                 t->ids = realloc(t->ids, cap_a * sizeof(uint64_t));
@@ -379,6 +392,21 @@ static double pct(double *v, size_t n, double p)
     return v[i];
 }
 
+/* A whole non-negative integer in [lo, hi] (decimal or 0x...), or -1. */
+static int opt_u64(const char *name, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 0);
+    if (!*v || *end || errno || v[strspn(v, " \t")] == '-' || x < lo || x > hi) {
+        fprintf(stderr, "kvtier replay: %s: '%s' is not a whole number in %llu..%llu\n", name, v,
+                (unsigned long long)lo, (unsigned long long)hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
 int kvt_cmd_replay(int argc, char **argv)
 {
     static const struct option opts[] = {{"url", required_argument, NULL, 'u'},
@@ -398,6 +426,7 @@ int kvt_cmd_replay(int argc, char **argv)
     uint32_t limit = 0;
     bool offline = false, as_json = false;
     double half_life = 0; /* the value policy's default: aging, no clock */
+    uint64_t num;
     int ch;
     optind = 1;
     opterr = 0;
@@ -409,14 +438,19 @@ int kvt_cmd_replay(int argc, char **argv)
         case 't':
             path = optarg;
             break;
-        case 'b':
-            block = strtoull(optarg, NULL, 0);
+        case 'b': /* one block is one object of the server's (max_object_bytes: 1 GiB) */
+            if (opt_u64("--block-bytes", optarg, 1, 1ull << 30, &num))
+                return 2;
+            block = (size_t)num;
             break;
         case 'k':
-            budget = strtoull(optarg, NULL, 0);
+            if (opt_u64("--budget-blocks", optarg, 1, UINT32_MAX, &budget))
+                return 2;
             break;
         case 'l':
-            limit = (uint32_t)strtoul(optarg, NULL, 0);
+            if (opt_u64("--limit", optarg, 1, UINT32_MAX, &num))
+                return 2;
+            limit = (uint32_t)num;
             break;
         case 'm':
             model = optarg;
@@ -427,9 +461,18 @@ int kvt_cmd_replay(int argc, char **argv)
         case 'j':
             as_json = true;
             break;
-        case 'v':
-            half_life = strtod(optarg, NULL);
+        case 'v': {
+            char *end;
+            half_life = strtod(optarg, &end);
+            if (!*optarg || *end || !(half_life > 0) || half_life > 1e12) {
+                fprintf(stderr,
+                        "kvtier replay: --value-half-life: '%s' is not a number of "
+                        "seconds above 0\n",
+                        optarg);
+                return 2;
+            }
             break;
+        }
         case 'h':
             printf("usage: kvtier replay --trace FILE [--url URL] [--block-bytes 16384]\n"
                    "                     [--budget-blocks N (default 25%% of unique blocks)]\n"
@@ -442,17 +485,35 @@ int kvt_cmd_replay(int argc, char **argv)
             return 2;
         }
     }
-    if (!path || block == 0 || !(half_life >= 0)) {
-        fprintf(stderr, "kvtier replay: --trace FILE is required (and --block-bytes > 0)\n");
+    if (!path) {
+        fprintf(stderr, "kvtier replay: --trace FILE is required\n");
+        return 2;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvtier replay: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
     struct trace t;
     if (load_trace(path, &t, limit))
         return 2;
+    if (!t.nacc) {
+        fprintf(stderr, "kvtier replay: %s: no request with a block in it\n", path);
+        return 2;
+    }
+    uint32_t longest = 0; /* blocks of the longest request: the live replay sends it whole */
+    for (uint32_t q = 0; q < t.nreq; q++)
+        longest = KVT_MAX(longest, t.start[q + 1] - t.start[q]);
+    if (!offline && longest > KVT_MAX_BATCH) {
+        fprintf(stderr,
+                "kvtier replay: %s: a request of %u blocks; one request carries at most %u keys "
+                "(use --offline)\n",
+                path, longest, KVT_MAX_BATCH);
+        return 2;
+    }
     uint32_t u;
     uint32_t *d = densify(&t, &u);
     if (!budget)
-        budget = u / 4;
+        budget = KVT_MAX(u / 4, 1u);
     /* every policy through its vtable (the code the server runs), and MIN */
     static const char *const pols[] = {"LRU", "ARC", "LFU", "value", "adaptive"};
     enum { NPOL = sizeof(pols) / sizeof(pols[0]) };
@@ -502,10 +563,11 @@ int kvt_cmd_replay(int argc, char **argv)
             fprintf(stderr, "kvtier replay: cannot reach %s: %s\n", url, kvt_strerror(rc));
             return 1;
         }
-        uint8_t *hashes = malloc(512 * 32);
-        uint8_t *pay = malloc(block * 512);
-        const void **bufs = malloc(512 * sizeof(void *));
-        size_t *lens = malloc(512 * sizeof(size_t));
+        size_t lmax = KVT_MAX(longest, 1u);
+        uint8_t *hashes = kvt_xmalloc(lmax * 32);
+        uint8_t *pay = kvt_xmalloc(block * lmax);
+        const void **bufs = kvt_xmalloc(lmax * sizeof(void *));
+        size_t *lens = kvt_xmalloc(lmax * sizeof(size_t));
         uint8_t *want = malloc(block);
         double *lat_lookup = malloc(t.nreq * sizeof(double)),
                *lat_get = malloc(t.nreq * sizeof(double));
@@ -513,7 +575,7 @@ int kvt_cmd_replay(int argc, char **argv)
         uint64_t hits = 0, bytes_in = 0, bytes_out = 0, wrong = 0, stored = 0, errors = 0;
         uint64_t t_start = kvt_now_ns();
         for (uint32_t q = 0; q < t.nreq; q++) {
-            uint32_t a = t.start[q], n = KVT_MIN(t.start[q + 1] - a, 512u);
+            uint32_t a = t.start[q], n = t.start[q + 1] - a; /* whole, as offline */
             memset(hashes, 0, (size_t)n * 32);
             for (uint32_t i = 0; i < n; i++)
                 memcpy(hashes + 32 * i, &t.ids[a + i], 8);
