@@ -36,6 +36,15 @@ struct trace {
     uint64_t nacc;
 };
 
+static void trace_free(struct trace *t)
+{
+    free(t->start);
+    free(t->ts);
+    free(t->ids);
+}
+
+/* Reads the trace (its first `limit` requests, 0: all); on a bad line says
+ * which, frees what it read and returns -1. */
 static int load_trace(const char *path, struct trace *t, uint32_t limit)
 {
     FILE *f = fopen(path, "r");
@@ -66,6 +75,7 @@ static int load_trace(const char *path, struct trace *t, uint32_t limit)
             json_decref(j);
             free(line);
             fclose(f);
+            trace_free(t);
             return -1;
         }
         if (t->nreq + 2 > cap_r) {
@@ -88,6 +98,7 @@ static int load_trace(const char *path, struct trace *t, uint32_t limit)
                 json_decref(j);
                 free(line);
                 fclose(f);
+                trace_free(t);
                 return -1;
             }
             if (t->nacc == cap_a) {
@@ -498,6 +509,7 @@ int kvt_cmd_replay(int argc, char **argv)
         return 2;
     if (!t.nacc) {
         fprintf(stderr, "kvtier replay: %s: no request with a block in it\n", path);
+        trace_free(&t);
         return 2;
     }
     uint32_t longest = 0; /* blocks of the longest request: the live replay sends it whole */
@@ -508,6 +520,7 @@ int kvt_cmd_replay(int argc, char **argv)
                 "kvtier replay: %s: a request of %u blocks; one request carries at most %u keys "
                 "(use --offline)\n",
                 path, longest, KVT_MAX_BATCH);
+        trace_free(&t);
         return 2;
     }
     uint32_t u;
@@ -561,6 +574,9 @@ int kvt_cmd_replay(int argc, char **argv)
         rc = kvt_client_open(url, NULL, &c);
         if (rc) {
             fprintf(stderr, "kvtier replay: cannot reach %s: %s\n", url, kvt_strerror(rc));
+            json_decref(out);
+            free(d);
+            trace_free(&t);
             return 1;
         }
         size_t lmax = KVT_MAX(longest, 1u);
@@ -687,8 +703,6 @@ int kvt_cmd_replay(int argc, char **argv)
     }
     json_decref(out);
     free(d);
-    free(t.start);
-    free(t.ts);
-    free(t.ids);
+    trace_free(&t);
     return rc;
 }
