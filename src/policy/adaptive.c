@@ -108,9 +108,10 @@
  * while the tier hit 643 times more than the shadows it followed (its
  * catch-up after a switch cost nothing). Windows of 16 and 64 turnovers,
  * margins before a switch (z sqrt(D) for z = 0.5, 1, 2; the measured cost
- * of a switch) and evicting first what two or all three shadows dropped
- * were measured on 695 cells and not kept (README, "Where the remaining
- * cells lose", has the table).
+ * of a switch), evicting first what two or all three shadows dropped, and
+ * blends (each eviction follows an expert drawn by weight) were measured
+ * on 695 cells and not kept (README, "Where the remaining cells lose", has
+ * the table).
  *
  * Known limits (review 2026-12-02, not fixed):
  * - Parents are learned only within one commit. A store's first new chunk
