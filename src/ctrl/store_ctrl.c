@@ -318,6 +318,29 @@ uint64_t kvt_store_ctrl_submit(struct kvt_store_ctrl *sc, const struct kvt_l1_re
 uint64_t kvt_store_ctrl_submit_for(struct kvt_store_ctrl *sc, const struct kvt_l1_ref *refs,
                                    const kvt_key *keys, uint32_t n, uint64_t client)
 {
+    if (sc->nl2 == 0) {
+        /* No adapter to copy to: drop the references here, so the objects
+         * are evictable as soon as their store is answered (held until the
+         * controller thread woke, they were not: under load the next store
+         * found its victims pinned, evicted others or failed E_FULL, and
+         * the live L1 hit up to 2 points below the same policy offline).
+         * No batch ever reaches the thread, so done_seq stays in order. */
+        for (uint32_t i = 0; i < n; i++) {
+            if (sc->policy == KVT_STORE_SKIP_L1)
+                kvt_l1_drop(sc->l1, refs[i].h);
+            kvt_l1_put(sc->l1, refs[i].h);
+        }
+        atomic_fetch_add(&sc->batches, 1);
+        atomic_fetch_add(&sc->keys_in, n);
+        pthread_mutex_lock(&sc->lock);
+        uint64_t seq = ++sc->next_seq;
+        atomic_store(&sc->last_seq, seq);
+        atomic_store_explicit(&sc->done_seq, seq, memory_order_release);
+        pthread_mutex_unlock(&sc->lock);
+        if (sc->on_progress)
+            sc->on_progress(sc->arg);
+        return seq;
+    }
     struct batch *b = kvt_xcalloc(1, sizeof(*b));
     b->n = n;
     b->client = client;

@@ -20,6 +20,8 @@
  *
  * Thread: one "store-ctrl" thread; epoll on its queue eventfd and on every
  * adapter's store eventfd. No polling, no walk of in-flight batches per wake.
+ * Without adapters a batch is finished by the submitting thread (its
+ * references dropped at once) and never reaches the controller thread.
  */
 #ifndef KVT_STORE_CTRL_H
 #define KVT_STORE_CTRL_H

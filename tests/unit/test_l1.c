@@ -1,6 +1,7 @@
 /* Description: L1 pool: reserve/commit/get, leases, eviction, temp objects. */
 #include "test.h"
 
+#include "ctrl/store_ctrl.h"
 #include "kvtier/error.h"
 #include "l1/l1.h"
 
@@ -463,6 +464,36 @@ static void test_two_writers_first_publisher_wins(void)
     kvt_l1_destroy(l1);
 }
 
+/* With no L2 adapter the store controller drops a stored object's reference
+ * before kvt_store_ctrl_submit returns: the next store may evict it at once,
+ * as the offline replay assumes. Held until the controller thread woke, the
+ * object was pinned for that while, and a store right after found nothing
+ * to evict (E_FULL) or evicted another object than its policy said. */
+static void test_store_without_l2_leaves_objects_evictable(void)
+{
+    struct kvt_l1 *l1 = mk(4096, "LRU"); /* one object of one page */
+    struct kvt_store_ctrl *sc;
+    TEST_ASSERT(kvt_store_ctrl_start(&sc, l1, NULL, 0, KVT_STORE_DEFAULT, NULL, NULL) == 0);
+    uint32_t full = 0;
+    for (int i = 0; i < 200; i++) {
+        kvt_key k = key(5000 + i);
+        kvt_objmeta m = {.len = 4096};
+        struct kvt_l1_ref r;
+        int rc = kvt_l1_reserve(l1, &k, &m, &r); /* evicts the object stored just before */
+        if (rc == KVT_E_FULL) {
+            full++;
+            continue;
+        }
+        TEST_ASSERT(rc == 0);
+        kvt_l1_commit(l1, &r.h, 1, 0);
+        uint64_t seq = kvt_store_ctrl_submit(sc, &r, &k, 1); /* the reference moves */
+        TEST_ASSERT(kvt_store_ctrl_done_seq(sc) == seq); /* a flush would not wait */
+    }
+    TEST_ASSERT(full == 0);
+    kvt_store_ctrl_stop(sc);
+    kvt_l1_destroy(l1);
+}
+
 int main(void)
 {
     RUN(test_basic);
@@ -473,5 +504,6 @@ int main(void)
     RUN(test_lease_owner_keys_and_delete);
     RUN(test_fill_before_evict);
     RUN(test_two_writers_first_publisher_wins);
+    RUN(test_store_without_l2_leaves_objects_evictable);
     return TEST_RESULT();
 }
