@@ -487,7 +487,7 @@ static void test_store_without_l2_leaves_objects_evictable(void)
         TEST_ASSERT(rc == 0);
         kvt_l1_commit(l1, &r.h, 1, 0);
         uint64_t seq = kvt_store_ctrl_submit(sc, &r, &k, 1); /* the reference moves */
-        TEST_ASSERT(kvt_store_ctrl_done_seq(sc) == seq); /* a flush would not wait */
+        TEST_ASSERT(kvt_store_ctrl_done_seq(sc) == seq);     /* a flush would not wait */
     }
     TEST_ASSERT(full == 0);
     kvt_store_ctrl_stop(sc);
