@@ -104,7 +104,7 @@
  * What is left (2026-12-06): where two or three experts are within a
  * fraction of a point, the one that has just drawn ahead does worse next,
  * so following it loses. On the generated trace x751 at 10% the shadows
- * followed hit 134,069 times in all, each expert alone 136,124-136,667,
+ * followed hit 134,069 times in all, each expert's own 136,124-136,667,
  * while the tier hit 643 times more than the shadows it followed (its
  * catch-up after a switch cost nothing). Windows of 16 and 64 turnovers,
  * margins before a switch (z sqrt(D) for z = 0.5, 1, 2; the measured cost
