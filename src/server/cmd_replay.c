@@ -403,6 +403,46 @@ static double pct(double *v, size_t n, double p)
     return v[i];
 }
 
+/* What the server's L1 holds of these blocks, beside the offline model's
+ * budget: the live and offline figures are comparable only when the L1
+ * holds exactly the budget, evicts on demand (trigger watermark 1.0) and
+ * has no L2 behind it. Says on stderr what differs; the server's figure
+ * goes into `live` (0 when status is refused). */
+static uint64_t check_server(kvt_client *c, size_t block, uint64_t budget)
+{
+    char *js = NULL;
+    if (kvt_status_json(c, &js))
+        return 0;
+    json_t *st = json_loads(js, 0, NULL);
+    free(js);
+    json_t *l1 = st ? json_object_get(st, "l1") : NULL;
+    json_int_t cap = json_integer_value(json_object_get(l1, "capacity_bytes"));
+    json_int_t align = json_integer_value(json_object_get(l1, "align_bytes"));
+    double wm = json_number_value(json_object_get(l1, "trigger_watermark"));
+    size_t nl2 = json_array_size(json_object_get(st, "l2"));
+    uint64_t per = align > 0 ? KVT_ALIGN_UP((uint64_t)block, (uint64_t)align) : block;
+    uint64_t blocks = cap > 0 ? (uint64_t)cap / per : 0;
+    if (blocks && blocks != budget)
+        fprintf(stderr,
+                "kvtier replay: warning: the server's L1 holds %llu blocks of %zu bytes (%llu "
+                "bytes each in it, capacity %lld), the offline model %llu (--budget-blocks): "
+                "live and offline are not the same cache\n",
+                (unsigned long long)blocks, block, (unsigned long long)per, (long long)cap,
+                (unsigned long long)budget);
+    if (l1 && wm < 1.0)
+        fprintf(stderr,
+                "kvtier replay: warning: the server evicts from %.0f%% full "
+                "(--eviction-trigger-watermark 1.0 evicts only on demand, as the offline model)\n",
+                100 * wm);
+    if (nl2)
+        fprintf(stderr,
+                "kvtier replay: warning: the server has %zu L2 adapter(s): live hits include "
+                "L2's, the offline model is the L1 alone (--no-l2 compares them)\n",
+                nl2);
+    json_decref(st);
+    return blocks;
+}
+
 /* A whole non-negative integer in [lo, hi] (decimal or 0x...), or -1. */
 static int opt_u64(const char *name, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
 {
@@ -579,6 +619,7 @@ int kvt_cmd_replay(int argc, char **argv)
             trace_free(&t);
             return 1;
         }
+        uint64_t server_blocks = check_server(c, block, budget);
         size_t lmax = KVT_MAX(longest, 1u);
         uint8_t *hashes = kvt_xmalloc(lmax * 32);
         uint8_t *pay = kvt_xmalloc(block * lmax);
@@ -652,6 +693,7 @@ int kvt_cmd_replay(int argc, char **argv)
         json_object_set_new(live, "bytes_stored", json_integer((json_int_t)bytes_in));
         json_object_set_new(live, "blocks_stored", json_integer((json_int_t)stored));
         json_object_set_new(live, "wrong_blocks", json_integer((json_int_t)wrong));
+        json_object_set_new(live, "server_l1_blocks", json_integer((json_int_t)server_blocks));
         json_object_set_new(live, "errors", json_integer((json_int_t)errors));
         json_object_set_new(live, "seconds", json_real(secs));
         json_object_set_new(live, "lookup_us_p50", json_real(pct(lat_lookup, t.nreq, 0.5)));

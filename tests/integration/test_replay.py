@@ -67,8 +67,10 @@ def test_live_l1_hits_as_the_policy_does_offline(make_server, tmp_path, pct):
                        "--budget-blocks", str(budget), "--json", timeout=300)
         s.kill()
         assert r.returncode == 0, r.stderr
+        assert "warning" not in r.stderr, r.stderr  # the same cache live and offline
         live = json.loads(r.stdout)["live"]
         assert live["wrong_blocks"] == 0 and live["errors"] == 0, (pol, live)
+        assert live["server_l1_blocks"] == budget
         want = off[pol]["prefix_hit_ratio"]
         # issue 15: live = offline within 0.2 points for the same policy
         assert abs(live["prefix_hit_ratio"] - want) <= 0.002, (pol, pct, live["prefix_hit_ratio"],
@@ -105,3 +107,22 @@ def test_bad_traces_exit_2_naming_the_line(tmp_path, lines, what):
     trace.write_text("".join(x + "\n" for x in lines))
     r = run_kvtier("replay", "--trace", str(trace), "--offline")
     assert r.returncode == 2 and what in r.stderr, (r.returncode, r.stderr)
+
+
+def test_says_when_the_server_is_not_the_offline_cache(make_server, tmp_path):
+    """Against a server whose L1 holds another number of blocks, evicts from
+    its watermark and has an L2, the replay still runs and says on stderr
+    each reason live and offline differ."""
+    trace = str(tmp_path / "docs.jsonl")
+    write_trace(trace, requests=20)
+    s = make_server(["--l1-size-gb", "0.01", "--l2-adapter",
+                     json.dumps({"type": "fs", "base_path": str(tmp_path / "l2")})])
+    r = run_kvtier("replay", "--url", s.url, "--trace", trace, "--block-bytes", str(BLOCK),
+                   "--budget-blocks", "100", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    held = json.loads(r.stdout)["live"]["server_l1_blocks"]
+    assert abs(held - 0.01 * 2**30 / BLOCK) <= 1, held  # 10 MiB of 4 KiB blocks
+    assert "the server's L1 holds %d blocks" % held in r.stderr
+    assert "the offline model 100 (--budget-blocks)" in r.stderr
+    assert "evicts from 80% full" in r.stderr
+    assert "1 L2 adapter(s)" in r.stderr
