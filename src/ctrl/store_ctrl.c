@@ -132,13 +132,20 @@ uint64_t kvt_store_ctrl_take_failures(struct kvt_store_ctrl *sc, uint64_t client
     return total;
 }
 
+/* The batch's objects are no longer needed here: drop their references
+ * (with skip_l1 they leave L1 too). */
+static void release_refs(struct kvt_store_ctrl *sc, const struct kvt_l1_ref *refs, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (sc->policy == KVT_STORE_SKIP_L1)
+            kvt_l1_drop(sc->l1, refs[i].h);
+        kvt_l1_put(sc->l1, refs[i].h);
+    }
+}
+
 static void batch_finish(struct kvt_store_ctrl *sc, struct batch *b)
 {
-    for (uint32_t i = 0; i < b->n; i++) {
-        if (sc->policy == KVT_STORE_SKIP_L1)
-            kvt_l1_drop(sc->l1, b->refs[i].h);
-        kvt_l1_put(sc->l1, b->refs[i].h);
-    }
+    release_refs(sc, b->refs, b->n);
     b->done = true;
     atomic_fetch_sub(&sc->in_flight, 1);
     /* advance done_seq over the finished prefix of the order list */
@@ -325,11 +332,7 @@ uint64_t kvt_store_ctrl_submit_for(struct kvt_store_ctrl *sc, const struct kvt_l
          * found its victims pinned, evicted others or failed E_FULL, and
          * the live L1 hit up to 2 points below the same policy offline).
          * No batch ever reaches the thread, so done_seq stays in order. */
-        for (uint32_t i = 0; i < n; i++) {
-            if (sc->policy == KVT_STORE_SKIP_L1)
-                kvt_l1_drop(sc->l1, refs[i].h);
-            kvt_l1_put(sc->l1, refs[i].h);
-        }
+        release_refs(sc, refs, n);
         atomic_fetch_add(&sc->batches, 1);
         atomic_fetch_add(&sc->keys_in, n);
         pthread_mutex_lock(&sc->lock);
