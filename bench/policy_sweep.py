@@ -25,8 +25,13 @@ Sets (issue 15):
   late     200 more drawn the same way (seeds 500-599, 700-799), drawn while the
            shadows fed by lookups (2026-12-05, adaptive.c: ad_request) were
            judged: the broad sample that change was chosen on
+  scale    40 more parameter draws (seeds 910-949), each generated at 4,000,
+           8,000 and 16,000 requests (names n4k-, n8k-, n16k-<seed>), drawn
+           2026-12-06 after every choice: how the gap depends on the trace's
+           length with the workload fixed (the held-back trace of issue 15
+           has some 180,000 unique blocks, as the 16,000-request ones here)
 
-  bench/policy_sweep.py [--sets bench,tuning,check,fresh,random,held,late] [--bin build/kvtier]
+  bench/policy_sweep.py [--sets bench,tuning,check,fresh,random,held,late,scale] [--bin build/kvtier]
                         [--budgets 10,25] [--json OUT]
 """
 import argparse
@@ -108,6 +113,16 @@ SETS["random"] = [("w%d" % s, random_params(s)) for s in range(100, 160)]
 SETS["held"] = [("h%d" % s, random_params(s)) for s in range(300, 360)]
 SETS["late"] = [("x%d" % s, random_params(s)) for s in list(range(500, 600)) + list(range(700, 800))]
 
+
+def with_requests(params, n):
+    out = list(params)
+    out[out.index("--requests") + 1] = str(n)
+    return out
+
+
+SETS["scale"] = [("n%dk-%d" % (n // 1000, s), with_requests(random_params(s), n))
+                 for n in (4000, 8000, 16000) for s in range(910, 950)]
+
 # extra budgets for the fresh set: the Mooncake trace at budgets never tuned on
 FRESH_BUDGETS = [5, 10, 15, 25, 40]
 
@@ -156,18 +171,20 @@ def main():
                 best = max(r["LRU"], r["ARC"], r["LFU"])
                 gap = 100 * (best - r["adaptive"])
                 vl = 100 * (r["value"] - r["LRU"])
-                rows.append((gap, vl))
+                # the scale set is summed per length: n4k, n8k, n16k
+                rows.append((s + ("-" + name.split("-")[0] if s == "scale" else ""), gap, vl))
                 cells.append(dict(set=s, trace=name, pct=pct, ratios=r, block=blk, gap=gap, value_minus_lru=vl))
                 print("%-8s %-14s %3d%% %7.4f %7.4f %7.4f %7.4f %8.4f %6.2f %6.2f" % (
                     s, name, pct, r["LRU"], r["ARC"], r["LFU"], r["value"], r["adaptive"], gap, vl))
-        if rows:
-            summary.append((s, len(rows), max(g for g, _ in rows), sum(g for g, _ in rows) / len(rows),
-                            min(v for _, v in rows), sum(v for _, v in rows) / len(rows)))
+        for grp in dict.fromkeys(k for k, _, _ in rows):
+            gs = [g for k, g, _ in rows if k == grp]
+            vs = [v for k, _, v in rows if k == grp]
+            summary.append((grp, len(gs), max(gs), sum(gs) / len(gs), min(vs), sum(vs) / len(vs)))
     print()
-    print("%-8s %5s %9s %8s %11s %10s" % ("set", "cells", "worst gap", "mean gap", "worst v-LRU",
+    print("%-10s %5s %9s %8s %11s %10s" % ("set", "cells", "worst gap", "mean gap", "worst v-LRU",
                                           "mean v-LRU"))
     for s, n, wg, mg, wv, mv in summary:
-        print("%-8s %5d %9.2f %8.2f %11.2f %10.2f" % (s, n, wg, mg, wv, mv))
+        print("%-10s %5d %9.2f %8.2f %11.2f %10.2f" % (s, n, wg, mg, wv, mv))
     if cells:
         # points, as the table: a hit ratio of 0.2623 is 26.23 points
         print("cells with a gap above 0.5 points: %d of %d; value below LRU by more than 0.005 "

@@ -111,7 +111,11 @@
  * of a switch), evicting first what two or all three shadows dropped, and
  * blends (each eviction follows an expert drawn by weight) were measured
  * on 695 cells and not kept (README, "Where the remaining cells lose", has
- * the table).
+ * the table), and so were (2026-12-06) a vote of the shadows in near ties
+ * and trials of V that end only when its decayed credit falls behind. It
+ * is a short-trace effect: the same 40 parameter draws generated at
+ * 4,000, 8,000 and 16,000 requests (bench/policy_sweep.py --sets scale)
+ * have 5, 0 and 0 of 80 cells above 0.5 (worst 0.64, 0.34, 0.27).
  *
  * Known limits (review 2026-12-02, not fixed):
  * - Parents are learned only within one commit. A store's first new chunk
