@@ -16,9 +16,10 @@ BLOCK = 4096  # the L1's alignment: a block is one aligned object
 
 def write_trace(path, seed=7, requests=300):
     """Conversations over a few long shared documents: a request is the
-    document (620 blocks for the longest, more than the 512 the live replay
-    once cut requests to), the session's history and a new turn. Mooncake
-    format: one JSON object per line, hash_ids prefix-aware."""
+    document (620 blocks for the longest), the session's history and a new
+    turn, so requests reach some 980 blocks, more than the 512 the live
+    replay once cut them to. Mooncake format: one JSON object per line,
+    hash_ids prefix-aware."""
     r = random.Random(seed)
     nxt = [0]
 
@@ -54,10 +55,13 @@ def offline(trace, budget):
 def test_live_l1_hits_as_the_policy_does_offline(make_server, tmp_path, pct):
     trace = str(tmp_path / "docs.jsonl")
     write_trace(trace)
-    info = offline(trace, 1)
-    assert max(len(json.loads(x)["hash_ids"]) for x in open(trace)) > 512
-    budget = info["unique_blocks"] * pct // 100
-    off = offline(trace, budget)["offline"]["policies"]
+    reqs = [json.loads(x)["hash_ids"] for x in open(trace)]
+    assert max(map(len, reqs)) > 512
+    unique = len({b for ids in reqs for b in ids})
+    budget = unique * pct // 100
+    info = offline(trace, budget)
+    assert info["unique_blocks"] == unique
+    off = info["offline"]["policies"]
     # the L1 holds exactly `budget` blocks and evicts only when full
     gb = budget * BLOCK / 2**30
     for pol in POLICIES:
