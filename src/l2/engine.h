@@ -66,6 +66,10 @@ struct kvt_l2_ops {
     void (*status)(kvt_l2 *l2, json_t *out);
     /* Health: fill msg (<= 200 bytes) and return false when unhealthy. */
     bool (*healthy)(kvt_l2 *l2, char *msg, size_t cap);
+    /* Optional, for engines that talk to servers: fill up to max nodes and
+     * return how many there are (struct kvt_l2_node). Must not block on
+     * the network. */
+    int (*nodes)(kvt_l2 *l2, struct kvt_l2_node *out, int max);
     /* Optional: the directory of cache object files this engine keeps
      * (kvt_l2_root). */
     void (*root)(kvt_l2 *l2, char *out, size_t cap);

@@ -196,6 +196,39 @@ struct kvt_l2_stats {
 };
 void kvt_l2_stats(kvt_l2 *l2, struct kvt_l2_stats *out);
 
+/* ---- remote endpoints: what status and metrics show per node ---------
+ *
+ * An adapter that talks to servers over the network (the nodes of a Redis
+ * Cluster, a Redis server, an S3 endpoint) reports each of them: whether it
+ * answers, its circuit breaker where it has one, how often it went down and
+ * its last error, which is cleared when the node answers again. Rendered as
+ * the adapter's "nodes" array in /status and as kvtier_l2_node_* metrics.
+ */
+#define KVT_L2_NODES_MAX 256 /* most nodes status and metrics show per adapter */
+
+enum kvt_l2_node_state {
+    KVT_NODE_UP = 0,  /* answers */
+    KVT_NODE_DOWN,    /* failed (refused, reset, hung): its requests fail at once */
+    KVT_NODE_PROBING, /* down, a probe is in flight */
+};
+enum kvt_l2_breaker_state { KVT_BRK_NONE = 0, KVT_BRK_CLOSED, KVT_BRK_OPEN, KVT_BRK_HALF_OPEN };
+
+struct kvt_l2_node {
+    char name[96]; /* "10.0.0.5:7000", "http://127.0.0.1:9000/bucket" */
+    char role[16]; /* "master", "replica", "server", "endpoint" */
+    enum kvt_l2_node_state state;
+    enum kvt_l2_breaker_state breaker; /* KVT_BRK_NONE: the node has none */
+    uint64_t downs;                    /* times it was marked down since start */
+    double down_seconds;               /* how long it has been down; 0 when up */
+    char last_error[200];              /* "" when none, or since it answered again */
+    double last_error_unix;            /* wall-clock time of last_error; 0 when none */
+};
+const char *kvt_l2_node_state_name(enum kvt_l2_node_state s); /* "up", "down", "probing" */
+const char *kvt_l2_breaker_name(enum kvt_l2_breaker_state b); /* NULL for NONE, "closed", ... */
+/* Fill up to max nodes of the adapter; returns how many it has (more than
+ * max when out was too short), 0 when it reports none. Any thread. */
+int kvt_l2_nodes(kvt_l2 *l2, struct kvt_l2_node *out, int max);
+
 /* ---- index scan: for purge -------------------------------------------- */
 
 /* A live index entry as a scan shows it. */

@@ -112,6 +112,56 @@ bool kvt_l2_healthy(kvt_l2 *l2, char *msg, size_t cap)
     return true;
 }
 
+const char *kvt_l2_node_state_name(enum kvt_l2_node_state st)
+{
+    static const char *const n[] = {"up", "down", "probing"};
+    return (unsigned)st < KVT_ARRAY_LEN(n) ? n[st] : "?";
+}
+
+const char *kvt_l2_breaker_name(enum kvt_l2_breaker_state b)
+{
+    static const char *const n[] = {NULL, "closed", "open", "half_open"};
+    return (unsigned)b < KVT_ARRAY_LEN(n) ? n[b] : NULL;
+}
+
+int kvt_l2_nodes(kvt_l2 *l2, struct kvt_l2_node *out, int max)
+{
+    return l2->ops->nodes ? l2->ops->nodes(l2, out, max) : 0;
+}
+
+/* The adapter's "nodes" array, or NULL when it reports none. */
+static json_t *nodes_json(kvt_l2 *l2)
+{
+    if (!l2->ops->nodes)
+        return NULL;
+    struct kvt_l2_node *nv = kvt_xcalloc(KVT_L2_NODES_MAX, sizeof(*nv));
+    int n = KVT_MIN(kvt_l2_nodes(l2, nv, KVT_L2_NODES_MAX), KVT_L2_NODES_MAX);
+    if (n <= 0) {
+        free(nv);
+        return NULL;
+    }
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) {
+        const struct kvt_l2_node *d = &nv[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "node", json_string(d->name));
+        json_object_set_new(o, "role", json_string(d->role));
+        json_object_set_new(o, "state", json_string(kvt_l2_node_state_name(d->state)));
+        json_object_set_new(o, "up", json_boolean(d->state == KVT_NODE_UP));
+        const char *b = kvt_l2_breaker_name(d->breaker);
+        json_object_set_new(o, "breaker", b ? json_string(b) : json_null());
+        json_object_set_new(o, "downs", json_integer((json_int_t)d->downs));
+        json_object_set_new(o, "down_seconds", json_real(d->down_seconds));
+        json_object_set_new(o, "last_error",
+                            d->last_error[0] ? json_string(d->last_error) : json_null());
+        json_object_set_new(o, "last_error_unix",
+                            d->last_error[0] ? json_real(d->last_error_unix) : json_null());
+        json_array_append_new(a, o);
+    }
+    free(nv);
+    return a;
+}
+
 #define C(name) json_integer((json_int_t)x.name)
 
 json_t *kvt_l2_status(kvt_l2 *l2)
@@ -137,6 +187,9 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(o, "usage_fraction", json_real(fraction));
     json_object_set_new(o, "objects", json_integer((json_int_t)x.objects));
     json_object_set_new(o, "persist_enabled", json_boolean(l2->persist_enabled));
+    json_t *nodes = nodes_json(l2);
+    if (nodes)
+        json_object_set_new(o, "nodes", nodes);
 
     json_t *per_ns = json_object(), *per_salt = json_object();
     pthread_mutex_lock(&l2->lock);

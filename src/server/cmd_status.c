@@ -92,6 +92,26 @@ static void print_table(const json_t *st)
                (long long)ji(c, "lookup_misses"), (long long)ji(c, "evictions"),
                json_string_value(json_object_get(ad, "health")));
     }
+    json_array_foreach(json_object_get(st, "l2"), i, ad)
+    {
+        size_t k;
+        const json_t *nd;
+        json_array_foreach(json_object_get(ad, "nodes"), k, nd)
+        {
+            const char *err = json_string_value(json_object_get(nd, "last_error"));
+            if (json_is_true(json_object_get(nd, "up")) && !err)
+                continue;
+            printf("  %s node %s (%s): %s", json_string_value(json_object_get(ad, "name")),
+                   json_string_value(json_object_get(nd, "node")),
+                   json_string_value(json_object_get(nd, "role")),
+                   json_string_value(json_object_get(nd, "state")));
+            if (!json_is_true(json_object_get(nd, "up")))
+                printf(" for %.1f s", json_number_value(json_object_get(nd, "down_seconds")));
+            if (err)
+                printf(": %s", err);
+            printf("\n");
+        }
+    }
     printf("\nL1 fragmentation %.3f, %lld read / %lld write leases\n",
            json_real_value(json_object_get(l1, "fragmentation")), (long long)ji(l1, "read_leases"),
            (long long)ji(l1, "write_leases"));

@@ -115,6 +115,67 @@ static void metric(struct sb *b, const char *name, const char *type, const char 
     sbf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/*
+ * Per node of the adapters that talk to servers (l2.h, struct
+ * kvt_l2_node): up or not, its breaker, how often it went down, and per
+ * adapter how many masters are down. Label values are the node names the
+ * adapter reports ("host:port", an endpoint URL).
+ */
+static void l2_node_metrics(struct kvt_server *s, struct sb *b)
+{
+    struct kvt_l2_node *nv = kvt_xcalloc(KVT_L2_NODES_MAX, sizeof(*nv));
+    bool any = false;
+    for (int i = 0; i < s->nl2 && !any; i++)
+        any = kvt_l2_nodes(s->l2s[i], nv, 0) > 0;
+    if (!any) {
+        free(nv);
+        return;
+    }
+    static const char *const names[] = {"kvtier_l2_node_up", "kvtier_l2_node_breaker_open",
+                                        "kvtier_l2_node_downs_total",
+                                        "kvtier_l2_node_down_seconds"};
+    static const char *const types[] = {"gauge", "gauge", "counter", "gauge"};
+    static const char *const helps[] = {
+        "1 if the node answers, 0 while it is marked down (its keys fail at once).",
+        "1 while the node's circuit breaker is open or half open (nodes with a breaker).",
+        "Times the node was marked down since start.",
+        "Seconds the node has been down; 0 when up."};
+    for (int m = 0; m < 4; m++) {
+        metric(b, names[m], types[m], helps[m]);
+        for (int i = 0; i < s->nl2; i++) {
+            int n = KVT_MIN(kvt_l2_nodes(s->l2s[i], nv, KVT_L2_NODES_MAX), KVT_L2_NODES_MAX);
+            for (int k = 0; k < n; k++) {
+                const struct kvt_l2_node *d = &nv[k];
+                if (m == 1 && d->breaker == KVT_BRK_NONE)
+                    continue;
+                sbf(b, "%s{adapter=\"%s\",node=\"%s\",role=\"%s\"} ", names[m],
+                    kvt_l2_name(s->l2s[i]), d->name, d->role);
+                if (m == 0)
+                    sbf(b, "%d\n", d->state == KVT_NODE_UP);
+                else if (m == 1)
+                    sbf(b, "%d\n", d->breaker == KVT_BRK_OPEN || d->breaker == KVT_BRK_HALF_OPEN);
+                else if (m == 2)
+                    sbf(b, "%llu\n", (unsigned long long)d->downs);
+                else
+                    sbf(b, "%.3f\n", d->down_seconds);
+            }
+        }
+    }
+    metric(b, "kvtier_l2_masters_down", "gauge",
+           "Nodes with the role master (or server) that are marked down, per adapter.");
+    for (int i = 0; i < s->nl2; i++) {
+        int n = KVT_MIN(kvt_l2_nodes(s->l2s[i], nv, KVT_L2_NODES_MAX), KVT_L2_NODES_MAX);
+        if (n <= 0)
+            continue;
+        int down = 0;
+        for (int k = 0; k < n; k++)
+            down += nv[k].state != KVT_NODE_UP &&
+                    (strcmp(nv[k].role, "master") == 0 || strcmp(nv[k].role, "server") == 0);
+        sbf(b, "kvtier_l2_masters_down{adapter=\"%s\"} %d\n", kvt_l2_name(s->l2s[i]), down);
+    }
+    free(nv);
+}
+
 /* One histogram's series: buckets[] are per-bucket counts (not cumulative)
  * for the bounds[] in seconds, the last bound being +Inf. */
 static void histogram(struct sb *b, const char *name, const char *labels, const double *bounds,
@@ -249,6 +310,7 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
             kvt_l2_healthy(s->l2s[i], msg, sizeof(msg)) ? 1 : 0);
     }
     free(st);
+    l2_node_metrics(s, &b);
     metric(&b, "kvtier_rpc_requests_total", "counter", "Requests per operation.");
     for (int i = 0; i < OP_COUNT; i++)
         sbf(&b, "kvtier_rpc_requests_total{op=\"%s\"} %llu\n", kvt_op_names[i],
