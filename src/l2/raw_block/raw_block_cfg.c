@@ -76,6 +76,11 @@ int kvt_raw_block_parse(struct kvt_cfg *c, void *opts)
     o->num_lookup_workers = (int)nl;
     o->num_load_workers = (int)nd;
     kvt_cfg_bool(c, "durable", false, &o->durable);
+    /* kvtier: what may be formatted (raw_block_probe.c) */
+    static const char *const formats[] = {"if_empty", "force", NULL};
+    const char *fmt = "if_empty";
+    kvt_cfg_enum(c, "format", false, "if_empty", formats, false, &fmt);
+    o->format_force = strcmp(fmt, "force") == 0;
     if (c->rc)
         return c->rc;
     uint32_t ba = o->block_align;
