@@ -47,11 +47,11 @@ def specs(tmp_path):
             max_capacity_gb=1), True, 512 + SIZE),
         "raw_block": (adapter_json(
             type="raw_block", device_path=make_file(tmp_path / "rb.img", 40 * MiB),
-            slot_bytes=256 * 1024, meta_total_bytes=MiB), True, 256 * 1024),
+            slot_bytes=256 * 1024, meta_total_bytes=MiB), True, 256 * 1024 + 4096),
         "raw_block-uring": (adapter_json(
             type="raw_block", device_path=make_file(tmp_path / "rb2.img", 40 * MiB),
             slot_bytes=256 * 1024, meta_total_bytes=MiB, io_engine="io_uring",
-            iouring_queue_depth=16), True, 256 * 1024),
+            iouring_queue_depth=16), True, 256 * 1024 + 4096),
         "dax": (adapter_json(
             type="dax", device_path=str(tmp_path / "dax.img"), max_dax_size_gb=0.02,
             slot_bytes=256 * 1024), True, 256 * 1024),
@@ -144,7 +144,8 @@ def test_concurrent_writers_never_exceed_the_cap(make_server, tmp_path, engine):
 
 
 def test_raw_block_cap_counts_slots(make_server, tmp_path):
-    dev = make_file(tmp_path / "rbcap.img", 9 * MiB)  # 1 MiB meta + 8 slots of 1 MiB
+    slot = MiB + 4096  # header_bytes + slot_bytes
+    dev = make_file(tmp_path / "rbcap.img", MiB + 8 * slot)  # 1 MiB meta + 8 slots
     s = make_server(["--l2-adapter", adapter_json(type="raw_block", device_path=dev,
                                                   slot_bytes=MiB, meta_total_bytes=MiB)])
     keys = keys_for("rbcap", 12)
@@ -153,7 +154,7 @@ def test_raw_block_cap_counts_slots(make_server, tmp_path):
             c.store(keys[i:i + 1], random_payloads(1, 1000, seed=i))
         c.flush()
         st = c.status()["l2"][0]
-    assert st["objects"] == 8 and st["used_bytes"] == st["capacity_bytes"] == 8 * MiB
+    assert st["objects"] == 8 and st["used_bytes"] == st["capacity_bytes"] == 8 * slot
     assert st["free_slots"] == 0 and st["counters"]["rejected_writes"] == 4
 
 
@@ -263,7 +264,7 @@ def test_raw_block_on_a_loop_device(make_server, tmp_path):
             assert c.store(keys, pay) == 10
             c.flush()
             st = c.status()["l2"][0]
-            assert st["block_device"] is True and st["slots"] == 23 and st["odirect"] == "on"
+            assert st["block_device"] is True and st["slots"] == 22 and st["odirect"] == "on"
         s.kill(signal.SIGKILL)
         s.start()
         s.wait_recovered()

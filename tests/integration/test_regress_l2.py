@@ -32,13 +32,13 @@ def counters(server, i=0):
 
 @pytest.mark.parametrize("label", ["raw_block", "dax", "nixl_store"])
 def test_object_larger_than_a_slot_is_loud(make_server, tmp_path, label):
-    """Description: the seed's raw_block example (slot_bytes 1 MiB) with
-    1 MiB chunks: the header takes part of the slot, so nothing fits. Each
+    """Description: slot adapters given objects larger than a slot holds
+    (raw_block: slot_bytes 1 MiB - 4 KiB; its header is in addition): each
     such store is counted (too_big), warned about once, and flush() names
-    every key with E_TOOBIG. The same for the other slot adapters."""
+    every key with E_TOOBIG."""
     spec = {
         "raw_block": dict(type="raw_block", device_path=make_file(tmp_path / "rb.img", 24 * MiB),
-                          slot_bytes=MiB, meta_total_bytes=MiB),
+                          slot_bytes=MiB - 4096, meta_total_bytes=MiB),
         "dax": dict(type="dax", device_path=str(tmp_path / "dax.img"), max_dax_size_gb=0.02,
                     slot_bytes=MiB - 4096),
         "nixl_store": dict(type="nixl_store", backend="POSIX", pool_size=1,

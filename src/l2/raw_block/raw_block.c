@@ -29,7 +29,7 @@
  *         (raw_block_probe.c, the same checks as --dry-run): kvtier's own
  *         index is recovered (another layout, format or version is a clear
  *         error), an empty device is formatted, anything else is refused
- *         unless "format": "force".
+ *         unless "format": "force". A slot is header_bytes + slot_bytes.
  *         Payload, journal replay and slot-header verification run in the
  *         background while stores wait.
  * O_DIRECT: header, offsets and lengths are block aligned; the payload is
@@ -294,11 +294,11 @@ static void store_prep(struct rb_op *op)
     kvt_key ck;
     kvt_l2_canon(l2, &t->keys[i], &ck);
     if (src->len > e->g.slot_bytes - e->g.header_bytes || src->len > KVT_MAX_OBJECT) {
-        /* a slot holds header_bytes of header, then the payload (LMCache's
-         * layout): loud, counted and reported by flush, never silent */
+        /* a slot holds header_bytes of header, then the payload: loud,
+         * counted (too_big, in status) and reported by flush, never silent */
         kvt_l2_too_big(l2, t, i, src->len,
                        KVT_MIN(e->g.slot_bytes - e->g.header_bytes, KVT_MAX_OBJECT),
-                       "slot_bytes minus header_bytes: raise slot_bytes");
+                       "slot_bytes: raise it");
         batch_op_done(b);
         return;
     }
@@ -701,7 +701,10 @@ static void rb_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "device_path", json_string(e->path));
     json_object_set_new(out, "device_bytes", json_integer((json_int_t)e->dev_size));
     json_object_set_new(out, "block_device", json_boolean(e->blockdev));
-    json_object_set_new(out, "slot_bytes", json_integer((json_int_t)e->g.slot_bytes));
+    /* a slot: header_bytes, then up to slot_bytes of payload */
+    json_object_set_new(out, "slot_bytes",
+                        json_integer((json_int_t)(e->g.slot_bytes - e->g.header_bytes)));
+    json_object_set_new(out, "slot_stride_bytes", json_integer((json_int_t)e->g.slot_bytes));
     json_object_set_new(out, "header_bytes", json_integer(e->g.header_bytes));
     json_object_set_new(out, "block_align", json_integer(e->g.block));
     json_object_set_new(out, "slots", json_integer(e->g.nslots));
@@ -911,6 +914,12 @@ static int plan_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, 
         if (rc)
             return rc;
     }
+    if (p.compat)
+        kvt_warn("raw_block %s was formatted with slots of slot_bytes %llu, header included: "
+                 "kept as it is (objects up to %llu bytes); to get slot_bytes per object, set "
+                 "\"load_checkpoint_on_init\": false once (it starts empty)",
+                 e->path, (unsigned long long)p.g.slot_bytes,
+                 (unsigned long long)(p.g.slot_bytes - p.g.header_bytes));
     e->g = p.g;
     e->fresh = p.fresh;
     return 0;
@@ -1028,11 +1037,10 @@ static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
         goto fail_base;
     }
     e->rec_started = true;
-    kvt_info("%s: %s: %u slots of %llu bytes (objects up to %llu bytes: slot_bytes minus "
-             "header_bytes %u), meta %llu bytes (2 x %llu checkpoint, %u journal blocks), %s, "
-             "%s engine",
-             l2->name, e->path, e->g.nslots, (unsigned long long)e->g.slot_bytes,
-             (unsigned long long)(e->g.slot_bytes - e->g.header_bytes), e->g.header_bytes,
+    kvt_info("%s: %s: %u slots of %llu bytes (header_bytes %u + objects up to %llu bytes), "
+             "meta %llu bytes (2 x %llu checkpoint, %u journal blocks), %s, %s engine",
+             l2->name, e->path, e->g.nslots, (unsigned long long)e->g.slot_bytes, e->g.header_bytes,
+             (unsigned long long)(e->g.slot_bytes - e->g.header_bytes),
              (unsigned long long)e->g.meta_total, (unsigned long long)e->g.ckpt_bytes,
              e->g.jrnl_blocks, e->odirect && !e->odirect_refused ? "O_DIRECT" : "buffered",
              kvt_ioeng_kind_name((enum kvt_ioeng_kind)o->io_engine));

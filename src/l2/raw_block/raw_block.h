@@ -198,8 +198,9 @@ int rb_write_checkpoint(int fd, const struct rb_geom *g, const struct rb_ckpt_hd
  *   meta_magic at checkpoint copy 0 or copy 1, at copy1_off),
  *   RB_CONTENT_EMPTY (no libblkid signature and zeros where sampled) or
  *   RB_CONTENT_FOREIGN (what: what was found); or -errno.
- * rb_plan: what opening does with the device: the geometry, start empty
- *   (fresh) or recover,
+ * rb_plan: what opening does with the device: the geometry (a slot is
+ *   header_bytes + slot_bytes; a device formatted with slot_bytes as the
+ *   whole slot keeps that layout: compat), start empty (fresh) or recover,
  *   wipe foreign signatures first ("format": "force"). An error (with
  *   *field, the key it concerns, and a message) for foreign content without
  *   force, a device too small, an index of another layout, format or
@@ -215,6 +216,7 @@ struct rb_plan {
     struct rb_geom g;
     bool fresh;        /* format: no index to recover */
     bool wipe;         /* "format": "force" over foreign content */
+    bool compat;       /* slots of slot_bytes, header included */
     char forced[400];  /* with wipe: what the device held */
     const char *field; /* the key an error concerns */
 };

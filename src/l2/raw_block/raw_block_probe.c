@@ -453,7 +453,8 @@ int rb_plan(const struct kvt_raw_block_opts *o, int fd, uint64_t dev_size, uint6
     p->field = "device_path";
     const char *path = o->device_path;
     char gerr[400] = "";
-    int grc = geom(&p->g, o, usable, o->slot_bytes, gerr, sizeof(gerr));
+    /* slots hold header_bytes in addition to slot_bytes of payload */
+    int grc = geom(&p->g, o, usable, o->slot_bytes + o->header_bytes, gerr, sizeof(gerr));
     /* the checkpoint copies' places depend on the meta area only */
     struct rb_geom meta;
     if (geom(&meta, o, UINT64_MAX, o->block_align, msg, cap))
@@ -496,8 +497,19 @@ int rb_plan(const struct kvt_raw_block_opts *o, int fd, uint64_t dev_size, uint6
         }
         bool start_empty = !o->load_checkpoint || o->format_force;
         if (found) {
+            struct rb_geom old;
+            char oerr[400];
             if (!grc && rb_ckpt_geom_matches(&hf, &p->g)) {
                 p->fresh = !o->load_checkpoint;
+                return 0;
+            }
+            /* a device formatted when a slot held its header within
+             * slot_bytes: the same bytes, read as they were written */
+            if (o->slot_bytes > o->header_bytes &&
+                !geom(&old, o, usable, o->slot_bytes, oerr, sizeof(oerr)) &&
+                rb_ckpt_geom_matches(&hf, &old) && o->load_checkpoint) {
+                p->g = old;
+                p->compat = true;
                 return 0;
             }
             if (!start_empty) {
@@ -526,7 +538,8 @@ int rb_plan(const struct kvt_raw_block_opts *o, int fd, uint64_t dev_size, uint6
         }
     }
     if (grc) {
-        snprintf(msg, cap, "%s: %s", path, gerr);
+        snprintf(msg, cap, "%s: %s (a slot is slot_bytes %llu + header_bytes %u)", path, gerr,
+                 (unsigned long long)o->slot_bytes, o->header_bytes);
         return KVT_E_CONFIG;
     }
     p->fresh = true;
