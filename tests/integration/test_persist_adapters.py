@@ -158,6 +158,33 @@ def test_raw_block_cap_counts_slots(make_server, tmp_path):
     assert st["free_slots"] == 0 and st["counters"]["rejected_writes"] == 4
 
 
+def test_nixl_store_pool_lives_while_the_server_runs(make_server, tmp_path):
+    """The pool's index is volatile, so its files are only worth their
+    space while the server runs: a SIGKILL leaves them and the next start
+    reuses them (the same files: no new allocation), files of a larger
+    earlier pool are removed, and a stop removes the pool."""
+    d = tmp_path / "ns"
+    d.mkdir()
+    spec = adapter_json(type="nixl_store", backend="POSIX", pool_size=2,
+                        backend_params={"file_path": str(d), "file_size": MiB})
+    s = make_server(["--l2-adapter", spec])
+    pool = sorted(os.listdir(d))
+    assert pool == ["nixl_pool_0.bin", "nixl_pool_1.bin"], pool
+    inodes = [os.stat(d / f).st_ino for f in pool]
+    s.kill(signal.SIGKILL)
+    assert sorted(os.listdir(d)) == pool
+    with open(d / "nixl_pool_5.bin", "wb") as f:  # left by a pool of 6 files
+        f.truncate(MiB)
+    s.start()
+    assert sorted(os.listdir(d)) == pool
+    assert [os.stat(d / f).st_ino for f in pool] == inodes
+    with s.client() as c:
+        assert c.store(keys_for("pool", 2), random_payloads(2, 1000)) == 2
+        assert c.flush().l2_failed == 0
+    assert s.stop() == 0
+    assert os.listdir(d) == []
+
+
 def test_fs_native_queue_depth_is_num_workers(make_server, tmp_path):
     s = make_server(["--l2-adapter", adapter_json(type="fs_native", base_path=str(tmp_path / "q"),
                                                   num_workers=6)])
