@@ -11,7 +11,7 @@ import signal
 import pytest
 
 import kvtier
-from conftest import adapter_json, keys_for, l2_status, random_payloads, wait_for
+from conftest import adapter_json, keys_for, l2_status, random_payloads, run_kvtier, wait_for
 from test_resp import redis  # noqa: F401  (the Redis server fixture)
 
 MiB = 1 << 20
@@ -68,6 +68,15 @@ def test_object_larger_than_a_slot_is_loud(make_server, tmp_path, label):
     assert log.count("this adapter holds at most") == 1, log
     code, text = s.http_get("/metrics")
     assert code == 200 and 'kvtier_l2_too_big_total{adapter="%s[0]"} 4' % label in text, text
+    # healthy, but the tier's line says what it refuses: status and kvtier status
+    with s.client() as c:
+        a = c.status()["l2"][0]
+    assert a["is_healthy"] and "4 stores refused as too big (objects up to" in a["health"], a
+    r = run_kvtier("status", "--url", s.url)
+    assert r.returncode == 0, r.stderr
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("%s[0] " % label)]
+    assert line and "4 stores refused as too big" in line[0], r.stdout
+    assert "(too big 4)" in r.stdout, r.stdout
 
 
 def test_flush_reports_only_the_clients_own_failures(make_server, tmp_path):
