@@ -871,8 +871,8 @@ static int open_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, 
     }
     if (e->fd < 0 && errno == EBUSY) {
         snprintf(err, errcap,
-                 "%s is in use: another program holds it exclusively (a mount, swap, RAID or "
-                 "LVM, or another kvtier server)",
+                 "%s is in use by another process that holds it exclusively (a mount, swap, "
+                 "RAID or LVM, or another kvtier server)",
                  e->path);
         return -EBUSY;
     }

@@ -218,9 +218,9 @@ int rb_in_use(const char *path, char *msg, size_t cap)
                 close(fd);
             else if (errno == EBUSY) {
                 snprintf(msg, cap,
-                         "%s is in use: another program holds it exclusively (a mount, swap, "
-                         "RAID or LVM, or another kvtier server); stop that use, or choose "
-                         "another device",
+                         "%s is in use by another process that holds it exclusively (a "
+                         "mount, swap, RAID or LVM, or another kvtier server); stop that use, "
+                         "or choose another device",
                          path);
                 rc = -EBUSY;
             }
@@ -248,7 +248,7 @@ int rb_in_use(const char *path, char *msg, size_t cap)
         int rc = flock(fd, LOCK_SH | LOCK_NB) < 0 && errno == EWOULDBLOCK ? -EBUSY : 0;
         close(fd);
         if (rc) {
-            snprintf(msg, cap, "%s is in use by another kvtier server%s", path, never);
+            snprintf(msg, cap, "%s is in use by another process (a kvtier server?)%s", path, never);
             return rc;
         }
     }
