@@ -5,7 +5,7 @@ set -euo pipefail
 PKGS=(
   build-essential cmake pkg-config clang libclang-rt-14-dev clang-format
   libzmq3-dev libsodium-dev libmsgpack-dev libjansson-dev libssl-dev libxxhash-dev libmicrohttpd-dev
-  liburing-dev libhiredis-dev libcurl4-openssl-dev liblz4-dev libzstd-dev
+  liburing-dev libhiredis-dev libcurl4-openssl-dev liblz4-dev libzstd-dev libblkid-dev
   python3 python3-pytest python3-zmq
   # pip install ./python (tests/integration/test_pip.py: offline, in a venv)
   python3-venv python3-pip python3-setuptools python3-wheel

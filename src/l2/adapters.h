@@ -33,6 +33,11 @@ struct kvt_l2_spec;
  * open: starts the adapter into l2 from the options parse filled in;
  *   0, or an error with a message in err (without the adapter's name).
  * opts_free: releases what parse allocated in opts (NULL: nothing).
+ * check: what open would find on the host, checked without changing
+ *   anything (sizes, free space, device state and content), so that
+ *   --dry-run refuses what the start would; kvt_l2_spec_check calls it
+ *   after its own checks. 0, or an error with *field (the key it concerns,
+ *   NULL for none) and a message naming the path. NULL: nothing to add.
  */
 struct kvt_l2_adapter_desc {
     const char *name; /* the "type" */
@@ -41,6 +46,8 @@ struct kvt_l2_adapter_desc {
     int (*open)(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
                 size_t errcap);
     void (*opts_free)(void *opts);
+    int (*check)(const struct kvt_l2_spec *spec, const void *opts, const char **field, char *msg,
+                 size_t cap);
 };
 
 /* A parsed adapter spec: type, resolved config, eviction policy, serde. */
@@ -85,12 +92,15 @@ const char *kvt_l2_types(void);
  * "backend_params.file_path", "device_path"); fault_inject answers for its
  * inner adapter. */
 const char *kvt_l2_spec_storage(const struct kvt_l2_spec *s, const char **field, bool *is_dir);
-/* What can be checked without opening anything (--dry-run runs it): the
- * directory is one (or can be created: its parent exists and is writable)
- * and is writable; the device exists (raw_block without capacity_bytes) and
- * is of the right kind and read-write; s3 finds credentials. 0, or
- * KVT_E_CONFIG with *field (NULL when the message is about no one key) and
- * a message naming the path. */
+/* What can be checked without changing anything (--dry-run runs it, and so
+ * does every start before it opens an adapter): the directory is one (or
+ * can be created: its parent exists, is writable and is on a file system
+ * that holds files, not /proc or /sys) and is writable; the device exists
+ * (raw_block without capacity_bytes) and is of the right kind and
+ * read-write; s3 finds credentials; then the type's own check (sizes, free
+ * space, device state and content: kvt_l2_adapter_desc.check). 0, or an
+ * error (KVT_E_CONFIG, or the type's) with *field (NULL when the message
+ * is about no one key) and a message naming the path. */
 int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg, size_t cap);
 /* Do two paths name the same directory or file (same device and inode, or
  * the same real path for one that does not exist yet)? shown: the real

@@ -193,7 +193,8 @@ struct kvt_l2 {
      * wake */
     bool no_sync_evict;
     _Atomic bool warned_too_big;
-    void *engine; /* engine state */
+    _Atomic uint64_t too_big_limit; /* the most an object may have, once one was refused */
+    void *engine;                   /* engine state */
     /* filters on the task path (kvt_l2_filter_attach), attached before the
      * first submit and detached by kvt_l2_close after the engine closed;
      * taker: the one filter with a submit hook, or -1 */
@@ -223,7 +224,8 @@ static inline void kvt_l2_canon(const kvt_l2 *l2, const kvt_key *in, kvt_key *ou
 
 /* A store of len bytes that this adapter can never hold (max bytes per
  * object or slot): count it (too_big, store_failed), warn once naming the
- * limit and the config key (what), and fail key i of t with KVT_E_TOOBIG. */
+ * limit and the config key (what), and fail key i of t with KVT_E_TOOBIG.
+ * The status' health line says it from then on. */
 void kvt_l2_too_big(kvt_l2 *l2, kvt_l2_task *t, uint32_t i, uint64_t len, uint64_t max,
                     const char *what);
 /* Mark the task finished (release) and queue it for the controller. */

@@ -8,10 +8,12 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 /* The resolved object of the adapter that really stores (fault_inject
@@ -67,6 +69,44 @@ static void parent_of(const char *path, char *out, size_t cap)
         *sl = 0;
 }
 
+/* The kernel's own file systems: a directory there passes access() for
+ * root, but mkdir or creating a data file in it fails (ENOENT, EPERM,
+ * EINVAL) or, worse, talks to the kernel. NULL for a file system that
+ * holds files. */
+static const char *kernel_fs(const char *dir)
+{
+    static const struct {
+        long magic;
+        const char *name;
+    } fs[] = {
+        {PROC_SUPER_MAGIC, "proc"},
+        {SYSFS_MAGIC, "sysfs"},
+        {CGROUP_SUPER_MAGIC, "cgroup"},
+        {CGROUP2_SUPER_MAGIC, "cgroup2"},
+        {DEBUGFS_MAGIC, "debugfs"},
+        {TRACEFS_MAGIC, "tracefs"},
+        {SECURITYFS_MAGIC, "securityfs"},
+        {DEVPTS_SUPER_MAGIC, "devpts"},
+        {BPF_FS_MAGIC, "bpf"},
+        {PSTOREFS_MAGIC, "pstore"},
+        {EFIVARFS_MAGIC, "efivarfs"},
+        {HUGETLBFS_MAGIC, "hugetlbfs"},
+        {BINFMTFS_MAGIC, "binfmt_misc"},
+        {SELINUX_MAGIC, "selinuxfs"},
+        {NSFS_MAGIC, "nsfs"},
+        {0x62656570, "configfs"},
+        {0x65735543, "fusectl"},
+        {0x19800202, "mqueue"},
+    };
+    struct statfs sf;
+    if (statfs(dir, &sf) < 0)
+        return NULL;
+    for (size_t i = 0; i < sizeof(fs) / sizeof(fs[0]); i++)
+        if ((long)sf.f_type == fs[i].magic)
+            return fs[i].name;
+    return NULL;
+}
+
 /* A directory that will be created must have a writable parent: the
  * adapters create one level only (a missing mount point is never papered
  * over by a new tree on the root file system). */
@@ -89,10 +129,18 @@ static int check_new(const char *path, char *msg, size_t cap)
                  kvt_strerror(-errno));
         return -1;
     }
+    const char *k = kernel_fs(par);
+    if (k) {
+        snprintf(msg, cap,
+                 "%s cannot be created: its parent %s is on the kernel's %s file system, which "
+                 "holds no data files; choose a directory on a disk",
+                 path, par, k);
+        return -1;
+    }
     return 0;
 }
 
-int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg, size_t cap)
+static int check_common(const struct kvt_l2_spec *s, const char **field, char *msg, size_t cap)
 {
     bool is_dir = false;
     const json_t *r = storing(s->resolved);
@@ -141,6 +189,14 @@ int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg
             snprintf(msg, cap, "%s is not writable: %s", p, kvt_strerror(-errno));
             return KVT_E_CONFIG;
         }
+        const char *k = kernel_fs(p);
+        if (k) {
+            snprintf(msg, cap,
+                     "%s is on the kernel's %s file system, which holds no data files; choose a "
+                     "directory on a disk",
+                     p, k);
+            return KVT_E_CONFIG;
+        }
         return 0;
     }
     bool ok = !strcmp(t, "raw_block") ? S_ISBLK(st.st_mode) || S_ISREG(st.st_mode)
@@ -156,6 +212,15 @@ int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg
         return KVT_E_CONFIG;
     }
     return 0;
+}
+
+int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg, size_t cap)
+{
+    int rc = check_common(s, field, msg, cap);
+    if (rc || !s->desc || !s->desc->check)
+        return rc;
+    *field = NULL;
+    return s->desc->check(s, s->opts, field, msg, cap);
 }
 
 /* A path made comparable: the real path when it exists, else the real path

@@ -169,8 +169,15 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     struct kvt_l2_stats x;
     kvt_l2_stats(l2, &x);
     double fraction = x.cap_bytes ? (double)x.used_bytes / (double)x.cap_bytes : -1.0;
-    char msg[256];
+    char msg[400];
     bool ok = kvt_l2_healthy(l2, msg, sizeof(msg));
+    /* healthy, yet refusing what it is given: the tier's line says so */
+    if (x.too_big) {
+        size_t l = strlen(msg);
+        snprintf(
+            msg + l, sizeof(msg) - l, "; %llu stores refused as too big (objects up to %llu bytes)",
+            (unsigned long long)x.too_big, (unsigned long long)atomic_load(&l2->too_big_limit));
+    }
     json_t *o = json_object();
     json_object_set_new(o, "name", json_string(l2->name));
     json_object_set_new(o, "type", json_string(l2->type));

@@ -272,6 +272,7 @@ void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
 void kvt_l2_too_big(kvt_l2 *l2, kvt_l2_task *t, uint32_t i, uint64_t len, uint64_t max,
                     const char *what)
 {
+    atomic_store(&l2->too_big_limit, max);
     atomic_fetch_add(&l2->counters.too_big, 1);
     atomic_fetch_add(&l2->counters.store_failed, 1);
     kvt_l2_task_fail(t, i, KVT_E_TOOBIG);

@@ -119,11 +119,12 @@ static void print_table(const json_t *st)
     {
         const json_t *c = json_object_get(ad, "counters");
         const json_t *rec = json_object_get(ad, "recovery");
-        printf("%s: rejected_writes %lld, corrupt %lld, store_failed %lld, recovery %s "
-               "(%lld objects)\n",
+        printf("%s: rejected_writes %lld, corrupt %lld, store_failed %lld (too big %lld), "
+               "recovery %s (%lld objects)\n",
                json_string_value(json_object_get(ad, "name")), (long long)ji(c, "rejected_writes"),
                (long long)ji(c, "corrupt"), (long long)ji(c, "store_failed"),
-               json_string_value(json_object_get(rec, "state")), (long long)ji(rec, "objects"));
+               (long long)ji(c, "too_big"), json_string_value(json_object_get(rec, "state")),
+               (long long)ji(rec, "objects"));
     }
     const json_t *sc = json_object_get(st, "store");
     printf("store controller: %lld batches in flight, %lld keys to L2 ok, %lld failed\n",

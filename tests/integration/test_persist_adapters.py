@@ -47,11 +47,11 @@ def specs(tmp_path):
             max_capacity_gb=1), True, 512 + SIZE),
         "raw_block": (adapter_json(
             type="raw_block", device_path=make_file(tmp_path / "rb.img", 40 * MiB),
-            slot_bytes=256 * 1024, meta_total_bytes=MiB), True, 256 * 1024),
+            slot_bytes=256 * 1024, meta_total_bytes=MiB), True, 256 * 1024 + 4096),
         "raw_block-uring": (adapter_json(
             type="raw_block", device_path=make_file(tmp_path / "rb2.img", 40 * MiB),
             slot_bytes=256 * 1024, meta_total_bytes=MiB, io_engine="io_uring",
-            iouring_queue_depth=16), True, 256 * 1024),
+            iouring_queue_depth=16), True, 256 * 1024 + 4096),
         "dax": (adapter_json(
             type="dax", device_path=str(tmp_path / "dax.img"), max_dax_size_gb=0.02,
             slot_bytes=256 * 1024), True, 256 * 1024),
@@ -144,7 +144,8 @@ def test_concurrent_writers_never_exceed_the_cap(make_server, tmp_path, engine):
 
 
 def test_raw_block_cap_counts_slots(make_server, tmp_path):
-    dev = make_file(tmp_path / "rbcap.img", 9 * MiB)  # 1 MiB meta + 8 slots of 1 MiB
+    slot = MiB + 4096  # header_bytes + slot_bytes
+    dev = make_file(tmp_path / "rbcap.img", MiB + 8 * slot)  # 1 MiB meta + 8 slots
     s = make_server(["--l2-adapter", adapter_json(type="raw_block", device_path=dev,
                                                   slot_bytes=MiB, meta_total_bytes=MiB)])
     keys = keys_for("rbcap", 12)
@@ -153,8 +154,35 @@ def test_raw_block_cap_counts_slots(make_server, tmp_path):
             c.store(keys[i:i + 1], random_payloads(1, 1000, seed=i))
         c.flush()
         st = c.status()["l2"][0]
-    assert st["objects"] == 8 and st["used_bytes"] == st["capacity_bytes"] == 8 * MiB
+    assert st["objects"] == 8 and st["used_bytes"] == st["capacity_bytes"] == 8 * slot
     assert st["free_slots"] == 0 and st["counters"]["rejected_writes"] == 4
+
+
+def test_nixl_store_pool_lives_while_the_server_runs(make_server, tmp_path):
+    """The pool's index is volatile, so its files are only worth their
+    space while the server runs: a SIGKILL leaves them and the next start
+    reuses them (the same files: no new allocation), files of a larger
+    earlier pool are removed, and a stop removes the pool."""
+    d = tmp_path / "ns"
+    d.mkdir()
+    spec = adapter_json(type="nixl_store", backend="POSIX", pool_size=2,
+                        backend_params={"file_path": str(d), "file_size": MiB})
+    s = make_server(["--l2-adapter", spec])
+    pool = sorted(os.listdir(d))
+    assert pool == ["nixl_pool_0.bin", "nixl_pool_1.bin"], pool
+    inodes = [os.stat(d / f).st_ino for f in pool]
+    s.kill(signal.SIGKILL)
+    assert sorted(os.listdir(d)) == pool
+    with open(d / "nixl_pool_5.bin", "wb") as f:  # left by a pool of 6 files
+        f.truncate(MiB)
+    s.start()
+    assert sorted(os.listdir(d)) == pool
+    assert [os.stat(d / f).st_ino for f in pool] == inodes
+    with s.client() as c:
+        assert c.store(keys_for("pool", 2), random_payloads(2, 1000)) == 2
+        assert c.flush().l2_failed == 0
+    assert s.stop() == 0
+    assert os.listdir(d) == []
 
 
 def test_fs_native_queue_depth_is_num_workers(make_server, tmp_path):
@@ -263,7 +291,7 @@ def test_raw_block_on_a_loop_device(make_server, tmp_path):
             assert c.store(keys, pay) == 10
             c.flush()
             st = c.status()["l2"][0]
-            assert st["block_device"] is True and st["slots"] == 23 and st["odirect"] == "on"
+            assert st["block_device"] is True and st["slots"] == 22 and st["odirect"] == "on"
         s.kill(signal.SIGKILL)
         s.start()
         s.wait_recovered()

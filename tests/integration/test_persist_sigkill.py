@@ -146,7 +146,7 @@ def test_sigkill_raw_block(make_server, tmp_path, engine):
     # stores, and flush() acknowledges refused stores too
     slots = KILLS * MAX_BATCHES_PER_ROUND * BATCH + 64
     with open(img, "wb") as f:
-        os.posix_fallocate(f.fileno(), 0, 16 * MiB + slots * 16384)
+        os.posix_fallocate(f.fileno(), 0, 16 * MiB + slots * (16384 + 4096))  # + header_bytes
     spec = adapter_json(type="raw_block", device_path=str(img), slot_bytes=16384,
                         meta_total_bytes=16 * MiB, io_engine=engine,
                         meta_checkpoint_interval_sec=1, meta_idle_quiet_ms=20)

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 import kvtier
-from conftest import adapter_json, keys_for, l2_status, random_payloads, wait_for
+from conftest import adapter_json, keys_for, l2_status, random_payloads, run_kvtier, wait_for
 from test_resp import redis  # noqa: F401  (the Redis server fixture)
 
 MiB = 1 << 20
@@ -32,13 +32,13 @@ def counters(server, i=0):
 
 @pytest.mark.parametrize("label", ["raw_block", "dax", "nixl_store"])
 def test_object_larger_than_a_slot_is_loud(make_server, tmp_path, label):
-    """Description: the seed's raw_block example (slot_bytes 1 MiB) with
-    1 MiB chunks: the header takes part of the slot, so nothing fits. Each
+    """Description: slot adapters given objects larger than a slot holds
+    (raw_block: slot_bytes 1 MiB - 4 KiB; its header is in addition): each
     such store is counted (too_big), warned about once, and flush() names
-    every key with E_TOOBIG. The same for the other slot adapters."""
+    every key with E_TOOBIG."""
     spec = {
         "raw_block": dict(type="raw_block", device_path=make_file(tmp_path / "rb.img", 24 * MiB),
-                          slot_bytes=MiB, meta_total_bytes=MiB),
+                          slot_bytes=MiB - 4096, meta_total_bytes=MiB),
         "dax": dict(type="dax", device_path=str(tmp_path / "dax.img"), max_dax_size_gb=0.02,
                     slot_bytes=MiB - 4096),
         "nixl_store": dict(type="nixl_store", backend="POSIX", pool_size=1,
@@ -68,6 +68,15 @@ def test_object_larger_than_a_slot_is_loud(make_server, tmp_path, label):
     assert log.count("this adapter holds at most") == 1, log
     code, text = s.http_get("/metrics")
     assert code == 200 and 'kvtier_l2_too_big_total{adapter="%s[0]"} 4' % label in text, text
+    # healthy, but the tier's line says what it refuses: status and kvtier status
+    with s.client() as c:
+        a = c.status()["l2"][0]
+    assert a["is_healthy"] and "4 stores refused as too big (objects up to" in a["health"], a
+    r = run_kvtier("status", "--url", s.url)
+    assert r.returncode == 0, r.stderr
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("%s[0] " % label)]
+    assert line and "4 stores refused as too big" in line[0], r.stdout
+    assert "(too big 4)" in r.stdout, r.stdout
 
 
 def test_flush_reports_only_the_clients_own_failures(make_server, tmp_path):

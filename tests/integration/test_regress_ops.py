@@ -347,7 +347,7 @@ def test_dry_run_numbers_and_sizes_as_meant(tmp_path):
     r = run_kvtier("server", "--dry-run", "--l2-adapter", ns)
     assert r.returncode == 0, r.stderr
     a = json.loads(r.stdout)["l2_adapters"][0]
-    assert a["persist_enabled"] is False and a["preallocated_bytes"] == 64 * 64 * MiB, a
+    assert a["persist_enabled"] is False and a["preallocated_bytes"] == 64 * 16 * MiB, a
     q = adapter_json(type="fs", base_path=str(tmp_path / "d"),
                      namespace_quotas=str(tmp_path / "missing.json"))
     r = run_kvtier("server", "--dry-run", "--l2-adapter", q)

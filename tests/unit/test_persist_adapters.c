@@ -1,6 +1,8 @@
 /*
  * Description: nixl_store (page pool: dry batch ends the batch, slots freed
- * on delete, fragmentation scatters but round-trips), nixl_store_dynamic
+ * on delete, fragmentation scatters but round-trips; the pool is removed at
+ * close, a pool larger than the free space is refused at open before any
+ * file is allocated, leaving nothing), nixl_store_dynamic
  * with both engines, dax (restart from slot headers, death right after an
  * acknowledged store, persist_enabled false wipes), fs_native's O_DIRECT
  * rule for misaligned buffers (an error, counted) against fs (buffered),
@@ -74,6 +76,38 @@ static void test_nixl_store(void)
 {
     nixl_store_pool("posix");
     nixl_store_pool("io_uring");
+}
+
+/* The pool holds nothing a restart could use: close removes it (and the
+ * directory open created); a pool the file system cannot hold is refused
+ * by open itself (not only by the config check) before it allocates. */
+static void test_nixl_store_leaves_nothing(void)
+{
+    char js[1024], path[300], f0[400];
+    snprintf(path, sizeof(path), "%s/pool2", dir);
+    snprintf(f0, sizeof(f0), "%s/nixl_pool_0.bin", path);
+    rm_rf(path);
+    snprintf(js, sizeof(js),
+             "{\"type\": \"nixl_store\", \"backend\": \"POSIX\", \"backend_params\": "
+             "{\"file_path\": \"%s\", \"file_size\": 1048576}, \"pool_size\": 3}",
+             path);
+    kvt_l2 *l2 = h_open(js);
+    TEST_ASSERT(l2);
+    TEST_ASSERT(access(f0, F_OK) == 0);
+    TEST_ASSERT(h_store(l2, "ns/gone", 0, 2, 1000) == 2);
+    h_close(l2);
+    TEST_ASSERT(access(f0, F_OK) < 0 && access(path, F_OK) < 0);
+    /* 64 files of 1 TiB: more than any test file system has free */
+    snprintf(js, sizeof(js),
+             "{\"type\": \"nixl_store\", \"backend\": \"POSIX\", \"backend_params\": "
+             "{\"file_path\": \"%s\", \"file_size\": 1099511627776, \"page_size\": "
+             "32768}, \"pool_size\": 64}",
+             path);
+    char err[1024];
+    TEST_ASSERT(h_open_err(js, err, sizeof(err)) == -ENOSPC);
+    fprintf(stderr, "   %s\n", err);
+    TEST_ASSERT(strstr(err, "the pool needs 65536.00 GiB") && strstr(err, "GiB are free"));
+    TEST_ASSERT(access(path, F_OK) < 0); /* nothing left: not even the directory */
 }
 
 /* -------------------------------------------------- nixl_store_dynamic */
@@ -307,6 +341,7 @@ int main(void)
     snprintf(dir, sizeof(dir), "/tmp/kvt-test-persist-%d", (int)getpid());
     mkdir(dir, 0755);
     RUN(test_nixl_store);
+    RUN(test_nixl_store_leaves_nothing);
     RUN(test_nixl_dynamic_engines);
     RUN(test_dax);
     RUN(test_fs_native_alignment);

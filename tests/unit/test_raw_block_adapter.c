@@ -5,8 +5,12 @@
  * from the final checkpoint, a process that dies right after its stores
  * were acknowledged (journal replay), a damaged slot read as a miss, a
  * checkpoint that does not fit (an error in status, journal-full stores
- * fail, cleared after deletes), and refusals to reinterpret a device.
+ * fail, cleared after deletes), refusals to reinterpret a device, a slot
+ * that holds slot_bytes of payload besides its header (a larger store is
+ * counted as too big and named in the health line), and a device laid out
+ * with the header inside slot_bytes opened as it was written.
  */
+#include "l2/raw_block/raw_block.h"
 #include "persist_harness.h"
 #include "test.h"
 
@@ -53,12 +57,12 @@ static void round_trip(const char *extra)
     TEST_ASSERT(h_delete(l2, "rb/model", 0, 5) == 5);
     struct kvt_l2_usage u;
     kvt_l2_usage(l2, &u);
-    TEST_ASSERT(u.objects == 15 && u.used_bytes == 15 * 262144ull);
+    TEST_ASSERT(u.objects == 15 && u.used_bytes == 15 * (262144ull + 4096));
     TEST_ASSERT(h_check(l2, "rb/model", 0, 5, 100000) == 0);
     h_close(l2);
     l2 = open_rb(extra); /* the final checkpoint at close */
     kvt_l2_usage(l2, &u);
-    TEST_ASSERT(u.objects == 15 && u.used_bytes == 15 * 262144ull);
+    TEST_ASSERT(u.objects == 15 && u.used_bytes == 15 * (262144ull + 4096));
     TEST_ASSERT(h_check(l2, "rb/model", 5, 15, 100000) == 15);
     TEST_ASSERT(h_check(l2, "rb/model", 0, 5, 100000) == 0);
     TEST_ASSERT(h_status_int(l2, "meta", "records_since_checkpoint") == 0);
@@ -367,7 +371,7 @@ static void test_checkpoint_too_big(void)
     make_dev(5 << 20);
     char js[512];
     snprintf(js, sizeof(js),
-             "{\"type\": \"raw_block\", \"device_path\": \"%s\", \"slot_bytes\": 8192, "
+             "{\"type\": \"raw_block\", \"device_path\": \"%s\", \"slot_bytes\": 4096, "
              "\"meta_total_bytes\": 65536, \"use_odirect\": false}",
              dev);
     kvt_l2 *l2 = h_open(js);
@@ -447,6 +451,79 @@ static void test_refusals(void)
     TEST_ASSERT(h_open_err(js, err, sizeof(err)) != 0 && strstr(err, "fallocate"));
 }
 
+/* The seed's "slot_bytes": 1048576 holds objects of 1 MiB: a slot is
+ * header_bytes + slot_bytes. One byte more is refused as too big, counted,
+ * and the health line says so. */
+static void test_slot_holds_slot_bytes(void)
+{
+    make_dev(24 << 20);
+    char js[512];
+    snprintf(js, sizeof(js),
+             "{\"type\": \"raw_block\", \"device_path\": \"%s\", \"slot_bytes\": 1048576, "
+             "\"meta_total_bytes\": 1048576}",
+             dev);
+    kvt_l2 *l2 = h_open(js);
+    TEST_ASSERT(l2);
+    h_wait_recovered(l2);
+    TEST_ASSERT(h_status_int(l2, "slot_bytes", NULL) == 1048576);
+    TEST_ASSERT(h_status_int(l2, "slot_stride_bytes", NULL) == 1048576 + 4096);
+    TEST_ASSERT(h_status_int(l2, "slots", NULL) == (23 << 20) / (1048576 + 4096));
+    TEST_ASSERT(h_store(l2, "rb/mib", 0, 4, 1048576) == 4);
+    TEST_ASSERT(h_check(l2, "rb/mib", 0, 4, 1048576) == 4);
+    TEST_ASSERT(h_status_int(l2, "counters", "too_big") == 0);
+    TEST_ASSERT(h_store(l2, "rb/mib", 10, 2, 1048576 + 1) == 0);
+    TEST_ASSERT(h_status_int(l2, "counters", "too_big") == 2);
+    json_t *st = kvt_l2_status(l2);
+    const char *health = json_string_value(json_object_get(st, "health"));
+    fprintf(stderr, "   health: %s\n", health);
+    TEST_ASSERT(json_is_true(json_object_get(st, "is_healthy")));
+    TEST_ASSERT(strstr(health, "2 stores refused as too big (objects up to 1048576 bytes)"));
+    json_decref(st);
+    h_close(l2);
+}
+
+/* A device whose index was written with slots of slot_bytes, header
+ * included (the same on-device format, a smaller stride), opens with that
+ * layout: its objects stay readable and the largest object is
+ * slot_bytes - header_bytes. */
+static void test_earlier_layout_kept(void)
+{
+    make_dev(16 << 20);
+    int fd = open(dev, O_RDWR);
+    TEST_ASSERT(fd >= 0);
+    struct rb_geom g;
+    char err[256];
+    TEST_ASSERT(rb_geom_init(&g, 16 << 20, 4096, 4096, 262144, 1 << 20, err, sizeof(err)) == 0);
+    struct rb_ckpt_hdr h = {.version = 1,
+                            .instance = 42,
+                            .next_gen = 1,
+                            .block = 4096,
+                            .header_bytes = 4096,
+                            .slot_bytes = 262144,
+                            .meta_total = 1 << 20,
+                            .data_off = g.data_off,
+                            .nslots = g.nslots};
+    memcpy(h.magic, "LMCIDX01", 8);
+    for (uint64_t seq = 1; seq <= 2; seq++) {
+        h.seq = seq;
+        TEST_ASSERT(rb_write_checkpoint(fd, &g, &h, NULL, 0, (int)(seq % 2)) == 0);
+    }
+    close(fd);
+    kvt_l2 *l2 = open_rb("");
+    TEST_ASSERT(h_status_int(l2, "slot_stride_bytes", NULL) == 262144);
+    TEST_ASSERT(h_status_int(l2, "slots", NULL) == g.nslots);
+    TEST_ASSERT(h_store(l2, "rb/old", 0, 3, 262144 - 4096) == 3);
+    TEST_ASSERT(h_store(l2, "rb/old", 5, 1, 262144) == 0); /* too big for this layout */
+    h_close(l2);
+    l2 = open_rb("");
+    TEST_ASSERT(h_check(l2, "rb/old", 0, 3, 262144 - 4096) == 3);
+    h_close(l2);
+    /* starting empty on purpose takes the configured layout */
+    l2 = open_rb(", \"load_checkpoint_on_init\": false");
+    TEST_ASSERT(h_status_int(l2, "slot_stride_bytes", NULL) == 262144 + 4096);
+    h_close(l2);
+}
+
 int main(void)
 {
     snprintf(dev, sizeof(dev), "/tmp/kvt-test-rb-%d.img", (int)getpid());
@@ -458,6 +535,8 @@ int main(void)
     RUN(test_damaged_slot_is_a_miss);
     RUN(test_checkpoint_too_big);
     RUN(test_refusals);
+    RUN(test_slot_holds_slot_bytes);
+    RUN(test_earlier_layout_kept);
     unlink(dev);
     return TEST_RESULT();
 }

@@ -53,6 +53,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -69,6 +70,7 @@ struct dax_engine {
     char *path;
     int fd;
     bool chardev, durable;
+    bool created; /* this start created the file: removed if it fails */
     uint8_t *map;
     uint64_t map_bytes;
     uint8_t *table; /* nslots x DAX_HDR */
@@ -619,7 +621,8 @@ static int dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts
         rc = -EINVAL;
         goto fail;
     }
-    e->fd = open(e->path, O_RDWR | O_CLOEXEC | (e->chardev ? 0 : O_CREAT), 0644);
+    e->fd = open(e->path, O_RDWR | O_CLOEXEC | (exists ? 0 : O_CREAT | O_EXCL), 0644);
+    e->created = !exists && e->fd >= 0;
     if (e->fd < 0) {
         rc = -errno;
         snprintf(err, errcap, "cannot open device_path %s: %s", e->path, kvt_strerror(-errno));
@@ -708,8 +711,62 @@ fail_base:
     l2->engine = NULL;
     kvt_l2_base_destroy(l2);
 fail:
+    if (e->created) /* nothing this start created stays behind */
+        unlink(e->path);
     engine_free(e);
     return rc ? rc : KVT_E_CONFIG;
+}
+
+/*
+ * --dry-run and the start's config check: a file (not a DAX character
+ * device) is created or grown to max_dax_size_gb at open, so its file
+ * system must have the space; a file another server holds is in use.
+ */
+static int dax_check(const struct kvt_l2_spec *spec, const void *opts, const char **field,
+                     char *msg, size_t cap)
+{
+    (void)spec;
+    const struct kvt_dax_opts *o = opts;
+    *field = "device_path";
+    struct stat st;
+    uint64_t have = 0;
+    char where[4096];
+    snprintf(where, sizeof(where), "%s", o->device_path);
+    if (stat(o->device_path, &st) == 0) {
+        if (!S_ISREG(st.st_mode))
+            return 0; /* a device: its size is the device's */
+        int fd = open(o->device_path, O_RDONLY | O_CLOEXEC);
+        bool busy = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) < 0 && errno == EWOULDBLOCK;
+        if (fd >= 0)
+            close(fd);
+        if (busy) {
+            snprintf(msg, cap, "%s is in use by another process", o->device_path);
+            return KVT_E_CONFIG;
+        }
+        if ((uint64_t)st.st_size >= o->size_bytes)
+            return 0;
+        have = (uint64_t)st.st_blocks * 512;
+    } else {
+        char *sl = strrchr(where, '/');
+        if (!sl)
+            snprintf(where, sizeof(where), ".");
+        else if (sl == where)
+            where[1] = 0;
+        else
+            *sl = 0;
+    }
+    struct statvfs sv;
+    uint64_t need = o->size_bytes > have ? o->size_bytes - have : 0;
+    if (statvfs(where, &sv) == 0 && (uint64_t)sv.f_bavail * sv.f_frsize < need) {
+        *field = "max_dax_size_gb";
+        snprintf(msg, cap,
+                 "%s would be sized to %.2f GiB but its file system has %.2f GiB free: lower "
+                 "max_dax_size_gb, or give a DAX device",
+                 o->device_path, (double)o->size_bytes / KVT_GIB,
+                 (double)sv.f_bavail * (double)sv.f_frsize / KVT_GIB);
+        return KVT_E_CONFIG;
+    }
+    return 0;
 }
 
 const struct kvt_l2_adapter_desc kvt_l2_dax_desc = {
@@ -717,4 +774,5 @@ const struct kvt_l2_adapter_desc kvt_l2_dax_desc = {
     .opts_size = sizeof(struct kvt_dax_opts),
     .parse = dax_parse,
     .open = dax_open,
+    .check = dax_check,
 };

@@ -851,7 +851,8 @@ int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic)
         if (!bp.rc && (page & (page - 1)))
             kvt_cfg_fail(&bp, "page_size", "must be a power of two (got %lld)", (long long)page);
         o->page_size = (uint32_t)page;
-        kvt_cfg_int(&bp, "file_size", false, 64ll << 20, 1, 1ll << 40, &fsz);
+        /* 16 MiB: the seed's pool_size 64 is 1 GiB (docs/persistent-adapters.md) */
+        kvt_cfg_int(&bp, "file_size", false, 16ll << 20, 1, 1ll << 40, &fsz);
         if (!bp.rc && fsz % page)
             kvt_cfg_fail(&bp, "file_size", "must be a multiple of page_size %lld (got %lld)",
                          (long long)page, (long long)fsz);
@@ -868,6 +869,12 @@ int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic)
         int64_t ps = 0;
         kvt_cfg_int(c, "pool_size", true, 0, 1, 1 << 24, &ps);
         o->pool_size = (uint32_t)ps;
+        uint64_t ppf = o->file_size / o->page_size;
+        if (!c->rc && (ppf < 2 || ppf * o->pool_size > UINT32_MAX - 1))
+            return kvt_cfg_fail(c, ppf < 2 ? "backend_params.file_size" : "pool_size",
+                                "gives a pool of %u files x %llu pages of %u bytes: each file "
+                                "needs at least 2 pages, the pool at most 2^32 pages",
+                                o->pool_size, (unsigned long long)ppf, o->page_size);
         /* the pool's index is volatile whatever persist_enabled says, and
          * its files are preallocated in full: --dry-run shows both */
         json_object_set_new(c->resolved, "persist_enabled", json_false());

@@ -2,8 +2,9 @@
  * nixl_store adapter (static pool): LMCache's NIXL static mode served
  * natively for the file backends POSIX and HF3FS.
  *
- * Storage: pool_size files "<file_path>/nixl_pool_<i>.bin", preallocated
- * (fallocate) to file_size bytes each and divided into pages of page_size
+ * Storage: pool_size files "<file_path>/nixl_pool_<i>.bin" (16 MiB by
+ * default), preallocated (fallocate) once the file system was found to
+ * have the space, removed at stop, and divided into pages of page_size
  * bytes (the L1 page, 4096 by default). An object takes
  * 1 + ceil(len / page_size) pages: its header (objfmt.h) fills the first
  * page, the payload follows. Pages are taken as whole extents where
@@ -21,10 +22,11 @@
  * Load:   one batched read of every extent, then header, identity, length
  *         and checksum verified; any mismatch is a miss.
  * Usage:  slot based: pages in use x page_size, capacity = all pages.
- * Restart: like LMCache's static pool the index is volatile: the pool files
- *         are reused and start empty (files are named by slot, not by key,
- *         so nothing can be recovered without a journal; use
- *         nixl_store_dynamic or raw_block for persistence).
+ * Restart: like LMCache's static pool the index is volatile (files are
+ *         named by slot, not by key, so nothing can be recovered without a
+ *         journal; use nixl_store_dynamic or raw_block for persistence):
+ *         the pool is removed at stop and at a failed start; files a
+ *         killed server left are reused, empty.
  *
  * Threads: num_workers workers (tpool "nixlp<i>"), the I/O engine.
  * Locks: e->lock guards the page allocator and the record table; it is
@@ -42,6 +44,7 @@
 #include "l2/kit/objfmt.h"
 #include "l2/nixl/nixl.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -50,6 +53,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 struct ns_ext {
@@ -72,6 +76,8 @@ struct ns_stack {
 struct ns_engine {
     char *base;
     int dirfd;
+    bool made_dir;              /* this start created base: removed with the pool */
+    bool locked;                /* pool file 0 is flocked: the pool files are ours */
     uint32_t nfiles, ppf, page; /* files, pages per file, page size */
     uint32_t pages;             /* total */
     int *fd;                    /* buffered */
@@ -681,12 +687,32 @@ static void engine_free(struct ns_engine *e)
     free(e);
 }
 
+/*
+ * Remove the pool: it holds nothing a restart could use (the index is
+ * volatile), so no space stays taken once the server is gone. Files go in
+ * reverse order and file 0, whose lock says the pool is ours, last, while
+ * it is still locked: a server that starts meanwhile either fails on that
+ * lock or creates a new file 0 after every other file of this pool is gone.
+ * The directory goes too when this start created it and it is empty.
+ */
+static void pool_remove(struct ns_engine *e, uint32_t nfiles)
+{
+    for (uint32_t i = nfiles; e->locked && e->dirfd >= 0 && i-- > 0;) {
+        char nm[64];
+        snprintf(nm, sizeof(nm), "nixl_pool_%u.bin", i);
+        unlinkat(e->dirfd, nm, 0);
+    }
+    if (e->made_dir)
+        rmdir(e->base);
+}
+
 static void ns_close(kvt_l2 *l2)
 {
     struct ns_engine *e = l2->engine;
     /* no engine thread and no parking: the drain, then the pool */
     kvt_l2_life_stop(l2, &(struct kvt_l2_life){.drain = &e->drain, .pools = {e->work}});
     kvt_ioeng_destroy(e->io);
+    pool_remove(e, e->nfiles);
     engine_free(e);
     l2->engine = NULL;
 }
@@ -698,24 +724,19 @@ static const struct kvt_l2_ops ns_ops = {
     .close = ns_close,
 };
 
-/* Open (create) one pool file, preallocated to its full size. */
+/* Open (create) one pool file, preallocated to its full size (one left by
+ * a server that died is reused). */
 static int open_pool_file(kvt_l2 *l2, struct ns_engine *e, uint32_t i, uint64_t size, char *err,
                           size_t errcap)
 {
     char nm[64];
     snprintf(nm, sizeof(nm), "nixl_pool_%u.bin", i);
-    int fd = openat(e->dirfd, nm, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = e->fd[i] >= 0 ? e->fd[i] : openat(e->dirfd, nm, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
         snprintf(err, errcap, "cannot open %s/%s: %s", e->base, nm, kvt_strerror(-errno));
         return -errno;
     }
     e->fd[i] = fd;
-    if (i == 0 && flock(fd, LOCK_EX | LOCK_NB) < 0) {
-        snprintf(err, errcap,
-                 "%s/%s is in use by another process: one nixl_store pool per directory", e->base,
-                 nm);
-        return -EBUSY;
-    }
     if (ftruncate(fd, (off_t)size) < 0) {
         snprintf(err, errcap, "cannot size %s/%s to %llu bytes: %s", e->base, nm,
                  (unsigned long long)size, kvt_strerror(-errno));
@@ -744,6 +765,81 @@ static int open_pool_file(kvt_l2 *l2, struct ns_engine *e, uint32_t i, uint64_t 
     return 0;
 }
 
+/* Take the pool: file 0, locked (one pool per directory). */
+static int lock_pool(struct ns_engine *e, char *err, size_t errcap)
+{
+    int fd = openat(e->dirfd, "nixl_pool_0.bin", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, errcap, "cannot open %s/nixl_pool_0.bin: %s", e->base, kvt_strerror(-errno));
+        return -errno;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        close(fd);
+        snprintf(err, errcap,
+                 "%s/nixl_pool_0.bin is in use by another process: one nixl_store pool per "
+                 "directory",
+                 e->base);
+        return -EBUSY;
+    }
+    e->fd[0] = fd;
+    e->locked = true;
+    return 0;
+}
+
+/* Bytes the pool still has to allocate in dirfd (pool files a server that
+ * died left are reused: their allocated blocks count), and bytes free. */
+static void pool_space(int dirfd, uint32_t nfiles, uint64_t file_size, uint64_t *need,
+                       uint64_t *avail)
+{
+    *need = 0;
+    for (uint32_t i = 0; i < nfiles; i++) {
+        char nm[64];
+        snprintf(nm, sizeof(nm), "nixl_pool_%u.bin", i);
+        struct stat st;
+        uint64_t have = 0;
+        if (dirfd >= 0 && fstatat(dirfd, nm, &st, 0) == 0 && S_ISREG(st.st_mode))
+            have = KVT_MIN((uint64_t)st.st_blocks * 512, file_size);
+        *need += file_size - have;
+    }
+    struct statvfs sv;
+    *avail =
+        dirfd >= 0 && fstatvfs(dirfd, &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : UINT64_MAX;
+}
+
+/* The shortfall message: 0, or -ENOSPC with what to change. */
+static int space_check(const char *base, const struct kvt_nixl_opts *o, uint64_t need,
+                       uint64_t avail, char *err, size_t errcap)
+{
+    if (need <= avail)
+        return 0;
+    uint64_t total = (uint64_t)o->pool_size * o->file_size;
+    snprintf(err, errcap,
+             "the pool needs %.2f GiB under %s (pool_size %u x file_size %.2f MiB%s) but %.2f "
+             "GiB are free: lower pool_size or backend_params.file_size, or free space",
+             (double)total / KVT_GIB, base, o->pool_size, (double)o->file_size / (1 << 20),
+             need < total ? ", some of it already allocated" : "", (double)avail / KVT_GIB);
+    return -ENOSPC;
+}
+
+/* Pool files beyond pool_size, left by a larger pool: removed. */
+static void remove_stale(struct ns_engine *e)
+{
+    DIR *d = fdopendir(dup(e->dirfd));
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *p = de->d_name;
+        if (strncmp(p, "nixl_pool_", 10) != 0 || p[10] < '0' || p[10] > '9')
+            continue;
+        char *end;
+        unsigned long i = strtoul(p + 10, &end, 10);
+        if (strcmp(end, ".bin") == 0 && i >= e->nfiles)
+            unlinkat(e->dirfd, p, 0);
+    }
+    closedir(d);
+}
+
 static int ns_parse(struct kvt_cfg *c, void *o)
 {
     return kvt_nixl_parse(c, o, false);
@@ -756,14 +852,8 @@ static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     if (o->obj) /* backend OBJ: the s3 engine */
         return kvt_s3_open_nixl_obj(l2, spec, o->obj, err, errcap);
     uint64_t ppf = o->file_size / o->page_size;
-    uint64_t pages = ppf * o->pool_size;
-    if (ppf < 2 || pages > UINT32_MAX - 1) {
-        snprintf(err, errcap,
-                 "pool of %u files x %llu pages of %u bytes is out of range (each file needs "
-                 "at least 2 pages, at most 2^32 pages in all)",
-                 o->pool_size, (unsigned long long)ppf, o->page_size);
-        return KVT_E_CONFIG;
-    }
+    uint64_t pages = ppf * o->pool_size; /* in range: kvt_nixl_parse checked */
+    KVT_ASSERT(ppf >= 2 && pages <= UINT32_MAX - 1);
     int rc = kvt_l2_life_init(l2, &ns_ops, spec, KVT_CODEC_OBJ, pages * o->page_size, err, errcap);
     if (rc)
         return rc;
@@ -792,7 +882,9 @@ static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     else
         snprintf(abs, sizeof(abs), "%s", o->file_path);
     e->base = kvt_xstrdup(abs);
-    if (mkdir(e->base, 0755) < 0 && errno != EEXIST) {
+    if (mkdir(e->base, 0755) == 0) {
+        e->made_dir = true;
+    } else if (errno != EEXIST) {
         rc = -errno;
         snprintf(err, errcap, "cannot create file_path %s: %s", e->base, kvt_strerror(-errno));
         goto fail;
@@ -809,8 +901,20 @@ static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
                  e->page, e->od.blksz);
         e->od.on = false;
     }
-    kvt_info("%s: preallocating %.2f GiB under %s (pool_size %u x file_size %.2f MiB)", l2->name,
-             (double)o->pool_size * (double)o->file_size / KVT_GIB, e->base, o->pool_size,
+    rc = lock_pool(e, err, errcap);
+    if (rc)
+        goto fail;
+    /* the space first: a pool that cannot be allocated in full is not
+     * begun (a start that fails removes what it allocated) */
+    uint64_t need, avail;
+    pool_space(e->dirfd, e->nfiles, o->file_size, &need, &avail);
+    rc = space_check(e->base, o, need, avail, err, errcap);
+    if (rc)
+        goto fail;
+    remove_stale(e);
+    kvt_info("%s: preallocating %.2f GiB under %s (pool_size %u x file_size %.2f MiB; removed "
+             "at stop)",
+             l2->name, (double)o->pool_size * (double)o->file_size / KVT_GIB, e->base, o->pool_size,
              (double)o->file_size / (1 << 20));
     for (uint32_t i = 0; i < e->nfiles; i++) {
         rc = open_pool_file(l2, e, i, o->file_size, err, errcap);
@@ -834,10 +938,67 @@ static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     return 0;
 fail:
     kvt_ioeng_destroy(e->io);
+    pool_remove(e, e->nfiles); /* no partial pool stays behind */
     engine_free(e);
     l2->engine = NULL;
     kvt_l2_base_destroy(l2);
     return rc ? rc : KVT_E_CONFIG;
+}
+
+/*
+ * --dry-run and the start's config check: the pool's lock, and the space
+ * it needs in file_path (or in the parent open would create it in). The
+ * object backends (OBJ, AZURE_BLOB) have nothing here.
+ */
+static int ns_check(const struct kvt_l2_spec *spec, const void *opts, const char **field, char *msg,
+                    size_t cap)
+{
+    (void)spec;
+    const struct kvt_nixl_opts *o = opts;
+    if (o->obj)
+        return 0;
+    *field = "backend_params.file_path";
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", o->file_path);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) { /* created at open: its parent holds the pool */
+        char *sl = strrchr(dir, '/');
+        if (!sl)
+            snprintf(dir, sizeof(dir), ".");
+        else if (sl == dir)
+            dir[1] = 0;
+        else
+            *sl = 0;
+        dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    } else {
+        int fd = openat(dfd, "nixl_pool_0.bin", O_RDONLY | O_CLOEXEC);
+        bool busy = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) < 0 && errno == EWOULDBLOCK;
+        if (fd >= 0)
+            close(fd);
+        if (busy) {
+            close(dfd);
+            snprintf(msg, cap,
+                     "%s/nixl_pool_0.bin is in use by another process: one nixl_store pool per "
+                     "directory",
+                     o->file_path);
+            return KVT_E_CONFIG;
+        }
+    }
+    for (uint32_t i = 0; dfd >= 0 && i < o->pool_size; i++) {
+        char nm[64];
+        snprintf(nm, sizeof(nm), "nixl_pool_%u.bin", i);
+        struct stat st;
+        if (fstatat(dfd, nm, &st, 0) == 0 && !S_ISREG(st.st_mode)) {
+            close(dfd);
+            snprintf(msg, cap, "%s/%s is not a regular file: move it away", o->file_path, nm);
+            return KVT_E_CONFIG;
+        }
+    }
+    uint64_t need, avail;
+    pool_space(dfd, o->pool_size, o->file_size, &need, &avail);
+    if (dfd >= 0)
+        close(dfd);
+    return space_check(o->file_path, o, need, avail, msg, cap) ? KVT_E_CONFIG : 0;
 }
 
 static void ns_opts_free(void *opts)
@@ -853,4 +1014,5 @@ const struct kvt_l2_adapter_desc kvt_l2_nixl_store_desc = {
     .parse = ns_parse,
     .open = ns_open,
     .opts_free = ns_opts_free,
+    .check = ns_check,
 };

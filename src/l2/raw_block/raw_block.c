@@ -25,9 +25,12 @@
  *         not fit its copy is an error in status (is_healthy false); when
  *         the journal is then 3/4 full, new stores are refused (deletes and
  *         evictions still go through) until a checkpoint fits again.
- * Start-up: checkpoint headers are checked in open (a foreign format or
- *         another geometry is a clear error, never reformatted silently);
- *         payload, journal replay and slot-header verification run in the
+ * Start-up: open refuses a device in use and reads what the device holds
+ *         (raw_block_probe.c, the same checks as --dry-run): kvtier's own
+ *         index is recovered (another layout, format or version is a clear
+ *         error), an empty device is formatted, anything else is refused
+ *         unless "format": "force". A slot is header_bytes + slot_bytes.
+ *         Payload, journal replay and slot-header verification run in the
  *         background while stores wait.
  * O_DIRECT: header, offsets and lengths are block aligned; the payload is
  *         written from the caller's buffer when aligned (enable_zero_copy),
@@ -291,11 +294,11 @@ static void store_prep(struct rb_op *op)
     kvt_key ck;
     kvt_l2_canon(l2, &t->keys[i], &ck);
     if (src->len > e->g.slot_bytes - e->g.header_bytes || src->len > KVT_MAX_OBJECT) {
-        /* a slot holds header_bytes of header, then the payload (LMCache's
-         * layout): loud, counted and reported by flush, never silent */
+        /* a slot holds header_bytes of header, then the payload: loud,
+         * counted (too_big, in status) and reported by flush, never silent */
         kvt_l2_too_big(l2, t, i, src->len,
                        KVT_MIN(e->g.slot_bytes - e->g.header_bytes, KVT_MAX_OBJECT),
-                       "slot_bytes minus header_bytes: raise slot_bytes");
+                       "slot_bytes: raise it");
         batch_op_done(b);
         return;
     }
@@ -698,7 +701,10 @@ static void rb_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "device_path", json_string(e->path));
     json_object_set_new(out, "device_bytes", json_integer((json_int_t)e->dev_size));
     json_object_set_new(out, "block_device", json_boolean(e->blockdev));
-    json_object_set_new(out, "slot_bytes", json_integer((json_int_t)e->g.slot_bytes));
+    /* a slot: header_bytes, then up to slot_bytes of payload */
+    json_object_set_new(out, "slot_bytes",
+                        json_integer((json_int_t)(e->g.slot_bytes - e->g.header_bytes)));
+    json_object_set_new(out, "slot_stride_bytes", json_integer((json_int_t)e->g.slot_bytes));
     json_object_set_new(out, "header_bytes", json_integer(e->g.header_bytes));
     json_object_set_new(out, "block_align", json_integer(e->g.block));
     json_object_set_new(out, "slots", json_integer(e->g.nslots));
@@ -816,7 +822,10 @@ static const struct kvt_l2_ops rb_ops = {
     .close = rb_close,
 };
 
-/* Open the device or file; size it; lock it against a second server. */
+/* Open the device or file (a block device exclusively: no mount, RAID or
+ * second server can claim it while we run); size it; lock it against a
+ * second server. A missing file is created only with capacity_bytes, and
+ * removed again by rb_open's failure path (e->created). */
 static int open_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, char *err,
                        size_t errcap)
 {
@@ -830,18 +839,22 @@ static int open_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, 
             return -errno;
         }
         int fd = open(e->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (fd < 0 || posix_fallocate(fd, 0, (off_t)o->capacity_bytes) != 0) {
-            int rc = fd < 0 ? -errno : -ENOSPC;
+        if (fd >= 0)
+            e->created = true;
+        int frc = fd < 0 ? -errno : -posix_fallocate(fd, 0, (off_t)o->capacity_bytes);
+        if (fd >= 0)
+            close(fd);
+        if (frc) {
             snprintf(err, errcap, "cannot create %s with %llu bytes: %s", e->path,
-                     (unsigned long long)o->capacity_bytes, kvt_strerror(rc));
-            if (fd >= 0) {
-                close(fd);
-                unlink(e->path);
-            }
-            return rc;
+                     (unsigned long long)o->capacity_bytes, kvt_strerror(frc));
+            return frc;
         }
-        close(fd);
         stat(e->path, &st);
+    } else {
+        /* mounted, swap, held, a loop's backing file, another server */
+        int rc = rb_in_use(e->path, err, errcap);
+        if (rc)
+            return rc;
     }
     if (!S_ISBLK(st.st_mode) && !S_ISREG(st.st_mode)) {
         snprintf(err, errcap, "device_path %s is neither a block device nor a regular file",
@@ -849,12 +862,19 @@ static int open_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, 
         return -EINVAL;
     }
     e->blockdev = S_ISBLK(st.st_mode);
-    int flags = O_RDWR | O_CLOEXEC;
+    int flags = O_RDWR | O_CLOEXEC | (e->blockdev ? O_EXCL : 0);
     e->fd = open(e->path, flags | (e->odirect ? O_DIRECT : 0));
     if (e->fd < 0 && e->odirect && errno == EINVAL) {
         e->odirect_refused = true;
         kvt_warn("raw_block %s: O_DIRECT refused by the file system: buffered I/O", e->path);
         e->fd = open(e->path, flags);
+    }
+    if (e->fd < 0 && errno == EBUSY) {
+        snprintf(err, errcap,
+                 "%s is in use by another process that holds it exclusively (a mount, swap, "
+                 "RAID or LVM, or another kvtier server)",
+                 e->path);
+        return -EBUSY;
     }
     if (e->fd < 0) {
         snprintf(err, errcap, "cannot open device_path %s: %s", e->path, kvt_strerror(-errno));
@@ -864,25 +884,44 @@ static int open_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, 
         snprintf(err, errcap, "device_path %s is in use by another process", e->path);
         return -EBUSY;
     }
-    if (e->blockdev) {
-        uint64_t sz = 0;
-        if (ioctl(e->fd, BLKGETSIZE64, &sz) < 0) {
-            snprintf(err, errcap, "BLKGETSIZE64 on %s: %s", e->path, kvt_strerror(-errno));
-            return -errno;
-        }
-        e->dev_size = sz;
-        int lbs = 0;
-        if (e->odirect && ioctl(e->fd, BLKSSZGET, &lbs) == 0 && (uint32_t)lbs > o->block_align) {
-            snprintf(err, errcap,
-                     "block_align %u is smaller than the logical block size %d of %s: O_DIRECT "
-                     "would fail; set block_align to %d",
-                     o->block_align, lbs, e->path, lbs);
-            return -EINVAL;
-        }
-    } else {
-        e->dev_size = (uint64_t)st.st_size;
-    }
+    int rc = rb_dev_size(e->fd, &st, o, &e->dev_size, err, errcap);
+    if (rc)
+        return rc;
     e->usable = o->capacity_bytes ? KVT_MIN(o->capacity_bytes, e->dev_size) : e->dev_size;
+    return 0;
+}
+
+/* What the device holds decides what opening does (rb_plan): read through
+ * a buffered descriptor of its own (e->fd may be O_DIRECT). Foreign
+ * content under "format": "force" loses its signatures here. */
+static int plan_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, char *err,
+                       size_t errcap)
+{
+    int fd = open(e->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int rc = -errno;
+        snprintf(err, errcap, "cannot open device_path %s: %s", e->path, kvt_strerror(rc));
+        return rc;
+    }
+    struct rb_plan p;
+    int rc = rb_plan(o, fd, e->dev_size, e->usable, !e->blockdev, &p, err, errcap);
+    close(fd);
+    if (rc)
+        return rc;
+    if (p.wipe) {
+        kvt_warn("raw_block %s held %s: \"format\": \"force\" overwrites it", e->path, p.forced);
+        rc = rb_wipe_signatures(e->path, err, errcap);
+        if (rc)
+            return rc;
+    }
+    if (p.compat)
+        kvt_warn("raw_block %s was formatted with slots of slot_bytes %llu, header included: "
+                 "kept as it is (objects up to %llu bytes); to get slot_bytes per object, set "
+                 "\"load_checkpoint_on_init\": false once (it starts empty)",
+                 e->path, (unsigned long long)p.g.slot_bytes,
+                 (unsigned long long)(p.g.slot_bytes - p.g.header_bytes));
+    e->g = p.g;
+    e->fresh = p.fresh;
     return 0;
 }
 
@@ -946,67 +985,12 @@ static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     int rc = open_device(e, o, err, errcap);
     if (rc)
         goto fail;
-    rc = rb_geom_init(&e->g, e->usable, o->block_align, o->header_bytes, o->slot_bytes,
-                      o->meta_total_bytes, err, errcap);
+    rc = plan_device(e, o, err, errcap);
     if (rc)
         goto fail;
     e->slots = kvt_xcalloc(e->g.nslots, sizeof(*e->slots));
     e->freev = kvt_xcalloc(e->g.nslots, sizeof(uint32_t));
     e->lost = kvt_xcalloc(e->g.nslots, sizeof(uint32_t));
-    /* probe the checkpoint headers now: what cannot be recovered is an
-     * error at start, never a silent reformat */
-    e->fresh = !o->load_checkpoint;
-    if (o->load_checkpoint) {
-        uint8_t *blk = kvt_xmemalign(e->g.block, e->g.block);
-        int found = 0, proto = 0, bad = 0;
-        struct rb_ckpt_hdr h;
-        for (int c = 0; c < 2; c++) {
-            int r = kvt_pread_all(e->fd, blk, e->g.block, (uint64_t)c * e->g.ckpt_bytes, NULL);
-            if (r == -EIO) /* shorter than the meta area: cannot be ours */
-                continue;
-            if (r) {
-                free(blk);
-                snprintf(err, errcap, "cannot read %s: %s", e->path, kvt_strerror(r));
-                rc = r;
-                goto fail;
-            }
-            r = rb_ckpt_hdr_decode(blk, e->g.block, e->magic, e->version, &h);
-            if (r == 0 && !rb_ckpt_geom_matches(&h, &e->g)) {
-                free(blk);
-                snprintf(err, errcap,
-                         "%s holds a raw_block index for another layout (slot_bytes %llu, "
-                         "header_bytes %u, block_align %u, meta_total_bytes %llu, %u slots): "
-                         "refusing to reinterpret it; use the same settings, or set "
-                         "\"load_checkpoint_on_init\": false to start empty",
-                         e->path, (unsigned long long)h.slot_bytes, h.header_bytes, h.block,
-                         (unsigned long long)h.meta_total, h.nslots);
-                rc = KVT_E_CONFIG;
-                goto fail;
-            }
-            found += r == 0;
-            proto += r == -EPROTO;
-            bad += r == -EBADMSG;
-        }
-        free(blk);
-        if (!found && proto) {
-            snprintf(err, errcap,
-                     "%s carries meta_magic \"%s\" in another format or meta_version (not "
-                     "%u): refusing to overwrite it; set \"load_checkpoint_on_init\": false "
-                     "to start empty",
-                     e->path, e->magic, e->version);
-            rc = KVT_E_CONFIG;
-            goto fail;
-        }
-        if (!found && bad) {
-            snprintf(err, errcap,
-                     "both metadata checkpoint headers on %s are damaged; set "
-                     "\"load_checkpoint_on_init\": false to start empty",
-                     e->path);
-            rc = KVT_E_CORRUPT;
-            goto fail;
-        }
-        e->fresh = !found;
-    }
     if (e->fresh) {
         rc = format_fresh(e);
         if (rc) {
@@ -1053,11 +1037,10 @@ static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
         goto fail_base;
     }
     e->rec_started = true;
-    kvt_info("%s: %s: %u slots of %llu bytes (objects up to %llu bytes: slot_bytes minus "
-             "header_bytes %u), meta %llu bytes (2 x %llu checkpoint, %u journal blocks), %s, "
-             "%s engine",
-             l2->name, e->path, e->g.nslots, (unsigned long long)e->g.slot_bytes,
-             (unsigned long long)(e->g.slot_bytes - e->g.header_bytes), e->g.header_bytes,
+    kvt_info("%s: %s: %u slots of %llu bytes (header_bytes %u + objects up to %llu bytes), "
+             "meta %llu bytes (2 x %llu checkpoint, %u journal blocks), %s, %s engine",
+             l2->name, e->path, e->g.nslots, (unsigned long long)e->g.slot_bytes, e->g.header_bytes,
+             (unsigned long long)(e->g.slot_bytes - e->g.header_bytes),
              (unsigned long long)e->g.meta_total, (unsigned long long)e->g.ckpt_bytes,
              e->g.jrnl_blocks, e->odirect && !e->odirect_refused ? "O_DIRECT" : "buffered",
              kvt_ioeng_kind_name((enum kvt_ioeng_kind)o->io_engine));
@@ -1076,9 +1059,13 @@ fail_base:
     kvt_ioeng_destroy(e->io);
     l2->engine = NULL;
     kvt_l2_base_destroy(l2);
+    if (e->created) /* nothing this start created stays behind */
+        unlink(e->path);
     engine_free(e);
     return rc;
 fail:
+    if (e->created)
+        unlink(e->path);
     engine_free(e);
     return rc ? rc : KVT_E_CONFIG;
 }
@@ -1088,4 +1075,5 @@ const struct kvt_l2_adapter_desc kvt_l2_raw_block_desc = {
     .opts_size = sizeof(struct kvt_raw_block_opts),
     .parse = kvt_raw_block_parse,
     .open = rb_open,
+    .check = kvt_raw_block_check,
 };

@@ -35,11 +35,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "key/key.h"
 #include "l2/kit/slot.h"
 
 struct kvt_cfg;
+struct kvt_l2_spec;
 
 /* raw_block's options (raw_block_cfg.c parses them, raw_block.c opens) */
 struct kvt_raw_block_opts {
@@ -49,10 +51,15 @@ struct kvt_raw_block_opts {
     const char *meta_magic;
     uint32_t ckpt_interval_s, idle_quiet_ms;
     bool use_odirect, periodic, load_checkpoint, verify_on_load, zero_copy, durable;
+    bool format_force; /* "format": "force": may format a device holding foreign data */
     int io_engine, queue_depth;
     int num_store_workers, num_lookup_workers, num_load_workers;
 };
 int kvt_raw_block_parse(struct kvt_cfg *c, void *opts);
+/* The host checks of --dry-run and the start (kvt_l2_adapter_desc.check):
+ * device state, size and layout, content (raw_block_probe.c). */
+int kvt_raw_block_check(const struct kvt_l2_spec *spec, const void *opts, const char **field,
+                        char *msg, size_t cap);
 
 #define RB_JBLK_MAGIC "KVTRBJL1"
 #define RB_CKPT_FORMAT "KVTRBCP1"
@@ -179,5 +186,48 @@ uint64_t rb_serialize(const struct rb_slot *slots, uint32_t nslots, uint32_t blo
  * Returns 0, -EFBIG when the payload does not fit the copy, or -errno. */
 int rb_write_checkpoint(int fd, const struct rb_geom *g, const struct rb_ckpt_hdr *h,
                         const uint8_t *payload, uint64_t payload_len, int copy);
+
+/*
+ * Device checks (raw_block_probe.c), run by open and by --dry-run alike.
+ *
+ * rb_in_use: 0, or -EBUSY with a message naming the use (mounted, swap,
+ *   held by device-mapper or RAID, a partition in use, claimed by another
+ *   program, a loop device's backing file, another kvtier server) and what
+ *   to do. Nothing overrides it.
+ * rb_content: what fd (read-only, buffered) holds: RB_CONTENT_OURS (this
+ *   meta_magic at checkpoint copy 0 or copy 1, at copy1_off),
+ *   RB_CONTENT_EMPTY (no libblkid signature and zeros where sampled) or
+ *   RB_CONTENT_FOREIGN (what: what was found); or -errno.
+ * rb_plan: what opening does with the device: the geometry (a slot is
+ *   header_bytes + slot_bytes; a device formatted with slot_bytes as the
+ *   whole slot keeps that layout: compat), start empty (fresh) or recover,
+ *   wipe foreign signatures first ("format": "force"). An error (with
+ *   *field, the key it concerns, and a message) for foreign content without
+ *   force, a device too small, an index of another layout, format or
+ *   version, or damaged headers (the last three unless
+ *   load_checkpoint_on_init is false or format is force).
+ * rb_wipe_signatures: erase what libblkid finds (wipefs -a), then fsync.
+ * rb_dev_size: the size of a block device (BLKGETSIZE64) or file; refuses a
+ *   block_align below the logical block size when O_DIRECT is on.
+ */
+enum { RB_CONTENT_EMPTY = 0, RB_CONTENT_OURS = 1, RB_CONTENT_FOREIGN = 2 };
+
+struct rb_plan {
+    struct rb_geom g;
+    bool fresh;        /* format: no index to recover */
+    bool wipe;         /* "format": "force" over foreign content */
+    bool compat;       /* slots of slot_bytes, header included */
+    char forced[400];  /* with wipe: what the device held */
+    const char *field; /* the key an error concerns */
+};
+
+int rb_in_use(const char *path, char *msg, size_t cap);
+int rb_content(int fd, uint64_t size, bool regular, const char *magic, uint64_t copy1_off,
+               char *what, size_t cap);
+int rb_plan(const struct kvt_raw_block_opts *o, int fd, uint64_t dev_size, uint64_t usable,
+            bool regular, struct rb_plan *p, char *msg, size_t cap);
+int rb_wipe_signatures(const char *path, char *err, size_t cap);
+int rb_dev_size(int fd, const struct stat *st, const struct kvt_raw_block_opts *o, uint64_t *size,
+                char *msg, size_t cap);
 
 #endif

@@ -76,6 +76,11 @@ int kvt_raw_block_parse(struct kvt_cfg *c, void *opts)
     o->num_lookup_workers = (int)nl;
     o->num_load_workers = (int)nd;
     kvt_cfg_bool(c, "durable", false, &o->durable);
+    /* kvtier: what may be formatted (raw_block_probe.c) */
+    static const char *const formats[] = {"if_empty", "force", NULL};
+    const char *fmt = "if_empty";
+    kvt_cfg_enum(c, "format", false, "if_empty", formats, false, &fmt);
+    o->format_force = strcmp(fmt, "force") == 0;
     if (c->rc)
         return c->rc;
     uint32_t ba = o->block_align;
@@ -96,15 +101,25 @@ int kvt_raw_block_parse(struct kvt_cfg *c, void *opts)
         return kvt_cfg_fail(c, "meta_total_bytes",
                             "must be a multiple of block_align %u (got %llu)", ba,
                             (unsigned long long)o->meta_total_bytes);
-    if (o->slot_bytes < (uint64_t)o->header_bytes + 1)
-        return kvt_cfg_fail(c, "slot_bytes", "must be >= header_bytes + 1 (%u) (got %llu)",
-                            o->header_bytes + 1, (unsigned long long)o->slot_bytes);
-    if (o->capacity_bytes && o->capacity_bytes <= o->meta_total_bytes)
-        return kvt_cfg_fail(c, "capacity_bytes",
-                            "must leave space for at least one slot after meta_total_bytes "
-                            "%llu (got %llu)",
-                            (unsigned long long)o->meta_total_bytes,
-                            (unsigned long long)o->capacity_bytes);
+    /* a slot is header_bytes of header followed by slot_bytes of payload,
+     * counted in 32 bits by the usage */
+    if (o->slot_bytes + o->header_bytes > UINT32_MAX)
+        return kvt_cfg_fail(c, "slot_bytes",
+                            "must be at most %llu: a slot of slot_bytes plus header_bytes %u is "
+                            "counted in 32 bits (got %llu)",
+                            (unsigned long long)(UINT32_MAX - o->header_bytes) / ba * ba,
+                            o->header_bytes, (unsigned long long)o->slot_bytes);
+    if (o->capacity_bytes &&
+        o->capacity_bytes < o->meta_total_bytes + o->slot_bytes + o->header_bytes)
+        return kvt_cfg_fail(
+            c, "capacity_bytes",
+            "must hold meta_total_bytes %llu plus one slot of %llu "
+            "(slot_bytes %llu + header_bytes %u): at least %llu (got %llu)",
+            (unsigned long long)o->meta_total_bytes,
+            (unsigned long long)(o->slot_bytes + o->header_bytes),
+            (unsigned long long)o->slot_bytes, o->header_bytes,
+            (unsigned long long)(o->meta_total_bytes + o->slot_bytes + o->header_bytes),
+            (unsigned long long)o->capacity_bytes);
     if (o->meta_total_bytes / ba < 16)
         return kvt_cfg_fail(c, "meta_total_bytes",
                             "must hold at least 16 blocks of block_align (two checkpoint copies "

@@ -72,6 +72,7 @@ struct rb_engine {
     uint64_t max_xfer; /* 0: no split */
     uint64_t dev_size, usable;
     bool blockdev;
+    bool created; /* this start created the file (capacity_bytes) */
     struct rb_geom g;
     struct kvt_ioeng *io;
     struct kvt_tpool *spool, *lpool;

@@ -202,10 +202,21 @@ static int fault_open(kvt_l2 *l2, const struct kvt_l2_spec *outer, const void *o
     return 0;
 }
 
+/* The inner adapter's host checks are the wrapper's. */
+static int fault_check(const struct kvt_l2_spec *outer, const void *opts, const char **field,
+                       char *msg, size_t cap)
+{
+    const struct kvt_fault_opts *o = opts;
+    (void)outer;
+    const struct kvt_l2_spec *in = o->inner;
+    return in && in->desc && in->desc->check ? in->desc->check(in, in->opts, field, msg, cap) : 0;
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_fault_inject_desc = {
     .name = "fault_inject",
     .opts_size = sizeof(struct kvt_fault_opts),
     .parse = fault_parse,
     .open = fault_open,
     .opts_free = fault_opts_free,
+    .check = fault_check,
 };
