@@ -920,6 +920,8 @@ static void banner(struct kvt_server *s)
     kvt_info("L1: %.3g GiB shared memory (%s, align %u, policy %s)%s", c->l1_size_gb,
              c->l1_lazy ? "lazy" : "preallocated", c->l1_align, c->eviction_policy,
              c->shm ? "; zero-copy path offered to local clients" : "");
+    if (c->l1_fit_checked && c->l1_fit.verdict == KVT_L1_FIT_WARN)
+        kvt_warn("L1: %s", c->l1_fit.msg);
     if (s->local)
         kvt_info("same-host clients: unix socket %s", kvt_local_name(s));
     if (s->lmc)
