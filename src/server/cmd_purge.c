@@ -22,6 +22,7 @@
  * A progress bar goes to a terminal on stderr.
  */
 #include "common/util.h"
+#include "key/key.h"
 #include "kvtier/error.h"
 #include "ops/cli.h"
 #include "l2/kit/dirlock.h"
@@ -55,7 +56,8 @@ static void usage(FILE *f)
             "  --models--MyModel--a84fadf1); --namespace=NAME, -- NAME, and the positional form\n"
             "  (when the root holds that namespace) accept names that begin with '-'; any other\n"
             "  word that begins with '-' is an unknown option (exit 2). A NAME that matches\n"
-            "  nothing exits 1 and lists the namespaces. Without --yes nothing is removed.\n");
+            "  nothing exits 1 and lists the namespaces. Without --yes nothing is removed.\n"
+            "  A model name (Qwen/Qwen2-7B) is refused, naming its namespace (Qwen--Qwen2-7B).\n");
 }
 
 struct bar {
@@ -144,6 +146,17 @@ static json_t *known_namespaces(const char *root, const json_t *ad, const char *
     }
     json_decref(set);
     return names;
+}
+
+/* The namespace name of `name` read as a model ("Qwen/Qwen2-7B" ->
+ * "Qwen--Qwen2-7B"), into out; false when name is no valid model or maps to
+ * itself. */
+static bool ns_of_model(const char *name, char *out, size_t cap)
+{
+    size_t l = strlen(name);
+    if (kvt_validate_model(name, l, NULL) || kvt_ns_name_of(name, l, out, cap) < 0)
+        return false;
+    return strcmp(out, name) != 0;
 }
 
 static bool has_name(const json_t *names, const char *n)
@@ -329,10 +342,20 @@ int kvt_cmd_purge(int argc, char **argv)
                                             : KVT_PURGE_TMP};
     if (name) {
         if (strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..")) {
-            fprintf(stderr,
-                    "kvtier purge: refused: '%s' is a path, not a namespace; purge "
-                    "only removes cache files inside the cache root\n",
-                    name);
+            /* a model name ("Qwen/Qwen2-7B") is the likely intent: say
+             * which namespace it is stored under */
+            char ns[KVT_NAME_MAX + 1];
+            if (ns_of_model(name, ns, sizeof(ns)))
+                fprintf(stderr,
+                        "kvtier purge: refused: '%s' is a path, not a namespace; purge "
+                        "only removes cache files inside the cache root. As a model name it "
+                        "is the namespace '%s': kvtier purge --namespace=%s\n",
+                        name, ns, ns);
+            else
+                fprintf(stderr,
+                        "kvtier purge: refused: '%s' is a path, not a namespace; purge "
+                        "only removes cache files inside the cache root\n",
+                        name);
             return 2;
         }
         if (!kvt_ns_name_ok(name) || strlen(name) >= sizeof(q.ns)) {
@@ -397,11 +420,19 @@ int kvt_cmd_purge(int argc, char **argv)
                         "kvtier purge: unknown option '%s', and no namespace of that "
                         "name in %s (namespaces: %s); see kvtier purge --help\n",
                         name, t.root, list);
-            else
+            else {
+                /* the model "x--y" is the namespace "x%2D-y" */
+                char ns[KVT_NAME_MAX + 1], hint[2 * KVT_NAME_MAX + 128] = "";
+                if (ns_of_model(name, ns, sizeof(ns)) && has_name(names, ns))
+                    snprintf(hint, sizeof(hint),
+                             "; as a model name it is the namespace '%s': kvtier purge "
+                             "--namespace=%s",
+                             ns, ns);
                 fprintf(stderr,
                         "kvtier purge: no namespace '%s' in %s: nothing removed "
-                        "(namespaces: %s)\n",
-                        name, t.root, list);
+                        "(namespaces: %s)%s\n",
+                        name, t.root, list, hint);
+            }
             json_decref(names);
             status = unknown ? 2 : 1;
             goto out;
