@@ -32,3 +32,11 @@ def test_start_lines_name_sizes_and_adapter_paths(make_server, tmp_path):
     assert "L1: 1000.00 GiB shared memory (lazy" in log, log  # not "1e+03 GiB"
     assert "L2 #0: nixl_store_dynamic at %s\n" % nd in log, log
     assert "L2 #1: raw_block at %s\n" % rb in log, log
+
+
+def test_http_start_has_nothing_to_warn_about(make_server, tmp_path):
+    """libmicrohttpd warned at every start, at debug level, that its logger
+    was not its first option."""
+    s = make_server(["--log-level", "debug", "--no-l2"])
+    assert s.http_get("/healthz")[0] == 200
+    assert "libmicrohttpd" not in s.read_log(), s.read_log()
