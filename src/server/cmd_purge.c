@@ -207,7 +207,7 @@ static void add_totals(json_t *sum, const json_t *one, bool keep_state)
 
 /* Purge through the server that serves the root; 0, or an exit status. */
 static int via_server(const char *url, const char *root, const struct kvt_purge_req *q,
-                      struct bar *b, json_t *out)
+                      struct bar *b, uint64_t total, json_t *out)
 {
     json_t *sum = json_object();
     int waited_ms = 0;
@@ -253,7 +253,9 @@ static int via_server(const char *url, const char *root, const struct kvt_purge_
         json_decref(rep);
         uint64_t bytes = (uint64_t)json_integer_value(json_object_get(sum, "removed_bytes")) +
                          (uint64_t)json_integer_value(json_object_get(sum, "files_bytes"));
-        draw((uint64_t)json_integer_value(json_object_get(sum, "removed")), 0, bytes, b);
+        uint64_t done = (uint64_t)json_integer_value(json_object_get(sum, "removed"));
+        /* the server's count may have grown since it was asked */
+        draw(done, KVT_MAX(total, done), bytes, b);
         if (!more || round > 1000000)
             break;
     }
@@ -459,7 +461,15 @@ int kvt_cmd_purge(int argc, char **argv)
             status = 2;
             goto out;
         }
-        status = via_server(t.url, t.root, &q, &b, out);
+        /* the bar's whole: the objects the server counts for what is
+         * purged (tmp files are not counted: a count of files only) */
+        uint64_t total = 0;
+        if (q.what == KVT_PURGE_ALL)
+            total = (uint64_t)json_integer_value(json_object_get(ad, "objects"));
+        else if (q.what == KVT_PURGE_NAMESPACE)
+            total = (uint64_t)json_integer_value(
+                json_object_get(json_object_get(ad, "per_namespace_objects"), name));
+        status = via_server(t.url, t.root, &q, &b, total, out);
         goto out;
     }
     /* 3. offline: nobody else may be using the root. A kvtier server holds

@@ -40,3 +40,36 @@ def test_http_start_has_nothing_to_warn_about(make_server, tmp_path):
     s = make_server(["--log-level", "debug", "--no-l2"])
     assert s.http_get("/healthz")[0] == 200
     assert "libmicrohttpd" not in s.read_log(), s.read_log()
+
+
+def test_purge_progress_bar_through_the_server_fills(make_server, tmp_path):
+    root = tmp_path / "kv"
+    s = make_server(["--l2-adapter", json.dumps({"type": "fs", "base_path": str(root)})])
+    with s.client() as c:
+        c.store(keys_for("m", 40), random_payloads(40, 4096))
+        c.store(keys_for("other", 3, seed=5), random_payloads(3, 4096))
+        c.flush()
+    # the bar is drawn on a terminal only: stderr is a pty
+    master, slave = pty.openpty()
+    p = subprocess.Popen([BIN, "purge", "--root", str(root), "--url", s.url, "--namespace=m",
+                          "--yes"], stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    err = b""
+    while True:
+        r, _, _ = select.select([master], [], [], 30)
+        if not r:
+            break
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the other side closed
+            break
+        if not chunk:
+            break
+        err += chunk
+    out = p.communicate(timeout=30)[0].decode()
+    os.close(master)
+    assert p.returncode == 0, err
+    assert "40 object file(s)" in out, out
+    frames = err.decode(errors="replace").split("\r")
+    last = [f for f in frames if f.startswith("purging m [")][-1]
+    assert re.match(r"purging m \[#{30}\] 100% 40/40 files", last), frames
