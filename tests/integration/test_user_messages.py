@@ -73,3 +73,22 @@ def test_purge_progress_bar_through_the_server_fills(make_server, tmp_path):
     frames = err.decode(errors="replace").split("\r")
     last = [f for f in frames if f.startswith("purging m [")][-1]
     assert re.match(r"purging m \[#{30}\] 100% 40/40 files", last), frames
+
+
+def test_readme_lists_every_refused_seed_example(tmp_path):
+    """The seed's OBJ example without a bucket is refused as written (exit
+    2, naming the key and the variable), and the README's list of refused
+    seed examples says so."""
+    env = {k: v for k, v in os.environ.items() if k != "AWS_DEFAULT_BUCKET"}
+    r = run_kvtier("server", "--dry-run", "--no-storage-check", "--l2-adapter",
+                   '{"type": "nixl_store", "backend": "OBJ", "backend_params": {}, "pool_size": 32}',
+                   env=env)
+    assert r.returncode == 2, r.stderr
+    assert '"backend_params.bucket" is required (or AWS_DEFAULT_BUCKET' in r.stderr, r.stderr
+    text = " ".join(open(README_PATH).read().split())
+    m = re.search(r"Every `--l2-adapter` example of the seed documents passes .*? is refused "
+                  r"with exit 2 and what to use instead \(([^)]*)\)", text)
+    assert m, "the README's sentence about the seed examples is gone"
+    listed = m.group(1)
+    for what in ("GDS without cuFile", "AZURE_BLOB's placeholders", "OBJ without a bucket"):
+        assert what in listed, listed
