@@ -613,7 +613,9 @@ int kvt_cmd_replay(int argc, char **argv)
         kvt_client *c;
         rc = kvt_client_open(url, NULL, &c);
         if (rc) {
-            fprintf(stderr, "kvtier replay: cannot reach %s: %s\n", url, kvt_strerror(rc));
+            const char *why = kvt_client_open_error();
+            fprintf(stderr, "kvtier replay: cannot reach %s: %s\n", url,
+                    why[0] ? why : kvt_strerror(rc));
             json_decref(out);
             free(d);
             trace_free(&t);
