@@ -39,7 +39,8 @@ static double now(void)
 
 static void die(const char *what, kvt_client *c)
 {
-    fprintf(stderr, "bench_client: %s: %s\n", what, c ? kvt_client_last_error(c) : "");
+    fprintf(stderr, "bench_client: %s: %s\n", what,
+            c ? kvt_client_last_error(c) : kvt_client_open_error());
     exit(1);
 }
 

@@ -80,7 +80,7 @@ typedef struct kvt_client_opts {
  * server cannot answer those). A key file that is missing,
  * malformed or readable by group or others: -EINVAL / -errno at once, before
  * connecting. After a failure,
- * kvt_client_open_error() says why (as does stderr). */
+ * kvt_client_open_error() says why; the library itself prints nothing. */
 int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **out);
 /* The message of this thread's last failed kvt_client_open ("" if none). */
 const char *kvt_client_open_error(void);

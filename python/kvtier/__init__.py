@@ -263,7 +263,12 @@ def _L():
     global _lib
     if _lib is not None:
         return _lib
-    lib = ctypes.CDLL(_find_library())
+    path = _find_library()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError("cannot load the kvtier C library %s (%s): rebuild it (`make`) or "
+                          "point KVTIER_LIB at libkvtier_client.so" % (path, e)) from None
     P = ctypes.POINTER
     vp = ctypes.c_void_p
     sz = ctypes.c_size_t

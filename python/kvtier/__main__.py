@@ -3,7 +3,9 @@
 status:  a running server's status document (what `kvtier status --url`
          reports), as a short summary or, with --json, the whole document.
 library: the libkvtier_client this module loads (see kvtier._find_library).
-Exit codes: 0 ok, 1 the server cannot be reached, 2 usage.
+Exit codes: 0 ok, 1 the server cannot be reached or the C library
+(libkvtier_client.so) cannot be found, 2 usage. Errors are one line on
+stderr.
 """
 
 import argparse
@@ -46,12 +48,16 @@ def main(argv=None):
     ps.add_argument("--timeout-ms", type=int, default=5000)
     sub.add_parser("library", help="the libkvtier_client this module loads")
     a = p.parse_args(argv)
-    if a.cmd == "library":
-        print(kvtier._find_library())
-        return 0
     try:
+        if a.cmd == "library":
+            kvtier._L()  # found and loadable
+            print(kvtier._find_library())
+            return 0
         with kvtier.Client(a.url, timeout_ms=a.timeout_ms, shm=False, local=False) as c:
             st = c.status()
+    except ImportError as e:  # no C library: the module alone was installed
+        print("kvtier: %s" % e, file=sys.stderr)
+        return 1
     except kvtier.KvtierError as e:
         print("kvtier: %s: %s" % (a.url, e), file=sys.stderr)
         return 1

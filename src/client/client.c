@@ -790,10 +790,8 @@ int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **o
 {
     open_err[0] = 0;
     int rc = kvt_url_check(url, open_err, sizeof(open_err));
-    if (rc) {
-        fprintf(stderr, "kvtier client: %s\n", open_err);
+    if (rc)
         return rc;
-    }
     kvt_client *c = kvt_xcalloc(1, sizeof(*c));
     c->lfd = -1; /* before any kvt_client_close: 0 is stdin */
     snprintf(c->url, sizeof(c->url), "%s", url);
@@ -821,9 +819,9 @@ int kvt_client_open(const char *url, const kvt_client_opts *opts, kvt_client **o
     rc = hello(c);
     c->opening = false;
     if (rc) {
-        /* keep the message for the caller: print it, since c goes away */
+        /* keep the message for the caller (kvt_client_open_error), since c
+         * goes away; the library prints nothing: the caller reports it */
         snprintf(open_err, sizeof(open_err), "%s", c->err);
-        fprintf(stderr, "kvtier client: %s\n", c->err);
         kvt_client_close(c);
         return rc;
     }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <ctype.h>
 
 void kvt_cfg_init(struct kvt_cfg *c, const json_t *obj, int index, const char *type, char *err,
                   size_t errcap)
@@ -64,6 +65,78 @@ int kvt_cfg_unsupported(struct kvt_cfg *c, const char *key, const char *fmt, ...
     va_end(ap);
     c->rc = KVT_E_UNSUPPORTED;
     return c->rc;
+}
+
+/* Edit distance between a and b (case-insensitive; insertions, deletions,
+ * substitutions and swaps of neighbours count 1), or SIZE_MAX for keys
+ * longer than 63 bytes. */
+static size_t distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63)
+        return SIZE_MAX;
+    size_t d[64][64];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
+            size_t v = d[i - 1][j - 1] + (ca != cb);
+            if (d[i - 1][j] + 1 < v)
+                v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v)
+                v = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
+                tolower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[la][lb];
+}
+
+/* Whether typed is close enough to known to be a typo of it: a quarter of
+ * the known name's length, at least 1 and at most 3 edits. */
+static bool near(const char *typed, const char *known)
+{
+    size_t lim = (strlen(known) + 3) / 4;
+    lim = lim < 1 ? 1 : lim > 3 ? 3 : lim;
+    return distance(typed, known) <= lim;
+}
+
+/* The key of c's object nearest to `key` among those not read (yet): the
+ * typo a required key is missing by. NULL if none is near. */
+static const char *near_unread(struct kvt_cfg *c, const char *key)
+{
+    const char *best = NULL, *k;
+    size_t bd = SIZE_MAX;
+    json_t *v;
+    json_object_foreach((json_t *)c->obj, k, v)
+    {
+        if (json_object_get(c->seen, k) || !strcmp(k, key) || !near(k, key))
+            continue;
+        size_t d = distance(k, key);
+        if (d < bd)
+            bd = d, best = k;
+    }
+    return best;
+}
+
+int kvt_cfg_missing(struct kvt_cfg *c, const char *key, const char *fmt, ...)
+{
+    if (c->rc)
+        return c->rc;
+    char why[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    const char *typo = near_unread(c, key);
+    if (typo)
+        return kvt_cfg_fail(c, typo, "is not a known field: did you mean \"%s%s\"? (\"%s%s\" %s)",
+                            c->prefix, key, c->prefix, key, why);
+    return kvt_cfg_fail(c, key, "%s", why);
 }
 
 static const json_t *get(struct kvt_cfg *c, const char *key)
@@ -146,7 +219,7 @@ int kvt_cfg_num(struct kvt_cfg *c, const char *key, bool required, double def, d
     double d = def;
     if (!v || json_is_null(v)) {
         if (required)
-            return kvt_cfg_fail(c, key, "is required");
+            return kvt_cfg_missing(c, key, "is required");
     } else if (num_of(v, &d)) {
         char *s = show(v);
         int rc = kvt_cfg_fail(c, key, "must be a number (got %s)", s);
@@ -167,7 +240,7 @@ int kvt_cfg_int(struct kvt_cfg *c, const char *key, bool required, int64_t def, 
     int64_t i = def;
     if (!v || json_is_null(v)) {
         if (required)
-            return kvt_cfg_fail(c, key, "is required");
+            return kvt_cfg_missing(c, key, "is required");
     } else {
         double d;
         if (json_is_boolean(v) || num_of(v, &d) || d != floor(d)) {
@@ -193,7 +266,7 @@ int kvt_cfg_str(struct kvt_cfg *c, const char *key, bool required, const char *d
     const char *s = def;
     if (!v || json_is_null(v)) {
         if (required)
-            return kvt_cfg_fail(c, key, "is required");
+            return kvt_cfg_missing(c, key, "is required");
     } else if (!json_is_string(v)) {
         char *x = show(v);
         int rc = kvt_cfg_fail(c, key, "must be a string (got %s)", x);
@@ -240,7 +313,7 @@ int kvt_cfg_sub(struct kvt_cfg *c, const char *key, bool required, struct kvt_cf
     sub->rc = c->rc;
     if (!v || json_is_null(v)) {
         if (required)
-            return kvt_cfg_fail(c, key, "is required");
+            return kvt_cfg_missing(c, key, "is required");
         return c->rc;
     }
     if (!json_is_object(v))
@@ -276,6 +349,19 @@ int kvt_cfg_finish(struct kvt_cfg *c)
                 size_t l = strlen(known);
                 snprintf(known + l, sizeof(known) - l, "%s%s", l ? ", " : "", k2);
             }
+            /* the nearest known field, when the key looks like a typo of one */
+            const char *best = NULL;
+            size_t bd = SIZE_MAX;
+            json_object_foreach(c->seen, k2, v2)
+            {
+                size_t d = distance(key, k2);
+                if (near(key, k2) && d < bd)
+                    bd = d, best = k2;
+            }
+            if (best)
+                return kvt_cfg_fail(c, key,
+                                    "is not a known field: did you mean \"%s%s\"? (known: %s)",
+                                    c->prefix, best, known);
             return kvt_cfg_fail(c, key, "is not a known field (known: %s)", known);
         }
     }

@@ -55,6 +55,12 @@ int kvt_cfg_enum(struct kvt_cfg *c, const char *key, bool required, const char *
 const json_t *kvt_cfg_raw(struct kvt_cfg *c, const char *key);
 /* Mark keys as known without reading them (handled elsewhere). */
 void kvt_cfg_ignore(struct kvt_cfg *c, const char *key);
+/* A required field is missing: report it with fmt ("is required (or
+ * AWS_DEFAULT_BUCKET)"), unless a field of the object that was not read is
+ * a typo of it: then that one is named, with the field it is near
+ * ("base_pth" is not a known field: did you mean "base_path"?). */
+int kvt_cfg_missing(struct kvt_cfg *c, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Report the first error with a free-form message about a field. */
 int kvt_cfg_fail(struct kvt_cfg *c, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

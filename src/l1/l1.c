@@ -130,6 +130,11 @@ static bool pool_grow_locked(struct kvt_l1 *l1)
     return true;
 }
 
+uint64_t kvt_l1_max_bytes(uint32_t align)
+{
+    return ((uint64_t)(UINT32_MAX - 1) * align) & ~(2ull * 1024 * 1024 - 1);
+}
+
 int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, size_t errcap)
 {
     if (o->align == 0 || (o->align & (o->align - 1)) || o->align < 512) {
@@ -139,7 +144,7 @@ int kvt_l1_create(const struct kvt_l1_opts *o, struct kvt_l1 **out, char *err, s
     uint64_t gran = o->hugepages ? 2ull * 1024 * 1024 : o->align;
     gran = KVT_MAX(gran, o->align);
     uint64_t size = KVT_ALIGN_UP(o->size_bytes, gran);
-    if (size == 0 || size / o->align >= UINT32_MAX) {
+    if (size == 0 || size > kvt_l1_max_bytes(o->align)) {
         snprintf(err, errcap, "--l1-size-gb out of range");
         return KVT_E_CONFIG;
     }

@@ -64,6 +64,10 @@ struct kvt_l1_opts {
     const char *shm_name;
 };
 
+/* The largest pool L1 can address with pages of `align` bytes (page numbers
+ * are 32 bits), rounded down to 2 MiB (the huge-page size). */
+uint64_t kvt_l1_max_bytes(uint32_t align);
+
 struct kvt_l1_shm {
     int fd;
     void *base;

@@ -22,6 +22,7 @@
  * A progress bar goes to a terminal on stderr.
  */
 #include "common/util.h"
+#include "key/key.h"
 #include "kvtier/error.h"
 #include "ops/cli.h"
 #include "l2/kit/dirlock.h"
@@ -55,7 +56,8 @@ static void usage(FILE *f)
             "  --models--MyModel--a84fadf1); --namespace=NAME, -- NAME, and the positional form\n"
             "  (when the root holds that namespace) accept names that begin with '-'; any other\n"
             "  word that begins with '-' is an unknown option (exit 2). A NAME that matches\n"
-            "  nothing exits 1 and lists the namespaces. Without --yes nothing is removed.\n");
+            "  nothing exits 1 and lists the namespaces. Without --yes nothing is removed.\n"
+            "  A model name (Qwen/Qwen2-7B) is refused, naming its namespace (Qwen--Qwen2-7B).\n");
 }
 
 struct bar {
@@ -146,6 +148,17 @@ static json_t *known_namespaces(const char *root, const json_t *ad, const char *
     return names;
 }
 
+/* The namespace name of `name` read as a model ("Qwen/Qwen2-7B" ->
+ * "Qwen--Qwen2-7B"), into out; false when name is no valid model or maps to
+ * itself. */
+static bool ns_of_model(const char *name, char *out, size_t cap)
+{
+    size_t l = strlen(name);
+    if (kvt_validate_model(name, l, NULL) || kvt_ns_name_of(name, l, out, cap) < 0)
+        return false;
+    return strcmp(out, name) != 0;
+}
+
 static bool has_name(const json_t *names, const char *n)
 {
     size_t i;
@@ -194,7 +207,7 @@ static void add_totals(json_t *sum, const json_t *one, bool keep_state)
 
 /* Purge through the server that serves the root; 0, or an exit status. */
 static int via_server(const char *url, const char *root, const struct kvt_purge_req *q,
-                      struct bar *b, json_t *out)
+                      struct bar *b, uint64_t total, json_t *out)
 {
     json_t *sum = json_object();
     int waited_ms = 0;
@@ -240,7 +253,9 @@ static int via_server(const char *url, const char *root, const struct kvt_purge_
         json_decref(rep);
         uint64_t bytes = (uint64_t)json_integer_value(json_object_get(sum, "removed_bytes")) +
                          (uint64_t)json_integer_value(json_object_get(sum, "files_bytes"));
-        draw((uint64_t)json_integer_value(json_object_get(sum, "removed")), 0, bytes, b);
+        uint64_t done = (uint64_t)json_integer_value(json_object_get(sum, "removed"));
+        /* the server's count may have grown since it was asked */
+        draw(done, KVT_MAX(total, done), bytes, b);
         if (!more || round > 1000000)
             break;
     }
@@ -329,10 +344,20 @@ int kvt_cmd_purge(int argc, char **argv)
                                             : KVT_PURGE_TMP};
     if (name) {
         if (strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..")) {
-            fprintf(stderr,
-                    "kvtier purge: refused: '%s' is a path, not a namespace; purge "
-                    "only removes cache files inside the cache root\n",
-                    name);
+            /* a model name ("Qwen/Qwen2-7B") is the likely intent: say
+             * which namespace it is stored under */
+            char ns[KVT_NAME_MAX + 1];
+            if (ns_of_model(name, ns, sizeof(ns)))
+                fprintf(stderr,
+                        "kvtier purge: refused: '%s' is a path, not a namespace; purge "
+                        "only removes cache files inside the cache root. As a model name it "
+                        "is the namespace '%s': kvtier purge --namespace=%s\n",
+                        name, ns, ns);
+            else
+                fprintf(stderr,
+                        "kvtier purge: refused: '%s' is a path, not a namespace; purge "
+                        "only removes cache files inside the cache root\n",
+                        name);
             return 2;
         }
         if (!kvt_ns_name_ok(name) || strlen(name) >= sizeof(q.ns)) {
@@ -397,11 +422,19 @@ int kvt_cmd_purge(int argc, char **argv)
                         "kvtier purge: unknown option '%s', and no namespace of that "
                         "name in %s (namespaces: %s); see kvtier purge --help\n",
                         name, t.root, list);
-            else
+            else {
+                /* the model "x--y" is the namespace "x%2D-y" */
+                char ns[KVT_NAME_MAX + 1], hint[2 * KVT_NAME_MAX + 128] = "";
+                if (ns_of_model(name, ns, sizeof(ns)) && has_name(names, ns))
+                    snprintf(hint, sizeof(hint),
+                             "; as a model name it is the namespace '%s': kvtier purge "
+                             "--namespace=%s",
+                             ns, ns);
                 fprintf(stderr,
                         "kvtier purge: no namespace '%s' in %s: nothing removed "
-                        "(namespaces: %s)\n",
-                        name, t.root, list);
+                        "(namespaces: %s)%s\n",
+                        name, t.root, list, hint);
+            }
             json_decref(names);
             status = unknown ? 2 : 1;
             goto out;
@@ -428,7 +461,15 @@ int kvt_cmd_purge(int argc, char **argv)
             status = 2;
             goto out;
         }
-        status = via_server(t.url, t.root, &q, &b, out);
+        /* the bar's whole: the objects the server counts for what is
+         * purged (tmp files are not counted: a count of files only) */
+        uint64_t total = 0;
+        if (q.what == KVT_PURGE_ALL)
+            total = (uint64_t)json_integer_value(json_object_get(ad, "objects"));
+        else if (q.what == KVT_PURGE_NAMESPACE)
+            total = (uint64_t)json_integer_value(
+                json_object_get(json_object_get(ad, "per_namespace_objects"), name));
+        status = via_server(t.url, t.root, &q, &b, total, out);
         goto out;
     }
     /* 3. offline: nobody else may be using the root. A kvtier server holds

@@ -7,6 +7,10 @@
  * its id. For every request, in trace order:
  *   lookup(blocks) -> h leading hits; retrieve(blocks[:h]) (bytes verified:
  *   each block's payload is derived from its id); store(blocks[h:]).
+ * The blocks it stores go into the server's cache under the model --model
+ * ("replay"): every tier, persistent ones included (the README's trace is
+ * some 720 MB at the default 16 KiB per block). At the end it deletes every
+ * block of the trace under that model from the server, unless --keep.
  * Prints the prefix hit ratio, bytes moved, wrong bytes (must be 0), latency
  * percentiles, and for the same budget the hit ratios of every policy (LRU,
  * ARC, LFU, value, adaptive: through the policy vtable the server runs, fed
@@ -443,6 +447,57 @@ static uint64_t check_server(kvt_client *c, size_t block, uint64_t budget)
     return blocks;
 }
 
+static int cmpu64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Delete every block of the trace (its keys under `model`) from the server,
+ * in batches, after the replay: what it stored, from every tier. Returns a
+ * JSON summary {deleted_keys, l2_removed, errors}; *err gets the first
+ * failure's message. */
+static json_t *delete_blocks(kvt_client *c, const struct trace *t, const char *model, char *err,
+                             size_t errcap)
+{
+    enum { BATCH = 4096 };
+    uint64_t *ids = kvt_xmalloc((t->nacc ? t->nacc : 1) * sizeof(uint64_t));
+    memcpy(ids, t->ids, t->nacc * sizeof(uint64_t));
+    qsort(ids, t->nacc, sizeof(uint64_t), cmpu64);
+    uint8_t *hashes = kvt_xcalloc(BATCH, 32);
+    uint64_t keys = 0, l2_removed = 0, errors = 0;
+    size_t n = 0;
+    err[0] = 0;
+    for (uint64_t i = 0; i <= t->nacc; i++) {
+        if (i < t->nacc && (i == 0 || ids[i] != ids[i - 1])) {
+            memset(hashes + 32 * n, 0, 32);
+            memcpy(hashes + 32 * n, &ids[i], 8);
+            n++;
+        }
+        if (n == BATCH || (i == t->nacc && n)) {
+            kvt_keys k = {.model = model, .hashes = hashes, .hash_len = 32, .n = n};
+            size_t removed = 0;
+            int rc = kvt_delete(c, &k, &removed);
+            if (rc) {
+                errors++;
+                if (!err[0])
+                    snprintf(err, errcap, "%s", kvt_client_last_error(c));
+            } else {
+                keys += n;
+                l2_removed += removed;
+            }
+            n = 0;
+        }
+    }
+    free(ids);
+    free(hashes);
+    json_t *o = json_object();
+    json_object_set_new(o, "deleted_keys", json_integer((json_int_t)keys));
+    json_object_set_new(o, "l2_removed", json_integer((json_int_t)l2_removed));
+    json_object_set_new(o, "errors", json_integer((json_int_t)errors));
+    return o;
+}
+
 /* A whole non-negative integer in [lo, hi] (decimal or 0x...), or -1. */
 static int opt_u64(const char *name, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
 {
@@ -469,13 +524,14 @@ int kvt_cmd_replay(int argc, char **argv)
                                          {"offline", no_argument, NULL, 'o'},
                                          {"json", no_argument, NULL, 'j'},
                                          {"value-half-life", required_argument, NULL, 'v'},
+                                         {"keep", no_argument, NULL, 'K'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *url = "tcp://127.0.0.1:5555", *path = NULL, *model = "replay";
     size_t block = 16384;
     uint64_t budget = 0;
     uint32_t limit = 0;
-    bool offline = false, as_json = false;
+    bool offline = false, as_json = false, keep = false;
     double half_life = 0; /* the value policy's default: aging, no clock */
     uint64_t num;
     int ch;
@@ -512,6 +568,9 @@ int kvt_cmd_replay(int argc, char **argv)
         case 'j':
             as_json = true;
             break;
+        case 'K':
+            keep = true;
+            break;
         case 'v': {
             char *end;
             half_life = strtod(optarg, &end);
@@ -528,8 +587,17 @@ int kvt_cmd_replay(int argc, char **argv)
             printf("usage: kvtier replay --trace FILE [--url URL] [--block-bytes 16384]\n"
                    "                     [--budget-blocks N (default 25%% of unique blocks)]\n"
                    "                     [--limit REQUESTS] [--model NAME] [--offline] [--json]\n"
+                   "                     [--keep]\n"
                    "                     [--value-half-life SECONDS (offline value policy with a\n"
-                   "                      fixed half-life; default: its own aging)]\n");
+                   "                      fixed half-life; default: its own aging)]\n"
+                   "\n"
+                   "Against a server (without --offline) every block the server misses is\n"
+                   "stored in its cache under the model NAME (default \"replay\"), in every\n"
+                   "tier, persistent L2 adapters included: up to unique blocks x --block-bytes\n"
+                   "bytes (the mooncake_synthetic_trace of the README: 43,924 blocks, some\n"
+                   "720 MB). At the end the replay deletes every block of the trace under\n"
+                   "that model from the server; --keep leaves them (a second replay then\n"
+                   "starts warm; kvtier purge --namespace=NAME removes them later).\n");
             return 0;
         default:
             fprintf(stderr, "kvtier replay: unknown option '%s'\n", argv[optind - 1]);
@@ -613,7 +681,9 @@ int kvt_cmd_replay(int argc, char **argv)
         kvt_client *c;
         rc = kvt_client_open(url, NULL, &c);
         if (rc) {
-            fprintf(stderr, "kvtier replay: cannot reach %s: %s\n", url, kvt_strerror(rc));
+            const char *why = kvt_client_open_error();
+            fprintf(stderr, "kvtier replay: cannot reach %s: %s\n", url,
+                    why[0] ? why : kvt_strerror(rc));
             json_decref(out);
             free(d);
             trace_free(&t);
@@ -701,6 +771,20 @@ int kvt_cmd_replay(int argc, char **argv)
         json_object_set_new(live, "retrieve_us_p50", json_real(pct(lat_get, nget, 0.5)));
         json_object_set_new(live, "retrieve_us_p99", json_real(pct(lat_get, nget, 0.99)));
         json_object_set_new(out, "live", live);
+        if (keep) {
+            json_object_set_new(live, "cleanup", json_string("kept (--keep)"));
+        } else {
+            char derr[512];
+            json_t *cl = delete_blocks(c, &t, model, derr, sizeof(derr));
+            if (json_integer_value(json_object_get(cl, "errors"))) {
+                fprintf(stderr,
+                        "kvtier replay: warning: could not delete the trace's blocks from the "
+                        "server (%s): its cache keeps them under the model '%s' (kvtier purge "
+                        "--namespace=%s)\n",
+                        derr, model, model);
+            }
+            json_object_set_new(live, "cleanup", cl);
+        }
         kvt_client_close(c);
         free(hashes);
         free(pay);
@@ -742,6 +826,14 @@ int kvt_cmd_replay(int argc, char **argv)
                    json_real_value(json_object_get(live, "retrieve_us_p50")),
                    json_real_value(json_object_get(live, "retrieve_us_p99")),
                    json_real_value(json_object_get(live, "seconds")));
+        const json_t *cl = live ? json_object_get(live, "cleanup") : NULL;
+        if (json_is_object(cl))
+            printf("  deleted the trace's %lld blocks (model '%s') from the server: %lld objects "
+                   "removed from L2 (--keep keeps them)\n",
+                   (long long)json_integer_value(json_object_get(cl, "deleted_keys")), model,
+                   (long long)json_integer_value(json_object_get(cl, "l2_removed")));
+        else if (cl)
+            printf("  kept the stored blocks in the server under the model '%s' (--keep)\n", model);
     }
     json_decref(out);
     free(d);

@@ -49,6 +49,10 @@ static void print_table(const json_t *st)
            json_string_value(json_object_get(h, "detail")));
     const json_t *l1 = json_object_get(st, "l1");
     const json_t *c1 = json_object_get(l1, "counters");
+    const char *l1warn =
+        json_string_value(json_object_get(json_object_get(l1, "host_memory"), "warning"));
+    if (l1warn)
+        printf("warning: L1: %s\n\n", l1warn);
     human(a, sizeof(a), (double)ji(l1, "used_bytes"));
     human(b, sizeof(b), (double)ji(l1, "capacity_bytes"));
     /* column widths fit the longest adapter name and type */

@@ -8,6 +8,7 @@
 #include "ops/envcfg.h"
 #include "ops/preflight.h"
 #include "common/secret.h"
+#include "l1/l1.h"
 
 #include <arpa/inet.h>
 #include <zmq.h>
@@ -135,7 +136,7 @@ void kvt_server_usage(FILE *f)
            "  --no-shm                      do not offer the shared-memory data path\n"
            "  --no-local-socket             do not offer the same-host unix socket\n"
            "L1 (shared memory)\n"
-           "  --l1-size-gb G                pool size (1.0)\n"
+           "  --l1-size-gb G                pool size (1.0); checked against the host's memory\n"
            "  --l1-init-size-gb G           initial size with lazy growth (20, capped)\n"
            "  --l1-use-lazy | --no-l1-use-lazy   grow on demand (default: lazy)\n"
            "  --l1-align-bytes N            object alignment (4096)\n"
@@ -383,6 +384,42 @@ static int check_ports(const struct kvt_server_cfg *c)
     return 2;
 }
 
+/* --l1-size-gb: one range, what L1 can address (page numbers of
+ * --l1-align-bytes pages are 32 bits), and what this host can give the pool
+ * (l1/hostmem.h): a mapping beyond RLIMIT_AS, or a preallocated pool beyond
+ * what can be allocated now, is refused; a lazy pool beyond what the host
+ * could ever back is judged a warning (shown at start, in /status and by
+ * --dry-run). Runs before anything is created; with --no-storage-check the
+ * range only. 0 or 2 (printed). */
+static int check_l1(struct kvt_server_cfg *c)
+{
+    double max_gb = floor((double)kvt_l1_max_bytes(c->l1_align) / KVT_GIB * 1000) / 1000;
+    if (!(c->l1_size_gb >= 0.001) || c->l1_size_gb > max_gb) {
+        fprintf(stderr,
+                "kvtier server: --l1-size-gb: %.15g is out of range [0.001, %.3f] (pages of "
+                "--l1-align-bytes %u, counted in 32 bits)\n",
+                c->l1_size_gb, max_gb, c->l1_align);
+        return 2;
+    }
+    if (c->l1_align > c->l1_size_gb * KVT_GIB) {
+        fprintf(stderr, "kvtier server: --l1-align-bytes larger than --l1-size-gb\n");
+        return 2;
+    }
+    if (c->no_storage_check)
+        return 0;
+    struct kvt_hostmem h;
+    kvt_hostmem_read("", &h);
+    /* with the LMCache front end the pool is a named object in /dev/shm */
+    kvt_l1_fit(&h, (uint64_t)(c->l1_size_gb * KVT_GIB), c->l1_lazy, c->l1_hugepages,
+               c->lmc_port && c->shm, &c->l1_fit);
+    c->l1_fit_checked = true;
+    if (c->l1_fit.verdict == KVT_L1_FIT_REFUSE) {
+        fprintf(stderr, "kvtier server: %s\n", c->l1_fit.msg);
+        return 2;
+    }
+    return 0;
+}
+
 /* The LMCache front end with --auth-key. LMCache's client has no CURVE, so
  * it listens only on a Unix socket, where the ZAP handler admits the
  * server's uid alone (SO_PEERCRED), and its requests act as one authorized
@@ -581,8 +618,8 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
             rc = integer(f, optarg, 1, 64, &l);
             c->io_threads = (int)l;
             break;
-        case O_L1_SIZE:
-            rc = num(f, optarg, 0.001, 65536, &c->l1_size_gb);
+        case O_L1_SIZE: /* its range depends on --l1-align-bytes: check_l1 */
+            rc = num(f, optarg, -HUGE_VAL, HUGE_VAL, &c->l1_size_gb);
             break;
         case O_L1_INIT:
             rc = num(f, optarg, 0.001, 65536, &c->l1_init_size_gb);
@@ -813,12 +850,6 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
      * what is used, not 20 GiB for a 0.25 GiB pool */
     if (c->l1_init_size_gb > c->l1_size_gb)
         c->l1_init_size_gb = c->l1_size_gb;
-    if (c->l1_align > c->l1_size_gb * KVT_GIB) {
-        fprintf(stderr, "kvtier server: --l1-align-bytes larger than --l1-size-gb\n");
-        free(cfg_adapter);
-        kvt_server_cfg_free(c);
-        return 2;
-    }
     if (!c->bind[0])
         snprintf(c->bind, sizeof(c->bind), "tcp://%s:%d", c->host, c->port);
     rc = check_ports(c);
@@ -842,6 +873,12 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
     if (c->lmc_port && !c->lmc_shm_name[0])
         snprintf(c->lmc_shm_name, sizeof(c->lmc_shm_name), "lmcache_l1_pool_kvtier_%d",
                  (int)getpid());
+    rc = check_l1(c);
+    if (rc) {
+        free(cfg_adapter);
+        kvt_server_cfg_free(c);
+        return rc;
+    }
     char err[1024];
     if (c->no_l2) {
         if (nl2) {
@@ -943,6 +980,8 @@ json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
     json_object_set_new(l1, "eviction_policy", json_string(c->eviction_policy));
     json_object_set_new(l1, "eviction_trigger_watermark", json_real(c->eviction_watermark));
     json_object_set_new(l1, "eviction_ratio", json_real(c->eviction_ratio));
+    json_object_set_new(l1, "host_memory",
+                        c->l1_fit_checked ? kvt_l1_fit_json(&c->l1_fit) : json_null());
     json_object_set_new(o, "l1", l1);
     json_t *l2 = json_array();
     for (int i = 0; i < c->nadapters; i++)

@@ -12,6 +12,7 @@
 
 #include "ctrl/prefetch_ctrl.h"
 #include "ctrl/store_ctrl.h"
+#include "l1/hostmem.h"
 #include "l2/adapters.h"
 #include "server/auth.h"
 
@@ -29,6 +30,10 @@ struct kvt_server_cfg {
     bool l1_lazy, l1_hugepages;
     uint32_t l1_align;
     double l1_write_ttl_s, l1_read_ttl_s;
+    /* the pool against this host (l1/hostmem.h), judged while parsing;
+     * not judged with --no-storage-check (the config is for another host) */
+    bool l1_fit_checked;
+    struct kvt_l1_fit l1_fit;
     char eviction_policy[16];
     double eviction_watermark, eviction_ratio;
     int eviction_interval_ms;

@@ -124,11 +124,12 @@ int kvt_http_start(struct kvt_server *s, char *err, size_t cap)
                  s->cfg->http_port, strerror(e));
         return -1;
     }
-    s->http =
-        MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
-                         (uint16_t)s->cfg->http_port, NULL, NULL, on_request, s,
-                         MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd, MHD_OPTION_CONNECTION_TIMEOUT,
-                         (unsigned)10, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    /* the logger is the first option: libmicrohttpd warns through its own
+     * logger about any option that comes before it */
+    s->http = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)s->cfg->http_port, NULL,
+        NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET,
+        (MHD_socket)fd, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!s->http) { /* fd left open: whether a failed start closed it is not documented */
         snprintf(err, cap, "cannot start the http server on http://%s:%d (libmicrohttpd)",
                  s->cfg->http_host, s->cfg->http_port);

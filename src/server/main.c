@@ -48,6 +48,8 @@ static int cmd_server(int argc, char **argv)
     if (rc)
         return rc;
     if (cfg.dry_run) {
+        if (cfg.l1_fit_checked && cfg.l1_fit.verdict == KVT_L1_FIT_WARN)
+            fprintf(stderr, "kvtier server: warning: %s\n", cfg.l1_fit.msg);
         json_t *j = kvt_server_cfg_json(&cfg);
         /* 15 significant digits: 0.8, not 0.80000000000000004 */
         char *s = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(15));

@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "kvtier/error.h"
+#include "ops/cli.h"
 #include "server/internal.h"
 #include "server/notify.h"
 
@@ -917,19 +918,28 @@ static void banner(struct kvt_server *s)
                                   : "/status and /metrics are open to anyone who reaches them");
     if (c->http_port)
         kvt_info("http: http://%s:%d/healthz /status /metrics", c->http_host, c->http_port);
-    kvt_info("L1: %.3g GiB shared memory (%s, align %u, policy %s)%s", c->l1_size_gb,
+    char l1size[32];
+    kvt_human(l1size, sizeof(l1size), (double)shm.map_size);
+    kvt_info("L1: %s shared memory (%s, align %u, policy %s)%s", l1size,
              c->l1_lazy ? "lazy" : "preallocated", c->l1_align, c->eviction_policy,
              c->shm ? "; zero-copy path offered to local clients" : "");
+    if (c->l1_fit_checked && c->l1_fit.verdict == KVT_L1_FIT_WARN)
+        kvt_warn("L1: %s", c->l1_fit.msg);
     if (s->local)
         kvt_info("same-host clients: unix socket %s", kvt_local_name(s));
     if (s->lmc)
         kvt_info("LMCache protocol (lmcache 0.5.6, engine_driven) on %s; L1 pool /dev/shm/%s",
                  kvt_lmc_endpoint(s), c->lmc_shm_name);
+    /* where each adapter keeps its objects, under the name its status uses */
+    static const char *const where_keys[] = {"base_path", "file_path", "device_path", "endpoint",
+                                             "endpoint_url"};
     for (int i = 0; i < s->nl2; i++) {
         json_t *st = kvt_l2_status(s->l2s[i]);
-        const json_t *bp = json_object_get(st, "base_path");
-        kvt_info("L2 #%d: %s%s%s%s", i, kvt_l2_type(s->l2s[i]), bp ? " at " : "",
-                 bp ? json_string_value(bp) : "", c->default_adapter ? " (embedded default)" : "");
+        const char *where = NULL;
+        for (size_t k = 0; !where && k < sizeof(where_keys) / sizeof(where_keys[0]); k++)
+            where = json_string_value(json_object_get(st, where_keys[k]));
+        kvt_info("L2 #%d: %s%s%s%s", i, kvt_l2_type(s->l2s[i]), where ? " at " : "",
+                 where ? where : "", c->default_adapter ? " (embedded default)" : "");
         json_decref(st);
     }
 }

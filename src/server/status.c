@@ -38,7 +38,11 @@ json_t *kvt_server_status(struct kvt_server *s)
     json_object_set_new(h, "is_healthy", json_boolean(ok));
     json_object_set_new(h, "detail", json_string(why));
     json_object_set_new(o, "health", h);
-    json_object_set_new(o, "l1", kvt_l1_status(s->l1));
+    json_t *l1 = kvt_l1_status(s->l1);
+    /* the pool against this host's memory, as judged at start */
+    json_object_set_new(l1, "host_memory",
+                        s->cfg->l1_fit_checked ? kvt_l1_fit_json(&s->cfg->l1_fit) : json_null());
+    json_object_set_new(o, "l1", l1);
     json_t *l2 = json_array();
     for (int i = 0; i < s->nl2; i++)
         json_array_append_new(l2, kvt_l2_status(s->l2s[i]));

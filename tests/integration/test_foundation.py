@@ -144,6 +144,37 @@ def test_bad_config_exits_2_naming_the_key(spec, msg):
     assert "--l2-adapter #1" in r.stderr and msg in r.stderr, (spec, r.stderr)
 
 
+TYPO_SPECS = [
+    # a required key mistyped: the typo is named, with the key it is near
+    ('{"type": "fs", "base_pth": "/x"}',
+     '"base_pth" is not a known field: did you mean "base_path"? ("base_path" is required)'),
+    ('{"type": "nixl_store_dynamic", "backend": "POSIX", "backend_params": {"file_path": "/x", '
+     '"max_capacty_gb": 10}}',
+     '"backend_params.max_capacty_gb" is not a known field: did you mean '
+     '"backend_params.max_capacity_gb"? ("backend_params.max_capacity_gb" is required)'),
+    ('{"type": "nixl_store", "backend": "OBJ", "backend_params": {"buckt": "b"}, "pool_size": 4}',
+     '"backend_params.buckt" is not a known field: did you mean "backend_params.bucket"?'),
+    ('{"type": "resp", "hots": "127.0.0.1"}', '"hots" is not a known field: did you mean "host"?'),
+    ('{"type": "fs", "Base_Path": "/x"}', '"Base_Path" is not a known field: did you mean "base_path"?'),
+    # an optional key mistyped: the nearest known one beside the list
+    ('{"type": "fs", "base_path": "/x", "use_odirec": true}',
+     '"use_odirec" is not a known field: did you mean "use_odirect"? (known: '),
+    # nothing near: no guess
+    ('{"type": "fs", "zzz": "/x"}', '"base_path" is required'),
+    ('{"type": "fs", "base_path": "/x", "bogus": 1}', '"bogus" is not a known field (known: '),
+]
+
+
+@pytest.mark.parametrize("spec,msg", TYPO_SPECS)
+def test_typo_of_a_key_names_it_and_the_nearest_known_one(spec, msg):
+    env = {k: v for k, v in os.environ.items() if k != "AWS_DEFAULT_BUCKET"}
+    r = run_kvtier("server", "--dry-run", "--no-storage-check", "--l2-adapter", spec, env=env)
+    assert r.returncode == 2, (spec, r.stderr)
+    assert "--l2-adapter #0" in r.stderr and msg in r.stderr, (spec, r.stderr)
+    if "zzz" in spec or "bogus" in spec:
+        assert "did you mean" not in r.stderr
+
+
 @pytest.mark.parametrize("args", [["--l1-size-gb", "abc"], ["--eviction-ratio", "2"], ["--port", "0"],
                                   ["--l2-store-policy", "sometimes"], ["--eviction-policy", "MRU"],
                                   ["--no-such-flag"]])

@@ -445,6 +445,34 @@ def test_purge_refusals(make_server, tmp_path):
     assert adapter(s)["objects"] == 12
 
 
+def test_purge_of_a_model_name_suggests_its_namespace(make_server, tmp_path):
+    """A model name is what a user knows: `purge --namespace=Qwen/Qwen2-7B`
+    is refused (a path), naming the namespace the model is stored under and
+    the command that purges it; a model whose namespace differs from its
+    name without a '/' ("x--y" is stored as "x%2D-y") gets the same hint
+    when the root holds that namespace. Nothing is removed until asked."""
+    s, cfg, root = _ns_setup(make_server, tmp_path)
+    with s.client() as c:
+        c.store(keys_for("x--y", 2, seed=9), random_payloads(2, 20000, seed=9))
+        c.flush()
+    r = run_kvtier("purge", "--config", cfg, "--namespace=Qwen/Qwen2-7B", "--yes")
+    assert r.returncode == 2, r.stderr
+    assert ("As a model name it is the namespace 'Qwen--Qwen2-7B': kvtier purge "
+            "--namespace=Qwen--Qwen2-7B") in r.stderr, r.stderr
+    r = run_kvtier("purge", "--config", cfg, "/models/a", "--yes")
+    assert r.returncode == 2 and "kvtier purge --namespace=--models--a" in r.stderr, r.stderr
+    r = run_kvtier("purge", "--config", cfg, "--namespace=x--y", "--yes")
+    assert r.returncode == 1, r.stderr
+    assert "as a model name it is the namespace 'x%2D-y': kvtier purge --namespace=x%2D-y" in r.stderr
+    assert adapter(s)["objects"] == 14  # nothing removed so far
+    # the suggested command does it
+    r = run_kvtier("purge", "--config", cfg, "--namespace=--models--a", "--yes")
+    assert r.returncode == 0 and "5 object file(s)" in r.stdout, r.stdout + r.stderr
+    r = run_kvtier("purge", "--config", cfg, "--namespace=x%2D-y", "--yes")
+    assert r.returncode == 0 and "2 object file(s)" in r.stdout, r.stdout + r.stderr
+    assert adapter(s)["objects"] == 7
+
+
 def test_purge_exact_names_through_the_server(make_server, tmp_path):
     """Names beginning with '-' work in both forms; matching is exact ("a"
     leaves "ab"); the server's accounting equals the files afterwards, and

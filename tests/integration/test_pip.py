@@ -85,3 +85,57 @@ def test_pyproject_version_matches_cmake():
     v1 = re.search(r"project\(kvtier VERSION ([0-9.]+)", cm).group(1)
     v2 = re.search(r'^version = "([0-9.]+)"', pp, re.M).group(1)
     assert v1 == v2
+
+
+def test_without_the_c_library_one_line_naming_the_fix(venv, tmp_path):
+    """`pip install ./python` alone: the module is there, the C library is
+    not (no KVTIER_LIB, no kvtier.pc, nothing on the linker's path).
+    `python3 -m kvtier status` and `library` print one line that names the
+    fix and exit 1, never a traceback."""
+    import ctypes.util
+    if ctypes.util.find_library("kvtier_client"):
+        pytest.skip("libkvtier_client is installed on this machine")
+    empty = tmp_path / "no-pc"
+    empty.mkdir()
+    env = clean_env(PKG_CONFIG_PATH=str(empty), PKG_CONFIG_LIBDIR=str(empty))
+    for args in (["status"], ["library"], ["status", "--json"]):
+        r = subprocess.run([venv, "-m", "kvtier"] + args, env=env, cwd=str(tmp_path),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert r.stdout == ""
+        assert "Traceback" not in r.stderr, r.stderr
+        lines = r.stderr.splitlines()
+        assert len(lines) == 1, r.stderr
+        assert "libkvtier_client.so not found" in lines[0] and "KVTIER_LIB" in lines[0], lines
+    # a KVTIER_LIB that is not a library: one line too
+    env["KVTIER_LIB"] = str(tmp_path / "missing.so")
+    r = subprocess.run([venv, "-m", "kvtier", "library"], env=env, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "cannot load the kvtier C library" in r.stderr and "Traceback" not in r.stderr
+
+
+@needs_build_tree
+def test_a_client_error_is_reported_once(tmp_path):
+    """The C library prints nothing: the caller reports its error once (the
+    Python exception, `python3 -m kvtier`'s one line), instead of the
+    library's own line on stderr and then the exception."""
+    env = clean_env(KVTIER_LIB=os.path.join(os.path.dirname(BIN), "libkvtier_client.so"),
+                    PYTHONPATH=os.path.join(ROOT, "python"))
+    code = ("import kvtier\n"
+            "for url in ('tcp://127.0.0.1:1', 'foo://x'):\n"
+            "    try:\n"
+            "        kvtier.Client(url, connect_timeout_ms=500)\n"
+            "    except kvtier.KvtierError as e:\n"
+            "        print(e.name, e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "", r.stderr
+    assert "ECONNREFUSED" in r.stdout and "EINVAL" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-m", "kvtier", "status", "--url", "tcp://127.0.0.1:1"],
+                       env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines() == [
+        "kvtier: tcp://127.0.0.1:1: ECONNREFUSED (-111): no server at tcp://127.0.0.1:1: "
+        "connection refused (nothing listens on port 1 of 127.0.0.1)"], r.stderr

@@ -130,3 +130,43 @@ def test_says_when_the_server_is_not_the_offline_cache(make_server, tmp_path):
     assert "the offline model 100 (--budget-blocks)" in r.stderr
     assert "evicts from 80% full" in r.stderr
     assert "1 L2 adapter(s)" in r.stderr
+
+
+def test_live_replay_deletes_what_it_stored_unless_keep(make_server, tmp_path):
+    """A live replay stores the blocks it misses in the server's cache, L2
+    included; at the end it deletes every block of the trace from the
+    server (nothing is left in L1 or in the L2 directory), and --keep
+    leaves them. The help says so, with the size of the README's trace."""
+    import os
+    trace = str(tmp_path / "docs.jsonl")
+    write_trace(trace, requests=20)
+    l2 = tmp_path / "l2"
+    s = make_server(["--l2-adapter", json.dumps({"type": "fs", "base_path": str(l2)})])
+    r = run_kvtier("replay", "--url", s.url, "--trace", trace, "--block-bytes", str(BLOCK),
+                   "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    unique = out["unique_blocks"]
+    assert out["live"]["blocks_stored"] > 0
+    assert out["live"]["cleanup"] == {"deleted_keys": unique, "l2_removed": unique, "errors": 0}
+    with s.client() as c:
+        st = c.status()
+    assert st["l1"]["objects"] == 0 and st["l2"][0]["objects"] == 0, (st["l1"], st["l2"][0])
+    assert not [f for f in os.listdir(l2) if f.endswith(".data")]
+    # --keep: what it stored stays (every unique block: the cache was empty)
+    r = run_kvtier("replay", "--url", s.url, "--trace", trace, "--block-bytes", str(BLOCK),
+                   "--keep", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "kept the stored blocks in the server under the model 'replay' (--keep)" in r.stdout
+    with s.client() as c:
+        assert c.status()["l2"][0]["objects"] == unique
+    # a second replay without --keep deletes them, and says how many
+    r = run_kvtier("replay", "--url", s.url, "--trace", trace, "--block-bytes", str(BLOCK),
+                   timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert ("deleted the trace's %d blocks (model 'replay') from the server: %d objects removed "
+            "from L2" % (unique, unique)) in r.stdout, r.stdout
+    with s.client() as c:
+        assert c.status()["l2"][0]["objects"] == 0
+    h = run_kvtier("replay", "--help")
+    assert "720 MB" in h.stdout and "--keep" in h.stdout and "persistent" in h.stdout, h.stdout

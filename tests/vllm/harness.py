@@ -221,3 +221,25 @@ class Engine:
 def kvtier_connector_config(url, **extra):
     return {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
             "kv_role": "kv_both", "kv_connector_extra_config": dict(url=url, **extra)}
+
+
+def add_byte_tokenizer(path, vocab=2048):
+    """Give the model at `path` a tokenizer (idempotent), built here without
+    downloading anything: one token per byte of the text (GPT-2's byte-level
+    alphabet, no merges), the rest of the model's vocabulary as named tokens
+    so that every id it may generate decodes. For tests that send text, as a
+    user's curl does."""
+    if os.path.exists(os.path.join(path, "tokenizer.json")):
+        return path
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    ids = {ch: i for i, ch in enumerate(alphabet)}
+    for i in range(len(alphabet), vocab):
+        ids["<|t%d|>" % i] = i
+    tok = Tokenizer(models.BPE(vocab=ids, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(path)
+    return path

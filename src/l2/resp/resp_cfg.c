@@ -142,9 +142,9 @@ static int resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
                             "and \"host\" both given: use one of them (startup_nodes "
                             "\"h:p,h:p\" or host + port)");
     if (!nodes && !o->host)
-        return kvt_cfg_fail(c, valkey ? "startup_nodes" : "host",
-                            "is required (a Redis/Valkey address: \"host\" + \"port\", or "
-                            "\"startup_nodes\": \"host:port[,host:port...]\")");
+        return kvt_cfg_missing(c, valkey ? "startup_nodes" : "host",
+                               "is required (a Redis/Valkey address: \"host\" + \"port\", or "
+                               "\"startup_nodes\": \"host:port[,host:port...]\")");
     if (nodes) {
         if (parse_nodes(c, "startup_nodes", nodes, o))
             return c->rc;

@@ -1444,7 +1444,8 @@ static int nixl_obj_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
     if (!bp.rc && !o->bucket_opt) {
         o->bucket_opt = getenv("AWS_DEFAULT_BUCKET");
         if (!o->bucket_opt || !o->bucket_opt[0])
-            kvt_cfg_fail(&bp, "bucket", "is required (or AWS_DEFAULT_BUCKET in the environment)");
+            kvt_cfg_missing(&bp, "bucket",
+                            "is required (or AWS_DEFAULT_BUCKET in the environment)");
     }
     if (!bp.rc && !bucket_name_ok(o->bucket_opt))
         kvt_cfg_fail(&bp, "bucket",

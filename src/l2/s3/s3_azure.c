@@ -120,9 +120,9 @@ int kvt_s3_parse_nixl_azure(struct kvt_cfg *c, void **opts)
     url = param_or_env(url, "AZURE_STORAGE_ACCOUNT_URL");
     container = param_or_env(container, "AZURE_STORAGE_CONTAINER_NAME");
     if (!bp.rc && !url)
-        kvt_cfg_fail(&bp, "account_url", "is required (or AZURE_STORAGE_ACCOUNT_URL)");
+        kvt_cfg_missing(&bp, "account_url", "is required (or AZURE_STORAGE_ACCOUNT_URL)");
     if (!bp.rc && !container)
-        kvt_cfg_fail(&bp, "container_name", "is required (or AZURE_STORAGE_CONTAINER_NAME)");
+        kvt_cfg_missing(&bp, "container_name", "is required (or AZURE_STORAGE_CONTAINER_NAME)");
     if (!bp.rc && !container_ok(container))
         kvt_cfg_fail(&bp, "container_name",
                      "must be 3..63 lower-case letters, digits and single hyphens (got \"%s\")",
