@@ -90,5 +90,5 @@ def test_readme_lists_every_refused_seed_example(tmp_path):
                   r"with exit 2 and what to use instead \(([^)]*)\)", text)
     assert m, "the README's sentence about the seed examples is gone"
     listed = m.group(1)
-    for what in ("GDS without cuFile", "AZURE_BLOB's placeholders", "OBJ without a bucket"):
+    for what in ("without cuFile", "AZURE_BLOB's placeholders", "OBJ without a bucket"):
         assert what in listed, listed
