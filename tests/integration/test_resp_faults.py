@@ -1,0 +1,265 @@
+"""Faults of the Redis tier under load: a real redis-server and a real
+3-master + 3-replica Redis Cluster stalled (SIGSTOP), killed (SIGKILL, with
+the cluster's failover) and restarted without persistence, while two client
+threads keep a steady verified load on one kvtier server (faultload.py:
+stores + flushes, lookups + retrieves of every acknowledged batch from
+Redis, every byte checked). Each test asserts no wrong byte, the server
+alive with no sanitizer report, the time to fail and to recover within the
+bounds docs/remote-tiers.md gives ("Faults: what a client sees, and when"),
+and what /status, /metrics and /healthz say during and after."""
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from conftest import SANITIZER_MARKERS, SLOW, l2_status, wait_for
+from faultload import Load, slot_of
+from redis_servers import CLI, REDIS, Redis, start_cluster
+
+pytestmark = pytest.mark.skipif(REDIS is None or CLI is None,
+                                reason="redis-server / redis-cli are not installed")
+
+# request_timeout / connection_timeout of the adapter under test; sanitized
+# servers run several times slower, so a normal request gets more room
+RT = 0.5 if SLOW == 1 else 1.0
+# a probe's backoff tops out at 2 s (BACKOFF_MAX_NS), a probe waits at most RT
+PROBE_CYCLE = 2.0 + RT
+# scheduling slack of the 2-core test machine (sanitized: several times more)
+SLACK = 1.0 * SLOW
+NODE_TIMEOUT_MS = 5000  # cluster-node-timeout: a stall of a few seconds is no failover
+
+
+def adapter(port, prefix, cluster=False, **kw):
+    spec = dict(type="resp", host="127.0.0.1", port=port, key_prefix=prefix, num_workers=4,
+                request_timeout=RT, connection_timeout=RT, cluster=cluster)
+    spec.update(kw)
+    return json.dumps(spec)
+
+
+def kvtier_server(make_server, spec):
+    s = make_server(["--l2-store-policy", "skip_l1", "--l2-adapter", spec])
+    s.wait_recovered()
+    return s
+
+
+def metrics(server):
+    code, text = server.http_get("/metrics")
+    assert code == 200
+    out = {}
+    for ln in text.splitlines():
+        if ln and not ln.startswith("#"):
+            k, v = ln.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def node_metric(m, name, node):
+    hits = [v for k, v in m.items() if k.startswith(name + "{") and 'node="%s"' % node in k]
+    assert len(hits) == 1, (name, node, sorted(k for k in m if k.startswith(name)))
+    return hits[0]
+
+
+def node_of(st, name):
+    hits = [n for n in st["nodes"] if n["node"] == name]
+    return hits[0] if hits else None
+
+
+def assert_alive_and_clean(server):
+    assert server.proc.poll() is None, "the kvtier server died:\n" + server.read_log()[-4000:]
+    log = server.read_log()
+    for m in SANITIZER_MARKERS:
+        assert m not in log, log[log.index(m) - 200:][:4000]
+
+
+def log_lines(server, pattern):
+    return [ln for ln in server.read_log().splitlines() if re.search(pattern, ln)]
+
+
+def timed(pred, timeout, what):
+    """wait_for, returning the seconds it took."""
+    t0 = time.monotonic()
+    wait_for(pred, timeout=timeout, what=what)
+    return time.monotonic() - t0
+
+
+def report(name, **kw):
+    """One line per fault for the suite's table (pytest -s shows it)."""
+    print("\nFAULT %s %s" % (name, " ".join("%s=%s" % (k, ("%.2f" % v) if isinstance(v, float)
+                                                          else v) for k, v in kw.items())))
+
+
+# ---------------------------------------------------------------- standalone
+
+def test_standalone_stall(make_server, tmp_path):
+    """redis-server SIGSTOPped (the kernel still accepts its connections)
+    under load: the adapter is down within about one request_timeout
+    (/healthz 503, status and metrics name the server, one log line), no
+    request waits longer than request_timeout for it (stores fail, lookups
+    miss), and after SIGCONT a probe brings it back by itself: every batch
+    acknowledged before the stall reads back byte for byte."""
+    d = tmp_path / "redis"
+    d.mkdir()
+    r = Redis(d).start()
+    try:
+        s = kvtier_server(make_server, adapter(r.port, "st"))
+        endpoint = "127.0.0.1:%d" % r.port
+        load = Load(s, "stall", ["all"], lambda h: "all").start()
+        wait_for(lambda: load.verified >= 40 or load.errors, what="load before the stall")
+        load.hold("all")  # batches stored before the stall, read during it
+        wait_for(lambda: load.pending() >= 10 or load.errors, what="a backlog to read")
+        wall0, t0 = time.time(), time.monotonic()
+        r.proc.send_signal(signal.SIGSTOP)
+        load.release("all")
+        try:
+            t_fail = timed(lambda: not l2_status(s)["connected"] or load.errors,
+                           RT + SLACK, "the adapter down")
+            t_down = time.monotonic()
+            code, body = s.http_get("/healthz")
+            assert code == 503 and "not connected to %s" % endpoint in body, body
+            a = l2_status(s)
+            assert a["is_healthy"] is False and a["disconnects"] == 1
+            assert "request_timeout" in a["last_error"], a["last_error"]
+            assert a["last_error_unix"] >= wall0 - 1
+            n = a["nodes"][0]
+            assert n["node"] == endpoint and n["role"] == "server" and not n["up"], n
+            assert n["downs"] == 1 and n["last_error"] == a["last_error"]
+            m = metrics(s)
+            assert node_metric(m, "kvtier_l2_node_up", endpoint) == 0
+            assert m['kvtier_l2_masters_down{adapter="resp[0]"}'] == 1
+            # requests keep coming: they fail at once now
+            wait_for(lambda: len(load.since(t_down + 0.2)) >= 10 or load.errors,
+                     what="requests during the stall")
+        finally:
+            r.proc.send_signal(signal.SIGCONT)
+        t1 = time.monotonic()
+        t_recover = timed(lambda: l2_status(s)["connected"], PROBE_CYCLE + SLACK,
+                          "the adapter back after SIGCONT")
+        wait_for(lambda: load.pending(before=t1) == 0 or load.errors, timeout=20 * SLOW,
+                 what="every batch acknowledged before SIGCONT read back")
+        load.stop()
+        fault = load.during(t0, t1)
+        worst = max(o.secs for o in fault)
+        assert worst <= RT + SLACK, sorted(fault, key=lambda o: -o.secs)[:5]
+        after = load.since(t_down + 0.2)
+        fast = [o for o in after if o.t1 <= t1]
+        assert max(o.secs for o in fast) <= RT / 2 + 0.25 * SLOW, sorted(fast, key=lambda o: -o.secs)[:5]
+        assert any(o.op == "flush" and o.got == 0 for o in fault)  # stores failed, counted
+        a = l2_status(s)
+        assert a["is_healthy"] and a["last_error"] is None and a["nodes"][0]["up"]
+        assert a["counters"]["store_failed"] > 0
+        assert s.http_get("/healthz")[0] == 200
+        assert metrics(s)['kvtier_l2_masters_down{adapter="resp[0]"}'] == 0
+        assert len(log_lines(s, r"lost %s" % re.escape(endpoint))) == 1
+        assert len(log_lines(s, r"reconnected to %s" % re.escape(endpoint))) == 1
+        assert load.wrong_bytes == 0
+        assert_alive_and_clean(s)
+        report("standalone-stall", t_fail=t_fail, t_recover=t_recover, worst_request=worst,
+               verified=load.verified, wrong=load.wrong_bytes)
+    finally:
+        r.kill()
+
+
+# ------------------------------------------------------------------- cluster
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory, extra=["--cluster-node-timeout", str(NODE_TIMEOUT_MS)])
+    yield c
+    c.stop()
+
+
+def slot_owners(cluster):
+    """slot -> port of the master that serves it."""
+    owners = {}
+    for lo, hi, master, *_ in cluster.seed().cmd("CLUSTER", "SLOTS"):
+        for sl in range(lo, hi + 1):
+            owners[sl] = master[1]
+    return owners
+
+
+def cluster_load(make_server, cluster, prefix, **kw):
+    """A kvtier server on the cluster and a load whose groups are the
+    masters (by port, as the map stood at the start)."""
+    s = kvtier_server(make_server, adapter(cluster.seed().port, prefix, cluster=True, **kw))
+    # a new cluster's gossip may not have told the node asked for the map of
+    # every replica yet: the monitor reads the map again every 5 s
+    wait_for(lambda: len(l2_status(s)["nodes"]) == 6, timeout=15, what="6 nodes in the map")
+    owners = slot_owners(cluster)
+    masters = sorted(set(owners.values()))
+    load = Load(s, "f", masters, lambda h: owners[slot_of(prefix, "f", h)])
+    return s, load, masters
+
+
+def test_cluster_master_stall(make_server, cluster):
+    """One master SIGSTOPped under load (shorter than cluster-node-timeout:
+    no failover): its keys fail within request_timeout and then at once,
+    the other masters' keys keep their normal latency, status, metrics and
+    the log name the node, /healthz stays 200 and names it; after SIGCONT
+    a probe brings it back by itself and every acknowledged batch reads
+    back byte for byte."""
+    s, load, masters = cluster_load(make_server, cluster, "cs")
+    victim = next(n for n in cluster.nodes if n.port == masters[0])
+    name = "127.0.0.1:%d" % victim.port
+    load.start()
+    wait_for(lambda: load.verified >= 80 or load.errors, what="load before the stall")
+    load.hold(victim.port)  # its batches stored before the stall, read during it
+    wait_for(lambda: load.pending(victim.port) >= 10 or load.errors, what="a backlog to read")
+    wall0, t0 = time.time(), time.monotonic()
+    victim.proc.send_signal(signal.SIGSTOP)
+    load.release(victim.port)
+    try:
+        t_fail = timed(lambda: l2_status(s)["cluster_masters_down"] == 1 or load.errors,
+                       RT + SLACK, "the stalled master marked down")
+        t_down = time.monotonic()
+        wait_for(lambda: all(len([o for o in load.since(t_down + 0.2, "read", g) if o.got])
+                             >= 5 for g in masters[1:]) or load.errors,
+                 timeout=10 * SLOW, what="reads of the other masters during the stall")
+        wait_for(lambda: len(load.since(t_down + 0.2, "read", victim.port)) >= 3 or load.errors,
+                 timeout=10 * SLOW, what="reads of the stalled master's keys")
+        a = l2_status(s)
+        assert a["is_healthy"] and a["connected"], a["health"]
+        assert name in a["health"] and "1 of 3 masters down" in a["health"], (
+            a["health"], a["nodes"], {k: v for k, v in a.items() if k.startswith("cluster")})
+        assert a["cluster_masters_down"] == 1 and a["cluster_nodes_down"] == 1
+        assert name in a["last_error"] and "request_timeout" in a["last_error"], a["last_error"]
+        assert a["last_error_unix"] >= wall0 - 1
+        n = node_of(a, name)
+        assert n and n["role"] == "master" and not n["up"] and n["downs"] == 1, n
+        assert len(a["nodes"]) == 6 and sum(1 for x in a["nodes"] if x["up"]) == 5, a["nodes"]
+        m = metrics(s)
+        assert node_metric(m, "kvtier_l2_node_up", name) == 0
+        assert m['kvtier_l2_masters_down{adapter="resp[0]"}'] == 1
+        assert s.http_get("/healthz")[0] == 200
+        assert time.monotonic() - t0 < NODE_TIMEOUT_MS / 1000 - 0.5, "the stall ran too long"
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+    t1 = time.monotonic()
+    t_recover = timed(lambda: l2_status(s)["cluster_masters_down"] == 0, PROBE_CYCLE + SLACK,
+                      "the master back after SIGCONT")
+    wait_for(lambda: load.pending(before=t1) == 0 or load.errors, timeout=20 * SLOW,
+             what="every batch acknowledged before SIGCONT read back")
+    load.stop()
+    fault = load.during(t0, t1)
+    worst = max(o.secs for o in fault)
+    assert worst <= RT + SLACK, sorted(fault, key=lambda o: -o.secs)[:5]
+    healthy = [o for o in load.since(t_down + 0.2) if o.group != victim.port and o.t1 <= t1]
+    assert healthy and all(o.got == o.want for o in healthy if o.op == "read"), healthy[:5]
+    normal = max(o.secs for o in healthy)
+    assert normal <= RT / 2 + 0.25 * SLOW, sorted(healthy, key=lambda o: -o.secs)[:5]
+    hung = [o for o in load.since(t_down + 0.2, group=victim.port) if o.t1 <= t1]
+    assert hung and max(o.secs for o in hung) <= RT / 2 + 0.25 * SLOW, hung[:5]
+    assert all(o.got == 0 for o in hung if o.op in ("read", "flush")), hung[:5]
+    a = l2_status(s)
+    assert a["is_healthy"] and a["last_error"] is None and a["cluster_failovers"] == 0
+    assert all(x["up"] for x in a["nodes"]) and node_of(a, name)["last_error"] is None
+    assert metrics(s)['kvtier_l2_masters_down{adapter="resp[0]"}'] == 0
+    assert len(log_lines(s, r"cluster node %s \(master\) is down" % re.escape(name))) == 1
+    assert len(log_lines(s, r"cluster node %s \(master\) answers again" % re.escape(name))) == 1
+    assert load.wrong_bytes == 0
+    assert_alive_and_clean(s)
+    report("cluster-master-stall", t_fail=t_fail, t_recover=t_recover, worst_request=worst,
+           healthy_worst=normal, verified=load.verified, wrong=load.wrong_bytes)
