@@ -30,7 +30,16 @@ RT = 0.5 if SLOW == 1 else 1.0
 PROBE_CYCLE = 2.0 + RT
 # scheduling slack of the 2-core test machine (sanitized: several times more)
 SLACK = 1.0 * SLOW
-NODE_TIMEOUT_MS = 5000  # cluster-node-timeout: a stall of a few seconds is no failover
+# how long a stall lasts at least (bench/resp_soak.py sets longer ones)
+STALL_S = float(os.environ.get("KVT_FAULT_STALL_S", "0"))
+# cluster-node-timeout: a stall of a few seconds (or STALL_S) is no failover
+NODE_TIMEOUT_MS = int(max(5.0, STALL_S + 5.0) * 1000)
+
+
+def hold_stall(t0, load):
+    """Keep a stall going until STALL_S after it began (the fault's length,
+    not a wait for a state; the load runs on meanwhile)."""
+    load.stop_ev.wait(max(0.0, t0 + STALL_S - time.monotonic()))
 
 
 def adapter(port, prefix, cluster=False, **kw):
@@ -133,6 +142,7 @@ def test_standalone_stall(make_server, tmp_path):
             # requests keep coming: they fail at once now
             wait_for(lambda: len(load.since(t_down + 0.2)) >= 10 or load.errors,
                      what="requests during the stall")
+            hold_stall(t0, load)
         finally:
             r.proc.send_signal(signal.SIGCONT)
         t1 = time.monotonic()
@@ -234,6 +244,7 @@ def test_cluster_master_stall(make_server, cluster):
         assert node_metric(m, "kvtier_l2_node_up", name) == 0
         assert m['kvtier_l2_masters_down{adapter="resp[0]"}'] == 1
         assert s.http_get("/healthz")[0] == 200
+        hold_stall(t0, load)
         assert time.monotonic() - t0 < NODE_TIMEOUT_MS / 1000 - 0.5, "the stall ran too long"
     finally:
         victim.proc.send_signal(signal.SIGCONT)

@@ -31,17 +31,25 @@
  * restores accounting while serving; with max_capacity_gb > 0 stores wait
  * for it, as fs does, so the cap holds across a kvtier restart.
  *
- * Failure: a transport error marks the adapter down: /healthz and status say
- * so, lookups miss at once, stores fail (counted), loads fail. The monitor
- * thread reconnects with exponential backoff (0.1 s .. 5 s). If the server's
- * run_id changed (Redis restarted), the index is reconciled with a new SCAN:
- * objects the server lost are dropped from the accounting.
+ * Deadline: a job has request_timeout from the moment a worker takes it;
+ * connecting, every write and read of its passes (non-blocking, poll up to
+ * the deadline), the retry of a connection that broke while idle, redirects
+ * and a replica's fallback all end by then. A timeout is never retried.
+ *
+ * Failure: a transport error (refused, reset on a fresh connection, no
+ * answer before the deadline) marks the adapter down: /healthz and status
+ * say so, lookups miss at once, stores fail (counted), loads fail, without
+ * I/O. The monitor thread probes with exponential backoff (0.1 s .. 2 s). If
+ * the server's run_id changed (Redis restarted), the index is reconciled
+ * with a new SCAN: objects the server lost are dropped from the accounting.
  *
  * Cluster mode ("cluster": true, resp_cluster.c): a batch is first split by
  * the master that owns each key's slot, each group pipelined on that
  * master's connection (a worker keeps one per node); MOVED/ASK replies send
- * the key again to the named node (run_cluster); a node that fails fails
- * only its keys while the monitor re-reads the slot map.
+ * the key again to the named node (run_cluster); a node that fails is
+ * marked down and fails only its keys (at once, until the monitor's probe
+ * of that node gets an answer) while the monitor re-reads the slot map; a
+ * master that comes back with another run_id has its keys reconciled.
  *
  * Threads: num_workers I/O threads (tpool "resp", one connection each), one
  * monitor thread (its own connection: probe, scan). Locks: l2->lock (base,
