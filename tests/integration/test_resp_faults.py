@@ -276,6 +276,57 @@ def test_cluster_master_stall(make_server, cluster):
            healthy_worst=normal, verified=load.verified, wrong=load.wrong_bytes)
 
 
+def test_cluster_all_stalled(make_server, cluster):
+    """Every node of the cluster SIGSTOPped under load (shorter than
+    cluster-node-timeout): each master is marked down by the first request
+    that waits request_timeout for it (this load's batches go to one master
+    at a time: two rounds of request_timeout at most), so the adapter is
+    unhealthy (/healthz 503) within a second or two, not 41 s, and every
+    later request fails at once; after SIGCONT the probes bring every node
+    back by themselves."""
+    s, load, masters = cluster_load(make_server, cluster, "as")
+    load.start()
+    wait_for(lambda: load.verified >= 80 or load.errors, what="load before the stall")
+    t0 = time.monotonic()
+    for n in cluster.nodes:
+        n.proc.send_signal(signal.SIGSTOP)
+    try:
+        t_fail = timed(lambda: s.http_get("/healthz")[0] == 503 or load.errors,
+                       2 * RT + SLACK, "/healthz 503")
+        t_down = time.monotonic()
+        a = l2_status(s)
+        assert a["is_healthy"] is False and a["cluster_masters_down"] == 3, a["health"]
+        assert "every master" in a["health"] or "not connected" in a["health"], a["health"]
+        assert metrics(s)['kvtier_l2_masters_down{adapter="resp[0]"}'] == 3
+        wait_for(lambda: len(load.since(t_down + 0.2)) >= 10 or load.errors,
+                 what="requests during the stall")
+        hold_stall(t0, load)
+        assert time.monotonic() - t0 < NODE_TIMEOUT_MS / 1000 - 0.5, "the stall ran too long"
+    finally:
+        for n in cluster.nodes:
+            n.proc.send_signal(signal.SIGCONT)
+    t1 = time.monotonic()
+    # the monitor may be in the middle of a map read that waits for each
+    # node in turn (a probe's deadline each) when they come back
+    t_recover = timed(lambda: (lambda x: x["is_healthy"] and x["cluster_masters_down"] == 0)(
+        l2_status(s)), PROBE_CYCLE + 6 * RT + SLACK, "every master back")
+    wait_for(lambda: load.pending(before=t1) == 0 or load.errors, timeout=20 * SLOW,
+             what="every batch acknowledged before SIGCONT read back")
+    load.stop()
+    fault = load.during(t0, t1)
+    worst = max(o.secs for o in fault)
+    assert worst <= RT + SLACK, sorted(fault, key=lambda o: -o.secs)[:5]
+    later = [o for o in load.since(t_down + 0.2) if o.t1 <= t1]
+    assert later and max(o.secs for o in later) <= RT / 2 + 0.25 * SLOW, later[:5]
+    a = l2_status(s)
+    assert a["last_error"] is None and all(x["up"] for x in a["nodes"]), a["nodes"]
+    assert s.http_get("/healthz")[0] == 200
+    assert load.wrong_bytes == 0
+    assert_alive_and_clean(s)
+    report("cluster-all-stalled", t_fail=t_fail, t_recover=t_recover, worst_request=worst,
+           verified=load.verified, wrong=load.wrong_bytes)
+
+
 def test_cluster_master_killed_failover(make_server, cluster):
     """A master SIGKILLed under load: it is marked down at once (a refused
     connection needs no timeout), its keys fail at once until its replica
