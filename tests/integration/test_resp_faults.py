@@ -327,6 +327,59 @@ def test_cluster_all_stalled(make_server, cluster):
            verified=load.verified, wrong=load.wrong_bytes)
 
 
+def test_cluster_replica_stall_read_from_replicas(make_server, cluster):
+    """"read_from_replicas": the replica that serves a master's loads is
+    SIGSTOPped under load. The loads in flight fail within request_timeout
+    (their fallback to the master finds the deadline spent: the master is
+    not blamed for it and never marked down), the replica is marked down,
+    and later loads of those keys go to the master at once and come back
+    byte for byte; after SIGCONT the replica is back by itself."""
+    s, load, masters = cluster_load(make_server, cluster, "rr", read_from_replicas=True)
+    m0 = masters[0]
+    rep = next(e[3][1] for e in cluster.seed().cmd("CLUSTER", "SLOTS") if e[2][1] == m0)
+    victim = next(n for n in cluster.nodes if n.port == rep)
+    name = "127.0.0.1:%d" % rep
+    load.start()
+    wait_for(lambda: load.verified >= 80 or load.errors, what="load before the stall")
+    load.hold(m0)  # its batches stored before the stall, read during it
+    wait_for(lambda: load.pending(m0) >= 10 or load.errors, what="a backlog to read")
+    t0 = time.monotonic()
+    victim.proc.send_signal(signal.SIGSTOP)
+    load.release(m0)
+    try:
+        t_fail = timed(lambda: not (node_of(l2_status(s), name) or {"up": True})["up"]
+                       or load.errors, RT + SLACK, "the stalled replica marked down")
+        t_down = time.monotonic()
+        wait_for(lambda: len([o for o in load.since(t_down + 0.2, "read", m0) if o.got == o.want])
+                 >= 5 or load.errors, timeout=10 * SLOW, what="its master serving the loads")
+        a = l2_status(s)
+        assert a["cluster_masters_down"] == 0 and a["is_healthy"], a["health"]
+        assert node_of(a, name)["role"] == "replica" and a["replica_fallbacks"] > 0
+        hold_stall(t0, load)
+        assert time.monotonic() - t0 < NODE_TIMEOUT_MS / 1000 - 0.5, "the stall ran too long"
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+    t1 = time.monotonic()
+    t_recover = timed(lambda: node_of(l2_status(s), name)["up"], PROBE_CYCLE + SLACK,
+                      "the replica back after SIGCONT")
+    wait_for(lambda: load.pending(before=t1) == 0 or load.errors, timeout=20 * SLOW,
+             what="every batch acknowledged before SIGCONT read back")
+    load.stop()
+    fault = load.during(t0, t1)
+    worst = max(o.secs for o in fault)
+    assert worst <= RT + SLACK, sorted(fault, key=lambda o: -o.secs)[:5]
+    later = [o for o in load.since(t_down + 0.2, "read", m0) if o.t1 <= t1]
+    assert later and all(o.got == o.want for o in later), later[:5]
+    assert max(o.secs for o in later) <= RT / 2 + 0.25 * SLOW, later[:5]
+    masters_named = ["127.0.0.1:%d" % p for p in masters]
+    assert not [ln for ln in log_lines(s, r"is down") if any(m in ln for m in masters_named)]
+    assert len(log_lines(s, r"cluster node %s \(replica\) is down" % re.escape(name))) == 1
+    assert load.wrong_bytes == 0
+    assert_alive_and_clean(s)
+    report("cluster-replica-stall", t_fail=t_fail, t_recover=t_recover, worst_request=worst,
+           verified=load.verified, wrong=load.wrong_bytes)
+
+
 def test_cluster_master_killed_failover(make_server, cluster):
     """A master SIGKILLed under load: it is marked down at once (a refused
     connection needs no timeout), its keys fail at once until its replica

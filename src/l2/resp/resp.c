@@ -445,12 +445,22 @@ static int cl_pass_on(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_
     }
     cn->node = node;
     cn->deadline_ns = w->deadline;
+    /* a pass that starts late in the job (a redirect, a replica's fallback
+     * to its master after the replica used the time up) fails its keys
+     * when the deadline comes, but marks the node down for it only when it
+     * had half a request_timeout at least: a slow first node is not the
+     * second one's fault. Refused and broken connections always count. */
+    uint64_t now = kvt_now_ns();
+    if (now >= w->deadline)
+        return -ETIMEDOUT;
+    bool blame = w->deadline - now >= e->req_ns / 2;
     char msg[256];
     for (int attempt = 0; attempt < 2; attempt++) {
         bool fresh = !(cn->c && !cn->c->err && cn->epoch == atomic_load(&e->epoch));
         int rc = kvt_resp_conn_ensure(e, cn, msg, sizeof(msg));
         if (rc) {
-            kvt_resp_cl_mark_down(l2, e, node, msg);
+            if (rc != -ETIMEDOUT || blame)
+                kvt_resp_cl_mark_down(l2, e, node, msg);
             return rc;
         }
         bool was_used = cn->used && !fresh;
@@ -468,9 +478,11 @@ static int cl_pass_on(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_
             kvt_resp_cl_want_refresh(e);
             return rc;
         }
-        if (!was_used || rc == -ETIMEDOUT || kvt_resp_past_deadline(cn)) {
+        bool late = rc == -ETIMEDOUT || kvt_resp_past_deadline(cn);
+        if (!was_used || late) {
             note_timeout(e, rc, msg, sizeof(msg));
-            kvt_resp_cl_mark_down(l2, e, node, msg);
+            if (!late || blame)
+                kvt_resp_cl_mark_down(l2, e, node, msg);
             return rc;
         }
         kvt_debug("%s: %s; retrying on a new connection", l2->name, msg);
