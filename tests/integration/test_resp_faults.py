@@ -308,8 +308,8 @@ def test_cluster_all_stalled(make_server, cluster):
     t1 = time.monotonic()
     # the monitor may be in the middle of a map read that waits for each
     # node in turn (a probe's deadline each) when they come back
-    t_recover = timed(lambda: (lambda x: x["is_healthy"] and x["cluster_masters_down"] == 0)(
-        l2_status(s)), PROBE_CYCLE + 6 * RT + SLACK, "every master back")
+    t_recover = timed(lambda: (lambda x: x["is_healthy"] and x["cluster_nodes_down"] == 0)(
+        l2_status(s)), PROBE_CYCLE + 6 * RT + SLACK, "every node back")
     wait_for(lambda: load.pending(before=t1) == 0 or load.errors, timeout=20 * SLOW,
              what="every batch acknowledged before SIGCONT read back")
     load.stop()
