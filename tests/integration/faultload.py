@@ -138,7 +138,8 @@ class Load:
             while not self.stop_ev.is_set():
                 for g in self.groups:
                     with self.lock:
-                        item = self.unread[g].pop(0) if self.unread[g] and g not in self.held else None
+                        ready = self.unread[g] and g not in self.held
+                        item = self.unread[g].pop(0) if ready else None
                     if item is None:
                         continue
                     hs = item[1]

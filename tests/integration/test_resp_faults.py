@@ -156,7 +156,8 @@ def test_standalone_stall(make_server, tmp_path):
         assert worst <= RT + SLACK, sorted(fault, key=lambda o: -o.secs)[:5]
         after = load.since(t_down + 0.2)
         fast = [o for o in after if o.t1 <= t1]
-        assert max(o.secs for o in fast) <= RT / 2 + 0.25 * SLOW, sorted(fast, key=lambda o: -o.secs)[:5]
+        assert max(o.secs for o in fast) <= RT / 2 + 0.25 * SLOW, \
+            sorted(fast, key=lambda o: -o.secs)[:5]
         assert any(o.op == "flush" and o.got == 0 for o in fault)  # stores failed, counted
         a = l2_status(s)
         assert a["is_healthy"] and a["last_error"] is None and a["nodes"][0]["up"]
