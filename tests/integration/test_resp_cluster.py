@@ -5,11 +5,7 @@ loopback: keys spread over every master, a master SIGKILLed under load
 scan across all masters, and config errors."""
 
 import json
-import os
-import random
-import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -18,11 +14,9 @@ import pytest
 
 import kvtier
 from conftest import keys_for, l2_status, random_payloads, run_kvtier, wait_for
-from test_resp import Redis
+from redis_servers import CLI, REDIS, cluster_ports, start_cluster
 from test_shared_l2 import EVICT, L1, check_nodes, shared_workload
 
-REDIS = shutil.which("redis-server")
-CLI = shutil.which("redis-cli")
 pytestmark = pytest.mark.skipif(REDIS is None or CLI is None,
                                 reason="redis-server / redis-cli are not installed")
 KiB = 1 << 10
@@ -30,154 +24,9 @@ MiB = 1 << 20
 HDR = 512
 
 
-def _bindable(port):
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def cluster_ports(n):
-    """n ports whose cluster bus ports (+10000) are free too, both below the
-    kernel's ephemeral range: a node killed and started again must find its
-    port free, and an outgoing connection may be given any ephemeral port
-    meanwhile (seen: "bind: Address already in use" on a restart)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    r = random.Random(os.getpid() ^ int(time.time()))
-    out = []
-    while len(out) < n:
-        p = r.randrange(10000, max(10001, low - 10000))
-        if p not in out and _bindable(p) and _bindable(p + 10000):
-            out.append(p)
-    return out
-
-
-class Node(Redis):
-    """One cluster-enabled redis-server."""
-
-    def __init__(self, workdir, port):
-        super().__init__(workdir)
-        self.port = port
-
-    def start(self):
-        args = [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
-                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", "2000",
-                "--cluster-replica-validity-factor", "0", "--save", "", "--appendonly", "no",
-                "--protected-mode", "no", "--loglevel", "warning"]
-        self.log = open(os.path.join(self.dir, "redis.log"), "ab")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("redis-server on %d exited" % self.port)
-            try:
-                if self.cmd("PING") == b"PONG":
-                    return self
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError("redis-server on %d did not answer" % self.port)
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def cluster_info(self):
-        out = {}
-        r = self.cmd("CLUSTER", "INFO")
-        if isinstance(r, Exception):  # e.g. LOADING after a restart
-            raise r
-        for ln in r.decode().splitlines():
-            if ":" in ln:
-                k, v = ln.split(":", 1)
-                out[k] = v.strip()
-        return out
-
-    def is_master(self):
-        r = self.cmd("ROLE")
-        if isinstance(r, Exception):
-            raise r
-        return r[0] == b"master"
-
-    def myid(self):
-        return self.cmd("CLUSTER", "MYID").decode()
-
-
-class Cluster:
-    def __init__(self, root):
-        self.replicas_synced = True  # until a master is killed for good
-        self.nodes = []
-        for p in cluster_ports(6):
-            d = root / ("n%d" % p)
-            d.mkdir()
-            self.nodes.append(Node(d, p))
-
-    def start(self):
-        for n in self.nodes:
-            n.start()
-        r = subprocess.run([CLI, "--cluster", "create"] +
-                           ["127.0.0.1:%d" % n.port for n in self.nodes] +
-                           ["--cluster-replicas", "1", "--cluster-yes"],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stdout + r.stderr
-        self.wait_ok(timeout=60)
-        return self
-
-    def wait_ok(self, timeout=30):
-        def ok():
-            try:
-                for n in self.nodes:
-                    if not n.alive():
-                        continue
-                    ci = n.cluster_info()
-                    if ci.get("cluster_state") != "ok" or ci.get("cluster_slots_ok") != "16384":
-                        return False
-                    if self.replicas_synced and not n.is_master() and \
-                            n.info("replication").get("master_link_status") != "up":
-                        return False
-                return len(self.masters()) == 3
-            except (OSError, RuntimeError, IndexError):
-                return False
-        try:
-            wait_for(ok, timeout=timeout, what="cluster_state:ok on every node")
-        except AssertionError:
-            for n in self.nodes:
-                if n.alive():
-                    print(n.port, n.cluster_info(), n.cmd("ROLE"))
-                    print(n.cmd("CLUSTER", "NODES").decode())
-            raise
-
-    def masters(self):
-        return [n for n in self.nodes if n.alive() and n.is_master()]
-
-    def stop(self):
-        for n in self.nodes:
-            n.kill()
-
-    def seed(self):
-        return next(n for n in self.nodes if n.alive())
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    # a port found free can be taken by another process before redis-server
-    # binds it (other test runs on the machine): start again on new ports,
-    # at most three times, saying why
-    for attempt in range(3):
-        c = Cluster(tmp_path_factory.mktemp("cluster"))
-        try:
-            c.start()
-            break
-        except (RuntimeError, AssertionError, OSError) as e:
-            c.stop()
-            if attempt == 2:
-                raise
-            print("cluster start failed (%s): again on new ports" % e)
+    c = start_cluster(tmp_path_factory)
     yield c
     c.stop()
 

@@ -31,17 +31,25 @@
  * restores accounting while serving; with max_capacity_gb > 0 stores wait
  * for it, as fs does, so the cap holds across a kvtier restart.
  *
- * Failure: a transport error marks the adapter down: /healthz and status say
- * so, lookups miss at once, stores fail (counted), loads fail. The monitor
- * thread reconnects with exponential backoff (0.1 s .. 5 s). If the server's
- * run_id changed (Redis restarted), the index is reconciled with a new SCAN:
- * objects the server lost are dropped from the accounting.
+ * Deadline: a job has request_timeout from the moment a worker takes it;
+ * connecting, every write and read of its passes (non-blocking, poll up to
+ * the deadline), the retry of a connection that broke while idle, redirects
+ * and a replica's fallback all end by then. A timeout is never retried.
+ *
+ * Failure: a transport error (refused, reset on a fresh connection, no
+ * answer before the deadline) marks the adapter down: /healthz and status
+ * say so, lookups miss at once, stores fail (counted), loads fail, without
+ * I/O. The monitor thread probes with exponential backoff (0.1 s .. 2 s). If
+ * the server's run_id changed (Redis restarted), the index is reconciled
+ * with a new SCAN: objects the server lost are dropped from the accounting.
  *
  * Cluster mode ("cluster": true, resp_cluster.c): a batch is first split by
  * the master that owns each key's slot, each group pipelined on that
  * master's connection (a worker keeps one per node); MOVED/ASK replies send
- * the key again to the named node (run_cluster); a node that fails fails
- * only its keys while the monitor re-reads the slot map.
+ * the key again to the named node (run_cluster); a node that fails is
+ * marked down and fails only its keys (at once, until the monitor's probe
+ * of that node gets an answer) while the monitor re-reads the slot map; a
+ * master that comes back with another run_id has its keys reconciled.
  *
  * Threads: num_workers I/O threads (tpool "resp", one connection each), one
  * monitor thread (its own connection: probe, scan). Locks: l2->lock (base,
@@ -108,8 +116,9 @@ struct resp_batch {
 };
 
 struct worker {
-    struct conn cn;   /* standalone: the one connection */
-    struct conn *cur; /* the connection a pass runs on (&cn, or one of ncn) */
+    uint64_t deadline; /* the current job's: request_timeout after it started */
+    struct conn cn;    /* standalone: the one connection */
+    struct conn *cur;  /* the connection a pass runs on (&cn, or one of ncn) */
     struct wbuf wb;
     uint8_t *hdrs; /* HDR bytes per key of the current job */
     size_t hdrs_cap;
@@ -251,8 +260,8 @@ static void unlink_keys(struct resp_engine *e, struct worker *w, const kvt_key *
 
 /* Cluster mode: UNLINK keys one by one on their nodes' control connections
  * (corrupt values are rare); errors are ignored. */
-static void cl_unlink_keys(struct resp_engine *e, const kvt_key *keys, const uint32_t *which,
-                           uint32_t n)
+static void cl_unlink_keys(kvt_l2 *l2, struct resp_engine *e, const kvt_key *keys,
+                           const uint32_t *which, uint32_t n)
 {
     char key[KEY_MAX];
     pthread_mutex_lock(&e->ctl_lock);
@@ -260,7 +269,7 @@ static void cl_unlink_keys(struct resp_engine *e, const kvt_key *keys, const uin
         int kl = kvt_resp_wire_key(e, &keys[which[j]], key);
         const char *argv[2] = {"UNLINK", key};
         size_t lens[2] = {6, (size_t)kl};
-        redisReply *r = kvt_resp_cl_command(e, key, (size_t)kl, 2, argv, lens);
+        redisReply *r = kvt_resp_cl_command(l2, e, key, (size_t)kl, 2, argv, lens);
         if (r)
             freeReplyObject(r);
     }
@@ -364,18 +373,29 @@ static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l
     return rc;
 }
 
-/* The pass runner: one attempt, plus one retry on a fresh connection when
- * the connection was an old one (a server restart breaks idle connections
- * without anyone noticing until they are used). */
+/* The pass runners: one attempt, plus one retry on a fresh connection when
+ * the connection was an old one that broke (a server restart breaks idle
+ * connections without anyone noticing until they are used), both within
+ * the job's deadline; no answer in time is not asked again. */
 typedef int (*pass_fn)(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
                        const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
                        size_t cap);
+
+/* msg += what a timeout means, for logs and last_error. */
+static void note_timeout(struct resp_engine *e, int rc, char *msg, size_t cap)
+{
+    size_t l = strlen(msg);
+    if (rc == -ETIMEDOUT && l < cap)
+        snprintf(msg + l, cap - l, " (no answer within request_timeout %.2f s)",
+                 (double)e->req_ns / 1e9);
+}
 
 static int run_standalone(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn,
                           kvt_l2_task *t, const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx)
 {
     char msg[256];
     w->cur = &w->cn;
+    w->cn.deadline_ns = w->deadline;
     for (int attempt = 0; attempt < 2; attempt++) {
         if (!atomic_load(&e->up))
             return KVT_E_UNHEALTHY;
@@ -394,7 +414,8 @@ static int run_standalone(kvt_l2 *l2, struct resp_engine *e, struct worker *w, p
         kvt_resp_conn_close(&w->cn);
         if (!kvt_resp_is_transport(rc))
             return rc;
-        if (!was_used) {
+        if (!was_used || rc == -ETIMEDOUT || kvt_resp_past_deadline(&w->cn)) {
+            note_timeout(e, rc, msg, sizeof(msg));
             kvt_resp_mark_down(l2, e, msg);
             return rc;
         }
@@ -406,30 +427,42 @@ static int run_standalone(kvt_l2 *l2, struct resp_engine *e, struct worker *w, p
 /*
  * Cluster mode: one pass over the keys selected in sub (K_PENDING) on the
  * connection to node, with the standalone runner's retry of a stale
- * connection. A node that fails does not take the adapter down (the
- * others serve): its keys fail and the monitor refreshes the slot map.
+ * connection, within the job's deadline. A node that fails does not take
+ * the adapter down (the others serve): it is marked down, its keys fail
+ * (here and, without I/O, in every later request until a probe of the
+ * monitor gets an answer) and the monitor refreshes the slot map.
  */
 static int cl_pass_on(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn,
                       kvt_l2_task *t, const uint32_t *idx, uint32_t n, uint8_t *sub, void *ctx,
                       int node, bool ask)
 {
+    if (kvt_resp_cl_is_down(e, node))
+        return KVT_E_UNHEALTHY;
     struct conn *cn = &w->ncn[node];
     if (!cn->rbuf) {
         cn->rbuf = kvt_xmalloc(RBUF_CAP);
         cn->obuf = kvt_xmalloc(OBUF_CAP);
     }
     cn->node = node;
+    cn->deadline_ns = w->deadline;
+    /* a pass that starts late in the job (a redirect, a replica's fallback
+     * to its master after the replica used the time up) fails its keys
+     * when the deadline comes, but marks the node down for it only when it
+     * had half a request_timeout at least: a slow first node is not the
+     * second one's fault. Refused and broken connections always count. */
+    uint64_t now = kvt_now_ns();
+    if (now >= w->deadline)
+        return -ETIMEDOUT;
+    bool blame = w->deadline - now >= e->req_ns / 2;
     char msg[256];
     for (int attempt = 0; attempt < 2; attempt++) {
         bool fresh = !(cn->c && !cn->c->err && cn->epoch == atomic_load(&e->epoch));
         int rc = kvt_resp_conn_ensure(e, cn, msg, sizeof(msg));
         if (rc) {
-            kvt_resp_set_err(e, "%s", msg);
-            kvt_resp_cl_node_state(e, node, true);
+            if (rc != -ETIMEDOUT || blame)
+                kvt_resp_cl_mark_down(l2, e, node, msg);
             return rc;
         }
-        if (fresh)
-            kvt_resp_cl_node_state(e, node, false);
         bool was_used = cn->used && !fresh;
         w->cur = cn;
         w->asking = ask;
@@ -440,11 +473,16 @@ static int cl_pass_on(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_
             return 0;
         }
         kvt_resp_conn_close(cn);
-        if (!kvt_resp_is_transport(rc) || !was_used) {
+        if (!kvt_resp_is_transport(rc)) {
             kvt_resp_set_err(e, "%s", msg);
-            kvt_resp_cl_node_state(e, node, kvt_resp_is_transport(rc));
-            if (!kvt_resp_is_transport(rc))
-                kvt_resp_cl_want_refresh(e);
+            kvt_resp_cl_want_refresh(e);
+            return rc;
+        }
+        bool late = rc == -ETIMEDOUT || kvt_resp_past_deadline(cn);
+        if (!was_used || late) {
+            note_timeout(e, rc, msg, sizeof(msg));
+            if (!late || blame)
+                kvt_resp_cl_mark_down(l2, e, node, msg);
             return rc;
         }
         kvt_debug("%s: %s; retrying on a new connection", l2->name, msg);
@@ -896,7 +934,7 @@ static void do_load(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_
                                            : KVT_E_CORRUPT);
     }
     if (nbad && e->cluster)
-        cl_unlink_keys(e, t->keys, bad, nbad);
+        cl_unlink_keys(l2, e, t->keys, bad, nbad);
     else if (nbad && !rc && w->cn.c)
         unlink_keys(e, w, t->keys, bad, nbad);
     free(bad);
@@ -925,6 +963,9 @@ static void job_fn(struct kvt_job *job, void *ctx)
     struct worker *w = ctx;
     const uint32_t *idx = b->idx + j->lo;
     uint32_t n = j->hi - j->lo;
+    /* every pass of the job (retries, redirects, a replica's fallback to
+     * its master) ends by then */
+    w->deadline = kvt_now_ns() + e->req_ns;
     switch (n ? (int)b->t->kind : -1) {
     case KVT_L2_STORE:
         do_store(l2, e, w, b->t, idx, n, j->node);
@@ -1119,6 +1160,13 @@ void kvt_resp_submit(kvt_l2 *l2, kvt_l2_task *t)
         }
     } else {
         if (t->kind == KVT_L2_STORE) {
+            /* the start-up scan waits for a master that is down: the store
+             * would wait for it too (unbounded); it fails at once instead */
+            if (atomic_load(&e->scan_blocked)) {
+                free(idx);
+                finish_down(l2, t);
+                return;
+            }
             /* the start-up scan is still counting what the server holds */
             if (atomic_load(&e->up) && kvt_l2_park_task(&e->park, t)) {
                 free(idx);
@@ -1137,23 +1185,34 @@ void kvt_resp_submit(kvt_l2 *l2, kvt_l2_task *t)
 
 /* ------------------------------------------------------------ remove */
 
-/* Run a control command on the ctl connection, reopening it once. */
+/* Run a control command on the ctl connection within request_timeout,
+ * opening it again once when it broke while idle (in the same deadline). */
 static redisReply *ctl_command(kvt_l2 *l2, struct resp_engine *e, int argc, const char **argv,
                                const size_t *argvlen)
 {
     char msg[256];
+    if (!atomic_load(&e->up))
+        return NULL;
+    e->ctl.deadline_ns = kvt_now_ns() + e->req_ns;
     for (int attempt = 0; attempt < 2; attempt++) {
+        bool reused = e->ctl.c && !e->ctl.c->err && e->ctl.epoch == atomic_load(&e->epoch);
         if (kvt_resp_conn_ensure(e, &e->ctl, msg, sizeof(msg))) {
             kvt_resp_mark_down(l2, e, msg);
             return NULL;
         }
-        redisReply *r = redisCommandArgv(e->ctl.c, argc, argv, argvlen);
+        redisReply *r = NULL;
+        if (kvt_resp_conn_arm(e, &e->ctl) == 0)
+            r = redisCommandArgv(e->ctl.c, argc, argv, argvlen);
         if (r)
             return r;
-        snprintf(msg, sizeof(msg), "%s: %s", argv[0], e->ctl.c->errstr);
+        bool late = kvt_resp_past_deadline(&e->ctl);
+        snprintf(msg, sizeof(msg), "%s: %s", argv[0],
+                 late ? "no answer within request_timeout" : e->ctl.c->errstr);
         kvt_resp_conn_close(&e->ctl);
-        if (attempt == 1)
+        if (!reused || late) {
             kvt_resp_mark_down(l2, e, msg);
+            return NULL;
+        }
     }
     return NULL;
 }
@@ -1162,7 +1221,7 @@ redisReply *kvt_resp_ctl_key(kvt_l2 *l2, struct resp_engine *e, const char *key,
                              int argc, const char **argv, const size_t *lens)
 {
     pthread_mutex_lock(&e->ctl_lock);
-    redisReply *r = e->cluster ? kvt_resp_cl_command(e, key, kl, argc, argv, lens)
+    redisReply *r = e->cluster ? kvt_resp_cl_command(l2, e, key, kl, argc, argv, lens)
                                : ctl_command(l2, e, argc, argv, lens);
     pthread_mutex_unlock(&e->ctl_lock);
     return r;
@@ -1180,7 +1239,7 @@ static int resp_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
     const char *argv[2] = {"UNLINK", key};
     size_t lens[2] = {6, (size_t)kl};
     pthread_mutex_lock(&e->ctl_lock);
-    redisReply *r = e->cluster ? kvt_resp_cl_command(e, key, (size_t)kl, 2, argv, lens)
+    redisReply *r = e->cluster ? kvt_resp_cl_command(l2, e, key, (size_t)kl, 2, argv, lens)
                                : ctl_command(l2, e, 2, argv, lens);
     pthread_mutex_unlock(&e->ctl_lock);
     if (!r)
@@ -1199,11 +1258,15 @@ static void resp_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "key_prefix", json_string(e->prefix));
     json_object_set_new(out, "database_id", json_integer(e->db));
     json_object_set_new(out, "num_workers", json_integer(e->nworkers));
+    json_object_set_new(out, "request_timeout", json_real((double)e->req_ns / 1e9));
+    json_object_set_new(out, "connection_timeout", json_real((double)e->conn_ns / 1e9));
     json_object_set_new(out, "connected", json_boolean(atomic_load(&e->up)));
     pthread_mutex_lock(&e->hlock);
     json_object_set_new(out, "server_version", json_string(e->version));
     json_object_set_new(out, "server_run_id", json_string(e->run_id));
     json_object_set_new(out, "last_error", e->last_err[0] ? json_string(e->last_err) : json_null());
+    json_object_set_new(out, "last_error_unix",
+                        e->last_err[0] ? json_real(e->last_err_unix) : json_null());
     uint64_t now = kvt_now_ns();
     json_object_set_new(out, "down_seconds",
                         json_real(e->down_since_ns ? (double)(now - e->down_since_ns) / 1e9 : 0));
@@ -1226,11 +1289,19 @@ static void resp_status(kvt_l2 *l2, json_t *out)
     json_object_set_new(out, "cluster", json_boolean(e->cluster));
     if (e->cluster) {
         pthread_mutex_lock(&e->maplock);
-        int masters = e->nmasters, nodes = e->nnodes;
+        int masters = e->nmasters, nodes = e->nnodes, replicas = 0, nodes_down = 0;
+        for (int i = 0; i < e->nnodes; i++) {
+            replicas += e->nh[i].role == ROLE_REPLICA;
+            nodes_down += e->nh[i].role != ROLE_NONE && e->nh[i].down_ns != 0;
+        }
         pthread_mutex_unlock(&e->maplock);
         json_object_set_new(out, "cluster_masters", json_integer(masters));
+        json_object_set_new(out, "cluster_replicas", json_integer(replicas));
         json_object_set_new(out, "cluster_nodes_known", json_integer(nodes));
         json_object_set_new(out, "cluster_masters_down", json_integer(kvt_resp_cl_down_owners(e)));
+        json_object_set_new(out, "cluster_nodes_down", json_integer(nodes_down));
+        json_object_set_new(out, "cluster_failovers",
+                            json_integer((json_int_t)atomic_load(&e->failovers)));
         json_object_set_new(out, "slot_map_refreshes",
                             json_integer((json_int_t)atomic_load(&e->refreshes)));
         json_object_set_new(out, "moved_redirects",
@@ -1248,9 +1319,53 @@ static void resp_status(kvt_l2 *l2, json_t *out)
     }
 }
 
+/* Cluster mode: how many masters of the map are down, and the first one's
+ * name; 0 when none is. */
+static int masters_down(struct resp_engine *e, char *first, size_t cap)
+{
+    pthread_mutex_lock(&e->maplock);
+    int down = 0;
+    first[0] = 0;
+    for (int i = 0; i < e->nnodes; i++) {
+        if (e->nh[i].role != ROLE_MASTER || !e->nh[i].down_ns)
+            continue;
+        if (!down++)
+            snprintf(first, cap, "%s:%d", e->nodes[i].host, e->nodes[i].port);
+    }
+    pthread_mutex_unlock(&e->maplock);
+    return down;
+}
+
+/*
+ * Healthy while the server answers (standalone) or, in cluster mode, while
+ * the slot map is known and one master at least is up: the keys of the
+ * masters that are down fail, the others are served (the message names
+ * the down ones). Every master down (a stalled or stopped cluster) is
+ * unhealthy, as one server down is.
+ */
 static bool resp_healthy(kvt_l2 *l2, char *msg, size_t cap)
 {
     struct resp_engine *e = l2->engine;
+    if (atomic_load(&e->up) && e->cluster) {
+        char first[300];
+        int down = masters_down(e, first, sizeof(first));
+        pthread_mutex_lock(&e->maplock);
+        int nm = e->nmasters;
+        pthread_mutex_unlock(&e->maplock);
+        if (down && down >= nm) {
+            pthread_mutex_lock(&e->hlock);
+            snprintf(msg, cap, "every master of %s is down: %s", e->endpoint,
+                     e->last_err[0] ? e->last_err : "unknown error");
+            pthread_mutex_unlock(&e->hlock);
+            return false;
+        }
+        if (down)
+            snprintf(msg, cap, "ok (%s): %d of %d masters down (%s%s): their keys fail",
+                     e->endpoint, down, nm, first, down > 1 ? ", ..." : "");
+        else
+            snprintf(msg, cap, "ok (%s)", e->endpoint);
+        return true;
+    }
     if (atomic_load(&e->up)) {
         snprintf(msg, cap, "ok (%s)", e->endpoint);
         return true;
@@ -1282,7 +1397,7 @@ static void cl_delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
         int kl = kvt_resp_wire_key(e, &keys[i], key);
         const char *argv[2] = {"UNLINK", key};
         size_t lens[2] = {6, (size_t)kl};
-        redisReply *r = kl > 0 ? kvt_resp_cl_command(e, key, (size_t)kl, 2, argv, lens) : NULL;
+        redisReply *r = kl > 0 ? kvt_resp_cl_command(l2, e, key, (size_t)kl, 2, argv, lens) : NULL;
         if (r && r->type == REDIS_REPLY_INTEGER)
             removed += (uint64_t)r->integer;
         if (r)
@@ -1302,6 +1417,7 @@ static void delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
         cl_delete_all_indexed(l2, e);
         return;
     }
+    e->ctl.deadline_ns = 0; /* one pipeline of every key: the socket timeouts apply */
     if (!atomic_load(&e->up) || kvt_resp_conn_ensure(e, &e->ctl, msg, sizeof(msg))) {
         kvt_warn("%s: persist_enabled is false but the server is unreachable: keys stay", l2->name);
         return;
@@ -1376,6 +1492,7 @@ static const struct kvt_l2_ops resp_ops = {
     .remove = resp_remove,
     .status = resp_status,
     .healthy = resp_healthy,
+    .nodes = kvt_resp_nodes,
     .close = resp_close,
 };
 
@@ -1446,6 +1563,10 @@ static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
     e->nworkers = o->num_workers;
     e->conn_tv = tv_of(o->connection_timeout);
     e->req_tv = tv_of(o->request_timeout);
+    e->conn_ns = (uint64_t)(o->connection_timeout * 1e9);
+    e->req_ns = (uint64_t)(o->request_timeout * 1e9);
+    e->probe_ns = KVT_MIN(e->req_ns, PROBE_MAX_NS);
+    e->last_err_node = -1;
     e->ctl.rbuf = kvt_xmalloc(RBUF_CAP);
     e->ctl.obuf = kvt_xmalloc(OBUF_CAP);
     atomic_store(&e->gen, 1);

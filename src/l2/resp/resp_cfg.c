@@ -104,8 +104,8 @@ static int resp_parse(struct kvt_cfg *c, struct kvt_resp_opts *o, bool valkey)
         json_object_set_new(c->resolved, "password", json_string("<set>"));
     kvt_cfg_str(c, "key_prefix", false, "", &o->key_prefix);
     kvt_cfg_int(c, "num_workers", false, 8, 1, 256, &nw);
-    kvt_cfg_num(c, "connection_timeout", false, 10.0, 0.001, 3600, &ct);
-    kvt_cfg_num(c, "request_timeout", false, 5.0, 0.001, 3600, &rt);
+    kvt_cfg_num(c, "connection_timeout", false, 1.0, 0.001, 3600, &ct);
+    kvt_cfg_num(c, "request_timeout", false, 1.0, 0.001, 3600, &rt);
     kvt_cfg_int(c, "database_id", false, 0, 0, 1 << 20, &db);
     kvt_cfg_bool(c, "cluster", false, &cluster);
     kvt_cfg_bool(c, "cluster_mode", false, &cluster_mode); /* LMCache's name for it */

@@ -25,7 +25,9 @@
 #define RBUF_CAP (1u << 20)          /* raw reply reader buffer */
 #define OBUF_CAP (1u << 20)          /* command output buffer */
 #define BACKOFF_MIN_NS 100000000ull  /* 0.1 s */
-#define BACKOFF_MAX_NS 5000000000ull /* 5 s */
+#define BACKOFF_MAX_NS 2000000000ull /* 2 s: a node back is found within this (plus a probe) */
+#define PROBE_MAX_NS 500000000ull    /* a probe waits at most this (and request_timeout) */
+#define CHECK_EVERY_NS 5000000000ull /* the monitor asks every node that is up this often */
 #define F_LEN_KNOWN 0x80             /* index flags: logical length known */
 #define F_GEN 0x7f                   /* index flags: scan generation */
 #define KEY_MAX (KVT_NAME_MAX + 160)
@@ -43,9 +45,11 @@
 /* One connection with its raw reply reader. Owned by one thread. */
 struct conn {
     redisContext *c;
-    unsigned epoch; /* e->epoch when connected; older means stale */
-    char *rbuf;     /* RBUF_CAP: replies are read through it */
-    char *obuf;     /* OBUF_CAP: data commands are written through it */
+    unsigned epoch;       /* e->epoch when connected; older means stale */
+    uint64_t deadline_ns; /* the request's deadline (monotonic): opening, writes and reads
+                           * past it fail with -ETIMEDOUT; 0: the socket timeouts only */
+    char *rbuf;           /* RBUF_CAP: replies are read through it */
+    char *obuf;           /* OBUF_CAP: data commands are written through it */
     size_t rpos, rlen;
     bool used; /* has completed a command since it was opened */
     int node;  /* cluster mode: index in e->nodes to connect to (0: the first seed) */
@@ -56,6 +60,24 @@ struct conn {
 struct cl_node {
     char host[256];
     int port;
+};
+
+enum { ROLE_NONE = 0, ROLE_MASTER, ROLE_REPLICA }; /* a node's part in the current slot map */
+
+/* A cluster node's health (maplock). A node is marked down when a request
+ * or a probe to it fails (refused, reset, or no answer before the deadline:
+ * a stalled node); its keys then fail at once, without I/O, until a probe
+ * of the monitor thread gets an answer. */
+struct cl_health {
+    uint64_t down_ns;    /* when it was marked down; 0: up */
+    uint64_t downs;      /* times it was marked down */
+    uint64_t backoff_ns; /* down: the wait before the next probe */
+    uint64_t next_probe_ns;
+    bool probing;    /* a probe is in flight */
+    uint8_t role;    /* ROLE_*: in the current map */
+    char err[200];   /* its last error; "" when none or since it answered again */
+    double err_unix; /* wall-clock time of err */
+    char run_id[48]; /* INFO server's run_id as last seen; "" unknown */
 };
 
 struct resp_engine {
@@ -70,6 +92,8 @@ struct resp_engine {
     int db;
     int nworkers;
     struct timeval conn_tv, req_tv;
+    uint64_t conn_ns, req_ns; /* connection_timeout, request_timeout */
+    uint64_t probe_ns;        /* a probe's deadline: min(request_timeout, PROBE_MAX_NS) */
 
     struct kvt_tpool *pool;
     pthread_t mon;
@@ -79,9 +103,17 @@ struct resp_engine {
     pthread_cond_t hcond;
     bool stop;
     uint64_t backoff_ns, next_probe_ns, down_since_ns;
+    uint64_t next_check_ns; /* the monitor's next round over the nodes that are up */
     char last_err[256];
+    double last_err_unix; /* wall-clock time of last_err */
+    int last_err_node;    /* cluster: the node last_err is about, -1: the adapter's own */
+    bool probing;         /* standalone: a probe is in flight */
     char run_id[48], version[32];
     bool scan_needed, sweep_after_scan, scan_running;
+    bool recovered; /* the start-up scan is done */
+    /* cluster mode: the masters whose restart the next scan reconciles
+     * (their keys only); all false: the scan covers every master */
+    bool recon[CL_MAX_NODES];
 
     _Atomic bool up;
     _Atomic unsigned epoch; /* bumped on every disconnect: workers reopen */
@@ -101,11 +133,15 @@ struct resp_engine {
     int nnodes, nseeds;
     uint16_t slots[CL_SLOTS]; /* slot -> index in nodes, CL_NO_NODE: unknown */
     int nmasters;
-    uint64_t node_down_ns[CL_MAX_NODES]; /* maplock: when a connection to it failed, 0: fine */
+    struct cl_health nh[CL_MAX_NODES];   /* maplock */
     bool refresh_needed;                 /* hlock: the monitor re-reads CLUSTER SLOTS */
     uint64_t next_refresh_ns;            /* hlock */
     struct conn ctl_nodes[CL_MAX_NODES]; /* ctl_lock: remove's connections per node */
     _Atomic uint64_t refreshes, moved, asked, cl_errors;
+    _Atomic uint64_t failovers; /* a replica of the last map owns slots of its master now */
+    /* the start-up scan waits for a master that is down: stores fail at once
+     * instead of waiting parked for it */
+    _Atomic bool scan_blocked;
     /* "read_from_replicas": loads go to a replica of the slot's master
      * (connections opened READONLY); a miss or a failure there is asked of
      * the master again. replica_of: a master's replica to read from,
@@ -172,6 +208,10 @@ int kvt_resp_budget_attach(kvt_l2 *l2, struct resp_engine *e, char *err, size_t 
 /* resp_wire.c: connections (each owned by one thread) and the raw protocol */
 void kvt_resp_conn_close(struct conn *cn);
 int kvt_resp_conn_open(struct resp_engine *e, struct conn *cn, char *msg, size_t cap);
+/* Set the socket timeouts of cn for one hiredis command to what is left of
+ * cn->deadline_ns (at most request_timeout); -ETIMEDOUT: nothing is left. */
+int kvt_resp_conn_arm(struct resp_engine *e, struct conn *cn);
+bool kvt_resp_past_deadline(const struct conn *cn);
 int kvt_resp_conn_ensure(struct resp_engine *e, struct conn *cn, char *msg, size_t cap);
 int kvt_resp_wr_all(struct conn *cn, struct iovec *iov, int cnt);
 void kvt_resp_wb_put(struct wbuf *b, const void *s, size_t n);
@@ -193,8 +233,11 @@ int kvt_resp_cl_master_of(struct resp_engine *e, int node);
 void kvt_resp_cl_addr(struct resp_engine *e, int node, char *host, size_t cap, int *port);
 int kvt_resp_cl_masters(struct resp_engine *e, int *out, int max);
 void kvt_resp_cl_want_refresh(struct resp_engine *e);
-/* A connection to node failed (down: true) or opened (false). */
-void kvt_resp_cl_node_state(struct resp_engine *e, int node, bool down);
+/* Node health (struct cl_health): a request or probe to node failed. */
+void kvt_resp_cl_mark_down(kvt_l2 *l2, struct resp_engine *e, int node, const char *why);
+bool kvt_resp_cl_is_down(struct resp_engine *e, int node);
+const char *kvt_resp_role_name(int role);
+double kvt_resp_wall_now(void);
 /* How many slot owners are marked down (slots nobody can serve yet). */
 int kvt_resp_cl_down_owners(struct resp_engine *e);
 /* An error reply on a data command: 1 MOVED/ASK (*node, *ask set), 2 a
@@ -202,9 +245,10 @@ int kvt_resp_cl_down_owners(struct resp_engine *e);
 int kvt_resp_cl_error(struct resp_engine *e, const char *err, int *node, bool *ask);
 int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, char *msg, size_t cap);
 /* One command about key on its node's control connection, following
- * redirects; call with e->ctl_lock held. NULL: no reply. */
-redisReply *kvt_resp_cl_command(struct resp_engine *e, const char *key, size_t kl, int argc,
-                                const char **argv, const size_t *lens);
+ * redirects, within request_timeout; call with e->ctl_lock held. NULL: no
+ * reply (the node is down, or does not answer in time: then marked down). */
+redisReply *kvt_resp_cl_command(kvt_l2 *l2, struct resp_engine *e, const char *key, size_t kl,
+                                int argc, const char **argv, const size_t *lens);
 void kvt_resp_cl_close(struct resp_engine *e);
 
 /* resp_mon.c: health and the monitor thread */
@@ -213,5 +257,8 @@ void kvt_resp_set_err(struct resp_engine *e, const char *fmt, ...)
 void kvt_resp_mark_down(kvt_l2 *l2, struct resp_engine *e, const char *why);
 int kvt_resp_probe(kvt_l2 *l2, struct resp_engine *e, struct conn *mon);
 void *kvt_resp_monitor_main(void *arg);
+/* The nodes hook (struct kvt_l2_node): standalone the server, cluster mode
+ * every master and replica of the map. */
+int kvt_resp_nodes(kvt_l2 *l2, struct kvt_l2_node *out, int max);
 
 #endif

@@ -9,9 +9,11 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------- connections */
@@ -42,10 +44,44 @@ static int check_reply(redisContext *c, redisReply *r, const char *what, char *m
     return 0;
 }
 
+static struct timeval tv_ns(uint64_t ns)
+{
+    if (ns < 1000)
+        ns = 1000; /* a zero timeval means "no timeout" to the kernel */
+    return (struct timeval){.tv_sec = (time_t)(ns / 1000000000ull),
+                            .tv_usec = (suseconds_t)(ns % 1000000000ull / 1000)};
+}
+
+/* Nanoseconds left before cn's deadline (cap when it has none); 0: past it. */
+static uint64_t left_ns(const struct conn *cn, uint64_t cap)
+{
+    if (!cn->deadline_ns)
+        return cap;
+    uint64_t now = kvt_now_ns();
+    return now >= cn->deadline_ns ? 0 : KVT_MIN(cn->deadline_ns - now, cap);
+}
+
+bool kvt_resp_past_deadline(const struct conn *cn)
+{
+    return cn->deadline_ns && kvt_now_ns() >= cn->deadline_ns;
+}
+
+int kvt_resp_conn_arm(struct resp_engine *e, struct conn *cn)
+{
+    uint64_t left = left_ns(cn, e->req_ns);
+    if (!left || !cn->c)
+        return -ETIMEDOUT;
+    redisSetTimeout(cn->c, tv_ns(left));
+    return 0;
+}
+
 /*
- * Open a connection: connect with connection_timeout, then request_timeout
- * on the socket (SO_RCVTIMEO/SO_SNDTIMEO: an operation that makes no
- * progress for that long fails), AUTH, SELECT. msg gets the reason on error.
+ * Open a connection within cn->deadline_ns (when set): connect with
+ * connection_timeout or what is left of the deadline, whichever is less,
+ * then AUTH, SELECT, READONLY with what is left. The socket's own timeouts
+ * (SO_RCVTIMEO/SO_SNDTIMEO) are request_timeout afterwards; a caller that
+ * has a deadline arms them again before each command (kvt_resp_conn_arm).
+ * msg gets the reason on error.
  */
 int kvt_resp_conn_open(struct resp_engine *e, struct conn *cn, char *msg, size_t cap)
 {
@@ -56,8 +92,13 @@ int kvt_resp_conn_open(struct resp_engine *e, struct conn *cn, char *msg, size_t
     snprintf(host, sizeof(host), "%s", e->host);
     if (e->cluster) /* the node this connection is for (nodes[0]: the first seed) */
         kvt_resp_cl_addr(e, cn->node, host, sizeof(host), &port);
-    redisContext *c = e->unix_sock ? redisConnectUnixWithTimeout(host, e->conn_tv)
-                                   : redisConnectWithTimeout(host, port, e->conn_tv);
+    uint64_t left = left_ns(cn, e->conn_ns);
+    if (!left) {
+        snprintf(msg, cap, "connect %s:%d: no time left before the request's deadline", host, port);
+        return -ETIMEDOUT;
+    }
+    redisContext *c = e->unix_sock ? redisConnectUnixWithTimeout(host, tv_ns(left))
+                                   : redisConnectWithTimeout(host, port, tv_ns(left));
     if (!c) {
         snprintf(msg, cap, "connect: out of memory");
         return -ENOMEM;
@@ -70,11 +111,16 @@ int kvt_resp_conn_open(struct resp_engine *e, struct conn *cn, char *msg, size_t
         redisFree(c);
         return -ECONNREFUSED;
     }
-    redisSetTimeout(c, e->req_tv);
     if (!e->unix_sock)
         redisEnableKeepAlive(c);
     int rc = 0;
-    if (e->pass[0]) {
+    left = left_ns(cn, e->req_ns);
+    redisSetTimeout(c, tv_ns(left));
+    if (!left && (e->pass[0] || e->db || e->read_replicas)) {
+        snprintf(msg, cap, "AUTH: no time left before the request's deadline");
+        rc = -ETIMEDOUT;
+    }
+    if (!rc && e->pass[0]) {
         redisReply *r = e->user[0] ? redisCommand(c, "AUTH %s %s", e->user, e->pass)
                                    : redisCommand(c, "AUTH %s", e->pass);
         rc = check_reply(c, r, "AUTH", msg, cap);
@@ -91,6 +137,7 @@ int kvt_resp_conn_open(struct resp_engine *e, struct conn *cn, char *msg, size_t
         redisFree(c);
         return rc;
     }
+    redisSetTimeout(c, e->req_tv);
     cn->c = c;
     cn->epoch = epoch;
     return 0;
@@ -106,11 +153,52 @@ int kvt_resp_conn_ensure(struct resp_engine *e, struct conn *cn, char *msg, size
 
 /* ---------------------------------------------- raw protocol writing */
 
+/* Wait until cn's socket is ready for ev, at most until its deadline:
+ * 0 or -ETIMEDOUT. */
+static int wait_ready(struct conn *cn, short ev)
+{
+    for (;;) {
+        uint64_t left = left_ns(cn, UINT64_MAX);
+        if (!left)
+            return -ETIMEDOUT;
+        struct pollfd p = {.fd = cn->c->fd, .events = ev};
+        int ms = (int)KVT_MIN((left + 999999) / 1000000, (uint64_t)INT_MAX);
+        int r = poll(&p, 1, ms);
+        if (r > 0)
+            return 0; /* ready, or an error the next read or write reports */
+        if (r < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+/* One send or recv without blocking past the deadline: with a deadline
+ * the socket is used non-blocking (MSG_DONTWAIT) and poll waits for it;
+ * without one the socket's own timeouts apply (EAGAIN: -ETIMEDOUT). */
+static ssize_t io_once(struct conn *cn, bool out, void *buf, size_t n)
+{
+    int fl = cn->deadline_ns ? MSG_DONTWAIT : 0;
+    for (;;) {
+        ssize_t r = out ? send(cn->c->fd, buf, n, fl | MSG_NOSIGNAL) : recv(cn->c->fd, buf, n, fl);
+        if (r >= 0)
+            return r;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return -errno;
+        if (!cn->deadline_ns)
+            return -ETIMEDOUT;
+        int rc = wait_ready(cn, out ? POLLOUT : POLLIN);
+        if (rc)
+            return rc;
+    }
+}
+
 /*
  * Write every byte of iov[0..cnt), gathered through the connection's
- * output buffer (OBUF_CAP at a time), retrying short writes. Copying into
- * one warm buffer and writing from it beat writev straight from the
- * caller's pages by 1.5-2x on our test VM (bench/remote.sh, docs).
+ * output buffer (OBUF_CAP at a time), retrying short writes, before the
+ * connection's deadline. Copying into one warm buffer and writing from it
+ * beat writev straight from the caller's pages by 1.5-2x on our test VM
+ * (bench/remote.sh, docs).
  */
 int kvt_resp_wr_all(struct conn *cn, struct iovec *iov, int cnt)
 {
@@ -129,11 +217,9 @@ int kvt_resp_wr_all(struct conn *cn, struct iovec *iov, int cnt)
             if (fill < OBUF_CAP && k < cnt)
                 break; /* room left: gather the next piece first */
             for (size_t done = 0; done < fill;) {
-                ssize_t w = write(cn->c->fd, cn->obuf + done, fill - done);
-                if (w < 0 && errno == EINTR)
-                    continue;
+                ssize_t w = io_once(cn, true, cn->obuf + done, fill - done);
                 if (w < 0)
-                    return errno == EAGAIN ? -ETIMEDOUT : -errno;
+                    return (int)w;
                 done += (size_t)w;
             }
             fill = 0;
@@ -187,18 +273,12 @@ static int rd_fill(struct conn *cn)
     }
     if (cn->rlen == RBUF_CAP)
         return -EPROTO; /* a protocol line longer than the buffer */
-    for (;;) {
-        ssize_t r = read(cn->c->fd, cn->rbuf + cn->rlen, RBUF_CAP - cn->rlen);
-        if (r > 0) {
-            cn->rlen += (size_t)r;
-            return 0;
-        }
-        if (r == 0)
-            return -ECONNRESET;
-        if (errno == EINTR)
-            continue;
-        return errno == EAGAIN ? -ETIMEDOUT : -errno;
+    ssize_t r = io_once(cn, false, cn->rbuf + cn->rlen, RBUF_CAP - cn->rlen);
+    if (r > 0) {
+        cn->rlen += (size_t)r;
+        return 0;
     }
+    return r == 0 ? -ECONNRESET : (int)r;
 }
 
 /* One protocol line (without CRLF), valid until the next read. */
