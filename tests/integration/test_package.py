@@ -24,7 +24,7 @@ needs_cpack = pytest.mark.skipif(not shutil.which("cpack") or not shutil.which("
 # what the binary and the library link (objdump -p: NEEDED; xxhash is inlined)
 RUNTIME = ("adduser", "libc6", "libzmq5", "libjansson4", "libssl3",
            "libmicrohttpd12", "liburing2", "libhiredis0.14", "libcurl4", "libmsgpackc2",
-           "liblz4-1", "libzstd1")
+           "liblz4-1", "libzstd1", "libblkid1")
 
 
 @pytest.fixture(scope="module")
