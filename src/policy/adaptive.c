@@ -844,6 +844,18 @@ struct kvt_policy *kvt_adaptive_create(void)
     return adaptive_new(&adaptive_ops, 4, 3, 3.0, 1.0, true, adaptive_expert, NULL);
 }
 
+static struct kvt_policy *adaptive_from_cfg(const struct kvt_policy_cfg *cfg)
+{
+    (void)cfg;
+    return kvt_adaptive_create();
+}
+
+const struct kvt_policy_desc kvt_policy_adaptive = {
+    .name = "adaptive",
+    .help = "follows the best of LRU, ARC, LFU, value",
+    .create = adaptive_from_cfg,
+};
+
 /*
  * "eviction_policy": "value" is the same mechanism over two experts: the
  * order by V (value.c: the seed's factors) and LRU, i.e. V with every
