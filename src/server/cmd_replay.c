@@ -8,8 +8,8 @@
  *   lookup(blocks) -> h leading hits; retrieve(blocks[:h]) (bytes verified:
  *   each block's payload is derived from its id); store(blocks[h:]).
  * The blocks it stores go into the server's cache under the model --model
- * ("replay"): every tier, persistent ones included (the README's trace is
- * some 720 MB at the default 16 KiB per block). At the end it deletes every
+ * ("replay"): every tier, persistent ones included (the shared Mooncake
+ * trace is some 720 MB at the default 16 KiB per block). At the end it deletes every
  * block of the trace under that model from the server, unless --keep.
  * Prints the prefix hit ratio, bytes moved, wrong bytes (must be 0), latency
  * percentiles, and for the same budget the hit ratios of every policy that
@@ -595,7 +595,7 @@ int kvt_cmd_replay(int argc, char **argv)
                    "Against a server (without --offline) every block the server misses is\n"
                    "stored in its cache under the model NAME (default \"replay\"), in every\n"
                    "tier, persistent L2 adapters included: up to unique blocks x --block-bytes\n"
-                   "bytes (the mooncake_synthetic_trace of the README: 43,924 blocks, some\n"
+                   "bytes (the shared mooncake_synthetic_trace: 43,924 blocks, some\n"
                    "720 MB). At the end the replay deletes every block of the trace under\n"
                    "that model from the server; --keep leaves them (a second replay then\n"
                    "starts warm; kvtier purge --namespace=NAME removes them later).\n");
