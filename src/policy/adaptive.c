@@ -17,7 +17,7 @@
  * reused with skew. The order by V is gated (choose_leader): it takes over
  * from the base leader only when it leads by three (loose) standard
  * errors, and hands back at break even, because every switch costs the
- * tier a catch-up and V followed like the others switched twice as often.
+ * tier a catch-up and V followed like the others switched more often.
  * Long histories that come back beyond LRU's window are where V wins
  * (test_value_policy: the order by V hits 1,270 of 3,000 returns where
  * LRU, ARC and LFU hit none; adaptive 1,285).
@@ -31,9 +31,9 @@
  * past the tier's first miss in store order, is credited less than its
  * expert would earn, and the tier follows the wrong one. Tiers that report
  * no requests (L2 adapters), and "value" (fed requests, its worst cells
- * against LRU got worse), feed the shadows the tier's uses, under three
- * rules that make the shadows say what the tier would get, and the tier
- * get what its leader's shadow gets:
+ * against LRU got worse), feed the shadows the tier's uses (shadow_use);
+ * two rules then make the shadows say what the tier would get, and a
+ * third, in both modes, makes the tier get what its leader's shadow gets:
  *
  * - A shadow sees a commit as the tier does. The tier evicts for a request
  *   before it inserts the request's new chunks (they are pending, never
@@ -55,17 +55,18 @@
  *   reaches its head or breaks, and dropped when the shadow misses a chunk
  *   before them. Without learned parents (other tiers' call patterns)
  *   every hit counts.
- * - The tier keeps what its leader's shadow keeps. When a shadow evicts a
- *   key the tier still holds, the tier's object goes on that expert's
- *   stale list; the walk visits the leader's stale objects first (in the
- *   order its shadow dropped them), then the leader's own order. Without
- *   it a switch would leave the tier holding the previous leader's choice.
+ * - (Both modes.) The tier keeps what its leader's shadow keeps. When a
+ *   shadow evicts a key the tier still holds, the tier's object goes on
+ *   that expert's stale list; the walk visits the leader's stale objects
+ *   first (in the order its shadow dropped them), then the leader's own
+ *   order. Without it a switch would leave the tier holding the previous
+ *   leader's choice.
  *
  * Known limits:
- * - Parents are learned only within one commit. A store's first new chunk
- *   (the next turn's, after a cached history) never has a known parent,
- *   so across turns a hit on it is credited even when the shadow dropped
- *   the chunks before it (a block hit, not a prefix hit).
+ * - Fed uses, parents are learned only within one commit. A store's first
+ *   new chunk (the next turn's, after a cached history) never has a known
+ *   parent, so across turns a hit on it is credited even when the shadow
+ *   dropped the chunks before it (a block hit, not a prefix hit).
  * - c, the shadows' size, is the most objects the tier has held and never
  *   shrinks. After the tier's capacity is cut the shadows stay that large:
  *   their hits are a larger cache's, they rarely drop a key the tier
