@@ -8,7 +8,7 @@ its unique blocks (as bench/run.sh replay does), and prints per cell the
 offline prefix hit ratios, the gap of adaptive below the best of LRU/ARC/LFU
 and value minus LRU (points), then the worst and mean per set.
 
-Sets (issue 15):
+Sets:
   bench    the 5 traces of bench/run.sh replay (the shared Mooncake trace and
            chat, long-sessions, big-prompts, many-users)
   tuning   seeds 11-16, the traces the mechanism was first tuned on
@@ -28,8 +28,8 @@ Sets (issue 15):
   scale    40 more parameter draws (seeds 910-949), each generated at 4,000,
            8,000 and 16,000 requests (names n4k-, n8k-, n16k-<seed>), drawn
            2026-12-06 after every choice: how the gap depends on the trace's
-           length with the workload fixed (the held-back trace of issue 15
-           has some 180,000 unique blocks, as the 16,000-request ones here)
+           length with the workload fixed (a held-back trace has
+           some 180,000 unique blocks, as the 16,000-request ones here)
 
   bench/policy_sweep.py [--sets bench,tuning,check,fresh,random,held,late,scale] [--bin build/kvtier]
                         [--budgets 10,25] [--json OUT]

@@ -4,7 +4,6 @@ line, with the offline results of every policy for the same budget)."""
 import json
 import sys
 
-POLS = ["LRU", "ARC", "LFU", "value", "adaptive"]
 DEFAULT = "adaptive"  # the L1 default (--eviction-policy)
 
 
@@ -15,6 +14,9 @@ def main():
         c = cells.setdefault((d["trace"], d["pct"]), {"off": d["offline"]["policies"], "live": {}})
         c["live"][d["policy"]] = d["live"]["prefix_hit_ratio"]
         assert d["live"]["wrong_blocks"] == 0 and d["live"]["errors"] == 0, d
+    # the policies kvtier replay compared (its table's order), Belady aside
+    first = next(iter(cells.values()))["off"]
+    POLS = [p for p in first if p != "Belady"]
     print("prefix hit ratio, live / offline per policy; Belady offline; 'gap': the live default (%s)"
           " below the best of LRU, ARC, LFU offline, in points; 'live-off': the largest"
           " |live - offline| of any policy, in points" % DEFAULT)

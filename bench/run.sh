@@ -175,10 +175,11 @@ replay)
   bb=16384
   out=$DIR/replay.jsonl; : > "$out"
   for trace in "${traces[@]}"; do
-    u=$($BIN replay --trace "$trace" --offline --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["unique_blocks"])')
+    # the unique blocks, then every policy kvtier replay compares (src/policy/registry.c)
+    read -r u pols <<< "$($BIN replay --trace "$trace" --offline --json | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["unique_blocks"], *[p for p in d["offline"]["policies"] if p != "Belady"])')"
     for pct in 10 25; do
       blocks=$((u * pct / 100))
-      for pol in LRU ARC LFU value adaptive; do
+      for pol in $pols; do
         port=$(free_port)
         $BIN server --no-l2 --l1-size-gb "$(awk -v b=$blocks -v s=$bb 'BEGIN{printf "%.12f", b*s/2^30}')" \
           --eviction-policy $pol --eviction-trigger-watermark 1.0 --port "$port" --http-port 0 --log-level warn &

@@ -32,7 +32,7 @@ RULES = {
     "l2-adapter": ["common", "key", "io", "l2-contract", "l2-engine", "l2-kit"],
     "evict": ["common", "key", "io", "policy", "l1", "l2-contract"],
     "ctrl": ["common", "key", "io", "policy", "l1", "l2-contract"],
-    "ops": ["common", "key", "proto", "l2-contract", "l2-kit-leaf"],
+    "ops": ["common", "key", "policy", "proto", "l2-contract", "l2-kit-leaf"],
     "server": ["common", "key", "io", "policy", "serde", "l1", "proto", "l2-contract",
                "l2-kit-leaf", "evict", "ctrl", "ops"],
     "client": ["common", "key", "proto"],

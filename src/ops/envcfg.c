@@ -3,6 +3,7 @@
 
 #include "kvtier/error.h"
 #include "l2/kit/quota.h"
+#include "policy/policy.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -279,7 +280,8 @@ static const struct var {
     {"KVP_CACHE_DEVICE", V_PATH, "", "device or mount point for the pre-flight check"},
     {"KVP_TRIGGER_WATERMARK", V_UNIT, "0.9", "eviction starts at this fraction of the budget"},
     {"KVP_EVICTION_RATIO", V_UNIT, "0.1", "each eviction cycle frees this fraction of used"},
-    {"KVP_EVICTION_POLICY", V_STR, "LRU", "LRU, ARC, LFU, value, or none (hard cap only)"},
+    {"KVP_EVICTION_POLICY", V_STR, "LRU",
+     "a policy cache.env offers (policy.h: KVT_POLICY_CACHE_ENV), or none (hard cap only)"},
     {"KVP_VALUE_HALF_LIFE_HOURS", V_NUM, "0",
      "freshness half-life of the value policy; 0: aging, no clock"},
     {"KVP_QUOTAS_FILE", V_PATH, "", "per-namespace quotas (JSON)"},
@@ -297,6 +299,34 @@ static const struct var *find_var(const char *name)
         if (strcmp(vars[i].name, name) == 0)
             return &vars[i];
     return NULL;
+}
+
+/* KVP_EVICTION_POLICY: a policy of the table that cache.env offers
+ * (KVT_POLICY_CACHE_ENV), in any case, or "none" (no eviction block), into
+ * out by its canonical name. Otherwise -1 and, in fmt, verr's format for
+ * the value: what is expected. */
+static int env_policy(const char *val, char *out, size_t outcap, char *fmt, size_t fmtcap)
+{
+    const struct kvt_policy_desc *d = kvt_policy_find(val);
+    if (d && (d->flags & KVT_POLICY_CACHE_ENV)) {
+        snprintf(out, outcap, "%s", d->name);
+        return 0;
+    }
+    if (strcasecmp(val, "none") == 0) {
+        snprintf(out, outcap, "none");
+        return 0;
+    }
+    size_t n = (size_t)snprintf(fmt, fmtcap, "expected");
+    const char *sep = " ";
+    for (size_t i = 0; (d = kvt_policy_at(i)) && n < fmtcap; i++) {
+        if (d->flags & KVT_POLICY_CACHE_ENV) {
+            n += (size_t)snprintf(fmt + n, fmtcap - n, "%s%s", sep, d->name);
+            sep = ", ";
+        }
+    }
+    if (n < fmtcap)
+        snprintf(fmt + n, fmtcap - n, " or none, got '%%s'");
+    return -1;
 }
 
 static int verr(char *err, size_t cap, const json_t *v, const char *name, const char *fmt,
@@ -437,16 +467,11 @@ int kvt_envcfg_load(const char *path, struct kvt_envcfg *c, char *err, size_t er
         } else if (!strcmp(n, "KVP_EVICTION_RATIO")) {
             c->ratio = num;
         } else if (!strcmp(n, "KVP_EVICTION_POLICY")) {
-            const char *known[] = {"LRU", "ARC", "LFU", "value", "none"};
-            size_t k = 0;
-            while (k < 5 && strcasecmp(val, known[k]))
-                k++;
-            if (k == 5) {
-                rc =
-                    verr(err, errcap, v, n, "expected LRU, ARC, LFU, value or none, got '%s'", val);
+            char expected[256];
+            if (env_policy(val, c->policy, sizeof(c->policy), expected, sizeof(expected))) {
+                rc = verr(err, errcap, v, n, expected, val);
                 goto out;
             }
-            snprintf(c->policy, sizeof(c->policy), "%s", known[k]);
         } else if (!strcmp(n, "KVP_VALUE_HALF_LIFE_HOURS")) {
             c->half_life_h = num;
         } else if (!strcmp(n, "KVP_QUOTAS_FILE")) {

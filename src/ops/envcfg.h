@@ -36,7 +36,7 @@ struct kvt_envcfg {
     char device[PATH_MAX]; /* KVP_CACHE_DEVICE: "" = the file system of the root */
     double watermark;      /* KVP_TRIGGER_WATERMARK: 0.9 */
     double ratio;          /* KVP_EVICTION_RATIO: 0.1 */
-    char policy[16];       /* KVP_EVICTION_POLICY: LRU | value | none */
+    char policy[16];       /* KVP_EVICTION_POLICY: LRU, a policy of the table, or none */
     double half_life_h;    /* KVP_VALUE_HALF_LIFE_HOURS: 0 = aging (value policy) */
     char quotas[PATH_MAX]; /* KVP_QUOTAS_FILE: "" = no quotas */
     char url[300];         /* KVP_SERVER_URL: tcp://127.0.0.1:5555 */

@@ -1,131 +1,82 @@
 /*
  * "eviction_policy": "adaptive": LRU, ARC or LFU with aging, whichever
  * would hit more on this workload now, or the order by V (value.c, the
- * seed's factors) where it has clearly earned it.
+ * seed's factors) where it has clearly earned it. "value" is the same
+ * mechanism over two experts, V and LRU (kvt_value_create, below).
  *
- * Four shadow caches, an LRU, an ARC, an LFU and one ordered by V (the
- * same code as the real policies, run over shadow handles), see every use
- * the tier reports, by key fingerprint, and each holds as many keys as the
- * tier holds objects (c, the most it has held). A use of a key in a shadow
- * is a hit for that expert; each expert's hits decay exponentially over
- * 32 c uses. The base leader is the one of LRU, ARC and LFU with the most
- * (switching only to a strictly better one): LRU where recency wins
- * (conversations that come back soon), ARC where a popular core must be
- * protected from one-time blocks, LFU where a stable set is reused with
- * skew. The order by V is gated as "value" gates it against LRU
- * (choose_leader): it takes over from the base leader only when it leads
- * by three (loose) standard errors, and hands back at break even. Long
- * histories that come back beyond LRU's window are where V wins
+ * Experts and shadows. The policy keeps its objects in every expert's real
+ * order at once. Beside each runs a shadow cache (the same code over shadow
+ * handles, by key fingerprint) holding as many keys as the tier holds
+ * objects (c, the most it has held). A use of a key in a shadow is a hit
+ * for that expert; each expert's hits decay exponentially over 32 c uses.
+ *
+ * The leader. The base leader is the one of LRU, ARC and LFU with the most
+ * decayed hits (switching only to a strictly better one): LRU where
+ * recency wins (conversations that come back soon), ARC where a popular
+ * core must be protected from one-time blocks, LFU where a stable set is
+ * reused with skew. The order by V is gated (choose_leader): it takes over
+ * from the base leader only when it leads by three (loose) standard
+ * errors, and hands back at break even, because every switch costs the
+ * tier a catch-up and V followed like the others switched more often.
+ * Long histories that come back beyond LRU's window are where V wins
  * (test_value_policy: the order by V hits 1,270 of 3,000 returns where
  * LRU, ARC and LFU hit none; adaptive 1,285).
  *
- * Why gated (2026-12-05, bench/policy_sweep.py, all 175 cells of
- * --sets bench,tuning,check,fresh,random; cells more than 0.5 points below
- * the best of LRU, ARC and LFU, worst gap, mean gap): LRU, ARC and LFU
- * alone 4, 0.87, 0.119; V as a fourth expert followed like the others
- * 9, 1.11, 0.089 (more switches: 33 against 15 on one cell, each paid for
- * by the tier catching up); gated at 2 standard errors 6, 0.60, 0.100; at
- * 3 (kept) 3, 0.60, 0.096; at 4 3, 0.60, 0.103. On 120 cells of 60
- * generated traces drawn only after this was chosen (seeds 300-359,
- * --sets held): 8, 0.68, 0.140 before, 8, 0.68, 0.120 now. The Mooncake
- * trace at 5, 10, 15, 25, 40%: gap 0.60 0.34 0.38 0.18 0.57, was 0.87 0.45
- * 0.37 0.40 0.73.
- *
- * Where the tier reports its lookups (the L1: kvt_l1_note_request, and
- * the offline replay), the shadows are fed whole requests instead
- * (ad_request, 2026-12-05): each shadow handles a request as its expert
- * alone would, so it is credited that expert's prefix hits, whatever the
- * tier holds (exactly once the tier has filled: request_store). Fed the
- * tier's uses, a shadow that is not followed sees the chunks past the
- * tier's first miss in store order, not as its own lookup would: on the
- * generated trace h306 at 10% the LRU shadow was credited 5,281 prefix
- * hits (1.2 points) fewer than LRU alone, LFU's 3,421 fewer, ARC's 610
- * fewer, and the tier switched 30 times between ARC (the worst of the
- * three alone) and LFU, ending below all three (gap 0.68; now 0.03).
- * Measured on 695 cells (bench/policy_sweep.py: 295 cells of --sets
- * bench,tuning,check,fresh,random,held, and 400 cells of 200 traces
- * generated as --sets random is, seeds 500-599 and 700-799, drawn after
- * the change; cells more than 0.5 points below the best of LRU, ARC and
- * LFU, mean gap): 22, 0.093 fed the tier's uses; 14, 0.068 fed requests.
- * The README has the table. The mechanisms below stay for tiers that
- * report no requests (L2 adapters) and for "value" (fed requests, its
- * worst cell against LRU went from -0.06 to -0.34 points on the 200 cells
- * of seeds 700-799, for no gain in the mean).
- *
- * Three things make the shadows say what the tier would get, and the tier
- * get what its leader's shadow gets (2026-12-02; before, the tier could
- * end 1.8 points below the best expert, below all three, on a generated
- * trace where ARC's shadow led on hits that were no prefix hits):
+ * What the shadows see. Where the tier reports its lookups (the L1:
+ * kvt_l1_note_request, and the offline replay), the shadows are fed whole
+ * requests (ad_request): each shadow handles a request as its expert
+ * alone would, so it is credited that expert's own prefix hits, whatever
+ * the tier holds (exactly once the tier has filled: request_store). Fed
+ * the tier's uses instead, a shadow that is not followed sees the chunks
+ * past the tier's first miss in store order, is credited less than its
+ * expert would earn, and the tier follows the wrong one. Tiers that report
+ * no requests (L2 adapters), and "value" (fed requests, its worst cells
+ * against LRU got worse), feed the shadows the tier's uses (shadow_use);
+ * two rules then make the shadows say what the tier would get, and a
+ * third, in both modes, makes the tier get what its leader's shadow gets:
  *
  * - A shadow sees a commit as the tier does. The tier evicts for a request
  *   before it inserts the request's new chunks (they are pending, never
- *   victims), then inserts them tail first. A shadow that evicted one victim
- *   per insert ranked the request's own chunks, and for LFU the inflation
- *   value, differently from the real policy (LFU alone 0.4377, its shadow
- *   followed 0.4322). So the misses of one commit (inserts with the same
- *   prefix_len and falling prefix_pos) wait in a small batch; at its last
- *   insert (or the next other use) each shadow evicts room for them all,
- *   then inserts them in order. Followed, each shadow now hits exactly as
- *   the expert alone does.
+ *   victims), then inserts them tail first. So the misses of one commit
+ *   (inserts with the same prefix_len and falling prefix_pos) wait in a
+ *   small batch; at its last insert (or the next other use) each shadow
+ *   evicts room for them all, then inserts them in order. Followed, each
+ *   shadow hits exactly as the expert alone does (one victim per insert
+ *   ranked the request's own chunks, and LFU's inflation value,
+ *   differently from the real policy).
  * - Only prefix hits count, as the tier is judged by them: a chunk is
- *   useless without the chunks before it. ARC keeps tails whose head it
- *   dropped (up to 1.2 points of its block hits were such orphans) and the
- *   plain count preferred it there. A chunk's parent (the chunk before it
- *   in its request) is learned from the commit order (positions p then
- *   p - 1 of one commit); a hit on a chunk whose parent the shadow lacks
- *   is no hit, and the hits of a tail-first run (a lookup touches its
- *   chunks tail first: each next key is the previous one's parent) are
- *   credited only once the run reaches its head or breaks, and dropped
- *   when the shadow misses a chunk before them. Without learned parents
- *   (other tiers' call patterns) every hit counts, as before.
- * - The tier keeps what its leader's shadow keeps. When a shadow evicts a
- *   key the tier still holds, the tier's object goes on that expert's
- *   stale list; the walk visits the leader's stale objects first (in the
- *   order its shadow dropped them), then the leader's own order. Without
- *   it a switch left the tier holding the previous leader's choice: after
- *   a switch to LFU the tier hit 1,000 times less than LFU's shadow over
- *   the next 10 turnovers (of 31,000 hits).
+ *   useless without the chunks before it (ARC keeps tails whose head it
+ *   dropped, and a plain count preferred it for hits that were no prefix
+ *   hits). A chunk's parent (the chunk before it in its request) is
+ *   learned from the commit order (positions p then p - 1 of one commit);
+ *   a hit on a chunk whose parent the shadow lacks is no hit, and the hits
+ *   of a tail-first run (a lookup touches its chunks tail first: each next
+ *   key is the previous one's parent) are credited only once the run
+ *   reaches its head or breaks, and dropped when the shadow misses a chunk
+ *   before them. Without learned parents (other tiers' call patterns)
+ *   every hit counts.
+ * - (Both modes.) The tier keeps what its leader's shadow keeps. When a
+ *   shadow evicts a key the tier still holds, the tier's object goes on
+ *   that expert's stale list; the walk visits the leader's stale objects
+ *   first (in the order its shadow dropped them), then the leader's own
+ *   order. Without it a switch would leave the tier holding the previous
+ *   leader's choice.
  *
- * Measured offline for that change, three experts then
- * (bench/policy_sweep.py: kvtier replay --offline, budgets 10% and 25% of
- * the unique blocks; gap: points below the best of LRU, ARC and LFU): on
- * the 34 cells of issue 15 worst 0.47 (was 0.55), mean 0.13 (was 0.09: the old switching sometimes
- * beat all three by luck and sometimes lost badly); on 120 cells of 60 randomly drawn generated
- * traces worst 0.58 (was 1.78), mean 0.10 (was 0.14), 2 cells above 0.5
- * (was 7); on 21 cells made only after the change (8 new generated traces,
- * and the Mooncake trace at 5, 15 and 40% too) worst 0.31 on the generated
- * ones, but 0.87 and 0.73 on the Mooncake trace at 5% and 40% (was 0.81 and
- * 0.89), where ARC wins only after LFU led the first third of the trace and
- * the 32-turnover window follows it late. Each expert alone moves by about
- * 0.3 points when a hundred of its evictions are changed (ARC on the
- * Mooncake trace at 10%: 0.2627 to 0.2657), so gaps below that are noise in
- * the yardstick rather than in the mechanism.
- *
- * What is left (2026-12-06): where two or three experts are within a
- * fraction of a point, the one that has just drawn ahead does worse next,
- * so following it loses. On the generated trace x751 at 10% the shadows
- * followed hit 134,069 times in all, each expert's own 136,124-136,667,
- * while the tier hit 643 times more than the shadows it followed (its
- * catch-up after a switch cost nothing). Windows of 16 and 64 turnovers,
- * margins before a switch (z sqrt(D) for z = 0.5, 1, 2; the measured cost
- * of a switch), evicting first what two or all three shadows dropped, and
- * blends (each eviction follows an expert drawn by weight) were measured
- * on 695 cells and not kept (README, "Where the remaining cells lose", has
- * the table), and so were (2026-12-06) a vote of the shadows in near ties
- * and trials of V that end only when its decayed credit falls behind. It
- * is a short-trace effect: the same 40 parameter draws generated at
- * 4,000, 8,000 and 16,000 requests (bench/policy_sweep.py --sets scale)
- * have 5, 0 and 0 of 80 cells above 0.5 (worst 0.64, 0.34, 0.27).
- *
- * Known limits (review 2026-12-02, not fixed):
- * - Parents are learned only within one commit. A store's first new chunk
- *   (the next turn's, after a cached history) never has a known parent,
- *   so across turns a hit on it is credited even when the shadow dropped
- *   the chunks before it (a block hit, not a prefix hit).
+ * Known limits:
+ * - Fed uses, parents are learned only within one commit. A store's first
+ *   new chunk (the next turn's, after a cached history) never has a known
+ *   parent, so across turns a hit on it is credited even when the shadow
+ *   dropped the chunks before it (a block hit, not a prefix hit).
  * - c, the shadows' size, is the most objects the tier has held and never
  *   shrinks. After the tier's capacity is cut the shadows stay that large:
  *   their hits are a larger cache's, they rarely drop a key the tier
  *   holds, and the stale lists stop applying.
+ * - Where two or three experts are within a fraction of a point on a short
+ *   trace, following the one that has just drawn ahead loses a little; no
+ *   switching rule measured does better.
+ *
+ * The measurements behind each of these choices, and the variants tried
+ * and not kept, are in docs/eviction.md.
  *
  * Cost: the four real orders (8 + 17 + 17 + 27 bytes per handle), the
  * fingerprint (8), the stale links and bits (33), and per shadow key its
@@ -382,26 +333,17 @@ static void credit_run(struct adaptive *a)
  * move over twice, and the misses while they do are the trial's cost. So
  * "value" backs off: after a trial that ended with V no better than LRU
  * since it took over, the next must lead by 1.5 times as many standard
- * errors (up to 64); a trial that paid resets z to 2. Measured 2026-12-05
- * (bench/policy_sweep.py, 295 cells of --sets
- * bench,tuning,check,fresh,random,held; value minus LRU, worst / mean per
- * set bench, tuning, check, fresh, random, held): without it -0.13/0.24
- * -0.02/0.14 -0.02/0.55 -0.12/0.51 -0.15/0.46 -0.50/0.46, 3 cells below
- * -0.2; times 1.5 (kept) 0.00/0.24 -0.03/0.01 -0.02/0.49 -0.14/0.45
- * -0.15/0.34 -0.07/0.41, none below -0.2; times 2 0.00/0.24 -0.00/0.02
- * -0.02/0.52 -0.11/0.30 -0.12/0.26 -0.07/0.32. "adaptive" does not back
- * off: the same rule made it worse (fresh set worst gap 0.60 -> 1.58 at 2).
+ * errors (up to 64); a trial that paid resets z to 2. That took its worst
+ * cells against LRU from -0.50 to -0.07 points at little cost in the mean;
+ * "adaptive" does not back off: the same rule made its worst cells worse
+ * (docs/eviction.md has the figures).
  *
  * z sqrt(D) is called "z standard errors" but is looser than that: the
  * credit is given per tail-first run (a run of L hits credited at its
  * head, wiped by a miss before it), so one disagreeing use can move the
  * gap by L while adding 1 to D. The run-level variance (the square of
- * each credited run's difference) was tried for "value" (2026-12-02, on
- * issue 15's sets bench, tuning, check and fresh; value minus LRU, points,
- * worst / mean per set): worst -0.13 -0.02 -0.02 -0.12 -> 0.00 0.00 -0.01
- * -0.01, mean 0.24 0.14 0.55 0.51 -> 0.04 0.09 0.39 0.25 (120 random
- * cells: -0.15/0.46 -> -0.04/0.27). It gives up half of V's gain for a
- * tenth of a point at worst, so the per-use count stays. */
+ * each credited run's difference) is stricter but gave up half of V's gain
+ * for a tenth of a point at worst, so the per-use count stays. */
 static void choose_leader(struct adaptive *a)
 {
     int old = a->leader, g = a->gated;
@@ -514,15 +456,9 @@ static void shadow_use(struct adaptive *a, uint64_t fp, const struct kvt_policy_
  * until the tier is full, and its hits differ from its expert's alone by
  * what that early history changes (test_policies, at a capacity of 200
  * objects: LRU 18,295 against 18,316 alone, ARC 17,278 against 17,270).
- * Made exact (room made only when the tier first looks for a victim after
- * the lookup, else at the next request) it was measured 2026-12-05 on 695
- * cells (bench/policy_sweep.py, 295 cells of --sets
- * bench,tuning,check,fresh,random,held and 400 of the generated traces of
- * seeds 500-599 and 700-799; cells more than 0.5 points below the best of
- * LRU, ARC and LFU, mean gap): 11 and 0.071 against 14 and 0.068 here, a
- * tie within the noise of single cells, but 0.59 and 0.62 on two cells of
- * bench/run.sh replay (Mooncake and long-sessions at 10%) where this is
- * 0.27 and 0.44, so this one was kept. */
+ * Making it exact (room made only when the tier first looks for a victim
+ * after the lookup) tied on the policy sweep but lost on two cells of
+ * bench/run.sh replay (docs/eviction.md), so room is made here. */
 static void request_store(struct adaptive *a)
 {
     uint32_t m = a->nreq;
@@ -844,6 +780,18 @@ struct kvt_policy *kvt_adaptive_create(void)
     return adaptive_new(&adaptive_ops, 4, 3, 3.0, 1.0, true, adaptive_expert, NULL);
 }
 
+static struct kvt_policy *adaptive_from_cfg(const struct kvt_policy_cfg *cfg)
+{
+    (void)cfg;
+    return kvt_adaptive_create();
+}
+
+const struct kvt_policy_desc kvt_policy_adaptive = {
+    .name = "adaptive",
+    .help = "follows the best of LRU, ARC, LFU, value",
+    .create = adaptive_from_cfg,
+};
+
 /*
  * "eviction_policy": "value" is the same mechanism over two experts: the
  * order by V (value.c: the seed's factors) and LRU, i.e. V with every
@@ -856,18 +804,12 @@ struct kvt_policy *kvt_adaptive_create(void)
  * victim for victim. It walks its leader's own order, without the stale
  * lists: a trial of V that is cut soon costs less that way (on 120 cells
  * of generated traces at most 0.15 below LRU against 0.24 with them).
- * Measured offline on the 34 (trace, budget) cells of issue 15: the bare
- * order by V loses up to 4.0 points to LRU and wins up to 2.6; the earlier
- * follow-the-leader lost up to 0.28 (mean +0.41, 3 cells exactly LRU's),
- * this one at most 0.13 (mean +0.31, 21 cells exactly LRU's); on the 120
- * generated cells at most 0.15 (was 0.65; 16 cells below LRU by more than
- * 0.005, was 50). Mooncake 10%: 0.2707 (bare 0.2733, LRU 0.2623). A trial
+ * Why not the bare order by V: it loses up to 4 points to LRU on some
+ * traces and wins up to 2.6 on others; followed this way it keeps most of
+ * the gain and loses at most a few tenths where V does not help. A trial
  * of V that does not pay costs a little before it is cut (the tier's
- * contents move over twice), so it can end a little below LRU; since
- * 2026-12-05 each such trial makes the next one harder (choose_leader:
- * z times 1.5), which took the worst cell from -0.50 to -0.07 points on
- * 120 generated cells drawn later (--sets held) and the 34 of issue 15
- * from -0.13 to -0.03 (mean +0.31 -> +0.25).
+ * contents move over twice), so each such trial makes the next one
+ * harder (choose_leader: z times 1.5). The figures: docs/eviction.md.
  * "follow_recency": false gives the bare order (value.c).
  */
 static const struct kvt_policy_ops value_ops = {

@@ -256,6 +256,19 @@ struct kvt_policy *kvt_arc_create(void)
     return &a->base;
 }
 
+static struct kvt_policy *arc_from_cfg(const struct kvt_policy_cfg *cfg)
+{
+    (void)cfg;
+    return kvt_arc_create();
+}
+
+const struct kvt_policy_desc kvt_policy_arc = {
+    .name = "ARC",
+    .help = "recency and frequency, with ghosts",
+    .flags = KVT_POLICY_CACHE_ENV,
+    .create = arc_from_cfg,
+};
+
 /* For tests: the target size of T1 and the four list lengths. */
 void kvt_arc_state(const struct kvt_policy *p, double *target, uint32_t n[4])
 {

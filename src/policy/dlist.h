@@ -2,7 +2,7 @@
  * Intrusive doubly linked lists over u32 handles, for the list-based
  * policies (ARC, LFU's buckets): the links live in two arrays owned by the
  * policy, a list is its head (most recent), tail (least recent) and length.
- * NIL ends a list. Private to src/evict.
+ * NIL ends a list. Private to src/policy.
  */
 #ifndef KVT_EVICT_DLIST_H
 #define KVT_EVICT_DLIST_H

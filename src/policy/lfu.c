@@ -179,6 +179,19 @@ struct kvt_policy *kvt_lfu_create(void)
     return &f->base;
 }
 
+static struct kvt_policy *lfu_from_cfg(const struct kvt_policy_cfg *cfg)
+{
+    (void)cfg;
+    return kvt_lfu_create();
+}
+
+const struct kvt_policy_desc kvt_policy_lfu = {
+    .name = "LFU",
+    .help = "least frequently used, with aging",
+    .flags = KVT_POLICY_CACHE_ENV,
+    .create = lfu_from_cfg,
+};
+
 /* For tests: the priority of a handle (0 when absent) and the inflation L. */
 uint64_t kvt_lfu_priority(const struct kvt_policy *p, uint32_t h, uint64_t *inflation)
 {

@@ -148,3 +148,16 @@ struct kvt_policy *kvt_lru_create(void)
     l->head = l->tail = NIL;
     return &l->base;
 }
+
+static struct kvt_policy *lru_from_cfg(const struct kvt_policy_cfg *cfg)
+{
+    (void)cfg;
+    return kvt_lru_create();
+}
+
+const struct kvt_policy_desc kvt_policy_lru = {
+    .name = "LRU",
+    .help = "least recently used first (LMCache's)",
+    .flags = KVT_POLICY_CACHE_ENV,
+    .create = lru_from_cfg,
+};

@@ -6,9 +6,10 @@
  * it adds a few bytes per object instead of a second key map: LRU keeps two
  * u32 links per handle.
  *
- * Policies are a vtable (like Valkey's dictType): LRU, ARC, LFU (with
- * aging), noop, and the value-aware policy plug in here; the next ones
- * (S3-FIFO, ...) drop in the same way.
+ * Policies are a vtable (like Valkey's dictType) behind a descriptor
+ * (struct kvt_policy_desc, below): LRU, ARC, LFU (with aging), the
+ * value-aware policy, adaptive and noop, each in its own file and one line
+ * of the table in registry.c.
  *
  * Thread rules: a policy has no lock of its own. Every call is made with the
  * owning tier's lock held (l2->lock or the L1 lock).
@@ -17,6 +18,7 @@
 #define KVT_POLICY_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <jansson.h>
@@ -56,7 +58,7 @@ struct kvt_policy {
     uint32_t nhandles;        /* handles below this may be used */
 };
 
-/* Constructors of the built-in policies (used by kvt_policy_create). */
+/* Constructors of the built-in orders (the experts of adaptive.c use them). */
 struct kvt_policy *kvt_lru_create(void);
 struct kvt_policy *kvt_arc_create(void);
 struct kvt_policy *kvt_lfu_create(void);
@@ -110,21 +112,59 @@ bool kvt_value_get_params(const struct kvt_policy *p, struct kvt_value_params *o
 /* The current value V of a handle (NAN when absent), for tests and status. */
 double kvt_value_of(struct kvt_policy *p, uint32_t h);
 
-/* Create a policy by name ("LRU", "ARC", "LFU", "noop", "value"; any case);
- * NULL if unknown. */
+/* ---- The policy table (registry.c) ----
+ * Each policy is one descriptor, defined in the policy's own file as
+ * kvt_policy_<id> and listed once in registry.c. Every name a user may give
+ * (--eviction-policy, an adapter's "eviction" object, cache.env), the lists
+ * in --help and in error messages, and the policies kvtier replay compares
+ * are read from the table, in its order. docs/extending.md has the steps. */
+struct kvt_policy_cfg;
+
+enum {
+    /* keeps no order and never names a victim ("noop": the hard cap
+     * alone); kvtier replay leaves it out of its comparison */
+    KVT_POLICY_NO_ORDER = 1u << 0,
+    /* offered by cache.env's KVP_EVICTION_POLICY too */
+    KVT_POLICY_CACHE_ENV = 1u << 1,
+};
+
+struct kvt_policy_desc {
+    const char *name; /* canonical spelling (status, --dry-run); accepted in any case */
+    const char *help; /* one line for --help: what it keeps */
+    unsigned flags;   /* KVT_POLICY_* */
+    /* A new policy; cfg NULL: the defaults of its own fields. Never NULL.
+     * The caller sets trigger_watermark and eviction_ratio. */
+    struct kvt_policy *(*create)(const struct kvt_policy_cfg *cfg);
+    /* Optional (NULL: none): its own fields of the "eviction" object
+     * (NULL-terminated), their parser (fills cfg->opts; on error returns
+     * KVT_E_CONFIG with a message naming the field in err), and what
+     * kvt_policy_describe adds for them. */
+    const char *const *fields;
+    int (*parse)(const json_t *ev, struct kvt_policy_cfg *cfg, char *err, size_t errcap);
+    void (*describe)(const struct kvt_policy *p, json_t *into);
+};
+
+/* The i-th policy of the table; NULL past the last. */
+const struct kvt_policy_desc *kvt_policy_at(size_t i);
+/* The policy of that name, in any case; NULL if none. */
+const struct kvt_policy_desc *kvt_policy_find(const char *name);
+/* Every name of the table, comma-separated, for messages and help. */
+const char *kvt_policy_names(void);
+
+/* Create a policy by name (kvt_policy_find) with its defaults; NULL if
+ * unknown. */
 struct kvt_policy *kvt_policy_create(const char *name, double watermark, double ratio);
 void kvt_policy_destroy(struct kvt_policy *p);
-/* Names accepted by kvt_policy_create, for error messages. */
-const char *kvt_policy_names(void);
 
 /* A parsed "eviction" object: the config is read once (kvt_policy_parse,
  * when an adapter's spec is parsed) and each adapter builds its own policy
  * from it (kvt_policy_build: a policy has per-object state). */
 struct kvt_policy_cfg {
-    char name[16]; /* as kvt_policy_create accepts it */
+    const struct kvt_policy_desc *desc;
     double watermark, ratio;
-    bool value; /* "value": value_params apply */
-    struct kvt_value_params value_params;
+    union {                            /* the policy's own fields (desc->parse) */
+        struct kvt_value_params value; /* "value" */
+    } opts;
 };
 /* Parse an adapter's "eviction" object. On error returns KVT_E_CONFIG and
  * writes a message naming the field into err. */

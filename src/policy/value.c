@@ -44,9 +44,11 @@
  * Thread rules: none of its own; called under the tier's lock (policy.h).
  */
 #include "common/util.h"
+#include "kvtier/error.h"
 #include "policy/policy.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -382,3 +384,86 @@ double kvt_value_of(struct kvt_policy *p, uint32_t h)
     /* log V = key - now / tau */
     return exp(k - now_s(v) * v->inv_tau);
 }
+
+/* ---- "eviction_policy": "value": its descriptor and its own fields ---- */
+
+/* A finite number >= 0, given as a JSON number or a numeric string. */
+static int nonneg(const json_t *v, double *out)
+{
+    double d;
+    if (json_is_number(v)) {
+        d = json_number_value(v);
+    } else if (json_is_string(v)) {
+        char *end;
+        d = strtod(json_string_value(v), &end);
+        if (*end || end == json_string_value(v))
+            return -1;
+    } else {
+        return -1;
+    }
+    if (!(d >= 0 && d < 1e12))
+        return -1;
+    *out = d;
+    return 0;
+}
+
+static const char *const value_fields[] = {"half_life_hours", "reuse_weight",   "length_weight",
+                                           "cost_weight",     "follow_recency", NULL};
+enum { NUMERIC_VALUE_FIELDS = 4 }; /* the first ones; then the boolean */
+
+/* The value policy's optional fields; weights may be 0 (that factor off). */
+static int value_parse(const json_t *ev, struct kvt_policy_cfg *cfg, char *err, size_t errcap)
+{
+    struct kvt_value_params *prm = &cfg->opts.value;
+    kvt_value_defaults(prm);
+    double *dst[] = {&prm->half_life_s, &prm->reuse_w, &prm->len_w, &prm->cost_w};
+    const json_t *fr = json_object_get(ev, "follow_recency");
+    if (fr && !json_is_boolean(fr)) {
+        snprintf(err, errcap, "\"eviction.follow_recency\" must be true or false");
+        return KVT_E_CONFIG;
+    }
+    if (fr)
+        prm->follow_recency = json_is_true(fr);
+    for (int i = 0; i < NUMERIC_VALUE_FIELDS; i++) {
+        const json_t *v = json_object_get(ev, value_fields[i]);
+        double d = 0;
+        if (!v)
+            continue;
+        if (nonneg(v, &d) || (i == 0 && d == 0) || (i > 0 && d > 100)) {
+            snprintf(err, errcap, "\"eviction.%s\" must be %s", value_fields[i],
+                     i == 0 ? "a number of hours > 0" : "a number in [0, 100]");
+            return KVT_E_CONFIG;
+        }
+        *dst[i] = i == 0 ? d * 3600.0 : d;
+    }
+    return 0;
+}
+
+static void value_describe(const struct kvt_policy *p, json_t *into)
+{
+    struct kvt_value_params prm;
+    if (!kvt_value_get_params(p, &prm))
+        return;
+    /* no half-life: freshness by aging (above), no clock */
+    json_object_set_new(into, "half_life_hours",
+                        prm.half_life_s > 0 ? json_real(prm.half_life_s / 3600.0) : json_null());
+    json_object_set_new(into, "reuse_weight", json_real(prm.reuse_w));
+    json_object_set_new(into, "length_weight", json_real(prm.len_w));
+    json_object_set_new(into, "cost_weight", json_real(prm.cost_w));
+    json_object_set_new(into, "follow_recency", json_boolean(prm.follow_recency));
+}
+
+static struct kvt_policy *value_from_cfg(const struct kvt_policy_cfg *cfg)
+{
+    return kvt_value_create(cfg ? &cfg->opts.value : NULL);
+}
+
+const struct kvt_policy_desc kvt_policy_value = {
+    .name = "value",
+    .help = "freshness, reuse, prefix length, size",
+    .flags = KVT_POLICY_CACHE_ENV,
+    .create = value_from_cfg,
+    .fields = value_fields,
+    .parse = value_parse,
+    .describe = value_describe,
+};

@@ -8,14 +8,15 @@
  *   lookup(blocks) -> h leading hits; retrieve(blocks[:h]) (bytes verified:
  *   each block's payload is derived from its id); store(blocks[h:]).
  * The blocks it stores go into the server's cache under the model --model
- * ("replay"): every tier, persistent ones included (the README's trace is
- * some 720 MB at the default 16 KiB per block). At the end it deletes every
+ * ("replay"): every tier, persistent ones included (the shared Mooncake
+ * trace is some 720 MB at the default 16 KiB per block). At the end it deletes every
  * block of the trace under that model from the server, unless --keep.
  * Prints the prefix hit ratio, bytes moved, wrong bytes (must be 0), latency
- * percentiles, and for the same budget the hit ratios of every policy (LRU,
- * ARC, LFU, value, adaptive: through the policy vtable the server runs, fed
- * as the live L1 feeds it) and of Belady's optimum (MIN: evict the block used
- * farthest in the future) computed offline.
+ * percentiles, and for the same budget the hit ratios of every policy that
+ * keeps an order (policy.h's table: LRU, ARC, LFU, value, adaptive; through
+ * the policy vtable the server runs, fed as the live L1 feeds it) and of
+ * Belady's optimum (MIN: evict the block used farthest in the future),
+ * computed offline.
  */
 #include "common/util.h"
 #include "policy/policy.h"
@@ -594,7 +595,7 @@ int kvt_cmd_replay(int argc, char **argv)
                    "Against a server (without --offline) every block the server misses is\n"
                    "stored in its cache under the model NAME (default \"replay\"), in every\n"
                    "tier, persistent L2 adapters included: up to unique blocks x --block-bytes\n"
-                   "bytes (the mooncake_synthetic_trace of the README: 43,924 blocks, some\n"
+                   "bytes (the shared mooncake_synthetic_trace: 43,924 blocks, some\n"
                    "720 MB). At the end the replay deletes every block of the trace under\n"
                    "that model from the server; --keep leaves them (a second replay then\n"
                    "starts warm; kvtier purge --namespace=NAME removes them later).\n");
@@ -635,11 +636,20 @@ int kvt_cmd_replay(int argc, char **argv)
     uint32_t *d = densify(&t, &u);
     if (!budget)
         budget = KVT_MAX(u / 4, 1u);
-    /* every policy through its vtable (the code the server runs), and MIN */
-    static const char *const pols[] = {"LRU", "ARC", "LFU", "value", "adaptive"};
-    enum { NPOL = sizeof(pols) / sizeof(pols[0]) };
-    struct simres res[NPOL];
-    for (int i = 0; i < NPOL; i++)
+    /* every policy of the table that keeps an order, through its vtable
+     * (the code the server runs), and MIN */
+    const char *pols[64]; /* the table holds far fewer */
+    int npol = 0, lru = 0, value = 0;
+    const struct kvt_policy_desc *pd;
+    for (size_t i = 0; (pd = kvt_policy_at(i)) && npol < 64; i++) {
+        if (pd->flags & KVT_POLICY_NO_ORDER)
+            continue;
+        lru = strcmp(pd->name, "LRU") == 0 ? npol : lru;
+        value = strcmp(pd->name, "value") == 0 ? npol : value;
+        pols[npol++] = pd->name;
+    }
+    struct simres res[64];
+    for (int i = 0; i < npol; i++)
         res[i] = sim_named(&t, d, u, budget, pols[i], (uint32_t)block, half_life);
     struct simres bel = sim_belady(&t, d, u, budget);
     json_t *out = json_object();
@@ -649,9 +659,9 @@ int kvt_cmd_replay(int argc, char **argv)
     json_object_set_new(out, "budget_blocks", json_integer((json_int_t)budget));
     json_object_set_new(out, "block_bytes", json_integer((json_int_t)block));
     json_t *off = json_object(), *by = json_object();
-    for (int i = 0; i <= NPOL; i++) {
-        const struct simres *x = i < NPOL ? &res[i] : &bel;
-        const char *name = i < NPOL ? pols[i] : "Belady";
+    for (int i = 0; i <= npol; i++) {
+        const struct simres *x = i < npol ? &res[i] : &bel;
+        const char *name = i < npol ? pols[i] : "Belady";
         json_t *o = json_object();
         json_object_set_new(o, "prefix_hit_ratio",
                             json_real((double)x->prefix_hits / (double)t.nacc));
@@ -662,17 +672,17 @@ int kvt_cmd_replay(int argc, char **argv)
     json_object_set_new(off, "policies", by);
     /* the flat names of earlier versions (bench/ops.sh, tests) */
     json_object_set_new(off, "lru_prefix_hit_ratio",
-                        json_real((double)res[0].prefix_hits / (double)t.nacc));
+                        json_real((double)res[lru].prefix_hits / (double)t.nacc));
     json_object_set_new(off, "lru_block_hit_ratio",
-                        json_real((double)res[0].block_hits / (double)t.nacc));
+                        json_real((double)res[lru].block_hits / (double)t.nacc));
     json_object_set_new(off, "belady_prefix_hit_ratio",
                         json_real((double)bel.prefix_hits / (double)t.nacc));
     json_object_set_new(off, "belady_block_hit_ratio",
                         json_real((double)bel.block_hits / (double)t.nacc));
     json_object_set_new(off, "value_prefix_hit_ratio",
-                        json_real((double)res[3].prefix_hits / (double)t.nacc));
+                        json_real((double)res[value].prefix_hits / (double)t.nacc));
     json_object_set_new(off, "value_block_hit_ratio",
-                        json_real((double)res[3].block_hits / (double)t.nacc));
+                        json_real((double)res[value].block_hits / (double)t.nacc));
     if (half_life > 0)
         json_object_set_new(off, "value_half_life_seconds", json_real(half_life));
     json_object_set_new(out, "offline", off);
@@ -805,7 +815,7 @@ int kvt_cmd_replay(int argc, char **argv)
                path, t.nreq, (unsigned long long)t.nacc, u, (unsigned long long)budget,
                100.0 * (double)budget / u, block);
         printf("  offline prefix hit ratio:");
-        for (int i = 0; i < NPOL; i++)
+        for (int i = 0; i < npol; i++)
             printf("  %s %.4f", pols[i], (double)res[i].prefix_hits / (double)t.nacc);
         printf("  Belady %.4f", (double)bel.prefix_hits / (double)t.nacc);
         if (half_life > 0)

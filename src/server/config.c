@@ -143,9 +143,12 @@ void kvt_server_usage(FILE *f)
            "  --l1-use-hugepages            back the pool with huge pages\n"
            "  --l1-write-ttl-seconds S      write reservation TTL (600)\n"
            "  --l1-read-ttl-seconds S       read lock TTL (300)\n"
-           "  --eviction-policy P           L1 policy: adaptive, LRU, ARC, LFU, value, noop\n"
-           "                                (adaptive)\n"
-           "  --eviction-trigger-watermark F  (0.8)\n"
+           "  --eviction-policy P           L1 policy, any case (adaptive):\n");
+    const struct kvt_policy_desc *d;
+    for (size_t i = 0; (d = kvt_policy_at(i)); i++)
+        fprintf(f, "                                  %-9s %s\n", d->name, d->help);
+    fprintf(
+        f, "  --eviction-trigger-watermark F  (0.8)\n"
            "  --eviction-ratio F            (0.2)\n"
            "  --eviction-interval-ms N      eviction controller period (1000)\n"
            "L2\n"
@@ -646,15 +649,14 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
             rc = num(f, optarg, 0.001, 1e7, &c->l1_read_ttl_s);
             break;
         case O_EV_POLICY: {
-            struct kvt_policy *p = kvt_policy_create(optarg, 0.8, 0.2);
-            if (!p) {
+            const struct kvt_policy_desc *pd = kvt_policy_find(optarg);
+            if (!pd) {
                 fprintf(stderr,
                         "kvtier server: --eviction-policy: unknown policy '%s' (known: %s)\n",
                         optarg, kvt_policy_names());
                 return 2;
             }
-            snprintf(c->eviction_policy, sizeof(c->eviction_policy), "%s", p->ops->name);
-            kvt_policy_destroy(p);
+            snprintf(c->eviction_policy, sizeof(c->eviction_policy), "%s", pd->name);
             break;
         }
         case O_EV_WM:

@@ -316,5 +316,5 @@ def test_dry_run_prints_resolved_config(tmp_path):
     cfg = json.loads(r.stdout)
     a = cfg["l2_adapters"][0]
     assert a["type"] == "fs" and a["use_odirect"] is True and a["relative_tmp_dir"] == ""
-    # L1 default: adaptive (README, "Choosing an eviction policy")
+    # L1 default: adaptive (docs/eviction.md, "Choosing a policy")
     assert cfg["l1"]["eviction_policy"] == "adaptive" and cfg["bind"] == "tcp://127.0.0.1:5555"

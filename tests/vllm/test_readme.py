@@ -127,7 +127,7 @@ def hits_of(out):
 
 
 def test_readme_vllm_quick_start_shows_a_kvtier_hit(text_model, tmp_path):
-    rc, out, script = run_readme("### Use with vLLM", text_model, tmp_path)
+    rc, out, script = run_readme("## Use with vLLM", text_model, tmp_path)
     assert rc == 0, (script, out[-6000:])
     asks, ext = hits_of(out)
     assert len(asks) == 2, out[-6000:]
