@@ -343,6 +343,39 @@ def proxied(make_server, tmp_path, args=(), **kw):
     return srv, px, s
 
 
+def test_flush_waits_only_for_its_own_stores(make_server, tmp_path):
+    """Client A's stores hang on the endpoint (the proxy holds the PUTs of
+    A's model); client B stores after A and flushes: B's flush is answered
+    once B's own stores landed, not after A's hang. A's flush is answered
+    when its PUTs fail (no progress for request_timeout) and reports them."""
+    rt = 4.0
+    srv, px, s = proxied(make_server, tmp_path, ["--l2-store-policy", "skip_l1"],
+                         request_timeout=rt, connection_timeout=rt)
+    try:
+        px.set_hang_if(lambda method, path: method == "PUT" and "slowmodel" in path)
+        ka, kb = keys_for("slowmodel", 2), keys_for("fastmodel", 2)
+        pa, pb = random_payloads(2, 32 * KiB, seed=1), random_payloads(2, 32 * KiB, seed=2)
+        with s.client(timeout_ms=CLIENT_TIMEOUT_MS) as a, s.client(timeout_ms=CLIENT_TIMEOUT_MS) as b:
+            t_a = time.time()
+            assert a.store(ka, pa) == 2
+            wait_for(lambda: px.stats["held"] >= 2, what="A's PUTs to reach the endpoint")
+            assert b.store(kb, pb) == 2
+            t0 = time.time()
+            rb = b.flush()
+            took_b = time.time() - t0
+            assert not rb and took_b < rt / 4, (rb, took_b)
+            assert l2_status(s)["counters"]["store_ok"] == 2
+            ra = a.flush()
+            took_a = time.time() - t_a
+            assert ra.l2_failed == 2 and {f.error for f in ra.failed} == {"E_UNHEALTHY"}, ra
+            assert rt - 0.5 <= took_a <= rt + MARGIN, took_a
+        print("flush of B: %.3f s while A's stores hung; A's flush after %.2f s" % (took_b, took_a))
+    finally:
+        px.set_hang_if(None)
+        px.close()
+        srv.kill()
+
+
 def test_budget_step_gives_up_within_request_timeout(make_server, tmp_path):
     """shared_budget: the record's conditional PUT hangs. The store that
     charges the record fails within about one request_timeout, retries
