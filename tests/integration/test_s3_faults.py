@@ -332,6 +332,39 @@ def test_fault_under_load(rig, name):
     assert m["recover_s"] <= FAULT_S + RT + 2 * MARGIN, m
 
 
+
+@pytest.mark.parametrize("name", ["hang", "500"])
+def test_azure_fault_under_load(make_server, tmp_path, name):
+    """The Azure Blob dialect (nixl_store AZURE_BLOB) is the same engine: its
+    breaker, probe (Get Container Properties) and deadline behave the same
+    behind the proxy, here with that form's default timeouts (2 s: it has no
+    timeout keys)."""
+    import test_azure
+    if test_azure.NODE is None:
+        pytest.skip("node is not installed: no Azurite")
+    test_azure.ensure_modules()
+    d = tmp_path / "azurite"
+    d.mkdir()
+    srv = test_azure.Azurite(d).start()
+    srv.create_container()
+    px = FaultProxy(srv.port)
+    try:
+        spec = json.loads(test_azure.azure_json(srv, account_key=test_azure.KEY))
+        spec["backend_params"]["account_url"] = "http://127.0.0.1:%d/%s" % (px.port, test_azure.ACCOUNT)
+        s = make_server(["--l1-size-gb", "0.02", "--l1-init-size-gb", "0.02",
+                         "--l2-store-policy", "skip_l1", "--l2-adapter", json.dumps(spec)])
+        s.wait_recovered()
+        m = run_fault(srv, px, s, name)
+        print("azure %-6s detect %.2f s, slowest request %.2f s (%s), recover %.2f s, opens %d, "
+              "hits %d, wrong %d" % (name, m["detect_s"], m["slowest_s"], m["slowest"],
+                                     m["recover_s"], m["opens"], m["hits"], m["wrong"]))
+        assert m["after"]["api"] == "azure_blob"
+        check(s, m)
+        assert m["recover_s"] <= FAULT_S + RT + 2 * MARGIN, m
+    finally:
+        px.close()
+        srv.kill()
+
 def proxied(make_server, tmp_path, args=(), **kw):
     """versitygw, the proxy, and a kvtier server on the proxy (spec keys kw)."""
     srv = start_s3("versitygw", tmp_path)
@@ -402,3 +435,44 @@ def test_budget_step_gives_up_within_request_timeout(make_server, tmp_path):
         px.set_hang_if(None)
         px.close()
         srv.kill()
+
+
+def test_delete_retries_stay_within_request_timeout(make_server, tmp_path):
+    """A DELETE answered with a 500 after 1.2 s each time: the retries
+    (after 50 and 200 ms) keep the first attempt's clock, so the delete gives
+    up after about one request_timeout instead of three slow answers in a
+    row. One key: its failures stay below the breaker's threshold."""
+    srv, px, s = proxied(make_server, tmp_path, request_timeout=RT, connection_timeout=RT)
+    try:
+        keys = keys_for("del", 1)
+        with s.client(timeout_ms=CLIENT_TIMEOUT_MS) as c:
+            assert c.store(keys, random_payloads(1, 16 * KiB, seed=4)) == 1
+            assert not c.flush()
+            px.set_mode("500", delay=1.2)
+            t0 = time.time()
+            try:
+                c.delete(keys)
+            except kvtier.KvtierError:
+                pass  # the tier could not delete: reported either way
+            took = time.time() - t0
+        assert px.stats["answered_500"] >= 1
+        assert took <= RT + MARGIN, took
+        assert s.proc.poll() is None
+    finally:
+        px.close()
+        srv.kill()
+
+
+def test_default_timeouts():
+    """request_timeout and connection_timeout default to 2 s: a request to a
+    hung endpoint fails well inside a 5 s client timeout (the nixl OBJ and
+    AZURE_BLOB forms, which have no such keys, get the same: see
+    test_azure_fault_under_load)."""
+    from conftest import run_kvtier
+    spec = {"type": "s3", "s3_endpoint": "127.0.0.1:9000", "s3_bucket": "kv",
+            "s3_region": "us-east-1", "disable_tls": True, "aws_access_key_id": "a",
+            "aws_secret_access_key": "b"}
+    r = run_kvtier("server", "--dry-run", "--no-storage-check", "--l2-adapter", json.dumps(spec))
+    assert r.returncode == 0, r.stderr
+    a = json.loads(r.stdout)["l2_adapters"][0]
+    assert (a["request_timeout"], a["connection_timeout"]) == (2.0, 2.0), a
