@@ -21,13 +21,13 @@
  * Circuit breaker, one per endpoint, under e->lock:
  *
  *            threshold consecutive failures,
- *            or one transfer that stalled        next_probe_ns reached:
+ *            or one transfer that timed out      next_probe_ns reached:
  *   CLOSED ------------------------------> OPEN ----------------------> PROBING
  *      ^       (opens++, "circuit open"     ^   the I/O thread starts   |  |
  *      |        logged, parked stores fail) |   the probe (HEAD bucket) |  |
  *      |                                    +---------------------------+  |
  *      |        probe failed (transport error, stall, 5xx): back-off       |
- *      |        doubles (0.5 s .. 10 s), next_probe_ns = now + back-off    |
+ *      |        doubles (0.5 s .. 5 s), next_probe_ns = now + back-off     |
  *      +-------------------------------------------------------------------+
  *               probe answered (2xx-4xx): "circuit closed" logged
  *
@@ -927,6 +927,15 @@ static void *io_main(void *arg)
             pthread_mutex_lock(&e->lock);
             e->active--;
             pthread_mutex_unlock(&e->lock);
+            if (r == &e->probe) { /* a probe that never went out failed */
+                if (r->h)
+                    pool_put(&pool, r->h);
+                r->h = NULL;
+                curl_slist_free_all(r->hl);
+                r->hl = NULL;
+                probe_done(e, false, r->err_msg);
+                continue;
+            }
             finish(e, &pool, r);
         }
         int running = 0;

@@ -27,8 +27,8 @@
  * a 5 s client timeout, while a transfer that moves is never cut. */
 #define KVT_S3_CONNECT_TIMEOUT_S 2.0
 #define KVT_S3_REQUEST_TIMEOUT_S 2.0
-#define S3_PROBE_MIN_NS 500000000ull   /* breaker: first probe after 0.5 s */
-#define S3_PROBE_MAX_NS 10000000000ull /* breaker: probes at most 10 s apart */
+#define S3_PROBE_MIN_NS 500000000ull  /* breaker: first probe after 0.5 s */
+#define S3_PROBE_MAX_NS 5000000000ull /* breaker: probes at most 5 s apart */
 
 /* S3_MPU_*: the steps of a multipart upload (s3_multipart.c): POST ?uploads,
  * PUT ?partNumber&uploadId per part, POST ?uploadId with the part list,
