@@ -240,13 +240,15 @@ def faults(srv, px):
     }
 
 
-def run_fault(srv, px, s, name, fault_s=FAULT_S):
-    """One fault under load; returns the measurements."""
+def run_fault(srv, px, s, name, fault_s=FAULT_S, warm_s=0.0):
+    """One fault under load (after warm_s seconds of it without a fault);
+    returns the measurements."""
     start, end = faults(srv, px)[name]
     with Load(s) as load:
         # a backlog of unread batches: the readers keep loading from S3
         wait_for(lambda: load.hits >= 8 and len(load.unread) >= 2 * Load.READERS or load.errors,
                  timeout=30 * SLOW, what="the load to store and read back from S3")
+        load.stop.wait(warm_s)
         a0 = l2_status(s)
         assert a0["circuit_breaker"]["state"] == "closed", a0["circuit_breaker"]
         opens0, loads0 = a0["circuit_breaker"]["opens"], a0["counters"]["load_ok"]
