@@ -50,11 +50,14 @@ class Load:
                inference server whatever the earlier ones do) takes an idle
                one of READERS clients: lookup + retrieve of an unread
                batch (so from S3: skip_l1 left it there only), every byte
-               checked; with none unread, of any flushed batch. An arrival
-               that finds every reader busy is dropped (counted)
+               checked; otherwise of any flushed batch. Until draining is
+               set (the fault starts) RESERVE unread batches are kept, so
+               that the fault meets a backlog whatever the rates. An
+               arrival that finds every reader busy is dropped (counted)
     ops: (start, end, kind, ok) per request; wrong: wrong bytes."""
 
     READERS = 16
+    RESERVE = 2 * READERS
 
     def __init__(self, server, nkeys=4, size=64 * KiB):
         self.s, self.nkeys, self.size = server, nkeys, size
@@ -69,6 +72,7 @@ class Load:
         self.errors = []           # anything but a KvtierError: the test fails
         self.idle = []             # idle reader clients
         self.rng = random.Random(7)
+        self.draining = False
         self.threads = [threading.Thread(target=f, daemon=True)
                         for f in (self._writer, self._trickle, self._arrivals)]
 
@@ -144,7 +148,8 @@ class Load:
         readers = []
         while not self.stop.wait(0.1):
             with self.lock:
-                pool = self.unread or self.flushed
+                spare = len(self.unread) > (0 if self.draining else self.RESERVE)
+                pool = self.unread if spare else self.flushed
                 c = self.idle.pop() if self.idle and pool else None
                 if c is not None:
                     batch = pool.pop(self.rng.randrange(len(pool))) if pool is self.unread \
@@ -246,13 +251,14 @@ def run_fault(srv, px, s, name, fault_s=FAULT_S, warm_s=0.0):
     start, end = faults(srv, px)[name]
     with Load(s) as load:
         # a backlog of unread batches: the readers keep loading from S3
-        wait_for(lambda: load.hits >= 8 and len(load.unread) >= 2 * Load.READERS or load.errors,
+        wait_for(lambda: load.hits >= 8 and len(load.unread) >= Load.RESERVE or load.errors,
                  timeout=30 * SLOW, what="the load to store and read back from S3")
         load.stop.wait(warm_s)
         a0 = l2_status(s)
         assert a0["circuit_breaker"]["state"] == "closed", a0["circuit_breaker"]
         opens0, loads0 = a0["circuit_breaker"]["opens"], a0["counters"]["load_ok"]
         assert loads0 > 0  # the reader's hits came from S3
+        load.draining = True
         t_fault = time.time()
         start()
         b = wait_for(lambda: (lambda x: x if x["state"] != "closed" else None)(brk(s)),
