@@ -16,6 +16,9 @@ Modes (set_mode), each applying to new and existing connections:
   reset   RST every connection (existing ones within about 50 ms, new ones
           right after accept)
   refuse  stop listening (connects are refused) and RST existing connections
+  slow    relay as pass, but send to the client at most rate bytes a second
+          (a slow download link: answers arrive, byte by byte, for longer
+          than any request timeout)
 
 hang_if(method, path) -> bool, when given, hangs only the requests it picks
 while the mode is pass (a server stuck on one kind of request).
@@ -36,7 +39,7 @@ ERROR_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalErr
               b'<Message>We encountered an internal error. Please try again.</Message>'
               b'<RequestId>faultproxy</RequestId></Error>')
 TICK = 0.05  # how often a blocked relay looks at the mode again
-MODES = ("pass", "hang", "500", "reset", "refuse")
+MODES = ("pass", "hang", "500", "reset", "refuse", "slow")
 
 
 class _Closed(Exception):
@@ -48,6 +51,7 @@ class FaultProxy:
         self.up = (upstream_host, upstream_port)
         self.mode = "pass"
         self.delay = 0.0
+        self.rate = 0
         self.hang_if = hang_if
         self.stats = collections.Counter()
         self.cv = threading.Condition()
@@ -61,11 +65,11 @@ class FaultProxy:
 
     # ------------------------------------------------------------ control
 
-    def set_mode(self, mode, delay=0.0):
+    def set_mode(self, mode, delay=0.0, rate=0):
         assert mode in MODES, mode
         with self.cv:
             was = self.mode
-            self.mode, self.delay = mode, delay
+            self.mode, self.delay, self.rate = mode, delay, rate
             self.stats["mode_" + mode] += 1
             if mode == "refuse" and self.lsock is not None:
                 self.lsock.close()
@@ -147,14 +151,18 @@ class FaultProxy:
                 except OSError:
                     raise _Closed()
 
-    def _send(self, s, data, held=False):
+    def _send(self, s, data, held=False, to_client=False):
         view = memoryview(data)
         while view:
-            self._gate(held)
+            mode = self._gate(held)
+            chunk = 1 << 16
+            if mode == "slow" and to_client:  # rate bytes a second, a tick's worth at a time
+                chunk = max(1, int(self.rate * TICK))
+                time.sleep(TICK)
             _, w, _ = select.select([], [s], [], TICK)
             if w:
                 try:
-                    n = s.send(view[:1 << 16])
+                    n = s.send(view[:chunk])
                 except OSError:
                     raise _Closed()
                 view = view[n:]
@@ -210,7 +218,7 @@ class FaultProxy:
                 if not buf:
                     raise _Closed()
             part, buf = buf[:n], buf[n:]
-            self._send(c, part, held)
+            self._send(c, part, held, to_client=True)
             n -= len(part)
         return buf
 
@@ -223,7 +231,7 @@ class FaultProxy:
                 buf += d
             i = buf.index(b"\r\n") + 2
             size = int(buf[:i].split(b";")[0], 16)
-            self._send(c, buf[:i], held)
+            self._send(c, buf[:i], held, to_client=True)
             buf = buf[i:]
             if size == 0:  # trailers up to an empty line
                 while True:
@@ -234,7 +242,7 @@ class FaultProxy:
                         buf += d
                     i = buf.index(b"\r\n") + 2
                     line, buf = buf[:i], buf[i:]
-                    self._send(c, line, held)
+                    self._send(c, line, held, to_client=True)
                     if line == b"\r\n":
                         return buf
             buf = self._relay_body(up, c, buf, size + 2, held)
@@ -271,7 +279,7 @@ class FaultProxy:
             up = None
             if not reused:
                 raise _Closed()
-        self._send(c, head, held)
+        self._send(c, head, held, to_client=True)
         status, h = self._headers(head)
         code = int(status.split()[1])
         if method == "HEAD" or code in (204, 304) or 100 <= code < 200:
@@ -283,7 +291,7 @@ class FaultProxy:
         else:  # the body ends with the connection
             while True:
                 if rest:
-                    self._send(c, rest, held)
+                    self._send(c, rest, held, to_client=True)
                 rest = self._recv(up, held)
                 if not rest:
                     raise _Closed()

@@ -445,6 +445,35 @@ def test_budget_step_gives_up_within_request_timeout(make_server, tmp_path):
         srv.kill()
 
 
+def test_slow_download_is_not_cut(make_server, tmp_path):
+    """A load over a slow link: the answer arrives at 256 KiB/s, so a 1 MiB
+    object takes about 4 s, four times request_timeout (1 s here). The
+    deadline is on progress, not on the total: the load succeeds byte for
+    byte and the breaker stays closed."""
+    rt = 1.0
+    srv, px, s = proxied(make_server, tmp_path, ["--l2-store-policy", "skip_l1"],
+                         request_timeout=rt, connection_timeout=rt)
+    try:
+        keys = keys_for("slowlink", 1)
+        pay = random_payloads(1, 1 << 20, seed=9)
+        with s.client(timeout_ms=CLIENT_TIMEOUT_MS) as c:
+            assert c.store(keys, pay) == 1
+            assert not c.flush()
+            px.set_mode("slow", rate=256 * KiB)
+            t0 = time.time()
+            assert c.lookup(keys) == 1  # loaded from S3 into L1 (skip_l1 left it only there)
+            got = c.retrieve(keys)
+            took = time.time() - t0
+        assert [bytes(g) for g in got] == pay
+        assert took >= 3 * rt, took  # the answer really was slow
+        a = l2_status(s)
+        assert a["circuit_breaker"]["opens"] == 0 and a["counters"]["load_ok"] == 1, a
+        assert a["failed_requests"] == 0
+    finally:
+        px.close()
+        srv.kill()
+
+
 def test_delete_retries_stay_within_request_timeout(make_server, tmp_path):
     """A DELETE answered with a 500 after 1.2 s each time: the retries
     (after 50 and 200 ms) keep the first attempt's clock, so the delete gives
