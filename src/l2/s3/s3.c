@@ -1144,7 +1144,7 @@ static int s3_nodes(kvt_l2 *l2, struct kvt_l2_node *out, int max)
         return 1;
     struct kvt_l2_node *n = &out[0];
     memset(n, 0, sizeof(*n));
-    snprintf(n->name, sizeof(n->name), "%.5s://%.60s%.24s", e->scheme, e->host, e->base);
+    snprintf(n->name, sizeof(n->name), "%.7s://%.200s%.100s", e->scheme, e->host, e->base);
     snprintf(n->role, sizeof(n->role), "endpoint");
     uint64_t now = kvt_now_ns();
     pthread_mutex_lock(&e->lock);
