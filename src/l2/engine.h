@@ -90,6 +90,7 @@ struct kvt_l2_counters {
     _Atomic uint64_t deleted, evictions, reclaimed_bytes;
     _Atomic uint64_t sync_evictions; /* stores that evicted to fit under the cap */
     _Atomic uint64_t too_big;        /* stores refused: larger than a slot/object can hold */
+    _Atomic uint64_t failovers;      /* remote tiers: another node took over a failed one's data */
     _Atomic uint64_t odirect_fallbacks;
     _Atomic uint64_t serde_mismatches; /* a serde-encoded object read without its chain */
     _Atomic uint64_t quota_rejections, quota_evictions; /* namespace quotas */

@@ -176,7 +176,7 @@ struct kvt_l2_stats {
     uint64_t lookups, lookup_hits, lookup_misses, secondary_hits;
     uint64_t load_ok, load_failed, corrupt;
     uint64_t bytes_written, bytes_read;
-    uint64_t deleted, evictions, reclaimed_bytes, sync_evictions, too_big;
+    uint64_t deleted, evictions, reclaimed_bytes, sync_evictions, too_big, failovers;
     uint64_t odirect_fallbacks, serde_mismatches, quota_rejections, quota_evictions;
     /* totals (now) */
     uint64_t used_bytes, cap_bytes, objects;

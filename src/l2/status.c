@@ -41,6 +41,7 @@ void kvt_l2_stats(kvt_l2 *l2, struct kvt_l2_stats *out)
     LOAD(reclaimed_bytes);
     LOAD(sync_evictions);
     LOAD(too_big);
+    LOAD(failovers);
     LOAD(odirect_fallbacks);
     LOAD(serde_mismatches);
     LOAD(quota_rejections);
@@ -289,6 +290,7 @@ json_t *kvt_l2_status(kvt_l2 *l2)
     json_object_set_new(c, "evictions", C(evictions));
     json_object_set_new(c, "sync_evictions", C(sync_evictions));
     json_object_set_new(c, "too_big", C(too_big));
+    json_object_set_new(c, "failovers", C(failovers));
     json_object_set_new(c, "reclaimed_bytes", C(reclaimed_bytes));
     json_object_set_new(c, "odirect_fallbacks", C(odirect_fallbacks));
     json_object_set_new(c, "serde_mismatches", C(serde_mismatches));

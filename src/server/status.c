@@ -253,6 +253,8 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
         {"kvtier_l2_rejected_writes_total", F(rejected_writes), "Writes refused by the cap."},
         {"kvtier_l2_too_big_total", F(too_big),
          "Stores refused: larger than the adapter's slot or pool."},
+        {"kvtier_l2_failovers_total", F(failovers),
+         "Remote tiers: failovers seen (a replica took over a failed master's slots)."},
         {"kvtier_l2_sync_evictions_total", F(sync_evictions),
          "Stores over the cap that evicted synchronously to fit."},
         {"kvtier_l2_corrupt_objects_total", F(corrupt), "Objects that failed verification."},

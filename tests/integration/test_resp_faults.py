@@ -420,7 +420,9 @@ def test_cluster_master_killed_failover(make_server, cluster):
         a = l2_status(s)
         assert a["is_healthy"] and a["last_error"] is None, a["last_error"]
         assert node_of(a, name) is None  # gone from the map until it rejoins
-        assert metrics(s)['kvtier_l2_masters_down{adapter="resp[0]"}'] == 0
+        m = metrics(s)
+        assert m['kvtier_l2_masters_down{adapter="resp[0]"}'] == 0
+        assert m['kvtier_l2_failovers_total{adapter="resp[0]"}'] == a["cluster_failovers"] >= 1
         assert len(log_lines(s, r"cluster failover: .*took over from %s" % re.escape(name))) == 1
         fault = load.during(t0, t_follow)
         worst = max(o.secs for o in fault)

@@ -1301,7 +1301,7 @@ static void resp_status(kvt_l2 *l2, json_t *out)
         json_object_set_new(out, "cluster_masters_down", json_integer(kvt_resp_cl_down_owners(e)));
         json_object_set_new(out, "cluster_nodes_down", json_integer(nodes_down));
         json_object_set_new(out, "cluster_failovers",
-                            json_integer((json_int_t)atomic_load(&e->failovers)));
+                            json_integer((json_int_t)atomic_load(&l2->counters.failovers)));
         json_object_set_new(out, "slot_map_refreshes",
                             json_integer((json_int_t)atomic_load(&e->refreshes)));
         json_object_set_new(out, "moved_redirects",

@@ -463,7 +463,7 @@ int kvt_resp_cl_refresh(kvt_l2 *l2, struct resp_engine *e, struct conn *mon, cha
         pthread_mutex_unlock(&e->hlock);
         atomic_fetch_add(&e->refreshes, 1);
         if (failovers) {
-            atomic_fetch_add(&e->failovers, (uint64_t)failovers);
+            atomic_fetch_add(&l2->counters.failovers, (uint64_t)failovers);
             kvt_warn("%s: cluster failover: %s", l2->name, fo);
         }
         if (changed)

@@ -138,7 +138,6 @@ struct resp_engine {
     uint64_t next_refresh_ns;            /* hlock */
     struct conn ctl_nodes[CL_MAX_NODES]; /* ctl_lock: remove's connections per node */
     _Atomic uint64_t refreshes, moved, asked, cl_errors;
-    _Atomic uint64_t failovers; /* a replica of the last map owns slots of its master now */
     /* the start-up scan waits for a master that is down: stores fail at once
      * instead of waiting parked for it */
     _Atomic bool scan_blocked;
