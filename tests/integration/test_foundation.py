@@ -9,8 +9,9 @@ import time
 import pytest
 
 import kvtier
-from conftest import adapter_json, du_bytes, fs_files, keys_for, random_payloads, run_kvtier
-from conftest import FAULTIO, needs_faultio
+from support.data import adapter_json, du_bytes, fs_files, keys_for, random_payloads
+from support.faultio import FAULTIO, needs_faultio
+from support.server import run_kvtier
 
 MiB = 1 << 20
 
@@ -255,7 +256,7 @@ def test_oversize_payload_is_refused(make_server):
     """The server's own E_TOOBIG: the C client refuses an oversize payload
     before sending it, so the request goes raw over a DEALER."""
     pytest.importorskip("zmq")
-    from rawproto import RawZmq, keys_body
+    from support.rawproto import RawZmq, keys_body
     s = make_server(["--max-object-mb", "1"])
     z = RawZmq(s.url)
     try:

@@ -13,7 +13,9 @@ import time
 import pytest
 
 import kvtier
-from conftest import ROOT, adapter_json, fs_files, keys_for, random_payloads, run_kvtier, wait_for
+from support.data import adapter_json, fs_files, keys_for, random_payloads
+from support.paths import ROOT
+from support.server import run_kvtier, wait_for
 
 MiB = 1 << 20
 
@@ -374,7 +376,7 @@ def test_local_socket_oversize_payload_is_an_error(make_server):
     # the client refused that one itself: the server's own check, raw (a
     # frame over the object limit but within the frame limit is answered)
     pytest.importorskip("zmq")
-    from rawproto import RawLocal, keys_body, local_name
+    from support.rawproto import RawLocal, keys_body, local_name
     loc = RawLocal(local_name(s))
     try:
         r = loc.call([b"big", b"store", keys_body(keys[:1]), bytes(2 << 20)])
@@ -432,7 +434,7 @@ def test_same_host_socket_and_fallback(server, local):
 def test_hugepages_refused_cleanly_when_none_are_reserved(tmp_path):
     """--l1-use-hugepages without reserved huge pages: a clear error at
     start-up, never a SIGBUS later."""
-    from conftest import BIN
+    from support.paths import BIN
     with open("/proc/sys/vm/nr_hugepages") as f:
         if int(f.read()) > 0:
             pytest.skip("huge pages are reserved on this machine")

@@ -13,7 +13,9 @@ import time
 import pytest
 
 import kvtier
-from conftest import BIN, du_bytes, keys_for, random_payloads, run_kvtier, wait_for
+from support.data import du_bytes, keys_for, random_payloads
+from support.paths import BIN
+from support.server import run_kvtier, wait_for
 
 HDR = 512  # nixl_store_dynamic object header (buffered I/O)
 GiB = 1 << 30
@@ -688,7 +690,7 @@ def test_quotas_refuse_evict_and_report(make_server, tmp_path):
 def test_value_policy_serves_a_replay(make_server, tmp_path):
     """The value policy in a live server under a tight budget: the trace's
     first requests replay with no wrong bytes, and eviction happens."""
-    from conftest import mooncake_trace
+    from support.data import mooncake_trace
     trace = mooncake_trace()
     block = 4096
     root = tmp_path / "kv"

@@ -14,7 +14,8 @@ import threading
 import pytest
 
 import kvtier
-from conftest import adapter_json, du_bytes, keys_for, random_payloads, wait_for
+from support.data import adapter_json, du_bytes, keys_for, random_payloads
+from support.server import wait_for
 
 MiB = 1 << 20
 N = 16

@@ -10,8 +10,9 @@ import time
 import pytest
 
 import kvtier
-from conftest import (FAULTIO, adapter_json, du_bytes, fs_files, keys_for, l2_status, needs_faultio,
-                      random_payloads, run_kvtier, wait_for)
+from support.data import adapter_json, du_bytes, fs_files, keys_for, random_payloads
+from support.faultio import FAULTIO, needs_faultio
+from support.server import l2_status, run_kvtier, wait_for
 
 MiB = 1 << 20
 

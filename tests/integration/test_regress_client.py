@@ -18,7 +18,9 @@ import tracemalloc
 import pytest
 
 import kvtier
-from conftest import free_port, keys_for, random_payloads, run_kvtier
+from support.data import keys_for, random_payloads
+from support.ports import free_port
+from support.server import run_kvtier
 
 MiB = 1 << 20
 

@@ -11,7 +11,8 @@ import signal
 import pytest
 
 import kvtier
-from conftest import adapter_json, keys_for, l2_status, random_payloads, run_kvtier, wait_for
+from support.data import adapter_json, keys_for, random_payloads
+from support.server import l2_status, run_kvtier, wait_for
 from test_resp import redis  # noqa: F401  (the Redis server fixture)
 
 MiB = 1 << 20

@@ -21,7 +21,9 @@ import time
 import pytest
 
 import kvtier
-from conftest import adapter_json, free_port, keys_for, random_payloads, run_kvtier, wait_for
+from support.data import adapter_json, keys_for, random_payloads
+from support.ports import free_port
+from support.server import run_kvtier, wait_for
 
 REDIS = shutil.which("redis-server")
 

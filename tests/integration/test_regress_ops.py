@@ -12,7 +12,10 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, adapter_json, du_bytes, free_port, keys_for, random_payloads, run_kvtier
+from support.data import adapter_json, du_bytes, keys_for, random_payloads
+from support.paths import BIN
+from support.ports import free_port
+from support.server import run_kvtier
 
 MiB = 1 << 20
 LOCK = ".kvtier.lock"

@@ -12,10 +12,10 @@ import struct
 
 import pytest
 
-from conftest import keys_for
+from support.data import keys_for
 
 zmq = pytest.importorskip("zmq")
-from rawproto import (RawLocal, RawZmq, hello_body, keys_body, local_name,  # noqa: E402
+from support.rawproto import (RawLocal, RawZmq, hello_body, keys_body, local_name,  # noqa: E402
                       mp_pack, raw_keys)
 
 E_BADREQ, E_BADOP, E_PROTO, E_TOOBIG = -1002, -1003, -1004, -1005

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from conftest import run_kvtier
+from support.server import run_kvtier
 
 POLICIES = ["LRU", "ARC", "LFU", "value", "adaptive"]
 BLOCK = 4096  # the L1's alignment: a block is one aligned object

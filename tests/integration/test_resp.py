@@ -11,8 +11,9 @@ import os
 import pytest
 
 import kvtier
-from conftest import adapter_json, keys_for, l2_status, random_payloads, run_kvtier, wait_for
-from redis_servers import REDIS, Redis  # noqa: F401  (Redis: imported by other modules)
+from support.data import adapter_json, keys_for, random_payloads
+from support.redis_servers import REDIS, Redis, resp_json
+from support.server import l2_status, run_kvtier, wait_for
 
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
 KiB = 1 << 10
@@ -27,12 +28,6 @@ def redis(tmp_path):
     r = Redis(d).start()
     yield r
     r.kill()
-
-
-def resp_json(redis, **kw):
-    spec = dict(type="resp", host="127.0.0.1", port=redis.port, key_prefix="t")
-    spec.update(kw)
-    return json.dumps(spec)
 
 
 def test_batches_are_pipelined(make_server, redis):

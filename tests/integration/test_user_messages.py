@@ -10,7 +10,9 @@ import re
 import select
 import subprocess
 
-from conftest import BIN, ROOT, keys_for, random_payloads, run_kvtier
+from support.data import keys_for, random_payloads
+from support.paths import BIN, ROOT
+from support.server import run_kvtier
 
 README_PATH = os.path.join(ROOT, "README.md")
 
