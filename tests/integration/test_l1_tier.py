@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -441,3 +442,40 @@ def test_hugepages_refused_cleanly_when_none_are_reserved(tmp_path):
     r = subprocess.run([BIN, "server", "--l1-use-hugepages", "--no-l2", "--port", "1",
                         "--http-port", "0"], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "vm.nr_hugepages" in r.stderr
+
+
+def test_prefetch_max_in_flight(make_server, tmp_path):
+    """--l2-prefetch-max-in-flight N: at most N prefetch requests run at once,
+    the others wait in a FIFO; all of them are answered, byte-exact."""
+    d = tmp_path / "pf"
+    s = make_server(["--l2-store-policy", "skip_l1", "--l2-prefetch-max-in-flight", "1",
+                     "--l2-adapter", adapter_json(type="mock", max_size_gb=1, mock_bandwidth_gb=0.02)])
+    keys = [keys_for("pf", 4, seed=i) for i in range(6)]
+    pays = [random_payloads(4, MiB, seed=i) for i in range(6)]
+    with s.client() as c:
+        for k, p in zip(keys, pays):
+            assert c.store(k, p) == 4
+        c.flush()
+    errors, got = [], {}
+
+    def reader(i):
+        try:
+            with s.client() as c:
+                got[i] = c.retrieve(keys[i])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=reader, args=(i,)) for i in range(6)]
+    for t in ts:
+        t.start()
+    peak = 0
+    while any(t.is_alive() for t in ts):
+        with s.client() as c:
+            pf = c.status()["prefetch"]
+        peak = max(peak, pf["in_flight"])
+        time.sleep(0.005)
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    assert all(got[i] == pays[i] for i in range(6))
+    assert peak == 1, peak

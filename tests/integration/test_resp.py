@@ -280,3 +280,23 @@ def test_serde_chain_over_redis(make_server, redis, tmp_path):
         assert c.lookup(keys) == 6
         got = c.retrieve(keys, with_meta=True)
     assert [g[0] for g in got] == pay and got[0][1] == "float16" and got[0][2] == (32000,)
+
+
+def test_resp_burst_over_the_cap_evicts(make_server, redis):
+    """Description: the same synchronous eviction on a Redis tier: a burst of
+    3x the cap with LRU is stored (flush reports nothing failed), the cap
+    holds."""
+    from test_resp import resp_json
+    ev = {"eviction_policy": "LRU", "trigger_watermark": 0.9, "eviction_ratio": 0.1}
+    s = make_server(["--l2-store-policy", "skip_l1", "--eviction-interval-ms", "60000",
+                     "--l2-adapter", resp_json(redis, max_capacity_gb=MiB / (1 << 30),
+                                               eviction=ev)])
+    with s.client() as c:
+        for r in range(3):
+            keys = keys_for("rburst", 5, seed=r)
+            assert c.store(keys, random_payloads(5, 200000, seed=r)) == 5
+            res = c.flush()
+            assert res.l2_failed == 0, res
+        st = c.status()["l2"][0]
+        assert st["used_bytes"] <= MiB and st["counters"]["sync_evictions"] > 0, st
+        assert c.lookup(keys_for("rburst", 5, seed=2)) == 5

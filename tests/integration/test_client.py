@@ -1,6 +1,8 @@
-"""Regressions of issue 18, items 18 and 21: the Python client's first contact
-(no server, a URL without a scheme, a listener that never answers), the
-operator commands' (status) view of the same, and retrieve()/store() copies.
+"""The Python client against the real server: its first contact (no
+server, a URL without a scheme, a listener that never answers) and the
+operator commands' (status) view of the same; both data paths (shared
+memory and inline), --bind ipc:// and --no-shm; what retrieve() and
+store() copy; a client outliving a server restart.
 
 Copies are counted with tracemalloc, which sees every Python-owned buffer:
 retrieve() must copy each object once into a buffer it reuses once the
@@ -10,7 +12,6 @@ in Python at all (the library copies it once, into the pool).
 
 import errno
 import gc
-import os
 import socket
 import time
 import tracemalloc
@@ -212,3 +213,47 @@ def test_client_survives_server_restart(server, shm):
         assert held == pay
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_store_retrieve_paths(server, shm):
+    keys = keys_for("paths", 8)
+    pay = random_payloads(8, 300000, seed=2)
+    with server.client(shm=shm) as c:
+        assert c.shm_active == shm
+        assert c.store(keys, pay, dtype="float16", shape=[2, 75000]) == 8
+        got = c.retrieve(keys, with_meta=True)
+        assert [g[0] for g in got] == pay
+        assert got[0][1] == "float16" and got[0][2] == (2, 75000)
+        # the prefix only: a key never stored ends it
+        other = keys_for("paths", 9)
+        assert c.lookup(other) == 8
+
+
+def test_bind_ipc(make_server, tmp_path):
+    """docs/protocol.md: --bind ipc:///path works too."""
+    path = tmp_path / "kvtier.ipc"
+    s = make_server(["--bind", "ipc://%s" % path, "--no-l2"], start=False)
+    s.url = "ipc://%s" % path
+    s.start()
+    keys = keys_for("ipc", 3)
+    pay = random_payloads(3, 50000)
+    with s.client(local=False) as c:
+        assert c.store(keys, pay) == 3
+        assert c.retrieve(keys) == pay
+    assert path.exists()
+
+
+def test_no_shm(make_server):
+    """docs/protocol.md: with --no-shm the hello reply offers no pool: the
+    client moves payloads inline and zero-copy views are refused."""
+    s = make_server(["--no-shm", "--no-l2"])
+    keys = keys_for("noshm", 3)
+    pay = random_payloads(3, 50000)
+    with s.client() as c:
+        assert not c.shm_active
+        assert c.store(keys, pay) == 3
+        assert c.retrieve(keys) == pay
+        with pytest.raises(kvtier.KvtierError) as e:
+            c.retrieve_view(keys)
+        assert e.value.name == "E_UNSUPPORTED"
