@@ -1,4 +1,4 @@
-"""Authentication and tenant isolation (issue 16, docs/security.md): CURVE on
+"""Authentication and tenant isolation (docs/security.md): CURVE on
 the RPC socket, the authorized-clients file, E_DENIED, the HTTP bearer token,
 the refusal to listen beyond loopback without authentication, and no secret
 in logs, --dry-run or status."""
