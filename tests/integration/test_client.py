@@ -2,7 +2,8 @@
 server, a URL without a scheme, a listener that never answers) and the
 operator commands' (status) view of the same; both data paths (shared
 memory and inline), --bind ipc:// and --no-shm; what retrieve() and
-store() copy; a client outliving a server restart.
+store() copy; a client outliving a server restart; the chunk hashes of
+docs/protocol.md.
 
 Copies are counted with tracemalloc, which sees every Python-owned buffer:
 retrieve() must copy each object once into a buffer it reuses once the
@@ -257,3 +258,14 @@ def test_no_shm(make_server):
         with pytest.raises(kvtier.KvtierError) as e:
             c.retrieve_view(keys)
         assert e.value.name == "E_UNSUPPORTED"
+
+
+def test_chunk_hash_vectors_match_docs():
+    h = kvtier.chunk_hashes(list(range(512)), 256)
+    assert h[0].hex() == "1d15876629a5821c35b4cd7de3514b5952e718a9e87f75aa41a781ebadb5abc9"
+    assert h[1].hex() == "71354a739e18d56ecd771e486a3bfecccb25b6022ed5bb60ef2683482aaeeaa6"
+    assert [x.hex() for x in kvtier.chunk_hashes([1, 2, 3, 4, 5], 2)] == [
+        "dd433990c6daf93f596b060bd811a834197e36e952f26b41f0bc6b12b0dd819c",
+        "10b1ad57104e9b1cc3e7f6c5e3b97b1b11bbb4f9e0c813265d8de233640caea6"]
+    k = kvtier.chunk_keys("m", list(range(1000)), chunk_size=256, kv_rank=kvtier.kv_rank(2, 1, 2, 1), salt="t")
+    assert len(k) == 3 and k.kv_rank == 0x02010201 and len(k[:2]) == 2

@@ -293,17 +293,6 @@ def test_status_command(server):
     assert r.returncode == 1 and "cannot reach" in r.stderr
 
 
-def test_chunk_hash_vectors_match_docs():
-    h = kvtier.chunk_hashes(list(range(512)), 256)
-    assert h[0].hex() == "1d15876629a5821c35b4cd7de3514b5952e718a9e87f75aa41a781ebadb5abc9"
-    assert h[1].hex() == "71354a739e18d56ecd771e486a3bfecccb25b6022ed5bb60ef2683482aaeeaa6"
-    assert [x.hex() for x in kvtier.chunk_hashes([1, 2, 3, 4, 5], 2)] == [
-        "dd433990c6daf93f596b060bd811a834197e36e952f26b41f0bc6b12b0dd819c",
-        "10b1ad57104e9b1cc3e7f6c5e3b97b1b11bbb4f9e0c813265d8de233640caea6"]
-    k = kvtier.chunk_keys("m", list(range(1000)), chunk_size=256, kv_rank=kvtier.kv_rank(2, 1, 2, 1), salt="t")
-    assert len(k) == 3 and k.kv_rank == 0x02010201 and len(k[:2]) == 2
-
-
 @pytest.mark.parametrize("shm,local", [(True, True), (True, False), (False, True), (False, False)])
 def test_client_survives_server_restart(server, shm, local):
     """A long-lived client keeps working across a server restart: its mapping
