@@ -199,8 +199,8 @@ def test_three_servers_shared_budget(make_server, cluster):
     """"shared_budget": three servers store, load and delete over one key
     space through the cluster while one is SIGKILLed and restarted: the
     values' bytes (summed on every master by one Lua script each) never go
-    over the one cap they share (test_shared_budget.py has the workload and
-    the directory and single-Redis cases)."""
+    over the one cap they share (the workload is support/shared_budget.py;
+    test_shared_budget.py has the directory and single-Redis cases)."""
     from support.shared_budget import CAP, CAP_GB, EVICT as SB_EVICT, killed_run, redis_value_bytes
     spec = cl_json(cluster, "sb", max_capacity_gb=CAP_GB, shared_budget=True, eviction=SB_EVICT)
     masters = cluster.masters()
