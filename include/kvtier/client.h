@@ -100,10 +100,11 @@ int kvt_client_chunk_size(const kvt_client *c);
  * call itself fails only for request errors. */
 int kvt_store(kvt_client *c, const kvt_keys *keys, const void *const *bufs, const size_t *lens,
               const kvt_meta *meta, size_t *accepted);
-/* Return once every store acknowledged before this call reached every L2
- * adapter (or failed there). Returns 0 also when some keys did not reach an
- * adapter (L2 full, object too large for a slot, I/O error): use
- * kvt_flush_ex to learn which. */
+/* Return once every store this client sent before this call reached every
+ * L2 adapter (or failed there); other clients' stores are not waited for.
+ * Returns 0 also when some keys did not reach an adapter (L2 full, object
+ * too large for a slot, I/O error, the tier unreachable): use kvt_flush_ex
+ * to learn which. */
 int kvt_flush(kvt_client *c);
 
 /* One (key, adapter) pair that did not reach L2. */

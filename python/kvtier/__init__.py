@@ -621,9 +621,10 @@ class Client:
         return acc.value
 
     def flush(self, check=False):
-        """Return once every earlier store reached every L2 adapter (or failed
-        there), as a FlushResult naming the keys of this client's stores that
-        did not reach an adapter since its previous flush (falsy when none).
+        """Return once every earlier store of this client reached every L2
+        adapter (or failed there; other clients' stores are not waited for),
+        as a FlushResult naming the keys of this client's stores that did not
+        reach an adapter since its previous flush (falsy when none).
         check=True raises KvtierError (the first failure's code) instead."""
         rep = _CFlushReport()
         self._check(_L().kvt_flush_ex(self._h, ctypes.byref(rep)))

@@ -13,6 +13,21 @@
 
 #define FAIL_LIST_MAX 1024    /* keys listed per client between two flushes */
 #define FAIL_CLIENTS_MAX 1024 /* clients with failures not yet taken */
+#define CLIENT_BUCKETS 1024   /* hash buckets of the per-client in-flight counts */
+
+/* A client with batches in flight or a flush parked: exists only then. */
+struct client_rec {
+    struct client_rec *hnext; /* hash chain */
+    uint64_t client;
+    uint32_t inflight; /* its batches submitted and not finished on every adapter */
+    void *waiter;      /* its parked flush, or NULL */
+};
+
+/* A flush whose client's batches all finished, not yet taken. */
+struct ready_flush {
+    struct ready_flush *next;
+    void *cookie;
+};
 
 struct batch {
     struct batch *next; /* queue link (lock), then in-order list (thread) */
@@ -44,6 +59,11 @@ struct kvt_store_ctrl {
 
     /* thread-owned: batches in seq order, oldest first */
     struct batch *order_head, *order_tail;
+
+    /* in-flight batches per client and parked flushes */
+    pthread_mutex_t clock; /* a leaf: guards clients[], ready_head/tail */
+    struct client_rec *clients[CLIENT_BUCKETS];
+    struct ready_flush *ready_head, *ready_tail;
 
     /* failures per client, not yet taken by its flush */
     pthread_mutex_t flock; /* a leaf: guards fails, nfails, fail_cap */
@@ -132,6 +152,100 @@ uint64_t kvt_store_ctrl_take_failures(struct kvt_store_ctrl *sc, uint64_t client
     return total;
 }
 
+/* call with sc->clock held: the entry of client, created when create */
+static struct client_rec *client_find_locked(struct kvt_store_ctrl *sc, uint64_t client,
+                                             bool create)
+{
+    struct client_rec **pp = &sc->clients[(client ^ (client >> 29)) % CLIENT_BUCKETS];
+    for (struct client_rec *c = *pp; c; c = c->hnext)
+        if (c->client == client)
+            return c;
+    if (!create)
+        return NULL;
+    struct client_rec *c = kvt_xcalloc(1, sizeof(*c));
+    c->client = client;
+    c->hnext = *pp;
+    *pp = c;
+    return c;
+}
+
+/* call with sc->clock held: unlink and free c (no batch in flight, no
+ * flush parked) */
+static void client_drop_locked(struct kvt_store_ctrl *sc, struct client_rec *c)
+{
+    KVT_ASSERT(c->inflight == 0 && c->waiter == NULL);
+    struct client_rec **pp = &sc->clients[(c->client ^ (c->client >> 29)) % CLIENT_BUCKETS];
+    while (*pp != c)
+        pp = &(*pp)->hnext;
+    *pp = c->hnext;
+    free(c);
+}
+
+/* One more batch of client in flight. */
+static void client_submitted(struct kvt_store_ctrl *sc, uint64_t client)
+{
+    pthread_mutex_lock(&sc->clock);
+    client_find_locked(sc, client, true)->inflight++;
+    pthread_mutex_unlock(&sc->clock);
+}
+
+/* A batch of client finished on every adapter; true when that released a
+ * parked flush (now on the ready list). */
+static bool client_finished(struct kvt_store_ctrl *sc, uint64_t client)
+{
+    bool ready = false;
+    pthread_mutex_lock(&sc->clock);
+    struct client_rec *c = client_find_locked(sc, client, false);
+    KVT_ASSERT(c && c->inflight > 0);
+    if (--c->inflight == 0) {
+        if (c->waiter) {
+            struct ready_flush *rf = kvt_xmalloc(sizeof(*rf));
+            rf->next = NULL;
+            rf->cookie = c->waiter;
+            c->waiter = NULL;
+            if (sc->ready_tail)
+                sc->ready_tail->next = rf;
+            else
+                sc->ready_head = rf;
+            sc->ready_tail = rf;
+            ready = true;
+        }
+        client_drop_locked(sc, c);
+    }
+    pthread_mutex_unlock(&sc->clock);
+    return ready;
+}
+
+bool kvt_store_ctrl_flush_wait(struct kvt_store_ctrl *sc, uint64_t client, void *cookie)
+{
+    KVT_ASSERT(client != 0 && cookie != NULL);
+    pthread_mutex_lock(&sc->clock);
+    struct client_rec *c = client_find_locked(sc, client, false);
+    bool now = c == NULL; /* an entry exists only while batches are in flight */
+    if (!now) {
+        KVT_ASSERT(c->inflight > 0 && c->waiter == NULL);
+        c->waiter = cookie;
+    }
+    pthread_mutex_unlock(&sc->clock);
+    return now;
+}
+
+size_t kvt_store_ctrl_take_flushed(struct kvt_store_ctrl *sc, void **out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&sc->clock);
+    while (n < max && sc->ready_head) {
+        struct ready_flush *rf = sc->ready_head;
+        sc->ready_head = rf->next;
+        if (!sc->ready_head)
+            sc->ready_tail = NULL;
+        out[n++] = rf->cookie;
+        free(rf);
+    }
+    pthread_mutex_unlock(&sc->clock);
+    return n;
+}
+
 /* The batch's objects are no longer needed here: drop their references
  * (with skip_l1 they leave L1 too). */
 static void release_refs(struct kvt_store_ctrl *sc, const struct kvt_l1_ref *refs, uint32_t n)
@@ -148,21 +262,22 @@ static void batch_finish(struct kvt_store_ctrl *sc, struct batch *b)
     release_refs(sc, b->refs, b->n);
     b->done = true;
     atomic_fetch_sub(&sc->in_flight, 1);
+    /* the client's flush waits for its own batches only: it may be ready
+     * while older batches of others are still in flight */
+    bool ready = b->client && client_finished(sc, b->client);
     /* advance done_seq over the finished prefix of the order list */
-    bool advanced = false;
     while (sc->order_head && sc->order_head->done) {
         struct batch *h = sc->order_head;
         sc->order_head = h->next;
         if (!sc->order_head)
             sc->order_tail = NULL;
-        /* release: flush waiters read done_seq then reply */
+        /* release: shutdown's quiesce reads done_seq, then the results */
         atomic_store_explicit(&sc->done_seq, h->seq, memory_order_release);
         free(h->refs);
         free(h->keys);
         free(h);
-        advanced = true;
     }
-    if (advanced && sc->on_progress)
+    if (ready && sc->on_progress)
         sc->on_progress(sc->arg);
 }
 
@@ -277,6 +392,7 @@ int kvt_store_ctrl_start(struct kvt_store_ctrl **out, struct kvt_l1 *l1, kvt_l2 
     sc->arg = arg;
     pthread_mutex_init(&sc->lock, NULL);
     pthread_mutex_init(&sc->flock, NULL);
+    pthread_mutex_init(&sc->clock, NULL);
     sc->epfd = -1;
     sc->qfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (sc->qfd < 0) {
@@ -310,6 +426,7 @@ fail:
         close(sc->qfd);
     if (sc->epfd >= 0)
         close(sc->epfd);
+    pthread_mutex_destroy(&sc->clock);
     pthread_mutex_destroy(&sc->flock);
     pthread_mutex_destroy(&sc->lock);
     free(sc);
@@ -355,6 +472,8 @@ uint64_t kvt_store_ctrl_submit_for(struct kvt_store_ctrl *sc, const struct kvt_l
     atomic_fetch_add(&sc->batches, 1);
     atomic_fetch_add(&sc->keys_in, n);
     atomic_fetch_add(&sc->in_flight, 1);
+    if (client) /* before the thread can finish it */
+        client_submitted(sc, client);
     pthread_mutex_lock(&sc->lock);
     uint64_t seq = b->seq = ++sc->next_seq; /* under the queue lock: queue order = seq order */
     atomic_store(&sc->last_seq, seq);
@@ -422,5 +541,14 @@ void kvt_store_ctrl_stop(struct kvt_store_ctrl *sc)
         free(sc->fails[k].v);
     free(sc->fails);
     pthread_mutex_destroy(&sc->flock);
+    /* every batch finished: no client entry is left; flushes not taken
+     * are the caller's (their cookies) */
+    for (int i = 0; i < CLIENT_BUCKETS; i++)
+        KVT_ASSERT(sc->clients[i] == NULL);
+    for (struct ready_flush *rf = sc->ready_head, *nx; rf; rf = nx) {
+        nx = rf->next;
+        free(rf);
+    }
+    pthread_mutex_destroy(&sc->clock);
     free(sc);
 }

@@ -9,8 +9,15 @@
  *
  * Batches get increasing sequence numbers. done_seq is the largest s such
  * that every batch <= s finished on every adapter (succeeded or failed);
- * a flush waits until done_seq reaches the sequence number that was current
- * when the flush arrived.
+ * shutdown waits for it to reach the last one.
+ *
+ * Flush: a client's flush waits only for that client's batches
+ * (kvt_store_ctrl_submit_for's tag) that are in flight when it arrives,
+ * never for another client's: a count of in-flight batches per client, in
+ * a hash table; the flush of a client with batches in flight is parked on
+ * its entry and handed back (kvt_store_ctrl_take_flushed) when the count
+ * reaches zero. O(1) per batch and per flush, no walk. Batches without a
+ * tag (the LMCache front end's, which has no flush) are counted by nobody.
  *
  * Failures: a key that an adapter did not store is recorded for the client
  * whose request submitted it (kvt_store_ctrl_submit_for); its flush takes
@@ -63,13 +70,24 @@ struct kvt_store_failure {
  * all (more than *listed when the per-client list overflowed). Any thread. */
 uint64_t kvt_store_ctrl_take_failures(struct kvt_store_ctrl *sc, uint64_t client, uint32_t max,
                                       struct kvt_store_failure **out, uint32_t *listed);
+/* A flush of client (nonzero): true when none of its batches is in flight
+ * (answer it now). Otherwise cookie is kept and false returned; once the
+ * client's last batch in flight finished, cookie is handed back by
+ * kvt_store_ctrl_take_flushed and on_progress is called. One flush per
+ * client at a time (a connection's requests run one at a time). Any
+ * thread. */
+bool kvt_store_ctrl_flush_wait(struct kvt_store_ctrl *sc, uint64_t client, void *cookie);
+/* Move up to max cookies of flushes that may now be answered to out, in
+ * the order they became ready; returns how many. Any thread. */
+size_t kvt_store_ctrl_take_flushed(struct kvt_store_ctrl *sc, void **out, size_t max);
 /* Sequence number of the latest submitted batch. */
 uint64_t kvt_store_ctrl_last_seq(struct kvt_store_ctrl *sc);
 /* Every batch <= this has finished on every adapter. */
 uint64_t kvt_store_ctrl_done_seq(struct kvt_store_ctrl *sc);
 json_t *kvt_store_ctrl_status(struct kvt_store_ctrl *sc);
 /* Wait until every batch submitted so far finished (done_seq ==
- * last_seq); the caller submits nothing meanwhile. */
+ * last_seq): every parked flush is then ready; the caller submits
+ * nothing meanwhile. */
 void kvt_store_ctrl_quiesce(struct kvt_store_ctrl *sc);
 /* Wait for every submitted batch, then stop the thread. */
 void kvt_store_ctrl_stop(struct kvt_store_ctrl *sc);

@@ -162,7 +162,9 @@ static void read_cgroup(const char *root, struct kvt_hostmem *h)
             path += rl;
         char dir[PATH_MAX], base[PATH_MAX];
         at(root, mnt, base, sizeof(base));
-        snprintf(dir, sizeof(dir), "%s%s", base, !strcmp(path, "/") ? "" : path);
+        int dl = snprintf(dir, sizeof(dir), "%s%s", base, !strcmp(path, "/") ? "" : path);
+        if (dl < 0 || (size_t)dl >= sizeof(dir))
+            continue; /* a path longer than PATH_MAX names no file */
         bool found = false;
         for (;;) {
             char lf[PATH_MAX + 32], uf[PATH_MAX + 32];

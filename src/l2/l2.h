@@ -214,8 +214,8 @@ enum kvt_l2_node_state {
 enum kvt_l2_breaker_state { KVT_BRK_NONE = 0, KVT_BRK_CLOSED, KVT_BRK_OPEN, KVT_BRK_HALF_OPEN };
 
 struct kvt_l2_node {
-    char name[96]; /* "10.0.0.5:7000", "http://127.0.0.1:9000/bucket" */
-    char role[16]; /* "master", "replica", "server", "endpoint" */
+    char name[320]; /* "10.0.0.5:7000", "http://127.0.0.1:9000/bucket" */
+    char role[16];  /* "master", "replica", "server", "endpoint" */
     enum kvt_l2_node_state state;
     enum kvt_l2_breaker_state breaker; /* KVT_BRK_NONE: the node has none */
     uint64_t downs;                    /* times it was marked down since start */

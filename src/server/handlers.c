@@ -415,38 +415,33 @@ static void pack_flush_reply(struct kvt_server *s, struct reply *r, uint64_t cli
     free(fv);
 }
 
+/* A flush is answered once every store this connection sent before it
+ * finished on every adapter (the store controller counts each client's
+ * batches in flight): other clients' stores, stuck or not, never hold it. */
 static void h_flush(struct kvt_server *s, struct request *q)
 {
-    uint64_t target = kvt_store_ctrl_last_seq(s->sc);
-    uint64_t client = kvt_client_tag(q->r);
-    if (kvt_store_ctrl_done_seq(s->sc) >= target) {
-        pack_flush_reply(s, q->r, client);
+    struct flush_wait *f = kvt_xcalloc(1, sizeof(*f));
+    f->client = kvt_client_tag(q->r);
+    f->r = q->r;
+    if (kvt_store_ctrl_flush_wait(s->sc, f->client, f)) {
+        pack_flush_reply(s, q->r, f->client);
+        free(f);
         return;
     }
-    struct flush_wait *f = kvt_xcalloc(1, sizeof(*f));
-    f->seq = target;
-    f->client = client;
-    f->r = q->r;
-    q->r = NULL;
-    if (s->fw_tail)
-        s->fw_tail->next = f;
-    else
-        s->fw_head = f;
-    s->fw_tail = f;
+    q->r = NULL; /* answered by kvt_flush_progress */
 }
 
 void kvt_flush_progress(struct kvt_server *s)
 {
-    uint64_t done = kvt_store_ctrl_done_seq(s->sc);
-    /* flush targets never decrease in arrival order: pop from the front */
-    while (s->fw_head && s->fw_head->seq <= done) {
-        struct flush_wait *f = s->fw_head;
-        s->fw_head = f->next;
-        if (!s->fw_head)
-            s->fw_tail = NULL;
-        pack_flush_reply(s, f->r, f->client);
-        kvt_reply_send(s, f->r);
-        free(f);
+    void *ready[64];
+    size_t n;
+    while ((n = kvt_store_ctrl_take_flushed(s->sc, ready, KVT_ARRAY_LEN(ready))) > 0) {
+        for (size_t i = 0; i < n; i++) {
+            struct flush_wait *f = ready[i];
+            pack_flush_reply(s, f->r, f->client);
+            kvt_reply_send(s, f->r);
+            free(f);
+        }
     }
 }
 

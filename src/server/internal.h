@@ -73,9 +73,9 @@ struct reply {
     struct kvt_auth_client *who; /* the request's key (authentication on), else NULL */
 };
 
+/* A flush parked in the store controller until its client's stores
+ * finished (kvt_store_ctrl_flush_wait's cookie). */
 struct flush_wait {
-    struct flush_wait *next;
-    uint64_t seq;
     uint64_t client; /* kvt_client_tag of the requester */
     struct reply *r;
 };
@@ -113,7 +113,6 @@ struct kvt_server {
     struct reply *rq_head, *rq_tail;
     int reply_efd, progress_efd, sig_fd;
 
-    struct flush_wait *fw_head, *fw_tail; /* rpc thread only */
     /* per-connection request order (server.c), rpc thread only */
     struct conn_order *order[KVT_ORDER_BUCKETS];
     struct conn_order *ready_head, *ready_tail, *dispatching;

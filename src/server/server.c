@@ -663,19 +663,10 @@ static void shutdown_all(struct kvt_server *s)
         if (pend)
             kvt_info("draining %llu pending L2 store batch(es)", (unsigned long long)pend);
         kvt_store_ctrl_quiesce(s->sc);
-        kvt_flush_progress(s); /* pending flushes, with their clients' L2 failures */
+        kvt_flush_progress(s); /* every parked flush, with its client's L2 failures */
         kvt_store_ctrl_stop(s->sc);
         s->sc = NULL;
     }
-    /* pending flushes can now be answered */
-    struct flush_wait *f = s->fw_head;
-    while (f) {
-        struct flush_wait *nx = f->next;
-        kvt_reply_send(s, f->r);
-        free(f);
-        f = nx;
-    }
-    s->fw_head = s->fw_tail = NULL;
     if (s->l1)
         kvt_l1_set_pressure_hook(s->l1, NULL, NULL);
     if (s->ev_l1)

@@ -422,7 +422,7 @@ int kvt_resp_nodes(kvt_l2 *l2, struct kvt_l2_node *out, int max)
             if (n < max) {
                 struct kvt_l2_node *d = &out[n];
                 memset(d, 0, sizeof(*d));
-                snprintf(d->name, sizeof(d->name), "%s:%d", e->nodes[i].host, e->nodes[i].port);
+                snprintf(d->name, sizeof(d->name), "%.256s:%d", e->nodes[i].host, e->nodes[i].port);
                 snprintf(d->role, sizeof(d->role), "%s", kvt_resp_role_name(role));
                 d->state = !h->down_ns  ? KVT_NODE_UP
                            : h->probing ? KVT_NODE_PROBING

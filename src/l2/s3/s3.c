@@ -553,10 +553,14 @@ typedef void (*judge_fn)(const struct s3_req *r, int *rc);
 /* Send the pending requests of reqs[0..m) (rcs[r->i] == 1) at once, judge
  * their answers, and send the still pending ones again after 50 ms, then
  * 200 ms (5xx answers: InternalError, SlowDown; AWS's SDKs retry the same
- * way). Still pending after that: giveup. */
+ * way), while request_timeout has not passed since the first send: a retry
+ * keeps the first attempt's no-progress clock (since_ns), so the whole
+ * round never waits longer than one request would. Still pending after
+ * that: giveup. */
 static void rounds(struct s3_engine *e, struct s3_req *reqs, uint32_t m, int *rcs, judge_fn judge,
                    int giveup)
 {
+    uint64_t t0 = kvt_now_ns(), limit = (uint64_t)e->request_timeout_ms * 1000000ull;
     for (int attempt = 0; attempt <= REMOVE_RETRIES; attempt++) {
         bool again = false;
         for (uint32_t i = 0; i < m && !again; i++)
@@ -564,9 +568,14 @@ static void rounds(struct s3_engine *e, struct s3_req *reqs, uint32_t m, int *rc
         if (!again)
             return;
         if (attempt) {
-            struct timespec ts = {0, attempt == 1 ? 50000000L : 200000000L};
+            long pause = attempt == 1 ? 50000000L : 200000000L;
+            if (kvt_now_ns() + (uint64_t)pause >= t0 + limit)
+                break; /* no time left for another attempt */
+            struct timespec ts = {0, pause};
             nanosleep(&ts, NULL);
         }
+        for (uint32_t i = 0; i < m; i++)
+            reqs[i].since_ns = attempt ? t0 : 0;
         send_round(e, reqs, m, rcs);
         for (uint32_t i = 0; i < m; i++)
             if (rcs[reqs[i].i] == 1)
@@ -1079,6 +1088,8 @@ static void s3_status(kvt_l2 *l2, json_t *out)
                                       ? (double)(e->next_probe_ns - now) / 1e9
                                       : 0));
     json_object_set_new(b, "last_error", e->conn_err[0] ? json_string(e->conn_err) : json_null());
+    json_object_set_new(b, "last_error_unix",
+                        e->conn_err[0] ? json_real((double)e->conn_err_ms / 1e3) : json_null());
     json_object_set_new(out, "circuit_breaker", b);
     json_t *rej = json_null();
     if (e->rejected) {
@@ -1121,6 +1132,39 @@ static void s3_status(kvt_l2 *l2, json_t *out)
 static bool s3_healthy(kvt_l2 *l2, char *msg, size_t cap)
 {
     return kvt_s3_health(l2->engine, msg, cap);
+}
+
+/* One node: the endpoint, with its breaker. Down while the breaker is open
+ * (probing: its probe is in flight); a refusal (4xx) is an answer, so the
+ * endpoint is up, with the refusal as its last error. */
+static int s3_nodes(kvt_l2 *l2, struct kvt_l2_node *out, int max)
+{
+    struct s3_engine *e = l2->engine;
+    if (max < 1)
+        return 1;
+    struct kvt_l2_node *n = &out[0];
+    memset(n, 0, sizeof(*n));
+    snprintf(n->name, sizeof(n->name), "%.7s://%.200s%.100s", e->scheme, e->host, e->base);
+    snprintf(n->role, sizeof(n->role), "endpoint");
+    uint64_t now = kvt_now_ns();
+    pthread_mutex_lock(&e->lock);
+    static const enum kvt_l2_node_state st[] = {KVT_NODE_UP, KVT_NODE_DOWN, KVT_NODE_PROBING};
+    static const enum kvt_l2_breaker_state bs[] = {KVT_BRK_CLOSED, KVT_BRK_OPEN, KVT_BRK_HALF_OPEN};
+    n->state = st[e->brk];
+    n->breaker = bs[e->brk];
+    n->downs = e->brk_opens;
+    n->down_seconds = e->brk != BRK_CLOSED ? (double)(now - e->open_since_ns) / 1e9 : 0;
+    if (e->conn_err[0]) {
+        snprintf(n->last_error, sizeof(n->last_error), "%.*s", (int)sizeof(n->last_error) - 1,
+                 e->conn_err);
+        n->last_error_unix = (double)e->conn_err_ms / 1e3;
+    } else if (e->rejected) {
+        snprintf(n->last_error, sizeof(n->last_error), "HTTP %ld %.60s: %.100s", e->rej_status,
+                 e->rej_code, e->rej_msg);
+        n->last_error_unix = (double)e->rej_ms / 1e3;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return 1;
 }
 
 /* persist_enabled false: DELETE every indexed object before stopping (the
@@ -1186,6 +1230,7 @@ static const struct kvt_l2_ops s3_ops = {
     .remove_batch = s3_remove_batch,
     .status = s3_status,
     .healthy = s3_healthy,
+    .nodes = s3_nodes,
     .close = s3_close,
 };
 
@@ -1310,7 +1355,11 @@ static int s3_parse(struct kvt_cfg *c, void *opts)
     memset(o, 0, sizeof(*o));
     static const char *const addrs[] = {"path", "virtual", NULL};
     int64_t nio = 64, thr = 3;
-    double cap = 0, ct = 10, rt = 30, mpu_thr = 64, mpu_part = 16, stale_h = 24;
+    /* request_timeout: no progress for this long fails a request (see
+     * s3_http.c); 2 s is AWS's advice for retrying small GETs and PUTs and
+     * leaves a client with a 5 s timeout (vLLM's connector) its answer */
+    double cap = 0, ct = KVT_S3_CONNECT_TIMEOUT_S, rt = KVT_S3_REQUEST_TIMEOUT_S, mpu_thr = 64,
+           mpu_part = 16, stale_h = 24;
     bool express = false;
     kvt_cfg_str(c, "s3_endpoint", true, NULL, &o->endpoint);
     kvt_cfg_str(c, "s3_region", true, NULL, &o->region);
@@ -1325,8 +1374,8 @@ static int s3_parse(struct kvt_cfg *c, void *opts)
     kvt_cfg_str(c, "aws_secret_access_key", false, NULL, &o->secret);
     kvt_cfg_str(c, "aws_session_token", false, NULL, &o->token);
     kvt_cfg_str(c, "key_prefix", false, "", &o->key_prefix);
-    kvt_cfg_num(c, "connection_timeout", false, 10, 0.001, 3600, &ct);
-    kvt_cfg_num(c, "request_timeout", false, 30, 1, 3600, &rt);
+    kvt_cfg_num(c, "connection_timeout", false, KVT_S3_CONNECT_TIMEOUT_S, 0.001, 3600, &ct);
+    kvt_cfg_num(c, "request_timeout", false, KVT_S3_REQUEST_TIMEOUT_S, 0.1, 3600, &rt);
     kvt_cfg_int(c, "circuit_breaker_threshold", false, 3, 1, 1000, &thr);
     kvt_cfg_num(c, "max_capacity_gb", false, 0, 0, 1e9, &cap);
     /* S3's rules: parts of 5 MiB to 5 GiB (the last may be smaller), a
@@ -1493,8 +1542,8 @@ static int nixl_obj_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
     o->num_io_threads = (int)KVT_MIN(ps, 1024);
     o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
     o->prefer_http2 = true;
-    o->connection_timeout = 10;
-    o->request_timeout = 30;
+    o->connection_timeout = KVT_S3_CONNECT_TIMEOUT_S;
+    o->request_timeout = KVT_S3_REQUEST_TIMEOUT_S;
     o->breaker_threshold = 3;
     o->mpu_threshold = 64ull << 20;
     o->mpu_part = 16ull << 20;

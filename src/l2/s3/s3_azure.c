@@ -154,8 +154,8 @@ int kvt_s3_parse_nixl_azure(struct kvt_cfg *c, void **opts)
     o->num_io_threads = (int)KVT_MIN(ps, 1024);
     o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
     o->prefer_http2 = true;
-    o->connection_timeout = 10;
-    o->request_timeout = 30;
+    o->connection_timeout = KVT_S3_CONNECT_TIMEOUT_S;
+    o->request_timeout = KVT_S3_REQUEST_TIMEOUT_S;
     o->breaker_threshold = 3;
     o->mpu_threshold = UINT64_MAX; /* Put Blob takes up to 5000 MiB */
     o->mpu_part = 16ull << 20;

@@ -29,6 +29,11 @@
  * end after its last), or, for a record that vanished under a running
  * server, a listing that server starts then.
  *
+ * Deadline: a step gives up (the store it charges is refused; an unsure
+ * step stays unknown, an over-count) once S3 has not answered any of its
+ * requests for request_timeout, or the breaker is open: retries never
+ * make a caller wait longer than one request would.
+ *
  * Threads: steps run on store threads, the eviction thread and the I/O
  * thread (the listing's recount, parked stores resuming), so they never
  * wait for the I/O thread: their requests go through their own easy handle
@@ -90,15 +95,24 @@ static void describe(const struct s3_req *r, const char *what, char *err, size_t
         snprintf(err, errcap, "%s: %s %s", what, kvt_s3_outcome_name(r->outcome), r->err_msg);
 }
 
-/* GET the record into r (0: read, with etag; 1: there is none), or -EIO. */
+/* Whether q got an HTTP answer (a refusal included), not a transport
+ * error, a stall or the breaker. */
+static bool answered(const struct s3_req *q)
+{
+    return q->outcome != S3_CONN && q->outcome != S3_UNAVAILABLE;
+}
+
+/* GET the record into r (0: read, with etag; 1: there is none), or -EIO;
+ * *heard: S3 answered. */
 static int fetch(struct s3rec *s, struct kvt_brec *r, char *etag, size_t etcap, uint64_t *now,
-                 char *err, size_t errcap)
+                 bool *heard, char *err, size_t errcap)
 {
     struct s3_req q;
     memset(&q, 0, sizeof(q));
     q.op = S3_GET;
     snprintf(q.path, sizeof(q.path), "%s", s->path);
     enum s3_outcome o = kvt_s3_perform(s->e, &s->sync, &q);
+    *heard = answered(&q);
     *now = q.date_ms > 0 ? (uint64_t)q.date_ms : local_ms();
     int rc = 0;
     if (o == S3_OK) {
@@ -139,9 +153,10 @@ static int fetch(struct s3rec *s, struct kvt_brec *r, char *etag, size_t etcap, 
 }
 
 /* PUT the record conditionally: 0 written, 1 lost to another server (412),
- * 2 the answer was lost (it may have landed), -EIO refused. */
-static int store(struct s3rec *s, const struct kvt_brec *r, const char *etag, char *err,
-                 size_t errcap)
+ * 2 the answer was lost (it may have landed), -EIO refused; *heard: S3
+ * answered. */
+static int store(struct s3rec *s, const struct kvt_brec *r, const char *etag, bool *heard,
+                 char *err, size_t errcap)
 {
     uint8_t buf[KVT_BREC_BYTES];
     kvt_brec_encode(r, buf);
@@ -156,6 +171,7 @@ static int store(struct s3rec *s, const struct kvt_brec *r, const char *etag, ch
     else
         snprintf(q.cond, sizeof(q.cond), "If-None-Match: *");
     enum s3_outcome o = kvt_s3_perform(s->e, &s->sync, &q);
+    *heard = answered(&q);
     int rc;
     if (o == S3_OK)
         rc = 0;
@@ -224,7 +240,17 @@ static int step(struct s3rec *s, const struct kvt_brec_op *op, struct kvt_budget
     uint32_t tag = s->tag;
     bool unsure = false; /* an attempt's answer was lost: it may have landed */
     int rc = -EIO;
+    uint64_t t_heard = kvt_now_ns(), limit = (uint64_t)s->e->request_timeout_ms * 1000000ull;
     for (int attempt = 0; attempt < MAX_TRIES; attempt++) {
+        if (attempt && (!kvt_s3_available(s->e) || kvt_now_ns() - t_heard >= limit)) {
+            char why[300];
+            snprintf(why, sizeof(why), "%s", err);
+            snprintf(err, errcap, "%s: S3 %s (%.200s)", s->where,
+                     kvt_s3_available(s->e) ? "did not answer within request_timeout"
+                                            : "is unavailable (circuit open)",
+                     why);
+            break; /* rc stays the last attempt's: the step failed */
+        }
         if (attempt) { /* a random wait, growing: servers colliding spread out */
             uint32_t rnd = 0;
             if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
@@ -236,7 +262,10 @@ static int step(struct s3rec *s, const struct kvt_brec_op *op, struct kvt_budget
         struct kvt_brec r;
         char etag[128];
         uint64_t now;
-        int f = fetch(s, &r, etag, sizeof(etag), &now, err, errcap);
+        bool heard = false;
+        int f = fetch(s, &r, etag, sizeof(etag), &now, &heard, err, errcap);
+        if (heard)
+            t_heard = kvt_now_ns();
         if (f < 0) {
             rc = f;
             if (unsure)
@@ -276,7 +305,9 @@ static int step(struct s3rec *s, const struct kvt_brec_op *op, struct kvt_budget
             out->nodes = s->live;
             out->folded = folded;
         }
-        int w = store(s, &r, etag, err, errcap);
+        int w = store(s, &r, etag, &heard, err, errcap);
+        if (heard)
+            t_heard = kvt_now_ns();
         if (w == 0) {
             s->made = true;
             rc = 0;
@@ -336,13 +367,14 @@ static void sr_leave(void *rec)
         struct kvt_brec r;
         char etag[128], err[256];
         uint64_t now;
-        if (fetch(s, &r, etag, sizeof(etag), &now, err, sizeof(err)) != 0)
+        bool heard;
+        if (fetch(s, &r, etag, sizeof(etag), &now, &heard, err, sizeof(err)) != 0)
             break;
         int slot = kvt_brec_find(&r, s->id);
         if (slot < 0)
             break;
         kvt_brec_fold(&r, slot);
-        if (store(s, &r, etag, err, sizeof(err)) != 1)
+        if (store(s, &r, etag, &heard, err, sizeof(err)) != 1)
             break; /* written, or failed: the lease folds it then */
     }
     pthread_mutex_unlock(&s->lock);

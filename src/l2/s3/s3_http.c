@@ -10,11 +10,41 @@
  * objfmt checksum guards the bytes end to end) and the x-amz-meta / token
  * headers.
  *
- * Circuit breaker: circuit_breaker_threshold consecutive transport errors or
- * 5xx answers open it; while open, requests fail at once without touching
- * the network. A probe (HEAD on the bucket) goes out after 0.5 s, then with
- * doubling backoff up to 30 s; any HTTP answer closes the breaker again
- * (LMCache's breaker never closes).
+ * Deadline: a transfer that moves no byte (up or down, connecting
+ * included) for request_timeout fails (xfer_cb; connection_timeout can
+ * only shorten the connect). The clock restarts with every byte, so a large
+ * object on a slow link is never cut while it moves; a retry (DELETE on a
+ * 5xx) keeps its first attempt's clock, so retries never extend the wait.
+ * The loop wakes at least every request_timeout / 8 while transfers run,
+ * which bounds how late a stall is seen.
+ *
+ * Circuit breaker, one per endpoint, under e->lock:
+ *
+ *            threshold consecutive failures,
+ *            or one transfer that timed out      next_probe_ns reached:
+ *   CLOSED ------------------------------> OPEN ----------------------> PROBING
+ *      ^       (opens++, "circuit open"     ^   the I/O thread starts   |  |
+ *      |        logged, parked stores fail) |   the probe (HEAD bucket) |  |
+ *      |                                    +---------------------------+  |
+ *      |        probe failed (transport error, stall, 5xx): back-off       |
+ *      |        doubles (0.5 s .. 5 s), next_probe_ns = now + back-off     |
+ *      +-------------------------------------------------------------------+
+ *               probe answered (2xx-4xx): "circuit closed" logged
+ *
+ *   - A failure is a transport error, a stall or a 5xx; a request refused
+ *     with 4xx is an answer (it resets the count; see "rejected").
+ *   - In OPEN and PROBING every new request fails at once (S3_UNAVAILABLE)
+ *     without touching the network. Transfers that started before the
+ *     breaker opened still end (each within request_timeout); their
+ *     results change nothing: only the probe's own result moves PROBING.
+ *   - The probe is e->probe, one per engine: it is started only on the
+ *     OPEN -> PROBING edge and finishes only on the PROBING -> edge, so it
+ *     is in flight exactly while the state is PROBING and never restarted
+ *     while curl holds it (asserted at both ends).
+ *   - One log line per state change (opened, closed); probes and requests
+ *     log nothing. conn_err holds the last failure with its time, cleared
+ *     when S3 answers again (the breaker closes, or a success ends a run
+ *     of failures below the threshold).
  *
  * Locks: e->lock guards the queue, the breaker and the error fields; it is
  * never held while curl runs or a completion callback runs.
@@ -195,6 +225,27 @@ static size_t header_cb(char *p, size_t size, size_t nitems, void *arg)
     return n;
 }
 
+/* Progress of a transfer: fails it (CURLE_ABORTED_BY_CALLBACK, stalled)
+ * when no byte moved for r->stall_ns. curl calls it on every pass over
+ * the transfer, connecting included: at least as often as the loop wakes. */
+static int xfer_cb(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                   curl_off_t ulnow)
+{
+    (void)dltotal;
+    (void)ultotal;
+    struct s3_req *r = arg;
+    uint64_t moved = (uint64_t)dlnow + (uint64_t)ulnow, now = kvt_now_ns();
+    if (moved != r->moved) {
+        r->moved = moved;
+        r->t_progress = now;
+        return 0;
+    }
+    if (now - r->t_progress < r->stall_ns)
+        return 0;
+    r->stalled = true;
+    return 1;
+}
+
 /* ------------------------------------------------------------ setup */
 
 static void add_hdr(struct s3_req *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -305,13 +356,20 @@ int64_t kvt_s3_http_date_ms(const char *s)
 }
 
 /*
- * Build the easy handle: URL, method, body source/sink, timeouts and the
- * signed headers. Returns 0 or -ENOMEM / -EINVAL.
+ * Build the easy handle: URL, method, body source/sink, the no-progress
+ * deadline and the signed headers. sync: run by curl_easy_perform, whose
+ * loop wakes only once a second, so the whole request also gets
+ * request_timeout (its bodies are a few KiB: the budget record). Returns 0
+ * or -ENOMEM / -EINVAL.
  */
-static int setup(struct s3_engine *e, struct s3_req *r, struct s3_sigkey *sk)
+static int setup(struct s3_engine *e, struct s3_req *r, struct s3_sigkey *sk, bool sync)
 {
     CURL *h = r->h;
     r->status = 0; /* write_cb reads it once per transfer */
+    r->stall_ns = (uint64_t)e->request_timeout_ms * 1000000ull;
+    r->t_progress = r->since_ns ? r->since_ns : kvt_now_ns();
+    r->moved = 0;
+    r->stalled = false;
     char url[S3_PATH_MAX + 512 + 2400 + 1024];
     bool q = r->query && r->query[0];
     bool sas = e->azure && e->az.sas[0];
@@ -321,11 +379,15 @@ static int setup(struct s3_engine *e, struct s3_req *r, struct s3_sigkey *sk)
     curl_easy_setopt(h, CURLOPT_PRIVATE, r);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, r->errbuf);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, e->connect_timeout_ms);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+                     KVT_MIN(e->connect_timeout_ms, e->request_timeout_ms));
     /* request_timeout: a transfer that moves nothing for that long fails
      * (a total timeout would punish large objects on a busy link) */
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, KVT_MAX(1L, e->request_timeout_ms / 1000));
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, xfer_cb);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, r);
+    if (sync)
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, e->request_timeout_ms);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(h, CURLOPT_HTTP_VERSION,
                      e->http2 ? (long)CURL_HTTP_VERSION_2TLS : (long)CURL_HTTP_VERSION_1_1);
@@ -422,32 +484,47 @@ static int setup(struct s3_engine *e, struct s3_req *r, struct s3_sigkey *sk)
 
 /* ---------------------------------------------------------- breaker */
 
-static void breaker_ok(struct s3_engine *e)
+static int64_t wall_ms(void)
 {
-    bool closed_now = false;
-    double was_open = 0;
-    pthread_mutex_lock(&e->lock);
-    e->conn_errors = 0;
-    if (e->brk != BRK_CLOSED) {
-        e->brk = BRK_CLOSED;
-        closed_now = true;
-        was_open = (double)(kvt_now_ns() - e->open_since_ns) / 1e9;
-        e->conn_err[0] = 0;
-    }
-    pthread_mutex_unlock(&e->lock);
-    if (closed_now)
-        kvt_info("%s: S3 at %s answers again: circuit closed after %.1f s", e->l2->name, e->host,
-                 was_open);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void breaker_fail(struct s3_engine *e, const char *why)
+/* call with e->lock held */
+static void set_error_locked(struct s3_engine *e, const char *why)
+{
+    snprintf(e->conn_err, sizeof(e->conn_err), "%s", why);
+    e->conn_err_ms = wall_ms();
+}
+
+/* call with e->lock held */
+static void clear_error_locked(struct s3_engine *e)
+{
+    e->conn_errors = 0;
+    e->conn_err[0] = 0;
+    e->conn_err_ms = 0;
+}
+
+/* A request other than the probe got an answer that is not a 5xx. */
+static void breaker_ok(struct s3_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    if (e->brk == BRK_CLOSED && e->conn_errors) /* OPEN, PROBING: the probe decides */
+        clear_error_locked(e);
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* A request other than the probe failed (transport error, 5xx; stall: no
+ * progress for request_timeout, which opens the breaker at once). */
+static void breaker_fail(struct s3_engine *e, const char *why, bool stall)
 {
     bool opened = false;
     uint64_t now = kvt_now_ns();
     pthread_mutex_lock(&e->lock);
-    snprintf(e->conn_err, sizeof(e->conn_err), "%s", why);
-    if (e->brk == BRK_CLOSED) {
-        if (++e->conn_errors >= e->breaker_threshold) {
+    if (e->brk == BRK_CLOSED) { /* OPEN, PROBING: a transfer older than the opening */
+        set_error_locked(e, why);
+        if (++e->conn_errors >= e->breaker_threshold || stall) {
             e->brk = BRK_OPEN;
             e->brk_opens++;
             e->open_since_ns = now;
@@ -455,19 +532,41 @@ static void breaker_fail(struct s3_engine *e, const char *why)
             e->next_probe_ns = now + e->probe_backoff_ns;
             opened = true;
         }
-    } else if (e->brk == BRK_PROBING) {
-        e->brk = BRK_OPEN;
-        e->probe_backoff_ns = KVT_MIN(e->probe_backoff_ns * 2, S3_PROBE_MAX_NS);
-        e->next_probe_ns = now + e->probe_backoff_ns;
     }
     int errs = e->conn_errors;
     pthread_mutex_unlock(&e->lock);
     if (opened) {
-        kvt_warn("%s: circuit open after %d consecutive errors talking to %s (%s): lookups "
+        kvt_warn("%s: circuit open after %d consecutive error%s talking to %s (%s): lookups "
                  "miss and stores fail at once; probing with backoff",
-                 e->l2->name, errs, e->host, why);
+                 e->l2->name, errs, errs == 1 ? "" : "s", e->host, why);
         kvt_s3_on_breaker_open(e->l2);
     }
+}
+
+/* The probe finished: answered (any status below 500) closes the breaker;
+ * otherwise it stays open and the next probe waits twice as long. */
+static void probe_done(struct s3_engine *e, bool answered, const char *why)
+{
+    uint64_t now = kvt_now_ns();
+    pthread_mutex_lock(&e->lock);
+    KVT_ASSERT(e->brk == BRK_PROBING);
+    double was_open = (double)(now - e->open_since_ns) / 1e9;
+    if (answered) {
+        e->brk = BRK_CLOSED;
+        clear_error_locked(e);
+    } else {
+        e->brk = BRK_OPEN;
+        set_error_locked(e, why);
+        e->probe_backoff_ns = KVT_MIN(e->probe_backoff_ns * 2, S3_PROBE_MAX_NS);
+        e->next_probe_ns = now + e->probe_backoff_ns;
+    }
+    uint64_t backoff = e->probe_backoff_ns;
+    pthread_mutex_unlock(&e->lock);
+    if (answered)
+        kvt_info("%s: S3 at %s answers again: circuit closed after %.1f s", e->l2->name, e->host,
+                 was_open);
+    else
+        kvt_debug("%s: probe failed (%s): next in %.1f s", e->l2->name, why, (double)backoff / 1e9);
 }
 
 bool kvt_s3_available(struct s3_engine *e)
@@ -520,7 +619,8 @@ static bool is_transport(int rc)
     }
 }
 
-/* Classify a finished transfer and feed the breaker and the error state. */
+/* Classify a finished transfer and feed the breaker (the probe's result
+ * only through probe_done) and the error state. */
 static void classify(struct s3_engine *e, struct s3_req *r, CURLcode rc)
 {
     r->curl_rc = rc;
@@ -528,14 +628,23 @@ static void classify(struct s3_engine *e, struct s3_req *r, CURLcode rc)
     if (rc != CURLE_OK) {
         if (r->cut) {
             r->outcome = S3_BADDATA;
+            if (r->op == S3_PROBE)
+                probe_done(e, false, "PROBE: the answer was cut");
             return;
         }
         r->outcome = S3_CONN;
         char why[300];
-        snprintf(why, sizeof(why), "%s %s: %s", op_names[r->op], curl_easy_strerror(rc),
-                 r->errbuf[0] ? r->errbuf : "");
-        if (is_transport(rc) || r->op == S3_PROBE)
-            breaker_fail(e, why);
+        if (r->stalled)
+            snprintf(why, sizeof(why), "%s: no progress for %.1f s (request_timeout)",
+                     op_names[r->op], (double)r->stall_ns / 1e9);
+        else
+            snprintf(why, sizeof(why), "%s %s: %s", op_names[r->op], curl_easy_strerror(rc),
+                     r->errbuf[0] ? r->errbuf : "");
+        snprintf(r->err_msg, sizeof(r->err_msg), "%.*s", (int)sizeof(r->err_msg) - 1, why);
+        if (r->op == S3_PROBE)
+            probe_done(e, false, why);
+        else if (r->stalled || is_transport(rc))
+            breaker_fail(e, why, r->stalled || rc == CURLE_OPERATION_TIMEDOUT);
         else
             kvt_debug("%s: %s", e->l2->name, why);
         return;
@@ -579,15 +688,17 @@ static void classify(struct s3_engine *e, struct s3_req *r, CURLcode rc)
      * ListMultipartUploads (or one refusing it) leaves health alone */
     if (r->op == S3_MPU_LIST)
         return;
-    if (r->op == S3_PROBE || r->outcome != S3_SERVER) {
-        breaker_ok(e); /* the server answered */
-    } else {
-        char why[400];
+    char why[400] = "";
+    if (r->outcome == S3_SERVER)
         snprintf(why, sizeof(why), "%s: HTTP %ld %s", op_names[r->op], s, r->err_code);
-        breaker_fail(e, why);
-    }
-    if (r->op == S3_PROBE)
+    if (r->op == S3_PROBE) {
+        probe_done(e, r->outcome != S3_SERVER, why); /* a 5xx is no recovery */
         return;
+    }
+    if (r->outcome == S3_SERVER)
+        breaker_fail(e, why, false);
+    else
+        breaker_ok(e); /* the server answered */
     pthread_mutex_lock(&e->lock);
     bool log = false;
     if (r->outcome == S3_REJECTED) {
@@ -595,6 +706,7 @@ static void classify(struct s3_engine *e, struct s3_req *r, CURLcode rc)
         log = sig != e->rej_logged;
         e->rej_logged = sig;
         e->rejected = true;
+        e->rej_ms = wall_ms();
         e->rej_status = s;
         snprintf(e->rej_code, sizeof(e->rej_code), "%s", r->err_code);
         snprintf(e->rej_msg, sizeof(e->rej_msg), "%s", r->err_msg);
@@ -683,7 +795,7 @@ enum s3_outcome kvt_s3_perform(struct s3_engine *e, struct s3_sync *s, struct s3
     else
         s->h = curl_easy_init();
     r->h = s->h;
-    int rc = r->h ? setup(e, r, &s->sk) : -ENOMEM;
+    int rc = r->h ? setup(e, r, &s->sk, true) : -ENOMEM;
     if (rc) {
         r->outcome = S3_CONN;
         snprintf(r->err_msg, sizeof(r->err_msg), "cannot start the request: %s", kvt_strerror(rc));
@@ -779,8 +891,9 @@ static void *io_main(void *arg)
         }
         uint64_t next_probe = e->brk == BRK_OPEN ? e->next_probe_ns : 0;
         pthread_mutex_unlock(&e->lock);
-        if (probe) { /* HEAD on the bucket: any HTTP answer closes the breaker */
+        if (probe) { /* HEAD on the bucket: an answer below 500 closes the breaker */
             struct s3_req *pr = &e->probe;
+            KVT_ASSERT(pr->h == NULL); /* the last probe finished: not in curl */
             kvt_s3_req_clear(pr);
             memset(pr, 0, sizeof(*pr));
             pr->op = S3_PROBE;
@@ -805,7 +918,7 @@ static void *io_main(void *arg)
             start = r->next;
             r->next = NULL;
             r->h = pool_get(&pool);
-            int rc = r->h ? setup(e, r, &e->sig) : -ENOMEM;
+            int rc = r->h ? setup(e, r, &e->sig, false) : -ENOMEM;
             if (rc == 0 && curl_multi_add_handle(e->multi, r->h) == CURLM_OK)
                 continue;
             r->outcome = S3_CONN;
@@ -814,6 +927,15 @@ static void *io_main(void *arg)
             pthread_mutex_lock(&e->lock);
             e->active--;
             pthread_mutex_unlock(&e->lock);
+            if (r == &e->probe) { /* a probe that never went out failed */
+                if (r->h)
+                    pool_put(&pool, r->h);
+                r->h = NULL;
+                curl_slist_free_all(r->hl);
+                r->hl = NULL;
+                probe_done(e, false, r->err_msg);
+                continue;
+            }
             finish(e, &pool, r);
         }
         int running = 0;
@@ -831,7 +953,8 @@ static void *io_main(void *arg)
             pthread_mutex_lock(&e->lock);
             e->active--;
             pthread_mutex_unlock(&e->lock);
-            if (r == &e->probe) {
+            if (r == &e->probe) { /* classify moved the breaker out of PROBING */
+                KVT_ASSERT(r->h == m->easy_handle);
                 pool_put(&pool, r->h);
                 r->h = NULL;
                 curl_slist_free_all(r->hl);
@@ -841,11 +964,19 @@ static void *io_main(void *arg)
             finish(e, &pool, r);
         }
         kvt_s3_io_tick(e->l2, kvt_now_ns());
-        /* sleep until curl needs us, a submit wakes us, or a probe is due */
+        /* sleep until curl needs us, a submit wakes us, a probe is due, or
+         * (transfers running) it is time to look for stalls again */
         int timeout = 1000;
+        pthread_mutex_lock(&e->lock);
+        bool running_any = e->active > 0;
+        pthread_mutex_unlock(&e->lock);
+        if (running_any)
+            timeout = (int)KVT_MAX(20L, KVT_MIN(1000L, e->request_timeout_ms / 8));
         if (next_probe) {
             uint64_t n2 = kvt_now_ns();
-            timeout = next_probe > n2 ? (int)KVT_MIN((next_probe - n2) / 1000000 + 1, 1000) : 0;
+            timeout = next_probe > n2
+                          ? (int)KVT_MIN((next_probe - n2) / 1000000 + 1, (uint64_t)timeout)
+                          : 0;
         }
         pthread_mutex_lock(&e->lock);
         bool pending =

@@ -21,9 +21,14 @@
 #define S3_HDR KVT_OBJHDR_MIN         /* header bytes in front of every object */
 #define S3_F_LEN_KNOWN 0x80           /* index flags: logical length known */
 #define S3_PATH_MAX 1024
-#define S3_BODY_MAX (8u << 20)         /* largest listing/error body kept */
-#define S3_PROBE_MIN_NS 500000000ull   /* breaker: first probe after 0.5 s */
-#define S3_PROBE_MAX_NS 30000000000ull /* breaker: probes at most 30 s apart */
+#define S3_BODY_MAX (8u << 20) /* largest listing/error body kept */
+/* Defaults of connection_timeout and request_timeout, in seconds (docs/remote-tiers.md,
+ * "Failures"): a request to a hung endpoint fails within 2 s, well inside
+ * a 5 s client timeout, while a transfer that moves is never cut. */
+#define KVT_S3_CONNECT_TIMEOUT_S 2.0
+#define KVT_S3_REQUEST_TIMEOUT_S 2.0
+#define S3_PROBE_MIN_NS 500000000ull  /* breaker: first probe after 0.5 s */
+#define S3_PROBE_MAX_NS 5000000000ull /* breaker: probes at most 5 s apart */
 
 /* S3_MPU_*: the steps of a multipart upload (s3_multipart.c): POST ?uploads,
  * PUT ?partNumber&uploadId per part, POST ?uploadId with the part list,
@@ -100,6 +105,16 @@ struct s3_req {
     char *body;
     size_t blen, bcap;
 
+    /* no progress for request_timeout fails the transfer (xfer_cb): the
+     * clock starts at since_ns (an earlier attempt's start: a retry does
+     * not restart it) or when the transfer starts, and restarts whenever a
+     * byte moves */
+    uint64_t since_ns;   /* set by the submitter of a retry, else 0 */
+    uint64_t t_progress; /* last progress (I/O thread, or the sync caller) */
+    uint64_t moved;      /* bytes up + down at t_progress */
+    uint64_t stall_ns;   /* request_timeout */
+    bool stalled;        /* xfer_cb ended it: no progress for stall_ns */
+
     /* response */
     long status;
     int curl_rc;
@@ -128,6 +143,7 @@ struct s3_creds {
     char source[700]; /* "config", "environment", "file ~/.aws/credentials [default]" */
 };
 
+/* The circuit breaker's states (s3_http.c has the state machine). */
 enum s3_breaker { BRK_CLOSED, BRK_OPEN, BRK_PROBING };
 
 struct list_state; /* s3.c: the start-up listing (I/O thread only) */
@@ -173,17 +189,20 @@ struct s3_engine {
     uint32_t queued;
     bool stop;
     enum s3_breaker brk;
-    int conn_errors; /* consecutive */
+    int conn_errors; /* consecutive, while closed */
     uint64_t brk_opens;
     uint64_t probe_backoff_ns, next_probe_ns, open_since_ns;
-    char conn_err[256]; /* last transport error */
-    bool rejected;      /* last answer was a 4xx refusal (credentials, ...) */
+    char conn_err[256];  /* last transport error or 5xx; "" once S3 answers again */
+    int64_t conn_err_ms; /* its wall-clock time (ms since the epoch) */
+    bool rejected;       /* last answer was a 4xx refusal (credentials, ...) */
     long rej_status;
     char rej_code[64], rej_msg[256];
+    int64_t rej_ms;       /* wall-clock time of the refusal (ms since the epoch) */
     uint64_t rej_logged;  /* hash of the last logged refusal */
     uint32_t active;      /* transfers in curl */
     uint32_t peak_active; /* most transfers in curl at once */
-    struct s3_req probe;  /* the breaker's probe (I/O thread only) */
+    struct s3_req probe;  /* the breaker's probe (I/O thread only): in flight
+                           * exactly while brk is BRK_PROBING */
     /* SigV4 signing key of the I/O thread (it signs every request it
      * runs); region, service and secret are fixed for the engine's life */
     struct s3_sigkey sig;
