@@ -18,7 +18,8 @@ conftest or from another test module.
     redis_servers  redis-server and a Redis Cluster on free ports
     s3_servers     s3rver (s3server/) and versitygw on free ports
     azurite        Azurite (azurite/) on a free port
-    faultload      steady verified load for fault tests of remote tiers
+    faultload      steady verified load for the Redis tier's fault tests
+    faultproxy     a TCP proxy switched at run time between faults
     install        the build tree's install rules (InstalledServer, ...)
     shared_l2      several servers on one L2: the shared workload
     shared_budget  several servers under one shared byte cap: the workload
