@@ -286,7 +286,6 @@ def test_resp_burst_over_the_cap_evicts(make_server, redis):
     """Description: the same synchronous eviction on a Redis tier: a burst of
     3x the cap with LRU is stored (flush reports nothing failed), the cap
     holds."""
-    from test_resp import resp_json
     ev = {"eviction_policy": "LRU", "trigger_watermark": 0.9, "eviction_ratio": 0.1}
     s = make_server(["--l2-store-policy", "skip_l1", "--eviction-interval-ms", "60000",
                      "--l2-adapter", resp_json(redis, max_capacity_gb=MiB / (1 << 30),

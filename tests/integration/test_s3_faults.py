@@ -348,18 +348,18 @@ def test_azure_fault_under_load(make_server, tmp_path, name):
     breaker, probe (Get Container Properties) and deadline behave the same
     behind the proxy, here with that form's default timeouts (2 s: it has no
     timeout keys)."""
-    import test_azure
-    if test_azure.NODE is None:
+    from support import azurite
+    if azurite.NODE is None:
         pytest.skip("node is not installed: no Azurite")
-    test_azure.ensure_modules()
+    azurite.ensure_modules()
     d = tmp_path / "azurite"
     d.mkdir()
-    srv = test_azure.Azurite(d).start()
+    srv = azurite.Azurite(d).start()
     srv.create_container()
     px = FaultProxy(srv.port)
     try:
-        spec = json.loads(test_azure.azure_json(srv, account_key=test_azure.KEY))
-        spec["backend_params"]["account_url"] = "http://127.0.0.1:%d/%s" % (px.port, test_azure.ACCOUNT)
+        spec = json.loads(azurite.azure_json(srv, account_key=azurite.KEY))
+        spec["backend_params"]["account_url"] = "http://127.0.0.1:%d/%s" % (px.port, azurite.ACCOUNT)
         s = make_server(["--l1-size-gb", "0.02", "--l1-init-size-gb", "0.02",
                          "--l2-store-policy", "skip_l1", "--l2-adapter", json.dumps(spec)])
         s.wait_recovered()
