@@ -25,19 +25,21 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests", "vllm"))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+# the test harness (tests/support) and the kvtier module, as pytest.ini's pythonpath
+sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "python")]
 os.environ.setdefault("KVTIER_LIB", os.path.join(ROOT, "build", "libkvtier_client.so"))
 
-import harness  # noqa: E402
 import kvtier  # noqa: E402
+from support.engine import Engine, kvtier_connector_config  # noqa: E402
+from support.model import make_tiny_model  # noqa: E402
+from support.ports import free_port  # noqa: E402
 
 BLOCK = 32
 
 
 class Kvtier:
     def __init__(self, binary, data, chunk, l1_gb, log):
-        self.cmd = [binary, "server", "--port", str(harness.free_port()), "--http-port", "0",
+        self.cmd = [binary, "server", "--port", str(free_port()), "--http-port", "0",
                     "--chunk-size", str(chunk), "--l2-prefetch-policy", "retain", "--l1-size-gb", str(l1_gb), "--data-dir", data,
                     "--log-level", "warn"]
         self.url = "tcp://127.0.0.1:%s" % self.cmd[3]
@@ -133,7 +135,7 @@ def main():
     a = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="vllm-", dir=a.dir)
-    model = harness.make_tiny_model(
+    model = make_tiny_model(
         os.path.join(a.dir, "model-%dx%d" % (a.layers, a.hidden)), layers=a.layers,
         hidden=a.hidden, heads=a.heads, kv_heads=a.heads, vocab=a.vocab,
         intermediate=int(a.hidden * 8 / 3) // 64 * 64, max_pos=a.prompt + 1024)
@@ -154,16 +156,16 @@ def main():
     if a.copy_cpus is not None:
         extra["copy_cpus"] = (a.copy_cpus if a.copy_cpus == "inherit"
                               else [int(x) for x in a.copy_cpus.split(",")])
-    cfg_b = harness.kvtier_connector_config(kvt.url, timeout_ms=30000, **extra)
-    eng_a = harness.Engine(model, None, log=os.path.join(work, "engine-a.log"), **common)
-    eng_b = harness.Engine(model, cfg_b, log=os.path.join(work, "engine-b.log"),
+    cfg_b = kvtier_connector_config(kvt.url, timeout_ms=30000, **extra)
+    eng_a = Engine(model, None, log=os.path.join(work, "engine-a.log"), **common)
+    eng_b = Engine(model, cfg_b, log=os.path.join(work, "engine-b.log"),
                            **dict(common, env={"VLLM_CPU_KVCACHE_SPACE": "3",
                                                "KVTIER_VLLM_STATS": stats_file}))
     eng_d, d_err = None, None
     cfg_d = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
              "kv_connector_extra_config": {"cpu_bytes_to_use": kv_bytes * 4}}
     try:
-        eng_d = harness.Engine(model, cfg_d, log=os.path.join(work, "engine-d.log"), **common)
+        eng_d = Engine(model, cfg_d, log=os.path.join(work, "engine-d.log"), **common)
     except Exception as e:  # noqa: BLE001 - reported, the other rows still run
         d_err = str(e).splitlines()[0]
         with open(os.path.join(work, "engine-d.log"), errors="replace") as f:

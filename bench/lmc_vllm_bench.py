@@ -41,8 +41,12 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests", "vllm"))
-import harness  # noqa: E402
+# the test harness (tests/support) and the kvtier module, as pytest.ini's pythonpath
+sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "python")]
+
+from support.engine import Engine, venv_python  # noqa: E402
+from support.model import make_tiny_model  # noqa: E402
+from support.ports import free_port  # noqa: E402
 
 BLOCK = 32
 HEARTBEAT = 1.0
@@ -213,10 +217,10 @@ class KvtierServer(Server):
     def __init__(self, binary, port, l2, log, chunk, l1_gb):
         super().__init__("kvtier", port, l2, log)
         self.binary, self.chunk, self.l1_gb = binary, chunk, l1_gb
-        self.http = harness.free_port()
+        self.http = free_port()
 
     def cmd(self):
-        return [self.binary, "server", "--port", str(harness.free_port()), "--http-port", str(self.http),
+        return [self.binary, "server", "--port", str(free_port()), "--http-port", str(self.http),
                 "--lmcache-port", str(self.port), "--lmcache-host", "127.0.0.1",
                 "--chunk-size", str(self.chunk), "--l1-size-gb", str(self.l1_gb),
                 "--no-l1-use-lazy", "--l2-adapter", self.l2_json(),
@@ -253,7 +257,7 @@ class LmcacheServer(Server):
 
     def cmd(self):
         return [self.exe, "server", "--host", "127.0.0.1", "--port", str(self.port),
-                "--http-port", str(harness.free_port()), "--l1-size-gb", str(self.l1_gb),
+                "--http-port", str(free_port()), "--l1-size-gb", str(self.l1_gb),
                 "--eviction-policy", "LRU", "--chunk-size", str(self.chunk),
                 "--supported-transfer-mode", "engine_driven", "--shm-name", self.shm,
                 "--no-l1-use-lazy", "--disable-observability", "--disable-metrics",
@@ -342,7 +346,7 @@ def main():
     prompt_len = a.prompt_chunks * a.chunk + 5
     max_len = max(prompt_len, a.workload_blocks * a.chunk + 3) + 64
     max_len = (max_len + BLOCK - 1) // BLOCK * BLOCK
-    model = harness.make_tiny_model(
+    model = make_tiny_model(
         os.path.join(a.dir, "model-lmc-%dx%d" % (a.layers, a.hidden)), layers=a.layers,
         hidden=a.hidden, heads=a.heads, kv_heads=a.heads, vocab=a.vocab, intermediate=inter,
         max_pos=max_len + 1024)
@@ -355,11 +359,11 @@ def main():
              len({tuple(p["tokens"][i:i + a.chunk]) for p in work_prompts
                   for i in range(0, len(p["tokens"]) - a.chunk + 1, a.chunk)})), flush=True)
 
-    lmc_exe = os.path.join(os.path.dirname(harness.venv_python()), "lmcache")
+    lmc_exe = os.path.join(os.path.dirname(venv_python()), "lmcache")
     srv = {
-        "kvtier": KvtierServer(a.bin, harness.free_port(), None, os.path.join(work, "kvtier.log"),
+        "kvtier": KvtierServer(a.bin, free_port(), None, os.path.join(work, "kvtier.log"),
                                a.chunk, a.l1_gb),
-        "lmcache": LmcacheServer(lmc_exe, harness.free_port(), None, os.path.join(work, "lmcache.log"),
+        "lmcache": LmcacheServer(lmc_exe, free_port(), None, os.path.join(work, "lmcache.log"),
                                  a.chunk, a.l1_gb),
     }
     common = dict(block_size=BLOCK, max_model_len=max_len, max_num_seqs=2,
@@ -399,9 +403,9 @@ def main():
             s.start()
         if base is None:
             t0 = time.time()
-            base = harness.Engine(model, None, env=LMC_ENV,
+            base = Engine(model, None, env=LMC_ENV,
                                   log=os.path.join(work, "engine-base.log"), **common)
-            eng = {n: harness.Engine(model, ktc(s.port), env=LMC_ENV,
+            eng = {n: Engine(model, ktc(s.port), env=LMC_ENV,
                                      log=os.path.join(work, "engine-%s.log" % n), **common)
                    for n, s in srv.items()}
             LIVE.extend([base.proc] + [e.proc for e in eng.values()])

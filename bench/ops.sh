@@ -29,7 +29,7 @@ trap cleanup EXIT
 
 now() { date +%s.%N; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-free_port() { /usr/bin/python3 tests/ports.py "$@"; }  # a free port not among the arguments
+free_port() { /usr/bin/python3 tests/support/ports.py "$@"; }  # a free port not among the arguments
 
 # N object files of 4 KiB in two namespaces, plus a few tmp files
 make_files() {

@@ -35,7 +35,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { /usr/bin/python3 tests/ports.py "$@"; }  # a free port not among the arguments
+free_port() { /usr/bin/python3 tests/support/ports.py "$@"; }  # a free port not among the arguments
 median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 now() { date +%s.%N; }
 mbs() { awk -v n="$1" -v s="$SIZE" -v a="$2" -v b="$3" 'BEGIN {printf "%.1f\n", n*s/(b-a)/1e6}'; }
@@ -159,7 +159,7 @@ bench_s3() {
     command -v node >/dev/null && [ -d "$modules/s3rver" ] ||
       { echo "s3: node or $modules missing (run make test-servers), skipped"; return; }
     mkdir -p "$TMP/s3"
-    NODE_PATH=$modules node tests/integration/s3server/server.js --port "$port" --dir "$TMP/s3" \
+    NODE_PATH=$modules node tests/support/s3server/server.js --port "$port" --dir "$TMP/s3" \
       --bucket bench --access-key bench --secret-key bench-secret >"$TMP/s3.out" 2>&1 &
     PIDS+=($!)
     for _ in $(seq 200); do grep -q ready "$TMP/s3.out" 2>/dev/null && break; sleep 0.05; done

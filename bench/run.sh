@@ -20,7 +20,7 @@ mkdir -p "$DIR"
 sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(fs persist l1 remote serde recovery replay)
 
-free_port() { /usr/bin/python3 tests/ports.py "$@"; }  # a free port not among the arguments
+free_port() { /usr/bin/python3 tests/support/ports.py "$@"; }  # a free port not among the arguments
 wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 result() { grep "^RESULT $1 " | awk '{print $3}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }

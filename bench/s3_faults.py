@@ -24,13 +24,17 @@ import tempfile
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+# the test harness (tests/support) and the kvtier module, as pytest.ini's
+# pythonpath; tests/integration for the fault suite's load and checks
+sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "python"),
+                os.path.join(ROOT, "tests", "integration")]
 
-import conftest  # noqa: E402  (the client library, Server)
-import test_azure  # noqa: E402
 import test_s3_faults as tf  # noqa: E402
-from faultproxy import FaultProxy  # noqa: E402
-from test_s3 import s3_json, start_s3  # noqa: E402
+from support import azurite  # noqa: E402
+from support.faultproxy import FaultProxy  # noqa: E402
+from support.paths import BIN  # noqa: E402
+from support.s3_servers import s3_json, start_s3  # noqa: E402
+from support.server import SANITIZER_MARKERS, Server  # noqa: E402
 
 FAULTS = ["hang", "500", "reset", "refuse", "sigstop"]
 
@@ -54,16 +58,16 @@ def start_tier(tier, work):
         spec = json.loads(s3_json(srv, request_timeout=tf.RT, connection_timeout=tf.RT))
         spec["s3_endpoint"] = "127.0.0.1:%d" % px.port
     else:
-        test_azure.ensure_modules()
+        azurite.ensure_modules()
         d = os.path.join(work, "azurite")
         os.mkdir(d)
-        srv = test_azure.Azurite(Tmp(d).d).start()
+        srv = azurite.Azurite(Tmp(d).d).start()
         srv.create_container()
         px = FaultProxy(srv.port)
-        spec = json.loads(test_azure.azure_json(srv, account_key=test_azure.KEY))
+        spec = json.loads(azurite.azure_json(srv, account_key=azurite.KEY))
         spec["backend_params"]["account_url"] = "http://127.0.0.1:%d/%s" % (px.port,
-                                                                         test_azure.ACCOUNT)
-    s = conftest.Server(["--l1-size-gb", "0.02", "--l1-init-size-gb", "0.02",
+                                                                         azurite.ACCOUNT)
+    s = Server(["--l1-size-gb", "0.02", "--l1-init-size-gb", "0.02",
                          "--l2-store-policy", "skip_l1", "--l2-adapter", json.dumps(spec)], work)
     s.start()
     s.wait_recovered()
@@ -89,7 +93,7 @@ def one(tier, fault, fault_s, warm_s):
         crashed = s is not None and s.proc.poll() is not None
         log = s.read_log() if s else ""
         row["crash"] = ("exit %s" % s.proc.returncode) if crashed else (
-            "sanitizer report" if any(x in log for x in conftest.SANITIZER_MARKERS) else "none")
+            "sanitizer report" if any(x in log for x in SANITIZER_MARKERS) else "none")
         if s:
             s.kill()
         if srv and getattr(srv, "proc", None) and srv.proc.poll() is None:
@@ -125,7 +129,7 @@ def main():
     def f(r, k):
         return "%.2f s" % r[k] if k in r else "-"
     print("\nrequest_timeout = connection_timeout = %.0f s, %.0f s of load, then each fault held "
-          "%.0f s, kvtier %s\n" % (tf.RT, a.warm_s, a.fault_s, conftest.BIN))
+          "%.0f s, kvtier %s\n" % (tf.RT, a.warm_s, a.fault_s, BIN))
     print("| tier | fault | time to fail | slowest request | time to recover | openings | "
           "verified hits (L2 loads) | wrong bytes | crashes |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -21,10 +21,14 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the test harness (tests/support) and the kvtier module, as pytest.ini's pythonpath
+sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "python")]
 
-from conftest import Server, keys_for  # noqa: E402
+from support.data import keys_for  # noqa: E402
+from support.redis_servers import REDIS, Redis  # noqa: E402
+from support.s3_servers import VERSITYGW, VersityGw, s3_json  # noqa: E402
+from support.server import Server  # noqa: E402
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -57,17 +61,12 @@ def tiers(root):
     out.append(("directory", None,
                 lambda: {"type": "nixl_store_dynamic", "backend": "POSIX", "shared": True,
                          "backend_params": {"file_path": d, "max_capacity_gb": CAP_GB}}))
-    try:
-        from test_resp import REDIS, Redis
-    except Exception:  # noqa: BLE001
-        REDIS = None
     if REDIS:
         rd = os.path.join(root, "redis")
         os.makedirs(rd)
         r = Redis(rd).start()
         out.append(("redis", r, lambda: {"type": "resp", "host": "127.0.0.1", "port": r.port,
                                          "key_prefix": "cost", "max_capacity_gb": CAP_GB}))
-    from test_s3 import VERSITYGW, VersityGw, s3_json
     if os.access(VERSITYGW, os.X_OK):
         sd = os.path.join(root, "s3")
         os.makedirs(sd)

@@ -15,7 +15,7 @@ PKGS=(
   # about 20 MB: a minute or two with its dependencies)
   dpkg-dev lintian debootstrap systemd prometheus
 )
-# Node.js runs the S3-compatible test server (tests/integration/s3server);
+# Node.js runs the S3-compatible test server (tests/support/s3server);
 # a nodejs already on PATH (e.g. NodeSource's) is used as it is.
 command -v node >/dev/null 2>&1 || PKGS+=(nodejs npm)
 missing=()

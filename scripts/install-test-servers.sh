@@ -10,26 +10,26 @@ B="${BUILD:-build}"
 [[ "$B" = /* ]] || B="$ROOT/$B"
 
 # The S3 test server's npm packages (s3rver, AWS's SigV4 signer), pinned by
-# tests/integration/s3server/package-lock.json, into the ignored build tree.
+# tests/support/s3server/package-lock.json, into the ignored build tree.
 S3DIR="$B/s3server"
 if command -v npm >/dev/null 2>&1 && [ ! -f "$S3DIR/node_modules/s3rver/package.json" ]; then
   echo "kvtier: installing the S3 test server (npm) into $S3DIR" >&2
   mkdir -p "$S3DIR"
-  cp "$ROOT/tests/integration/s3server/package.json" \
-     "$ROOT/tests/integration/s3server/package-lock.json" "$S3DIR/"
+  cp "$ROOT/tests/support/s3server/package.json" \
+     "$ROOT/tests/support/s3server/package-lock.json" "$S3DIR/"
   (cd "$S3DIR" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
     echo "kvtier: npm could not install the S3 test server; the s3 tests will fail" >&2
 fi
 
 # Azurite (Microsoft's Azure Storage emulator, npm), pinned by
-# tests/integration/azurite/package-lock.json, for the AZURE_BLOB tests:
+# tests/support/azurite/package-lock.json, for the AZURE_BLOB tests:
 # about a minute and 360 MB the first time.
 AZDIR="$B/azurite"
 if command -v npm >/dev/null 2>&1 && [ ! -f "$AZDIR/node_modules/azurite/package.json" ]; then
   echo "kvtier: installing Azurite (npm) into $AZDIR" >&2
   mkdir -p "$AZDIR"
-  cp "$ROOT/tests/integration/azurite/package.json" \
-     "$ROOT/tests/integration/azurite/package-lock.json" "$AZDIR/"
+  cp "$ROOT/tests/support/azurite/package.json" \
+     "$ROOT/tests/support/azurite/package-lock.json" "$AZDIR/"
   (cd "$AZDIR" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
     echo "kvtier: npm could not install Azurite; the Azure Blob tests will fail" >&2
 fi

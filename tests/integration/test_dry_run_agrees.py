@@ -15,14 +15,12 @@ import glob
 import json
 import os
 import re
-import signal
 import subprocess
-import tempfile
-import time
 
 import pytest
 
-from conftest import BIN, ROOT, free_port
+from support.paths import BIN, ROOT
+from support.server import real_start
 
 MiB = 1 << 20
 DATA = os.path.join(ROOT, "tests", "data", "seed_l2_adapters.json")
@@ -65,31 +63,6 @@ def dry_run(spec, cwd):
     r = subprocess.run([BIN, "server", "--dry-run", "--l2-adapter", spec], capture_output=True,
                        text=True, timeout=60, cwd=cwd)
     return r.returncode, r.stderr
-
-
-def real_start(spec, cwd):
-    """Start a server; stop it (SIGTERM) once it listens. Returns (started,
-    exit code, log)."""
-    for _ in range(5):
-        cmd = [BIN, "server", "--port", str(free_port()), "--http-port", "0", "--l1-size-gb",
-               "0.1", "--l1-init-size-gb", "0.1", "--l2-adapter", spec]
-        with tempfile.TemporaryFile() as out:  # outside cwd: cwd is compared
-            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
-            deadline = time.time() + 30
-
-            def log():
-                out.seek(0)
-                return out.read().decode(errors="replace")
-            while time.time() < deadline and p.poll() is None and "listening on" not in log():
-                time.sleep(0.05)
-            started = p.poll() is None
-            if started:
-                p.send_signal(signal.SIGTERM)
-            p.wait(timeout=60)
-            text = log()
-        if "Address already in use" not in text:
-            return started, p.returncode, text
-    raise RuntimeError("no free port")
 
 
 def tree(d):

@@ -12,8 +12,9 @@ import time
 import pytest
 
 import kvtier
-from conftest import (FAULTIO, SLOW, Kills, adapter_json, du_bytes, keys_for, l2_status, needs_faultio,
-                      random_payloads, wait_for)
+from support.data import adapter_json, du_bytes, keys_for, random_payloads
+from support.faultio import FAULTIO, needs_faultio
+from support.server import Kills, SLOW, l2_status, wait_for
 
 LONG = os.environ.get("KVT_LONG") == "1"
 
@@ -94,7 +95,7 @@ def check_acknowledged_survive(before, recovered, after, found_before, found_aft
 
 def run_load(server, model, stop, rng, errors, kills):
     """Mixed store / flush / lookup / retrieve until stop; a kill's errors
-    end it (conftest.Kills), any other error is recorded in errors."""
+    end it (support.server.Kills), any other error is recorded in errors."""
     since = kills.done
     c = None
     pending, pending_since = [], None
@@ -378,7 +379,8 @@ def test_trace_replay_no_wrong_bytes(make_server):
     blocks, and the live LRU hit ratio is close to the offline LRU model and
     below Belady's optimum."""
     import json as _json
-    from conftest import mooncake_trace, run_kvtier
+    from support.data import mooncake_trace
+    from support.server import run_kvtier
     trace = mooncake_trace()
     budget = 2000
     block = 4096

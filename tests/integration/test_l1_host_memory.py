@@ -19,7 +19,8 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, run_kvtier
+from support.paths import BIN
+from support.server import run_kvtier
 
 GIB = 2**30
 SANITIZER = bool(os.environ.get("KVTIER_SANITIZER"))  # shadow memory: no RLIMIT_AS

@@ -8,12 +8,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 import kvtier
-from conftest import ROOT, adapter_json, fs_files, keys_for, random_payloads, run_kvtier, wait_for
+from support.data import adapter_json, fs_files, keys_for, random_payloads
+from support.paths import ROOT
+from support.server import run_kvtier, wait_for
 
 MiB = 1 << 20
 
@@ -290,17 +293,6 @@ def test_status_command(server):
     assert r.returncode == 1 and "cannot reach" in r.stderr
 
 
-def test_chunk_hash_vectors_match_docs():
-    h = kvtier.chunk_hashes(list(range(512)), 256)
-    assert h[0].hex() == "1d15876629a5821c35b4cd7de3514b5952e718a9e87f75aa41a781ebadb5abc9"
-    assert h[1].hex() == "71354a739e18d56ecd771e486a3bfecccb25b6022ed5bb60ef2683482aaeeaa6"
-    assert [x.hex() for x in kvtier.chunk_hashes([1, 2, 3, 4, 5], 2)] == [
-        "dd433990c6daf93f596b060bd811a834197e36e952f26b41f0bc6b12b0dd819c",
-        "10b1ad57104e9b1cc3e7f6c5e3b97b1b11bbb4f9e0c813265d8de233640caea6"]
-    k = kvtier.chunk_keys("m", list(range(1000)), chunk_size=256, kv_rank=kvtier.kv_rank(2, 1, 2, 1), salt="t")
-    assert len(k) == 3 and k.kv_rank == 0x02010201 and len(k[:2]) == 2
-
-
 @pytest.mark.parametrize("shm,local", [(True, True), (True, False), (False, True), (False, False)])
 def test_client_survives_server_restart(server, shm, local):
     """A long-lived client keeps working across a server restart: its mapping
@@ -374,7 +366,7 @@ def test_local_socket_oversize_payload_is_an_error(make_server):
     # the client refused that one itself: the server's own check, raw (a
     # frame over the object limit but within the frame limit is answered)
     pytest.importorskip("zmq")
-    from rawproto import RawLocal, keys_body, local_name
+    from support.rawproto import RawLocal, keys_body, local_name
     loc = RawLocal(local_name(s))
     try:
         r = loc.call([b"big", b"store", keys_body(keys[:1]), bytes(2 << 20)])
@@ -432,10 +424,47 @@ def test_same_host_socket_and_fallback(server, local):
 def test_hugepages_refused_cleanly_when_none_are_reserved(tmp_path):
     """--l1-use-hugepages without reserved huge pages: a clear error at
     start-up, never a SIGBUS later."""
-    from conftest import BIN
+    from support.paths import BIN
     with open("/proc/sys/vm/nr_hugepages") as f:
         if int(f.read()) > 0:
             pytest.skip("huge pages are reserved on this machine")
     r = subprocess.run([BIN, "server", "--l1-use-hugepages", "--no-l2", "--port", "1",
                         "--http-port", "0"], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "vm.nr_hugepages" in r.stderr
+
+
+def test_prefetch_max_in_flight(make_server, tmp_path):
+    """--l2-prefetch-max-in-flight N: at most N prefetch requests run at once,
+    the others wait in a FIFO; all of them are answered, byte-exact."""
+    d = tmp_path / "pf"
+    s = make_server(["--l2-store-policy", "skip_l1", "--l2-prefetch-max-in-flight", "1",
+                     "--l2-adapter", adapter_json(type="mock", max_size_gb=1, mock_bandwidth_gb=0.02)])
+    keys = [keys_for("pf", 4, seed=i) for i in range(6)]
+    pays = [random_payloads(4, MiB, seed=i) for i in range(6)]
+    with s.client() as c:
+        for k, p in zip(keys, pays):
+            assert c.store(k, p) == 4
+        c.flush()
+    errors, got = [], {}
+
+    def reader(i):
+        try:
+            with s.client() as c:
+                got[i] = c.retrieve(keys[i])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=reader, args=(i,)) for i in range(6)]
+    for t in ts:
+        t.start()
+    peak = 0
+    while any(t.is_alive() for t in ts):
+        with s.client() as c:
+            pf = c.status()["prefetch"]
+        peak = max(peak, pf["in_flight"])
+        time.sleep(0.005)
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    assert all(got[i] == pays[i] for i in range(6))
+    assert peak == 1, peak

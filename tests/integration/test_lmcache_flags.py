@@ -8,7 +8,8 @@ import os
 import subprocess
 import urllib.request
 
-from conftest import BIN, free_port
+from support.paths import BIN
+from support.ports import free_port
 
 
 def run(args, timeout=30):

@@ -12,7 +12,8 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, keys_for, random_payloads
+from support.data import keys_for, random_payloads
+from support.paths import ROOT
 
 DASHBOARD = os.path.join(ROOT, "dashboards", "grafana-kvtier.json")
 needs_promtool = pytest.mark.skipif(
@@ -38,7 +39,7 @@ def metrics_text(tmp_path_factory):
     """A server's /metrics after stores, lookups and retrieves over ZeroMQ,
     and after a restart, lookups and loads served from L2 (and stores again:
     the counters start at 0 with the process)."""
-    from conftest import Server
+    from support.server import Server
     tmp = tmp_path_factory.mktemp("metrics")
     s = Server([], tmp, data_dir=str(tmp / "data"))
     s.start()

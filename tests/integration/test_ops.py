@@ -6,14 +6,19 @@ offline), quotas, and the value eviction policy in a live server."""
 
 import json
 import os
+import re
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
 
 import kvtier
-from conftest import BIN, du_bytes, keys_for, random_payloads, run_kvtier, wait_for
+from support.data import adapter_json, du_bytes, fill, keys_for, random_payloads, snapshot
+from support.faultio import FAULTIO, needs_faultio
+from support.paths import BIN
+from support.server import run_kvtier, wait_for
 
 HDR = 512  # nixl_store_dynamic object header (buffered I/O)
 GiB = 1 << 30
@@ -410,6 +415,39 @@ def test_status_online_fields(make_server, tmp_path):
     assert st3["source"] == "scan" and st3["used_bytes"] == st["used_bytes"]
 
 
+def test_status_url_of_a_server_without_l2(make_server):
+    s = make_server(["--no-l2"])
+    r = run_kvtier("status", "--url", s.url)
+    assert r.returncode == 0, r.stderr
+    assert "cannot scan" not in r.stderr and "L1" in r.stdout, r.stdout + r.stderr
+    r = run_kvtier("status", "--url", s.url, "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["l2"] == [] and "l1" in st
+
+
+def test_bytes_by_cache_salt(make_server, tmp_path):
+    """docs/adapters.md: accounting per namespace and per cache salt, in
+    status and restored after a restart."""
+    d = tmp_path / "salt"
+    s = make_server(["--l2-store-policy", "skip_l1",
+                     "--l2-adapter", adapter_json(type="fs", base_path=str(d))])
+    with s.client() as c:
+        c.store(keys_for("m", 3, salt="alice"), random_payloads(3, 10000, seed=1))
+        c.store(keys_for("m", 2, seed=5, salt="bob"), random_payloads(2, 30000, seed=2))
+        c.store(keys_for("m", 1, seed=7), random_payloads(1, 5000, seed=3))
+        c.flush()
+        a = c.status()["l2"][0]
+    per = a["bytes_by_cache_salt"]
+    assert set(per) == {"alice", "bob", ""}, per
+    assert per["bob"] > per["alice"] > per[""] > 0
+    assert sum(per.values()) == a["used_bytes"]
+    s.kill()
+    s.start()
+    b = s.wait_recovered()["l2"][0]
+    assert b["bytes_by_cache_salt"] == per
+
+
 # ------------------------------------------------------------------ purge
 
 
@@ -628,6 +666,119 @@ def test_purge_progress_bar_on_a_terminal(tmp_path):
     assert r.returncode == 0 and "purging" not in r.stderr and "10 object file(s)" in r.stdout
 
 
+def test_purge_unknown_options_and_names(make_server, tmp_path):
+    root = tmp_path / "kv"
+    s = make_server(start=False)
+    cfg = write_config(tmp_path / "cache.env", root, url=s.url, CACHE_BUDGET_GB=1)
+    s.args = ["--config", cfg]
+    s.start()
+    fill(s, "a", n=3)
+    fill(s, "/models/a", n=5, seed=9)
+    before = snapshot(root)
+    for args, msg in ((["--al", "--yes"], "unknown option '--al'"),
+                      (["--namespace", "--yes"], "--namespace needs a value"),
+                      (["--all", "--bogus", "--yes"], "unknown option '--bogus'"),
+                      (["a", "--tmpp", "--yes"], "unknown option '--tmpp'")):
+        r = run_kvtier("purge", "--config", cfg, *args)
+        assert r.returncode == 2 and msg in r.stderr, (args, r.stdout, r.stderr)
+        assert "purged" not in r.stdout
+    assert snapshot(root) == before
+    r = run_kvtier("purge", "--config", cfg, "nothere", "--yes")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "no namespace 'nothere'" in r.stderr and "--models--a" in r.stderr, r.stderr
+    assert "a, " in r.stderr or ", a" in r.stderr, r.stderr
+    assert snapshot(root) == before
+    # the seed's positional form of a name that begins with '-' still works
+    r = run_kvtier("purge", "--config", cfg, "--models--a", "--yes", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["result"]["removed"] == 5
+    assert len(snapshot(root)) == 3
+
+
+def test_offline_status_and_purge_see_the_default_fs_layout(make_server, tmp_path):
+    """`make run`'s layout (the embedded fs adapter under --data-dir): an
+    offline scan counts its files, purge removes a namespace of it."""
+    d = tmp_path / "kvtier-data"
+    s = make_server(data_dir=str(d))
+    fill(s, "m/x", n=5)
+    fill(s, "y", n=3, seed=8)
+    assert s.stop() == 0
+    r = run_kvtier("status", "--root", str(d), "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["objects"] == 8 and st["used_bytes"] == du_bytes(d), st
+    assert st["per_namespace_objects"] == {"m--x": 5, "y": 3}, st
+    assert st["other_files"] == 0, st  # the lock file is no stranger
+    r = run_kvtier("status", "--root", str(d))
+    assert r.returncode == 0 and "WARNING" not in r.stdout and "no cap" in r.stdout, r.stdout
+    r = run_kvtier("purge", "--root", str(d), "y", "--yes", "--offline")
+    assert r.returncode == 0 and "3 object file(s)" in r.stdout, r.stdout + r.stderr
+    s.start()
+    assert s.wait_recovered()["l2"][0]["objects"] == 5
+
+
+def test_purge_and_status_with_url_use_the_server_of_an_fs_root(make_server, tmp_path):
+    d = tmp_path / "kvtier-data"
+    s = make_server(data_dir=str(d))
+    fill(s, "y", n=3)
+    fill(s, "z", n=2, seed=5)
+    r = run_kvtier("status", "--root", str(d), "--url", s.url, "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["source"] == "server" and st["per_namespace_objects"] == {"y": 3, "z": 2}, st
+    r = run_kvtier("status", "--url", s.url)
+    assert r.returncode == 0 and re.search(r"^\s+y\s+3\s", r.stdout, re.M), r.stdout  # OBJECTS
+    r = run_kvtier("purge", "--root", str(d), "--url", s.url, "y", "--yes", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["via"] == "server" and out["result"]["removed"] == 3, out
+    other = tmp_path / "other"
+    other.mkdir()
+    r = run_kvtier("purge", "--root", str(other), "--url", s.url, "--all", "--yes")
+    assert r.returncode == 2 and "keeps no adapter in" in r.stderr, r.stderr
+    assert "no server answered" not in r.stderr
+
+
+@needs_faultio
+def test_purge_leaves_busy_objects_and_reports_them(make_server, tmp_path):
+    """docs/operations.md: a purge of a busy object (one being loaded: pinned;
+    one being written: in_flight) leaves it in place and reports it; the
+    others go. A later purge takes what is no longer busy. Every read and
+    write of the disk takes 300 ms here (faultio), so both are busy when the
+    purge comes."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    s, cfg = config_server(make_server, tmp_path, root, CACHE_BUDGET_GB=1, start=False,
+                           extra=["--l2-store-policy", "skip_l1", "--eviction-policy", "noop"])
+    s.env = {"LD_PRELOAD": FAULTIO, "KVT_FAULTIO": "dir=%s,delay_ms=300" % root}
+    s.start()
+    keys = keys_for("busy", 4)
+    pay = random_payloads(4, 10000)
+    with s.client() as c:
+        c.store(keys, pay)
+        c.flush()
+    got = []
+    t = threading.Thread(target=lambda: got.append(s.client().retrieve(keys[:1])))
+    t.start()
+    with s.client() as c:
+        wait_for(lambda: c.status()["prefetch"]["in_flight"] >= 1, what="the load to start")
+        c.store(keys_for("busy-new", 1), random_payloads(1, 10000))  # being written
+        r = run_kvtier("purge", "--config", cfg, "--all", "--yes", "--json")
+        assert r.returncode == 0, r.stderr + r.stdout
+        out = json.loads(r.stdout)
+        assert out["via"] == "server"
+        res = out["result"]
+        assert res["pinned"] == 1 and res["in_flight"] == 1 and res["removed"] == 3, out
+        t.join()
+        assert got == [pay[:1]]  # the load of the pinned object completed, intact
+        c.flush()
+    assert len(bin_files(root)) == 2
+    r = run_kvtier("purge", "--config", cfg, "--all", "--yes")
+    assert r.returncode == 0 and "2 object file(s)" in r.stdout, r.stdout + r.stderr
+    assert "left in place" not in r.stdout
+    assert bin_files(root) == []
+
+
 # ----------------------------------------------------------------- quotas
 
 
@@ -688,7 +839,7 @@ def test_quotas_refuse_evict_and_report(make_server, tmp_path):
 def test_value_policy_serves_a_replay(make_server, tmp_path):
     """The value policy in a live server under a tight budget: the trace's
     first requests replay with no wrong bytes, and eviction happens."""
-    from conftest import mooncake_trace
+    from support.data import mooncake_trace
     trace = mooncake_trace()
     block = 4096
     root = tmp_path / "kv"

@@ -14,8 +14,8 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, Server, free_port
-from test_install import ROUND_TRIP_C, InstalledServer, needs_build_tree
+from support.install import ROUND_TRIP_C, InstalledServer, needs_build_tree
+from support.paths import BIN
 
 BUILD = os.path.dirname(os.path.abspath(BIN))
 DEBROOT = os.environ.get("KVT_DEBROOT", os.path.join(BUILD, "debroot"))

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import run_kvtier
+from support.server import run_kvtier
 
 # The examples exactly as the seed documents print them.
 SEED_OK = [

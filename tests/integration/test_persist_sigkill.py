@@ -12,7 +12,8 @@ import time
 import pytest
 
 import kvtier
-from conftest import Kills, adapter_json
+from support.data import adapter_json
+from support.server import Kills
 
 MiB = 1 << 20
 # 20 kills per adapter; 10 in the (much slower) sanitizer reruns, 100 with KVT_LONG=1
@@ -36,8 +37,8 @@ def batch_payloads(tag, bid):
 class Writer(threading.Thread):
     """Stores batches, flushing after every second one; a batch counts as
     acknowledged once a flush() issued after its store returned, with no
-    kill in between (conftest.Kills). An error that no kill explains is kept
-    in .error and fails the round."""
+    kill in between (support.server.Kills). An error that no kill explains
+    is kept in .error and fails the round."""
 
     def __init__(self, server, tag, first_bid, kills):
         super().__init__(daemon=True)

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from conftest import BIN, ROOT
-from test_install import needs_build_tree
+from support.install import needs_build_tree
+from support.paths import BIN, ROOT
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,9 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, adapter_json, keys_for, random_payloads
-from test_dry_run_agrees import real_start
+from support.data import adapter_json, keys_for, random_payloads
+from support.paths import BIN
+from support.server import real_start
 
 MiB = 1 << 20
 SIZE = 64 * MiB

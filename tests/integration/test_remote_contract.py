@@ -9,9 +9,10 @@ import signal
 
 import pytest
 
-from conftest import keys_for, l2_status, random_payloads, wait_for
-from test_resp import REDIS, Redis, resp_json
-from test_s3 import S3Server, s3_json, start_s3
+from support.data import keys_for, random_payloads
+from support.redis_servers import REDIS, Redis, resp_json
+from support.s3_servers import S3Server, s3_json, start_s3
+from support.server import l2_status, wait_for
 
 KiB = 1 << 10
 HDR = 512  # the object header in front of every value / object

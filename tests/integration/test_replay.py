@@ -1,4 +1,4 @@
-"""kvtier replay against a real server (issue 15): the live L1 hits what the
+"""kvtier replay against a real server: the live L1 hits what the
 same policy hits replayed offline, for every policy, on a Mooncake-format
 trace with requests longer than any fixed cap (a request is sent whole, as
 the offline model takes it), and bad input exits 2 with the option or line
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from conftest import run_kvtier
+from support.server import run_kvtier
 
 POLICIES = ["LRU", "ARC", "LFU", "value", "adaptive"]
 BLOCK = 4096  # the L1's alignment: a block is one aligned object
@@ -77,7 +77,7 @@ def test_live_l1_hits_as_the_policy_does_offline(make_server, tmp_path, pct):
         assert live["wrong_blocks"] == 0 and live["errors"] == 0, (pol, live)
         assert live["server_l1_blocks"] == budget
         want = off[pol]["prefix_hit_ratio"]
-        # issue 15: live = offline within 0.2 points for the same policy
+        # live = offline within 0.2 points for the same policy
         assert abs(live["prefix_hit_ratio"] - want) <= 0.002, (pol, pct, live["prefix_hit_ratio"],
                                                                 want)
         assert 0 < want <= off["Belady"]["prefix_hit_ratio"] + 1e-9

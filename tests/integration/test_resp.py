@@ -11,8 +11,9 @@ import os
 import pytest
 
 import kvtier
-from conftest import adapter_json, keys_for, l2_status, random_payloads, run_kvtier, wait_for
-from redis_servers import REDIS, Redis  # noqa: F401  (Redis: imported by other modules)
+from support.data import adapter_json, keys_for, random_payloads
+from support.redis_servers import REDIS, Redis, resp_json
+from support.server import l2_status, run_kvtier, wait_for
 
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
 KiB = 1 << 10
@@ -27,12 +28,6 @@ def redis(tmp_path):
     r = Redis(d).start()
     yield r
     r.kill()
-
-
-def resp_json(redis, **kw):
-    spec = dict(type="resp", host="127.0.0.1", port=redis.port, key_prefix="t")
-    spec.update(kw)
-    return json.dumps(spec)
 
 
 def test_batches_are_pipelined(make_server, redis):
@@ -285,3 +280,22 @@ def test_serde_chain_over_redis(make_server, redis, tmp_path):
         assert c.lookup(keys) == 6
         got = c.retrieve(keys, with_meta=True)
     assert [g[0] for g in got] == pay and got[0][1] == "float16" and got[0][2] == (32000,)
+
+
+def test_resp_burst_over_the_cap_evicts(make_server, redis):
+    """Description: the same synchronous eviction on a Redis tier: a burst of
+    3x the cap with LRU is stored (flush reports nothing failed), the cap
+    holds."""
+    ev = {"eviction_policy": "LRU", "trigger_watermark": 0.9, "eviction_ratio": 0.1}
+    s = make_server(["--l2-store-policy", "skip_l1", "--eviction-interval-ms", "60000",
+                     "--l2-adapter", resp_json(redis, max_capacity_gb=MiB / (1 << 30),
+                                               eviction=ev)])
+    with s.client() as c:
+        for r in range(3):
+            keys = keys_for("rburst", 5, seed=r)
+            assert c.store(keys, random_payloads(5, 200000, seed=r)) == 5
+            res = c.flush()
+            assert res.l2_failed == 0, res
+        st = c.status()["l2"][0]
+        assert st["used_bytes"] <= MiB and st["counters"]["sync_evictions"] > 0, st
+        assert c.lookup(keys_for("rburst", 5, seed=2)) == 5

@@ -13,9 +13,10 @@ import time
 import pytest
 
 import kvtier
-from conftest import keys_for, l2_status, random_payloads, run_kvtier, wait_for
-from redis_servers import CLI, REDIS, cluster_ports, start_cluster
-from test_shared_l2 import EVICT, L1, check_nodes, shared_workload
+from support.data import keys_for, random_payloads
+from support.redis_servers import CLI, REDIS, cluster_ports, start_cluster
+from support.server import l2_status, run_kvtier, wait_for
+from support.shared_l2 import EVICT, L1, check_nodes, shared_workload
 
 pytestmark = pytest.mark.skipif(REDIS is None or CLI is None,
                                 reason="redis-server / redis-cli are not installed")
@@ -198,9 +199,9 @@ def test_three_servers_shared_budget(make_server, cluster):
     """"shared_budget": three servers store, load and delete over one key
     space through the cluster while one is SIGKILLed and restarted: the
     values' bytes (summed on every master by one Lua script each) never go
-    over the one cap they share (test_shared_budget.py has the workload and
-    the directory and single-Redis cases)."""
-    from test_shared_budget import CAP, CAP_GB, EVICT as SB_EVICT, killed_run, redis_value_bytes
+    over the one cap they share (the workload is support/shared_budget.py;
+    test_shared_budget.py has the directory and single-Redis cases)."""
+    from support.shared_budget import CAP, CAP_GB, EVICT as SB_EVICT, killed_run, redis_value_bytes
     spec = cl_json(cluster, "sb", max_capacity_gb=CAP_GB, shared_budget=True, eviction=SB_EVICT)
     masters = cluster.masters()
     measure = lambda: redis_value_bytes(masters, "sb")  # noqa: E731

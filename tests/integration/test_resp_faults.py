@@ -1,9 +1,9 @@
 """Faults of the Redis tier under load: a real redis-server and a real
 3-master + 3-replica Redis Cluster stalled (SIGSTOP), killed (SIGKILL, with
 the cluster's failover) and restarted without persistence, while two client
-threads keep a steady verified load on one kvtier server (faultload.py:
-stores + flushes, lookups + retrieves of every acknowledged batch from
-Redis, every byte checked). Each test asserts no wrong byte, the server
+threads keep a steady verified load on one kvtier server
+(support/faultload.py: stores + flushes, lookups + retrieves of every
+acknowledged batch from Redis, every byte checked). Each test asserts no wrong byte, the server
 alive with no sanitizer report, the time to fail and to recover within the
 bounds docs/remote-tiers.md gives ("Faults: what a client sees, and when"),
 and what /status, /metrics and /healthz say during and after."""
@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from conftest import SANITIZER_MARKERS, SLOW, l2_status, wait_for
-from faultload import Load, slot_of
-from redis_servers import CLI, REDIS, Redis, start_cluster
+from support.faultload import Load, slot_of
+from support.redis_servers import CLI, REDIS, Redis, start_cluster
+from support.server import SANITIZER_MARKERS, SLOW, l2_status, wait_for
 
 pytestmark = pytest.mark.skipif(REDIS is None or CLI is None,
                                 reason="redis-server / redis-cli are not installed")

@@ -1,5 +1,5 @@
 """The s3 tier under faults, with a real S3 server (versitygw) behind the
-tests' own fault proxy (faultproxy.py), under steady verified load: one
+tests' own fault proxy (support/faultproxy.py), under steady verified load: one
 client thread stores fresh keys and flushes (the flush's report says which
 reached S3), another looks up and retrieves keys whose flush said they
 reached S3 and checks every byte. The L2 store policy is skip_l1 and L1 is
@@ -29,9 +29,10 @@ import time
 import pytest
 
 import kvtier
-from conftest import SLOW, keys_for, l2_status, random_payloads, wait_for
-from faultproxy import FaultProxy
-from test_s3 import s3_json, start_s3
+from support.data import keys_for, random_payloads
+from support.faultproxy import FaultProxy
+from support.s3_servers import s3_json, start_s3
+from support.server import SLOW, l2_status, wait_for
 
 KiB = 1 << 10
 RT = 2.0        # request_timeout = connection_timeout (the defaults)
@@ -347,18 +348,18 @@ def test_azure_fault_under_load(make_server, tmp_path, name):
     breaker, probe (Get Container Properties) and deadline behave the same
     behind the proxy, here with that form's default timeouts (2 s: it has no
     timeout keys)."""
-    import test_azure
-    if test_azure.NODE is None:
+    from support import azurite
+    if azurite.NODE is None:
         pytest.skip("node is not installed: no Azurite")
-    test_azure.ensure_modules()
+    azurite.ensure_modules()
     d = tmp_path / "azurite"
     d.mkdir()
-    srv = test_azure.Azurite(d).start()
+    srv = azurite.Azurite(d).start()
     srv.create_container()
     px = FaultProxy(srv.port)
     try:
-        spec = json.loads(test_azure.azure_json(srv, account_key=test_azure.KEY))
-        spec["backend_params"]["account_url"] = "http://127.0.0.1:%d/%s" % (px.port, test_azure.ACCOUNT)
+        spec = json.loads(azurite.azure_json(srv, account_key=azurite.KEY))
+        spec["backend_params"]["account_url"] = "http://127.0.0.1:%d/%s" % (px.port, azurite.ACCOUNT)
         s = make_server(["--l1-size-gb", "0.02", "--l1-init-size-gb", "0.02",
                          "--l2-store-policy", "skip_l1", "--l2-adapter", json.dumps(spec)])
         s.wait_recovered()
@@ -505,7 +506,7 @@ def test_default_timeouts():
     hung endpoint fails well inside a 5 s client timeout (the nixl OBJ and
     AZURE_BLOB forms, which have no such keys, get the same: see
     test_azure_fault_under_load)."""
-    from conftest import run_kvtier
+    from support.server import run_kvtier
     spec = {"type": "s3", "s3_endpoint": "127.0.0.1:9000", "s3_bucket": "kv",
             "s3_region": "us-east-1", "disable_tls": True, "aws_access_key_id": "a",
             "aws_secret_access_key": "b"}

@@ -1,4 +1,4 @@
-"""Authentication and tenant isolation (issue 16, docs/security.md): CURVE on
+"""Authentication and tenant isolation (docs/security.md): CURVE on
 the RPC socket, the authorized-clients file, E_DENIED, the HTTP bearer token,
 the refusal to listen beyond loopback without authentication, and no secret
 in logs, --dry-run or status."""
@@ -19,8 +19,9 @@ import pytest
 import zmq
 
 import kvtier
-from conftest import BIN, free_port
-from rawproto import RawLocal, RawZmq, hello_body, keys_body, mp_pack, mp_unpack
+from support.paths import BIN
+from support.ports import free_port
+from support.rawproto import RawLocal, RawZmq, hello_body, keys_body, mp_pack, mp_unpack
 
 E_DENIED = -1017
 E_TIMEOUT = -1012

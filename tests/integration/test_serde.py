@@ -13,7 +13,9 @@ import struct
 import pytest
 
 import kvtier
-from conftest import du_bytes, free_port, fs_files, keys_for, run_kvtier
+from support.data import du_bytes, fs_files, keys_for
+from support.ports import free_port
+from support.server import run_kvtier
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -13,8 +13,10 @@ import time
 
 import pytest
 
-from conftest import BIN, Server, free_port
-from test_install import needs_build_tree
+from support.install import needs_build_tree
+from support.paths import BIN
+from support.ports import free_port
+from support.server import Server
 
 
 def recv_all(sock, until, timeout):

@@ -10,10 +10,12 @@ import re
 import select
 import subprocess
 
-from conftest import BIN, ROOT, keys_for, random_payloads, run_kvtier
+from support.data import adapter_json, keys_for, random_payloads
+from support.paths import BIN, ROOT
+from support.server import run_kvtier
 
+MiB = 1 << 20
 README_PATH = os.path.join(ROOT, "README.md")
-
 
 
 def test_start_lines_name_sizes_and_adapter_paths(make_server, tmp_path):
@@ -92,3 +94,11 @@ def test_readme_lists_every_refused_seed_example(tmp_path):
     listed = m.group(1)
     for what in ("without cuFile", "AZURE_BLOB's placeholders", "OBJ without a bucket"):
         assert what in listed, listed
+
+
+def test_nixl_store_says_what_it_preallocates(make_server, tmp_path):
+    s = make_server(["--l2-adapter", adapter_json(
+        type="nixl_store", backend="POSIX", pool_size=3,
+        backend_params={"file_path": str(tmp_path / "ns"), "file_size": 2 * MiB})])
+    log = s.read_log()
+    assert "preallocating 0.01 GiB" in log and "pool_size 3 x file_size 2.00 MiB" in log, log

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-import harness
-import kvtier
-from conftest import BLOCK, CHUNK, MAX_TOKENS, prompt, stored_keys, tokens, wait_for
+from support.engine import Engine, kvtier_connector_config
+from support.prompts import BLOCK, CHUNK, MAX_TOKENS, keys_of, prompt, stored_keys, tokens
+from support.server import wait_for
 
 P_LONG = prompt("long", tokens(300, 1))                     # 4 full chunks + 44
 P_SHARED_A = prompt("shared_a", tokens(192, 2) + tokens(100, 3))   # 3 shared chunks
@@ -38,12 +38,6 @@ def expected_hit_tokens(toks, chunks):
     return min(chunks * CHUNK, (len(toks) - 1) // BLOCK * BLOCK)
 
 
-def keys_of(model, toks, salt=""):
-    """The connector's keys: kv_rank of tensor-parallel rank 0 of 1."""
-    return kvtier.chunk_keys(model, toks, chunk_size=CHUNK, salt=salt,
-                             kv_rank=kvtier.kv_rank(1, 0, 1, 0))
-
-
 def wait_stored(server, model, toks, salt="", n=None, timeout=60):
     """Stores run after the forward pass, in the background: wait for them."""
     keys = keys_of(model, toks, salt)
@@ -58,19 +52,19 @@ def ext_hits(m):
 
 @pytest.fixture(scope="module")
 def cfg(kvt_server):
-    return harness.kvtier_connector_config(kvt_server.url, retry_s=1, timeout_ms=3000)
+    return kvtier_connector_config(kvt_server.url, retry_s=1, timeout_ms=3000)
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model, kvt_server, cfg, baseline, tmp_path_factory):
     """The second engine instance; the first one runs inside this fixture."""
     logs = tmp_path_factory.mktemp("logs")
-    with harness.Engine(tiny_model, cfg, log=str(logs / "engine-1.log")) as first:
+    with Engine(tiny_model, cfg, log=str(logs / "engine-1.log")) as first:
         r = first.generate([{"tokens": P_LONG}], max_tokens=MAX_TOKENS)
         assert r["outputs"][0]["tokens"] == baseline["long"]
         assert r["outputs"][0]["num_cached_tokens"] == 0
         wait_stored(kvt_server, tiny_model, P_LONG)
-    eng = harness.Engine(tiny_model, cfg, log=str(logs / "engine-2.log"))
+    eng = Engine(tiny_model, cfg, log=str(logs / "engine-2.log"))
     yield eng
     eng.close()
 

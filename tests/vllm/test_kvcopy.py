@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kvtier
-from conftest import Server
+from support.server import Server
 from kvtier.kvcopy import LayoutError, PagedLayout
 
 NB, BS = 64, 16

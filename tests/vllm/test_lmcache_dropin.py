@@ -10,18 +10,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-import harness  # noqa: E402
+from support.engine import Engine, venv_python
+from support.model import make_tiny_model
+from support.paths import BIN, ROOT
+from support.ports import free_port
 
-BIN = os.environ.get("KVTIER_BIN", os.path.join(ROOT, "build", "kvtier"))
 PROBE = os.path.join(ROOT, "tests", "lmcache", "lmc_probe.py")
 CHUNK = 32
 BLOCK = 32
@@ -33,9 +31,9 @@ class Kvtier:
         self.data_dir = str(data_dir)
         self.extra = list(extra)
         self.lmc_host = lmc_host
-        self.port = harness.free_port()
-        self.lmc_port = harness.free_port()
-        self.http_port = harness.free_port()
+        self.port = free_port()
+        self.lmc_port = free_port()
+        self.http_port = free_port()
         self.proc = None
         self.log = os.path.join(self.workdir, "kvtier-%d.log" % self.lmc_port)
 
@@ -133,7 +131,7 @@ def lmc_auth(tmp_path):
 
 
 def probe(url, *args, timeout=180):
-    out = subprocess.run([harness.venv_python(), PROBE, url, *args], capture_output=True,
+    out = subprocess.run([venv_python(), PROBE, url, *args], capture_output=True,
                          text=True, timeout=timeout)
     for line in out.stdout.splitlines():
         if line.startswith("PROBE "):
@@ -203,7 +201,7 @@ def _client_call(url, code):
            "except Exception as e:\n"
            "    print('RES ' + json.dumps({'err': '%%s: %%s' %% (type(e).__name__, e)}))\n"
            "c.close()\n") % (url, code)
-    out = subprocess.run([harness.venv_python(), "-c", src], capture_output=True, text=True,
+    out = subprocess.run([venv_python(), "-c", src], capture_output=True, text=True,
                          timeout=120)
     for line in out.stdout.splitlines():
         if line.startswith("RES "):
@@ -285,7 +283,7 @@ for c in cases:
         out[-1].append(repr(msgspec.msgpack.decode(r[2])))
 print("RAW " + json.dumps(out))
 '''
-    out = subprocess.run([harness.venv_python(), "-c", src, s.url()], capture_output=True,
+    out = subprocess.run([venv_python(), "-c", src, s.url()], capture_output=True,
                          text=True, timeout=120)
     line = [l for l in out.stdout.splitlines() if l.startswith("RAW ")]
     assert line, out.stderr[-3000:]
@@ -323,7 +321,7 @@ LMC_ENV = {"LMCACHE_MP_TRANSFER_MODE": "engine_driven", "LMCACHE_DISABLE_BANNER"
 
 
 def _engine(model, log, port=None, heartbeat=10.0, host="tcp://127.0.0.1"):
-    return harness.Engine(model, _ktc(port, host, heartbeat=heartbeat) if port else None,
+    return Engine(model, _ktc(port, host, heartbeat=heartbeat) if port else None,
                           block_size=BLOCK, max_model_len=1024, env=LMC_ENV, log=log)
 
 
@@ -335,7 +333,7 @@ def _each(eng, prompts):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return harness.make_tiny_model(str(tmp_path_factory.mktemp("model") / "tiny"))
+    return make_tiny_model(str(tmp_path_factory.mktemp("model") / "tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -414,10 +412,10 @@ def test_vllm_kvtier_restart_and_kill_under_a_running_engine(kvt, lmc_auth, mode
 
 
 def _lmcache_server(tmp_path, port, name):
-    exe = os.path.join(os.path.dirname(harness.venv_python()), "lmcache")
+    exe = os.path.join(os.path.dirname(venv_python()), "lmcache")
     log = str(tmp_path / "lmcache-server.log")
     cmd = [exe, "server", "--host", "127.0.0.1", "--port", str(port), "--http-port",
-           str(harness.free_port()), "--l1-size-gb", "0.25", "--eviction-policy", "LRU",
+           str(free_port()), "--l1-size-gb", "0.25", "--eviction-policy", "LRU",
            "--chunk-size", str(CHUNK), "--supported-transfer-mode", "engine_driven",
            "--shm-name", name, "--no-l1-use-lazy", "--disable-observability",
            "--disable-metrics"]
@@ -441,7 +439,7 @@ def test_vllm_same_run_against_lmcache_server(model, baseline, tmp_path):
     above exercises LMCache's protocol, not kvtier's conventions."""
     prompts, want = baseline
     full = [len(p["tokens"]) // CHUNK for p in prompts]
-    port = harness.free_port()
+    port = free_port()
     p = _lmcache_server(tmp_path, port, "kvt_test_%d" % port)
     try:
         log = str(tmp_path / "vllm-lmc.log")

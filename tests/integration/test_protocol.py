@@ -1,6 +1,8 @@
-"""Regression tests of issue 18, items 9-14 and 23: request order per
-connection, delete and leases, leases bound to their connection, body limits,
-same answers on the same-host socket as over ZeroMQ, request validation.
+"""The wire protocol as the server handles it: request order per
+connection, delete and leases, leases bound to their connection, body and
+frame limits, the same answers on the same-host socket as over ZeroMQ,
+request validation, and an error reply (never silence) to a malformed or
+oversize request.
 
 Every request here is sent raw (a pyzmq DEALER, or a raw AF_UNIX socket with
 the same-host framing of docs/protocol.md), so what is tested is the server's
@@ -12,11 +14,11 @@ import struct
 
 import pytest
 
-from conftest import keys_for
+from support.data import keys_for
 
 zmq = pytest.importorskip("zmq")
-from rawproto import (RawLocal, RawZmq, hello_body, keys_body, local_name,  # noqa: E402
-                      mp_pack, raw_keys)
+from support.rawproto import (RawLocal, RawZmq, hello_body, keys_body, local_name,  # noqa: E402
+                              mp_pack, raw_keys)
 
 E_BADREQ, E_BADOP, E_PROTO, E_TOOBIG = -1002, -1003, -1004, -1005
 E_EXPIRED = -1009
@@ -39,7 +41,7 @@ def l1_read_leases(server):
         return c.status()["l1"]["read_leases"]
 
 
-# ------------------------------------------------------------ 9: order
+# ------------------------------------------------------------------ order
 
 
 def test_pipelined_requests_take_effect_in_order(raw):
@@ -73,7 +75,7 @@ def test_order_holds_across_slow_and_fast_operations(server):
         z.close()
 
 
-# ------------------------------------------------------------ 10, 11: leases
+# ----------------------------------------------------------------- leases
 
 
 def stored(server, name, n=2, size=1000):
@@ -289,7 +291,7 @@ def test_lease_ids_are_not_guessable(server):
         z.close()
 
 
-# ------------------------------------------------------------ 12, 13, 23: limits
+# ----------------------------------------------------------------- limits
 
 
 def test_max_batch_gets_a_reply_with_a_small_object_limit(make_server):
@@ -352,7 +354,7 @@ def test_oversize_payload_reaches_the_servers_check(make_server):
             c.close()
 
 
-# ------------------------------------------------------------ 14: validation
+# ------------------------------------------------------------- validation
 
 
 def test_request_validation(raw):
@@ -394,3 +396,64 @@ def test_request_validation(raw):
     r = call([b"u2", "nö_op".encode(), b"\x80"])
     assert r.status == E_BADOP and "nö_op" in r.body["message"], r
     assert call([b"ok", b"ping", b"\x80"]).status == 0
+
+
+def test_bad_requests_get_error_replies(server):
+    zmq = pytest.importorskip("zmq")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.connect(server.url)
+
+    def call(frames):
+        sock.send_multipart(frames)
+        rep = sock.recv_multipart()
+        st = int.from_bytes(rep[1], "little", signed=True)
+        return rep[0], st, rep[2]
+
+    rid, st, body = call([b"r1", b"no_such_op", b"\x80"])
+    assert rid == b"r1" and st != 0 and b"E_BADOP" in body
+    rid, st, body = call([b"r2", b"lookup", b"\x81\xa4ke"])  # truncated msgpack
+    assert rid == b"r2" and st != 0 and b"E_BADREQ" in body
+    rid, st, body = call([b"r3", b"lookup", b"\x93\x01\x02\x03"])  # not a map
+    assert st != 0 and b"map" in body
+
+    def keys_body(model):
+        import struct
+        m = model.encode()
+        # {"keys": {"model": m, "hashes": [bin32]}}
+        return (b"\x81\xa4keys\x82\xa5model" + bytes([0xd9, len(m)]) + m +
+                b"\xa6hashes\x91\xc4\x20" + b"\x01" * 32)
+
+    rid, st, body = call([b"r4", b"lookup", keys_body("/models/../../etc")])
+    assert st != 0 and b"E_BADKEY" in body
+    rid, st, body = call([b"r5", b"lookup", keys_body("a@b")])
+    assert st != 0 and b"E_BADKEY" in body
+    rid, st, body = call([b"r6", b"store", keys_body("fine")])  # 1 key, 0 frames
+    assert st != 0 and b"data frames" in body
+    rid, st, body = call([b"r7"])  # no op frame
+    assert st != 0
+    rid, st, body = call([b"r8", b"lookup", keys_body("fine")])
+    assert st == 0
+    sock.close(0)
+    ctx.term()
+    with server.client() as c:  # still serving
+        c.ping()
+        st = c.status()
+        assert st["rpc"]["bad_requests"] >= 6
+
+
+def test_oversize_payload_is_refused(make_server):
+    """The server's own E_TOOBIG: the C client refuses an oversize payload
+    before sending it, so the request goes raw over a DEALER."""
+    s = make_server(["--max-object-mb", "1"])
+    z = RawZmq(s.url)
+    try:
+        r = z.call([b"big", b"store", keys_body(keys_for("big", 1)), b"x" * (2 * MiB)])
+        assert r.rid == b"big" and r.status == -1005 and r.body["error"] == "E_TOOBIG", r
+        assert z.call([b"p", b"ping", b"\x80"]).status == 0
+    finally:
+        z.close()
+    with s.client(shm=False) as c:
+        c.ping()
+        assert c.status()["rpc"]["bad_requests"] >= 1

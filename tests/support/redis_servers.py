@@ -1,10 +1,10 @@
 """Redis processes for the integration tests and benchmarks: one
 redis-server on a free loopback port (Redis), and a Redis Cluster of
 cluster-enabled servers (Node, Cluster: 3 masters + 3 replicas by
-default) with the cluster created by redis-cli. Used by test_resp.py,
-test_resp_cluster.py, test_resp_faults.py and the modules that share a
-Redis with them."""
+default) with the cluster created by redis-cli; resp_json(), the resp
+adapter's spec for one of them."""
 
+import json
 import os
 import random
 import shutil
@@ -13,10 +13,18 @@ import socket
 import subprocess
 import time
 
-from conftest import free_port, start_on_free_port, wait_for
+from support.ports import free_port
+from support.server import start_on_free_port, wait_for
 
 REDIS = shutil.which("redis-server")
 CLI = shutil.which("redis-cli")
+
+
+def resp_json(redis, **kw):
+    """The resp adapter's --l2-adapter JSON for a Redis server (prefix "t")."""
+    spec = dict(type="resp", host="127.0.0.1", port=redis.port, key_prefix="t")
+    spec.update(kw)
+    return json.dumps(spec)
 
 
 class Redis:

@@ -1,6 +1,9 @@
-"""Regressions of issue 18, items 18 and 21: the Python client's first contact
-(no server, a URL without a scheme, a listener that never answers), the
-operator commands' (status) view of the same, and retrieve()/store() copies.
+"""The Python client against the real server: its first contact (no
+server, a URL without a scheme, a listener that never answers) and the
+operator commands' (status) view of the same; both data paths (shared
+memory and inline), --bind ipc:// and --no-shm; what retrieve() and
+store() copy; a client outliving a server restart; the chunk hashes of
+docs/protocol.md.
 
 Copies are counted with tracemalloc, which sees every Python-owned buffer:
 retrieve() must copy each object once into a buffer it reuses once the
@@ -10,7 +13,6 @@ in Python at all (the library copies it once, into the pool).
 
 import errno
 import gc
-import os
 import socket
 import time
 import tracemalloc
@@ -18,7 +20,9 @@ import tracemalloc
 import pytest
 
 import kvtier
-from conftest import free_port, keys_for, random_payloads, run_kvtier
+from support.data import keys_for, random_payloads
+from support.ports import free_port
+from support.server import run_kvtier
 
 MiB = 1 << 20
 
@@ -210,3 +214,58 @@ def test_client_survives_server_restart(server, shm):
         assert held == pay
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_store_retrieve_paths(server, shm):
+    keys = keys_for("paths", 8)
+    pay = random_payloads(8, 300000, seed=2)
+    with server.client(shm=shm) as c:
+        assert c.shm_active == shm
+        assert c.store(keys, pay, dtype="float16", shape=[2, 75000]) == 8
+        got = c.retrieve(keys, with_meta=True)
+        assert [g[0] for g in got] == pay
+        assert got[0][1] == "float16" and got[0][2] == (2, 75000)
+        # the prefix only: a key never stored ends it
+        other = keys_for("paths", 9)
+        assert c.lookup(other) == 8
+
+
+def test_bind_ipc(make_server, tmp_path):
+    """docs/protocol.md: --bind ipc:///path works too."""
+    path = tmp_path / "kvtier.ipc"
+    s = make_server(["--bind", "ipc://%s" % path, "--no-l2"], start=False)
+    s.url = "ipc://%s" % path
+    s.start()
+    keys = keys_for("ipc", 3)
+    pay = random_payloads(3, 50000)
+    with s.client(local=False) as c:
+        assert c.store(keys, pay) == 3
+        assert c.retrieve(keys) == pay
+    assert path.exists()
+
+
+def test_no_shm(make_server):
+    """docs/protocol.md: with --no-shm the hello reply offers no pool: the
+    client moves payloads inline and zero-copy views are refused."""
+    s = make_server(["--no-shm", "--no-l2"])
+    keys = keys_for("noshm", 3)
+    pay = random_payloads(3, 50000)
+    with s.client() as c:
+        assert not c.shm_active
+        assert c.store(keys, pay) == 3
+        assert c.retrieve(keys) == pay
+        with pytest.raises(kvtier.KvtierError) as e:
+            c.retrieve_view(keys)
+        assert e.value.name == "E_UNSUPPORTED"
+
+
+def test_chunk_hash_vectors_match_docs():
+    h = kvtier.chunk_hashes(list(range(512)), 256)
+    assert h[0].hex() == "1d15876629a5821c35b4cd7de3514b5952e718a9e87f75aa41a781ebadb5abc9"
+    assert h[1].hex() == "71354a739e18d56ecd771e486a3bfecccb25b6022ed5bb60ef2683482aaeeaa6"
+    assert [x.hex() for x in kvtier.chunk_hashes([1, 2, 3, 4, 5], 2)] == [
+        "dd433990c6daf93f596b060bd811a834197e36e952f26b41f0bc6b12b0dd819c",
+        "10b1ad57104e9b1cc3e7f6c5e3b97b1b11bbb4f9e0c813265d8de233640caea6"]
+    k = kvtier.chunk_keys("m", list(range(1000)), chunk_size=256, kv_rank=kvtier.kv_rank(2, 1, 2, 1), salt="t")
+    assert len(k) == 3 and k.kv_rank == 0x02010201 and len(k[:2]) == 2

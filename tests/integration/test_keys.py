@@ -1,11 +1,12 @@
-"""Issue 18, items 1 and 12: object names are an injective encoding of the
-key, in every adapter, across restarts and in the offline scan and purge;
-key limits are bytes, reported by hello, and the error names the limit hit.
+"""Object keys: names are an injective encoding of the key, in every
+adapter, across restarts and in the offline scan and purge; key limits are
+bytes, reported by hello, and the error names the limit hit.
 
-Before the fix `/` in a model became `-SEP-` (fs, s3, Redis, raw_block and
-dax headers compared that way) or `--` (nixl_store_dynamic, namespaces), so
-`org/model` and `org-SEP-model` (or `x/y` and `x--y`) were one object:
-stored under one, served for the other."""
+A `/` in a model written as `-SEP-` (fs, s3, Redis, raw_block and dax
+headers compared names that way) or `--` (nixl_store_dynamic, namespaces)
+would make `org/model` and `org-SEP-model` (or `x/y` and `x--y`) one
+object: stored under one, served for the other. Files written under those
+earlier names (tests/data/legacy_names) are still recovered."""
 
 import ctypes
 import ctypes.util
@@ -13,21 +14,19 @@ import json
 import os
 import shutil
 import signal
-import socket
 import struct
-import subprocess
-import time
 
 import pytest
 
 import kvtier
-from conftest import adapter_json, free_port, keys_for, random_payloads, run_kvtier, wait_for
-
-REDIS = shutil.which("redis-server")
+from support.data import adapter_json, keys_for, random_payloads
+from support.redis_servers import REDIS, Redis
+from support.s3_servers import NODE, S3Server, s3_json
+from support.server import run_kvtier
 
 
 def legacy_fs_name(model, kv_rank, group, hsh, salt=""):
-    """The name LMCache's fs adapter (and kvtier before the fix) gives."""
+    """The name LMCache's fs adapter gives (kvtier's earlier fs name too)."""
     return "%s@0x%08x@%x@%s%s.data" % (model.replace("/", "-SEP-"), kv_rank, group, hsh.hex(),
                                         "@" + salt if salt else "")
 
@@ -40,52 +39,6 @@ def files(d, suffix):
 
 
 # ------------------------------------------------------------ remote tiers
-
-
-class Redis:
-    """A throw-away redis-server on a free port (tiny RESP client for KEYS)."""
-
-    def __init__(self, workdir):
-        self.dir = str(workdir)
-        self.proc = None
-
-    def start(self):
-        for _ in range(5):
-            self.port = free_port()
-            self.proc = subprocess.Popen(
-                [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
-                 "--save", "", "--appendonly", "no", "--protected-mode", "no",
-                 "--loglevel", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.time() + 10
-            while time.time() < deadline and self.proc.poll() is None:
-                try:
-                    if self.cmd("PING") == [b"PONG"]:
-                        return self
-                except OSError:
-                    time.sleep(0.02)
-            self.kill()
-        raise RuntimeError("redis-server did not start")
-
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-    def cmd(self, *args):
-        msg = b"*%d\r\n" % len(args) + b"".join(
-            b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args)
-        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as s:
-            s.sendall(msg)
-            f = s.makefile("rb")
-            line = f.readline()
-            if line.startswith(b"+"):
-                return [line[1:-2]]
-            assert line.startswith(b"*"), line
-            out = []
-            for _ in range(int(line[1:-2])):
-                n = int(f.readline()[1:-2])
-                out.append(f.read(n + 2)[:-2])
-            return out
 
 
 @pytest.fixture
@@ -103,10 +56,6 @@ def remote(tmp_path):
             started.append(r)
             return json.dumps({"type": "resp", "host": "127.0.0.1", "port": r.port,
                                "key_prefix": "t"}), r
-        try:
-            from test_s3 import NODE, S3Server, s3_json
-        except ImportError as e:
-            pytest.skip("no S3 test server helper: %s" % e)
         if NODE is None:
             pytest.skip("node is not installed: no S3-compatible test server")
         d = tmp_path / "s3data"

@@ -4,10 +4,11 @@ free_port() cannot reserve a port (the server binds it later), but it never
 hands out one of the last 256 it gave this process: the kernel can return
 the same ephemeral port to two binds in a row once the first socket is
 closed, and a server given one port for --port and --http-port fails to
-start (seen in CI). Imported as one module ("ports") by the integration
-conftest, the vLLM harness and the benchmarks, so they share the record.
+start (seen in CI). Imported as one module (support.ports) by the
+integration tests, the vLLM tests and the benchmarks, so that a process
+keeps one record.
 
-    python3 tests/ports.py [PORT...]   prints a free port not among PORTs
+    python3 tests/support/ports.py [PORT...]   prints a free port not among PORTs
 """
 
 import collections
