@@ -528,6 +528,10 @@ def test_delete_removes_objects(make_server, s3):
     pay = random_payloads(40, 10 * KiB, seed=12)
     s.wait_recovered()  # the start-up listing done: it cannot overlap a PUT
     with s.client() as c:
+        # nor can the stale-upload sweep that follows the listing (one
+        # ListMultipartUploads; s3rver answers 501)
+        wait_for(lambda: (lambda a: a["requests"]["mpu_list"] >= 1 and a["active_transfers"] == 0)(
+            c.status()["l2"][0]), what="the start-up sweep of stale uploads")
         for i in range(40):  # one PUT at a time
             assert c.store(keys[i:i + 1], pay[i:i + 1]) == 1
             c.flush()
