@@ -25,11 +25,10 @@ import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the test harness (tests/support) and the kvtier module, as pytest.ini's
-# pythonpath; tests/integration for the fault suite's load and checks
-sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "python"),
-                os.path.join(ROOT, "tests", "integration")]
+# pythonpath
+sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "python")]
 
-import test_s3_faults as tf  # noqa: E402
+import support.s3_faults as tf  # noqa: E402
 from support import azurite  # noqa: E402
 from support.faultproxy import FaultProxy  # noqa: E402
 from support.paths import BIN  # noqa: E402
