@@ -33,8 +33,13 @@ RULES = {
     "evict": ["common", "key", "io", "policy", "l1", "l2-contract"],
     "ctrl": ["common", "key", "io", "policy", "l1", "l2-contract"],
     "ops": ["common", "key", "policy", "proto", "l2-contract", "l2-kit-leaf"],
+    # src/front/<protocol>: one folder per protocol
+    "front": ["common", "key", "io", "policy", "serde", "l1", "proto", "l2-contract",
+              "l2-kit-leaf", "evict", "ctrl", "ops", "server"],
     "server": ["common", "key", "io", "policy", "serde", "l1", "proto", "l2-contract",
-               "l2-kit-leaf", "evict", "ctrl", "ops"],
+               "l2-kit-leaf", "evict", "ctrl", "ops", "front"],
+    # the kvtier binary's subcommands: a server only through the protocol
+    "cli": ["common", "key", "policy", "proto", "l2-contract", "l2-kit-leaf", "ops"],
     "client": ["common", "key", "proto"],
 }
 # kit headers that are leaves (libc, jansson): usable above L2 too

@@ -1,6 +1,6 @@
 /*
  * LMCache multi-process (MP) wire protocol, pinned to lmcache 0.5.6: the
- * decoder used by the LMCache front end (src/server/lmc.c). No I/O here, so
+ * decoder used by the LMCache front end (src/front/lmcache/). No I/O here, so
  * the libFuzzer target (fuzz/fuzz_lmcache.c) runs it on arbitrary bytes.
  *
  * Request, as the client's DEALER sends it (the ROUTER prepends the peer id):

@@ -50,7 +50,7 @@ struct kvt_server_cfg {
     char http_host[128];
     int http_port; /* 0 = off */
 
-    /* LMCache multi-process protocol front end (src/server/lmc.c) */
+    /* LMCache multi-process protocol front end (src/front/lmcache/) */
     int lmc_port;           /* 0 = off */
     char lmc_host[128];     /* a host, or ipc://PATH (the endpoint is then ipc://PATH:PORT) */
     char lmc_client[64];    /* --lmcache-client: the authorized client its requests act as */

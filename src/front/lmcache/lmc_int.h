@@ -3,8 +3,8 @@
  * and replies, sessions, contexts, transfers, keys) and what its handlers
  * (lmc_handlers.c: one function per operation) share with it.
  */
-#ifndef KVT_SERVER_LMC_INT_H
-#define KVT_SERVER_LMC_INT_H
+#ifndef KVT_FRONT_LMC_INT_H
+#define KVT_FRONT_LMC_INT_H
 
 #include <sys/types.h>
 

@@ -18,6 +18,7 @@
  * Belady's optimum (MIN: evict the block used farthest in the future),
  * computed offline.
  */
+#include "cli/cli.h"
 #include "common/util.h"
 #include "policy/policy.h"
 #include "kvtier/client.h"
@@ -30,8 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-int kvt_cmd_replay(int argc, char **argv);
 
 struct trace {
     uint32_t nreq;

@@ -4,7 +4,7 @@
 #include "key/blake3.h"
 #include "kvtier/error.h"
 #include "proto/lmc_wire.h"
-#include "server/lmc_int.h"
+#include "front/lmcache/lmc_int.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -21,6 +21,7 @@
  *     deleting under its feet; --offline skips asking a server.
  * A progress bar goes to a terminal on stderr.
  */
+#include "cli/cli.h"
 #include "common/util.h"
 #include "key/key.h"
 #include "kvtier/error.h"
@@ -39,8 +40,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-int kvt_cmd_purge(int argc, char **argv);
 
 #define BATCH 4096 /* objects per server call: progress, and bounded calls */
 /* how long to wait for a server's start-up scan (it answers EBUSY at once) */
