@@ -339,11 +339,6 @@ bool kvt_endpoint_is_local(const char *ep)
     return kvt_host_is_loopback(host);
 }
 
-bool kvt_lmc_host_is_ipc(const char *host)
-{
-    return !strncmp(host, "ipc://", 6);
-}
-
 /* Two listeners on these hosts and one port would collide: the same
  * address, a wildcard on either side, or localhost and 127.0.0.1. */
 static bool hosts_collide(const char *a, const char *b)
@@ -370,15 +365,15 @@ static int check_ports(const struct kvt_server_cfg *c)
         host[colon - h] = 0;
         port = atoi(colon + 1);
     }
-    bool lmc_tcp = c->lmc_port && !kvt_lmc_host_is_ipc(c->lmc_host);
+    bool lmc_tcp = c->lmc.port && !kvt_lmc_host_is_ipc(c->lmc.host);
     const char *key = NULL, *other = NULL;
     int p = 0;
     if (c->http_port && port && c->http_port == port && hosts_collide(c->http_host, host))
         key = "--http-port", other = "--port", p = port;
-    else if (lmc_tcp && port && c->lmc_port == port && hosts_collide(c->lmc_host, host))
+    else if (lmc_tcp && port && c->lmc.port == port && hosts_collide(c->lmc.host, host))
         key = "--lmcache-port", other = "--port", p = port;
-    else if (lmc_tcp && c->http_port && c->lmc_port == c->http_port &&
-             hosts_collide(c->lmc_host, c->http_host))
+    else if (lmc_tcp && c->http_port && c->lmc.port == c->http_port &&
+             hosts_collide(c->lmc.host, c->http_host))
         key = "--lmcache-port", other = "--http-port", p = c->http_port;
     if (!key)
         return 0;
@@ -414,7 +409,7 @@ static int check_l1(struct kvt_server_cfg *c)
     kvt_hostmem_read("", &h);
     /* with the LMCache front end the pool is a named object in /dev/shm */
     kvt_l1_fit(&h, (uint64_t)(c->l1_size_gb * KVT_GIB), c->l1_lazy, c->l1_hugepages,
-               c->lmc_port && c->shm, &c->l1_fit);
+               c->lmc.port && c->shm, &c->l1_fit);
     c->l1_fit_checked = true;
     if (c->l1_fit.verdict == KVT_L1_FIT_REFUSE) {
         fprintf(stderr, "kvtier server: %s\n", c->l1_fit.msg);
@@ -429,7 +424,7 @@ static int check_l1(struct kvt_server_cfg *c)
  * client (--lmcache-client). 0 or 2. */
 static int check_lmcache_auth(struct kvt_server_cfg *c)
 {
-    if (!kvt_lmc_host_is_ipc(c->lmc_host)) {
+    if (!kvt_lmc_host_is_ipc(c->lmc.host)) {
         fprintf(stderr,
                 "kvtier server: --lmcache-host: with --auth-key the LMCache front end listens "
                 "only on a Unix socket (LMCache's client has no CURVE; there only the server's "
@@ -437,7 +432,7 @@ static int check_lmcache_auth(struct kvt_server_cfg *c)
                 "in vLLM \"lmcache.mp.host\": \"ipc:///PATH\" (docs/security.md)\n");
         return 2;
     }
-    if (!c->lmc_client[0]) {
+    if (!c->lmc.client[0]) {
         fprintf(stderr,
                 "kvtier server: --lmcache-client: with --auth-key, name the authorized client "
                 "(its name= label or public key in %s) whose tenants and rights the LMCache "
@@ -446,11 +441,11 @@ static int check_lmcache_auth(struct kvt_server_cfg *c)
         return 2;
     }
     uint32_t n;
-    if (!kvt_auth_named(c->auth, c->lmc_client, &n)) {
+    if (!kvt_auth_named(c->auth, c->lmc.client, &n)) {
         fprintf(stderr,
                 "kvtier server: --lmcache-client: %s names %s in %s: give a client's name= "
                 "label (unique) or public key\n",
-                c->lmc_client, n ? "several clients" : "no client", c->auth_clients_file);
+                c->lmc.client, n ? "several clients" : "no client", c->auth_clients_file);
         return 2;
     }
     return 0;
@@ -510,14 +505,14 @@ static int check_auth(struct kvt_server_cfg *c)
         }
     }
     static const char hint[] = "give --insecure-no-auth to accept that (docs/security.md)";
-    if (c->lmc_client[0] && !c->auth) {
+    if (c->lmc.client[0] && !c->auth) {
         fprintf(stderr, "kvtier server: --lmcache-client: only with --auth-key and "
                         "--auth-clients (it names one of the authorized clients)\n");
         return 2;
     }
     /* with authentication on, the LMCache port authenticates too, whatever
      * --insecure-no-auth says */
-    if (c->lmc_port && c->auth && check_lmcache_auth(c))
+    if (c->lmc.port && c->auth && check_lmcache_auth(c))
         return 2;
     if (c->insecure_no_auth)
         return 0;
@@ -536,8 +531,8 @@ static int check_auth(struct kvt_server_cfg *c)
                 c->http_host, hint);
         return 2;
     }
-    if (c->lmc_port && !c->auth && !kvt_lmc_host_is_ipc(c->lmc_host) &&
-        !kvt_host_is_loopback(c->lmc_host)) {
+    if (c->lmc.port && !c->auth && !kvt_lmc_host_is_ipc(c->lmc.host) &&
+        !kvt_host_is_loopback(c->lmc.host)) {
         fprintf(stderr,
                 "kvtier server: --lmcache-port: the LMCache protocol front end has no "
                 "authentication of its own and --lmcache-host is beyond loopback; %s\n",
@@ -580,7 +575,7 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         }
     }
     snprintf(c->data_dir, sizeof(c->data_dir), "./kvtier-data");
-    snprintf(c->lmc_host, sizeof(c->lmc_host), "localhost");
+    snprintf(c->lmc.host, sizeof(c->lmc.host), "localhost");
 
     const char *l2_args[KVT_MAX_ADAPTERS];
     int nl2 = 0;
@@ -715,19 +710,19 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
             break;
         case O_LMC_PORT:
             rc = integer(f, optarg, 0, 65535, &l);
-            c->lmc_port = (int)l;
+            c->lmc.port = (int)l;
             break;
         case O_LMC_HOST:
-            if (!optarg[0] || strlen(optarg) >= sizeof(c->lmc_host))
+            if (!optarg[0] || strlen(optarg) >= sizeof(c->lmc.host))
                 return fail(f, "expected a host name or address, got '%s'", optarg);
             if (kvt_lmc_host_is_ipc(optarg) && optarg[6] != '/' && optarg[6] != '@')
                 return fail(f, "expected ipc:///ABSOLUTE/PATH or ipc://@NAME, got '%s'", optarg);
-            snprintf(c->lmc_host, sizeof(c->lmc_host), "%s", optarg);
+            snprintf(c->lmc.host, sizeof(c->lmc.host), "%s", optarg);
             break;
         case O_LMC_CLIENT:
-            if (!optarg[0] || strlen(optarg) >= sizeof(c->lmc_client))
+            if (!optarg[0] || strlen(optarg) >= sizeof(c->lmc.client))
                 return fail(f, "expected a client's name= label or public key, got '%s'", optarg);
-            snprintf(c->lmc_client, sizeof(c->lmc_client), "%s", optarg);
+            snprintf(c->lmc.client, sizeof(c->lmc.client), "%s", optarg);
             break;
         case O_LMC_SHM: {
             /* LMCache's rule: the name always starts with lmcache_l1_pool_ */
@@ -741,7 +736,7 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
                             "expected a POSIX shared-memory name (no '/', at most 200 "
                             "characters), got '%s'",
                             optarg);
-            snprintf(c->lmc_shm_name, sizeof(c->lmc_shm_name), "%s%.200s",
+            snprintf(c->lmc.shm_name, sizeof(c->lmc.shm_name), "%s%.200s",
                      pre ? "" : "lmcache_l1_pool_", b);
             break;
         }
@@ -862,18 +857,18 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
         kvt_server_cfg_free(c);
         return rc;
     }
-    if (c->lmc_port && c->l1_hugepages) {
+    if (c->lmc.port && c->l1_hugepages) {
         fprintf(stderr, "kvtier server: --lmcache-port: LMCache workers open the L1 pool by its "
                         "POSIX shm name, which huge pages cannot have; drop --l1-use-hugepages\n");
         return 2;
     }
-    if (c->lmc_port && !c->shm) {
+    if (c->lmc.port && !c->shm) {
         fprintf(stderr, "kvtier server: --lmcache-port: the LMCache engine-driven path needs "
                         "the shared-memory pool; drop --no-shm\n");
         return 2;
     }
-    if (c->lmc_port && !c->lmc_shm_name[0])
-        snprintf(c->lmc_shm_name, sizeof(c->lmc_shm_name), "lmcache_l1_pool_kvtier_%d",
+    if (c->lmc.port && !c->lmc.shm_name[0])
+        snprintf(c->lmc.shm_name, sizeof(c->lmc.shm_name), "lmcache_l1_pool_kvtier_%d",
                  (int)getpid());
     rc = check_l1(c);
     if (rc) {
@@ -1002,10 +997,10 @@ json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
     if (c->config_file)
         json_object_set(o, "config_file", c->config_file);
     json_t *lmc = json_object();
-    json_object_set_new(lmc, "port", json_integer(c->lmc_port));
-    json_object_set_new(lmc, "host", json_string(c->lmc_host));
-    json_object_set_new(lmc, "client", c->lmc_client[0] ? json_string(c->lmc_client) : json_null());
-    json_object_set_new(lmc, "shm_name", json_string(c->lmc_shm_name));
+    json_object_set_new(lmc, "port", json_integer(c->lmc.port));
+    json_object_set_new(lmc, "host", json_string(c->lmc.host));
+    json_object_set_new(lmc, "client", c->lmc.client[0] ? json_string(c->lmc.client) : json_null());
+    json_object_set_new(lmc, "shm_name", json_string(c->lmc.shm_name));
     json_object_set_new(o, "lmcache", lmc);
     /* file names and the public key only: never a secret */
     json_t *au = json_object();

@@ -12,11 +12,12 @@ bool kvt_server_health(struct kvt_server *s, char *why, size_t cap)
 {
     bool ok = true;
     why[0] = 0;
-    for (int i = 0; i < s->nl2; i++) {
+    for (int i = 0; i < kvt_core_nl2(s->core); i++) {
+        kvt_l2 *l2 = kvt_core_l2(s->core, i);
         char msg[256];
-        if (!kvt_l2_healthy(s->l2s[i], msg, sizeof(msg))) {
+        if (!kvt_l2_healthy(l2, msg, sizeof(msg))) {
             size_t l = strlen(why);
-            snprintf(why + l, cap - l, "%sl2 %s: %s", ok ? "" : "; ", kvt_l2_name(s->l2s[i]), msg);
+            snprintf(why + l, cap - l, "%sl2 %s: %s", ok ? "" : "; ", kvt_l2_name(l2), msg);
             ok = false;
         }
     }
@@ -38,40 +39,42 @@ json_t *kvt_server_status(struct kvt_server *s)
     json_object_set_new(h, "is_healthy", json_boolean(ok));
     json_object_set_new(h, "detail", json_string(why));
     json_object_set_new(o, "health", h);
-    json_t *l1 = kvt_l1_status(s->l1);
+    struct kvt_core *core = s->core;
+    json_t *l1 = kvt_l1_status(kvt_core_l1(core));
     /* the pool against this host's memory, as judged at start */
     json_object_set_new(l1, "host_memory",
                         s->cfg->l1_fit_checked ? kvt_l1_fit_json(&s->cfg->l1_fit) : json_null());
     json_object_set_new(o, "l1", l1);
     json_t *l2 = json_array();
-    for (int i = 0; i < s->nl2; i++)
-        json_array_append_new(l2, kvt_l2_status(s->l2s[i]));
+    for (int i = 0; i < kvt_core_nl2(core); i++)
+        json_array_append_new(l2, kvt_l2_status(kvt_core_l2(core, i)));
     json_object_set_new(o, "l2", l2);
-    json_object_set_new(o, "store", kvt_store_ctrl_status(s->sc));
-    json_object_set_new(o, "prefetch", kvt_prefetch_ctrl_status(s->pc));
-    if (s->lmc)
-        json_object_set_new(o, "lmcache", kvt_lmc_status(s));
+    json_object_set_new(o, "store", kvt_store_ctrl_status(kvt_core_store_ctrl(core)));
+    json_object_set_new(o, "prefetch", kvt_prefetch_ctrl_status(kvt_core_prefetch_ctrl(core)));
+    kvt_fronts_status(s, o);
+    const struct kvt_native *nv = s->native;
     json_t *rpc = json_object();
     json_t *ops = json_object();
-    for (int i = 0; i < OP_COUNT; i++) {
-        uint64_t c = atomic_load(&s->ops[i].count);
+    for (uint32_t i = 0; i < kvt_nops; i++) {
+        uint64_t c = atomic_load(&nv->ops[i].count);
         if (!c)
             continue;
         json_t *op = json_object();
         json_object_set_new(op, "count", json_integer((json_int_t)c));
-        json_object_set_new(op, "errors", json_integer((json_int_t)atomic_load(&s->ops[i].errors)));
+        json_object_set_new(op, "errors",
+                            json_integer((json_int_t)atomic_load(&nv->ops[i].errors)));
         json_object_set_new(op, "mean_us",
-                            json_real((double)atomic_load(&s->ops[i].sum_ns) / (double)c / 1e3));
-        json_object_set_new(ops, kvt_op_names[i], op);
+                            json_real((double)atomic_load(&nv->ops[i].sum_ns) / (double)c / 1e3));
+        json_object_set_new(ops, kvt_ops[i].name, op);
     }
     json_object_set_new(rpc, "ops", ops);
     json_object_set_new(rpc, "bad_requests",
-                        json_integer((json_int_t)atomic_load(&s->bad_requests)));
-    json_object_set_new(rpc, "bytes_in", json_integer((json_int_t)atomic_load(&s->bytes_in)));
+                        json_integer((json_int_t)atomic_load(&nv->bad_requests)));
+    json_object_set_new(rpc, "bytes_in", json_integer((json_int_t)atomic_load(&nv->bytes_in)));
     json_object_set_new(rpc, "bytes_out", json_integer((json_int_t)atomic_load(&s->bytes_out)));
     json_object_set_new(rpc, "local_connections", json_integer(kvt_local_conns(s)));
     json_object_set_new(rpc, "workers_queued",
-                        json_integer((json_int_t)kvt_tpool_queued(s->workers)));
+                        json_integer((json_int_t)kvt_core_workers_queued(core)));
     json_object_set_new(o, "rpc", rpc);
     /* who may connect and what was refused; public keys only, never a secret */
     json_t *au = s->cfg->auth ? kvt_auth_status(s->cfg->auth, kvt_server_auth(s)) : json_object();
@@ -83,8 +86,8 @@ json_t *kvt_server_status(struct kvt_server *s)
          * key by a ticket, hellos refused without a valid one */
         json_t *sh = json_object();
         json_object_set_new(sh, "enabled", json_boolean(kvt_local_name(s) != NULL));
-        json_object_set_new(sh, "bound", json_integer((json_int_t)atomic_load(&s->local_bound)));
-        json_object_set_new(sh, "denied", json_integer((json_int_t)atomic_load(&s->local_denied)));
+        json_object_set_new(sh, "bound", json_integer((json_int_t)atomic_load(&nv->local_bound)));
+        json_object_set_new(sh, "denied", json_integer((json_int_t)atomic_load(&nv->local_denied)));
         json_object_set_new(au, "same_host", sh);
     }
     json_object_set_new(o, "auth", au);
@@ -127,10 +130,14 @@ static void metric(struct sb *b, const char *name, const char *type, const char 
  */
 static void l2_node_metrics(struct kvt_server *s, struct sb *b)
 {
+    kvt_l2 *l2s[KVT_MAX_ADAPTERS];
+    int nl2 = kvt_core_nl2(s->core);
+    for (int i = 0; i < nl2; i++)
+        l2s[i] = kvt_core_l2(s->core, i);
     struct kvt_l2_node *nv = kvt_xcalloc(KVT_L2_NODES_MAX, sizeof(*nv));
     bool any = false;
-    for (int i = 0; i < s->nl2 && !any; i++)
-        any = kvt_l2_nodes(s->l2s[i], nv, 0) > 0;
+    for (int i = 0; i < nl2 && !any; i++)
+        any = kvt_l2_nodes(l2s[i], nv, 0) > 0;
     if (!any) {
         free(nv);
         return;
@@ -146,14 +153,14 @@ static void l2_node_metrics(struct kvt_server *s, struct sb *b)
         "Seconds the node has been down; 0 when up."};
     for (int m = 0; m < 4; m++) {
         metric(b, names[m], types[m], helps[m]);
-        for (int i = 0; i < s->nl2; i++) {
-            int n = KVT_MIN(kvt_l2_nodes(s->l2s[i], nv, KVT_L2_NODES_MAX), KVT_L2_NODES_MAX);
+        for (int i = 0; i < nl2; i++) {
+            int n = KVT_MIN(kvt_l2_nodes(l2s[i], nv, KVT_L2_NODES_MAX), KVT_L2_NODES_MAX);
             for (int k = 0; k < n; k++) {
                 const struct kvt_l2_node *d = &nv[k];
                 if (m == 1 && d->breaker == KVT_BRK_NONE)
                     continue;
-                sbf(b, "%s{adapter=\"%s\",node=\"%s\",role=\"%s\"} ", names[m],
-                    kvt_l2_name(s->l2s[i]), d->name, d->role);
+                sbf(b, "%s{adapter=\"%s\",node=\"%s\",role=\"%s\"} ", names[m], kvt_l2_name(l2s[i]),
+                    d->name, d->role);
                 if (m == 0)
                     sbf(b, "%d\n", d->state == KVT_NODE_UP);
                 else if (m == 1)
@@ -167,15 +174,15 @@ static void l2_node_metrics(struct kvt_server *s, struct sb *b)
     }
     metric(b, "kvtier_l2_masters_down", "gauge",
            "Nodes with the role master (or server) that are marked down, per adapter.");
-    for (int i = 0; i < s->nl2; i++) {
-        int n = KVT_MIN(kvt_l2_nodes(s->l2s[i], nv, KVT_L2_NODES_MAX), KVT_L2_NODES_MAX);
+    for (int i = 0; i < nl2; i++) {
+        int n = KVT_MIN(kvt_l2_nodes(l2s[i], nv, KVT_L2_NODES_MAX), KVT_L2_NODES_MAX);
         if (n <= 0)
             continue;
         int down = 0;
         for (int k = 0; k < n; k++)
             down += nv[k].state != KVT_NODE_UP &&
                     (strcmp(nv[k].role, "master") == 0 || strcmp(nv[k].role, "server") == 0);
-        sbf(b, "kvtier_l2_masters_down{adapter=\"%s\"} %d\n", kvt_l2_name(s->l2s[i]), down);
+        sbf(b, "kvtier_l2_masters_down{adapter=\"%s\"} %d\n", kvt_l2_name(l2s[i]), down);
     }
     free(nv);
 }
@@ -201,44 +208,48 @@ static void histogram(struct sb *b, const char *name, const char *labels, const 
 char *kvt_server_metrics(struct kvt_server *s, size_t *len)
 {
     struct sb b = {.p = kvt_xmalloc(8192), .cap = 8192};
+    kvt_l2 *l2s[KVT_MAX_ADAPTERS];
+    int nl2 = kvt_core_nl2(s->core);
+    for (int i = 0; i < nl2; i++)
+        l2s[i] = kvt_core_l2(s->core, i);
     struct kvt_l1_usage u;
     struct kvt_l1_counters c;
-    kvt_l1_usage(s->l1, &u);
-    kvt_l1_counters(s->l1, &c);
+    kvt_l1_usage(kvt_core_l1(s->core), &u);
+    kvt_l1_counters(kvt_core_l1(s->core), &c);
     metric(&b, "kvtier_hits_total", "counter", "Lookup hits per tier (keys).");
     sbf(&b, "kvtier_hits_total{tier=\"l1\"} %llu\n", (unsigned long long)c.hits);
-    struct kvt_l2_stats *st = kvt_xcalloc((size_t)s->nl2 + 1, sizeof(*st));
-    for (int i = 0; i < s->nl2; i++)
-        kvt_l2_stats(s->l2s[i], &st[i]);
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_hits_total{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
+    struct kvt_l2_stats *st = kvt_xcalloc((size_t)nl2 + 1, sizeof(*st));
+    for (int i = 0; i < nl2; i++)
+        kvt_l2_stats(l2s[i], &st[i]);
+    for (int i = 0; i < nl2; i++)
+        sbf(&b, "kvtier_hits_total{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(l2s[i]),
             (unsigned long long)st[i].lookup_hits);
     metric(&b, "kvtier_misses_total", "counter", "Lookup misses per tier (keys).");
     sbf(&b, "kvtier_misses_total{tier=\"l1\"} %llu\n", (unsigned long long)c.misses);
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_misses_total{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
+    for (int i = 0; i < nl2; i++)
+        sbf(&b, "kvtier_misses_total{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(l2s[i]),
             (unsigned long long)st[i].lookup_misses);
     metric(&b, "kvtier_used_bytes", "gauge", "Bytes in use per tier.");
     sbf(&b, "kvtier_used_bytes{tier=\"l1\"} %llu\n", (unsigned long long)u.used_bytes);
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_used_bytes{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
+    for (int i = 0; i < nl2; i++)
+        sbf(&b, "kvtier_used_bytes{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(l2s[i]),
             (unsigned long long)st[i].used_bytes);
     metric(&b, "kvtier_capacity_bytes", "gauge", "Capacity per tier (0 = unlimited).");
     sbf(&b, "kvtier_capacity_bytes{tier=\"l1\"} %llu\n", (unsigned long long)u.cap_bytes);
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_capacity_bytes{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
+    for (int i = 0; i < nl2; i++)
+        sbf(&b, "kvtier_capacity_bytes{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(l2s[i]),
             (unsigned long long)st[i].cap_bytes);
     metric(&b, "kvtier_objects", "gauge", "Objects held per tier.");
     sbf(&b, "kvtier_objects{tier=\"l1\"} %llu\n", (unsigned long long)u.objects);
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_objects{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
+    for (int i = 0; i < nl2; i++)
+        sbf(&b, "kvtier_objects{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(l2s[i]),
             (unsigned long long)st[i].objects);
     metric(&b, "kvtier_l1_fragmentation", "gauge", "1 - largest free run / free bytes.");
     sbf(&b, "kvtier_l1_fragmentation %.6f\n", u.fragmentation);
     metric(&b, "kvtier_evictions_total", "counter", "Objects evicted per tier.");
     sbf(&b, "kvtier_evictions_total{tier=\"l1\"} %llu\n", (unsigned long long)c.evictions);
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_evictions_total{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
+    for (int i = 0; i < nl2; i++)
+        sbf(&b, "kvtier_evictions_total{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(l2s[i]),
             (unsigned long long)st[i].evictions);
 #define F(f) offsetof(struct kvt_l2_stats, f)
     static const struct {
@@ -262,81 +273,81 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
 #undef F
     for (size_t m = 0; m < KVT_ARRAY_LEN(l2c); m++) {
         metric(&b, l2c[m].metric, "counter", l2c[m].help);
-        for (int i = 0; i < s->nl2; i++) {
+        for (int i = 0; i < nl2; i++) {
             uint64_t v;
             memcpy(&v, (const char *)&st[i] + l2c[m].field, sizeof(v));
-            sbf(&b, "%s{adapter=\"%s\"} %llu\n", l2c[m].metric, kvt_l2_name(s->l2s[i]),
+            sbf(&b, "%s{adapter=\"%s\"} %llu\n", l2c[m].metric, kvt_l2_name(l2s[i]),
                 (unsigned long long)v);
         }
     }
     static const char *const kinds[3] = {"store", "lookup", "load"};
     metric(&b, "kvtier_l2_operation_duration_seconds", "histogram",
            "Time from submitting a batch to an L2 adapter to its completion, per operation.");
-    for (int i = 0; i < s->nl2; i++) {
+    for (int i = 0; i < nl2; i++) {
         for (int k = 0; k < 3; k++) {
             struct kvt_l2_latency lat;
-            kvt_l2_latency(s->l2s[i], (enum kvt_l2_kind)k, &lat);
+            kvt_l2_latency(l2s[i], (enum kvt_l2_kind)k, &lat);
             char lab[128];
-            snprintf(lab, sizeof(lab), "adapter=\"%s\",op=\"%s\"", kvt_l2_name(s->l2s[i]),
-                     kinds[k]);
+            snprintf(lab, sizeof(lab), "adapter=\"%s\",op=\"%s\"", kvt_l2_name(l2s[i]), kinds[k]);
             histogram(&b, "kvtier_l2_operation_duration_seconds", lab, kvt_l2_lat_bounds,
                       lat.bucket, KVT_L2_LAT_BUCKETS, lat.sum_ns, lat.count);
         }
     }
     bool shared = false;
-    for (int i = 0; i < s->nl2; i++)
+    for (int i = 0; i < nl2; i++)
         shared |= st[i].shared_budget;
     if (shared) { /* adapters with "shared_budget" only (l2/budget.h) */
         metric(&b, "kvtier_l2_shared_budget_bytes", "gauge",
                "Bytes of the shared tier in the budget record of the servers sharing it.");
-        for (int i = 0; i < s->nl2; i++)
+        for (int i = 0; i < nl2; i++)
             if (st[i].shared_budget)
-                sbf(&b, "kvtier_l2_shared_budget_bytes{adapter=\"%s\"} %lld\n",
-                    kvt_l2_name(s->l2s[i]), (long long)st[i].shared_total);
+                sbf(&b, "kvtier_l2_shared_budget_bytes{adapter=\"%s\"} %lld\n", kvt_l2_name(l2s[i]),
+                    (long long)st[i].shared_total);
         metric(&b, "kvtier_l2_shared_budget_node_bytes", "gauge",
                "This server's net part of the shared budget (stored minus removed; may be "
                "negative when it removes what others stored).");
-        for (int i = 0; i < s->nl2; i++)
+        for (int i = 0; i < nl2; i++)
             if (st[i].shared_budget)
                 sbf(&b, "kvtier_l2_shared_budget_node_bytes{adapter=\"%s\"} %lld\n",
-                    kvt_l2_name(s->l2s[i]), (long long)st[i].shared_part);
+                    kvt_l2_name(l2s[i]), (long long)st[i].shared_part);
         metric(&b, "kvtier_l2_shared_budget_nodes", "gauge",
                "Live servers in the shared budget record.");
-        for (int i = 0; i < s->nl2; i++)
+        for (int i = 0; i < nl2; i++)
             if (st[i].shared_budget)
-                sbf(&b, "kvtier_l2_shared_budget_nodes{adapter=\"%s\"} %u\n",
-                    kvt_l2_name(s->l2s[i]), st[i].shared_nodes);
+                sbf(&b, "kvtier_l2_shared_budget_nodes{adapter=\"%s\"} %u\n", kvt_l2_name(l2s[i]),
+                    st[i].shared_nodes);
     }
     metric(&b, "kvtier_l2_healthy", "gauge", "1 if the adapter is healthy.");
-    for (int i = 0; i < s->nl2; i++) {
+    for (int i = 0; i < nl2; i++) {
         char msg[256];
-        sbf(&b, "kvtier_l2_healthy{adapter=\"%s\"} %d\n", kvt_l2_name(s->l2s[i]),
-            kvt_l2_healthy(s->l2s[i], msg, sizeof(msg)) ? 1 : 0);
+        sbf(&b, "kvtier_l2_healthy{adapter=\"%s\"} %d\n", kvt_l2_name(l2s[i]),
+            kvt_l2_healthy(l2s[i], msg, sizeof(msg)) ? 1 : 0);
     }
     free(st);
     l2_node_metrics(s, &b);
     metric(&b, "kvtier_rpc_requests_total", "counter", "Requests per operation.");
-    for (int i = 0; i < OP_COUNT; i++)
-        sbf(&b, "kvtier_rpc_requests_total{op=\"%s\"} %llu\n", kvt_op_names[i],
-            (unsigned long long)atomic_load(&s->ops[i].count));
+    const struct kvt_native *nv = s->native;
+    for (uint32_t i = 0; i < kvt_nops; i++)
+        sbf(&b, "kvtier_rpc_requests_total{op=\"%s\"} %llu\n", kvt_ops[i].name,
+            (unsigned long long)atomic_load(&nv->ops[i].count));
     metric(&b, "kvtier_rpc_errors_total", "counter", "Error replies per operation.");
-    for (int i = 0; i < OP_COUNT; i++)
-        sbf(&b, "kvtier_rpc_errors_total{op=\"%s\"} %llu\n", kvt_op_names[i],
-            (unsigned long long)atomic_load(&s->ops[i].errors));
+    for (uint32_t i = 0; i < kvt_nops; i++)
+        sbf(&b, "kvtier_rpc_errors_total{op=\"%s\"} %llu\n", kvt_ops[i].name,
+            (unsigned long long)atomic_load(&nv->ops[i].errors));
     metric(&b, "kvtier_rpc_latency_seconds", "histogram",
            "Time from request receipt to reply per operation.");
-    for (int i = 0; i < OP_COUNT; i++) {
+    for (uint32_t i = 0; i < kvt_nops; i++) {
         uint64_t bk[KVT_LAT_BUCKETS];
         for (int k = 0; k < KVT_LAT_BUCKETS; k++)
-            bk[k] = atomic_load(&s->ops[i].bucket[k]);
+            bk[k] = atomic_load(&nv->ops[i].bucket[k]);
         char lab[64];
-        snprintf(lab, sizeof(lab), "op=\"%s\"", kvt_op_names[i]);
+        snprintf(lab, sizeof(lab), "op=\"%s\"", kvt_ops[i].name);
         histogram(&b, "kvtier_rpc_latency_seconds", lab, kvt_lat_bounds, bk, KVT_LAT_BUCKETS,
-                  atomic_load(&s->ops[i].sum_ns), atomic_load(&s->ops[i].count));
+                  atomic_load(&nv->ops[i].sum_ns), atomic_load(&nv->ops[i].count));
     }
     metric(&b, "kvtier_rpc_bytes_total", "counter", "Payload bytes received and sent inline.");
     sbf(&b, "kvtier_rpc_bytes_total{dir=\"in\"} %llu\n",
-        (unsigned long long)atomic_load(&s->bytes_in));
+        (unsigned long long)atomic_load(&nv->bytes_in));
     sbf(&b, "kvtier_rpc_bytes_total{dir=\"out\"} %llu\n",
         (unsigned long long)atomic_load(&s->bytes_out));
     if (s->cfg->auth) {
@@ -370,7 +381,7 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
                "Same-host requests refused: a hello without a valid ticket, or any other "
                "request before one.");
         sbf(&b, "kvtier_auth_same_host_denied_total %llu\n",
-            (unsigned long long)atomic_load(&s->local_denied));
+            (unsigned long long)atomic_load(&nv->local_denied));
     }
     *len = b.len;
     return b.p;

@@ -38,14 +38,14 @@ static void h_register(struct lmc_rq *q)
         lmc_reply_err(q, "model_name: %s", mwhy);
         return;
     }
-    uint32_t slots = r.num_physical_slots ? r.num_physical_slots : (uint32_t)m->s->cfg->chunk_size;
+    uint32_t slots = r.num_physical_slots ? r.num_physical_slots : (uint32_t)m->env->chunk_size;
     uint64_t bytes = (uint64_t)lmc_dtype_size(r.dtype) * r.num_layers * slots * r.hidden_dim *
                      (r.use_mla ? 1 : 2);
-    if (bytes == 0 || bytes > m->s->cfg->max_object_bytes || bytes > UINT32_MAX) {
+    if (bytes == 0 || bytes > m->env->max_object_bytes || bytes > UINT32_MAX) {
         lmc_reply_err(q,
                       "one chunk would be %llu bytes; this server accepts objects of at most "
                       "%llu bytes (--max-object-mb)",
-                      (unsigned long long)bytes, (unsigned long long)m->s->cfg->max_object_bytes);
+                      (unsigned long long)bytes, (unsigned long long)m->env->max_object_bytes);
         return;
     }
     struct lmc_ctx *c = lmc_ctx_find(m, r.instance_id);
@@ -71,12 +71,12 @@ static void h_register(struct lmc_rq *q)
              (long long)r.instance_id, (int)r.model_len, r.model, r.world_size, r.dtype,
              (unsigned long long)bytes);
     struct kvt_l1_shm shm;
-    kvt_l1_shm(m->s->l1, &shm);
+    kvt_core_shm(m->env->core, &shm);
     struct body b;
     lmc_body_init(&b);
     msgpack_pack_map(&b.pk, 2);
     kvt_mp_str0(&b.pk, "shm_name");
-    kvt_mp_str0(&b.pk, m->s->cfg->lmc_shm_name);
+    kvt_mp_str0(&b.pk, m->cfg->shm_name);
     kvt_mp_str0(&b.pk, "pool_size");
     msgpack_pack_uint64(&b.pk, shm.map_size);
     lmc_reply_body(q, &b);
@@ -116,7 +116,7 @@ static void finish_lookup(struct kvt_lmc *m, struct lmc_sess *x, struct kvt_l1_r
 {
     uint32_t hits = total / nr, keep = hits * nr;
     for (uint32_t i = keep; i < total; i++)
-        kvt_l1_put(m->s->l1, refs[i].h);
+        kvt_core_put(m->env->core, refs[i].h);
     lmc_sess_release(m, x);
     x->hits = hits;
     x->nr = nr;
@@ -128,7 +128,7 @@ static void finish_lookup(struct kvt_lmc *m, struct lmc_sess *x, struct kvt_l1_r
         x->readers[i] = (uint16_t)readers;
     }
     if (keep)
-        kvt_l1_touch(m->s->l1, x->hs, keep);
+        kvt_core_touch(m->env->core, x->hs, keep);
     x->state = LS_DONE;
     atomic_fetch_add_explicit(&m->lookup_hits, hits, memory_order_relaxed);
     lmc_answer_waiters(m, x);
@@ -164,7 +164,7 @@ void lmc_drain_fetches(struct kvt_lmc *m, bool discard)
             finish_lookup(m, x, f->refs, total, f->nr, f->readers);
         } else { /* the session ended or looked up again meanwhile */
             for (uint32_t i = 0; i < total; i++)
-                kvt_l1_put(m->s->l1, f->refs[i].h);
+                kvt_core_put(m->env->core, f->refs[i].h);
         }
         free(f->refs);
         free(f);
@@ -175,7 +175,6 @@ void lmc_drain_fetches(struct kvt_lmc *m, bool discard)
 static void h_lookup(struct lmc_rq *q)
 {
     struct kvt_lmc *m = q->m;
-    struct kvt_server *s = m->s;
     struct lmc_key k;
     if (lmc_decode_key(q, 0, &k))
         return;
@@ -218,24 +217,23 @@ static void h_lookup(struct lmc_rq *q)
                          0);
         }
     struct kvt_l1_ref *refs = kvt_xcalloc(n, sizeof(*refs));
-    kvt_l1_note_request(s->l1, keys, n);
-    uint32_t m0 = kvt_l1_get_prefix(s->l1, keys, n, refs);
-    if (m0 == n || s->nl2 == 0) {
-        finish_lookup(m, x, refs, m0, nr, k.num_kv_readers);
+    struct lmc_fetch *f = kvt_xcalloc(1, sizeof(*f));
+    f->m = m;
+    memcpy(f->rid, k.rid, k.rid_len);
+    f->rid_len = k.rid_len;
+    f->gen = x->gen;
+    f->n = n;
+    f->nr = nr;
+    f->readers = k.num_kv_readers;
+    f->refs = refs;
+    /* f->m0 is set before the prefetch is submitted; its result is taken
+     * on this thread (lmc_drain_fetches), after the state below */
+    if (kvt_core_fetch(m->env->core, keys, n, true, refs, &f->m0, on_prefetched, f)) {
+        finish_lookup(m, x, refs, f->m0, nr, k.num_kv_readers);
         free(refs);
+        free(f);
     } else {
         x->state = LS_PENDING;
-        struct lmc_fetch *f = kvt_xcalloc(1, sizeof(*f));
-        f->m = m;
-        memcpy(f->rid, k.rid, k.rid_len);
-        f->rid_len = k.rid_len;
-        f->gen = x->gen;
-        f->n = n;
-        f->m0 = m0;
-        f->nr = nr;
-        f->readers = k.num_kv_readers;
-        f->refs = refs;
-        kvt_prefetch_submit(s->pc, keys + m0, n - m0, on_prefetched, f);
     }
     free(keys);
     lmc_reply(q, NULL); /* LMCache answers a lookup once its prefetch is submitted */
@@ -285,7 +283,7 @@ static void h_free_locks(struct lmc_rq *q)
     if (lmc_decode_key(q, 0, &k))
         return;
     struct lmc_sess *x = lmc_sess_find(m, k.rid, k.rid_len);
-    uint32_t C = (uint32_t)m->s->cfg->chunk_size;
+    uint32_t C = (uint32_t)m->env->chunk_size;
     if (x && k.start < k.end && (x->state == LS_DONE || x->state == LS_CONSUMED)) {
         uint64_t c0 = k.start / C, c1 = KVT_MIN(k.end, (uint64_t)k.ntokens) / C;
         if (c1 > x->hits)
@@ -297,7 +295,7 @@ static void h_free_locks(struct lmc_rq *q)
                 uint32_t i = (uint32_t)c * x->nr + r;
                 if (x->readers[i]) {
                     x->readers[i] = 0;
-                    kvt_l1_put(m->s->l1, x->hs[i]);
+                    kvt_core_put(m->env->core, x->hs[i]);
                 }
             }
     }
@@ -470,7 +468,7 @@ static void h_prepare_store(struct lmc_rq *q)
         kvt_key key;
         kvt_key_make(&key, a.ns, a.hashes + 32 * c, 32, rank, 0);
         struct kvt_l1_ref ref;
-        int rc = kvt_l1_reserve(m->s->l1, &key, &a.c->meta, &ref);
+        int rc = kvt_core_reserve(m->env->core, &key, &a.c->meta, &ref);
         if (rc == 0) {
             hs[k] = ref.h;
             offs[k] = ref.off;
@@ -481,7 +479,7 @@ static void h_prepare_store(struct lmc_rq *q)
     }
     if (k) {
         struct kvt_l1_owner ow = lmc_inst_owner(&a.inst);
-        xfer_add(m, &a, true, kvt_l1_lease_new(m->s->l1, KVT_LEASE_WRITE, hs, k, &ow), k);
+        xfer_add(m, &a, true, kvt_core_lease_new(m->env->core, KVT_LEASE_WRITE, hs, k, &ow), k);
     }
     reply_store_slots(q, a.c, offs, idx, k);
     free(hs);
@@ -493,7 +491,6 @@ static void h_prepare_store(struct lmc_rq *q)
 static void h_commit_store(struct lmc_rq *q)
 {
     struct kvt_lmc *m = q->m;
-    struct kvt_server *s = m->s;
     const msgpack_object *d = lmc_arg(q, 2);
     if (d->type != MSGPACK_OBJECT_BIN && d->type != MSGPACK_OBJECT_STR) {
         lmc_reply_err(q, "argument data must be bytes");
@@ -513,7 +510,7 @@ static void h_commit_store(struct lmc_rq *q)
                       "/dev/shm/%s (it must run on this host, in the same IPC namespace, as "
                       "the same user). Run vLLM with LMCACHE_MP_TRANSFER_MODE=engine_driven on "
                       "the server's host",
-                      s->cfg->lmc_shm_name);
+                      m->cfg->shm_name);
         xfer_end(&a);
         return;
     }
@@ -527,20 +524,11 @@ static void h_commit_store(struct lmc_rq *q)
     *pp = x->next;
     free(x);
     atomic_fetch_sub(&m->pending_xfers, 1);
-    uint32_t *keep = kvt_xmalloc((n ? n : 1) * sizeof(uint32_t));
     struct kvt_l1_owner ow = lmc_inst_owner(&a.inst);
-    int committed = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_WRITE, &ow, NULL, keep, n);
-    if (committed > 0) {
-        struct kvt_l1_ref *refs = kvt_xmalloc((size_t)committed * sizeof(*refs));
-        kvt_key *keys = kvt_xmalloc((size_t)committed * sizeof(kvt_key));
-        for (int i = 0; i < committed; i++)
-            kvt_l1_describe(s->l1, keep[i], &refs[i], &keys[i]);
-        kvt_store_ctrl_submit(s->sc, refs, keys, (uint32_t)committed); /* refs move */
-        free(refs);
-        free(keys);
+    /* every slot written; no client tag: LMCache has no flush */
+    int committed = kvt_core_commit(m->env->core, lease, &ow, NULL, n, 0);
+    if (committed > 0)
         atomic_fetch_add_explicit(&m->chunks_stored, (uint64_t)committed, memory_order_relaxed);
-    }
-    free(keep);
     lmc_reply_bool(q, committed == (int)n);
     xfer_end(&a);
 }
@@ -548,7 +536,7 @@ static void h_commit_store(struct lmc_rq *q)
 static void h_prepare_retrieve(struct lmc_rq *q)
 {
     struct kvt_lmc *m = q->m;
-    struct kvt_l1 *l1 = m->s->l1;
+    struct kvt_core *core = m->env->core;
     struct xfer_args a;
     if (xfer_begin(q, &a, false))
         return;
@@ -557,7 +545,7 @@ static void h_prepare_retrieve(struct lmc_rq *q)
     for (uint32_t c = a.c0; c < a.c1; c++) {
         kvt_key key;
         kvt_key_make(&key, a.ns, a.hashes + 32 * c, 32, rank, 0);
-        if (kvt_l1_get(l1, &key, &refs[k]))
+        if (kvt_core_get(core, &key, &refs[k]))
             break;
         k++;
         if (refs[k - 1].meta.len != a.c->meta.len) { /* another layout under this name */
@@ -569,7 +557,7 @@ static void h_prepare_retrieve(struct lmc_rq *q)
     }
     if (nc == 0 || k != nc || refs[k - 1].meta.len != a.c->meta.len) {
         for (uint32_t i = 0; i < k; i++)
-            kvt_l1_put(l1, refs[i].h);
+            kvt_core_put(core, refs[i].h);
         reply_retrieve_miss(q);
         free(refs);
         xfer_end(&a);
@@ -588,7 +576,7 @@ static void h_prepare_retrieve(struct lmc_rq *q)
             uint32_t r = x->nr > 1 ? a.k.worker_id : 0;
             uint32_t i = c * x->nr + r;
             if (x->readers[i] && --x->readers[i] == 0)
-                kvt_l1_put(l1, x->hs[i]);
+                kvt_core_put(core, x->hs[i]);
         }
     }
     pack_retrieve_head(&b.pk, true, 1);
@@ -597,7 +585,7 @@ static void h_prepare_retrieve(struct lmc_rq *q)
     for (uint32_t i = 0; i < nc; i++)
         lmc_pack_slot(&b.pk, a.c, refs[i].off);
     struct kvt_l1_owner ow = lmc_inst_owner(&a.inst);
-    xfer_add(m, &a, false, kvt_l1_lease_new(l1, KVT_LEASE_READ, hs, nc, &ow), nc);
+    xfer_add(m, &a, false, kvt_core_lease_new(core, KVT_LEASE_READ, hs, nc, &ow), nc);
     atomic_fetch_add_explicit(&m->chunks_retrieved, nc, memory_order_relaxed);
     lmc_reply_body(q, &b);
     free(hs);
@@ -617,12 +605,12 @@ static void h_commit_retrieve(struct lmc_rq *q)
     if (x) {
         uint32_t *hs = kvt_xmalloc((x->n ? x->n : 1) * sizeof(uint32_t));
         struct kvt_l1_owner ow = lmc_inst_owner(&x->instance_id);
-        int n = kvt_l1_lease_handles(m->s->l1, x->lease, KVT_LEASE_READ, &ow, hs, x->n);
+        int n = kvt_core_lease_handles(m->env->core, x->lease, KVT_LEASE_READ, &ow, hs, x->n);
         if (n > 0)
-            kvt_l1_touch(m->s->l1, hs, (uint32_t)n);
+            kvt_core_touch(m->env->core, hs, (uint32_t)n);
         free(hs);
         /* an expired lease: the slots may have been reused while the worker read */
-        ok = kvt_l1_lease_end(m->s->l1, x->lease, KVT_LEASE_READ, &ow, NULL, NULL, 0) >= 0;
+        ok = kvt_core_lease_end_read(m->env->core, x->lease, &ow) >= 0;
         *pp = x->next;
         free(x);
         atomic_fetch_sub(&m->pending_xfers, 1);
@@ -666,20 +654,20 @@ static void h_ping(struct lmc_rq *q)
 
 static void h_clear(struct lmc_rq *q)
 {
-    if (q->m->s->cfg->auth) { /* every tenant's L1 objects: an operator's call */
+    if (q->m->env->auth) { /* every tenant's L1 objects: an operator's call */
         struct kvt_auth_client *c = lmc_who(q->m);
         if (!c || !c->admin) {
             lmc_count_denied(q->m, c);
             lmc_reply_err(q,
                           "E_DENIED: clear empties every tenant's L1: --lmcache-client %s "
                           "is not an admin key",
-                          q->m->s->cfg->lmc_client);
+                          q->m->cfg->client);
             return;
         }
     }
     /* LMCache's clear empties L1 of what nobody holds; kvtier's L2 is not
      * touched (use kvtier purge for that) */
-    uint64_t freed = kvt_l1_evict_to(q->m->s->l1, 0);
+    uint64_t freed = kvt_core_clear_l1(q->m->env->core);
     kvt_info("lmcache: clear: %llu bytes of L1 freed", (unsigned long long)freed);
     lmc_reply(q, NULL);
 }
@@ -689,7 +677,7 @@ static void dispatch(struct lmc_rq *q)
     struct body b;
     switch (q->op) {
     case LMC_GET_CHUNK_SIZE:
-        lmc_reply_int(q, q->m->s->cfg->chunk_size);
+        lmc_reply_int(q, q->m->env->chunk_size);
         break;
     case LMC_NOOP:
         lmc_body_init(&b);
