@@ -297,7 +297,7 @@ void lmc_xfer_drop(struct kvt_lmc *m, struct lmc_xfer **pp)
 /* Chunk hashes of a key's token range [start, end), hashed from token 0.
  * LMCache asserts chunk alignment and end <= len(tokens); here that is an
  * error reply. Returns 0 with *c0, *c1 (chunk indices) and *hashes (32 bytes
- * per chunk for chunks 0..c1-1), or -1 after replying. */
+ * per chunk for chunks 0..c1-1), or KVT_E_BADREQ after replying. */
 int lmc_key_chunks(struct lmc_rq *q, const struct lmc_key *k, bool whole, uint32_t *c0,
                    uint32_t *c1, uint8_t **hashes)
 {
@@ -311,17 +311,17 @@ int lmc_key_chunks(struct lmc_rq *q, const struct lmc_key *k, bool whole, uint32
         if (k->start % C || k->end % C) {
             lmc_reply_err(q, "start (%llu) and end (%llu) must be multiples of the chunk size %u",
                           (unsigned long long)k->start, (unsigned long long)k->end, C);
-            return -1;
+            return KVT_E_BADREQ;
         }
         if (k->end > k->ntokens) {
             lmc_reply_err(q, "end (%llu) exceeds the key's %zu token(s)",
                           (unsigned long long)k->end, k->ntokens);
-            return -1;
+            return KVT_E_BADREQ;
         }
         if (k->start > k->end) {
             lmc_reply_err(q, "start (%llu) is after end (%llu)", (unsigned long long)k->start,
                           (unsigned long long)k->end);
-            return -1;
+            return KVT_E_BADREQ;
         }
     }
     *c0 = whole ? 0 : (uint32_t)(k->start / C);
@@ -336,7 +336,7 @@ int lmc_key_ns(struct lmc_rq *q, const struct lmc_key *k, uint32_t *ns)
     const char *why = "invalid key";
     if (kvt_ns_intern(k->model, k->model_len, k->salt, k->salt_len, ns, &why)) {
         lmc_reply_err(q, "%s", why);
-        return -1;
+        return KVT_E_BADREQ;
     }
     return 0;
 }
@@ -346,7 +346,7 @@ int lmc_decode_key(struct lmc_rq *q, uint32_t i, struct lmc_key *k)
     char why[256];
     if (lmc_key_decode(lmc_arg(q, i), k, why, sizeof(why))) {
         lmc_reply_err(q, "bad IPCCacheServerKey: %s", why);
-        return -1;
+        return KVT_E_BADREQ;
     }
     return 0;
 }
@@ -355,7 +355,7 @@ int lmc_decode_i64(struct lmc_rq *q, uint32_t i, const char *name, int64_t *v)
 {
     if (lmc_get_int(lmc_arg(q, i), v)) {
         lmc_reply_err(q, "argument %s must be an integer", name);
-        return -1;
+        return KVT_E_BADREQ;
     }
     return 0;
 }
@@ -364,11 +364,11 @@ int lmc_decode_str(struct lmc_rq *q, uint32_t i, const char *name, const char **
 {
     if (lmc_get_str(lmc_arg(q, i), s, n)) {
         lmc_reply_err(q, "argument %s must be a string", name);
-        return -1;
+        return KVT_E_BADREQ;
     }
     if (*n > LMC_MAX_RID) {
         lmc_reply_err(q, "argument %s is longer than %u bytes", name, LMC_MAX_RID);
-        return -1;
+        return KVT_E_BADREQ;
     }
     return 0;
 }
