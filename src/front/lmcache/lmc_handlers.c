@@ -375,18 +375,22 @@ static void reply_retrieve_miss(struct lmc_rq *q)
 static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
 {
     memset(a, 0, sizeof(*a));
-    if (lmc_decode_key(q, 0, &a->k))
-        return -1;
-    if (lmc_decode_i64(q, 1, "instance_id", &a->inst))
+    int rc = lmc_decode_key(q, 0, &a->k);
+    if (rc)
+        return rc;
+    if ((rc = lmc_decode_i64(q, 1, "instance_id", &a->inst)))
         goto fail;
     if (!a->k.has_worker) {
         lmc_reply_err(q, "a %s key needs worker_id", write ? "store" : "retrieve");
+        rc = KVT_E_BADREQ;
         goto fail;
     }
-    if (lmc_key_ns(q, &a->k, &a->ns) || lmc_key_chunks(q, &a->k, false, &a->c0, &a->c1, &a->hashes))
+    if ((rc = lmc_key_ns(q, &a->k, &a->ns)) ||
+        (rc = lmc_key_chunks(q, &a->k, false, &a->c0, &a->c1, &a->hashes)))
         goto fail;
     if (lmc_denied(q, a->ns, write)) {
         serve_as_nothing(q);
+        rc = KVT_E_DENIED;
         goto fail;
     }
     a->c = lmc_ctx_find(q->m, a->inst);
@@ -401,6 +405,7 @@ static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
                      "served as a miss until it registers again",
                      lmc_ops[q->op].name, (long long)a->inst);
         serve_as_nothing(q);
+        rc = KVT_E_NOTFOUND;
         goto fail;
     }
     a->c->last_seen_ns = kvt_now_ns();
@@ -409,7 +414,7 @@ static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
 fail:
     lmc_key_free(&a->k);
     free(a->hashes);
-    return -1;
+    return rc;
 }
 
 /* A transfer that cannot be served answers what the worker takes without an
@@ -652,99 +657,116 @@ static void h_ping(struct lmc_rq *q)
     lmc_reply_bool(q, true);
 }
 
+/* LMCache's clear empties L1 of what nobody holds; kvtier's L2 is not
+ * touched (use kvtier purge for that). An admin operation. */
 static void h_clear(struct lmc_rq *q)
 {
-    if (q->m->env->auth) { /* every tenant's L1 objects: an operator's call */
-        struct kvt_auth_client *c = lmc_who(q->m);
-        if (!c || !c->admin) {
-            lmc_count_denied(q->m, c);
-            lmc_reply_err(q,
-                          "E_DENIED: clear empties every tenant's L1: --lmcache-client %s "
-                          "is not an admin key",
-                          q->m->cfg->client);
-            return;
-        }
-    }
-    /* LMCache's clear empties L1 of what nobody holds; kvtier's L2 is not
-     * touched (use kvtier purge for that) */
     uint64_t freed = kvt_core_clear_l1(q->m->env->core);
     kvt_info("lmcache: clear: %llu bytes of L1 freed", (unsigned long long)freed);
     lmc_reply(q, NULL);
 }
 
-static void dispatch(struct lmc_rq *q)
+static void h_chunk_size(struct lmc_rq *q)
+{
+    lmc_reply_int(q, q->m->env->chunk_size);
+}
+
+static void h_noop(struct lmc_rq *q)
 {
     struct body b;
-    switch (q->op) {
-    case LMC_GET_CHUNK_SIZE:
-        lmc_reply_int(q, q->m->env->chunk_size);
-        break;
-    case LMC_NOOP:
-        lmc_body_init(&b);
-        kvt_mp_str0(&b.pk, "OK");
-        lmc_reply_body(q, &b);
-        break;
-    case LMC_GET_EXPERIMENTAL:
-        lmc_body_init(&b);
-        msgpack_pack_array(&b.pk, 0);
-        lmc_reply_body(q, &b);
-        break;
-    case LMC_PING:
-        h_ping(q);
-        break;
-    case LMC_CLEAR:
-        h_clear(q);
-        break;
-    case LMC_REPORT_BLOCK_ALLOCATION: /* accepted: kvtier keeps no block-level events */
-    case LMC_UNREGISTER_KV_CACHE:     /* nothing is ever registered that way */
-    case LMC_UNREGISTER_Q_CACHE:
-    case LMC_CB_UNREGISTER_ROPE:
-        lmc_reply(q, NULL);
-        break;
-    case LMC_REGISTER_ED_CONTEXT:
-        h_register(q);
-        break;
-    case LMC_UNREGISTER_ED_CONTEXT:
-        h_unregister(q);
-        break;
-    case LMC_LOOKUP:
-        h_lookup(q);
-        break;
-    case LMC_QUERY_PREFETCH_STATUS:
-        h_query(q, false);
-        break;
-    case LMC_WAIT_PREFETCH_STATUS:
-        h_query(q, true);
-        break;
-    case LMC_FREE_LOOKUP_LOCKS:
-        h_free_locks(q);
-        break;
-    case LMC_END_SESSION:
-        h_end_session(q);
-        break;
-    case LMC_PREPARE_STORE:
-        h_prepare_store(q);
-        break;
-    case LMC_COMMIT_STORE:
-        h_commit_store(q);
-        break;
-    case LMC_PREPARE_RETRIEVE:
-        h_prepare_retrieve(q);
-        break;
-    case LMC_COMMIT_RETRIEVE:
-        h_commit_retrieve(q);
-        break;
-    case LMC_REGISTER_KV_CACHE:
-    case LMC_STORE:
-    case LMC_RETRIEVE:
-    case LMC_REGISTER_Q_CACHE:
-    case LMC_STORE_Q:
-        lmc_reply_err(q, "%s", REFUSE_LMC_DRIVEN);
-        break;
-    default:
+    lmc_body_init(&b);
+    kvt_mp_str0(&b.pk, "OK");
+    lmc_reply_body(q, &b);
+}
+
+static void h_experimental(struct lmc_rq *q)
+{
+    struct body b;
+    lmc_body_init(&b);
+    msgpack_pack_array(&b.pk, 0);
+    lmc_reply_body(q, &b);
+}
+
+/* accepted, nothing to do: kvtier keeps no block-level events, and
+ * nothing is ever registered the ways these undo */
+static void h_none(struct lmc_rq *q)
+{
+    lmc_reply(q, NULL);
+}
+
+static void h_lmc_driven(struct lmc_rq *q)
+{
+    lmc_reply_err(q, "%s", REFUSE_LMC_DRIVEN);
+}
+
+static void h_query_status(struct lmc_rq *q)
+{
+    h_query(q, false);
+}
+
+static void h_wait_status(struct lmc_rq *q)
+{
+    h_query(q, true);
+}
+
+enum {
+    LMC_ADMIN = 1 << 0, /* with --auth-key: --lmcache-client must be an admin key */
+};
+
+/* The operations kvtier serves, one row each (indexed by the wire table's
+ * enum, proto/lmc_wire.h); an operation without a row is an LMCache-only
+ * feature and refused. */
+struct lmc_proc {
+    void (*fn)(struct lmc_rq *q);
+    unsigned flags;
+    const char *why; /* LMC_ADMIN: what the operation does, for the refusal */
+};
+static const struct lmc_proc procs[LMC_OP_COUNT] = {
+    [LMC_GET_CHUNK_SIZE] = {.fn = h_chunk_size},
+    [LMC_NOOP] = {.fn = h_noop},
+    [LMC_GET_EXPERIMENTAL] = {.fn = h_experimental},
+    [LMC_PING] = {.fn = h_ping},
+    [LMC_CLEAR] = {.fn = h_clear, .flags = LMC_ADMIN, .why = "clear empties every tenant's L1"},
+    [LMC_REPORT_BLOCK_ALLOCATION] = {.fn = h_none},
+    [LMC_UNREGISTER_KV_CACHE] = {.fn = h_none},
+    [LMC_UNREGISTER_Q_CACHE] = {.fn = h_none},
+    [LMC_CB_UNREGISTER_ROPE] = {.fn = h_none},
+    [LMC_REGISTER_ED_CONTEXT] = {.fn = h_register},
+    [LMC_UNREGISTER_ED_CONTEXT] = {.fn = h_unregister},
+    [LMC_LOOKUP] = {.fn = h_lookup},
+    [LMC_QUERY_PREFETCH_STATUS] = {.fn = h_query_status},
+    [LMC_WAIT_PREFETCH_STATUS] = {.fn = h_wait_status},
+    [LMC_FREE_LOOKUP_LOCKS] = {.fn = h_free_locks},
+    [LMC_END_SESSION] = {.fn = h_end_session},
+    [LMC_PREPARE_STORE] = {.fn = h_prepare_store},
+    [LMC_COMMIT_STORE] = {.fn = h_commit_store},
+    [LMC_PREPARE_RETRIEVE] = {.fn = h_prepare_retrieve},
+    [LMC_COMMIT_RETRIEVE] = {.fn = h_commit_retrieve},
+    [LMC_REGISTER_KV_CACHE] = {.fn = h_lmc_driven},
+    [LMC_STORE] = {.fn = h_lmc_driven},
+    [LMC_RETRIEVE] = {.fn = h_lmc_driven},
+    [LMC_REGISTER_Q_CACHE] = {.fn = h_lmc_driven},
+    [LMC_STORE_Q] = {.fn = h_lmc_driven},
+};
+
+static void dispatch(struct lmc_rq *q)
+{
+    const struct lmc_proc *p = &procs[q->op];
+    if (!p->fn) {
         lmc_reply_err(q, "not supported by kvtier (CacheBlend, P2P, KV event streams and server "
                          "modules are LMCache-only features)");
+        return;
     }
+    if ((p->flags & LMC_ADMIN) && q->m->env->auth) { /* an operator's call */
+        struct kvt_auth_client *c = lmc_who(q->m);
+        if (!c || !c->admin) {
+            lmc_count_denied(q->m, c);
+            lmc_reply_err(q, "E_DENIED: %s: --lmcache-client %s is not an admin key", p->why,
+                          q->m->cfg->client);
+            return;
+        }
+    }
+    p->fn(q);
 }
 
 /* one whole message: [ident][uid][op][args...] */
