@@ -6,11 +6,13 @@
  * One thread ("lmcache") owns its own ZeroMQ ROUTER socket and all of this
  * file's state: registered worker contexts, sessions (a lookup's result and
  * the L1 references it holds for the retrieve), pending transfers (an L1
- * write or read lease per prepare_*). It calls the same store as the native
- * handlers: L1 (reserve, leases, get), the prefetch controller (L2 -> L1),
- * the store controller (L1 -> L2). The only other thread that touches it is
- * the prefetch thread: its callback queues the result under done_lock and
- * wakes this thread through an eventfd.
+ * write or read lease per prepare_*). It reaches the tiers through the
+ * core (core/core.h), as kvtier's own protocol does: reserve, leases, get,
+ * fetch (L1, then a prefetch from L2), commit (publish and submit to L2).
+ * The only other thread that touches it is the prefetch thread: its
+ * callback queues the result under done_lock and wakes this thread through
+ * an eventfd. The server drives it through its descriptor
+ * (kvt_front_lmcache, at the end of this file).
  *
  * The worker copies KV between its paged cache and the L1 pool itself: the
  * pool is a POSIX shared-memory object named --lmcache-shm-name (L1 creates
