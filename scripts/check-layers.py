@@ -32,19 +32,44 @@ RULES = {
     "l2-adapter": ["common", "key", "io", "l2-contract", "l2-engine", "l2-kit"],
     "evict": ["common", "key", "io", "policy", "l1", "l2-contract"],
     "ctrl": ["common", "key", "io", "policy", "l1", "l2-contract"],
+    # operations glue (cache.env, preflight, scan, purge, one-request RPC):
+    # over the L2 contract only, so the core, the server and the CLI share it
     "ops": ["common", "key", "policy", "proto", "l2-contract", "l2-kit-leaf"],
+    # the one road into the tiers: owns L1, the L2 set, the controllers
+    "core": ["common", "key", "io", "policy", "l1", "l2-contract", "l2-kit-leaf", "evict", "ctrl",
+             "ops"],
+    # src/front/front.h: what a front end is and what the server hands it
+    "front-contract": ["common"],
+    # src/front/<protocol>/: protocol translation into core calls; never
+    # l1/, ctrl/ or evict/ (and no call of their functions, see CALLS), never
+    # another front end, of the server only the leaf server/auth.h
+    "front": ["common", "key", "io", "proto", "ops", "core", "front-contract", "server-leaf"],
+    # server/auth.h: the authorized-clients table and ZAP (libzmq, jansson)
+    "server-leaf": ["common"],
     "server": ["common", "key", "io", "policy", "serde", "l1", "proto", "l2-contract",
-               "l2-kit-leaf", "evict", "ctrl", "ops"],
+               "l2-kit-leaf", "evict", "ctrl", "ops", "core", "front-contract", "front",
+               "server-leaf"],
+    # the kvtier binary's subcommands: a server only through the protocol
+    "cli": ["common", "key", "policy", "proto", "l2-contract", "l2-kit-leaf", "ops"],
     "client": ["common", "key", "proto"],
 }
 # kit headers that are leaves (libc, jansson): usable above L2 too
 KIT_LEAVES = {"l2/kit/tmpguard.h", "l2/kit/dirlock.h", "l2/kit/quota.h"}
 CONTRACT = {"l2/l2.h", "l2/evict.h", "l2/adapters.h"}
+SERVER_LEAVES = {"server/auth.h"}
+# functions a part may not call although a header it includes declares
+# them: a front end reaches L1, L2 and the controllers through the core
+CALLS = {"front": re.compile(r"\bkvt_(l1|l2|store_ctrl|prefetch|evictor|tpool)_\w+\s*\(")}
 
 
 def part_of(rel):
     """rel: a path relative to src/ ("l2/fs/fs.c")."""
     top = rel.split("/")[0]
+    if rel in SERVER_LEAVES:
+        return "server-leaf"
+    if top == "front":
+        parts = rel.split("/")
+        return "front-contract" if len(parts) == 2 else "front:" + parts[1]
     if top != "l2":
         return top
     if rel in CONTRACT:
@@ -64,8 +89,8 @@ def allowed(src_part, dst_part):
         return True
     base = src_part.split(":")[0]
     dst = dst_part.split(":")[0]
-    if base == "l2-adapter" and dst == "l2-adapter":
-        return False  # another family
+    if base in ("l2-adapter", "front") and dst == base:
+        return False  # another adapter family, another front end
     ok = RULES[base]
     if dst == "l2-kit-leaf" and "l2-kit" in ok:
         return True
@@ -83,8 +108,13 @@ def main():
             rel = os.path.relpath(path, ROOT)
             nfiles += 1
             src = part_of(rel)
+            calls = CALLS.get(src.split(":")[0])
             with open(path, encoding="utf-8") as fh:
                 for n, line in enumerate(fh, 1):
+                    hit = calls.search(line) if calls else None
+                    if hit:
+                        bad.append(f"src/{rel}:{n}: {src} calls {hit.group(0).rstrip('( ')} "
+                                   "(through the core, core/core.h)")
                     m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
                     if not m:
                         continue
@@ -102,7 +132,7 @@ def main():
     for b in bad:
         print(b, file=sys.stderr)
     if bad:
-        print(f"check-layers: {len(bad)} include(s) against the layer order "
+        print(f"check-layers: {len(bad)} include(s) or call(s) against the layer order "
               f"(scripts/check-layers.py, docs/architecture.md)", file=sys.stderr)
         return 1
     print(f"check-layers: {nfiles} files, every include follows the layer order")

@@ -3,7 +3,7 @@
  *
  * LMCache's multi-process server names chunks with BLAKE3 by default
  * (lmcache/v1/multiprocess/token_hasher.py); the LMCache front end
- * (src/server/lmc.c) computes the same names. Written from the BLAKE3
+ * (src/front/lmcache/lmc.c) computes the same names. Written from the BLAKE3
  * specification (https://github.com/BLAKE3-team/BLAKE3-specs); checked
  * against the reference vectors in tests/unit/test_key.c.
  */

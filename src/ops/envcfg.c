@@ -269,38 +269,6 @@ static int parse_file(struct parser *p, const char *path, bool optional)
 
 enum vkind { V_PATH, V_NUM, V_UNIT, V_BOOL, V_STR, V_INT };
 
-static const struct var {
-    const char *name;
-    enum vkind kind;
-    const char *def;
-    const char *help;
-} vars[] = {
-    {"KVP_CACHE_ROOT", V_PATH, NULL, "cache directory (flat *.bin files)"},
-    {"KVP_CACHE_BUDGET_GB", V_NUM, "1500", "hard cap in GB (GiB) = max_capacity_gb"},
-    {"KVP_CACHE_DEVICE", V_PATH, "", "device or mount point for the pre-flight check"},
-    {"KVP_TRIGGER_WATERMARK", V_UNIT, "0.9", "eviction starts at this fraction of the budget"},
-    {"KVP_EVICTION_RATIO", V_UNIT, "0.1", "each eviction cycle frees this fraction of used"},
-    {"KVP_EVICTION_POLICY", V_STR, "LRU",
-     "a policy cache.env offers (policy.h: KVT_POLICY_CACHE_ENV), or none (hard cap only)"},
-    {"KVP_VALUE_HALF_LIFE_HOURS", V_NUM, "0",
-     "freshness half-life of the value policy; 0: aging, no clock"},
-    {"KVP_QUOTAS_FILE", V_PATH, "", "per-namespace quotas (JSON)"},
-    {"KVP_SERVER_URL", V_STR, "tcp://127.0.0.1:5555", "where the server listens"},
-    {"KVP_USE_DIRECT_IO", V_BOOL, "false", "O_DIRECT for cache files"},
-    {"KVP_IO_ENGINE", V_STR, "posix", "posix or io_uring"},
-    {"KVP_NUM_WORKERS", V_INT, "4", "adapter worker threads"},
-    {"KVP_DURABLE", V_BOOL, "false", "fdatasync before a store is acknowledged"},
-    {"KVP_SHARD_DIRS", V_BOOL, "false", "files under hex[0:2]/hex[2:4]/ instead of flat"},
-};
-
-static const struct var *find_var(const char *name)
-{
-    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
-        if (strcmp(vars[i].name, name) == 0)
-            return &vars[i];
-    return NULL;
-}
-
 /* KVP_EVICTION_POLICY: a policy of the table that cache.env offers
  * (KVT_POLICY_CACHE_ENV), in any case, or "none" (no eviction block), into
  * out by its canonical name. Otherwise -1 and, in fmt, verr's format for
@@ -382,6 +350,215 @@ static int parse_num(const char *s, double *out)
     return 0;
 }
 
+/* ------------------------------------------------------------ setters */
+
+/* One variable's value, checked by its kind (num or b hold it parsed),
+ * into c. v: where it was set (NULL: the default). 0 or KVT_E_CONFIG with
+ * err naming the file, line and variable. */
+struct val {
+    const json_t *v;
+    const char *name, *s;
+    double num;
+    bool b;
+};
+typedef int (*var_set)(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap);
+
+static int set_root(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    if (!x->s[0] || get_path(x->v, x->s, c->root, sizeof(c->root)))
+        return verr(err, cap, x->v, x->name, "must be a directory path, got '%s'", x->s);
+    if (!strcmp(c->root, "/"))
+        return verr(err, cap, x->v, x->name, "'%s' is not a cache directory", x->s);
+    return 0;
+}
+
+static int set_budget(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    if (x->num > 1e9)
+        return verr(err, cap, x->v, x->name, "%s GB is out of range", x->s);
+    c->budget_gb = x->num;
+    return 0;
+}
+
+static int set_device(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    if (get_path(x->v, x->s, c->device, sizeof(c->device)))
+        return verr(err, cap, x->v, x->name, "path too long: '%s'", x->s);
+    return 0;
+}
+
+static int set_watermark(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    (void)err, (void)cap;
+    c->watermark = x->num;
+    return 0;
+}
+
+static int set_ratio(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    (void)err, (void)cap;
+    c->ratio = x->num;
+    return 0;
+}
+
+static int set_policy(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    char expected[256];
+    if (env_policy(x->s, c->policy, sizeof(c->policy), expected, sizeof(expected)))
+        return verr(err, cap, x->v, x->name, expected, x->s);
+    return 0;
+}
+
+static int set_half_life(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    (void)err, (void)cap;
+    c->half_life_h = x->num;
+    return 0;
+}
+
+static int set_quotas(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    if (get_path(x->v, x->s, c->quotas, sizeof(c->quotas)))
+        return verr(err, cap, x->v, x->name, "path too long: '%s'", x->s);
+    /* read and checked here, once, so an error names file:line; the
+     * adapter gets the quotas themselves, not the path */
+    json_decref(c->quotas_bytes); /* set again (cache.env.local): the last one holds */
+    c->quotas_bytes = NULL;
+    char qerr[PATH_MAX + 256];
+    json_t *qpath = c->quotas[0] ? json_string(c->quotas) : NULL; /* empty: none */
+    int rc = qpath ? kvt_quota_parse(qpath, &c->quotas_bytes, qerr, sizeof(qerr)) : 0;
+    json_decref(qpath);
+    return rc ? verr(err, cap, x->v, x->name, "%s", qerr) : 0;
+}
+
+static int set_url(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    if (strncmp(x->s, "tcp://", 6) && strncmp(x->s, "ipc://", 6))
+        return verr(err, cap, x->v, x->name, "expected tcp://HOST:PORT or ipc://PATH, got '%s'",
+                    x->s);
+    snprintf(c->url, sizeof(c->url), "%s", x->s);
+    c->url_set = x->v != NULL;
+    return 0;
+}
+
+static int set_direct_io(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    (void)err, (void)cap;
+    c->direct_io = x->b;
+    return 0;
+}
+
+static int set_io_engine(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    if (strcmp(x->s, "posix") && strcmp(x->s, "io_uring"))
+        return verr(err, cap, x->v, x->name, "expected posix or io_uring, got '%s'", x->s);
+    snprintf(c->io_engine, sizeof(c->io_engine), "%s", x->s);
+    return 0;
+}
+
+static int set_workers(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    if (x->num > 1024)
+        return verr(err, cap, x->v, x->name, "%s is out of range [1, 1024]", x->s);
+    c->num_workers = (int)x->num;
+    return 0;
+}
+
+static int set_durable(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    (void)err, (void)cap;
+    c->durable = x->b;
+    return 0;
+}
+
+static int set_shard_dirs(struct kvt_envcfg *c, const struct val *x, char *err, size_t cap)
+{
+    (void)err, (void)cap;
+    c->shard_dirs = x->b;
+    return 0;
+}
+
+/* ------------------------------------------------------------ the table */
+
+/* Every cache.env variable: its kind (the check before its setter), its
+ * default (NULL: required), and where it goes. */
+static const struct var {
+    const char *name;
+    enum vkind kind;
+    const char *def;
+    const char *help;
+    var_set set;
+    bool zero_ok; /* a number that may be 0 */
+} vars[] = {
+    {"KVP_CACHE_ROOT", V_PATH, NULL, "cache directory (flat *.bin files)", set_root, false},
+    {"KVP_CACHE_BUDGET_GB", V_NUM, "1500", "hard cap in GB (GiB) = max_capacity_gb", set_budget,
+     false},
+    {"KVP_CACHE_DEVICE", V_PATH, "", "device or mount point for the pre-flight check", set_device,
+     false},
+    {"KVP_TRIGGER_WATERMARK", V_UNIT, "0.9", "eviction starts at this fraction of the budget",
+     set_watermark, false},
+    {"KVP_EVICTION_RATIO", V_UNIT, "0.1", "each eviction cycle frees this fraction of used",
+     set_ratio, false},
+    {"KVP_EVICTION_POLICY", V_STR, "LRU",
+     "a policy cache.env offers (policy.h: KVT_POLICY_CACHE_ENV), or none (hard cap only)",
+     set_policy, false},
+    /* the value policy's half-life may be 0: freshness by aging */
+    {"KVP_VALUE_HALF_LIFE_HOURS", V_NUM, "0",
+     "freshness half-life of the value policy; 0: aging, no clock", set_half_life, true},
+    {"KVP_QUOTAS_FILE", V_PATH, "", "per-namespace quotas (JSON)", set_quotas, false},
+    {"KVP_SERVER_URL", V_STR, "tcp://127.0.0.1:5555", "where the server listens", set_url, false},
+    {"KVP_USE_DIRECT_IO", V_BOOL, "false", "O_DIRECT for cache files", set_direct_io, false},
+    {"KVP_IO_ENGINE", V_STR, "posix", "posix or io_uring", set_io_engine, false},
+    {"KVP_NUM_WORKERS", V_INT, "4", "adapter worker threads", set_workers, false},
+    {"KVP_DURABLE", V_BOOL, "false", "fdatasync before a store is acknowledged", set_durable,
+     false},
+    {"KVP_SHARD_DIRS", V_BOOL, "false", "files under hex[0:2]/hex[2:4]/ instead of flat",
+     set_shard_dirs, false},
+};
+#define NVARS (sizeof(vars) / sizeof(vars[0]))
+
+static const struct var *find_var(const char *name)
+{
+    for (size_t i = 0; i < NVARS; i++)
+        if (strcmp(vars[i].name, name) == 0)
+            return &vars[i];
+    return NULL;
+}
+
+/* A KVP_ name the table does not have: refused, listing the table's. */
+static int unknown_var(const json_t *v, const char *name, char *err, size_t cap)
+{
+    char fmt[1024];
+    size_t n = (size_t)snprintf(fmt, sizeof(fmt), "unknown variable%%s (known: ");
+    for (size_t i = 0; i < NVARS && n < sizeof(fmt); i++)
+        n += (size_t)snprintf(fmt + n, sizeof(fmt) - n, "%s%s", i ? ", " : "", vars[i].name);
+    if (n < sizeof(fmt))
+        snprintf(fmt + n, sizeof(fmt) - n, ")");
+    return verr(err, cap, v, name, fmt, "");
+}
+
+/* The value's check by its kind: a number (in [0, 1] for a fraction, > 0
+ * or >= 0, whole for a count) or a boolean. 0 or KVT_E_CONFIG. */
+static int check_kind(const struct var *d, struct val *x, char *err, size_t cap)
+{
+    if (d->kind == V_NUM || d->kind == V_UNIT || d->kind == V_INT) {
+        double num = 0;
+        if (parse_num(x->s, &num) || (d->kind == V_UNIT && (num < 0 || num > 1)) ||
+            (d->kind != V_UNIT && (num < 0 || (num == 0 && !d->zero_ok))) ||
+            (d->kind == V_INT && num != floor(num)))
+            return verr(err, cap, x->v, d->name,
+                        d->kind == V_UNIT  ? "expected a number in [0, 1], got '%s'"
+                        : d->kind == V_INT ? "expected a whole number > 0, got '%s'"
+                        : d->zero_ok       ? "expected a number >= 0, got '%s'"
+                                           : "expected a number > 0, got '%s'",
+                        x->s);
+        x->num = num;
+    } else if (d->kind == V_BOOL && parse_bool(x->s, &x->b)) {
+        return verr(err, cap, x->v, d->name, "expected true or false, got '%s'", x->s);
+    }
+    return 0;
+}
+
 int kvt_envcfg_load(const char *path, struct kvt_envcfg *c, char *err, size_t errcap)
 {
     memset(c, 0, sizeof(*c));
@@ -399,125 +576,23 @@ int kvt_envcfg_load(const char *path, struct kvt_envcfg *c, char *err, size_t er
     json_object_foreach(p.vars, name, v)
     {
         if (strncmp(name, "KVP_", 4) == 0 && !find_var(name)) {
-            rc = verr(err, errcap, v, name,
-                      "unknown variable%s (known: KVP_CACHE_ROOT, "
-                      "KVP_CACHE_BUDGET_GB, KVP_CACHE_DEVICE, KVP_TRIGGER_WATERMARK, "
-                      "KVP_EVICTION_RATIO, KVP_EVICTION_POLICY, KVP_VALUE_HALF_LIFE_HOURS, "
-                      "KVP_QUOTAS_FILE, KVP_SERVER_URL, KVP_USE_DIRECT_IO, KVP_IO_ENGINE, "
-                      "KVP_NUM_WORKERS, KVP_DURABLE, KVP_SHARD_DIRS)",
-                      "");
+            rc = unknown_var(v, name, err, errcap);
             goto out;
         }
     }
     c->sources = json_object();
-    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+    for (size_t i = 0; i < NVARS && !rc; i++) {
         const struct var *d = &vars[i];
         v = json_object_get(p.vars, d->name);
-        const char *val = v ? json_string_value(json_object_get(v, "value")) : d->def;
+        struct val x = {.v = v, .name = d->name};
+        x.s = v ? json_string_value(json_object_get(v, "value")) : d->def;
         json_object_set_new(
             c->sources, d->name,
             json_string(v ? json_string_value(json_object_get(v, "src")) : "default"));
-        if (!val) {
+        if (!x.s)
             rc = verr(err, errcap, v, d->name, "is required (the cache directory)%s", "");
-            goto out;
-        }
-        double num = 0;
-        bool b = false;
-        if (d->kind == V_NUM || d->kind == V_UNIT || d->kind == V_INT) {
-            /* the value policy's half-life may be 0: freshness by aging */
-            bool zero_ok = !strcmp(d->name, "KVP_VALUE_HALF_LIFE_HOURS");
-            if (parse_num(val, &num) || (d->kind == V_UNIT && (num < 0 || num > 1)) ||
-                (d->kind != V_UNIT && (num < 0 || (num == 0 && !zero_ok))) ||
-                (d->kind == V_INT && num != floor(num))) {
-                rc = verr(err, errcap, v, d->name,
-                          d->kind == V_UNIT  ? "expected a number in [0, 1], got '%s'"
-                          : d->kind == V_INT ? "expected a whole number > 0, got '%s'"
-                          : zero_ok          ? "expected a number >= 0, got '%s'"
-                                             : "expected a number > 0, got '%s'",
-                          val);
-                goto out;
-            }
-        } else if (d->kind == V_BOOL && parse_bool(val, &b)) {
-            rc = verr(err, errcap, v, d->name, "expected true or false, got '%s'", val);
-            goto out;
-        }
-        const char *n = d->name;
-        if (!strcmp(n, "KVP_CACHE_ROOT")) {
-            if (!val[0] || get_path(v, val, c->root, sizeof(c->root))) {
-                rc = verr(err, errcap, v, n, "must be a directory path, got '%s'", val);
-                goto out;
-            }
-            if (!strcmp(c->root, "/")) {
-                rc = verr(err, errcap, v, n, "'%s' is not a cache directory", val);
-                goto out;
-            }
-        } else if (!strcmp(n, "KVP_CACHE_BUDGET_GB")) {
-            if (num > 1e9) {
-                rc = verr(err, errcap, v, n, "%s GB is out of range", val);
-                goto out;
-            }
-            c->budget_gb = num;
-        } else if (!strcmp(n, "KVP_CACHE_DEVICE")) {
-            if (get_path(v, val, c->device, sizeof(c->device))) {
-                rc = verr(err, errcap, v, n, "path too long: '%s'", val);
-                goto out;
-            }
-        } else if (!strcmp(n, "KVP_TRIGGER_WATERMARK")) {
-            c->watermark = num;
-        } else if (!strcmp(n, "KVP_EVICTION_RATIO")) {
-            c->ratio = num;
-        } else if (!strcmp(n, "KVP_EVICTION_POLICY")) {
-            char expected[256];
-            if (env_policy(val, c->policy, sizeof(c->policy), expected, sizeof(expected))) {
-                rc = verr(err, errcap, v, n, expected, val);
-                goto out;
-            }
-        } else if (!strcmp(n, "KVP_VALUE_HALF_LIFE_HOURS")) {
-            c->half_life_h = num;
-        } else if (!strcmp(n, "KVP_QUOTAS_FILE")) {
-            if (get_path(v, val, c->quotas, sizeof(c->quotas))) {
-                rc = verr(err, errcap, v, n, "path too long: '%s'", val);
-                goto out;
-            }
-            /* read and checked here, once, so an error names file:line; the
-             * adapter gets the quotas themselves, not the path */
-            json_decref(c->quotas_bytes); /* set again (cache.env.local): the last one holds */
-            c->quotas_bytes = NULL;
-            char qerr[PATH_MAX + 256];
-            json_t *qpath = c->quotas[0] ? json_string(c->quotas) : NULL; /* empty: none */
-            rc = qpath ? kvt_quota_parse(qpath, &c->quotas_bytes, qerr, sizeof(qerr)) : 0;
-            json_decref(qpath);
-            if (rc) {
-                rc = verr(err, errcap, v, n, "%s", qerr);
-                goto out;
-            }
-        } else if (!strcmp(n, "KVP_SERVER_URL")) {
-            if (strncmp(val, "tcp://", 6) && strncmp(val, "ipc://", 6)) {
-                rc = verr(err, errcap, v, n, "expected tcp://HOST:PORT or ipc://PATH, got '%s'",
-                          val);
-                goto out;
-            }
-            snprintf(c->url, sizeof(c->url), "%s", val);
-            c->url_set = v != NULL;
-        } else if (!strcmp(n, "KVP_USE_DIRECT_IO")) {
-            c->direct_io = b;
-        } else if (!strcmp(n, "KVP_IO_ENGINE")) {
-            if (strcmp(val, "posix") && strcmp(val, "io_uring")) {
-                rc = verr(err, errcap, v, n, "expected posix or io_uring, got '%s'", val);
-                goto out;
-            }
-            snprintf(c->io_engine, sizeof(c->io_engine), "%s", val);
-        } else if (!strcmp(n, "KVP_NUM_WORKERS")) {
-            if (num > 1024) {
-                rc = verr(err, errcap, v, n, "%s is out of range [1, 1024]", val);
-                goto out;
-            }
-            c->num_workers = (int)num;
-        } else if (!strcmp(n, "KVP_DURABLE")) {
-            c->durable = b;
-        } else if (!strcmp(n, "KVP_SHARD_DIRS")) {
-            c->shard_dirs = b;
-        }
+        else if (!(rc = check_kind(d, &x, err, errcap)))
+            rc = d->set(c, &x, err, errcap);
     }
 out:
     json_decref(p.vars);

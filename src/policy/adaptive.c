@@ -502,7 +502,7 @@ static void request_store(struct adaptive *a)
 
 /* One request's lookup, head first (policy.h's request): each shadow
  * handles it as its expert alone in the tier would (sim_policy in
- * cmd_replay.c; the L1's lookup, store and commit): its prefix hits (the
+ * cli/replay.c; the L1's lookup, store and commit): its prefix hits (the
  * leading chunks it holds) are credited and touched tail first, then its
  * store (request_store). So each shadow hits as its expert alone does,
  * whatever the tier holds (test_policies:

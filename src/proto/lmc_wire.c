@@ -3,6 +3,7 @@
  * input fully and never trusts lengths or types from the wire.
  */
 #include "proto/lmc_wire.h"
+#include "kvtier/error.h"
 #include "proto/wire.h"
 
 #include <stdio.h>
@@ -55,12 +56,12 @@ int lmc_unpack(const void *p, size_t n, msgpack_unpacked *up)
 {
     size_t off = 0;
     if (!p || n == 0 || n > LMC_MAX_PAYLOAD)
-        return -1;
+        return KVT_E_BADREQ;
     /* msgpack-c allocates from declared lengths: bound them by the bytes first */
     if (kvt_wire_precheck(p, n))
-        return -1;
+        return KVT_E_BADREQ;
     if (msgpack_unpack_next(up, p, n, &off) != MSGPACK_UNPACK_SUCCESS || off != n)
-        return -1;
+        return KVT_E_BADREQ;
     return 0;
 }
 
@@ -69,7 +70,7 @@ int lmc_get_int(const msgpack_object *o, int64_t *v)
     switch (o->type) {
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
         if (o->via.u64 > INT64_MAX)
-            return -1;
+            return KVT_E_BADREQ;
         *v = (int64_t)o->via.u64;
         return 0;
     case MSGPACK_OBJECT_NEGATIVE_INTEGER:
@@ -79,7 +80,7 @@ int lmc_get_int(const msgpack_object *o, int64_t *v)
         *v = o->via.boolean;
         return 0;
     default:
-        return -1;
+        return KVT_E_BADREQ;
     }
 }
 
@@ -94,7 +95,7 @@ int lmc_get_float(const msgpack_object *o, double *v)
         *v = (double)i;
         return 0;
     }
-    return -1;
+    return KVT_E_BADREQ;
 }
 
 bool lmc_is_nil(const msgpack_object *o)
@@ -105,7 +106,7 @@ bool lmc_is_nil(const msgpack_object *o)
 int lmc_get_str(const msgpack_object *o, const char **s, size_t *n)
 {
     if (o->type != MSGPACK_OBJECT_STR)
-        return -1;
+        return KVT_E_BADREQ;
     *s = o->via.str.ptr;
     *n = o->via.str.size;
     return 0;
@@ -115,7 +116,7 @@ int lmc_decode_op(const void *p, size_t n, enum lmc_op *op, char *name, size_t c
 {
     msgpack_unpacked up;
     msgpack_unpacked_init(&up);
-    int rc = -1;
+    int rc = KVT_E_BADREQ;
     *op = LMC_OP_UNKNOWN;
     if (cap)
         name[0] = 0;
@@ -151,7 +152,7 @@ int lmc_decode_op(const void *p, size_t n, enum lmc_op *op, char *name, size_t c
 #define WHY(...)                                                                                   \
     do {                                                                                           \
         snprintf(why, cap, __VA_ARGS__);                                                           \
-        return -1;                                                                                 \
+        return KVT_E_BADREQ;                                                                       \
     } while (0)
 
 static int req_uint(const msgpack_object *m, const char *key, uint64_t max, uint64_t *v, char *why,
@@ -190,9 +191,9 @@ int lmc_key_decode(const msgpack_object *o, struct lmc_key *k, char *why, size_t
         WHY("IPCCacheServerKey must be a map");
     uint64_t v;
     if (req_str(o, "model_name", true, &k->model, &k->model_len, why, cap))
-        return -1;
+        return KVT_E_BADREQ;
     if (req_uint(o, "world_size", LMC_MAX_WORLD, &v, why, cap))
-        return -1;
+        return KVT_E_BADREQ;
     if (v == 0)
         WHY("world_size must be at least 1");
     k->world_size = (uint32_t)v;
@@ -208,13 +209,13 @@ int lmc_key_decode(const msgpack_object *o, struct lmc_key *k, char *why, size_t
     }
     if (req_uint(o, "start", UINT32_MAX, &k->start, why, cap) ||
         req_uint(o, "end", UINT32_MAX, &k->end, why, cap))
-        return -1;
+        return KVT_E_BADREQ;
     if (req_str(o, "request_id", true, &k->rid, &k->rid_len, why, cap))
-        return -1;
+        return KVT_E_BADREQ;
     if (k->rid_len > LMC_MAX_RID)
         WHY("request_id longer than %u bytes", LMC_MAX_RID);
     if (req_str(o, "cache_salt", false, &k->salt, &k->salt_len, why, cap))
-        return -1;
+        return KVT_E_BADREQ;
     const msgpack_object *r = kvt_mp_get(o, "num_kv_readers");
     if (r) {
         int64_t i;
@@ -279,25 +280,25 @@ int lmc_register_decode(const msgpack_object *o, struct lmc_register *r, char *w
         WHY("field \"instance_id\" must be an integer");
     uint64_t v;
     if (req_str(o, "model_name", true, &r->model, &r->model_len, why, cap))
-        return -1;
+        return KVT_E_BADREQ;
     if (req_uint(o, "world_size", LMC_MAX_WORLD, &v, why, cap))
-        return -1;
+        return KVT_E_BADREQ;
     r->world_size = (uint32_t)v;
     if (req_uint(o, "block_size", 1u << 20, &v, why, cap))
-        return -1;
+        return KVT_E_BADREQ;
     r->block_size = (uint32_t)v;
     if (req_uint(o, "num_layers", 1u << 16, &v, why, cap))
-        return -1;
+        return KVT_E_BADREQ;
     r->num_layers = (uint32_t)v;
     if (req_uint(o, "hidden_dim_size", 1u << 24, &v, why, cap))
-        return -1;
+        return KVT_E_BADREQ;
     r->hidden_dim = (uint32_t)v;
     if (!r->world_size || !r->block_size || !r->num_layers || !r->hidden_dim)
         WHY("world_size, block_size, num_layers and hidden_dim_size must be positive");
     const char *d;
     size_t dl;
     if (req_str(o, "dtype_str", true, &d, &dl, why, cap))
-        return -1;
+        return KVT_E_BADREQ;
     if (dl >= sizeof(r->dtype) || memchr(d, 0, dl))
         WHY("invalid dtype_str");
     memcpy(r->dtype, d, dl);

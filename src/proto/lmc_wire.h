@@ -1,6 +1,6 @@
 /*
  * LMCache multi-process (MP) wire protocol, pinned to lmcache 0.5.6: the
- * decoder used by the LMCache front end (src/server/lmc.c). No I/O here, so
+ * decoder used by the LMCache front end (src/front/lmcache/). No I/O here, so
  * the libFuzzer target (fuzz/fuzz_lmcache.c) runs it on arbitrary bytes.
  *
  * Request, as the client's DEALER sends it (the ROUTER prepends the peer id):
@@ -68,7 +68,8 @@ extern const struct lmc_opinfo lmc_ops[LMC_OP_COUNT];
 
 /* Decode the operation frame: a legacy integer id or a string name.
  * Returns 0 and *op (LMC_OP_UNKNOWN for a well-formed but unknown one, with
- * its text in name), or -1 when the frame is not a msgpack int or str. */
+ * its text in name), or KVT_E_BADREQ when the frame is not a msgpack int or
+ * str. Every decoder here returns 0 or KVT_E_BADREQ. */
 int lmc_decode_op(const void *p, size_t n, enum lmc_op *op, char *name, size_t cap);
 
 #define LMC_MAX_PAYLOAD (64u << 20)
@@ -96,7 +97,7 @@ struct lmc_key {
 #define LMC_MAX_WORLD 255 /* kv_rank keeps the world size in 8 bits */
 #define LMC_MAX_RID 256
 
-/* 0, or -1 with why (a message for the client). */
+/* 0, or KVT_E_BADREQ with why (a message for the client). */
 int lmc_key_decode(const msgpack_object *o, struct lmc_key *k, char *why, size_t cap);
 void lmc_key_free(struct lmc_key *k);
 

@@ -161,19 +161,19 @@ static int parse_line(char *line, struct kvt_auth_client *c, const char **why)
     int n = words(line, w, 5);
     if (n < 3 || n > 5) {
         *why = "expected <public key> <ro|rw> <tenants> [admin] [name=LABEL]";
-        return -1;
+        return KVT_E_CONFIG;
     }
     if (!kvt_z85_key_ok(w[0]) || !zmq_z85_decode(c->bin, w[0])) {
         *why = "the first field must be a CURVE public key in Z85 (40 characters, as in "
                "the .pub file of kvtier keygen)";
-        return -1;
+        return KVT_E_CONFIG;
     }
     memcpy(c->key, w[0], 41);
     if (!strcmp(w[1], "rw"))
         c->rw = true;
     else if (strcmp(w[1], "ro")) {
         *why = "the second field must be ro or rw";
-        return -1;
+        return KVT_E_CONFIG;
     }
     snprintf(c->name, sizeof(c->name), "%.8s", c->key);
     for (int i = 3; i < n; i++) {
@@ -184,11 +184,11 @@ static int parse_line(char *line, struct kvt_auth_client *c, const char **why)
             for (char *p = c->name; *p; p++)
                 if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20 || *p == 0x7f) {
                     *why = "name=LABEL: no quotes, backslashes or control characters";
-                    return -1;
+                    return KVT_E_CONFIG;
                 }
         } else {
             *why = "after the tenants only \"admin\" and \"name=LABEL\" (1..63 bytes) may follow";
-            return -1;
+            return KVT_E_CONFIG;
         }
     }
     if (!strcmp(w[2], "*")) {
@@ -200,11 +200,11 @@ static int parse_line(char *line, struct kvt_auth_client *c, const char **why)
         size_t l = comma ? (size_t)(comma - p) : strlen(p);
         if (c->ntenants == KVT_AUTH_MAX_TENANTS) {
             *why = "more than 256 tenants for one key (use '*')";
-            return -1;
+            return KVT_E_CONFIG;
         }
         char *t = tenant_decode(p, l, why);
         if (!t)
-            return -1;
+            return KVT_E_CONFIG;
         c->tenants = kvt_xrealloc(c->tenants, (c->ntenants + 1) * sizeof(char *));
         c->tenants[c->ntenants++] = t;
         if (!comma)

@@ -1,6 +1,4 @@
-#include <stdio.h>
-
-#include "server/config.h"
+#include "server/config_int.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "policy/policy.h"
@@ -14,228 +12,12 @@
 #include <zmq.h>
 
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
-
-enum {
-    O_HOST = 256,
-    O_PORT,
-    O_BIND,
-    O_CHUNK,
-    O_WORKERS,
-    O_IO_THREADS,
-    O_L1_SIZE,
-    O_L1_INIT,
-    O_L1_LAZY,
-    O_NO_L1_LAZY,
-    O_L1_HUGE,
-    O_L1_ALIGN,
-    O_L1_WTTL,
-    O_L1_RTTL,
-    O_EV_POLICY,
-    O_EV_WM,
-    O_EV_RATIO,
-    O_EV_INTERVAL,
-    O_L2,
-    O_STORE_POLICY,
-    O_PREFETCH_POLICY,
-    O_PREFETCH_MAX,
-    O_HTTP_HOST,
-    O_HTTP_PORT,
-    O_DATA_DIR,
-    O_MAX_OBJECT,
-    O_NO_SHM,
-    O_NO_L2,
-    O_NO_LOCAL,
-    O_DRY_RUN,
-    O_NO_STORAGE_CHECK,
-    O_LOG_LEVEL,
-    O_LOG_FORMAT,
-    O_CONFIG,
-    O_LMC_PORT,
-    O_LMC_HOST,
-    O_LMC_SHM,
-    O_LMC_CLIENT,
-    O_AUTH_KEY,
-    O_AUTH_CLIENTS,
-    O_HTTP_TOKEN,
-    O_INSECURE,
-    O_HELP,
-};
-
-static const struct option opts[] = {
-    {"host", required_argument, NULL, O_HOST},
-    {"port", required_argument, NULL, O_PORT},
-    {"bind", required_argument, NULL, O_BIND},
-    {"chunk-size", required_argument, NULL, O_CHUNK},
-    {"max-workers", required_argument, NULL, O_WORKERS},
-    {"io-threads", required_argument, NULL, O_IO_THREADS},
-    {"l1-size-gb", required_argument, NULL, O_L1_SIZE},
-    {"l1-init-size-gb", required_argument, NULL, O_L1_INIT},
-    {"l1-use-lazy", no_argument, NULL, O_L1_LAZY},
-    {"no-l1-use-lazy", no_argument, NULL, O_NO_L1_LAZY},
-    {"l1-use-hugepages", no_argument, NULL, O_L1_HUGE},
-    {"l1-align-bytes", required_argument, NULL, O_L1_ALIGN},
-    {"l1-write-ttl-seconds", required_argument, NULL, O_L1_WTTL},
-    {"l1-read-ttl-seconds", required_argument, NULL, O_L1_RTTL},
-    {"eviction-policy", required_argument, NULL, O_EV_POLICY},
-    {"eviction-trigger-watermark", required_argument, NULL, O_EV_WM},
-    {"eviction-ratio", required_argument, NULL, O_EV_RATIO},
-    {"eviction-interval-ms", required_argument, NULL, O_EV_INTERVAL},
-    {"l2-adapter", required_argument, NULL, O_L2},
-    {"l2-store-policy", required_argument, NULL, O_STORE_POLICY},
-    {"l2-prefetch-policy", required_argument, NULL, O_PREFETCH_POLICY},
-    {"l2-prefetch-max-in-flight", required_argument, NULL, O_PREFETCH_MAX},
-    {"http-host", required_argument, NULL, O_HTTP_HOST},
-    {"http-port", required_argument, NULL, O_HTTP_PORT},
-    {"data-dir", required_argument, NULL, O_DATA_DIR},
-    {"max-object-mb", required_argument, NULL, O_MAX_OBJECT},
-    {"no-shm", no_argument, NULL, O_NO_SHM},
-    {"no-l2", no_argument, NULL, O_NO_L2},
-    {"no-local-socket", no_argument, NULL, O_NO_LOCAL},
-    {"dry-run", no_argument, NULL, O_DRY_RUN},
-    {"no-storage-check", no_argument, NULL, O_NO_STORAGE_CHECK},
-    {"log-level", required_argument, NULL, O_LOG_LEVEL},
-    {"log-format", required_argument, NULL, O_LOG_FORMAT},
-    {"config", required_argument, NULL, O_CONFIG},
-    {"lmcache-port", required_argument, NULL, O_LMC_PORT},
-    {"lmcache-host", required_argument, NULL, O_LMC_HOST},
-    {"lmcache-shm-name", required_argument, NULL, O_LMC_SHM},
-    {"lmcache-client", required_argument, NULL, O_LMC_CLIENT},
-    {"auth-key", required_argument, NULL, O_AUTH_KEY},
-    {"auth-clients", required_argument, NULL, O_AUTH_CLIENTS},
-    {"http-token", required_argument, NULL, O_HTTP_TOKEN},
-    {"insecure-no-auth", no_argument, NULL, O_INSECURE},
-    {"help", no_argument, NULL, O_HELP},
-    {NULL, 0, NULL, 0},
-};
-
-void kvt_server_usage(FILE *f)
-{
-    fprintf(
-        f, "usage: kvtier server [options]\n"
-           "\n"
-           "Listening\n"
-           "  --host HOST                   bind address (127.0.0.1)\n"
-           "  --port N                      port (5555)\n"
-           "  --bind URL                    ZeroMQ endpoint instead of host/port "
-           "(tcp://..., ipc://...)\n"
-           "  --http-host HOST              HTTP address for /healthz /status /metrics "
-           "(127.0.0.1)\n"
-           "  --http-port N                 HTTP port (8080; 0 = off)\n"
-           "  --max-workers N               handler threads (4)\n"
-           "  --io-threads N                ZeroMQ I/O threads of the client port (1; with\n"
-           "                                --auth-key half the CPUs, 1..4: CURVE encrypts there)\n"
-           "  --chunk-size N                tokens per chunk, reported to clients (256)\n"
-           "  --max-object-mb N             largest object accepted (1024)\n"
-           "  --no-shm                      do not offer the shared-memory data path\n"
-           "  --no-local-socket             do not offer the same-host unix socket\n"
-           "L1 (shared memory)\n"
-           "  --l1-size-gb G                pool size (1.0); checked against the host's memory\n"
-           "  --l1-init-size-gb G           initial size with lazy growth (20, capped)\n"
-           "  --l1-use-lazy | --no-l1-use-lazy   grow on demand (default: lazy)\n"
-           "  --l1-align-bytes N            object alignment (4096)\n"
-           "  --l1-use-hugepages            back the pool with huge pages\n"
-           "  --l1-write-ttl-seconds S      write reservation TTL (600)\n"
-           "  --l1-read-ttl-seconds S       read lock TTL (300)\n"
-           "  --eviction-policy P           L1 policy, any case (adaptive):\n");
-    const struct kvt_policy_desc *d;
-    for (size_t i = 0; (d = kvt_policy_at(i)); i++)
-        fprintf(f, "                                  %-9s %s\n", d->name, d->help);
-    fprintf(
-        f, "  --eviction-trigger-watermark F  (0.8)\n"
-           "  --eviction-ratio F            (0.2)\n"
-           "  --eviction-interval-ms N      eviction controller period (1000)\n"
-           "L2\n"
-           "  --l2-adapter JSON             repeatable; order = adapter index. Without it: fs "
-           "under --data-dir\n"
-           "  --data-dir DIR                embedded default L2 directory (./kvtier-data)\n"
-           "  --no-l2                       no L2 at all: a memory-only cache\n"
-           "  --l2-store-policy default|skip_l1\n"
-           "  --l2-prefetch-policy default|retain\n"
-           "  --l2-prefetch-max-in-flight N (8)\n"
-           "  --config FILE                 operator config (cache.env + cache.env.local): one\n"
-           "                                nixl_store_dynamic adapter under KVP_CACHE_ROOT with\n"
-           "                                the hard cap KVP_CACHE_BUDGET_GB (adapter #0); see\n"
-           "                                docs/operations.md\n"
-           "LMCache drop-in (docs/lmcache-protocol.md)\n"
-           "  --lmcache-port N              also answer LMCache's multi-process protocol\n"
-           "                                (vLLM's LMCacheMPConnector, engine_driven) on N (0 = "
-           "off)\n"
-           "  --lmcache-host HOST           its bind address (localhost, as lmcache server), or\n"
-           "                                ipc://PATH: a Unix socket PATH:PORT (with --auth-key)\n"
-           "  --lmcache-client NAME         with --auth-key: the authorized client (name= or\n"
-           "                                public key) that requests on the LMCache port act as\n"
-           "  --lmcache-shm-name NAME       POSIX shm name of the L1 pool handed to workers\n"
-           "                                (lmcache_l1_pool_kvtier_<pid>)\n"
-           "Authentication (docs/security.md)\n"
-           "  --auth-key FILE               the server's CURVE secret key (kvtier keygen; mode\n"
-           "                                0600): TCP clients must present a listed key\n"
-           "  --auth-clients FILE           authorized clients: one public key a line with\n"
-           "                                ro|rw, its tenants (cache salts) and [admin]\n"
-           "  --http-token FILE             bearer token /status and /metrics require (mode 0600)\n"
-           "  --insecure-no-auth            allow listening beyond loopback without\n"
-           "                                authentication (warned at start, shown in /healthz)\n"
-           "Other\n"
-           "  --dry-run                     validate (config, directories, devices,\n"
-           "                                credentials), print the resolved config, exit\n"
-           "  --no-storage-check            with --dry-run: the config only, not the storage\n"
-           "                                it names (a config for another machine)\n"
-           "  --log-level debug|info|warn|error (info)\n"
-           "  --log-format text|json        json: one JSON object per line {ts, level, msg}\n"
-           "                                (text; or KVT_LOG_FORMAT)\n");
-}
-
-static int fail(const char *flag, const char *fmt, const char *val)
-{
-    fprintf(stderr, "kvtier server: --%s: ", flag);
-    fprintf(stderr, fmt, val);
-    fprintf(stderr, "\n");
-    return 2;
-}
-
-static int num(const char *flag, const char *s, double min, double max, double *out)
-{
-    char *end;
-    errno = 0;
-    double d = strtod(s, &end);
-    if (end == s || *end || errno || !isfinite(d))
-        return fail(flag, "expected a number, got '%s'", s);
-    if (d < min || d > max) {
-        fprintf(stderr, "kvtier server: --%s: %g is out of range [%g, %g]\n", flag, d, min, max);
-        return 2;
-    }
-    *out = d;
-    return 0;
-}
-
-static int integer(const char *flag, const char *s, long min, long max, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno)
-        return fail(flag, "expected an integer, got '%s'", s);
-    if (v < min || v > max) {
-        fprintf(stderr, "kvtier server: --%s: %ld is out of range [%ld, %ld]\n", flag, v, min, max);
-        return 2;
-    }
-    *out = v;
-    return 0;
-}
-
-static const char *flag_name(int code)
-{
-    for (const struct option *o = opts; o->name; o++)
-        if (o->val == code)
-            return o->name;
-    return "?";
-}
 
 /* An adapter as the user named it: "--data-dir", "--config FILE", or
  * "--l2-adapter #i (type)"; field: the key or flag holding its path. */
@@ -339,11 +121,6 @@ bool kvt_endpoint_is_local(const char *ep)
     return kvt_host_is_loopback(host);
 }
 
-bool kvt_lmc_host_is_ipc(const char *host)
-{
-    return !strncmp(host, "ipc://", 6);
-}
-
 /* Two listeners on these hosts and one port would collide: the same
  * address, a wildcard on either side, or localhost and 127.0.0.1. */
 static bool hosts_collide(const char *a, const char *b)
@@ -370,15 +147,15 @@ static int check_ports(const struct kvt_server_cfg *c)
         host[colon - h] = 0;
         port = atoi(colon + 1);
     }
-    bool lmc_tcp = c->lmc_port && !kvt_lmc_host_is_ipc(c->lmc_host);
+    bool lmc_tcp = c->lmc.port && !kvt_lmc_host_is_ipc(c->lmc.host);
     const char *key = NULL, *other = NULL;
     int p = 0;
     if (c->http_port && port && c->http_port == port && hosts_collide(c->http_host, host))
         key = "--http-port", other = "--port", p = port;
-    else if (lmc_tcp && port && c->lmc_port == port && hosts_collide(c->lmc_host, host))
+    else if (lmc_tcp && port && c->lmc.port == port && hosts_collide(c->lmc.host, host))
         key = "--lmcache-port", other = "--port", p = port;
-    else if (lmc_tcp && c->http_port && c->lmc_port == c->http_port &&
-             hosts_collide(c->lmc_host, c->http_host))
+    else if (lmc_tcp && c->http_port && c->lmc.port == c->http_port &&
+             hosts_collide(c->lmc.host, c->http_host))
         key = "--lmcache-port", other = "--http-port", p = c->http_port;
     if (!key)
         return 0;
@@ -414,7 +191,7 @@ static int check_l1(struct kvt_server_cfg *c)
     kvt_hostmem_read("", &h);
     /* with the LMCache front end the pool is a named object in /dev/shm */
     kvt_l1_fit(&h, (uint64_t)(c->l1_size_gb * KVT_GIB), c->l1_lazy, c->l1_hugepages,
-               c->lmc_port && c->shm, &c->l1_fit);
+               c->lmc.port && c->shm, &c->l1_fit);
     c->l1_fit_checked = true;
     if (c->l1_fit.verdict == KVT_L1_FIT_REFUSE) {
         fprintf(stderr, "kvtier server: %s\n", c->l1_fit.msg);
@@ -429,7 +206,7 @@ static int check_l1(struct kvt_server_cfg *c)
  * client (--lmcache-client). 0 or 2. */
 static int check_lmcache_auth(struct kvt_server_cfg *c)
 {
-    if (!kvt_lmc_host_is_ipc(c->lmc_host)) {
+    if (!kvt_lmc_host_is_ipc(c->lmc.host)) {
         fprintf(stderr,
                 "kvtier server: --lmcache-host: with --auth-key the LMCache front end listens "
                 "only on a Unix socket (LMCache's client has no CURVE; there only the server's "
@@ -437,7 +214,7 @@ static int check_lmcache_auth(struct kvt_server_cfg *c)
                 "in vLLM \"lmcache.mp.host\": \"ipc:///PATH\" (docs/security.md)\n");
         return 2;
     }
-    if (!c->lmc_client[0]) {
+    if (!c->lmc.client[0]) {
         fprintf(stderr,
                 "kvtier server: --lmcache-client: with --auth-key, name the authorized client "
                 "(its name= label or public key in %s) whose tenants and rights the LMCache "
@@ -446,11 +223,11 @@ static int check_lmcache_auth(struct kvt_server_cfg *c)
         return 2;
     }
     uint32_t n;
-    if (!kvt_auth_named(c->auth, c->lmc_client, &n)) {
+    if (!kvt_auth_named(c->auth, c->lmc.client, &n)) {
         fprintf(stderr,
                 "kvtier server: --lmcache-client: %s names %s in %s: give a client's name= "
                 "label (unique) or public key\n",
-                c->lmc_client, n ? "several clients" : "no client", c->auth_clients_file);
+                c->lmc.client, n ? "several clients" : "no client", c->auth_clients_file);
         return 2;
     }
     return 0;
@@ -510,14 +287,14 @@ static int check_auth(struct kvt_server_cfg *c)
         }
     }
     static const char hint[] = "give --insecure-no-auth to accept that (docs/security.md)";
-    if (c->lmc_client[0] && !c->auth) {
+    if (c->lmc.client[0] && !c->auth) {
         fprintf(stderr, "kvtier server: --lmcache-client: only with --auth-key and "
                         "--auth-clients (it names one of the authorized clients)\n");
         return 2;
     }
     /* with authentication on, the LMCache port authenticates too, whatever
      * --insecure-no-auth says */
-    if (c->lmc_port && c->auth && check_lmcache_auth(c))
+    if (c->lmc.port && c->auth && check_lmcache_auth(c))
         return 2;
     if (c->insecure_no_auth)
         return 0;
@@ -536,8 +313,8 @@ static int check_auth(struct kvt_server_cfg *c)
                 c->http_host, hint);
         return 2;
     }
-    if (c->lmc_port && !c->auth && !kvt_lmc_host_is_ipc(c->lmc_host) &&
-        !kvt_host_is_loopback(c->lmc_host)) {
+    if (c->lmc.port && !c->auth && !kvt_lmc_host_is_ipc(c->lmc.host) &&
+        !kvt_host_is_loopback(c->lmc.host)) {
         fprintf(stderr,
                 "kvtier server: --lmcache-port: the LMCache protocol front end has no "
                 "authentication of its own and --lmcache-host is beyond loopback; %s\n",
@@ -547,385 +324,106 @@ static int check_auth(struct kvt_server_cfg *c)
     return 0;
 }
 
-int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
+/* --config: the operator's file becomes adapter #0 (before any
+ * --l2-adapter), and its KVP_SERVER_URL the listening address. *adapter:
+ * its spec (malloc'd). 0 or 2 (printed). */
+static int load_config_file(struct kvt_opt_parse *p, char **adapter)
 {
-    memset(c, 0, sizeof(*c));
-    snprintf(c->host, sizeof(c->host), "127.0.0.1");
-    c->port = 5555;
-    c->chunk_size = 256;
-    c->max_workers = 4;
-    c->l1_size_gb = 1.0;
-    c->l1_init_size_gb = 20.0;
-    c->l1_lazy = true;
-    c->l1_align = 4096;
-    c->l1_write_ttl_s = 600;
-    c->l1_read_ttl_s = 300;
-    snprintf(c->eviction_policy, sizeof(c->eviction_policy), "adaptive");
-    c->eviction_watermark = 0.8;
-    c->eviction_ratio = 0.2;
-    c->eviction_interval_ms = 1000;
-    c->prefetch_max_in_flight = 8;
-    snprintf(c->http_host, sizeof(c->http_host), "127.0.0.1");
-    c->http_port = 8080;
-    c->max_object_bytes = KVT_MAX_OBJECT;
-    c->shm = true;
-    c->local = true;
-    c->log_level = kvt_log_level_current;
-    const char *lf = getenv("KVT_LOG_FORMAT");
-    if (lf && lf[0]) {
-        c->log_format = kvt_log_parse_format(lf);
-        if (c->log_format < 0) {
-            fprintf(stderr, "kvtier server: KVT_LOG_FORMAT: expected text or json, got '%s'\n", lf);
-            return 2;
-        }
-    }
-    snprintf(c->data_dir, sizeof(c->data_dir), "./kvtier-data");
-    snprintf(c->lmc_host, sizeof(c->lmc_host), "localhost");
-
-    const char *l2_args[KVT_MAX_ADAPTERS];
-    int nl2 = 0;
-    const char *config_path = NULL;
-    bool bind_given = false;
-    int ch, rc = 0;
-    double d;
-    long l;
-    optind = 1;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        const char *f = flag_name(ch);
-        switch (ch) {
-        case O_HOST:
-            snprintf(c->host, sizeof(c->host), "%s", optarg);
-            bind_given = true;
-            break;
-        case O_PORT:
-            rc = integer(f, optarg, 1, 65535, &l);
-            c->port = (int)l;
-            bind_given = true;
-            break;
-        case O_BIND:
-            bind_given = true;
-            if (strncmp(optarg, "tcp://", 6) && strncmp(optarg, "ipc://", 6))
-                return fail(f, "expected tcp://HOST:PORT or ipc://PATH, got '%s'", optarg);
-            snprintf(c->bind, sizeof(c->bind), "%s", optarg);
-            break;
-        case O_CHUNK:
-            rc = integer(f, optarg, 1, 1 << 20, &l);
-            c->chunk_size = (int)l;
-            break;
-        case O_WORKERS:
-            rc = integer(f, optarg, 1, 1024, &l);
-            c->max_workers = (int)l;
-            break;
-        case O_IO_THREADS:
-            rc = integer(f, optarg, 1, 64, &l);
-            c->io_threads = (int)l;
-            break;
-        case O_L1_SIZE: /* its range depends on --l1-align-bytes: check_l1 */
-            rc = num(f, optarg, -HUGE_VAL, HUGE_VAL, &c->l1_size_gb);
-            break;
-        case O_L1_INIT:
-            rc = num(f, optarg, 0.001, 65536, &c->l1_init_size_gb);
-            break;
-        case O_L1_LAZY:
-            c->l1_lazy = true;
-            break;
-        case O_NO_L1_LAZY:
-            c->l1_lazy = false;
-            break;
-        case O_L1_HUGE:
-            c->l1_hugepages = true;
-            break;
-        case O_L1_ALIGN:
-            rc = integer(f, optarg, 512, 1 << 24, &l);
-            if (!rc && (l & (l - 1)))
-                return fail(f, "must be a power of two, got '%s'", optarg);
-            c->l1_align = (uint32_t)l;
-            break;
-        case O_L1_WTTL:
-            rc = num(f, optarg, 0.001, 1e7, &c->l1_write_ttl_s);
-            break;
-        case O_L1_RTTL:
-            rc = num(f, optarg, 0.001, 1e7, &c->l1_read_ttl_s);
-            break;
-        case O_EV_POLICY: {
-            const struct kvt_policy_desc *pd = kvt_policy_find(optarg);
-            if (!pd) {
-                fprintf(stderr,
-                        "kvtier server: --eviction-policy: unknown policy '%s' (known: %s)\n",
-                        optarg, kvt_policy_names());
-                return 2;
-            }
-            snprintf(c->eviction_policy, sizeof(c->eviction_policy), "%s", pd->name);
-            break;
-        }
-        case O_EV_WM:
-            rc = num(f, optarg, 0, 1, &c->eviction_watermark);
-            break;
-        case O_EV_RATIO:
-            rc = num(f, optarg, 0, 1, &c->eviction_ratio);
-            break;
-        case O_EV_INTERVAL:
-            rc = integer(f, optarg, 1, 3600000, &l);
-            c->eviction_interval_ms = (int)l;
-            break;
-        case O_L2:
-            if (nl2 == KVT_MAX_ADAPTERS) {
-                fprintf(stderr, "kvtier server: --l2-adapter: at most %d adapters\n",
-                        KVT_MAX_ADAPTERS);
-                return 2;
-            }
-            l2_args[nl2++] = optarg;
-            break;
-        case O_STORE_POLICY:
-            if (strcmp(optarg, "default") == 0)
-                c->store_policy = KVT_STORE_DEFAULT;
-            else if (strcmp(optarg, "skip_l1") == 0)
-                c->store_policy = KVT_STORE_SKIP_L1;
-            else
-                return fail(f, "expected default or skip_l1, got '%s'", optarg);
-            break;
-        case O_PREFETCH_POLICY:
-            if (strcmp(optarg, "default") == 0)
-                c->prefetch_policy = KVT_PREFETCH_DEFAULT;
-            else if (strcmp(optarg, "retain") == 0)
-                c->prefetch_policy = KVT_PREFETCH_RETAIN;
-            else
-                return fail(f, "expected default or retain, got '%s'", optarg);
-            break;
-        case O_PREFETCH_MAX:
-            rc = integer(f, optarg, 1, 4096, &l);
-            c->prefetch_max_in_flight = (int)l;
-            break;
-        case O_HTTP_HOST:
-            snprintf(c->http_host, sizeof(c->http_host), "%s", optarg);
-            break;
-        case O_HTTP_PORT:
-            rc = integer(f, optarg, 0, 65535, &l);
-            c->http_port = (int)l;
-            break;
-        case O_DATA_DIR:
-            if (!optarg[0])
-                return fail(f, "must not be empty%s", "");
-            snprintf(c->data_dir, sizeof(c->data_dir), "%s", optarg);
-            break;
-        case O_MAX_OBJECT:
-            rc = num(f, optarg, 0.001, (double)KVT_MAX_OBJECT / 1048576.0, &d);
-            c->max_object_bytes = (uint64_t)(d * 1048576.0);
-            break;
-        case O_LMC_PORT:
-            rc = integer(f, optarg, 0, 65535, &l);
-            c->lmc_port = (int)l;
-            break;
-        case O_LMC_HOST:
-            if (!optarg[0] || strlen(optarg) >= sizeof(c->lmc_host))
-                return fail(f, "expected a host name or address, got '%s'", optarg);
-            if (kvt_lmc_host_is_ipc(optarg) && optarg[6] != '/' && optarg[6] != '@')
-                return fail(f, "expected ipc:///ABSOLUTE/PATH or ipc://@NAME, got '%s'", optarg);
-            snprintf(c->lmc_host, sizeof(c->lmc_host), "%s", optarg);
-            break;
-        case O_LMC_CLIENT:
-            if (!optarg[0] || strlen(optarg) >= sizeof(c->lmc_client))
-                return fail(f, "expected a client's name= label or public key, got '%s'", optarg);
-            snprintf(c->lmc_client, sizeof(c->lmc_client), "%s", optarg);
-            break;
-        case O_LMC_SHM: {
-            /* LMCache's rule: the name always starts with lmcache_l1_pool_ */
-            const char *b = optarg;
-            while (*b == '/')
-                b++;
-            bool pre = strncmp(b, "lmcache_l1_pool_", 16) == 0;
-            size_t bl = strlen(b);
-            if (!bl || bl > 200 || strchr(b, '/'))
-                return fail(f,
-                            "expected a POSIX shared-memory name (no '/', at most 200 "
-                            "characters), got '%s'",
-                            optarg);
-            snprintf(c->lmc_shm_name, sizeof(c->lmc_shm_name), "%s%.200s",
-                     pre ? "" : "lmcache_l1_pool_", b);
-            break;
-        }
-        case O_NO_SHM:
-            c->shm = false;
-            break;
-        case O_NO_L2:
-            c->no_l2 = true;
-            break;
-        case O_NO_LOCAL:
-            c->local = false;
-            break;
-        case O_DRY_RUN:
-            c->dry_run = true;
-            break;
-        case O_NO_STORAGE_CHECK:
-            c->no_storage_check = true;
-            break;
-        case O_LOG_LEVEL: {
-            int lv = kvt_log_parse_level(optarg);
-            if (lv < 0)
-                return fail(f, "expected debug, info, warn or error, got '%s'", optarg);
-            c->log_level = lv;
-            break;
-        }
-        case O_LOG_FORMAT:
-            c->log_format = kvt_log_parse_format(optarg);
-            if (c->log_format < 0)
-                return fail(f, "expected text or json, got '%s'", optarg);
-            break;
-        case O_CONFIG:
-            config_path = optarg;
-            break;
-        case O_AUTH_KEY:
-        case O_AUTH_CLIENTS:
-        case O_HTTP_TOKEN: {
-            char *dst = ch == O_AUTH_KEY       ? c->auth_key_file
-                        : ch == O_AUTH_CLIENTS ? c->auth_clients_file
-                                               : c->http_token_file;
-            if (!optarg[0] || strlen(optarg) >= sizeof(c->auth_key_file))
-                return fail(f, "expected a file path, got '%s'", optarg);
-            snprintf(dst, sizeof(c->auth_key_file), "%s", optarg);
-            break;
-        }
-        case O_INSECURE:
-            c->insecure_no_auth = true;
-            break;
-        case O_HELP:
-            kvt_server_usage(stdout);
-            return 1;
-        default:
-            if (optopt && optopt >= O_HOST)
-                fprintf(stderr, "kvtier server: --%s needs a value\n", flag_name(optopt));
-            else
-                fprintf(stderr, "kvtier server: unknown option '%s' (see kvtier server --help)\n",
-                        argv[optind - 1]);
-            return 2;
-        }
-        if (rc)
-            return rc;
-    }
-    if (optind < argc) {
-        fprintf(stderr, "kvtier server: unexpected argument '%s'\n", argv[optind]);
+    struct kvt_server_cfg *c = p->c;
+    struct kvt_envcfg ec;
+    char cerr[1024];
+    if (kvt_envcfg_load(p->config_path, &ec, cerr, sizeof(cerr))) {
+        fprintf(stderr, "kvtier server: --config: %s\n", cerr);
         return 2;
     }
-    if (c->no_storage_check && !c->dry_run) {
-        fprintf(stderr, "kvtier server: --no-storage-check goes with --dry-run only (a server "
-                        "checks what it opens)\n");
-        return 2;
-    }
-    /* --config: the operator's file becomes adapter #0 (before any
-     * --l2-adapter), and its KVP_SERVER_URL the listening address */
-    char *cfg_adapter = NULL;
-    if (config_path) {
-        struct kvt_envcfg ec;
-        char cerr[1024];
-        if (kvt_envcfg_load(config_path, &ec, cerr, sizeof(cerr))) {
-            fprintf(stderr, "kvtier server: --config: %s\n", cerr);
-            return 2;
-        }
-        if (c->no_l2) {
-            kvt_envcfg_free(&ec);
-            fprintf(stderr, "kvtier server: --no-l2 and --config exclude each other\n");
-            return 2;
-        }
-        if (nl2 == KVT_MAX_ADAPTERS) {
-            kvt_envcfg_free(&ec);
-            fprintf(stderr, "kvtier server: --l2-adapter: at most %d adapters with --config\n",
-                    KVT_MAX_ADAPTERS - 1);
-            return 2;
-        }
-        if (!bind_given && ec.url_set)
-            snprintf(c->bind, sizeof(c->bind), "%s", ec.url);
-        struct kvt_preflight pf;
-        kvt_preflight_run(ec.root, ec.device, (uint64_t)(ec.budget_gb * KVT_GIB), &pf);
-        if (pf.warning[0])
-            kvt_warn("pre-flight: %s", pf.warning);
-        c->config_file = kvt_envcfg_json(&ec);
-        json_object_set_new(c->config_file, "preflight", kvt_preflight_json(&pf));
-        cfg_adapter = kvt_envcfg_adapter_json(&ec);
+    if (c->no_l2) {
         kvt_envcfg_free(&ec);
-        for (int i = nl2; i > 0; i--)
-            l2_args[i] = l2_args[i - 1];
-        l2_args[0] = cfg_adapter;
-        nl2++;
+        fprintf(stderr, "kvtier server: --no-l2 and --config exclude each other\n");
+        return 2;
     }
-    /* the initial size is capped at the pool size (L1 does so too): show
-     * what is used, not 20 GiB for a 0.25 GiB pool */
-    if (c->l1_init_size_gb > c->l1_size_gb)
-        c->l1_init_size_gb = c->l1_size_gb;
-    if (!c->bind[0])
-        snprintf(c->bind, sizeof(c->bind), "tcp://%s:%d", c->host, c->port);
-    rc = check_ports(c);
-    if (!rc)
-        rc = check_auth(c);
-    if (rc) {
-        free(cfg_adapter);
-        kvt_server_cfg_free(c);
-        return rc;
+    if (p->nl2 == KVT_MAX_ADAPTERS) {
+        kvt_envcfg_free(&ec);
+        fprintf(stderr, "kvtier server: --l2-adapter: at most %d adapters with --config\n",
+                KVT_MAX_ADAPTERS - 1);
+        return 2;
     }
-    if (c->lmc_port && c->l1_hugepages) {
+    if (!p->bind_given && ec.url_set)
+        snprintf(c->bind, sizeof(c->bind), "%s", ec.url);
+    struct kvt_preflight pf;
+    kvt_preflight_run(ec.root, ec.device, (uint64_t)(ec.budget_gb * KVT_GIB), &pf);
+    if (pf.warning[0])
+        kvt_warn("pre-flight: %s", pf.warning);
+    c->config_file = kvt_envcfg_json(&ec);
+    json_object_set_new(c->config_file, "preflight", kvt_preflight_json(&pf));
+    *adapter = kvt_envcfg_adapter_json(&ec);
+    kvt_envcfg_free(&ec);
+    for (int i = p->nl2; i > 0; i--)
+        p->l2_args[i] = p->l2_args[i - 1];
+    p->l2_args[0] = *adapter;
+    p->nl2++;
+    return 0;
+}
+
+/* The LMCache front end's needs of the pool, and its default shm name.
+ * 0 or 2 (printed). */
+static int check_lmcache_pool(struct kvt_server_cfg *c)
+{
+    if (c->lmc.port && c->l1_hugepages) {
         fprintf(stderr, "kvtier server: --lmcache-port: LMCache workers open the L1 pool by its "
                         "POSIX shm name, which huge pages cannot have; drop --l1-use-hugepages\n");
         return 2;
     }
-    if (c->lmc_port && !c->shm) {
+    if (c->lmc.port && !c->shm) {
         fprintf(stderr, "kvtier server: --lmcache-port: the LMCache engine-driven path needs "
                         "the shared-memory pool; drop --no-shm\n");
         return 2;
     }
-    if (c->lmc_port && !c->lmc_shm_name[0])
-        snprintf(c->lmc_shm_name, sizeof(c->lmc_shm_name), "lmcache_l1_pool_kvtier_%d",
+    if (c->lmc.port && !c->lmc.shm_name[0])
+        snprintf(c->lmc.shm_name, sizeof(c->lmc.shm_name), "lmcache_l1_pool_kvtier_%d",
                  (int)getpid());
-    rc = check_l1(c);
-    if (rc) {
-        free(cfg_adapter);
-        kvt_server_cfg_free(c);
-        return rc;
-    }
+    return 0;
+}
+
+/* No --l2-adapter: the embedded default, one fs adapter under data_dir.
+ * 0 or 2 (printed). */
+static int default_adapter(struct kvt_server_cfg *c)
+{
     char err[1024];
-    if (c->no_l2) {
-        if (nl2) {
-            fprintf(stderr, "kvtier server: --no-l2 and --l2-adapter exclude each other\n");
-            return 2;
-        }
-        return 0;
+    json_t *j = json_object();
+    json_object_set_new(j, "type", json_string("fs"));
+    json_object_set_new(j, "base_path", json_string(c->data_dir));
+    char *text = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    int rc = kvt_l2_spec_parse(text, 0, &c->adapters[0], err, sizeof(err));
+    free(text);
+    if (rc) {
+        fprintf(stderr, "kvtier server: --data-dir: %s\n", err);
+        return 2;
     }
-    if (nl2 == 0) {
-        /* embedded default: one fs adapter under data_dir */
-        json_t *j = json_object();
-        json_object_set_new(j, "type", json_string("fs"));
-        json_object_set_new(j, "base_path", json_string(c->data_dir));
-        char *text = json_dumps(j, JSON_COMPACT);
-        json_decref(j);
-        rc = kvt_l2_spec_parse(text, 0, &c->adapters[0], err, sizeof(err));
-        free(text);
-        if (rc) {
-            fprintf(stderr, "kvtier server: --data-dir: %s\n", err);
-            return 2;
-        }
-        c->nadapters = 1;
-        c->default_adapter = true;
-        snprintf(c->adapters[0].origin, sizeof(c->adapters[0].origin), "--data-dir");
-        rc = check_storage(c);
-        if (rc)
-            kvt_server_cfg_free(c);
-        return rc;
-    }
-    for (int i = 0; i < nl2; i++) {
-        rc = kvt_l2_spec_parse(l2_args[i], i, &c->adapters[i], err, sizeof(err));
-        if (rc) {
+    c->nadapters = 1;
+    c->default_adapter = true;
+    snprintf(c->adapters[0].origin, sizeof(c->adapters[0].origin), "--data-dir");
+    return 0;
+}
+
+/* Each --l2-adapter (and --config's) parsed, then the limit an adapter
+ * puts on --eviction-interval-ms. 0 or 2 (printed). */
+static int parse_adapters(struct kvt_opt_parse *p, const char *cfg_adapter)
+{
+    struct kvt_server_cfg *c = p->c;
+    char err[1024];
+    for (int i = 0; i < p->nl2; i++) {
+        if (kvt_l2_spec_parse(p->l2_args[i], i, &c->adapters[i], err, sizeof(err))) {
             bool from_cfg = cfg_adapter && i == 0;
             fprintf(stderr, "kvtier server: %s%s%s%s\n", from_cfg ? "--config " : "",
-                    from_cfg ? config_path : "", from_cfg ? ": " : "", err);
-            free(cfg_adapter);
-            kvt_server_cfg_free(c);
+                    from_cfg ? p->config_path : "", from_cfg ? ": " : "", err);
             return 2;
         }
         if (cfg_adapter && i == 0)
             snprintf(c->adapters[0].origin, sizeof(c->adapters[0].origin), "--config %s",
-                     config_path);
+                     p->config_path);
         c->nadapters = i + 1;
     }
-    free(cfg_adapter);
     for (int i = 0; i < c->nadapters; i++) {
         int max = kvt_l2_spec_max_interval_ms(&c->adapters[i]);
         if (max && c->eviction_interval_ms > max) {
@@ -938,12 +436,62 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
                 "the shared record, and a longer interval lets the lease end while the "
                 "server runs (the others would fold its entry)\n",
                 la, max, c->eviction_interval_ms, KVT_RESP_BUDGET_LEASE_MS);
-            kvt_server_cfg_free(c);
             return 2;
         }
     }
-    rc = check_storage(c);
+    return 0;
+}
+
+/* The flags (options.c), then what involves several of them. */
+static int parse(struct kvt_opt_parse *p, int argc, char **argv, char **cfg_adapter)
+{
+    struct kvt_server_cfg *c = p->c;
+    const char *lf = getenv("KVT_LOG_FORMAT");
+    if (lf && lf[0]) {
+        c->log_format = kvt_log_parse_format(lf);
+        if (c->log_format < 0) {
+            fprintf(stderr, "kvtier server: KVT_LOG_FORMAT: expected text or json, got '%s'\n", lf);
+            return 2;
+        }
+    }
+    int rc = kvt_opt_parse_args(p, argc, argv);
     if (rc)
+        return rc;
+    if (c->no_storage_check && !c->dry_run) {
+        fprintf(stderr, "kvtier server: --no-storage-check goes with --dry-run only (a server "
+                        "checks what it opens)\n");
+        return 2;
+    }
+    if (p->config_path && (rc = load_config_file(p, cfg_adapter)))
+        return rc;
+    /* the initial size is capped at the pool size (L1 does so too): show
+     * what is used, not 20 GiB for a 0.25 GiB pool */
+    if (c->l1_init_size_gb > c->l1_size_gb)
+        c->l1_init_size_gb = c->l1_size_gb;
+    if (!c->bind[0])
+        snprintf(c->bind, sizeof(c->bind), "tcp://%s:%d", c->host, c->port);
+    if ((rc = check_ports(c)) || (rc = check_auth(c)) || (rc = check_lmcache_pool(c)) ||
+        (rc = check_l1(c)))
+        return rc;
+    if (c->no_l2) {
+        if (p->nl2) {
+            fprintf(stderr, "kvtier server: --no-l2 and --l2-adapter exclude each other\n");
+            return 2;
+        }
+        return 0;
+    }
+    rc = p->nl2 == 0 ? default_adapter(c) : parse_adapters(p, *cfg_adapter);
+    return rc ? rc : check_storage(c);
+}
+
+int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
+{
+    struct kvt_opt_parse p = {.c = c};
+    char *cfg_adapter = NULL;
+    kvt_opt_defaults(&p);
+    int rc = parse(&p, argc, argv, &cfg_adapter);
+    free(cfg_adapter);
+    if (rc == 2)
         kvt_server_cfg_free(c);
     return rc;
 }
@@ -1002,10 +550,10 @@ json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
     if (c->config_file)
         json_object_set(o, "config_file", c->config_file);
     json_t *lmc = json_object();
-    json_object_set_new(lmc, "port", json_integer(c->lmc_port));
-    json_object_set_new(lmc, "host", json_string(c->lmc_host));
-    json_object_set_new(lmc, "client", c->lmc_client[0] ? json_string(c->lmc_client) : json_null());
-    json_object_set_new(lmc, "shm_name", json_string(c->lmc_shm_name));
+    json_object_set_new(lmc, "port", json_integer(c->lmc.port));
+    json_object_set_new(lmc, "host", json_string(c->lmc.host));
+    json_object_set_new(lmc, "client", c->lmc.client[0] ? json_string(c->lmc.client) : json_null());
+    json_object_set_new(lmc, "shm_name", json_string(c->lmc.shm_name));
     json_object_set_new(o, "lmcache", lmc);
     /* file names and the public key only: never a secret */
     json_t *au = json_object();

@@ -10,13 +10,11 @@
 
 #include <jansson.h>
 
-#include "ctrl/prefetch_ctrl.h"
-#include "ctrl/store_ctrl.h"
+#include "core/core.h"
+#include "front/lmcache/lmc.h"
 #include "l1/hostmem.h"
 #include "l2/adapters.h"
 #include "server/auth.h"
-
-#define KVT_MAX_ADAPTERS 16
 
 struct kvt_server_cfg {
     char host[128];
@@ -50,11 +48,8 @@ struct kvt_server_cfg {
     char http_host[128];
     int http_port; /* 0 = off */
 
-    /* LMCache multi-process protocol front end (src/server/lmc.c) */
-    int lmc_port;           /* 0 = off */
-    char lmc_host[128];     /* a host, or ipc://PATH (the endpoint is then ipc://PATH:PORT) */
-    char lmc_client[64];    /* --lmcache-client: the authorized client its requests act as */
-    char lmc_shm_name[224]; /* the L1 pool's POSIX shm name when lmc_port is set */
+    /* the LMCache front end's flags (src/front/lmcache/) */
+    struct kvt_lmc_cfg lmc;
 
     uint64_t max_object_bytes;
     bool shm;   /* offer the zero-copy path */
@@ -88,8 +83,6 @@ int kvt_server_io_threads(const struct kvt_server_cfg *c);
  * name / address is reachable from this host only. */
 bool kvt_endpoint_is_local(const char *endpoint);
 bool kvt_host_is_loopback(const char *host);
-/* --lmcache-host is ipc://PATH (a Unix socket) */
-bool kvt_lmc_host_is_ipc(const char *host);
 
 /* Parse argv (after the "server" word). On error prints a message naming the
  * flag or adapter key to stderr and returns 2; returns 1 for --help (printed);

@@ -1,8 +1,10 @@
 /* HTTP endpoints on libmicrohttpd (its own thread): /healthz /status /metrics.
+ * kvt_http_start returns 0, -errno or KVT_E_* with err filled.
  * With --http-token, /status and /metrics need the bearer token; /healthz
  * stays open (docs/security.md). */
 #include "common/log.h"
 #include "common/secret.h"
+#include "kvtier/error.h"
 #include "server/internal.h"
 
 #include <arpa/inet.h>
@@ -106,7 +108,7 @@ int kvt_http_start(struct kvt_server *s, char *err, size_t cap)
         struct addrinfo hints = {.ai_family = AF_INET}, *res = NULL;
         if (getaddrinfo(s->cfg->http_host, NULL, &hints, &res) || !res) {
             snprintf(err, cap, "--http-host: cannot resolve '%s'", s->cfg->http_host);
-            return -1;
+            return KVT_E_CONFIG;
         }
         sa.sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
         freeaddrinfo(res);
@@ -122,7 +124,7 @@ int kvt_http_start(struct kvt_server *s, char *err, size_t cap)
             close(fd);
         snprintf(err, cap, "cannot listen on http://%s:%d: %s (use --http-port)", s->cfg->http_host,
                  s->cfg->http_port, strerror(e));
-        return -1;
+        return -e;
     }
     /* the logger is the first option: libmicrohttpd warns through its own
      * logger about any option that comes before it */
@@ -133,7 +135,7 @@ int kvt_http_start(struct kvt_server *s, char *err, size_t cap)
     if (!s->http) { /* fd left open: whether a failed start closed it is not documented */
         snprintf(err, cap, "cannot start the http server on http://%s:%d (libmicrohttpd)",
                  s->cfg->http_host, s->cfg->http_port);
-        return -1;
+        return KVT_E_UNSUPPORTED; /* libmicrohttpd gives no reason */
     }
     return 0;
 }

@@ -104,7 +104,7 @@ struct kvt_local {
 
 static struct kvt_l1 *l1_of(struct kvt_server *s)
 {
-    return s->l1;
+    return kvt_core_l1(s->core);
 }
 
 static struct lconn *find(struct kvt_local *L, uint64_t id)
@@ -156,7 +156,7 @@ int kvt_local_start(struct kvt_server *s, char *err, size_t cap)
     /* as ZMQ_MAXMSGSIZE: a full batch's body fits whatever --max-object-mb is */
     L->max_frame = KVT_MAX(s->cfg->max_object_bytes, (uint64_t)KVT_MAX_BODY) + (1u << 20);
     struct kvt_l1_shm shm;
-    kvt_l1_shm(s->l1, &shm);
+    kvt_core_shm(s->core, &shm);
     /* abstract namespace: nothing to clean up after a SIGKILL */
     snprintf(L->name, sizeof(L->name), "@kvtier-%d-%016llx", (int)getpid(),
              (unsigned long long)shm.pool_id);

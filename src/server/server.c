@@ -31,111 +31,9 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
-const char *const kvt_op_names[OP_COUNT] = {
-    "hello",           "ping",       "store",         "flush",        "lookup",
-    "retrieve",        "free_locks", "prepare_store", "commit_store", "prepare_retrieve",
-    "commit_retrieve", "status",     "delete",        "purge",        "unknown",
-};
-
-const double kvt_lat_bounds[KVT_LAT_BUCKETS] = {
-    50e-6, 100e-6, 250e-6, 500e-6, 1e-3,   2.5e-3, 5e-3, 10e-3,
-    25e-3, 50e-3,  100e-3, 250e-3, 500e-3, 1.0,    5.0,  1e300,
-};
-
 static struct kvt_l1 *g_l1; /* for ZeroMQ free callbacks of zero-copy frames */
 
 /* ------------------------------------------------------------ replies */
-
-struct reply *kvt_reply_new(const zmq_msg_t *ident, const void *rid, size_t rid_len, enum kvt_op op,
-                            uint64_t t0)
-{
-    struct reply *r = kvt_xcalloc(1, sizeof(*r));
-    zmq_msg_init(&r->ident);
-    if (ident)
-        zmq_msg_copy(&r->ident, (zmq_msg_t *)ident);
-    /* echoed as it came, also when it is too long (the client matches its
-     * error reply by it) */
-    r->rid = rid_len > sizeof(r->rid_buf) ? kvt_xmalloc(rid_len) : r->rid_buf;
-    r->rid_len = rid_len;
-    if (rid_len)
-        memcpy(r->rid, rid, rid_len);
-    msgpack_sbuffer_init(&r->body);
-    msgpack_packer_init(&r->pk, &r->body, msgpack_sbuffer_write);
-    r->op = op;
-    r->t0 = t0;
-    return r;
-}
-
-void kvt_reply_free(struct reply *r)
-{
-    if (!r)
-        return;
-    zmq_msg_close(&r->ident);
-    if (r->rid != r->rid_buf)
-        free(r->rid);
-    msgpack_sbuffer_destroy(&r->body);
-    for (uint32_t i = 0; i < r->nframes; i++)
-        kvt_l1_put(g_l1, r->frames[i].h);
-    free(r->frames);
-    free(r);
-}
-
-/* Copy in to out as valid UTF-8: every byte that does not start a
- * well-formed sequence (RFC 3629: no overlong forms, no surrogates, at most
- * U+10FFFF) becomes the four characters \xNN. out holds 4 * strlen(in) + 1. */
-static void utf8_escape(const char *in, char *out)
-{
-    const uint8_t *p = (const uint8_t *)in;
-    char *o = out;
-    while (*p) {
-        uint8_t b = *p;
-        int len = b < 0x80                 ? 1
-                  : b >= 0xc2 && b <= 0xdf ? 2
-                  : b >= 0xe0 && b <= 0xef ? 3
-                  : b >= 0xf0 && b <= 0xf4 ? 4
-                                           : 0;
-        bool ok = len > 0;
-        for (int i = 1; ok && i < len; i++)
-            ok = (p[i] & 0xc0) == 0x80; /* also stops at the terminating NUL */
-        if (ok && len == 3)
-            ok = !(b == 0xe0 && p[1] < 0xa0) && !(b == 0xed && p[1] >= 0xa0);
-        if (ok && len == 4)
-            ok = !(b == 0xf0 && p[1] < 0x90) && !(b == 0xf4 && p[1] >= 0x90);
-        if (!ok) {
-            o += sprintf(o, "\\x%02x", b);
-            p++;
-            continue;
-        }
-        memcpy(o, p, (size_t)len);
-        o += len;
-        p += len;
-    }
-    *o = 0;
-}
-
-void kvt_reply_error(struct reply *r, int code, const char *fmt, ...)
-{
-    char raw[512], msg[4 * sizeof(raw)];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(raw, sizeof(raw), fmt, ap);
-    va_end(ap);
-    /* messages quote what the client sent (an op name, a namespace): msgpack
-     * str must be UTF-8, and a cut at 511 bytes may split a character */
-    utf8_escape(raw, msg);
-    msgpack_sbuffer_clear(&r->body);
-    for (uint32_t i = 0; i < r->nframes; i++)
-        kvt_l1_put(g_l1, r->frames[i].h);
-    r->nframes = 0;
-    r->status = code ? code : KVT_E_BADREQ;
-    msgpack_pack_map(&r->pk, 3);
-    kvt_mp_str0(&r->pk, "code");
-    msgpack_pack_int32(&r->pk, r->status);
-    kvt_mp_str0(&r->pk, "error");
-    kvt_mp_str0(&r->pk, kvt_errname(r->status));
-    kvt_mp_str0(&r->pk, "message");
-    kvt_mp_str0(&r->pk, msg);
-}
 
 static void free_body(void *data, void *hint)
 {
@@ -151,7 +49,7 @@ static void free_l1_frame(void *data, void *hint)
 
 static void record(struct kvt_server *s, struct reply *r)
 {
-    struct op_stats *st = &s->ops[r->op];
+    struct op_stats *st = &s->native->ops[r->op];
     uint64_t dt = kvt_now_ns() - r->t0;
     atomic_fetch_add_explicit(&st->count, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&st->sum_ns, dt, memory_order_relaxed);
@@ -241,11 +139,6 @@ static void drain_replies(struct kvt_server *s)
     }
 }
 
-static void kick_l1(void *ev)
-{
-    kvt_evictor_kick(ev);
-}
-
 static void on_store_progress(void *arg)
 {
     struct kvt_server *s = arg;
@@ -255,18 +148,6 @@ static void on_store_progress(void *arg)
 }
 
 /* ------------------------------------------------------------ receive */
-
-static enum kvt_op op_of(const zmq_msg_t *m)
-{
-    size_t n = zmq_msg_size((zmq_msg_t *)m);
-    const char *p = zmq_msg_data((zmq_msg_t *)m);
-    for (int i = 0; i < OP_UNKNOWN; i++)
-        if (strlen(kvt_op_names[i]) == n && memcmp(kvt_op_names[i], p, n) == 0)
-            return (enum kvt_op)i;
-    return OP_UNKNOWN;
-}
-
-#define MAX_PARTS (KVT_MAX_BATCH + 8 + 1) /* 65,544 frames as sent, plus the routing id */
 
 /* Receive one whole multipart message (ZeroMQ delivers all parts or none). */
 static int recv_message(void *sock, zmq_msg_t **parts_out, uint32_t *n_out, bool *truncated)
@@ -287,7 +168,7 @@ static int recv_message(void *sock, zmq_msg_t **parts_out, uint32_t *n_out, bool
             break;
         }
         bool more = zmq_msg_more(&m);
-        if (n < MAX_PARTS) {
+        if (n < KVT_NATIVE_MAX_PARTS) {
             if (n == cap) {
                 cap *= 2;
                 parts = kvt_xrealloc(parts, cap * sizeof(zmq_msg_t));
@@ -398,8 +279,6 @@ void kvt_dispatch_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bo
         order_ready(s, c);
 }
 
-static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated);
-
 void kvt_run_ready(struct kvt_server *s)
 {
     while (s->ready_head) {
@@ -418,7 +297,7 @@ void kvt_run_ready(struct kvt_server *s)
             c->qt = NULL;
         c->busy = true;
         s->dispatching = c; /* an inline reply must not free c under us */
-        handle_message(s, m->parts, m->n, m->truncated);
+        kvt_native_handle(s->native, m->parts, m->n, m->truncated);
         s->dispatching = NULL;
         free(m->parts);
         free(m);
@@ -447,77 +326,6 @@ static void order_drop_all(struct kvt_server *s)
             free(c);
         }
     s->ready_head = s->ready_tail = NULL;
-}
-
-static void handle_message(struct kvt_server *s, zmq_msg_t *parts, uint32_t n, bool truncated)
-{
-    uint64_t t0 = kvt_now_ns();
-    /* parts[0] = routing id (ROUTER), [1] = request id, [2] = op, [3] = body */
-    const void *rid = n > 1 ? zmq_msg_data(&parts[1]) : NULL;
-    size_t rid_len = n > 1 ? zmq_msg_size(&parts[1]) : 0;
-    enum kvt_op op = n > 2 ? op_of(&parts[2]) : OP_UNKNOWN;
-    struct reply *r = kvt_reply_new(&parts[0], rid, rid_len, op, t0);
-    if (s->cfg->auth && n > 1) {
-        /* the ZAP handler's user id: the table's generation and the key's
-         * index; after a reload, the key's entry now (NULL: removed) */
-        const char *uid = zmq_msg_gets(&parts[1], "User-Id");
-        if (uid)
-            r->who = kvt_auth_by_uid(kvt_server_auth(s), uid);
-        else if (kvt_local_is_ident(&parts[0]))
-            r->who = kvt_local_who(s, &parts[0]); /* bound by its ticket, or NULL */
-    }
-    /* n counts the routing id: a request is at least [id][op][body] */
-    if (n < 4 || rid_len == 0 || rid_len > KVT_MAX_RID) {
-        atomic_fetch_add(&s->bad_requests, 1);
-        kvt_reply_error(r, KVT_E_BADREQ, "%s",
-                        n < 4 ? "a request needs frames [request id][op][body]"
-                              : "the request id must be 1..32 bytes");
-        kvt_reply_send(s, r);
-        close_parts(parts, 0, n);
-        return;
-    }
-    if (truncated) {
-        atomic_fetch_add(&s->bad_requests, 1);
-        kvt_reply_error(r, KVT_E_BADREQ, "too many frames (max %u)", MAX_PARTS - 1);
-        kvt_reply_send(s, r);
-        close_parts(parts, 0, n);
-        return;
-    }
-    if (op == OP_UNKNOWN) {
-        atomic_fetch_add(&s->bad_requests, 1);
-        size_t l = zmq_msg_size(&parts[2]);
-        char name[65]; /* printed up to its first NUL; kvt_reply_error escapes non-UTF-8 */
-        memcpy(name, zmq_msg_data(&parts[2]), KVT_MIN(l, 64));
-        name[KVT_MIN(l, 64)] = 0;
-        kvt_reply_error(r, KVT_E_BADOP, "unknown operation '%s'%s", name, l > 64 ? "..." : "");
-        kvt_reply_send(s, r);
-        close_parts(parts, 0, n);
-        return;
-    }
-    struct request q = {.r = r};
-    msgpack_unpacked up;
-    msgpack_unpacked_init(&up);
-    const char *why = NULL;
-    if (kvt_wire_body_decode(n > 3 ? zmq_msg_data(&parts[3]) : NULL,
-                             n > 3 ? zmq_msg_size(&parts[3]) : 0, &up, &why)) {
-        atomic_fetch_add(&s->bad_requests, 1);
-        kvt_reply_error(r, KVT_E_BADREQ, "%s", why);
-        kvt_reply_send(s, r);
-        msgpack_unpacked_destroy(&up);
-        close_parts(parts, 0, n);
-        return;
-    }
-    q.body = up.data;
-    q.frames = n > 4 ? &parts[4] : NULL;
-    q.nframes = n > 4 ? n - 4 : 0;
-    for (uint32_t i = 0; i < q.nframes; i++)
-        atomic_fetch_add_explicit(&s->bytes_in, zmq_msg_size(&q.frames[i]), memory_order_relaxed);
-    kvt_handle(s, op, &q);
-    /* handlers that keep data frames move them out and zero q.nframes */
-    msgpack_unpacked_destroy(&up);
-    close_parts(parts, 0, KVT_MIN(n, 4));
-    if (q.frames)
-        close_parts(q.frames, 0, q.nframes);
 }
 
 static void drain_monitor(struct kvt_server *s);
@@ -603,7 +411,7 @@ static void rpc_loop(struct kvt_server *s)
             uint64_t v;
             ssize_t rr = read(s->progress_efd, &v, sizeof(v));
             (void)rr;
-            kvt_flush_progress(s);
+            kvt_flush_progress(s->native);
         }
         if (s->local && (items[4].revents & ZMQ_POLLIN))
             kvt_local_poll(s);
@@ -644,36 +452,20 @@ static void read_boot_id(char *out, size_t cap)
 
 static void shutdown_all(struct kvt_server *s)
 {
-    kvt_lmc_stop(s); /* its thread uses L1 and the controllers */
+    kvt_fronts_stop(s); /* their threads use the core */
     if (s->http)
         kvt_http_stop(s);
-    if (s->workers) {
-        kvt_tpool_destroy(s->workers); /* finishes queued handler jobs */
-        s->workers = NULL;
-    }
-    if (s->pc) {
-        kvt_prefetch_ctrl_stop(s->pc);
-        s->pc = NULL;
-    }
-    kvt_lmc_free(s); /* after the prefetch callbacks, before L1 goes */
+    if (s->core)
+        kvt_core_stop_fetching(s->core); /* handler jobs finish; no prefetch callback after */
+    kvt_fronts_free(s);                  /* after the prefetch callbacks, before L1 goes */
     drain_replies(s);
     order_drop_all(s);
-    if (s->sc) {
-        uint64_t pend = kvt_store_ctrl_last_seq(s->sc) - kvt_store_ctrl_done_seq(s->sc);
-        if (pend)
-            kvt_info("draining %llu pending L2 store batch(es)", (unsigned long long)pend);
-        kvt_store_ctrl_quiesce(s->sc);
-        kvt_flush_progress(s); /* every parked flush, with its client's L2 failures */
-        kvt_store_ctrl_stop(s->sc);
-        s->sc = NULL;
+    if (s->core && s->native) {
+        kvt_core_drain_stores(s->core);
+        kvt_flush_progress(s->native); /* every parked flush, with its client's L2 failures */
     }
-    if (s->l1)
-        kvt_l1_set_pressure_hook(s->l1, NULL, NULL);
-    if (s->ev_l1)
-        kvt_evictor_stop(s->ev_l1);
-    for (int i = 0; i < s->nl2; i++)
-        if (s->ev_l2[i])
-            kvt_evictor_stop(s->ev_l2[i]);
+    if (s->core)
+        kvt_core_stop(s->core);
     kvt_local_stop(s); /* before L1 goes: queued replies hold references */
     if (s->sock) {
         int linger = 2000;
@@ -694,10 +486,11 @@ static void shutdown_all(struct kvt_server *s)
         s->cfg->auth = kvt_server_auth(s);
     if (s->zctx)
         zmq_ctx_term(s->zctx); /* waits for zero-copy frames to be released */
-    for (int i = 0; i < s->nl2; i++)
-        kvt_l2_close(s->l2s[i]), free(s->l2s[i]);
-    kvt_l1_destroy(s->l1);
+    kvt_core_close(s->core);
+    s->core = NULL;
     g_l1 = NULL;
+    kvt_native_free(s->native);
+    s->native = NULL;
     close(s->reply_efd);
     close(s->progress_efd);
     if (s->sig_fd >= 0)
@@ -772,6 +565,18 @@ static int start(struct kvt_server *s)
     int rc;
     s->start_ns = kvt_now_ns();
     read_boot_id(s->boot_id, sizeof(s->boot_id));
+    /* what every front end may read (the core comes once it runs) */
+    s->env = (struct kvt_front_env){
+        .chunk_size = c->chunk_size,
+        .max_object_bytes = c->max_object_bytes,
+        .shm = c->shm,
+        .read_ttl_s = c->l1_read_ttl_s,
+        .write_ttl_s = c->l1_write_ttl_s,
+        .auth = c->auth,
+        .auth_cur = &s->auth_cur,
+        .auth_clients_file = c->auth_clients_file,
+    };
+    s->native = kvt_native_new(&s->env, s, s->boot_id);
     pthread_mutex_init(&s->reply_lock, NULL);
     s->reply_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     s->progress_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -810,12 +615,11 @@ static int start(struct kvt_server *s)
                   e == EADDRINUSE ? " (another server there? nothing was opened or changed)" : "");
         return -e;
     }
-    if (c->lmc_port) { /* LMCache's port too: bound now, its thread starts last */
-        rc = kvt_lmc_listen(s, err, sizeof(err));
-        if (rc) {
-            kvt_error("%s", err);
-            return rc;
-        }
+    /* the other front ends' ports too: bound now, their threads start last */
+    rc = kvt_fronts_listen(s, err, sizeof(err));
+    if (rc) {
+        kvt_error("%s", err);
+        return rc;
     }
     if (c->http_port) { /* answers 503 "starting" until s->ready */
         rc = kvt_http_start(s, err, sizeof(err));
@@ -824,62 +628,51 @@ static int start(struct kvt_server *s)
             return rc;
         }
     }
-    for (int i = 0; i < c->nadapters; i++) {
-        rc = kvt_l2_open(&c->adapters[i], &s->l2s[i], err, sizeof(err));
-        if (rc) {
-            kvt_error("%s", err);
-            return rc;
-        }
-        s->nl2 = i + 1;
-    }
-    struct kvt_l1_opts lo = {
-        .size_bytes = (uint64_t)(c->l1_size_gb * KVT_GIB),
-        .init_bytes = (uint64_t)(c->l1_init_size_gb * KVT_GIB),
-        .lazy = c->l1_lazy,
-        .hugepages = c->l1_hugepages,
-        .align = c->l1_align,
-        .write_ttl_ns = (uint64_t)(c->l1_write_ttl_s * 1e9),
-        .read_ttl_ns = (uint64_t)(c->l1_read_ttl_s * 1e9),
-        .policy = c->eviction_policy,
-        .watermark = c->eviction_watermark,
-        .ratio = c->eviction_ratio,
-        /* LMCache workers open the pool by name (docs/lmcache-protocol.md) */
-        .shm_name = c->lmc_port ? c->lmc_shm_name : NULL,
+    s->core_opts = (struct kvt_core_opts){
+        .adapters = c->adapters,
+        .nadapters = c->nadapters,
+        .l1 =
+            {
+                .size_bytes = (uint64_t)(c->l1_size_gb * KVT_GIB),
+                .init_bytes = (uint64_t)(c->l1_init_size_gb * KVT_GIB),
+                .lazy = c->l1_lazy,
+                .hugepages = c->l1_hugepages,
+                .align = c->l1_align,
+                .write_ttl_ns = (uint64_t)(c->l1_write_ttl_s * 1e9),
+                .read_ttl_ns = (uint64_t)(c->l1_read_ttl_s * 1e9),
+                .policy = c->eviction_policy,
+                .watermark = c->eviction_watermark,
+                .ratio = c->eviction_ratio,
+                /* LMCache workers open the pool by name (docs/lmcache-protocol.md) */
+                .shm_name = c->lmc.port ? c->lmc.shm_name : NULL,
+            },
+        .store_policy = c->store_policy,
+        .prefetch_policy = c->prefetch_policy,
+        .prefetch_max_in_flight = c->prefetch_max_in_flight,
+        .eviction_interval_ms = c->eviction_interval_ms,
+        .max_workers = c->max_workers,
+        .on_store_progress = on_store_progress,
+        .progress_arg = s,
     };
-    rc = kvt_l1_create(&lo, &s->l1, err, sizeof(err));
+    rc = kvt_core_open(&s->core_opts, &s->core, err, sizeof(err));
+    s->env.core = s->core; /* also after a failed start: shutdown goes through it */
+    if (!rc)
+        rc = kvt_core_start(s->core, err, sizeof(err));
     if (rc) {
-        kvt_error("L1: %s", err);
+        kvt_error("%s", err);
         return rc;
     }
-    g_l1 = s->l1;
-    rc = kvt_store_ctrl_start(&s->sc, s->l1, s->l2s, s->nl2, c->store_policy, on_store_progress, s);
-    if (!rc)
-        rc = kvt_prefetch_ctrl_start(&s->pc, s->l1, s->l2s, s->nl2, c->prefetch_policy,
-                                     c->prefetch_max_in_flight);
-    if (!rc)
-        rc = kvt_evictor_start_l1(&s->ev_l1, s->l1, c->eviction_interval_ms);
-    if (!rc)
-        kvt_l1_set_pressure_hook(s->l1, kick_l1, s->ev_l1);
-    for (int i = 0; !rc && i < s->nl2; i++)
-        rc = kvt_evictor_start_l2(&s->ev_l2[i], s->l2s[i], c->eviction_interval_ms);
-    if (!rc)
-        rc = kvt_tpool_create(&s->workers, "rpc-worker", c->max_workers, NULL, NULL, NULL);
-    if (rc) {
-        kvt_error("cannot start server threads: %s", kvt_strerror(rc));
-        return rc;
-    }
+    g_l1 = kvt_core_l1(s->core);
     if (c->local && c->shm) {
         rc = kvt_local_start(s, err, sizeof(err));
         if (rc) /* not fatal: clients use ZeroMQ */
             kvt_warn("%s: same-host clients will use %s", err, c->bind);
         rc = 0;
     }
-    if (c->lmc_port) { /* bound above; requests are served from now on */
-        rc = kvt_lmc_start(s, err, sizeof(err));
-        if (rc) {
-            kvt_error("%s", err);
-            return rc;
-        }
+    rc = kvt_fronts_start(s, err, sizeof(err)); /* requests are served from now on */
+    if (rc) {
+        kvt_error("%s", err);
+        return rc;
     }
     /* release: the HTTP thread reads the components set up above */
     atomic_store_explicit(&s->ready, true, memory_order_release);
@@ -890,7 +683,7 @@ static void banner(struct kvt_server *s)
 {
     struct kvt_server_cfg *c = s->cfg;
     struct kvt_l1_shm shm;
-    kvt_l1_shm(s->l1, &shm);
+    kvt_core_shm(s->core, &shm);
     kvt_info("kvtier %s listening on %s (pid %d)", KVT_VERSION, c->bind, (int)getpid());
     if (c->auth)
         kvt_info("auth: CURVE on %s, %u authorized client key(s) from %s; server public key %s; "
@@ -918,19 +711,18 @@ static void banner(struct kvt_server *s)
         kvt_warn("L1: %s", c->l1_fit.msg);
     if (s->local)
         kvt_info("same-host clients: unix socket %s", kvt_local_name(s));
-    if (s->lmc)
-        kvt_info("LMCache protocol (lmcache 0.5.6, engine_driven) on %s; L1 pool /dev/shm/%s",
-                 kvt_lmc_endpoint(s), c->lmc_shm_name);
+    kvt_fronts_banner(s);
     /* where each adapter keeps its objects, under the name its status uses */
     static const char *const where_keys[] = {"base_path", "file_path", "device_path", "endpoint",
                                              "endpoint_url"};
-    for (int i = 0; i < s->nl2; i++) {
-        json_t *st = kvt_l2_status(s->l2s[i]);
+    for (int i = 0; i < kvt_core_nl2(s->core); i++) {
+        kvt_l2 *l2 = kvt_core_l2(s->core, i);
+        json_t *st = kvt_l2_status(l2);
         const char *where = NULL;
         for (size_t k = 0; !where && k < sizeof(where_keys) / sizeof(where_keys[0]); k++)
             where = json_string_value(json_object_get(st, where_keys[k]));
-        kvt_info("L2 #%d: %s%s%s%s", i, kvt_l2_type(s->l2s[i]), where ? " at " : "",
-                 where ? where : "", c->default_adapter ? " (embedded default)" : "");
+        kvt_info("L2 #%d: %s%s%s%s", i, kvt_l2_type(l2), where ? " at " : "", where ? where : "",
+                 c->default_adapter ? " (embedded default)" : "");
         json_decref(st);
     }
 }

@@ -1,4 +1,5 @@
-/* The status document (rpc "status", GET /status), health and metrics. */
+/* The status document (rpc "status", GET /status) and health (/healthz);
+ * /metrics is metrics.c. */
 #include "common/util.h"
 #include "server/internal.h"
 
@@ -12,11 +13,12 @@ bool kvt_server_health(struct kvt_server *s, char *why, size_t cap)
 {
     bool ok = true;
     why[0] = 0;
-    for (int i = 0; i < s->nl2; i++) {
+    for (int i = 0; i < kvt_core_nl2(s->core); i++) {
+        kvt_l2 *l2 = kvt_core_l2(s->core, i);
         char msg[256];
-        if (!kvt_l2_healthy(s->l2s[i], msg, sizeof(msg))) {
+        if (!kvt_l2_healthy(l2, msg, sizeof(msg))) {
             size_t l = strlen(why);
-            snprintf(why + l, cap - l, "%sl2 %s: %s", ok ? "" : "; ", kvt_l2_name(s->l2s[i]), msg);
+            snprintf(why + l, cap - l, "%sl2 %s: %s", ok ? "" : "; ", kvt_l2_name(l2), msg);
             ok = false;
         }
     }
@@ -38,40 +40,42 @@ json_t *kvt_server_status(struct kvt_server *s)
     json_object_set_new(h, "is_healthy", json_boolean(ok));
     json_object_set_new(h, "detail", json_string(why));
     json_object_set_new(o, "health", h);
-    json_t *l1 = kvt_l1_status(s->l1);
+    struct kvt_core *core = s->core;
+    json_t *l1 = kvt_l1_status(kvt_core_l1(core));
     /* the pool against this host's memory, as judged at start */
     json_object_set_new(l1, "host_memory",
                         s->cfg->l1_fit_checked ? kvt_l1_fit_json(&s->cfg->l1_fit) : json_null());
     json_object_set_new(o, "l1", l1);
     json_t *l2 = json_array();
-    for (int i = 0; i < s->nl2; i++)
-        json_array_append_new(l2, kvt_l2_status(s->l2s[i]));
+    for (int i = 0; i < kvt_core_nl2(core); i++)
+        json_array_append_new(l2, kvt_l2_status(kvt_core_l2(core, i)));
     json_object_set_new(o, "l2", l2);
-    json_object_set_new(o, "store", kvt_store_ctrl_status(s->sc));
-    json_object_set_new(o, "prefetch", kvt_prefetch_ctrl_status(s->pc));
-    if (s->lmc)
-        json_object_set_new(o, "lmcache", kvt_lmc_status(s));
+    json_object_set_new(o, "store", kvt_store_ctrl_status(kvt_core_store_ctrl(core)));
+    json_object_set_new(o, "prefetch", kvt_prefetch_ctrl_status(kvt_core_prefetch_ctrl(core)));
+    kvt_fronts_status(s, o);
+    const struct kvt_native *nv = s->native;
     json_t *rpc = json_object();
     json_t *ops = json_object();
-    for (int i = 0; i < OP_COUNT; i++) {
-        uint64_t c = atomic_load(&s->ops[i].count);
+    for (uint32_t i = 0; i < kvt_nops; i++) {
+        uint64_t c = atomic_load(&nv->ops[i].count);
         if (!c)
             continue;
         json_t *op = json_object();
         json_object_set_new(op, "count", json_integer((json_int_t)c));
-        json_object_set_new(op, "errors", json_integer((json_int_t)atomic_load(&s->ops[i].errors)));
+        json_object_set_new(op, "errors",
+                            json_integer((json_int_t)atomic_load(&nv->ops[i].errors)));
         json_object_set_new(op, "mean_us",
-                            json_real((double)atomic_load(&s->ops[i].sum_ns) / (double)c / 1e3));
-        json_object_set_new(ops, kvt_op_names[i], op);
+                            json_real((double)atomic_load(&nv->ops[i].sum_ns) / (double)c / 1e3));
+        json_object_set_new(ops, kvt_ops[i].name, op);
     }
     json_object_set_new(rpc, "ops", ops);
     json_object_set_new(rpc, "bad_requests",
-                        json_integer((json_int_t)atomic_load(&s->bad_requests)));
-    json_object_set_new(rpc, "bytes_in", json_integer((json_int_t)atomic_load(&s->bytes_in)));
+                        json_integer((json_int_t)atomic_load(&nv->bad_requests)));
+    json_object_set_new(rpc, "bytes_in", json_integer((json_int_t)atomic_load(&nv->bytes_in)));
     json_object_set_new(rpc, "bytes_out", json_integer((json_int_t)atomic_load(&s->bytes_out)));
     json_object_set_new(rpc, "local_connections", json_integer(kvt_local_conns(s)));
     json_object_set_new(rpc, "workers_queued",
-                        json_integer((json_int_t)kvt_tpool_queued(s->workers)));
+                        json_integer((json_int_t)kvt_core_workers_queued(core)));
     json_object_set_new(o, "rpc", rpc);
     /* who may connect and what was refused; public keys only, never a secret */
     json_t *au = s->cfg->auth ? kvt_auth_status(s->cfg->auth, kvt_server_auth(s)) : json_object();
@@ -83,297 +87,10 @@ json_t *kvt_server_status(struct kvt_server *s)
          * key by a ticket, hellos refused without a valid one */
         json_t *sh = json_object();
         json_object_set_new(sh, "enabled", json_boolean(kvt_local_name(s) != NULL));
-        json_object_set_new(sh, "bound", json_integer((json_int_t)atomic_load(&s->local_bound)));
-        json_object_set_new(sh, "denied", json_integer((json_int_t)atomic_load(&s->local_denied)));
+        json_object_set_new(sh, "bound", json_integer((json_int_t)atomic_load(&nv->local_bound)));
+        json_object_set_new(sh, "denied", json_integer((json_int_t)atomic_load(&nv->local_denied)));
         json_object_set_new(au, "same_host", sh);
     }
     json_object_set_new(o, "auth", au);
     return o;
-}
-
-/* ---- Prometheus text format ---- */
-
-struct sb {
-    char *p;
-    size_t len, cap;
-};
-
-__attribute__((format(printf, 2, 3))) static void sbf(struct sb *b, const char *fmt, ...)
-{
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n >= 0 && (size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        b->cap = b->cap * 2 + (size_t)(n > 0 ? n : 0) + 256;
-        b->p = kvt_xrealloc(b->p, b->cap);
-    }
-}
-
-static void metric(struct sb *b, const char *name, const char *type, const char *help)
-{
-    sbf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-/*
- * Per node of the adapters that talk to servers (l2.h, struct
- * kvt_l2_node): up or not, its breaker, how often it went down, and per
- * adapter how many masters are down. Label values are the node names the
- * adapter reports ("host:port", an endpoint URL).
- */
-static void l2_node_metrics(struct kvt_server *s, struct sb *b)
-{
-    struct kvt_l2_node *nv = kvt_xcalloc(KVT_L2_NODES_MAX, sizeof(*nv));
-    bool any = false;
-    for (int i = 0; i < s->nl2 && !any; i++)
-        any = kvt_l2_nodes(s->l2s[i], nv, 0) > 0;
-    if (!any) {
-        free(nv);
-        return;
-    }
-    static const char *const names[] = {"kvtier_l2_node_up", "kvtier_l2_node_breaker_open",
-                                        "kvtier_l2_node_downs_total",
-                                        "kvtier_l2_node_down_seconds"};
-    static const char *const types[] = {"gauge", "gauge", "counter", "gauge"};
-    static const char *const helps[] = {
-        "1 if the node answers, 0 while it is marked down (its keys fail at once).",
-        "1 while the node's circuit breaker is open or half open (nodes with a breaker).",
-        "Times the node was marked down since start.",
-        "Seconds the node has been down; 0 when up."};
-    for (int m = 0; m < 4; m++) {
-        metric(b, names[m], types[m], helps[m]);
-        for (int i = 0; i < s->nl2; i++) {
-            int n = KVT_MIN(kvt_l2_nodes(s->l2s[i], nv, KVT_L2_NODES_MAX), KVT_L2_NODES_MAX);
-            for (int k = 0; k < n; k++) {
-                const struct kvt_l2_node *d = &nv[k];
-                if (m == 1 && d->breaker == KVT_BRK_NONE)
-                    continue;
-                sbf(b, "%s{adapter=\"%s\",node=\"%s\",role=\"%s\"} ", names[m],
-                    kvt_l2_name(s->l2s[i]), d->name, d->role);
-                if (m == 0)
-                    sbf(b, "%d\n", d->state == KVT_NODE_UP);
-                else if (m == 1)
-                    sbf(b, "%d\n", d->breaker == KVT_BRK_OPEN || d->breaker == KVT_BRK_HALF_OPEN);
-                else if (m == 2)
-                    sbf(b, "%llu\n", (unsigned long long)d->downs);
-                else
-                    sbf(b, "%.3f\n", d->down_seconds);
-            }
-        }
-    }
-    metric(b, "kvtier_l2_masters_down", "gauge",
-           "Nodes with the role master (or server) that are marked down, per adapter.");
-    for (int i = 0; i < s->nl2; i++) {
-        int n = KVT_MIN(kvt_l2_nodes(s->l2s[i], nv, KVT_L2_NODES_MAX), KVT_L2_NODES_MAX);
-        if (n <= 0)
-            continue;
-        int down = 0;
-        for (int k = 0; k < n; k++)
-            down += nv[k].state != KVT_NODE_UP &&
-                    (strcmp(nv[k].role, "master") == 0 || strcmp(nv[k].role, "server") == 0);
-        sbf(b, "kvtier_l2_masters_down{adapter=\"%s\"} %d\n", kvt_l2_name(s->l2s[i]), down);
-    }
-    free(nv);
-}
-
-/* One histogram's series: buckets[] are per-bucket counts (not cumulative)
- * for the bounds[] in seconds, the last bound being +Inf. */
-static void histogram(struct sb *b, const char *name, const char *labels, const double *bounds,
-                      const uint64_t *buckets, int n, uint64_t sum_ns, uint64_t count)
-{
-    uint64_t cum = 0;
-    for (int k = 0; k < n; k++) {
-        cum += buckets[k];
-        if (k == n - 1)
-            sbf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels, (unsigned long long)cum);
-        else
-            sbf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels, bounds[k],
-                (unsigned long long)cum);
-    }
-    sbf(b, "%s_sum{%s} %.9f\n", name, labels, (double)sum_ns / 1e9);
-    sbf(b, "%s_count{%s} %llu\n", name, labels, (unsigned long long)count);
-}
-
-char *kvt_server_metrics(struct kvt_server *s, size_t *len)
-{
-    struct sb b = {.p = kvt_xmalloc(8192), .cap = 8192};
-    struct kvt_l1_usage u;
-    struct kvt_l1_counters c;
-    kvt_l1_usage(s->l1, &u);
-    kvt_l1_counters(s->l1, &c);
-    metric(&b, "kvtier_hits_total", "counter", "Lookup hits per tier (keys).");
-    sbf(&b, "kvtier_hits_total{tier=\"l1\"} %llu\n", (unsigned long long)c.hits);
-    struct kvt_l2_stats *st = kvt_xcalloc((size_t)s->nl2 + 1, sizeof(*st));
-    for (int i = 0; i < s->nl2; i++)
-        kvt_l2_stats(s->l2s[i], &st[i]);
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_hits_total{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
-            (unsigned long long)st[i].lookup_hits);
-    metric(&b, "kvtier_misses_total", "counter", "Lookup misses per tier (keys).");
-    sbf(&b, "kvtier_misses_total{tier=\"l1\"} %llu\n", (unsigned long long)c.misses);
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_misses_total{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
-            (unsigned long long)st[i].lookup_misses);
-    metric(&b, "kvtier_used_bytes", "gauge", "Bytes in use per tier.");
-    sbf(&b, "kvtier_used_bytes{tier=\"l1\"} %llu\n", (unsigned long long)u.used_bytes);
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_used_bytes{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
-            (unsigned long long)st[i].used_bytes);
-    metric(&b, "kvtier_capacity_bytes", "gauge", "Capacity per tier (0 = unlimited).");
-    sbf(&b, "kvtier_capacity_bytes{tier=\"l1\"} %llu\n", (unsigned long long)u.cap_bytes);
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_capacity_bytes{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
-            (unsigned long long)st[i].cap_bytes);
-    metric(&b, "kvtier_objects", "gauge", "Objects held per tier.");
-    sbf(&b, "kvtier_objects{tier=\"l1\"} %llu\n", (unsigned long long)u.objects);
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_objects{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
-            (unsigned long long)st[i].objects);
-    metric(&b, "kvtier_l1_fragmentation", "gauge", "1 - largest free run / free bytes.");
-    sbf(&b, "kvtier_l1_fragmentation %.6f\n", u.fragmentation);
-    metric(&b, "kvtier_evictions_total", "counter", "Objects evicted per tier.");
-    sbf(&b, "kvtier_evictions_total{tier=\"l1\"} %llu\n", (unsigned long long)c.evictions);
-    for (int i = 0; i < s->nl2; i++)
-        sbf(&b, "kvtier_evictions_total{tier=\"l2\",adapter=\"%s\"} %llu\n", kvt_l2_name(s->l2s[i]),
-            (unsigned long long)st[i].evictions);
-#define F(f) offsetof(struct kvt_l2_stats, f)
-    static const struct {
-        const char *metric;
-        size_t field; /* of a uint64_t in struct kvt_l2_stats */
-        const char *help;
-    } l2c[] = {
-        {"kvtier_l2_bytes_written_total", F(bytes_written), "Bytes written to the adapter."},
-        {"kvtier_l2_bytes_read_total", F(bytes_read), "Bytes read from the adapter."},
-        {"kvtier_l2_stores_total", F(store_ok), "Objects stored."},
-        {"kvtier_l2_store_failures_total", F(store_failed), "Objects that failed to store."},
-        {"kvtier_l2_rejected_writes_total", F(rejected_writes), "Writes refused by the cap."},
-        {"kvtier_l2_too_big_total", F(too_big),
-         "Stores refused: larger than the adapter's slot or pool."},
-        {"kvtier_l2_failovers_total", F(failovers),
-         "Remote tiers: failovers seen (a replica took over a failed master's slots)."},
-        {"kvtier_l2_sync_evictions_total", F(sync_evictions),
-         "Stores over the cap that evicted synchronously to fit."},
-        {"kvtier_l2_corrupt_objects_total", F(corrupt), "Objects that failed verification."},
-        {"kvtier_l2_odirect_fallbacks_total", F(odirect_fallbacks),
-         "Transfers that could not use O_DIRECT."},
-    };
-#undef F
-    for (size_t m = 0; m < KVT_ARRAY_LEN(l2c); m++) {
-        metric(&b, l2c[m].metric, "counter", l2c[m].help);
-        for (int i = 0; i < s->nl2; i++) {
-            uint64_t v;
-            memcpy(&v, (const char *)&st[i] + l2c[m].field, sizeof(v));
-            sbf(&b, "%s{adapter=\"%s\"} %llu\n", l2c[m].metric, kvt_l2_name(s->l2s[i]),
-                (unsigned long long)v);
-        }
-    }
-    static const char *const kinds[3] = {"store", "lookup", "load"};
-    metric(&b, "kvtier_l2_operation_duration_seconds", "histogram",
-           "Time from submitting a batch to an L2 adapter to its completion, per operation.");
-    for (int i = 0; i < s->nl2; i++) {
-        for (int k = 0; k < 3; k++) {
-            struct kvt_l2_latency lat;
-            kvt_l2_latency(s->l2s[i], (enum kvt_l2_kind)k, &lat);
-            char lab[128];
-            snprintf(lab, sizeof(lab), "adapter=\"%s\",op=\"%s\"", kvt_l2_name(s->l2s[i]),
-                     kinds[k]);
-            histogram(&b, "kvtier_l2_operation_duration_seconds", lab, kvt_l2_lat_bounds,
-                      lat.bucket, KVT_L2_LAT_BUCKETS, lat.sum_ns, lat.count);
-        }
-    }
-    bool shared = false;
-    for (int i = 0; i < s->nl2; i++)
-        shared |= st[i].shared_budget;
-    if (shared) { /* adapters with "shared_budget" only (l2/budget.h) */
-        metric(&b, "kvtier_l2_shared_budget_bytes", "gauge",
-               "Bytes of the shared tier in the budget record of the servers sharing it.");
-        for (int i = 0; i < s->nl2; i++)
-            if (st[i].shared_budget)
-                sbf(&b, "kvtier_l2_shared_budget_bytes{adapter=\"%s\"} %lld\n",
-                    kvt_l2_name(s->l2s[i]), (long long)st[i].shared_total);
-        metric(&b, "kvtier_l2_shared_budget_node_bytes", "gauge",
-               "This server's net part of the shared budget (stored minus removed; may be "
-               "negative when it removes what others stored).");
-        for (int i = 0; i < s->nl2; i++)
-            if (st[i].shared_budget)
-                sbf(&b, "kvtier_l2_shared_budget_node_bytes{adapter=\"%s\"} %lld\n",
-                    kvt_l2_name(s->l2s[i]), (long long)st[i].shared_part);
-        metric(&b, "kvtier_l2_shared_budget_nodes", "gauge",
-               "Live servers in the shared budget record.");
-        for (int i = 0; i < s->nl2; i++)
-            if (st[i].shared_budget)
-                sbf(&b, "kvtier_l2_shared_budget_nodes{adapter=\"%s\"} %u\n",
-                    kvt_l2_name(s->l2s[i]), st[i].shared_nodes);
-    }
-    metric(&b, "kvtier_l2_healthy", "gauge", "1 if the adapter is healthy.");
-    for (int i = 0; i < s->nl2; i++) {
-        char msg[256];
-        sbf(&b, "kvtier_l2_healthy{adapter=\"%s\"} %d\n", kvt_l2_name(s->l2s[i]),
-            kvt_l2_healthy(s->l2s[i], msg, sizeof(msg)) ? 1 : 0);
-    }
-    free(st);
-    l2_node_metrics(s, &b);
-    metric(&b, "kvtier_rpc_requests_total", "counter", "Requests per operation.");
-    for (int i = 0; i < OP_COUNT; i++)
-        sbf(&b, "kvtier_rpc_requests_total{op=\"%s\"} %llu\n", kvt_op_names[i],
-            (unsigned long long)atomic_load(&s->ops[i].count));
-    metric(&b, "kvtier_rpc_errors_total", "counter", "Error replies per operation.");
-    for (int i = 0; i < OP_COUNT; i++)
-        sbf(&b, "kvtier_rpc_errors_total{op=\"%s\"} %llu\n", kvt_op_names[i],
-            (unsigned long long)atomic_load(&s->ops[i].errors));
-    metric(&b, "kvtier_rpc_latency_seconds", "histogram",
-           "Time from request receipt to reply per operation.");
-    for (int i = 0; i < OP_COUNT; i++) {
-        uint64_t bk[KVT_LAT_BUCKETS];
-        for (int k = 0; k < KVT_LAT_BUCKETS; k++)
-            bk[k] = atomic_load(&s->ops[i].bucket[k]);
-        char lab[64];
-        snprintf(lab, sizeof(lab), "op=\"%s\"", kvt_op_names[i]);
-        histogram(&b, "kvtier_rpc_latency_seconds", lab, kvt_lat_bounds, bk, KVT_LAT_BUCKETS,
-                  atomic_load(&s->ops[i].sum_ns), atomic_load(&s->ops[i].count));
-    }
-    metric(&b, "kvtier_rpc_bytes_total", "counter", "Payload bytes received and sent inline.");
-    sbf(&b, "kvtier_rpc_bytes_total{dir=\"in\"} %llu\n",
-        (unsigned long long)atomic_load(&s->bytes_in));
-    sbf(&b, "kvtier_rpc_bytes_total{dir=\"out\"} %llu\n",
-        (unsigned long long)atomic_load(&s->bytes_out));
-    if (s->cfg->auth) {
-        const struct kvt_auth *a = s->cfg->auth;
-        metric(&b, "kvtier_auth_handshakes_refused_total", "counter",
-               "CURVE handshakes refused: the client's key is not authorized.");
-        sbf(&b, "kvtier_auth_handshakes_refused_total %llu\n",
-            (unsigned long long)atomic_load(&a->handshakes_refused));
-        metric(&b, "kvtier_auth_handshakes_failed_total", "counter",
-               "Handshakes that failed before the key was checked (no key, wrong server key).");
-        sbf(&b, "kvtier_auth_handshakes_failed_total %llu\n",
-            (unsigned long long)atomic_load(&a->handshakes_failed));
-        metric(&b, "kvtier_auth_lmcache_refused_total", "counter",
-               "Connections to the LMCache port (a Unix socket) refused: another uid, or "
-               "--lmcache-client no longer in the authorized-clients file.");
-        sbf(&b, "kvtier_auth_lmcache_refused_total %llu\n",
-            (unsigned long long)atomic_load(&a->lmc_refused));
-        metric(&b, "kvtier_auth_reloads_total", "counter",
-               "Reloads of the authorized-clients file (SIGHUP), by result.");
-        sbf(&b, "kvtier_auth_reloads_total{result=\"ok\"} %llu\n",
-            (unsigned long long)atomic_load(&a->reloads));
-        sbf(&b, "kvtier_auth_reloads_total{result=\"failed\"} %llu\n",
-            (unsigned long long)atomic_load(&a->reload_failures));
-        metric(&b, "kvtier_auth_denied_total", "counter",
-               "Requests answered E_DENIED, per client key.");
-        const struct kvt_auth *cur = kvt_server_auth(s); /* the keys in use */
-        for (uint32_t i = 0; i < cur->n; i++)
-            sbf(&b, "kvtier_auth_denied_total{client=\"%s\"} %llu\n", cur->c[i].name,
-                (unsigned long long)atomic_load(&cur->c[i].denied));
-        metric(&b, "kvtier_auth_same_host_denied_total", "counter",
-               "Same-host requests refused: a hello without a valid ticket, or any other "
-               "request before one.");
-        sbf(&b, "kvtier_auth_same_host_denied_total %llu\n",
-            (unsigned long long)atomic_load(&s->local_denied));
-    }
-    *len = b.len;
-    return b.p;
 }

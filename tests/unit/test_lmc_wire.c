@@ -101,10 +101,10 @@ static void test_decode_op(void)
     TEST_ASSERT(lmc_decode_op(sb.data, sb.size, &op, name, sizeof(name)) == 0);
     TEST_ASSERT(op == LMC_SUBSCRIBE_KV_EVENTS);
     /* trailing bytes, not msgpack, empty, a map */
-    TEST_ASSERT(lmc_decode_op("\x08\x08", 2, &op, name, sizeof(name)) == -1);
-    TEST_ASSERT(lmc_decode_op("\xc1", 1, &op, name, sizeof(name)) == -1);
-    TEST_ASSERT(lmc_decode_op("", 0, &op, name, sizeof(name)) == -1);
-    TEST_ASSERT(lmc_decode_op("\x80", 1, &op, name, sizeof(name)) == -1);
+    TEST_ASSERT(lmc_decode_op("\x08\x08", 2, &op, name, sizeof(name)) == KVT_E_BADREQ);
+    TEST_ASSERT(lmc_decode_op("\xc1", 1, &op, name, sizeof(name)) == KVT_E_BADREQ);
+    TEST_ASSERT(lmc_decode_op("", 0, &op, name, sizeof(name)) == KVT_E_BADREQ);
+    TEST_ASSERT(lmc_decode_op("\x80", 1, &op, name, sizeof(name)) == KVT_E_BADREQ);
     msgpack_sbuffer_destroy(&sb);
     for (int i = 1; i < LMC_OP_COUNT; i++)
         TEST_ASSERT(lmc_ops[i].name && lmc_ops[i].name[0]);
@@ -174,10 +174,10 @@ static void test_decode_key(void)
     TEST_ASSERT(decode_packed_key("m", 2, 1, 4, false, &k) == 0);
     TEST_ASSERT(k.has_worker && k.worker_id == 1);
     lmc_key_free(&k);
-    TEST_ASSERT(decode_packed_key("m", 2, 2, 4, false, &k) == -1); /* worker >= world */
-    TEST_ASSERT(decode_packed_key("m", 0, -1, 4, false, &k) == -1);
-    TEST_ASSERT(decode_packed_key("m", 256, -1, 4, false, &k) == -1);
-    TEST_ASSERT(decode_packed_key("m", 1, -1, 4, true, &k) == -1); /* negative token */
+    TEST_ASSERT(decode_packed_key("m", 2, 2, 4, false, &k) == KVT_E_BADREQ); /* worker >= world */
+    TEST_ASSERT(decode_packed_key("m", 0, -1, 4, false, &k) == KVT_E_BADREQ);
+    TEST_ASSERT(decode_packed_key("m", 256, -1, 4, false, &k) == KVT_E_BADREQ);
+    TEST_ASSERT(decode_packed_key("m", 1, -1, 4, true, &k) == KVT_E_BADREQ); /* negative token */
     TEST_ASSERT(lmc_kv_rank(4, 3) == ((4u << 24) | (3u << 16) | (4u << 8) | 3u));
 }
 
@@ -221,7 +221,7 @@ static void test_decode_register(void)
 #undef KS
     msgpack_unpacked_init(&up);
     TEST_ASSERT(lmc_unpack(sb.data, sb.size, &up) == 0);
-    TEST_ASSERT(lmc_register_decode(&up.data, &r, why, sizeof(why)) == -1);
+    TEST_ASSERT(lmc_register_decode(&up.data, &r, why, sizeof(why)) == KVT_E_BADREQ);
     TEST_ASSERT(strstr(why, "floaty") != NULL);
     msgpack_unpacked_destroy(&up);
     msgpack_sbuffer_destroy(&sb);
@@ -234,9 +234,9 @@ static void test_unpack_declared_lengths(void)
 {
     msgpack_unpacked up;
     msgpack_unpacked_init(&up);
-    TEST_ASSERT(lmc_unpack("\xdd\x7f\xff\xff\xff\x01", 6, &up) == -1);
-    TEST_ASSERT(lmc_unpack("\xdf\x00\x01\x00\x00", 5, &up) == -1);
-    TEST_ASSERT(lmc_unpack("\xc6\xff\xff\xff\xff", 5, &up) == -1);
+    TEST_ASSERT(lmc_unpack("\xdd\x7f\xff\xff\xff\x01", 6, &up) == KVT_E_BADREQ);
+    TEST_ASSERT(lmc_unpack("\xdf\x00\x01\x00\x00", 5, &up) == KVT_E_BADREQ);
+    TEST_ASSERT(lmc_unpack("\xc6\xff\xff\xff\xff", 5, &up) == KVT_E_BADREQ);
     TEST_ASSERT(lmc_unpack("\x92\x01\x02", 3, &up) == 0 && up.data.via.array.size == 2);
     msgpack_unpacked_destroy(&up);
 }

@@ -21,6 +21,7 @@
  *     deleting under its feet; --offline skips asking a server.
  * A progress bar goes to a terminal on stderr.
  */
+#include "cli/cli.h"
 #include "common/util.h"
 #include "key/key.h"
 #include "kvtier/error.h"
@@ -39,8 +40,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-int kvt_cmd_purge(int argc, char **argv);
 
 #define BATCH 4096 /* objects per server call: progress, and bounded calls */
 /* how long to wait for a server's start-up scan (it answers EBUSY at once) */
@@ -266,326 +265,385 @@ static int via_server(const char *url, const char *root, const struct kvt_purge_
     return 0;
 }
 
-int kvt_cmd_purge(int argc, char **argv)
+/* The command line, as given. */
+struct purge_args {
+    const char *config, *root, *url, *name;
+    const char *unknown; /* a word that begins with '-' and is no option */
+    bool yes, all, tmp, as_json, offline;
+    int positional, named, nunknown;
+};
+
+/* Read argv into a. Returns -1 to go on, else the exit status (0 after
+ * --help). */
+static int parse_args(int argc, char **argv, struct purge_args *a)
 {
-    const char *config = NULL, *root = NULL, *url = NULL, *name = NULL;
-    const char *unknown = NULL; /* a word that begins with '-' and is no option */
-    bool yes = false, all = false, tmp = false, as_json = false, offline = false, bad = false;
-    int positional = 0, named = 0, nunknown = 0;
-    bool only_positional = false;
+    bool bad = false, only_positional = false;
     for (int i = 1; i < argc && !bad; i++) {
-        const char *a = argv[i], *v;
+        const char *w = argv[i], *v;
         if (only_positional) {
-            name = a;
-            positional++;
-        } else if (!strcmp(a, "--")) {
+            a->name = w;
+            a->positional++;
+        } else if (!strcmp(w, "--")) {
             only_positional = true;
-        } else if (!strcmp(a, "--yes") || !strcmp(a, "-y")) {
-            yes = true;
-        } else if (!strcmp(a, "--all")) {
-            all = true;
-        } else if (!strcmp(a, "--tmp")) {
-            tmp = true;
-        } else if (!strcmp(a, "--json")) {
-            as_json = true;
-        } else if (!strcmp(a, "--offline")) {
-            offline = true;
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        } else if (!strcmp(w, "--yes") || !strcmp(w, "-y")) {
+            a->yes = true;
+        } else if (!strcmp(w, "--all")) {
+            a->all = true;
+        } else if (!strcmp(w, "--tmp")) {
+            a->tmp = true;
+        } else if (!strcmp(w, "--json")) {
+            a->as_json = true;
+        } else if (!strcmp(w, "--offline")) {
+            a->offline = true;
+        } else if (!strcmp(w, "--help") || !strcmp(w, "-h")) {
             usage(stdout);
             return 0;
         } else if ((v = optval(argc, argv, &i, "--namespace", &bad))) {
-            name = v;
-            named++;
+            a->name = v;
+            a->named++;
         } else if ((v = optval(argc, argv, &i, "--config", &bad))) {
-            config = v;
+            a->config = v;
         } else if ((v = optval(argc, argv, &i, "--root", &bad))) {
-            root = v;
+            a->root = v;
         } else if ((v = optval(argc, argv, &i, "--url", &bad))) {
-            url = v;
+            a->url = v;
         } else if (bad) {
             break;
-        } else if (a[0] == '-' && a[1]) {
+        } else if (w[0] == '-' && w[1]) {
             /* a mistyped option ("--al") or a positional namespace that
              * begins with '-' ("--models--x", as the seed writes it):
              * decided below against the namespaces the root holds */
-            unknown = a;
-            nunknown++;
+            a->unknown = w;
+            a->nunknown++;
         } else {
-            name = a;
-            positional++;
+            a->name = w;
+            a->positional++;
         }
     }
     if (bad)
         return 2;
-    if (nunknown > 1 || (nunknown && (name || all || tmp))) {
+    if (a->nunknown > 1 || (a->nunknown && (a->name || a->all || a->tmp))) {
         fprintf(stderr,
                 "kvtier purge: unknown option '%s' (a namespace that begins with '-': "
                 "--namespace=NAME, or -- NAME)\n",
-                unknown);
+                a->unknown);
         usage(stderr);
         return 2;
     }
-    if (unknown) {
-        name = unknown; /* only if the root holds it, checked once the root is known */
-        positional++;
+    if (a->unknown) {
+        a->name = a->unknown; /* only if the root holds it, checked once the root is known */
+        a->positional++;
     }
-    if (positional + named > 1) {
+    if (a->positional + a->named > 1) {
         fprintf(stderr, "kvtier purge: one namespace at a time\n");
         return 2;
     }
-    if ((name != NULL) + all + tmp != 1) {
+    if ((a->name != NULL) + a->all + a->tmp != 1) {
         fprintf(stderr, "kvtier purge: say what to purge: --namespace=NAME, NAME, --all or "
                         "--tmp (exactly one)\n");
         usage(stderr);
         return 2;
     }
-    struct kvt_purge_req q = {.what = name  ? KVT_PURGE_NAMESPACE
-                                      : all ? KVT_PURGE_ALL
-                                            : KVT_PURGE_TMP};
-    if (name) {
-        if (strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..")) {
-            /* a model name ("Qwen/Qwen2-7B") is the likely intent: say
-             * which namespace it is stored under */
-            char ns[KVT_NAME_MAX + 1];
-            if (ns_of_model(name, ns, sizeof(ns)))
-                fprintf(stderr,
-                        "kvtier purge: refused: '%s' is a path, not a namespace; purge "
-                        "only removes cache files inside the cache root. As a model name it "
-                        "is the namespace '%s': kvtier purge --namespace=%s\n",
-                        name, ns, ns);
-            else
-                fprintf(stderr,
-                        "kvtier purge: refused: '%s' is a path, not a namespace; purge "
-                        "only removes cache files inside the cache root\n",
-                        name);
-            return 2;
-        }
-        if (!kvt_ns_name_ok(name) || strlen(name) >= sizeof(q.ns)) {
+    return -1;
+}
+
+/* The request: what to purge; a namespace name is checked here (never a
+ * path). 0, or the exit status. */
+static int make_request(const char *name, bool all, struct kvt_purge_req *q)
+{
+    *q = (struct kvt_purge_req){.what = name  ? KVT_PURGE_NAMESPACE
+                                        : all ? KVT_PURGE_ALL
+                                              : KVT_PURGE_TMP};
+    if (!name)
+        return 0;
+    if (strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..")) {
+        /* a model name ("Qwen/Qwen2-7B") is the likely intent: say
+         * which namespace it is stored under */
+        char ns[KVT_NAME_MAX + 1];
+        if (ns_of_model(name, ns, sizeof(ns)))
             fprintf(stderr,
-                    "kvtier purge: refused: '%s' is not a namespace name (see the "
-                    "\"namespaces\" of kvtier status)\n",
+                    "kvtier purge: refused: '%s' is a path, not a namespace; purge "
+                    "only removes cache files inside the cache root. As a model name it "
+                    "is the namespace '%s': kvtier purge --namespace=%s\n",
+                    name, ns, ns);
+        else
+            fprintf(stderr,
+                    "kvtier purge: refused: '%s' is a path, not a namespace; purge "
+                    "only removes cache files inside the cache root\n",
                     name);
-            return 2;
-        }
-        snprintf(q.ns, sizeof(q.ns), "%s", name);
+        return 2;
     }
-    struct kvt_cli_target t;
-    int rc = kvt_cli_target("purge", config, root, url, true, &t);
-    if (rc)
-        return rc;
-    const char *what = name ? name : all ? "everything" : "tmp files";
-    struct bar b = {.on = !as_json && isatty(STDERR_FILENO), .what = what};
-    json_t *out = json_object();
-    json_object_set_new(out, "root", json_string(t.root));
-    json_object_set_new(out, "what",
-                        json_string(q.what == KVT_PURGE_NAMESPACE ? "namespace"
-                                    : q.what == KVT_PURGE_ALL     ? "all"
-                                                                  : "tmp"));
-    if (name)
-        json_object_set_new(out, "namespace", json_string(name));
-    int status = 0;
-    int lockfd = -1;
-    /* 1. a server that keeps its files here? */
-    json_t *st = NULL, *ad = NULL;
-    char err[512];
-    bool answered = false;
-    if (!offline) {
-        int timeout = url ? 5000 : 1500;
-        if (kvt_ops_call(t.url, "status", NULL, timeout, &st, err, sizeof(err)) == 0) {
-            answered = true;
-            ad = kvt_cli_pick_adapter(st, t.root);
-        } else if (url) {
-            fprintf(stderr, "kvtier purge: cannot reach a server at %s: %s\n", t.url, err);
-            status = 1;
-            goto out;
-        }
-    }
-    if (answered && !ad && url) {
+    if (!kvt_ns_name_ok(name) || strlen(name) >= sizeof(q->ns)) {
         fprintf(stderr,
-                "kvtier purge: the server at %s keeps no adapter in %s: nothing "
-                "removed (purge through the server that does, or --offline once no "
-                "server uses %s)\n",
-                t.url, t.root, t.root);
-        status = 2;
-        goto out;
+                "kvtier purge: refused: '%s' is not a namespace name (see the "
+                "\"namespaces\" of kvtier status)\n",
+                name);
+        return 2;
     }
-    /* 2. the name: a word that begins with '-' is a namespace only if the
-     * root holds one of that name; any name that matches nothing is said
-     * so, with the names there are */
-    if (name) {
-        json_t *names = known_namespaces(t.root, ad, name);
-        if (!has_name(names, name)) {
-            char list[2048];
-            list_names(names, list, sizeof(list));
-            if (unknown)
-                fprintf(stderr,
-                        "kvtier purge: unknown option '%s', and no namespace of that "
-                        "name in %s (namespaces: %s); see kvtier purge --help\n",
-                        name, t.root, list);
-            else {
-                /* the model "x--y" is the namespace "x%2D-y" */
-                char ns[KVT_NAME_MAX + 1], hint[2 * KVT_NAME_MAX + 128] = "";
-                if (ns_of_model(name, ns, sizeof(ns)) && has_name(names, ns))
-                    snprintf(hint, sizeof(hint),
-                             "; as a model name it is the namespace '%s': kvtier purge "
-                             "--namespace=%s",
-                             ns, ns);
-                fprintf(stderr,
-                        "kvtier purge: no namespace '%s' in %s: nothing removed "
-                        "(namespaces: %s)%s\n",
-                        name, t.root, list, hint);
-            }
-            json_decref(names);
-            status = unknown ? 2 : 1;
-            goto out;
+    snprintf(q->ns, sizeof(q->ns), "%s", name);
+    return 0;
+}
+
+/* One purge run: the arguments, the target and what was learnt so far. */
+struct purge_run {
+    const struct purge_args *a;
+    struct kvt_cli_target t;
+    struct kvt_purge_req q;
+    const char *what; /* for messages: the namespace, "everything" or "tmp files" */
+    struct bar b;
+    json_t *out;     /* the result document */
+    json_t *st, *ad; /* the server's status and its adapter in the root, if any */
+    bool answered;   /* a server answered at the URL */
+    int lockfd;
+};
+
+/* A name must be one the root holds (a word that begins with '-' is a
+ * namespace only then); one that matches nothing is said so, with the
+ * names there are. 0, or the exit status. */
+static int check_known(struct purge_run *r)
+{
+    const char *name = r->a->name;
+    json_t *names = known_namespaces(r->t.root, r->ad, name);
+    int status = 0;
+    if (!has_name(names, name)) {
+        char list[2048];
+        list_names(names, list, sizeof(list));
+        if (r->a->unknown) {
+            fprintf(stderr,
+                    "kvtier purge: unknown option '%s', and no namespace of that "
+                    "name in %s (namespaces: %s); see kvtier purge --help\n",
+                    name, r->t.root, list);
+        } else {
+            /* the model "x--y" is the namespace "x%2D-y" */
+            char ns[KVT_NAME_MAX + 1], hint[2 * KVT_NAME_MAX + 128] = "";
+            if (ns_of_model(name, ns, sizeof(ns)) && has_name(names, ns))
+                snprintf(hint, sizeof(hint),
+                         "; as a model name it is the namespace '%s': kvtier purge "
+                         "--namespace=%s",
+                         ns, ns);
+            fprintf(stderr,
+                    "kvtier purge: no namespace '%s' in %s: nothing removed "
+                    "(namespaces: %s)%s\n",
+                    name, r->t.root, list, hint);
         }
-        json_decref(names);
+        status = r->a->unknown ? 2 : 1;
     }
-    if (ad) {
-        uint64_t ns_bytes = name ? (uint64_t)json_integer_value(json_object_get(
-                                       json_object_get(ad, "per_namespace_bytes"), name))
-                                 : (uint64_t)json_integer_value(json_object_get(ad, "used_bytes"));
-        if (!yes) {
-            char h[32];
-            kvt_human(h, sizeof(h), (double)ns_bytes);
-            if (q.what == KVT_PURGE_TMP)
-                fprintf(stderr,
-                        "kvtier purge: would remove the removable tmp files under %s "
-                        "(through the server at %s); nothing removed: add --yes\n",
-                        t.root, t.url);
-            else
-                fprintf(stderr,
-                        "kvtier purge: would remove %s of %s from %s (through the server "
-                        "at %s); nothing removed: add --yes\n",
-                        h, what, t.root, t.url);
-            status = 2;
-            goto out;
-        }
-        /* the bar's whole: the objects the server counts for what is
-         * purged (tmp files are not counted: a count of files only) */
-        uint64_t total = 0;
-        if (q.what == KVT_PURGE_ALL)
-            total = (uint64_t)json_integer_value(json_object_get(ad, "objects"));
-        else if (q.what == KVT_PURGE_NAMESPACE)
-            total = (uint64_t)json_integer_value(
-                json_object_get(json_object_get(ad, "per_namespace_objects"), name));
-        status = via_server(t.url, t.root, &q, &b, total, out);
-        goto out;
+    json_decref(names);
+    return status;
+}
+
+/* Through the server that keeps its files in the root (r->ad). */
+static int through_server(struct purge_run *r)
+{
+    const json_t *ad = r->ad;
+    const char *name = r->a->name;
+    uint64_t ns_bytes = name ? (uint64_t)json_integer_value(json_object_get(
+                                   json_object_get(ad, "per_namespace_bytes"), name))
+                             : (uint64_t)json_integer_value(json_object_get(ad, "used_bytes"));
+    if (!r->a->yes) {
+        char h[32];
+        kvt_human(h, sizeof(h), (double)ns_bytes);
+        if (r->q.what == KVT_PURGE_TMP)
+            fprintf(stderr,
+                    "kvtier purge: would remove the removable tmp files under %s "
+                    "(through the server at %s); nothing removed: add --yes\n",
+                    r->t.root, r->t.url);
+        else
+            fprintf(stderr,
+                    "kvtier purge: would remove %s of %s from %s (through the server "
+                    "at %s); nothing removed: add --yes\n",
+                    h, r->what, r->t.root, r->t.url);
+        return 2;
     }
-    /* 3. offline: nobody else may be using the root. A kvtier server holds
-     * its lock file (l2/kit/dirlock.h); this purge takes it for the time it
-     * deletes, so no server starts under it. Other processes that hold the
-     * root open are found in /proc. */
-    if (yes) {
-        int dfd = open(t.root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    /* the bar's whole: the objects the server counts for what is
+     * purged (tmp files are not counted: a count of files only) */
+    uint64_t total = 0;
+    if (r->q.what == KVT_PURGE_ALL)
+        total = (uint64_t)json_integer_value(json_object_get(ad, "objects"));
+    else if (r->q.what == KVT_PURGE_NAMESPACE)
+        total = (uint64_t)json_integer_value(
+            json_object_get(json_object_get(ad, "per_namespace_objects"), name));
+    return via_server(r->t.url, r->t.root, &r->q, &r->b, total, r->out);
+}
+
+/* Offline: nobody else may be using the root. A kvtier server holds its
+ * lock file (l2/kit/dirlock.h); this purge takes it for the time it
+ * deletes, so no server starts under it. Other processes that hold the
+ * root open are found in /proc. 0, or the exit status. */
+static int claim_root(struct purge_run *r)
+{
+    const char *root = r->t.root, *url = r->t.url;
+    if (r->a->yes) {
+        int dfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         pid_t holder = 0;
         char lerr[PATH_MAX + 256];
-        lockfd = dfd < 0 ? -errno
-                         : kvt_dirlock_take_existing(dfd, t.root, "cache root", &holder, lerr,
-                                                     sizeof(lerr));
+        r->lockfd = dfd < 0 ? -errno
+                            : kvt_dirlock_take_existing(dfd, root, "cache root", &holder, lerr,
+                                                        sizeof(lerr));
         if (dfd >= 0)
             close(dfd);
-        if (lockfd == -EBUSY) {
+        if (r->lockfd == -EBUSY) {
             char who[48] = "a kvtier server";
             if (holder > 0)
                 snprintf(who, sizeof(who), "kvtier server pid %d", (int)holder);
             else if (holder < 0)
                 snprintf(who, sizeof(who), "kvtier servers sharing it");
-            if (answered)
+            if (r->answered)
                 fprintf(stderr,
                         "kvtier purge: refused: %s holds %s, and the server at %s "
                         "does not serve it: purge through the server that does with "
                         "--url URL, or stop it first\n",
-                        who, t.root, t.url);
+                        who, root, url);
             else
                 fprintf(stderr,
                         "kvtier purge: refused: %s holds %s but no server answered "
                         "at %s: purge through it with --url URL, or stop it first\n",
-                        who, t.root, t.url);
-            status = 1;
-            goto out;
+                        who, root, url);
+            return 1;
         }
     }
     pid_t pids[8];
-    int users = kvt_root_users(t.root, pids, 8);
-    if (users > 0 && yes) {
-        if (answered)
+    int users = kvt_root_users(root, pids, 8);
+    if (users > 0 && r->a->yes) {
+        if (r->answered)
             fprintf(stderr,
                     "kvtier purge: refused: process %d holds %s open (a kvtier "
                     "server?), and the server at %s does not serve it: purge through "
                     "the server that does with --url URL, or stop it first\n",
-                    (int)pids[0], t.root, t.url);
+                    (int)pids[0], root, url);
         else
             fprintf(stderr,
                     "kvtier purge: refused: process %d holds %s open (a kvtier "
                     "server?) but no server answered at %s; purge through it with "
                     "--url URL, or stop it first\n",
-                    (int)pids[0], t.root, t.url);
-        status = 1;
-        goto out;
+                    (int)pids[0], root, url);
+        return 1;
     }
-    struct kvt_purge_res r;
-    if (!yes) {
-        rc = kvt_purge_root(t.root, &q, true, NULL, NULL, &r);
+    return 0;
+}
+
+/* Offline, once the root is ours: without --yes, what would go. */
+static int offline(struct purge_run *r)
+{
+    int status = claim_root(r);
+    if (status)
+        return status;
+    struct kvt_purge_res res;
+    if (!r->a->yes) {
+        int rc = kvt_purge_root(r->t.root, &r->q, true, NULL, NULL, &res);
         if (rc) {
-            fprintf(stderr, "kvtier purge: %s: %s\n", t.root, kvt_strerror(rc));
-            status = 1;
-            goto out;
+            fprintf(stderr, "kvtier purge: %s: %s\n", r->t.root, kvt_strerror(rc));
+            return 1;
         }
         fprintf(stderr,
                 "kvtier purge: would remove %llu cache file(s) and %llu tmp file(s) "
                 "(%s) from %s; nothing removed: add --yes\n",
-                (unsigned long long)r.matched, (unsigned long long)r.tmp_removed, what, t.root);
-        status = 2;
-        goto out;
+                (unsigned long long)res.matched, (unsigned long long)res.tmp_removed, r->what,
+                r->t.root);
+        return 2;
     }
-    rc = kvt_purge_root(t.root, &q, false, b.on ? draw : NULL, &b, &r);
-    bar_end(&b);
+    int rc = kvt_purge_root(r->t.root, &r->q, false, r->b.on ? draw : NULL, &r->b, &res);
+    bar_end(&r->b);
     if (rc) {
-        fprintf(stderr, "kvtier purge: %s: %s\n", t.root, kvt_strerror(rc));
-        status = 1;
-        goto out;
+        fprintf(stderr, "kvtier purge: %s: %s\n", r->t.root, kvt_strerror(rc));
+        return 1;
     }
-    json_object_set_new(out, "via", json_string("offline"));
-    json_object_set_new(out, "result", kvt_purge_res_json(&r));
-out:
-    if (status == 0) {
-        const json_t *res = json_object_get(out, "result");
-        if (as_json) {
-            char *js = json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
-            printf("%s\n", js);
-            free(js);
-        } else {
-            char h1[32], h2[32];
-            json_int_t rb = json_integer_value(json_object_get(res, "removed_bytes")) +
-                            (strcmp(json_string_value(json_object_get(out, "via")), "server")
-                                 ? 0
-                                 : json_integer_value(json_object_get(res, "files_bytes")));
-            kvt_human(h1, sizeof(h1), (double)rb);
-            kvt_human(h2, sizeof(h2),
-                      (double)json_integer_value(json_object_get(res, "tmp_bytes")));
-            json_int_t nrem = json_integer_value(json_object_get(res, "removed")) +
-                              (strcmp(json_string_value(json_object_get(out, "via")), "server")
-                                   ? 0
-                                   : json_integer_value(json_object_get(res, "files_removed")));
-            printf("purged %s from %s (%s): %lld object file(s), %s; %lld tmp file(s), %s", what,
-                   t.root, json_string_value(json_object_get(out, "via")), (long long)nrem, h1,
-                   (long long)json_integer_value(json_object_get(res, "tmp_removed")), h2);
-            json_int_t left = json_integer_value(json_object_get(res, "pinned")) +
-                              json_integer_value(json_object_get(res, "in_flight"));
-            if (left)
-                printf("; %lld object(s) in use left in place (purge again later)",
-                       (long long)left);
-            json_int_t kept = json_integer_value(json_object_get(res, "tmp_kept"));
-            if (kept)
-                printf("; %lld tmp file(s) kept (live or recent writers)", (long long)kept);
-            printf("\n");
+    json_object_set_new(r->out, "via", json_string("offline"));
+    json_object_set_new(r->out, "result", kvt_purge_res_json(&res));
+    return 0;
+}
+
+/* The result: JSON, or one line. */
+static void print_result(const struct purge_run *r)
+{
+    const json_t *out = r->out, *res = json_object_get(out, "result");
+    if (r->a->as_json) {
+        char *js = json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
+        printf("%s\n", js);
+        free(js);
+        return;
+    }
+    char h1[32], h2[32];
+    bool via_server = !strcmp(json_string_value(json_object_get(out, "via")), "server");
+    json_int_t rb = json_integer_value(json_object_get(res, "removed_bytes")) +
+                    (via_server ? json_integer_value(json_object_get(res, "files_bytes")) : 0);
+    kvt_human(h1, sizeof(h1), (double)rb);
+    kvt_human(h2, sizeof(h2), (double)json_integer_value(json_object_get(res, "tmp_bytes")));
+    json_int_t nrem = json_integer_value(json_object_get(res, "removed")) +
+                      (via_server ? json_integer_value(json_object_get(res, "files_removed")) : 0);
+    printf("purged %s from %s (%s): %lld object file(s), %s; %lld tmp file(s), %s", r->what,
+           r->t.root, json_string_value(json_object_get(out, "via")), (long long)nrem, h1,
+           (long long)json_integer_value(json_object_get(res, "tmp_removed")), h2);
+    json_int_t left = json_integer_value(json_object_get(res, "pinned")) +
+                      json_integer_value(json_object_get(res, "in_flight"));
+    if (left)
+        printf("; %lld object(s) in use left in place (purge again later)", (long long)left);
+    json_int_t kept = json_integer_value(json_object_get(res, "tmp_kept"));
+    if (kept)
+        printf("; %lld tmp file(s) kept (live or recent writers)", (long long)kept);
+    printf("\n");
+}
+
+/* Ask for a server that keeps its files in the root (unless --offline),
+ * then purge through it or offline. */
+static int run(struct purge_run *r)
+{
+    const struct purge_args *a = r->a;
+    char err[512];
+    if (!a->offline) {
+        int timeout = a->url ? 5000 : 1500;
+        if (kvt_ops_call(r->t.url, "status", NULL, timeout, &r->st, err, sizeof(err)) == 0) {
+            r->answered = true;
+            r->ad = kvt_cli_pick_adapter(r->st, r->t.root);
+        } else if (a->url) {
+            fprintf(stderr, "kvtier purge: cannot reach a server at %s: %s\n", r->t.url, err);
+            return 1;
         }
     }
-    if (lockfd >= 0)
-        close(lockfd);
-    json_decref(out);
-    json_decref(st);
-    kvt_cli_target_free(&t);
+    if (r->answered && !r->ad && a->url) {
+        fprintf(stderr,
+                "kvtier purge: the server at %s keeps no adapter in %s: nothing "
+                "removed (purge through the server that does, or --offline once no "
+                "server uses %s)\n",
+                r->t.url, r->t.root, r->t.root);
+        return 2;
+    }
+    int status = a->name ? check_known(r) : 0;
+    if (status)
+        return status;
+    return r->ad ? through_server(r) : offline(r);
+}
+
+int kvt_cmd_purge(int argc, char **argv)
+{
+    struct purge_args a = {0};
+    int status = parse_args(argc, argv, &a);
+    if (status >= 0)
+        return status;
+    struct purge_run r = {.a = &a, .lockfd = -1};
+    status = make_request(a.name, a.all, &r.q);
+    if (status)
+        return status;
+    status = kvt_cli_target("purge", a.config, a.root, a.url, true, &r.t);
+    if (status)
+        return status;
+    r.what = a.name ? a.name : a.all ? "everything" : "tmp files";
+    r.b = (struct bar){.on = !a.as_json && isatty(STDERR_FILENO), .what = r.what};
+    r.out = json_object();
+    json_object_set_new(r.out, "root", json_string(r.t.root));
+    json_object_set_new(r.out, "what",
+                        json_string(r.q.what == KVT_PURGE_NAMESPACE ? "namespace"
+                                    : r.q.what == KVT_PURGE_ALL     ? "all"
+                                                                    : "tmp"));
+    if (a.name)
+        json_object_set_new(r.out, "namespace", json_string(a.name));
+    status = run(&r);
+    if (status == 0)
+        print_result(&r);
+    if (r.lockfd >= 0)
+        close(r.lockfd);
+    json_decref(r.out);
+    json_decref(r.st);
+    kvt_cli_target_free(&r.t);
     return status;
 }

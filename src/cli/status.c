@@ -13,6 +13,7 @@
  * quotas, the file system and per-adapter health. Online, they are merged
  * into the server's full status object (--json).
  */
+#include "cli/cli.h"
 #include "common/util.h"
 #include "kvtier/error.h"
 #include "ops/cli.h"
@@ -26,8 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
-
-int kvt_cmd_status(int argc, char **argv);
 
 #define human kvt_human
 

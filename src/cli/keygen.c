@@ -5,6 +5,7 @@
  * clients, a client's goes into the server's authorized-clients file.
  * Exit 0, 2 for bad usage or an existing file, 1 for an I/O error.
  */
+#include "cli/cli.h"
 #include "common/secret.h"
 #include "kvtier/error.h"
 
@@ -17,8 +18,6 @@
 #include <unistd.h>
 
 #include <zmq.h>
-
-int kvt_cmd_keygen(int argc, char **argv);
 
 static int write_new(const char *path, const char *text, mode_t mode)
 {

@@ -18,9 +18,11 @@
  * Belady's optimum (MIN: evict the block used farthest in the future),
  * computed offline.
  */
+#include "cli/cli.h"
 #include "common/util.h"
 #include "policy/policy.h"
 #include "kvtier/client.h"
+#include "kvtier/error.h"
 
 #include "proto/wire.h"
 
@@ -30,8 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-int kvt_cmd_replay(int argc, char **argv);
 
 struct trace {
     uint32_t nreq;
@@ -48,14 +48,16 @@ static void trace_free(struct trace *t)
     free(t->ids);
 }
 
-/* Reads the trace (its first `limit` requests, 0: all); on a bad line says
- * which, frees what it read and returns -1. */
+/* Reads the trace (its first `limit` requests, 0: all): 0; -errno when
+ * it cannot be opened; on a bad line says which, frees what it read and
+ * returns KVT_E_BADREQ. */
 static int load_trace(const char *path, struct trace *t, uint32_t limit)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
+        int e = errno;
         fprintf(stderr, "kvtier replay: cannot open %s\n", path);
-        return -1;
+        return -e;
     }
     size_t cap_r = 1024, cap_a = 1 << 16;
     t->start = malloc(cap_r * sizeof(uint32_t));
@@ -81,7 +83,7 @@ static int load_trace(const char *path, struct trace *t, uint32_t limit)
             free(line);
             fclose(f);
             trace_free(t);
-            return -1;
+            return KVT_E_BADREQ;
         }
         if (t->nreq + 2 > cap_r) {
             cap_r *= 2;
@@ -104,7 +106,7 @@ static int load_trace(const char *path, struct trace *t, uint32_t limit)
                 free(line);
                 fclose(f);
                 trace_free(t);
-                return -1;
+                return KVT_E_BADREQ;
             }
             if (t->nacc == cap_a) {
                 cap_a *= 2;
@@ -499,7 +501,8 @@ static json_t *delete_blocks(kvt_client *c, const struct trace *t, const char *m
     return o;
 }
 
-/* A whole non-negative integer in [lo, hi] (decimal or 0x...), or -1. */
+/* A whole non-negative integer in [lo, hi] (decimal or 0x...): 0, or 2
+ * (the exit status) after saying why. */
 static int opt_u64(const char *name, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
 {
     char *end;
@@ -508,13 +511,41 @@ static int opt_u64(const char *name, const char *v, uint64_t lo, uint64_t hi, ui
     if (!*v || *end || errno || v[strspn(v, " \t")] == '-' || x < lo || x > hi) {
         fprintf(stderr, "kvtier replay: %s: '%s' is not a whole number in %llu..%llu\n", name, v,
                 (unsigned long long)lo, (unsigned long long)hi);
-        return -1;
+        return 2;
     }
     *out = x;
     return 0;
 }
 
-int kvt_cmd_replay(int argc, char **argv)
+struct replay_args {
+    const char *url, *path, *model;
+    size_t block;    /* bytes of one block (one object) */
+    uint64_t budget; /* blocks; 0: a quarter of the unique ones */
+    uint32_t limit;  /* requests; 0: all */
+    bool offline, as_json, keep;
+    double half_life; /* the value policy's; 0: its own aging, no clock */
+};
+
+static void usage(void)
+{
+    printf("usage: kvtier replay --trace FILE [--url URL] [--block-bytes 16384]\n"
+           "                     [--budget-blocks N (default 25%% of unique blocks)]\n"
+           "                     [--limit REQUESTS] [--model NAME] [--offline] [--json]\n"
+           "                     [--keep]\n"
+           "                     [--value-half-life SECONDS (offline value policy with a\n"
+           "                      fixed half-life; default: its own aging)]\n"
+           "\n"
+           "Against a server (without --offline) every block the server misses is\n"
+           "stored in its cache under the model NAME (default \"replay\"), in every\n"
+           "tier, persistent L2 adapters included: up to unique blocks x --block-bytes\n"
+           "bytes (the shared mooncake_synthetic_trace: 43,924 blocks, some\n"
+           "720 MB). At the end the replay deletes every block of the trace under\n"
+           "that model from the server; --keep leaves them (a second replay then\n"
+           "starts warm; kvtier purge --namespace=NAME removes them later).\n");
+}
+
+/* Read argv into a. Returns -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, struct replay_args *a)
 {
     static const struct option opts[] = {{"url", required_argument, NULL, 'u'},
                                          {"trace", required_argument, NULL, 't'},
@@ -528,12 +559,7 @@ int kvt_cmd_replay(int argc, char **argv)
                                          {"keep", no_argument, NULL, 'K'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const char *url = "tcp://127.0.0.1:5555", *path = NULL, *model = "replay";
-    size_t block = 16384;
-    uint64_t budget = 0;
-    uint32_t limit = 0;
-    bool offline = false, as_json = false, keep = false;
-    double half_life = 0; /* the value policy's default: aging, no clock */
+    *a = (struct replay_args){.url = "tcp://127.0.0.1:5555", .model = "replay", .block = 16384};
     uint64_t num;
     int ch;
     optind = 1;
@@ -541,41 +567,41 @@ int kvt_cmd_replay(int argc, char **argv)
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (ch) {
         case 'u':
-            url = optarg;
+            a->url = optarg;
             break;
         case 't':
-            path = optarg;
+            a->path = optarg;
             break;
         case 'b': /* one block is one object of the server's (max_object_bytes: 1 GiB) */
             if (opt_u64("--block-bytes", optarg, 1, 1ull << 30, &num))
                 return 2;
-            block = (size_t)num;
+            a->block = (size_t)num;
             break;
         case 'k':
-            if (opt_u64("--budget-blocks", optarg, 1, UINT32_MAX, &budget))
+            if (opt_u64("--budget-blocks", optarg, 1, UINT32_MAX, &a->budget))
                 return 2;
             break;
         case 'l':
             if (opt_u64("--limit", optarg, 1, UINT32_MAX, &num))
                 return 2;
-            limit = (uint32_t)num;
+            a->limit = (uint32_t)num;
             break;
         case 'm':
-            model = optarg;
+            a->model = optarg;
             break;
         case 'o':
-            offline = true;
+            a->offline = true;
             break;
         case 'j':
-            as_json = true;
+            a->as_json = true;
             break;
         case 'K':
-            keep = true;
+            a->keep = true;
             break;
         case 'v': {
             char *end;
-            half_life = strtod(optarg, &end);
-            if (!*optarg || *end || !(half_life > 0) || half_life > 1e12) {
+            a->half_life = strtod(optarg, &end);
+            if (!*optarg || *end || !(a->half_life > 0) || a->half_life > 1e12) {
                 fprintf(stderr,
                         "kvtier replay: --value-half-life: '%s' is not a number of "
                         "seconds above 0\n",
@@ -585,27 +611,14 @@ int kvt_cmd_replay(int argc, char **argv)
             break;
         }
         case 'h':
-            printf("usage: kvtier replay --trace FILE [--url URL] [--block-bytes 16384]\n"
-                   "                     [--budget-blocks N (default 25%% of unique blocks)]\n"
-                   "                     [--limit REQUESTS] [--model NAME] [--offline] [--json]\n"
-                   "                     [--keep]\n"
-                   "                     [--value-half-life SECONDS (offline value policy with a\n"
-                   "                      fixed half-life; default: its own aging)]\n"
-                   "\n"
-                   "Against a server (without --offline) every block the server misses is\n"
-                   "stored in its cache under the model NAME (default \"replay\"), in every\n"
-                   "tier, persistent L2 adapters included: up to unique blocks x --block-bytes\n"
-                   "bytes (the shared mooncake_synthetic_trace: 43,924 blocks, some\n"
-                   "720 MB). At the end the replay deletes every block of the trace under\n"
-                   "that model from the server; --keep leaves them (a second replay then\n"
-                   "starts warm; kvtier purge --namespace=NAME removes them later).\n");
+            usage();
             return 0;
         default:
             fprintf(stderr, "kvtier replay: unknown option '%s'\n", argv[optind - 1]);
             return 2;
         }
     }
-    if (!path) {
+    if (!a->path) {
         fprintf(stderr, "kvtier replay: --trace FILE is required\n");
         return 2;
     }
@@ -613,237 +626,293 @@ int kvt_cmd_replay(int argc, char **argv)
         fprintf(stderr, "kvtier replay: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    struct trace t;
-    if (load_trace(path, &t, limit))
+    return -1;
+}
+
+/* The offline replay: every policy of the table that keeps an order,
+ * through its vtable (the code the server runs), and MIN. */
+struct sims {
+    const char *pols[64]; /* the table holds far fewer */
+    struct simres res[64];
+    int npol, lru, value;
+    struct simres bel;
+};
+
+static json_t *simulate(const struct trace *t, const uint32_t *d, uint32_t u,
+                        const struct replay_args *a, struct sims *sm)
+{
+    const struct kvt_policy_desc *pd;
+    sm->npol = sm->lru = sm->value = 0;
+    for (size_t i = 0; (pd = kvt_policy_at(i)) && sm->npol < 64; i++) {
+        if (pd->flags & KVT_POLICY_NO_ORDER)
+            continue;
+        sm->lru = strcmp(pd->name, "LRU") == 0 ? sm->npol : sm->lru;
+        sm->value = strcmp(pd->name, "value") == 0 ? sm->npol : sm->value;
+        sm->pols[sm->npol++] = pd->name;
+    }
+    for (int i = 0; i < sm->npol; i++)
+        sm->res[i] = sim_named(t, d, u, a->budget, sm->pols[i], (uint32_t)a->block, a->half_life);
+    sm->bel = sim_belady(t, d, u, a->budget);
+    double nacc = (double)t->nacc;
+    json_t *off = json_object(), *by = json_object();
+    for (int i = 0; i <= sm->npol; i++) {
+        const struct simres *x = i < sm->npol ? &sm->res[i] : &sm->bel;
+        const char *name = i < sm->npol ? sm->pols[i] : "Belady";
+        json_t *o = json_object();
+        json_object_set_new(o, "prefix_hit_ratio", json_real((double)x->prefix_hits / nacc));
+        json_object_set_new(o, "block_hit_ratio", json_real((double)x->block_hits / nacc));
+        json_object_set_new(by, name, o);
+    }
+    json_object_set_new(off, "policies", by);
+    /* the flat names of earlier versions (bench/ops.sh, tests) */
+    const struct simres *lru = &sm->res[sm->lru], *val = &sm->res[sm->value];
+    json_object_set_new(off, "lru_prefix_hit_ratio", json_real((double)lru->prefix_hits / nacc));
+    json_object_set_new(off, "lru_block_hit_ratio", json_real((double)lru->block_hits / nacc));
+    json_object_set_new(off, "belady_prefix_hit_ratio",
+                        json_real((double)sm->bel.prefix_hits / nacc));
+    json_object_set_new(off, "belady_block_hit_ratio",
+                        json_real((double)sm->bel.block_hits / nacc));
+    json_object_set_new(off, "value_prefix_hit_ratio", json_real((double)val->prefix_hits / nacc));
+    json_object_set_new(off, "value_block_hit_ratio", json_real((double)val->block_hits / nacc));
+    if (a->half_life > 0)
+        json_object_set_new(off, "value_half_life_seconds", json_real(a->half_life));
+    return off;
+}
+
+/* What the live replay counted. */
+struct live {
+    uint64_t hits, bytes_in, bytes_out, wrong, stored, errors;
+    double *lat_lookup, *lat_get; /* us, per request; retrieves only for requests with hits */
+    size_t nget;
+    double secs;
+};
+
+/* One request of the trace against the server: lookup, retrieve the hits
+ * (checked byte for byte), store the rest, into b (buffers sized for the
+ * longest request) and L. */
+struct scratch {
+    uint8_t *hashes, *pay, *want;
+    const void **bufs;
+    size_t *lens;
+};
+
+static void replay_one(kvt_client *c, const struct trace *t, const struct replay_args *a,
+                       uint32_t q, struct scratch *b, struct live *L)
+{
+    size_t block = a->block;
+    uint32_t first = t->start[q], n = t->start[q + 1] - first; /* whole, as offline */
+    memset(b->hashes, 0, (size_t)n * 32);
+    for (uint32_t i = 0; i < n; i++)
+        memcpy(b->hashes + 32 * i, &t->ids[first + i], 8);
+    kvt_keys k = {.model = a->model, .hashes = b->hashes, .hash_len = 32, .n = n};
+    uint64_t t0 = kvt_now_ns();
+    size_t h = 0;
+    if (kvt_lookup(c, &k, &h)) {
+        L->errors++;
+        h = 0;
+    }
+    L->lat_lookup[q] = (double)(kvt_now_ns() - t0) / 1e3;
+    t0 = kvt_now_ns();
+    kvt_blob *blobs = NULL;
+    size_t got = 0;
+    kvt_keys kh = k;
+    kh.n = h;
+    if (h && kvt_retrieve(c, &kh, &blobs, &got) == 0) {
+        for (size_t i = 0; i < got; i++) {
+            fill_block(b->want, block, t->ids[first + i]);
+            if (blobs[i].len != block || memcmp(blobs[i].data, b->want, block))
+                L->wrong++;
+            L->bytes_out += blobs[i].len;
+        }
+        kvt_blobs_free(blobs, got);
+    } else if (h) {
+        L->errors++;
+    }
+    if (h)
+        L->lat_get[L->nget++] = (double)(kvt_now_ns() - t0) / 1e3;
+    L->hits += got;
+    if (got < n) {
+        for (uint32_t i = (uint32_t)got; i < n; i++) {
+            fill_block(b->pay + (size_t)(i - got) * block, block, t->ids[first + i]);
+            b->bufs[i - got] = b->pay + (size_t)(i - got) * block;
+            b->lens[i - got] = block;
+        }
+        kvt_keys ks = k;
+        ks.hashes = b->hashes + 32 * got;
+        ks.n = n - got;
+        size_t acc = 0;
+        if (kvt_store(c, &ks, b->bufs, b->lens, NULL, &acc))
+            L->errors++;
+        L->stored += acc;
+        L->bytes_in += (uint64_t)(n - got) * block;
+    }
+}
+
+/* The live replay against the server at a->url: out gets "live". Returns
+ * the exit status. */
+static int replay_live(const struct trace *t, const struct replay_args *a, uint32_t longest,
+                       json_t *out)
+{
+    kvt_client *c;
+    int rc = kvt_client_open(a->url, NULL, &c);
+    if (rc) {
+        const char *why = kvt_client_open_error();
+        fprintf(stderr, "kvtier replay: cannot reach %s: %s\n", a->url,
+                why[0] ? why : kvt_strerror(rc));
+        return 1;
+    }
+    uint64_t server_blocks = check_server(c, a->block, a->budget);
+    size_t lmax = KVT_MAX(longest, 1u);
+    struct scratch b = {
+        .hashes = kvt_xmalloc(lmax * 32),
+        .pay = kvt_xmalloc(a->block * lmax),
+        .want = malloc(a->block),
+        .bufs = kvt_xmalloc(lmax * sizeof(void *)),
+        .lens = kvt_xmalloc(lmax * sizeof(size_t)),
+    };
+    struct live L = {.lat_lookup = malloc(t->nreq * sizeof(double)),
+                     .lat_get = malloc(t->nreq * sizeof(double))};
+    uint64_t t_start = kvt_now_ns();
+    for (uint32_t q = 0; q < t->nreq; q++) {
+        replay_one(c, t, a, q, &b, &L);
+        if (!a->as_json && (q + 1) % 500 == 0)
+            fprintf(stderr, "  %u/%u requests, hit ratio %.3f\n", q + 1, t->nreq,
+                    (double)L.hits / (double)(t->start[q + 1]));
+    }
+    kvt_flush(c);
+    L.secs = (double)(kvt_now_ns() - t_start) / 1e9;
+    qsort(L.lat_lookup, t->nreq, sizeof(double), cmpd);
+    qsort(L.lat_get, L.nget, sizeof(double), cmpd);
+    json_t *live = json_object();
+    json_object_set_new(live, "prefix_hit_ratio", json_real((double)L.hits / (double)t->nacc));
+    json_object_set_new(live, "blocks_hit", json_integer((json_int_t)L.hits));
+    json_object_set_new(live, "bytes_retrieved", json_integer((json_int_t)L.bytes_out));
+    json_object_set_new(live, "bytes_stored", json_integer((json_int_t)L.bytes_in));
+    json_object_set_new(live, "blocks_stored", json_integer((json_int_t)L.stored));
+    json_object_set_new(live, "wrong_blocks", json_integer((json_int_t)L.wrong));
+    json_object_set_new(live, "server_l1_blocks", json_integer((json_int_t)server_blocks));
+    json_object_set_new(live, "errors", json_integer((json_int_t)L.errors));
+    json_object_set_new(live, "seconds", json_real(L.secs));
+    json_object_set_new(live, "lookup_us_p50", json_real(pct(L.lat_lookup, t->nreq, 0.5)));
+    json_object_set_new(live, "lookup_us_p99", json_real(pct(L.lat_lookup, t->nreq, 0.99)));
+    json_object_set_new(live, "retrieve_us_p50", json_real(pct(L.lat_get, L.nget, 0.5)));
+    json_object_set_new(live, "retrieve_us_p99", json_real(pct(L.lat_get, L.nget, 0.99)));
+    json_object_set_new(out, "live", live);
+    if (a->keep) {
+        json_object_set_new(live, "cleanup", json_string("kept (--keep)"));
+    } else {
+        char derr[512];
+        json_t *cl = delete_blocks(c, t, a->model, derr, sizeof(derr));
+        if (json_integer_value(json_object_get(cl, "errors"))) {
+            fprintf(stderr,
+                    "kvtier replay: warning: could not delete the trace's blocks from the "
+                    "server (%s): its cache keeps them under the model '%s' (kvtier purge "
+                    "--namespace=%s)\n",
+                    derr, a->model, a->model);
+        }
+        json_object_set_new(live, "cleanup", cl);
+    }
+    kvt_client_close(c);
+    free(b.hashes);
+    free(b.pay);
+    free(b.bufs);
+    free(b.lens);
+    free(b.want);
+    free(L.lat_lookup);
+    free(L.lat_get);
+    return L.wrong || L.errors ? 1 : 0;
+}
+
+/* The text report (without --json). */
+static void print_text(const struct trace *t, uint32_t u, const struct replay_args *a,
+                       const struct sims *sm, const json_t *out)
+{
+    printf("trace %s: %u requests, %llu block accesses, %u unique blocks; budget %llu blocks "
+           "(%.1f%% of unique) of %zu bytes\n",
+           a->path, t->nreq, (unsigned long long)t->nacc, u, (unsigned long long)a->budget,
+           100.0 * (double)a->budget / u, a->block);
+    printf("  offline prefix hit ratio:");
+    for (int i = 0; i < sm->npol; i++)
+        printf("  %s %.4f", sm->pols[i], (double)sm->res[i].prefix_hits / (double)t->nacc);
+    printf("  Belady %.4f", (double)sm->bel.prefix_hits / (double)t->nacc);
+    if (a->half_life > 0)
+        printf("  (value: half-life %g s)", a->half_life);
+    printf("\n");
+    json_t *live = json_object_get(out, "live");
+    if (live)
+        printf("  kvtier (live)   prefix hit ratio %.4f; %.1f MB retrieved, %.1f MB stored; "
+               "wrong blocks %lld, errors %lld; lookup p50 %.0f us p99 %.0f us, retrieve p50 "
+               "%.0f us p99 %.0f us; %.1f s\n",
+               json_real_value(json_object_get(live, "prefix_hit_ratio")),
+               (double)json_integer_value(json_object_get(live, "bytes_retrieved")) / 1e6,
+               (double)json_integer_value(json_object_get(live, "bytes_stored")) / 1e6,
+               (long long)json_integer_value(json_object_get(live, "wrong_blocks")),
+               (long long)json_integer_value(json_object_get(live, "errors")),
+               json_real_value(json_object_get(live, "lookup_us_p50")),
+               json_real_value(json_object_get(live, "lookup_us_p99")),
+               json_real_value(json_object_get(live, "retrieve_us_p50")),
+               json_real_value(json_object_get(live, "retrieve_us_p99")),
+               json_real_value(json_object_get(live, "seconds")));
+    const json_t *cl = live ? json_object_get(live, "cleanup") : NULL;
+    if (json_is_object(cl))
+        printf("  deleted the trace's %lld blocks (model '%s') from the server: %lld objects "
+               "removed from L2 (--keep keeps them)\n",
+               (long long)json_integer_value(json_object_get(cl, "deleted_keys")), a->model,
+               (long long)json_integer_value(json_object_get(cl, "l2_removed")));
+    else if (cl)
+        printf("  kept the stored blocks in the server under the model '%s' (--keep)\n", a->model);
+}
+
+int kvt_cmd_replay(int argc, char **argv)
+{
+    struct replay_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0)
+        return rc;
+    struct trace t = {0};
+    if (load_trace(a.path, &t, a.limit))
         return 2;
     if (!t.nacc) {
-        fprintf(stderr, "kvtier replay: %s: no request with a block in it\n", path);
+        fprintf(stderr, "kvtier replay: %s: no request with a block in it\n", a.path);
         trace_free(&t);
         return 2;
     }
     uint32_t longest = 0; /* blocks of the longest request: the live replay sends it whole */
     for (uint32_t q = 0; q < t.nreq; q++)
         longest = KVT_MAX(longest, t.start[q + 1] - t.start[q]);
-    if (!offline && longest > KVT_MAX_BATCH) {
+    if (!a.offline && longest > KVT_MAX_BATCH) {
         fprintf(stderr,
                 "kvtier replay: %s: a request of %u blocks; one request carries at most %u keys "
                 "(use --offline)\n",
-                path, longest, KVT_MAX_BATCH);
+                a.path, longest, KVT_MAX_BATCH);
         trace_free(&t);
         return 2;
     }
     uint32_t u;
     uint32_t *d = densify(&t, &u);
-    if (!budget)
-        budget = KVT_MAX(u / 4, 1u);
-    /* every policy of the table that keeps an order, through its vtable
-     * (the code the server runs), and MIN */
-    const char *pols[64]; /* the table holds far fewer */
-    int npol = 0, lru = 0, value = 0;
-    const struct kvt_policy_desc *pd;
-    for (size_t i = 0; (pd = kvt_policy_at(i)) && npol < 64; i++) {
-        if (pd->flags & KVT_POLICY_NO_ORDER)
-            continue;
-        lru = strcmp(pd->name, "LRU") == 0 ? npol : lru;
-        value = strcmp(pd->name, "value") == 0 ? npol : value;
-        pols[npol++] = pd->name;
-    }
-    struct simres res[64];
-    for (int i = 0; i < npol; i++)
-        res[i] = sim_named(&t, d, u, budget, pols[i], (uint32_t)block, half_life);
-    struct simres bel = sim_belady(&t, d, u, budget);
+    if (!a.budget)
+        a.budget = KVT_MAX(u / 4, 1u);
+    struct sims sm;
     json_t *out = json_object();
     json_object_set_new(out, "requests", json_integer(t.nreq));
     json_object_set_new(out, "block_accesses", json_integer((json_int_t)t.nacc));
     json_object_set_new(out, "unique_blocks", json_integer(u));
-    json_object_set_new(out, "budget_blocks", json_integer((json_int_t)budget));
-    json_object_set_new(out, "block_bytes", json_integer((json_int_t)block));
-    json_t *off = json_object(), *by = json_object();
-    for (int i = 0; i <= npol; i++) {
-        const struct simres *x = i < npol ? &res[i] : &bel;
-        const char *name = i < npol ? pols[i] : "Belady";
-        json_t *o = json_object();
-        json_object_set_new(o, "prefix_hit_ratio",
-                            json_real((double)x->prefix_hits / (double)t.nacc));
-        json_object_set_new(o, "block_hit_ratio",
-                            json_real((double)x->block_hits / (double)t.nacc));
-        json_object_set_new(by, name, o);
+    json_object_set_new(out, "budget_blocks", json_integer((json_int_t)a.budget));
+    json_object_set_new(out, "block_bytes", json_integer((json_int_t)a.block));
+    json_object_set_new(out, "offline", simulate(&t, d, u, &a, &sm));
+    rc = a.offline ? 0 : replay_live(&t, &a, longest, out);
+    if (rc == 1 && !json_object_get(out, "live")) { /* the server could not be reached */
+        json_decref(out);
+        free(d);
+        trace_free(&t);
+        return 1;
     }
-    json_object_set_new(off, "policies", by);
-    /* the flat names of earlier versions (bench/ops.sh, tests) */
-    json_object_set_new(off, "lru_prefix_hit_ratio",
-                        json_real((double)res[lru].prefix_hits / (double)t.nacc));
-    json_object_set_new(off, "lru_block_hit_ratio",
-                        json_real((double)res[lru].block_hits / (double)t.nacc));
-    json_object_set_new(off, "belady_prefix_hit_ratio",
-                        json_real((double)bel.prefix_hits / (double)t.nacc));
-    json_object_set_new(off, "belady_block_hit_ratio",
-                        json_real((double)bel.block_hits / (double)t.nacc));
-    json_object_set_new(off, "value_prefix_hit_ratio",
-                        json_real((double)res[value].prefix_hits / (double)t.nacc));
-    json_object_set_new(off, "value_block_hit_ratio",
-                        json_real((double)res[value].block_hits / (double)t.nacc));
-    if (half_life > 0)
-        json_object_set_new(off, "value_half_life_seconds", json_real(half_life));
-    json_object_set_new(out, "offline", off);
-    int rc = 0;
-    if (!offline) {
-        kvt_client *c;
-        rc = kvt_client_open(url, NULL, &c);
-        if (rc) {
-            const char *why = kvt_client_open_error();
-            fprintf(stderr, "kvtier replay: cannot reach %s: %s\n", url,
-                    why[0] ? why : kvt_strerror(rc));
-            json_decref(out);
-            free(d);
-            trace_free(&t);
-            return 1;
-        }
-        uint64_t server_blocks = check_server(c, block, budget);
-        size_t lmax = KVT_MAX(longest, 1u);
-        uint8_t *hashes = kvt_xmalloc(lmax * 32);
-        uint8_t *pay = kvt_xmalloc(block * lmax);
-        const void **bufs = kvt_xmalloc(lmax * sizeof(void *));
-        size_t *lens = kvt_xmalloc(lmax * sizeof(size_t));
-        uint8_t *want = malloc(block);
-        double *lat_lookup = malloc(t.nreq * sizeof(double)),
-               *lat_get = malloc(t.nreq * sizeof(double));
-        size_t nget = 0; /* retrieves happen only for requests with hits */
-        uint64_t hits = 0, bytes_in = 0, bytes_out = 0, wrong = 0, stored = 0, errors = 0;
-        uint64_t t_start = kvt_now_ns();
-        for (uint32_t q = 0; q < t.nreq; q++) {
-            uint32_t a = t.start[q], n = t.start[q + 1] - a; /* whole, as offline */
-            memset(hashes, 0, (size_t)n * 32);
-            for (uint32_t i = 0; i < n; i++)
-                memcpy(hashes + 32 * i, &t.ids[a + i], 8);
-            kvt_keys k = {.model = model, .hashes = hashes, .hash_len = 32, .n = n};
-            uint64_t t0 = kvt_now_ns();
-            size_t h = 0;
-            if (kvt_lookup(c, &k, &h)) {
-                errors++;
-                h = 0;
-            }
-            lat_lookup[q] = (double)(kvt_now_ns() - t0) / 1e3;
-            t0 = kvt_now_ns();
-            kvt_blob *blobs = NULL;
-            size_t got = 0;
-            kvt_keys kh = k;
-            kh.n = h;
-            if (h && kvt_retrieve(c, &kh, &blobs, &got) == 0) {
-                for (size_t i = 0; i < got; i++) {
-                    fill_block(want, block, t.ids[a + i]);
-                    if (blobs[i].len != block || memcmp(blobs[i].data, want, block))
-                        wrong++;
-                    bytes_out += blobs[i].len;
-                }
-                kvt_blobs_free(blobs, got);
-            } else if (h) {
-                errors++;
-            }
-            if (h)
-                lat_get[nget++] = (double)(kvt_now_ns() - t0) / 1e3;
-            hits += got;
-            if (got < n) {
-                for (uint32_t i = (uint32_t)got; i < n; i++) {
-                    fill_block(pay + (size_t)(i - got) * block, block, t.ids[a + i]);
-                    bufs[i - got] = pay + (size_t)(i - got) * block;
-                    lens[i - got] = block;
-                }
-                kvt_keys ks = k;
-                ks.hashes = hashes + 32 * got;
-                ks.n = n - got;
-                size_t acc = 0;
-                if (kvt_store(c, &ks, bufs, lens, NULL, &acc))
-                    errors++;
-                stored += acc;
-                bytes_in += (uint64_t)(n - got) * block;
-            }
-            if (!as_json && (q + 1) % 500 == 0)
-                fprintf(stderr, "  %u/%u requests, hit ratio %.3f\n", q + 1, t.nreq,
-                        (double)hits / (double)(t.start[q + 1]));
-        }
-        kvt_flush(c);
-        double secs = (double)(kvt_now_ns() - t_start) / 1e9;
-        qsort(lat_lookup, t.nreq, sizeof(double), cmpd);
-        qsort(lat_get, nget, sizeof(double), cmpd);
-        json_t *live = json_object();
-        json_object_set_new(live, "prefix_hit_ratio", json_real((double)hits / (double)t.nacc));
-        json_object_set_new(live, "blocks_hit", json_integer((json_int_t)hits));
-        json_object_set_new(live, "bytes_retrieved", json_integer((json_int_t)bytes_out));
-        json_object_set_new(live, "bytes_stored", json_integer((json_int_t)bytes_in));
-        json_object_set_new(live, "blocks_stored", json_integer((json_int_t)stored));
-        json_object_set_new(live, "wrong_blocks", json_integer((json_int_t)wrong));
-        json_object_set_new(live, "server_l1_blocks", json_integer((json_int_t)server_blocks));
-        json_object_set_new(live, "errors", json_integer((json_int_t)errors));
-        json_object_set_new(live, "seconds", json_real(secs));
-        json_object_set_new(live, "lookup_us_p50", json_real(pct(lat_lookup, t.nreq, 0.5)));
-        json_object_set_new(live, "lookup_us_p99", json_real(pct(lat_lookup, t.nreq, 0.99)));
-        json_object_set_new(live, "retrieve_us_p50", json_real(pct(lat_get, nget, 0.5)));
-        json_object_set_new(live, "retrieve_us_p99", json_real(pct(lat_get, nget, 0.99)));
-        json_object_set_new(out, "live", live);
-        if (keep) {
-            json_object_set_new(live, "cleanup", json_string("kept (--keep)"));
-        } else {
-            char derr[512];
-            json_t *cl = delete_blocks(c, &t, model, derr, sizeof(derr));
-            if (json_integer_value(json_object_get(cl, "errors"))) {
-                fprintf(stderr,
-                        "kvtier replay: warning: could not delete the trace's blocks from the "
-                        "server (%s): its cache keeps them under the model '%s' (kvtier purge "
-                        "--namespace=%s)\n",
-                        derr, model, model);
-            }
-            json_object_set_new(live, "cleanup", cl);
-        }
-        kvt_client_close(c);
-        free(hashes);
-        free(pay);
-        free(bufs);
-        free(lens);
-        free(want);
-        free(lat_lookup);
-        free(lat_get);
-        rc = wrong || errors ? 1 : 0;
-    }
-    if (as_json) {
+    if (a.as_json) {
         char *s = json_dumps(out, JSON_INDENT(2));
         printf("%s\n", s);
         free(s);
     } else {
-        printf("trace %s: %u requests, %llu block accesses, %u unique blocks; budget %llu blocks "
-               "(%.1f%% of unique) of %zu bytes\n",
-               path, t.nreq, (unsigned long long)t.nacc, u, (unsigned long long)budget,
-               100.0 * (double)budget / u, block);
-        printf("  offline prefix hit ratio:");
-        for (int i = 0; i < npol; i++)
-            printf("  %s %.4f", pols[i], (double)res[i].prefix_hits / (double)t.nacc);
-        printf("  Belady %.4f", (double)bel.prefix_hits / (double)t.nacc);
-        if (half_life > 0)
-            printf("  (value: half-life %g s)", half_life);
-        printf("\n");
-        json_t *live = json_object_get(out, "live");
-        if (live)
-            printf("  kvtier (live)   prefix hit ratio %.4f; %.1f MB retrieved, %.1f MB stored; "
-                   "wrong blocks %lld, errors %lld; lookup p50 %.0f us p99 %.0f us, retrieve p50 "
-                   "%.0f us p99 %.0f us; %.1f s\n",
-                   json_real_value(json_object_get(live, "prefix_hit_ratio")),
-                   (double)json_integer_value(json_object_get(live, "bytes_retrieved")) / 1e6,
-                   (double)json_integer_value(json_object_get(live, "bytes_stored")) / 1e6,
-                   (long long)json_integer_value(json_object_get(live, "wrong_blocks")),
-                   (long long)json_integer_value(json_object_get(live, "errors")),
-                   json_real_value(json_object_get(live, "lookup_us_p50")),
-                   json_real_value(json_object_get(live, "lookup_us_p99")),
-                   json_real_value(json_object_get(live, "retrieve_us_p50")),
-                   json_real_value(json_object_get(live, "retrieve_us_p99")),
-                   json_real_value(json_object_get(live, "seconds")));
-        const json_t *cl = live ? json_object_get(live, "cleanup") : NULL;
-        if (json_is_object(cl))
-            printf("  deleted the trace's %lld blocks (model '%s') from the server: %lld objects "
-                   "removed from L2 (--keep keeps them)\n",
-                   (long long)json_integer_value(json_object_get(cl, "deleted_keys")), model,
-                   (long long)json_integer_value(json_object_get(cl, "l2_removed")));
-        else if (cl)
-            printf("  kept the stored blocks in the server under the model '%s' (--keep)\n", model);
+        print_text(&t, u, &a, &sm, out);
     }
     json_decref(out);
     free(d);

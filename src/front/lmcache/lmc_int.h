@@ -3,13 +3,23 @@
  * and replies, sessions, contexts, transfers, keys) and what its handlers
  * (lmc_handlers.c: one function per operation) share with it.
  */
-#ifndef KVT_SERVER_LMC_INT_H
-#define KVT_SERVER_LMC_INT_H
+#ifndef KVT_FRONT_LMC_INT_H
+#define KVT_FRONT_LMC_INT_H
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <sys/types.h>
 
+#include <msgpack.h>
+#include <zmq.h>
+
+#include "core/core.h"
+#include "front/lmcache/lmc.h"
+#include "key/key.h"
 #include "proto/lmc_wire.h"
-#include "server/internal.h"
+#include "proto/wire.h"
+#include "server/auth.h"
 
 #define MAX_ARGS 8
 #define NBUCKETS 1024
@@ -71,7 +81,8 @@ struct lmc_xfer { /* a prepare_* waiting for its commit_* */
 };
 
 struct kvt_lmc {
-    struct kvt_server *s;
+    const struct kvt_front_env *env; /* the server's facts and the core */
+    const struct kvt_lmc_cfg *cfg;   /* its flags */
     void *zctx, *sock;
     pthread_t th;
     bool started;
@@ -113,7 +124,6 @@ struct lmc_rq {
     bool done;
 };
 
-/* helpers for a reply body */
 /* helpers for a reply body */
 struct body {
     msgpack_sbuffer sb;

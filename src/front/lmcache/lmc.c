@@ -6,11 +6,13 @@
  * One thread ("lmcache") owns its own ZeroMQ ROUTER socket and all of this
  * file's state: registered worker contexts, sessions (a lookup's result and
  * the L1 references it holds for the retrieve), pending transfers (an L1
- * write or read lease per prepare_*). It calls the same store as the native
- * handlers: L1 (reserve, leases, get), the prefetch controller (L2 -> L1),
- * the store controller (L1 -> L2). The only other thread that touches it is
- * the prefetch thread: its callback queues the result under done_lock and
- * wakes this thread through an eventfd.
+ * write or read lease per prepare_*). It reaches the tiers through the
+ * core (core/core.h), as kvtier's own protocol does: reserve, leases, get,
+ * fetch (L1, then a prefetch from L2), commit (publish and submit to L2).
+ * The only other thread that touches it is the prefetch thread: its
+ * callback queues the result under done_lock and wakes this thread through
+ * an eventfd. The server drives it through its descriptor
+ * (kvt_front_lmcache, at the end of this file).
  *
  * The worker copies KV between its paged cache and the L1 pool itself: the
  * pool is a POSIX shared-memory object named --lmcache-shm-name (L1 creates
@@ -29,7 +31,7 @@
 #include "key/blake3.h"
 #include "kvtier/error.h"
 #include "proto/lmc_wire.h"
-#include "server/lmc_int.h"
+#include "front/lmcache/lmc_int.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -220,7 +222,7 @@ void lmc_sess_release(struct kvt_lmc *m, struct lmc_sess *x)
 {
     for (uint32_t i = 0; i < x->nh; i++)
         if (x->readers[i])
-            kvt_l1_put(m->s->l1, x->hs[i]);
+            kvt_core_put(m->env->core, x->hs[i]);
     free(x->hs);
     free(x->readers);
     x->hs = NULL;
@@ -254,7 +256,7 @@ void lmc_sess_remove(struct kvt_lmc *m, struct lmc_sess *x)
     if (*pp)
         *pp = x->next;
     if (x->nh)
-        kvt_l1_touch(m->s->l1, x->hs, x->nh);
+        kvt_core_touch(m->env->core, x->hs, x->nh);
     lmc_sess_release(m, x);
     x->state = LS_NONE;
     lmc_answer_waiters(m, x);
@@ -287,7 +289,7 @@ void lmc_xfer_drop(struct kvt_lmc *m, struct lmc_xfer **pp)
     struct lmc_xfer *x = *pp;
     *pp = x->next;
     struct kvt_l1_owner ow = lmc_inst_owner(&x->instance_id);
-    kvt_l1_lease_drop(m->s->l1, x->lease, &ow);
+    kvt_core_lease_drop(m->env->core, x->lease, &ow);
     free(x);
     atomic_fetch_sub(&m->pending_xfers, 1);
 }
@@ -297,11 +299,11 @@ void lmc_xfer_drop(struct kvt_lmc *m, struct lmc_xfer **pp)
 /* Chunk hashes of a key's token range [start, end), hashed from token 0.
  * LMCache asserts chunk alignment and end <= len(tokens); here that is an
  * error reply. Returns 0 with *c0, *c1 (chunk indices) and *hashes (32 bytes
- * per chunk for chunks 0..c1-1), or -1 after replying. */
+ * per chunk for chunks 0..c1-1), or KVT_E_BADREQ after replying. */
 int lmc_key_chunks(struct lmc_rq *q, const struct lmc_key *k, bool whole, uint32_t *c0,
                    uint32_t *c1, uint8_t **hashes)
 {
-    uint32_t C = (uint32_t)q->m->s->cfg->chunk_size;
+    uint32_t C = (uint32_t)q->m->env->chunk_size;
     uint64_t end = k->end;
     if (whole) { /* lookup: every full chunk up to end */
         if (end > k->ntokens)
@@ -311,17 +313,17 @@ int lmc_key_chunks(struct lmc_rq *q, const struct lmc_key *k, bool whole, uint32
         if (k->start % C || k->end % C) {
             lmc_reply_err(q, "start (%llu) and end (%llu) must be multiples of the chunk size %u",
                           (unsigned long long)k->start, (unsigned long long)k->end, C);
-            return -1;
+            return KVT_E_BADREQ;
         }
         if (k->end > k->ntokens) {
             lmc_reply_err(q, "end (%llu) exceeds the key's %zu token(s)",
                           (unsigned long long)k->end, k->ntokens);
-            return -1;
+            return KVT_E_BADREQ;
         }
         if (k->start > k->end) {
             lmc_reply_err(q, "start (%llu) is after end (%llu)", (unsigned long long)k->start,
                           (unsigned long long)k->end);
-            return -1;
+            return KVT_E_BADREQ;
         }
     }
     *c0 = whole ? 0 : (uint32_t)(k->start / C);
@@ -336,7 +338,7 @@ int lmc_key_ns(struct lmc_rq *q, const struct lmc_key *k, uint32_t *ns)
     const char *why = "invalid key";
     if (kvt_ns_intern(k->model, k->model_len, k->salt, k->salt_len, ns, &why)) {
         lmc_reply_err(q, "%s", why);
-        return -1;
+        return KVT_E_BADREQ;
     }
     return 0;
 }
@@ -346,7 +348,7 @@ int lmc_decode_key(struct lmc_rq *q, uint32_t i, struct lmc_key *k)
     char why[256];
     if (lmc_key_decode(lmc_arg(q, i), k, why, sizeof(why))) {
         lmc_reply_err(q, "bad IPCCacheServerKey: %s", why);
-        return -1;
+        return KVT_E_BADREQ;
     }
     return 0;
 }
@@ -355,7 +357,7 @@ int lmc_decode_i64(struct lmc_rq *q, uint32_t i, const char *name, int64_t *v)
 {
     if (lmc_get_int(lmc_arg(q, i), v)) {
         lmc_reply_err(q, "argument %s must be an integer", name);
-        return -1;
+        return KVT_E_BADREQ;
     }
     return 0;
 }
@@ -364,11 +366,11 @@ int lmc_decode_str(struct lmc_rq *q, uint32_t i, const char *name, const char **
 {
     if (lmc_get_str(lmc_arg(q, i), s, n)) {
         lmc_reply_err(q, "argument %s must be a string", name);
-        return -1;
+        return KVT_E_BADREQ;
     }
     if (*n > LMC_MAX_RID) {
         lmc_reply_err(q, "argument %s is longer than %u bytes", name, LMC_MAX_RID);
-        return -1;
+        return KVT_E_BADREQ;
     }
     return 0;
 }
@@ -420,14 +422,14 @@ struct kvt_auth_client *lmc_who(struct kvt_lmc *m)
 {
     /* a published table never changes but for atomic counters, and stays
      * until exit: this thread may read it (auth.h) */
-    struct kvt_auth *a = kvt_server_auth(m->s);
+    struct kvt_auth *a = kvt_front_auth(m->env);
     if (a != m->who_tab) {
         m->who_tab = a;
-        m->who = kvt_auth_named(a, m->s->cfg->lmc_client, NULL);
+        m->who = kvt_auth_named(a, m->cfg->client, NULL);
         if (!m->who)
             kvt_error("lmcache: --lmcache-client %s is no longer one client of %s: every "
                       "request on the LMCache port is denied (served as a miss)",
-                      m->s->cfg->lmc_client, m->s->cfg->auth_clients_file);
+                      m->cfg->client, m->env->auth_clients_file);
     }
     return m->who;
 }
@@ -442,7 +444,7 @@ uint64_t lmc_count_denied(struct kvt_lmc *m, struct kvt_auth_client *c)
 bool lmc_denied(struct lmc_rq *q, uint32_t ns, bool write)
 {
     struct kvt_lmc *m = q->m;
-    if (!m->s->cfg->auth)
+    if (!m->env->auth)
         return false;
     struct kvt_auth_client *c = lmc_who(m);
     const char *salt = kvt_ns_salt(ns);
@@ -458,7 +460,7 @@ bool lmc_denied(struct lmc_rq *q, uint32_t ns, bool write)
     if (now - m->denied_log_ns >= 1000000000ull) { /* one line a second at most */
         kvt_warn("lmcache: %s denied (served as a miss / nothing stored): %s (salt '%s', "
                  "client %s; %llu denied so far)",
-                 lmc_ops[q->op].name, why, salt, m->s->cfg->lmc_client, (unsigned long long)nth);
+                 lmc_ops[q->op].name, why, salt, m->cfg->client, (unsigned long long)nth);
         m->denied_log_ns = now;
     }
     return true;
@@ -468,8 +470,8 @@ bool lmc_denied(struct lmc_rq *q, uint32_t ns, bool write)
 
 static void sweep(struct kvt_lmc *m, uint64_t now, uint64_t *next_deadline)
 {
-    struct kvt_server_cfg *c = m->s->cfg;
-    uint64_t rttl = (uint64_t)(c->l1_read_ttl_s * 1e9), wttl = (uint64_t)(c->l1_write_ttl_s * 1e9);
+    uint64_t rttl = (uint64_t)(m->env->read_ttl_s * 1e9);
+    uint64_t wttl = (uint64_t)(m->env->write_ttl_s * 1e9);
     for (int b = 0; b < NBUCKETS; b++) {
         struct lmc_sess *x = m->sess[b];
         while (x) {
@@ -623,12 +625,23 @@ static int ipc_path_free(const char *path, char *err, size_t cap)
     return -e;
 }
 
-int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
+bool kvt_lmc_host_is_ipc(const char *host)
 {
-    struct kvt_server_cfg *c = s->cfg;
+    return !strncmp(host, "ipc://", 6);
+}
+
+/* Bind LMCache's port (with the other listeners, before storage opens). */
+static int lmc_listen(const struct kvt_front_env *env, const void *cfg, void **out, char *err,
+                      size_t cap)
+{
+    const struct kvt_lmc_cfg *c = cfg;
+    *out = NULL;
+    if (!c->port)
+        return 0; /* off */
     struct kvt_lmc *m = kvt_xcalloc(1, sizeof(*m));
-    m->s = s;
-    s->lmc = m;
+    m->env = env;
+    m->cfg = c;
+    *out = m;
     pthread_mutex_init(&m->done_lock, NULL);
     m->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (m->efd < 0) {
@@ -637,9 +650,8 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
         return -e;
     }
     /* what LMCache's connector connects to: f"{lmcache.mp.host}:{lmcache.mp.port}" */
-    bool ipc = kvt_lmc_host_is_ipc(c->lmc_host);
-    snprintf(m->endpoint, sizeof(m->endpoint), "%s%s:%d", ipc ? "" : "tcp://", c->lmc_host,
-             c->lmc_port);
+    bool ipc = kvt_lmc_host_is_ipc(c->host);
+    snprintf(m->endpoint, sizeof(m->endpoint), "%s%s:%d", ipc ? "" : "tcp://", c->host, c->port);
     const char *path = m->endpoint + 6;
     m->ipc_file = ipc && path[0] != '@'; /* '@': Linux's abstract namespace, no file */
     if (m->ipc_file) {
@@ -654,10 +666,10 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
     zmq_setsockopt(m->sock, ZMQ_SNDHWM, &zero, sizeof(zero));
     zmq_setsockopt(m->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(m->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-    if (c->auth) {
+    if (env->auth) {
         /* the handler before the domain and the bind: without one libzmq
-         * admits every peer (config.c allows only ipc:// here) */
-        int rc = kvt_zap_start_same_uid(m->zctx, c->auth, &s->auth_cur, c->lmc_client, &m->zap);
+         * admits every peer (the server's config allows only ipc:// here) */
+        int rc = kvt_zap_start_same_uid(m->zctx, env->auth, env->auth_cur, c->client, &m->zap);
         if (!rc && zmq_setsockopt(m->sock, ZMQ_ZAP_DOMAIN, "kvtier-lmcache", 14))
             rc = -errno;
         if (rc) {
@@ -678,10 +690,10 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
         /* libzmq binds to addresses or interface names, not host names (pyzmq's
          * bundled libzmq takes "localhost", LMCache's default): resolve it */
         struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-        if (getaddrinfo(c->lmc_host, NULL, &hints, &ai) == 0 && ai) {
+        if (getaddrinfo(c->host, NULL, &hints, &ai) == 0 && ai) {
             char ip[INET_ADDRSTRLEN];
             inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, ip, sizeof(ip));
-            snprintf(m->endpoint, sizeof(m->endpoint), "tcp://%s:%d", ip, c->lmc_port);
+            snprintf(m->endpoint, sizeof(m->endpoint), "tcp://%s:%d", ip, c->port);
             brc = zmq_bind(m->sock, m->endpoint);
             be = errno;
             freeaddrinfo(ai);
@@ -702,9 +714,10 @@ int kvt_lmc_listen(struct kvt_server *s, char *err, size_t cap)
     return 0;
 }
 
-int kvt_lmc_start(struct kvt_server *s, char *err, size_t cap)
+/* Its thread: requests are served from now on. */
+static int lmc_start(void *fe, char *err, size_t cap)
 {
-    struct kvt_lmc *m = s->lmc;
+    struct kvt_lmc *m = fe;
     int rc = pthread_create(&m->th, NULL, lmc_main, m); /* returns the error, errno untouched */
     if (rc) {
         snprintf(err, cap, "--lmcache-port: cannot start its thread");
@@ -714,11 +727,11 @@ int kvt_lmc_start(struct kvt_server *s, char *err, size_t cap)
     return 0;
 }
 
-void kvt_lmc_stop(struct kvt_server *s)
+/* Before the worker pool, the controllers and L1 go: joins the thread,
+ * closes the socket. */
+static void lmc_stop(void *fe)
 {
-    struct kvt_lmc *m = s->lmc;
-    if (!m)
-        return;
+    struct kvt_lmc *m = fe;
     atomic_store_explicit(&m->stop, 1, memory_order_relaxed); /* the eventfd write wakes it */
     if (m->started) {
         uint64_t one = 1;
@@ -747,11 +760,11 @@ void kvt_lmc_stop(struct kvt_server *s)
     m->zctx = NULL;
 }
 
-void kvt_lmc_free(struct kvt_server *s)
+/* After the prefetch controller stopped, before L1 is destroyed: drops
+ * every L1 reference it holds. */
+static void lmc_free(void *fe)
 {
-    struct kvt_lmc *m = s->lmc;
-    if (!m)
-        return;
+    struct kvt_lmc *m = fe;
     lmc_drain_fetches(m, true); /* the prefetch controller has stopped: no more arrive */
     while (m->xfers)
         lmc_xfer_drop(m, &m->xfers);
@@ -779,23 +792,22 @@ void kvt_lmc_free(struct kvt_server *s)
         close(m->efd);
     pthread_mutex_destroy(&m->done_lock);
     free(m);
-    s->lmc = NULL;
 }
 
-const char *kvt_lmc_endpoint(struct kvt_server *s)
+static void lmc_banner(void *fe)
 {
-    return s->lmc ? s->lmc->endpoint : NULL;
+    struct kvt_lmc *m = fe;
+    kvt_info("LMCache protocol (lmcache 0.5.6, engine_driven) on %s; L1 pool /dev/shm/%s",
+             m->endpoint, m->cfg->shm_name);
 }
 
-json_t *kvt_lmc_status(struct kvt_server *s)
+static json_t *lmc_status(void *fe)
 {
-    struct kvt_lmc *m = s->lmc;
-    if (!m)
-        return json_null();
+    struct kvt_lmc *m = fe;
     json_t *o = json_object();
     json_object_set_new(o, "endpoint", json_string(m->endpoint));
     json_object_set_new(o, "protocol", json_string("lmcache 0.5.6 multi-process (engine_driven)"));
-    json_object_set_new(o, "shm_name", json_string(s->cfg->lmc_shm_name));
+    json_object_set_new(o, "shm_name", json_string(m->cfg->shm_name));
 #define N(f) json_integer((json_int_t)atomic_load_explicit(&m->f, memory_order_relaxed))
     json_object_set_new(o, "contexts", N(contexts));
     json_object_set_new(o, "sessions", N(sessions));
@@ -806,12 +818,12 @@ json_t *kvt_lmc_status(struct kvt_server *s)
     json_object_set_new(o, "lookup_hit_chunks", N(lookup_hits));
     json_object_set_new(o, "chunks_stored", N(chunks_stored));
     json_object_set_new(o, "chunks_retrieved", N(chunks_retrieved));
-    if (s->cfg->auth) { /* status runs on the rpc thread: the name, not m->who */
+    if (m->env->auth) { /* status runs on the rpc thread: the name, not m->who */
         json_t *au = json_object();
-        json_object_set_new(au, "client", json_string(s->cfg->lmc_client));
+        json_object_set_new(au, "client", json_string(m->cfg->client));
         json_object_set_new(au, "denied_requests", N(denied));
         json_object_set_new(au, "connections_refused",
-                            json_integer((json_int_t)atomic_load(&s->cfg->auth->lmc_refused)));
+                            json_integer((json_int_t)atomic_load(&m->env->auth->lmc_refused)));
         json_object_set_new(o, "auth", au);
     } else {
         json_object_set_new(o, "auth", json_null());
@@ -831,3 +843,13 @@ json_t *kvt_lmc_status(struct kvt_server *s)
     json_object_set_new(o, "ops", ops);
     return o;
 }
+
+const struct kvt_front_desc kvt_front_lmcache = {
+    .name = "lmcache",
+    .listen = lmc_listen,
+    .start = lmc_start,
+    .stop = lmc_stop,
+    .free = lmc_free,
+    .status = lmc_status,
+    .banner = lmc_banner,
+};

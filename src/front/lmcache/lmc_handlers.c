@@ -4,7 +4,7 @@
 #include "key/blake3.h"
 #include "kvtier/error.h"
 #include "proto/lmc_wire.h"
-#include "server/lmc_int.h"
+#include "front/lmcache/lmc_int.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -38,14 +38,14 @@ static void h_register(struct lmc_rq *q)
         lmc_reply_err(q, "model_name: %s", mwhy);
         return;
     }
-    uint32_t slots = r.num_physical_slots ? r.num_physical_slots : (uint32_t)m->s->cfg->chunk_size;
+    uint32_t slots = r.num_physical_slots ? r.num_physical_slots : (uint32_t)m->env->chunk_size;
     uint64_t bytes = (uint64_t)lmc_dtype_size(r.dtype) * r.num_layers * slots * r.hidden_dim *
                      (r.use_mla ? 1 : 2);
-    if (bytes == 0 || bytes > m->s->cfg->max_object_bytes || bytes > UINT32_MAX) {
+    if (bytes == 0 || bytes > m->env->max_object_bytes || bytes > UINT32_MAX) {
         lmc_reply_err(q,
                       "one chunk would be %llu bytes; this server accepts objects of at most "
                       "%llu bytes (--max-object-mb)",
-                      (unsigned long long)bytes, (unsigned long long)m->s->cfg->max_object_bytes);
+                      (unsigned long long)bytes, (unsigned long long)m->env->max_object_bytes);
         return;
     }
     struct lmc_ctx *c = lmc_ctx_find(m, r.instance_id);
@@ -71,12 +71,12 @@ static void h_register(struct lmc_rq *q)
              (long long)r.instance_id, (int)r.model_len, r.model, r.world_size, r.dtype,
              (unsigned long long)bytes);
     struct kvt_l1_shm shm;
-    kvt_l1_shm(m->s->l1, &shm);
+    kvt_core_shm(m->env->core, &shm);
     struct body b;
     lmc_body_init(&b);
     msgpack_pack_map(&b.pk, 2);
     kvt_mp_str0(&b.pk, "shm_name");
-    kvt_mp_str0(&b.pk, m->s->cfg->lmc_shm_name);
+    kvt_mp_str0(&b.pk, m->cfg->shm_name);
     kvt_mp_str0(&b.pk, "pool_size");
     msgpack_pack_uint64(&b.pk, shm.map_size);
     lmc_reply_body(q, &b);
@@ -116,7 +116,7 @@ static void finish_lookup(struct kvt_lmc *m, struct lmc_sess *x, struct kvt_l1_r
 {
     uint32_t hits = total / nr, keep = hits * nr;
     for (uint32_t i = keep; i < total; i++)
-        kvt_l1_put(m->s->l1, refs[i].h);
+        kvt_core_put(m->env->core, refs[i].h);
     lmc_sess_release(m, x);
     x->hits = hits;
     x->nr = nr;
@@ -128,7 +128,7 @@ static void finish_lookup(struct kvt_lmc *m, struct lmc_sess *x, struct kvt_l1_r
         x->readers[i] = (uint16_t)readers;
     }
     if (keep)
-        kvt_l1_touch(m->s->l1, x->hs, keep);
+        kvt_core_touch(m->env->core, x->hs, keep);
     x->state = LS_DONE;
     atomic_fetch_add_explicit(&m->lookup_hits, hits, memory_order_relaxed);
     lmc_answer_waiters(m, x);
@@ -164,7 +164,7 @@ void lmc_drain_fetches(struct kvt_lmc *m, bool discard)
             finish_lookup(m, x, f->refs, total, f->nr, f->readers);
         } else { /* the session ended or looked up again meanwhile */
             for (uint32_t i = 0; i < total; i++)
-                kvt_l1_put(m->s->l1, f->refs[i].h);
+                kvt_core_put(m->env->core, f->refs[i].h);
         }
         free(f->refs);
         free(f);
@@ -175,7 +175,6 @@ void lmc_drain_fetches(struct kvt_lmc *m, bool discard)
 static void h_lookup(struct lmc_rq *q)
 {
     struct kvt_lmc *m = q->m;
-    struct kvt_server *s = m->s;
     struct lmc_key k;
     if (lmc_decode_key(q, 0, &k))
         return;
@@ -218,24 +217,23 @@ static void h_lookup(struct lmc_rq *q)
                          0);
         }
     struct kvt_l1_ref *refs = kvt_xcalloc(n, sizeof(*refs));
-    kvt_l1_note_request(s->l1, keys, n);
-    uint32_t m0 = kvt_l1_get_prefix(s->l1, keys, n, refs);
-    if (m0 == n || s->nl2 == 0) {
-        finish_lookup(m, x, refs, m0, nr, k.num_kv_readers);
+    struct lmc_fetch *f = kvt_xcalloc(1, sizeof(*f));
+    f->m = m;
+    memcpy(f->rid, k.rid, k.rid_len);
+    f->rid_len = k.rid_len;
+    f->gen = x->gen;
+    f->n = n;
+    f->nr = nr;
+    f->readers = k.num_kv_readers;
+    f->refs = refs;
+    /* f->m0 is set before the prefetch is submitted; its result is taken
+     * on this thread (lmc_drain_fetches), after the state below */
+    if (kvt_core_fetch(m->env->core, keys, n, true, refs, &f->m0, on_prefetched, f)) {
+        finish_lookup(m, x, refs, f->m0, nr, k.num_kv_readers);
         free(refs);
+        free(f);
     } else {
         x->state = LS_PENDING;
-        struct lmc_fetch *f = kvt_xcalloc(1, sizeof(*f));
-        f->m = m;
-        memcpy(f->rid, k.rid, k.rid_len);
-        f->rid_len = k.rid_len;
-        f->gen = x->gen;
-        f->n = n;
-        f->m0 = m0;
-        f->nr = nr;
-        f->readers = k.num_kv_readers;
-        f->refs = refs;
-        kvt_prefetch_submit(s->pc, keys + m0, n - m0, on_prefetched, f);
     }
     free(keys);
     lmc_reply(q, NULL); /* LMCache answers a lookup once its prefetch is submitted */
@@ -285,7 +283,7 @@ static void h_free_locks(struct lmc_rq *q)
     if (lmc_decode_key(q, 0, &k))
         return;
     struct lmc_sess *x = lmc_sess_find(m, k.rid, k.rid_len);
-    uint32_t C = (uint32_t)m->s->cfg->chunk_size;
+    uint32_t C = (uint32_t)m->env->chunk_size;
     if (x && k.start < k.end && (x->state == LS_DONE || x->state == LS_CONSUMED)) {
         uint64_t c0 = k.start / C, c1 = KVT_MIN(k.end, (uint64_t)k.ntokens) / C;
         if (c1 > x->hits)
@@ -297,7 +295,7 @@ static void h_free_locks(struct lmc_rq *q)
                 uint32_t i = (uint32_t)c * x->nr + r;
                 if (x->readers[i]) {
                     x->readers[i] = 0;
-                    kvt_l1_put(m->s->l1, x->hs[i]);
+                    kvt_core_put(m->env->core, x->hs[i]);
                 }
             }
     }
@@ -377,18 +375,22 @@ static void reply_retrieve_miss(struct lmc_rq *q)
 static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
 {
     memset(a, 0, sizeof(*a));
-    if (lmc_decode_key(q, 0, &a->k))
-        return -1;
-    if (lmc_decode_i64(q, 1, "instance_id", &a->inst))
+    int rc = lmc_decode_key(q, 0, &a->k);
+    if (rc)
+        return rc;
+    if ((rc = lmc_decode_i64(q, 1, "instance_id", &a->inst)))
         goto fail;
     if (!a->k.has_worker) {
         lmc_reply_err(q, "a %s key needs worker_id", write ? "store" : "retrieve");
+        rc = KVT_E_BADREQ;
         goto fail;
     }
-    if (lmc_key_ns(q, &a->k, &a->ns) || lmc_key_chunks(q, &a->k, false, &a->c0, &a->c1, &a->hashes))
+    if ((rc = lmc_key_ns(q, &a->k, &a->ns)) ||
+        (rc = lmc_key_chunks(q, &a->k, false, &a->c0, &a->c1, &a->hashes)))
         goto fail;
     if (lmc_denied(q, a->ns, write)) {
         serve_as_nothing(q);
+        rc = KVT_E_DENIED;
         goto fail;
     }
     a->c = lmc_ctx_find(q->m, a->inst);
@@ -403,6 +405,7 @@ static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
                      "served as a miss until it registers again",
                      lmc_ops[q->op].name, (long long)a->inst);
         serve_as_nothing(q);
+        rc = KVT_E_NOTFOUND;
         goto fail;
     }
     a->c->last_seen_ns = kvt_now_ns();
@@ -411,7 +414,7 @@ static int xfer_begin(struct lmc_rq *q, struct xfer_args *a, bool write)
 fail:
     lmc_key_free(&a->k);
     free(a->hashes);
-    return -1;
+    return rc;
 }
 
 /* A transfer that cannot be served answers what the worker takes without an
@@ -470,7 +473,7 @@ static void h_prepare_store(struct lmc_rq *q)
         kvt_key key;
         kvt_key_make(&key, a.ns, a.hashes + 32 * c, 32, rank, 0);
         struct kvt_l1_ref ref;
-        int rc = kvt_l1_reserve(m->s->l1, &key, &a.c->meta, &ref);
+        int rc = kvt_core_reserve(m->env->core, &key, &a.c->meta, &ref);
         if (rc == 0) {
             hs[k] = ref.h;
             offs[k] = ref.off;
@@ -481,7 +484,7 @@ static void h_prepare_store(struct lmc_rq *q)
     }
     if (k) {
         struct kvt_l1_owner ow = lmc_inst_owner(&a.inst);
-        xfer_add(m, &a, true, kvt_l1_lease_new(m->s->l1, KVT_LEASE_WRITE, hs, k, &ow), k);
+        xfer_add(m, &a, true, kvt_core_lease_new(m->env->core, KVT_LEASE_WRITE, hs, k, &ow), k);
     }
     reply_store_slots(q, a.c, offs, idx, k);
     free(hs);
@@ -493,7 +496,6 @@ static void h_prepare_store(struct lmc_rq *q)
 static void h_commit_store(struct lmc_rq *q)
 {
     struct kvt_lmc *m = q->m;
-    struct kvt_server *s = m->s;
     const msgpack_object *d = lmc_arg(q, 2);
     if (d->type != MSGPACK_OBJECT_BIN && d->type != MSGPACK_OBJECT_STR) {
         lmc_reply_err(q, "argument data must be bytes");
@@ -513,7 +515,7 @@ static void h_commit_store(struct lmc_rq *q)
                       "/dev/shm/%s (it must run on this host, in the same IPC namespace, as "
                       "the same user). Run vLLM with LMCACHE_MP_TRANSFER_MODE=engine_driven on "
                       "the server's host",
-                      s->cfg->lmc_shm_name);
+                      m->cfg->shm_name);
         xfer_end(&a);
         return;
     }
@@ -527,20 +529,11 @@ static void h_commit_store(struct lmc_rq *q)
     *pp = x->next;
     free(x);
     atomic_fetch_sub(&m->pending_xfers, 1);
-    uint32_t *keep = kvt_xmalloc((n ? n : 1) * sizeof(uint32_t));
     struct kvt_l1_owner ow = lmc_inst_owner(&a.inst);
-    int committed = kvt_l1_lease_end(s->l1, lease, KVT_LEASE_WRITE, &ow, NULL, keep, n);
-    if (committed > 0) {
-        struct kvt_l1_ref *refs = kvt_xmalloc((size_t)committed * sizeof(*refs));
-        kvt_key *keys = kvt_xmalloc((size_t)committed * sizeof(kvt_key));
-        for (int i = 0; i < committed; i++)
-            kvt_l1_describe(s->l1, keep[i], &refs[i], &keys[i]);
-        kvt_store_ctrl_submit(s->sc, refs, keys, (uint32_t)committed); /* refs move */
-        free(refs);
-        free(keys);
+    /* every slot written; no client tag: LMCache has no flush */
+    int committed = kvt_core_commit(m->env->core, lease, &ow, NULL, n, 0);
+    if (committed > 0)
         atomic_fetch_add_explicit(&m->chunks_stored, (uint64_t)committed, memory_order_relaxed);
-    }
-    free(keep);
     lmc_reply_bool(q, committed == (int)n);
     xfer_end(&a);
 }
@@ -548,7 +541,7 @@ static void h_commit_store(struct lmc_rq *q)
 static void h_prepare_retrieve(struct lmc_rq *q)
 {
     struct kvt_lmc *m = q->m;
-    struct kvt_l1 *l1 = m->s->l1;
+    struct kvt_core *core = m->env->core;
     struct xfer_args a;
     if (xfer_begin(q, &a, false))
         return;
@@ -557,7 +550,7 @@ static void h_prepare_retrieve(struct lmc_rq *q)
     for (uint32_t c = a.c0; c < a.c1; c++) {
         kvt_key key;
         kvt_key_make(&key, a.ns, a.hashes + 32 * c, 32, rank, 0);
-        if (kvt_l1_get(l1, &key, &refs[k]))
+        if (kvt_core_get(core, &key, &refs[k]))
             break;
         k++;
         if (refs[k - 1].meta.len != a.c->meta.len) { /* another layout under this name */
@@ -569,7 +562,7 @@ static void h_prepare_retrieve(struct lmc_rq *q)
     }
     if (nc == 0 || k != nc || refs[k - 1].meta.len != a.c->meta.len) {
         for (uint32_t i = 0; i < k; i++)
-            kvt_l1_put(l1, refs[i].h);
+            kvt_core_put(core, refs[i].h);
         reply_retrieve_miss(q);
         free(refs);
         xfer_end(&a);
@@ -588,7 +581,7 @@ static void h_prepare_retrieve(struct lmc_rq *q)
             uint32_t r = x->nr > 1 ? a.k.worker_id : 0;
             uint32_t i = c * x->nr + r;
             if (x->readers[i] && --x->readers[i] == 0)
-                kvt_l1_put(l1, x->hs[i]);
+                kvt_core_put(core, x->hs[i]);
         }
     }
     pack_retrieve_head(&b.pk, true, 1);
@@ -597,7 +590,7 @@ static void h_prepare_retrieve(struct lmc_rq *q)
     for (uint32_t i = 0; i < nc; i++)
         lmc_pack_slot(&b.pk, a.c, refs[i].off);
     struct kvt_l1_owner ow = lmc_inst_owner(&a.inst);
-    xfer_add(m, &a, false, kvt_l1_lease_new(l1, KVT_LEASE_READ, hs, nc, &ow), nc);
+    xfer_add(m, &a, false, kvt_core_lease_new(core, KVT_LEASE_READ, hs, nc, &ow), nc);
     atomic_fetch_add_explicit(&m->chunks_retrieved, nc, memory_order_relaxed);
     lmc_reply_body(q, &b);
     free(hs);
@@ -617,12 +610,12 @@ static void h_commit_retrieve(struct lmc_rq *q)
     if (x) {
         uint32_t *hs = kvt_xmalloc((x->n ? x->n : 1) * sizeof(uint32_t));
         struct kvt_l1_owner ow = lmc_inst_owner(&x->instance_id);
-        int n = kvt_l1_lease_handles(m->s->l1, x->lease, KVT_LEASE_READ, &ow, hs, x->n);
+        int n = kvt_core_lease_handles(m->env->core, x->lease, KVT_LEASE_READ, &ow, hs, x->n);
         if (n > 0)
-            kvt_l1_touch(m->s->l1, hs, (uint32_t)n);
+            kvt_core_touch(m->env->core, hs, (uint32_t)n);
         free(hs);
         /* an expired lease: the slots may have been reused while the worker read */
-        ok = kvt_l1_lease_end(m->s->l1, x->lease, KVT_LEASE_READ, &ow, NULL, NULL, 0) >= 0;
+        ok = kvt_core_lease_end_read(m->env->core, x->lease, &ow) >= 0;
         *pp = x->next;
         free(x);
         atomic_fetch_sub(&m->pending_xfers, 1);
@@ -664,99 +657,116 @@ static void h_ping(struct lmc_rq *q)
     lmc_reply_bool(q, true);
 }
 
+/* LMCache's clear empties L1 of what nobody holds; kvtier's L2 is not
+ * touched (use kvtier purge for that). An admin operation. */
 static void h_clear(struct lmc_rq *q)
 {
-    if (q->m->s->cfg->auth) { /* every tenant's L1 objects: an operator's call */
-        struct kvt_auth_client *c = lmc_who(q->m);
-        if (!c || !c->admin) {
-            lmc_count_denied(q->m, c);
-            lmc_reply_err(q,
-                          "E_DENIED: clear empties every tenant's L1: --lmcache-client %s "
-                          "is not an admin key",
-                          q->m->s->cfg->lmc_client);
-            return;
-        }
-    }
-    /* LMCache's clear empties L1 of what nobody holds; kvtier's L2 is not
-     * touched (use kvtier purge for that) */
-    uint64_t freed = kvt_l1_evict_to(q->m->s->l1, 0);
+    uint64_t freed = kvt_core_clear_l1(q->m->env->core);
     kvt_info("lmcache: clear: %llu bytes of L1 freed", (unsigned long long)freed);
     lmc_reply(q, NULL);
 }
 
-static void dispatch(struct lmc_rq *q)
+static void h_chunk_size(struct lmc_rq *q)
+{
+    lmc_reply_int(q, q->m->env->chunk_size);
+}
+
+static void h_noop(struct lmc_rq *q)
 {
     struct body b;
-    switch (q->op) {
-    case LMC_GET_CHUNK_SIZE:
-        lmc_reply_int(q, q->m->s->cfg->chunk_size);
-        break;
-    case LMC_NOOP:
-        lmc_body_init(&b);
-        kvt_mp_str0(&b.pk, "OK");
-        lmc_reply_body(q, &b);
-        break;
-    case LMC_GET_EXPERIMENTAL:
-        lmc_body_init(&b);
-        msgpack_pack_array(&b.pk, 0);
-        lmc_reply_body(q, &b);
-        break;
-    case LMC_PING:
-        h_ping(q);
-        break;
-    case LMC_CLEAR:
-        h_clear(q);
-        break;
-    case LMC_REPORT_BLOCK_ALLOCATION: /* accepted: kvtier keeps no block-level events */
-    case LMC_UNREGISTER_KV_CACHE:     /* nothing is ever registered that way */
-    case LMC_UNREGISTER_Q_CACHE:
-    case LMC_CB_UNREGISTER_ROPE:
-        lmc_reply(q, NULL);
-        break;
-    case LMC_REGISTER_ED_CONTEXT:
-        h_register(q);
-        break;
-    case LMC_UNREGISTER_ED_CONTEXT:
-        h_unregister(q);
-        break;
-    case LMC_LOOKUP:
-        h_lookup(q);
-        break;
-    case LMC_QUERY_PREFETCH_STATUS:
-        h_query(q, false);
-        break;
-    case LMC_WAIT_PREFETCH_STATUS:
-        h_query(q, true);
-        break;
-    case LMC_FREE_LOOKUP_LOCKS:
-        h_free_locks(q);
-        break;
-    case LMC_END_SESSION:
-        h_end_session(q);
-        break;
-    case LMC_PREPARE_STORE:
-        h_prepare_store(q);
-        break;
-    case LMC_COMMIT_STORE:
-        h_commit_store(q);
-        break;
-    case LMC_PREPARE_RETRIEVE:
-        h_prepare_retrieve(q);
-        break;
-    case LMC_COMMIT_RETRIEVE:
-        h_commit_retrieve(q);
-        break;
-    case LMC_REGISTER_KV_CACHE:
-    case LMC_STORE:
-    case LMC_RETRIEVE:
-    case LMC_REGISTER_Q_CACHE:
-    case LMC_STORE_Q:
-        lmc_reply_err(q, "%s", REFUSE_LMC_DRIVEN);
-        break;
-    default:
+    lmc_body_init(&b);
+    kvt_mp_str0(&b.pk, "OK");
+    lmc_reply_body(q, &b);
+}
+
+static void h_experimental(struct lmc_rq *q)
+{
+    struct body b;
+    lmc_body_init(&b);
+    msgpack_pack_array(&b.pk, 0);
+    lmc_reply_body(q, &b);
+}
+
+/* accepted, nothing to do: kvtier keeps no block-level events, and
+ * nothing is ever registered the ways these undo */
+static void h_none(struct lmc_rq *q)
+{
+    lmc_reply(q, NULL);
+}
+
+static void h_lmc_driven(struct lmc_rq *q)
+{
+    lmc_reply_err(q, "%s", REFUSE_LMC_DRIVEN);
+}
+
+static void h_query_status(struct lmc_rq *q)
+{
+    h_query(q, false);
+}
+
+static void h_wait_status(struct lmc_rq *q)
+{
+    h_query(q, true);
+}
+
+enum {
+    LMC_ADMIN = 1 << 0, /* with --auth-key: --lmcache-client must be an admin key */
+};
+
+/* The operations kvtier serves, one row each (indexed by the wire table's
+ * enum, proto/lmc_wire.h); an operation without a row is an LMCache-only
+ * feature and refused. */
+struct lmc_proc {
+    void (*fn)(struct lmc_rq *q);
+    unsigned flags;
+    const char *why; /* LMC_ADMIN: what the operation does, for the refusal */
+};
+static const struct lmc_proc procs[LMC_OP_COUNT] = {
+    [LMC_GET_CHUNK_SIZE] = {.fn = h_chunk_size},
+    [LMC_NOOP] = {.fn = h_noop},
+    [LMC_GET_EXPERIMENTAL] = {.fn = h_experimental},
+    [LMC_PING] = {.fn = h_ping},
+    [LMC_CLEAR] = {.fn = h_clear, .flags = LMC_ADMIN, .why = "clear empties every tenant's L1"},
+    [LMC_REPORT_BLOCK_ALLOCATION] = {.fn = h_none},
+    [LMC_UNREGISTER_KV_CACHE] = {.fn = h_none},
+    [LMC_UNREGISTER_Q_CACHE] = {.fn = h_none},
+    [LMC_CB_UNREGISTER_ROPE] = {.fn = h_none},
+    [LMC_REGISTER_ED_CONTEXT] = {.fn = h_register},
+    [LMC_UNREGISTER_ED_CONTEXT] = {.fn = h_unregister},
+    [LMC_LOOKUP] = {.fn = h_lookup},
+    [LMC_QUERY_PREFETCH_STATUS] = {.fn = h_query_status},
+    [LMC_WAIT_PREFETCH_STATUS] = {.fn = h_wait_status},
+    [LMC_FREE_LOOKUP_LOCKS] = {.fn = h_free_locks},
+    [LMC_END_SESSION] = {.fn = h_end_session},
+    [LMC_PREPARE_STORE] = {.fn = h_prepare_store},
+    [LMC_COMMIT_STORE] = {.fn = h_commit_store},
+    [LMC_PREPARE_RETRIEVE] = {.fn = h_prepare_retrieve},
+    [LMC_COMMIT_RETRIEVE] = {.fn = h_commit_retrieve},
+    [LMC_REGISTER_KV_CACHE] = {.fn = h_lmc_driven},
+    [LMC_STORE] = {.fn = h_lmc_driven},
+    [LMC_RETRIEVE] = {.fn = h_lmc_driven},
+    [LMC_REGISTER_Q_CACHE] = {.fn = h_lmc_driven},
+    [LMC_STORE_Q] = {.fn = h_lmc_driven},
+};
+
+static void dispatch(struct lmc_rq *q)
+{
+    const struct lmc_proc *p = &procs[q->op];
+    if (!p->fn) {
         lmc_reply_err(q, "not supported by kvtier (CacheBlend, P2P, KV event streams and server "
                          "modules are LMCache-only features)");
+        return;
     }
+    if ((p->flags & LMC_ADMIN) && q->m->env->auth) { /* an operator's call */
+        struct kvt_auth_client *c = lmc_who(q->m);
+        if (!c || !c->admin) {
+            lmc_count_denied(q->m, c);
+            lmc_reply_err(q, "E_DENIED: %s: --lmcache-client %s is not an admin key", p->why,
+                          q->m->cfg->client);
+            return;
+        }
+    }
+    p->fn(q);
 }
 
 /* one whole message: [ident][uid][op][args...] */
