@@ -937,7 +937,7 @@ int kvt_server_cfg_parse(struct kvt_server_cfg *c, int argc, char **argv)
                 "<= %d (got %d): each eviction cycle renews this server's %d ms lease in "
                 "the shared record, and a longer interval lets the lease end while the "
                 "server runs (the others would fold its entry)\n",
-                la, max, c->eviction_interval_ms, KVT_RESP_BUDGET_LEASE_MS);
+                la, max, c->eviction_interval_ms, KVT_L2_BUDGET_LEASE_MS);
             kvt_server_cfg_free(c);
             return 2;
         }

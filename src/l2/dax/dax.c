@@ -728,6 +728,9 @@ static int dax_check(const struct kvt_l2_spec *spec, const void *opts, const cha
     (void)spec;
     const struct kvt_dax_opts *o = opts;
     *field = "device_path";
+    int rc = kvt_l2_check_device(o->device_path, S_IFCHR, "DAX character device", msg, cap);
+    if (rc)
+        return rc;
     struct stat st;
     uint64_t have = 0;
     char where[4096];
@@ -769,10 +772,19 @@ static int dax_check(const struct kvt_l2_spec *spec, const void *opts, const cha
     return 0;
 }
 
+static const char *dax_storage(const void *opts, const char **field, bool *is_dir)
+{
+    const struct kvt_dax_opts *o = opts;
+    *field = "device_path";
+    *is_dir = false;
+    return o->device_path;
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_dax_desc = {
     .name = "dax",
     .opts_size = sizeof(struct kvt_dax_opts),
     .parse = dax_parse,
     .open = dax_open,
     .check = dax_check,
+    .storage = dax_storage,
 };

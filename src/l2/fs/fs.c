@@ -773,11 +773,29 @@ fail:
     return rc ? rc : KVT_E_CONFIG;
 }
 
+static const char *fs_storage(const void *opts, const char **field, bool *is_dir)
+{
+    const struct kvt_fs_opts *o = opts;
+    *field = "base_path";
+    *is_dir = true;
+    return o->base_path;
+}
+
+/* the record is a locked file in the directory (l2/kit/budget_file.h) */
+static int fs_shared_budget(struct kvt_cfg *c, const void *opts)
+{
+    const struct kvt_fs_opts *o = opts;
+    return kvt_l2_budget_needs_shared(c, o->shared);
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_fs_desc = {
     .name = "fs",
     .opts_size = sizeof(struct kvt_fs_opts),
     .parse = fs_parse_plain,
     .open = fs_open,
+    .storage = fs_storage,
+    .shared_budget = fs_shared_budget,
+    .shared_budget_needs = "with \"shared\": true",
 };
 
 /* fs_native: O_DIRECT on a misaligned buffer is an error */
@@ -786,4 +804,7 @@ const struct kvt_l2_adapter_desc kvt_l2_fs_native_desc = {
     .opts_size = sizeof(struct kvt_fs_opts),
     .parse = fs_parse_native,
     .open = fs_open,
+    .storage = fs_storage,
+    .shared_budget = fs_shared_budget,
+    .shared_budget_needs = "with \"shared\": true",
 };

@@ -24,10 +24,13 @@ struct kvt_nixl_opts {
     int num_workers;
     bool durable;
     bool shared; /* dynamic: "shared", other servers use file_path too (l2/kit/dirlock.h) */
-    void *obj;   /* static pool, backend OBJ: the s3 engine's options (l2/adapters.h) */
+    void *
+        obj; /* static pool, backend OBJ or AZURE_BLOB: the s3 engine's options (l2/s3/s3_nixl.h) */
 };
 
 /* dynamic: nixl_store_dynamic's keys, else nixl_store's. Returns c->rc. */
 int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic);
+/* Both types' kvt_l2_adapter_desc.storage: the directory file_path. */
+const char *kvt_nixl_storage(const void *opts, const char **field, bool *is_dir);
 
 #endif

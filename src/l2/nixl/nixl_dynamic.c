@@ -56,6 +56,7 @@
 #include "l2/budget.h"
 #include "l2/kit/tmpguard.h"
 #include "l2/nixl/nixl.h"
+#include "l2/s3/s3_nixl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -896,6 +897,14 @@ int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic)
     return c->rc;
 }
 
+const char *kvt_nixl_storage(const void *opts, const char **field, bool *is_dir)
+{
+    const struct kvt_nixl_opts *o = opts;
+    *field = "backend_params.file_path";
+    *is_dir = true;
+    return o->file_path; /* NULL for the object backends */
+}
+
 /* ---------------------------------------------------------- creation */
 
 static int nd_parse(struct kvt_cfg *c, void *o)
@@ -995,9 +1004,19 @@ fail:
     return rc ? rc : KVT_E_CONFIG;
 }
 
+/* the record is a locked file in the directory (l2/kit/budget_file.h) */
+static int nd_shared_budget(struct kvt_cfg *c, const void *opts)
+{
+    const struct kvt_nixl_opts *o = opts;
+    return kvt_l2_budget_needs_shared(c, o->shared);
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_nixl_dynamic_desc = {
     .name = "nixl_store_dynamic",
     .opts_size = sizeof(struct kvt_nixl_opts),
     .parse = nd_parse,
     .open = nd_open,
+    .storage = kvt_nixl_storage,
+    .shared_budget = nd_shared_budget,
+    .shared_budget_needs = "with \"shared\": true",
 };

@@ -43,6 +43,7 @@
 #include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/nixl/nixl.h"
+#include "l2/s3/s3_nixl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -948,7 +949,7 @@ fail:
 /*
  * --dry-run and the start's config check: the pool's lock, and the space
  * it needs in file_path (or in the parent open would create it in). The
- * object backends (OBJ, AZURE_BLOB) have nothing here.
+ * object backends (OBJ, AZURE_BLOB) have the s3 type's check (credentials).
  */
 static int ns_check(const struct kvt_l2_spec *spec, const void *opts, const char **field, char *msg,
                     size_t cap)
@@ -956,7 +957,7 @@ static int ns_check(const struct kvt_l2_spec *spec, const void *opts, const char
     (void)spec;
     const struct kvt_nixl_opts *o = opts;
     if (o->obj)
-        return 0;
+        return kvt_s3_nixl_obj_check(o->obj, field, msg, cap);
     *field = "backend_params.file_path";
     char dir[PATH_MAX];
     snprintf(dir, sizeof(dir), "%s", o->file_path);
@@ -1008,6 +1009,14 @@ static void ns_opts_free(void *opts)
     o->obj = NULL;
 }
 
+/* A budget is shared through a bucket (OBJ) only: the pool's index is
+ * volatile and its files are this server's. */
+static int ns_shared_budget(struct kvt_cfg *c, const void *opts)
+{
+    const struct kvt_nixl_opts *o = opts;
+    return o->obj ? kvt_s3_nixl_obj_shared_budget(c, o->obj) : KVT_L2_NO_BUDGET;
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_nixl_store_desc = {
     .name = "nixl_store",
     .opts_size = sizeof(struct kvt_nixl_opts),
@@ -1015,4 +1024,8 @@ const struct kvt_l2_adapter_desc kvt_l2_nixl_store_desc = {
     .open = ns_open,
     .opts_free = ns_opts_free,
     .check = ns_check,
+    .storage = kvt_nixl_storage,
+    .shared_budget = ns_shared_budget,
+    .shared_budget_needs = "with backend OBJ",
+    .budget_max_interval_ms = KVT_L2_BUDGET_LEASE_MS / 3,
 };

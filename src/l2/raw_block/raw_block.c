@@ -1076,4 +1076,5 @@ const struct kvt_l2_adapter_desc kvt_l2_raw_block_desc = {
     .parse = kvt_raw_block_parse,
     .open = rb_open,
     .check = kvt_raw_block_check,
+    .storage = kvt_raw_block_storage,
 };

@@ -1621,11 +1621,20 @@ fail:
     return rc;
 }
 
+/* "shared_budget": the record is a hash on the server (resp_budget.c) */
+static int resp_shared_budget(struct kvt_cfg *c, const void *opts)
+{
+    (void)c, (void)opts;
+    return 0;
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_resp_desc = {
     .name = "resp",
     .opts_size = sizeof(struct kvt_resp_opts),
     .parse = kvt_resp_parse_resp,
     .open = resp_open,
+    .shared_budget = resp_shared_budget,
+    .budget_max_interval_ms = KVT_L2_BUDGET_LEASE_MS / 3,
 };
 
 /* valkey: resp with Valkey's defaults */
@@ -1634,4 +1643,6 @@ const struct kvt_l2_adapter_desc kvt_l2_valkey_desc = {
     .opts_size = sizeof(struct kvt_resp_opts),
     .parse = kvt_resp_parse_valkey,
     .open = resp_open,
+    .shared_budget = resp_shared_budget,
+    .budget_max_interval_ms = KVT_L2_BUDGET_LEASE_MS / 3,
 };

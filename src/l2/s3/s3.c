@@ -44,6 +44,7 @@
 #include "l2/kit/dirlock.h"
 #include "l2/kit/objfmt.h"
 #include "l2/s3/s3_int.h"
+#include "l2/s3/s3_nixl.h"
 #include "l2/s3/sigv4.h"
 
 #include <ctype.h>
@@ -1581,7 +1582,10 @@ void kvt_s3_nixl_obj_free(void *opts)
     free(opts);
 }
 
-int kvt_s3_creds_check(bool explicit_keys, char *err, size_t errcap)
+/* Can a server started now sign requests? explicit_keys: the config has
+ * them; else the environment or the credentials file must (as at open).
+ * 0, or KVT_E_CONFIG with the message open would give. */
+static int creds_check(bool explicit_keys, char *err, size_t errcap)
 {
     if (explicit_keys)
         return 0;
@@ -1762,9 +1766,44 @@ int kvt_s3_open_nixl_obj(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void 
     return s3_open(l2, spec, opts, err, errcap);
 }
 
+/* --dry-run and the start's config check: the credentials. */
+static int s3_check(const struct kvt_l2_spec *spec, const void *opts, const char **field, char *msg,
+                    size_t cap)
+{
+    (void)spec;
+    return kvt_s3_nixl_obj_check(opts, field, msg, cap);
+}
+
+int kvt_s3_nixl_obj_check(const void *opts, const char **field, char *msg, size_t cap)
+{
+    const struct kvt_s3_opts *o = opts;
+    (void)field; /* a message about no one key */
+    if (o->azure)
+        return kvt_s3_azure_creds_check(o->az_key || o->az_sas, msg, cap);
+    return creds_check(o->key_id != NULL, msg, cap);
+}
+
+/* "shared_budget": the record is an object in the bucket, written with
+ * conditional PUTs (s3_budget.c); Azure Blob keeps none yet. */
+int kvt_s3_nixl_obj_shared_budget(struct kvt_cfg *c, const void *opts)
+{
+    const struct kvt_s3_opts *o = opts;
+    if (o->azure)
+        return kvt_cfg_unsupported(
+            c, "shared_budget",
+            "is not available for Azure Blob yet (its record would need Azure's conditional "
+            "headers, not written): share a budget through a bucket (s3), a directory (fs or "
+            "nixl_store_dynamic with \"shared\": true) or Redis (resp, valkey), or give one "
+            "server the container's cap");
+    return 0;
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_s3_desc = {
     .name = "s3",
     .opts_size = sizeof(struct kvt_s3_opts),
     .parse = s3_parse,
     .open = s3_open,
+    .check = s3_check,
+    .shared_budget = kvt_s3_nixl_obj_shared_budget,
+    .budget_max_interval_ms = KVT_L2_BUDGET_LEASE_MS / 3,
 };

@@ -20,6 +20,7 @@
 #include "kvtier/error.h"
 #include "l2/adapters.h"
 #include "l2/s3/s3_int.h"
+#include "l2/s3/s3_nixl.h"
 #include "l2/s3/sigv4.h"
 
 #include <ctype.h>

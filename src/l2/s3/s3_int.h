@@ -249,6 +249,10 @@ struct kvt_s3_opts {
 /* s3_azure.c: the account key or SAS token for e (config, else
  * $AZURE_STORAGE_KEY / $AZURE_STORAGE_SAS_TOKEN); 0 or KVT_E_CONFIG. */
 int kvt_s3_azure_creds(const struct kvt_s3_opts *o, struct s3_engine *e, char *err, size_t cap);
+/* Can a server started now authenticate to Azure (an account key or SAS in
+ * the config or the environment)? explicit_creds: the config has them.
+ * 0, or KVT_E_CONFIG with the message open would give. */
+int kvt_s3_azure_creds_check(bool explicit_creds, char *err, size_t errcap);
 
 /* A synchronous requester for threads other than the I/O thread (the
  * budget record's steps run on store, eviction and I/O threads alike):
