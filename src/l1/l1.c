@@ -22,7 +22,14 @@
 
 #define NIL UINT32_MAX
 
+/*
+ * An object's state, changed only by obj_set_state:
+ *   FREE -> WRITING (reserved) -> READY (published)
+ *   WRITING, READY -> DEAD (out of the table; referenced still) -> FREE
+ *     (the last reference went; at once when there was none)
+ */
 enum { ST_FREE = 0, ST_WRITING, ST_READY, ST_DEAD };
+#define FROM(s) (1u << (s))
 /* F_UNMAPPED: a WRITING object reserved while another writer held its key
  * (the map has one handle per key): it takes the key at its publish if
  * that writer has not published yet, else it is dropped (publish_locked) */
@@ -310,6 +317,13 @@ static struct l1_obj *obj(struct kvt_l1 *l1, uint32_t h)
     return &l1->objs[h];
 }
 
+/* o leaves one of the states in from (FROM bits) for to. */
+static void obj_set_state(struct l1_obj *o, unsigned from, uint8_t to)
+{
+    KVT_ASSERT(from & FROM(o->state));
+    o->state = to;
+}
+
 static uint32_t obj_new_locked(struct kvt_l1 *l1)
 {
     uint32_t h;
@@ -370,7 +384,7 @@ static void obj_free_locked(struct kvt_l1 *l1, uint32_t h)
         quarantine_push_locked(l1, page, o->npages);
     else
         kvt_palloc_free(&l1->pa, page, o->npages);
-    o->state = ST_FREE;
+    obj_set_state(o, FROM(ST_DEAD), ST_FREE);
     o->next_free = l1->free_obj;
     l1->free_obj = h;
 }
@@ -391,7 +405,7 @@ static void obj_unlink_locked(struct kvt_l1 *l1, uint32_t h)
         kvt_policy_remove(l1->policy, h);
         o->flags &= (uint8_t)~F_TRACKED;
     }
-    o->state = ST_DEAD;
+    obj_set_state(o, FROM(ST_WRITING) | FROM(ST_READY), ST_DEAD);
     if (o->refs == 0)
         obj_free_locked(l1, h);
 }
@@ -492,7 +506,7 @@ static int reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
     o->npages = (uint32_t)pages;
     o->meta = *meta;
     o->refs = 1;
-    o->state = ST_WRITING;
+    obj_set_state(o, FROM(ST_FREE), ST_WRITING);
     if (have == KVT_NOHANDLE)
         kvt_kindex_put(&l1->map, h);
     else
@@ -534,7 +548,7 @@ static bool publish_locked(struct kvt_l1 *l1, uint32_t h, uint32_t pos, uint32_t
         o->flags &= (uint8_t)~F_UNMAPPED;
         kvt_kindex_put(&l1->map, h);
     }
-    o->state = ST_READY;
+    obj_set_state(o, FROM(ST_WRITING), ST_READY);
     l1->nwriting--;
     l1->nready++;
     l1->c.stores++;
@@ -870,6 +884,7 @@ uint64_t kvt_l1_lease_new(struct kvt_l1 *l1, enum kvt_lease_kind kind, const uin
     }
     uint64_t id = lease_id_new_locked(l1);
     struct lease *L = &l1->leases[s];
+    KVT_ASSERT(L->id == 0); /* a free slot: no live lease has it */
     L->id = id;
     uint32_t b = lbucket_of(l1, id);
     L->hnext = l1->lbucket[b];
@@ -883,9 +898,12 @@ uint64_t kvt_l1_lease_new(struct kvt_l1 *l1, enum kvt_lease_kind kind, const uin
     L->owner = kvt_xrealloc(L->owner, L->owner_len ? L->owner_len : 1);
     if (L->owner_len)
         memcpy(L->owner, owner->id, L->owner_len);
-    if (kind == KVT_LEASE_READ)
-        for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
+        /* the lease holds the caller's reference to each object */
+        KVT_ASSERT(obj(l1, hs[i])->refs > 0);
+        if (kind == KVT_LEASE_READ)
             obj(l1, hs[i])->rleases++;
+    }
     /* append to the kind's FIFO: constant TTL, so FIFO order = expiry order */
     L->next = NIL;
     L->prev = l1->fifo_tail[kind];
@@ -921,14 +939,17 @@ static struct lease *lease_find_locked(struct kvt_l1 *l1, uint64_t id, enum kvt_
 static void lease_unlock_locked(struct kvt_l1 *l1, struct lease *L)
 {
     if (L->kind == KVT_LEASE_READ)
-        for (uint32_t i = 0; i < L->n; i++)
+        for (uint32_t i = 0; i < L->n; i++) {
+            KVT_ASSERT(obj(l1, L->hs[i])->rleases > 0);
             obj(l1, L->hs[i])->rleases--;
+        }
 }
 
 /* Frees the slot; the caller dropped or moved the references first. */
 static void lease_free_locked(struct kvt_l1 *l1, struct lease *L)
 {
     uint32_t s = (uint32_t)(L - l1->leases);
+    KVT_ASSERT(L->id != 0 && l1->live_leases[L->kind] > 0); /* live: ended once */
     fifo_unlink_locked(l1, s);
     lhash_del_locked(l1, s);
     l1->live_leases[L->kind]--;
