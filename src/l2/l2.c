@@ -62,6 +62,34 @@ static void idx_remove(struct kvt_l2_index *x, uint32_t h)
     x->nobjs--;
 }
 
+bool kvt_l2_index_scan(kvt_l2 *l2, uint32_t *cursor,
+                       bool (*visit)(const struct kvt_l2_obj *o, void *arg), void *arg)
+{
+    pthread_mutex_lock(&l2->lock);
+    uint32_t h = *cursor;
+    bool more = true;
+    for (; h < l2->idx.hwm && more; h++)
+        if (st(&l2->idx.objs[h]) != KVT_OBJ_FREE)
+            more = visit(&l2->idx.objs[h], arg);
+    bool end = h >= l2->idx.hwm;
+    pthread_mutex_unlock(&l2->lock);
+    *cursor = h;
+    return end;
+}
+
+kvt_key *kvt_l2_index_keys(kvt_l2 *l2, uint32_t *n)
+{
+    pthread_mutex_lock(&l2->lock);
+    uint32_t hwm = l2->idx.hwm, k = 0;
+    kvt_key *keys = kvt_xmalloc((hwm ? hwm : 1) * sizeof(*keys));
+    for (uint32_t h = 0; h < hwm; h++)
+        if (st(&l2->idx.objs[h]) != KVT_OBJ_FREE)
+            keys[k++] = l2->idx.objs[h].key;
+    pthread_mutex_unlock(&l2->lock);
+    *n = k;
+    return keys;
+}
+
 struct kvt_l2_obj *kvt_l2_find_locked(kvt_l2 *l2, const kvt_key *ck)
 {
     uint32_t h = idx_find(&l2->idx, ck);

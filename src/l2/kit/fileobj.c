@@ -229,18 +229,25 @@ void kvt_fileobj_set_hdr_len(kvt_l2 *l2, const kvt_key *ck, uint16_t hl, uint64_
     kvt_l2_budget_shrunk(l2, shrunk); /* a shared budget gets them back */
 }
 
+struct remove_all {
+    kvt_l2 *l2;
+    uint64_t n;
+};
+
+static bool remove_visit(const struct kvt_l2_obj *o, void *arg)
+{
+    struct remove_all *ra = arg;
+    if (ra->l2->ops->remove(ra->l2, o) == 0)
+        ra->n++;
+    return true;
+}
+
 void kvt_fileobj_remove_indexed(kvt_l2 *l2)
 {
-    uint64_t n = 0;
-    pthread_mutex_lock(&l2->lock);
-    for (uint32_t h = 0; h < l2->idx.hwm; h++) {
-        const struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if (kvt_l2_obj_state(o) == KVT_OBJ_FREE)
-            continue;
-        if (l2->ops->remove(l2, o) == 0)
-            n++;
-    }
-    pthread_mutex_unlock(&l2->lock);
+    struct remove_all ra = {l2, 0};
+    uint32_t cursor = 0;
+    kvt_l2_index_scan(l2, &cursor, remove_visit, &ra); /* one lock hold: the whole index */
+    uint64_t n = ra.n;
     kvt_info("%s: persist_enabled is false: removed %llu files", l2->name, (unsigned long long)n);
 }
 

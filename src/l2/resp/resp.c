@@ -1384,13 +1384,8 @@ static bool resp_healthy(kvt_l2 *l2, char *msg, size_t cap)
 static void cl_delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
 {
     uint64_t removed = 0;
-    pthread_mutex_lock(&l2->lock);
-    uint32_t hwm = l2->idx.hwm, n = 0;
-    kvt_key *keys = kvt_xmalloc((hwm ? hwm : 1) * sizeof(kvt_key));
-    for (uint32_t h = 0; h < hwm; h++)
-        if (kvt_l2_obj_state(&l2->idx.objs[h]) != KVT_OBJ_FREE)
-            keys[n++] = l2->idx.objs[h].key;
-    pthread_mutex_unlock(&l2->lock);
+    uint32_t n = 0;
+    kvt_key *keys = kvt_l2_index_keys(l2, &n);
     pthread_mutex_lock(&e->ctl_lock);
     for (uint32_t i = 0; i < n; i++) {
         char key[KEY_MAX];
@@ -1409,6 +1404,22 @@ static void cl_delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
              (unsigned long long)removed);
 }
 
+struct unlink_all {
+    struct resp_engine *e;
+    uint64_t sent;
+};
+
+/* Pipeline an UNLINK of o's key on the control connection. */
+static bool unlink_visit(const struct kvt_l2_obj *o, void *arg)
+{
+    struct unlink_all *u = arg;
+    char key[KEY_MAX];
+    int kl = kvt_resp_wire_key(u->e, &o->key, key);
+    if (kl > 0 && redisAppendCommand(u->e->ctl.c, "UNLINK %b", key, (size_t)kl) == REDIS_OK)
+        u->sent++;
+    return true;
+}
+
 /* persist_enabled false: remove every indexed key from the server. */
 static void delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
 {
@@ -1422,18 +1433,10 @@ static void delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
         kvt_warn("%s: persist_enabled is false but the server is unreachable: keys stay", l2->name);
         return;
     }
-    uint64_t sent = 0, removed = 0;
-    pthread_mutex_lock(&l2->lock);
-    for (uint32_t h = 0; h < l2->idx.hwm; h++) {
-        struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if (kvt_l2_obj_state(o) == KVT_OBJ_FREE)
-            continue;
-        char key[KEY_MAX];
-        int kl = kvt_resp_wire_key(e, &o->key, key);
-        if (kl > 0 && redisAppendCommand(e->ctl.c, "UNLINK %b", key, (size_t)kl) == REDIS_OK)
-            sent++;
-    }
-    pthread_mutex_unlock(&l2->lock);
+    struct unlink_all u = {e, 0};
+    uint32_t cursor = 0;
+    kvt_l2_index_scan(l2, &cursor, unlink_visit, &u); /* one lock hold: the whole index */
+    uint64_t sent = u.sent, removed = 0;
     for (uint64_t i = 0; i < sent; i++) {
         redisReply *r = NULL;
         if (redisGetReply(e->ctl.c, (void **)&r) != REDIS_OK)

@@ -1177,12 +1177,7 @@ static void delete_all_indexed(kvt_l2 *l2, struct s3_engine *e)
         return;
     }
     uint32_t n = 0;
-    pthread_mutex_lock(&l2->lock);
-    kvt_key *keys = kvt_xmalloc((l2->idx.hwm ? l2->idx.hwm : 1) * sizeof(*keys));
-    for (uint32_t h = 0; h < l2->idx.hwm; h++)
-        if (kvt_l2_obj_state(&l2->idx.objs[h]) != KVT_OBJ_FREE)
-            keys[n++] = l2->idx.objs[h].key;
-    pthread_mutex_unlock(&l2->lock);
+    kvt_key *keys = kvt_l2_index_keys(l2, &n);
     int *rcs = kvt_xcalloc(n ? n : 1, sizeof(int));
     remove_keys(e, keys, n, rcs);
     uint64_t removed = 0;
