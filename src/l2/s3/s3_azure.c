@@ -1,7 +1,7 @@
 /*
  * nixl_store {"backend": "AZURE_BLOB"}: NIXL's Azure Blob plugin, served by
  * the s3 engine in Azure's REST dialect (e->azure: x-ms-* headers, Shared
- * Key or SAS, Put Blob as a block blob, List Blobs; s3_http.c and s3.c).
+ * Key or SAS, Put Blob as a block blob, List Blobs; s3_http.c, s3.c and s3_list.c).
  * backend_params, with NIXL's names and fallbacks (its
  * src/plugins/azure_blob/README.md):
  *   account_url     else $AZURE_STORAGE_ACCOUNT_URL: "https://<account>.blob.core.windows.net",
