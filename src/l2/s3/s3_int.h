@@ -9,8 +9,9 @@
  *   s3_azure.c     Azure Blob's dialect (nixl_store AZURE_BLOB)
  *   s3_multipart.c multipart uploads and the stale-upload sweep
  *   s3_budget.c    the shared budget record in the bucket
- *   s3_http.c      one I/O thread driving libcurl's multi interface, SigV4
- *                  signing, the circuit breaker
+ *   s3_http.c      one I/O thread driving libcurl's multi interface
+ *   s3_request.c   a request's handle: headers, SigV4 signing, deadline
+ *   s3_breaker.c   request outcomes and the circuit breaker
  * s3_nixl.h is what the nixl family may use of all this.
  */
 #ifndef KVT_S3_INT_H
@@ -293,10 +294,23 @@ void kvt_s3_submit_req(struct s3_engine *e, struct s3_req *r);
 void kvt_s3_submit_reqs(struct s3_engine *e, struct s3_req *head);
 /* Reset a request for reuse; frees its body and query. */
 void kvt_s3_req_clear(struct s3_req *r);
+
+/* s3_request.c: build r's easy handle (URL, method, body, deadline, signed
+ * headers) with signing key sk; sync: for curl_easy_perform (the whole
+ * request gets request_timeout). 0 or -ENOMEM / -EINVAL. */
+int kvt_s3_req_setup(struct s3_engine *e, struct s3_req *r, struct s3_sigkey *sk, bool sync);
+
+/* s3_breaker.c */
+const char *kvt_s3_outcome_name(enum s3_outcome o);
+/* Classify a finished transfer (r's outcome, status and error fields) and
+ * feed the breaker and the error state. */
+void kvt_s3_classify(struct s3_engine *e, struct s3_req *r, CURLcode rc);
+/* The probe could not even be started: it failed (back-off doubles). */
+void kvt_s3_probe_failed(struct s3_engine *e, const char *why);
+/* Is the breaker closed (requests go to the network)? */
 bool kvt_s3_available(struct s3_engine *e);
 /* Health line: false when the breaker is open or S3 refuses us. */
 bool kvt_s3_health(struct s3_engine *e, char *msg, size_t cap);
-const char *kvt_s3_outcome_name(enum s3_outcome o);
 
 /* s3_multipart.c: send the S3_PUT r (not yet submitted) as a multipart
  * upload of e->mpu_part bytes a part. r->done runs on the I/O thread once
