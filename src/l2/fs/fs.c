@@ -438,18 +438,12 @@ static int fs_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 
 /* ------------------------------------------------------ recovery scan */
 
-/* Remove the tmp files in dfd that the tmp guard allows (l2/kit/tmpguard.h):
- * a live writer's (by (pid, start time) or its file lock) never, a dead
- * writer's yes, one without a marker after 15 minutes, undecidable never;
- * our own only when closing (nothing in flight). */
+/* Remove the tmp file nm in dfd when the tmp guard allows it
+ * (kvt_tmpguard_sweep: our own only when closing). */
 static void sweep_one(struct fs_engine *e, struct kvt_tmpguard *g, int dfd, const char *nm,
                       bool closing)
 {
-    struct stat st;
-    if (fstatat(dfd, nm, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
-        return;
-    enum kvt_tmp_verdict v = kvt_tmpguard_classify(g, dfd, nm, &st, NULL);
-    if ((v == KVT_TMP_OURS ? closing : kvt_tmp_removable(v)) && unlinkat(dfd, nm, 0) == 0)
+    if (kvt_tmpguard_sweep(g, dfd, nm, closing, NULL) == KVT_SWEEP_REMOVED)
         atomic_fetch_add(&e->tmp_removed, 1);
 }
 

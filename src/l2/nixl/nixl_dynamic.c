@@ -563,24 +563,24 @@ static int nd_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 
 /* ------------------------------------------------------ recovery scan */
 
-/* May the scan remove this tmp file? The tmp guard's rules (live writer by
- * (pid, start time) or file lock: never; dead writer: yes; no marker: only
- * after 15 minutes; undecidable: never). Our own tmp files only at close,
- * when nothing is in flight. Kept files are counted for status. */
-static bool tmp_removable(struct nd_engine *e, struct kvt_tmpguard *g, int dfd, const char *name,
-                          bool closing)
+/* Remove the tmp file name in dfd when the tmp guard allows it
+ * (kvt_tmpguard_sweep: our own only when closing); another writer's kept
+ * files are counted for status. */
+static void sweep_one(struct nd_engine *e, struct kvt_tmpguard *g, int dfd, const char *name,
+                      bool closing)
 {
-    struct stat st;
-    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
-        return false;
-    enum kvt_tmp_verdict v = kvt_tmpguard_classify(g, dfd, name, &st, NULL);
-    if (v == KVT_TMP_OURS ? closing : kvt_tmp_removable(v))
-        return true;
-    if (v != KVT_TMP_OURS) {
+    uint64_t size = 0;
+    switch (kvt_tmpguard_sweep(g, dfd, name, closing, &size)) {
+    case KVT_SWEEP_REMOVED:
+        atomic_fetch_add(&e->tmp_removed, 1);
+        break;
+    case KVT_SWEEP_KEPT:
         atomic_fetch_add(&e->tmp_kept, 1);
-        atomic_fetch_add(&e->tmp_kept_bytes, (uint64_t)st.st_size);
+        atomic_fetch_add(&e->tmp_kept_bytes, size);
+        break;
+    case KVT_SWEEP_NONE:
+        break;
     }
-    return false;
 }
 
 static bool is_hex2(const char *s)
@@ -609,8 +609,7 @@ static void scan_dir(kvt_l2 *l2, struct nd_engine *e, struct kvt_tmpguard *g, in
         if (nm[0] == '.')
             continue;
         if (strstr(nm, ".tmp.")) {
-            if (tmp_removable(e, g, dfd, nm, closing) && unlinkat(dfd, nm, 0) == 0)
-                atomic_fetch_add(&e->tmp_removed, 1);
+            sweep_one(e, g, dfd, nm, closing);
             continue;
         }
         if (depth < 2 && is_hex2(nm)) {
