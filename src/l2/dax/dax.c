@@ -693,15 +693,10 @@ static int dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts
         snprintf(err, errcap, "cannot start worker threads: %s", kvt_strerror(rc));
         goto fail_base;
     }
-    e->park.parking = true;
-    l2->recovering = true;
-    rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
-    if (rc) {
-        snprintf(err, errcap, "cannot start the scan thread: %s", kvt_strerror(-rc));
-        rc = -rc;
+    rc = kvt_l2_life_start_scan(l2, &e->park, &e->scan_thr, &e->scan_started, scan_main,
+                                "the scan thread", err, errcap);
+    if (rc)
         goto fail_base;
-    }
-    e->scan_started = true;
     kvt_info("%s: %s mapped %llu bytes: %u slots of %llu bytes", l2->name, e->path,
              (unsigned long long)e->map_bytes, e->nslots, (unsigned long long)e->slot_bytes);
     return 0;

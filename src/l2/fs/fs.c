@@ -740,15 +740,10 @@ static int fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
         snprintf(err, errcap, "cannot start I/O threads: %s", kvt_strerror(rc));
         goto fail;
     }
-    e->park.parking = true;
-    l2->recovering = true;
-    rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
-    if (rc) {
-        snprintf(err, errcap, "cannot start scan thread: %s", kvt_strerror(-rc));
-        rc = -rc;
+    rc = kvt_l2_life_start_scan(l2, &e->park, &e->scan_thr, &e->scan_started, scan_main,
+                                "scan thread", err, errcap);
+    if (rc)
         goto fail;
-    }
-    e->scan_started = true;
     return 0;
 fail:
     if (e->pool)

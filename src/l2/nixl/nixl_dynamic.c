@@ -871,15 +871,10 @@ static int nd_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
         snprintf(err, errcap, "cannot start worker threads: %s", kvt_strerror(rc));
         goto fail;
     }
-    e->park.parking = true;
-    l2->recovering = true;
-    rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
-    if (rc) {
-        snprintf(err, errcap, "cannot start the scan thread: %s", kvt_strerror(-rc));
-        rc = -rc;
+    rc = kvt_l2_life_start_scan(l2, &e->park, &e->scan_thr, &e->scan_started, scan_main,
+                                "the scan thread", err, errcap);
+    if (rc)
         goto fail;
-    }
-    e->scan_started = true;
     return 0;
 fail:
     if (e->meta)

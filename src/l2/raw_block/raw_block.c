@@ -274,10 +274,9 @@ static const struct kvt_l2_ops rb_ops = {
     .close = rb_close,
 };
 
-static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
-                   size_t errcap)
+/* A new engine with the options' settings; nothing opened yet. */
+static struct rb_engine *engine_new(const struct kvt_raw_block_opts *o)
 {
-    const struct kvt_raw_block_opts *o = opts;
     struct rb_engine *e = kvt_xcalloc(1, sizeof(*e));
     e->fd = -1;
     pthread_mutex_init(&e->jlock, NULL);
@@ -303,6 +302,14 @@ static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     e->nstore = o->num_store_workers;
     e->nlookup = o->num_lookup_workers;
     e->nload = o->num_load_workers;
+    return e;
+}
+
+static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts, char *err,
+                   size_t errcap)
+{
+    const struct kvt_raw_block_opts *o = opts;
+    struct rb_engine *e = engine_new(o);
     int rc = rb_open_device(e, o, err, errcap);
     if (rc)
         goto fail;
@@ -349,15 +356,10 @@ static int rb_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
         goto fail_base;
     }
     e->ckpt_started = true;
-    e->park.parking = true;
-    l2->recovering = true;
-    rc = pthread_create(&e->rec_thr, NULL, rb_recover_main, l2);
-    if (rc) {
-        snprintf(err, errcap, "cannot start the recovery thread: %s", kvt_strerror(-rc));
-        rc = -rc;
+    rc = kvt_l2_life_start_scan(l2, &e->park, &e->rec_thr, &e->rec_started, rb_recover_main,
+                                "the recovery thread", err, errcap);
+    if (rc)
         goto fail_base;
-    }
-    e->rec_started = true;
     kvt_info("%s: %s: %u slots of %llu bytes (header_bytes %u + objects up to %llu bytes), "
              "meta %llu bytes (2 x %llu checkpoint, %u journal blocks), %s, %s engine",
              l2->name, e->path, e->g.nslots, (unsigned long long)e->g.slot_bytes, e->g.header_bytes,
