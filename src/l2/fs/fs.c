@@ -604,21 +604,6 @@ static const struct kvt_l2_ops fs_ops = {
 
 /* ---------------------------------------------------------- creation */
 
-static int open_dir(const char *path, int *out, char *err, size_t errcap, const char *what)
-{
-    if (mkdir(path, 0755) < 0 && errno != EEXIST) {
-        snprintf(err, errcap, "cannot create %s %s: %s", what, path, kvt_strerror(-errno));
-        return -errno;
-    }
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errcap, "cannot open %s %s: %s", what, path, kvt_strerror(-errno));
-        return -errno;
-    }
-    *out = fd;
-    return 0;
-}
-
 struct kvt_fs_opts {
     const char *base_path;
     const char *relative_tmp_dir;
@@ -700,35 +685,14 @@ static int fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     e->pid = getpid();
     e->starttime = kvt_proc_starttime(e->pid);
     l2->engine = e;
-    rc = open_dir(e->base, &e->dirfd, err, errcap, "base_path");
+    rc = kvt_fileobj_dir_take(l2, spec, e->base, "base_path", e->shared, e->durable, &e->dirfd,
+                              &e->lockfd, err, errcap);
     if (rc)
         goto fail;
-    if (access(e->base, W_OK) < 0) {
-        snprintf(err, errcap, "base_path %s is not writable: %s", e->base, kvt_strerror(-errno));
-        rc = -errno;
-        goto fail;
-    }
-    /* one owner: before anything in the directory is read or changed */
-    rc = kvt_dirlock_take(e->dirfd, e->base, "base_path", e->shared, NULL, err, errcap);
-    if (rc == -ENOLCK) {
-        kvt_warn("%s: %s", l2->name, err);
-        err[0] = 0;
-    } else if (rc < 0) {
-        goto fail;
-    } else {
-        e->lockfd = rc;
-    }
-    rc = 0;
-    /* "shared_budget": the record in the directory, before the scan walks it */
-    if (spec->shared_budget &&
-        (rc = kvt_budget_file_attach(l2, e->dirfd, e->base, e->durable, err, errcap)))
-        goto fail;
-    if (e->shared && !spec->shared_budget)
-        kvt_budget_file_warn_outside(l2, e->dirfd, e->base);
     if (e->tmp_rel[0]) {
         char tp[PATH_MAX];
         snprintf(tp, sizeof(tp), "%s/%s", e->base, e->tmp_rel);
-        rc = open_dir(tp, &e->tmpfd, err, errcap, "relative_tmp_dir");
+        rc = kvt_fileobj_dir_open(tp, "relative_tmp_dir", &e->tmpfd, err, errcap);
         if (rc)
             goto fail;
     } else {

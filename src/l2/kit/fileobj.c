@@ -6,6 +6,9 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "kvtier/error.h"
+#include "l2/adapters.h"
+#include "l2/kit/budget_file.h"
+#include "l2/kit/dirlock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -249,6 +252,53 @@ void kvt_fileobj_remove_indexed(kvt_l2 *l2)
     kvt_l2_index_scan(l2, &cursor, remove_visit, &ra); /* one lock hold: the whole index */
     uint64_t n = ra.n;
     kvt_info("%s: persist_enabled is false: removed %llu files", l2->name, (unsigned long long)n);
+}
+
+int kvt_fileobj_dir_open(const char *path, const char *what, int *out, char *err, size_t errcap)
+{
+    if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+        int rc = -errno;
+        snprintf(err, errcap, "cannot create %s %s: %s", what, path, kvt_strerror(rc));
+        return rc;
+    }
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        int rc = -errno;
+        snprintf(err, errcap, "cannot open %s %s: %s", what, path, kvt_strerror(rc));
+        return rc;
+    }
+    *out = fd;
+    return 0;
+}
+
+int kvt_fileobj_dir_take(kvt_l2 *l2, const struct kvt_l2_spec *spec, const char *path,
+                         const char *what, bool shared, bool durable, int *dirfd, int *lockfd,
+                         char *err, size_t errcap)
+{
+    int rc = kvt_fileobj_dir_open(path, what, dirfd, err, errcap);
+    if (rc)
+        return rc;
+    if (access(path, W_OK) < 0) {
+        rc = -errno;
+        snprintf(err, errcap, "%s %s is not writable: %s", what, path, kvt_strerror(rc));
+        return rc;
+    }
+    /* one owner: before anything in the directory is read or changed */
+    rc = kvt_dirlock_take(*dirfd, path, what, shared, NULL, err, errcap);
+    if (rc == -ENOLCK) {
+        kvt_warn("%s: %s", l2->name, err);
+        err[0] = 0;
+    } else if (rc < 0) {
+        return rc;
+    } else {
+        *lockfd = rc;
+    }
+    /* "shared_budget": the record in the directory, before the scan walks it */
+    if (spec->shared_budget)
+        return kvt_budget_file_attach(l2, *dirfd, path, durable, err, errcap);
+    if (shared)
+        kvt_budget_file_warn_outside(l2, *dirfd, path);
+    return 0;
 }
 
 /* ------------------------------------------------------------ O_DIRECT */

@@ -824,40 +824,11 @@ static int nd_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     e->pid = getpid();
     e->starttime = kvt_proc_starttime(e->pid);
     l2->engine = e;
-    if (mkdir(e->base, 0755) < 0 && errno != EEXIST) {
-        rc = -errno;
-        snprintf(err, errcap, "cannot create file_path %s: %s", e->base, kvt_strerror(-errno));
-        goto fail;
-    }
-    e->dirfd = open(e->base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (e->dirfd < 0) {
-        rc = -errno;
-        snprintf(err, errcap, "cannot open file_path %s: %s", e->base, kvt_strerror(-errno));
-        goto fail;
-    }
-    if (access(e->base, W_OK) < 0) {
-        rc = -errno;
-        snprintf(err, errcap, "file_path %s is not writable: %s", e->base, kvt_strerror(-errno));
-        goto fail;
-    }
-    /* one owner: before the scan reads or removes anything */
-    rc = kvt_dirlock_take(e->dirfd, e->base, "file_path", o->shared, NULL, err, errcap);
-    if (rc == -ENOLCK) {
-        kvt_warn("%s: %s", l2->name, err);
-        err[0] = 0;
-    } else if (rc < 0) {
-        goto fail;
-    } else {
-        e->lockfd = rc;
-    }
-    rc = 0;
     e->shared = o->shared;
-    /* "shared_budget": the record in the directory, before the scan walks it */
-    if (spec->shared_budget &&
-        (rc = kvt_budget_file_attach(l2, e->dirfd, e->base, e->durable, err, errcap)))
+    rc = kvt_fileobj_dir_take(l2, spec, e->base, "file_path", e->shared, e->durable, &e->dirfd,
+                              &e->lockfd, err, errcap);
+    if (rc)
         goto fail;
-    if (e->shared && !spec->shared_budget)
-        kvt_budget_file_warn_outside(l2, e->dirfd, e->base);
     kvt_odirect_init(&e->od, o->use_direct_io, e->dirfd, ND_HDR_MAX, e->base);
     char nm[16];
     snprintf(nm, sizeof(nm), "nixlio%d", spec->index);
