@@ -310,21 +310,9 @@ static int nixl_obj_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
         kvt_cfg_finish(&bp);
     }
     kvt_cfg_sub_done(c, "backend_params", &bp);
-    int64_t ps = 0;
-    double cap = 0;
-    kvt_cfg_int(c, "pool_size", true, 0, 1, 1 << 24, &ps);
-    kvt_cfg_num(c, "max_capacity_gb", false, 0, 0, 1e9, &cap);
-    kvt_cfg_str(c, "key_prefix", false, "", &o->key_prefix);
-    if (c->rc)
+    if (kvt_s3_nixl_common(c, o))
         return c->rc;
-    o->num_io_threads = (int)KVT_MIN(ps, 1024);
-    o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
-    o->prefer_http2 = true;
-    o->connection_timeout = KVT_S3_CONNECT_TIMEOUT_S;
-    o->request_timeout = KVT_S3_REQUEST_TIMEOUT_S;
-    o->breaker_threshold = 3;
     o->mpu_threshold = 64ull << 20;
-    o->mpu_part = 16ull << 20;
     o->stale_upload_s = 24 * 3600;
     o->addressing = virt ? "virtual" : "path";
     if (ep) {
@@ -345,6 +333,25 @@ static int nixl_obj_parse(struct kvt_cfg *c, struct kvt_s3_opts *o)
     o->endpoint = o->ep_buf;
     json_object_set_new(c->resolved, "served_by", json_string("s3"));
     return s3_check_opts(c, o, false);
+}
+
+int kvt_s3_nixl_common(struct kvt_cfg *c, struct kvt_s3_opts *o)
+{
+    int64_t ps = 0;
+    double cap = 0;
+    kvt_cfg_int(c, "pool_size", true, 0, 1, 1 << 24, &ps);
+    kvt_cfg_num(c, "max_capacity_gb", false, 0, 0, 1e9, &cap);
+    kvt_cfg_str(c, "key_prefix", false, "", &o->key_prefix);
+    if (c->rc)
+        return c->rc;
+    o->num_io_threads = (int)KVT_MIN(ps, 1024);
+    o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
+    o->prefer_http2 = true;
+    o->connection_timeout = KVT_S3_CONNECT_TIMEOUT_S;
+    o->request_timeout = KVT_S3_REQUEST_TIMEOUT_S;
+    o->breaker_threshold = 3;
+    o->mpu_part = 16ull << 20;
+    return 0;
 }
 
 int kvt_s3_parse_nixl_obj(struct kvt_cfg *c, void **opts)

@@ -358,6 +358,11 @@ void kvt_s3_remove_keys(struct s3_engine *e, const kvt_key *keys, uint32_t n, in
 
 /* s3_cfg.c: kvt_l2_adapter_desc.parse of the s3 type */
 int kvt_s3_parse(struct kvt_cfg *c, void *opts);
+/* nixl_store's top-level keys for the s3 engine (pool_size: transfers in
+ * flight, max_capacity_gb, key_prefix) and the engine's settings NIXL's
+ * plugins have no key for (the s3 type's defaults), for OBJ and
+ * AZURE_BLOB alike. Returns c->rc. */
+int kvt_s3_nixl_common(struct kvt_cfg *c, struct kvt_s3_opts *o);
 /* s3_creds.c: the credentials for o (config, environment, credentials
  * file; Azure: s3_azure.c), 0 or KVT_E_CONFIG with the message; and the
  * type's host check (kvt_l2_adapter_desc.check): can a server started now
