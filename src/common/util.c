@@ -115,6 +115,17 @@ int kvt_unhex(const char *in, size_t hexlen, uint8_t *out)
     return 0;
 }
 
+void kvt_path_cut_parent(char *path, size_t cap)
+{
+    char *sl = strrchr(path, '/');
+    if (!sl)
+        snprintf(path, cap, ".");
+    else if (sl == path)
+        path[1] = 0;
+    else
+        *sl = 0;
+}
+
 int kvt_parse_size(const char *s, uint64_t *out)
 {
     char *end = NULL;

@@ -4,6 +4,7 @@
  * not share. See adapters.h.
  */
 #include "l2/adapters.h"
+#include "common/util.h"
 #include "kvtier/error.h"
 
 #include <errno.h>
@@ -30,13 +31,7 @@ static void parent_of(const char *path, char *out, size_t cap)
     size_t n = strlen(out);
     while (n > 1 && out[n - 1] == '/')
         out[--n] = 0;
-    char *sl = strrchr(out, '/');
-    if (!sl)
-        snprintf(out, cap, ".");
-    else if (sl == out)
-        out[1] = 0;
-    else
-        *sl = 0;
+    kvt_path_cut_parent(out, cap);
 }
 
 /* The kernel's own file systems: a directory there passes access() for

@@ -745,13 +745,7 @@ static int dax_check(const struct kvt_l2_spec *spec, const void *opts, const cha
             return 0;
         have = (uint64_t)st.st_blocks * 512;
     } else {
-        char *sl = strrchr(where, '/');
-        if (!sl)
-            snprintf(where, sizeof(where), ".");
-        else if (sl == where)
-            where[1] = 0;
-        else
-            *sl = 0;
+        kvt_path_cut_parent(where, sizeof(where));
     }
     struct statvfs sv;
     uint64_t need = o->size_bytes > have ? o->size_bytes - have : 0;

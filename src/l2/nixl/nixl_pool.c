@@ -178,13 +178,7 @@ int kvt_nixl_pool_check(const struct kvt_l2_spec *spec, const void *opts, const 
     snprintf(dir, sizeof(dir), "%s", o->file_path);
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) { /* created at open: its parent holds the pool */
-        char *sl = strrchr(dir, '/');
-        if (!sl)
-            snprintf(dir, sizeof(dir), ".");
-        else if (sl == dir)
-            dir[1] = 0;
-        else
-            *sl = 0;
+        kvt_path_cut_parent(dir, sizeof(dir));
         dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     } else {
         int fd = openat(dfd, "nixl_pool_0.bin", O_RDONLY | O_CLOEXEC);

@@ -603,11 +603,7 @@ int kvt_raw_block_check(const struct kvt_l2_spec *spec, const void *opts, const 
         /* open creates it: room for it in its directory? */
         char dir[4096];
         snprintf(dir, sizeof(dir), "%s", path);
-        char *sl = strrchr(dir, '/');
-        if (!sl)
-            snprintf(dir, sizeof(dir), ".");
-        else
-            sl == dir ? (void)(dir[1] = 0) : (void)(*sl = 0);
+        kvt_path_cut_parent(dir, sizeof(dir));
         struct statvfs sv;
         if (statvfs(dir, &sv) == 0 && (uint64_t)sv.f_bavail * sv.f_frsize < o->capacity_bytes) {
             *field = "capacity_bytes";
