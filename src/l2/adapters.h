@@ -111,6 +111,8 @@ int kvt_l2_open(const struct kvt_l2_spec *spec, kvt_l2 **out, char *err, size_t 
 int kvt_l2_open_into(const struct kvt_l2_spec *spec, kvt_l2 *l2, char *err, size_t errcap);
 /* Known adapter types, for messages. */
 const char *kvt_l2_types(void);
+/* The i-th descriptor of the table (registry.c), NULL past the end. */
+const struct kvt_l2_adapter_desc *kvt_l2_adapter_at(size_t i);
 
 /* ---- storage of a parsed spec (spec_check.c) ---- */
 /* The local path a spec stores into (its type's storage hook; a wrapper

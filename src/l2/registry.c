@@ -1,4 +1,12 @@
-/* --l2-adapter JSON -> spec -> adapter. One table of types. */
+/*
+ * --l2-adapter JSON -> spec -> adapter, and the table of adapter types:
+ * one line each.
+ *
+ * An adapter's folder defines its descriptor, kvt_l2_<id>_desc (adapters.h:
+ * struct kvt_l2_adapter_desc: the "type" name, its option parser, open,
+ * and the hooks for what is type-specific); ADAPTER(id) below lists it. The
+ * order is the order of "known types" in messages.
+ */
 #include "l2/adapters.h"
 #include "common/util.h"
 #include "policy/policy.h"
@@ -10,19 +18,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The adapter types, one descriptor each (defined in the adapter's folder).
- * The order is the one "known types" lists. */
-extern const struct kvt_l2_adapter_desc kvt_l2_fs_desc, kvt_l2_fs_native_desc, kvt_l2_mock_desc,
-    kvt_l2_nixl_dynamic_desc, kvt_l2_nixl_store_desc, kvt_l2_raw_block_desc, kvt_l2_dax_desc,
-    kvt_l2_resp_desc, kvt_l2_valkey_desc, kvt_l2_s3_desc, kvt_l2_mooncake_desc,
-    kvt_l2_fault_inject_desc;
+#define ADAPTERS(ADAPTER)                                                                          \
+    ADAPTER(fs)                                                                                    \
+    ADAPTER(fs_native)                                                                             \
+    ADAPTER(mock)                                                                                  \
+    ADAPTER(nixl_dynamic)                                                                          \
+    ADAPTER(nixl_store)                                                                            \
+    ADAPTER(raw_block)                                                                             \
+    ADAPTER(dax)                                                                                   \
+    ADAPTER(resp)                                                                                  \
+    ADAPTER(valkey)                                                                                \
+    ADAPTER(s3)                                                                                    \
+    ADAPTER(mooncake)                                                                              \
+    ADAPTER(fault_inject)
+
+#define DECLARE(id) extern const struct kvt_l2_adapter_desc kvt_l2_##id##_desc;
+ADAPTERS(DECLARE)
+#undef DECLARE
 
 static const struct kvt_l2_adapter_desc *const types[] = {
-    &kvt_l2_fs_desc,           &kvt_l2_fs_native_desc,  &kvt_l2_mock_desc,
-    &kvt_l2_nixl_dynamic_desc, &kvt_l2_nixl_store_desc, &kvt_l2_raw_block_desc,
-    &kvt_l2_dax_desc,          &kvt_l2_resp_desc,       &kvt_l2_valkey_desc,
-    &kvt_l2_s3_desc,           &kvt_l2_mooncake_desc,   &kvt_l2_fault_inject_desc,
+#define ENTRY(id) &kvt_l2_##id##_desc,
+    ADAPTERS(ENTRY)
+#undef ENTRY
 };
+
+const struct kvt_l2_adapter_desc *kvt_l2_adapter_at(size_t i)
+{
+    return i < KVT_ARRAY_LEN(types) ? types[i] : NULL;
+}
 
 const char *kvt_l2_types(void)
 {
