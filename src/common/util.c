@@ -91,7 +91,7 @@ void kvt_hex(const uint8_t *in, size_t n, char *out)
     out[2 * n] = 0;
 }
 
-static int hexval(char c)
+int kvt_hexval(int c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -107,12 +107,23 @@ int kvt_unhex(const char *in, size_t hexlen, uint8_t *out)
     if (hexlen % 2)
         return -EINVAL;
     for (size_t i = 0; i < hexlen / 2; i++) {
-        int hi = hexval(in[2 * i]), lo = hexval(in[2 * i + 1]);
+        int hi = kvt_hexval(in[2 * i]), lo = kvt_hexval(in[2 * i + 1]);
         if (hi < 0 || lo < 0)
             return -EINVAL;
         out[i] = (uint8_t)(hi << 4 | lo);
     }
     return 0;
+}
+
+void kvt_path_cut_parent(char *path, size_t cap)
+{
+    char *sl = strrchr(path, '/');
+    if (!sl)
+        snprintf(path, cap, ".");
+    else if (sl == path)
+        path[1] = 0;
+    else
+        *sl = 0;
 }
 
 int kvt_parse_size(const char *s, uint64_t *out)

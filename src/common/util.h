@@ -67,6 +67,13 @@ size_t kvt_bm_prefix(const uint64_t *bm, size_t n);
 void kvt_hex(const uint8_t *in, size_t n, char *out);
 /* Parse exactly 2n hex chars; returns 0 or -EINVAL. */
 int kvt_unhex(const char *in, size_t hexlen, uint8_t *out);
+/* The value of one hex digit (either case), or -1. */
+int kvt_hexval(int c);
+
+/* Cut path (a buffer of cap bytes) to its parent directory: the part
+ * before the last '/', "/" for a name in the root, "." for a name without
+ * one. A trailing '/' counts as the last one ("a/b/" -> "a/b"). */
+void kvt_path_cut_parent(char *path, size_t cap);
 
 /* Parse a size like "4096", "4k", "1.5GiB", "10GB" into bytes; -EINVAL if bad. */
 int kvt_parse_size(const char *s, uint64_t *out);

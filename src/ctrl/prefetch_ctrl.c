@@ -11,7 +11,15 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+/*
+ * A requested key's state (struct req.st), changed only by key_set:
+ *   MISS -> PRESENT (in L1: referenced) -> MISS (the plan was trimmed
+ *     before it, its reference dropped)
+ *   MISS -> LOADING (room reserved in L1) -> LOADED or FAILED (the load)
+ *   LOADED -> MISS (a client's store won its key: the prefix ends before it)
+ */
 enum { K_MISS = 0, K_PRESENT, K_LOADING, K_LOADED, K_FAILED };
+#define KB(s) (1u << (s))
 
 struct req {
     struct req *next;
@@ -54,6 +62,13 @@ struct kvt_prefetch_ctrl {
     _Atomic int active_pub, waiting_pub;
 };
 
+/* Key i of r leaves one of the states in from (KB bits) for to. */
+static void key_set(struct req *r, uint32_t i, unsigned from, uint8_t to)
+{
+    KVT_ASSERT(i < r->n && (from & KB(r->st[i])));
+    r->st[i] = to;
+}
+
 static void req_free(struct req *r)
 {
     free(r->keys);
@@ -68,6 +83,7 @@ static void start_req(struct kvt_prefetch_ctrl *pc, struct req *r);
 
 static void finish_req(struct kvt_prefetch_ctrl *pc, struct req *r)
 {
+    KVT_ASSERT(r->pending == 0 && r->plan <= r->n); /* every task came back */
     /* the prefix: present or loaded keys from the start */
     uint32_t count = 0;
     while (count < r->plan && (r->st[count] == K_PRESENT || r->st[count] == K_LOADED))
@@ -86,7 +102,7 @@ static void finish_req(struct kvt_prefetch_ctrl *pc, struct req *r)
             continue;
         for (uint32_t j = i; j < count; j++) { /* gone since: the prefix ends here */
             kvt_l1_put(pc->l1, r->refs[j].h);
-            r->st[j] = K_MISS; /* nothing more to do for it below */
+            key_set(r, j, KB(K_PRESENT) | KB(K_LOADED), K_MISS); /* nothing more to do below */
         }
         count = i;
         break;
@@ -151,7 +167,7 @@ static void plan_and_load(struct kvt_prefetch_ctrl *pc, struct req *r)
         if (a == pc->nl2) {
             if (kvt_l1_get(pc->l1, &r->keys[plan], &r->refs[plan]) != 0)
                 break;
-            r->st[plan] = K_PRESENT;
+            key_set(r, plan, KB(K_MISS), K_PRESENT);
             atomic_fetch_add(&pc->keys_present, 1);
         }
     }
@@ -163,9 +179,9 @@ static void plan_and_load(struct kvt_prefetch_ctrl *pc, struct req *r)
         m.len = r->lookups[r->src[i]]->meta[i].len;
         int rc = kvt_l1_reserve_free(pc->l1, &r->keys[i], &m, &r->refs[i]);
         if (rc == 0) {
-            r->st[i] = K_LOADING;
+            key_set(r, i, KB(K_MISS), K_LOADING);
         } else if (rc == -EEXIST && kvt_l1_get(pc->l1, &r->keys[i], &r->refs[i]) == 0) {
-            r->st[i] = K_PRESENT;
+            key_set(r, i, KB(K_MISS), K_PRESENT);
             atomic_fetch_add(&pc->keys_present, 1);
         } else {
             /* full, too big, or being written by someone else: trim here,
@@ -173,7 +189,7 @@ static void plan_and_load(struct kvt_prefetch_ctrl *pc, struct req *r)
             for (uint32_t j = i + 1; j < plan; j++)
                 if (r->st[j] == K_PRESENT) {
                     kvt_l1_put(pc->l1, r->refs[j].h);
-                    r->st[j] = K_MISS;
+                    key_set(r, j, KB(K_PRESENT), K_MISS);
                 }
             plan = i;
             break;
@@ -248,6 +264,7 @@ static void start_req(struct kvt_prefetch_ctrl *pc, struct req *r)
 static void on_lookup(struct kvt_prefetch_ctrl *pc, int a, kvt_l2_task *t)
 {
     struct req *r = t->udata;
+    KVT_ASSERT(r->pending > 0 && r->lookups[a] == NULL); /* one lookup per adapter */
     r->lookups[a] = t;
     if (--r->pending == 0)
         plan_and_load(pc, r);
@@ -266,15 +283,16 @@ static void on_load(struct kvt_prefetch_ctrl *pc, int a, kvt_l2_task *t)
             m.len = r->refs[i].meta.len;
             kvt_l1_set_meta(pc->l1, r->refs[i].h, &m);
             r->refs[i].meta = m;
-            r->st[i] = K_LOADED;
+            key_set(r, i, KB(K_LOADING), K_LOADED);
         } else {
-            r->st[i] = K_FAILED;
+            key_set(r, i, KB(K_LOADING), K_FAILED);
             atomic_fetch_add(&pc->load_failures, 1);
         }
     }
     free(lm->idx);
     free(lm);
     kvt_l2_task_free(t);
+    KVT_ASSERT(r->pending > 0);
     if (--r->pending == 0)
         finish_req(pc, r);
 }

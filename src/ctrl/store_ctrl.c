@@ -37,7 +37,10 @@ struct batch {
     uint32_t n;
     struct kvt_l1_ref *refs;
     kvt_key *keys;
-    int pending; /* adapters still working (thread-owned) */
+    /* queued (pending 0, not done) -> started (pending: the adapters still
+     * working; thread-owned) -> done (pending 0: every adapter finished,
+     * references dropped) -> freed once every older batch is done too */
+    int pending;
     bool done;
 };
 
@@ -259,6 +262,7 @@ static void release_refs(struct kvt_store_ctrl *sc, const struct kvt_l1_ref *ref
 
 static void batch_finish(struct kvt_store_ctrl *sc, struct batch *b)
 {
+    KVT_ASSERT(b->pending == 0 && !b->done);
     release_refs(sc, b->refs, b->n);
     b->done = true;
     atomic_fetch_sub(&sc->in_flight, 1);
@@ -283,6 +287,7 @@ static void batch_finish(struct kvt_store_ctrl *sc, struct batch *b)
 
 static void start_batch(struct kvt_store_ctrl *sc, struct batch *b)
 {
+    KVT_ASSERT(b->pending == 0 && !b->done); /* queued: started once */
     b->next = NULL;
     if (sc->order_tail)
         sc->order_tail->next = b;
@@ -358,6 +363,7 @@ static void *ctrl_main(void *arg)
                               (unsigned long long)b->seq, kvt_l2_name(l2), ok, t->n,
                               (double)(kvt_now_ns() - b->t0_ns) / 1e6);
                     kvt_l2_task_free(t);
+                    KVT_ASSERT(b->pending > 0); /* one task per adapter */
                     if (--b->pending == 0)
                         batch_finish(sc, b);
                 }

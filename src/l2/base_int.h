@@ -13,6 +13,7 @@
 #ifndef KVT_L2_BASE_INT_H
 #define KVT_L2_BASE_INT_H
 
+#include "common/log.h"
 #include "l2/engine.h"
 
 #define NOHANDLE UINT32_MAX
@@ -28,6 +29,27 @@ static inline uint32_t idx_find(const struct kvt_l2_index *x, const kvt_key *k)
 static inline uint8_t st(const struct kvt_l2_obj *o)
 {
     return o->state & ST_MASK;
+}
+
+/* The states an entry may leave, for obj_set_state: one bit per state. */
+#define FROM(s) (1u << (s))
+#define FROM_LIVE (FROM(KVT_OBJ_WRITING) | FROM(KVT_OBJ_READY) | FROM(KVT_OBJ_DELETING))
+
+/*
+ * The one place an entry's state changes. The life of an entry:
+ *   FREE -> WRITING (a reservation) -> READY (published)
+ *   FREE -> READY (adopted: a scan or a secondary lookup found it)
+ *   READY -> DELETING (marked by a delete, an eviction or a reap) -> READY
+ *     (its removal failed) or FREE (removed)
+ *   WRITING, READY -> FREE (unreserved, forgotten)
+ * Asserts that the entry is in one of the states of from (FROM bits);
+ * keeps the base's flags (ST_TRACKED, ST_DOOMED), except that a FREE entry
+ * has none. call with l2->lock held
+ */
+static inline void obj_set_state(struct kvt_l2_obj *o, unsigned from, enum kvt_l2_state to)
+{
+    KVT_ASSERT(from & FROM(st(o)));
+    o->state = to == KVT_OBJ_FREE ? (uint8_t)KVT_OBJ_FREE : (uint8_t)((o->state & ~ST_MASK) | to);
 }
 
 /* call with l2->lock held */

@@ -380,6 +380,20 @@ void kvt_l2_drain_enter(struct kvt_l2_drain *d); /* a batch starts */
 void kvt_l2_drain_leave(struct kvt_l2_drain *d); /* a batch finished */
 void kvt_l2_drain_wait(struct kvt_l2_drain *d);  /* until none is live */
 
+/* ---- walks over the index (cursor scans, as Valkey's hashtableScan) -- */
+
+/* Visit the live entries (not FREE) from handle *cursor on, under
+ * l2->lock, until visit returns false or the index ends; *cursor is where
+ * the next call goes on (start at 0). visit runs with the lock held: it
+ * must not call back into the base, and o is valid only during the call.
+ * Returns true when the walk reached the end. An engine never walks
+ * l2->idx itself. */
+bool kvt_l2_index_scan(kvt_l2 *l2, uint32_t *cursor,
+                       bool (*visit)(const struct kvt_l2_obj *o, void *arg), void *arg);
+/* The keys of every live entry, copied in one lock hold (for work on the
+ * backend done without the lock): an array of *n keys to free(). */
+kvt_key *kvt_l2_index_keys(kvt_l2 *l2, uint32_t *n);
+
 /* Index primitives: call with l2->lock held. */
 /* An engine that learns an indexed entry's logical length or its exact
  * backend size late (a header read after a scan) records it here, so that

@@ -54,12 +54,40 @@ static void idx_remove(struct kvt_l2_index *x, uint32_t h)
     /* only a live, unpinned entry leaves the index (kvt_kindex_del checks
      * that the key maps to it) */
     KVT_ASSERT(h < x->hwm && x->nobjs > 0);
-    KVT_ASSERT((x->objs[h].state & ST_MASK) != KVT_OBJ_FREE && x->objs[h].pins == 0);
+    KVT_ASSERT(x->objs[h].pins == 0);
     kvt_kindex_del(&x->map, h);
-    x->objs[h].state = KVT_OBJ_FREE;
+    obj_set_state(&x->objs[h], FROM_LIVE, KVT_OBJ_FREE);
     x->objs[h].aux = x->free_head;
     x->free_head = h;
     x->nobjs--;
+}
+
+bool kvt_l2_index_scan(kvt_l2 *l2, uint32_t *cursor,
+                       bool (*visit)(const struct kvt_l2_obj *o, void *arg), void *arg)
+{
+    pthread_mutex_lock(&l2->lock);
+    uint32_t h = *cursor;
+    bool more = true;
+    for (; h < l2->idx.hwm && more; h++)
+        if (st(&l2->idx.objs[h]) != KVT_OBJ_FREE)
+            more = visit(&l2->idx.objs[h], arg);
+    bool end = h >= l2->idx.hwm;
+    pthread_mutex_unlock(&l2->lock);
+    *cursor = h;
+    return end;
+}
+
+kvt_key *kvt_l2_index_keys(kvt_l2 *l2, uint32_t *n)
+{
+    pthread_mutex_lock(&l2->lock);
+    uint32_t hwm = l2->idx.hwm, k = 0;
+    kvt_key *keys = kvt_xmalloc((hwm ? hwm : 1) * sizeof(*keys));
+    for (uint32_t h = 0; h < hwm; h++)
+        if (st(&l2->idx.objs[h]) != KVT_OBJ_FREE)
+            keys[k++] = l2->idx.objs[h].key;
+    pthread_mutex_unlock(&l2->lock);
+    *n = k;
+    return keys;
 }
 
 struct kvt_l2_obj *kvt_l2_find_locked(kvt_l2 *l2, const kvt_key *ck)
@@ -350,7 +378,7 @@ void kvt_l2_close(kvt_l2 *l2)
  * reservation's WRITING entry, or an object adopted READY). call with
  * l2->lock held */
 static uint32_t new_entry_locked(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len,
-                                 uint32_t aux, uint8_t flags, uint8_t state)
+                                 uint32_t aux, uint8_t flags, enum kvt_l2_state state)
 {
     uint32_t h = kvt_l2b_idx_insert(l2, ck);
     struct kvt_l2_obj *o = &l2->idx.objs[h];
@@ -358,7 +386,7 @@ static uint32_t new_entry_locked(kvt_l2 *l2, const kvt_key *ck, uint32_t stored,
     o->len = len;
     o->aux = aux;
     o->flags = flags;
-    o->state = state;
+    obj_set_state(o, FROM(KVT_OBJ_FREE), state);
     kvt_l2b_account_locked(l2, o, +1);
     return h;
 }
@@ -460,7 +488,7 @@ static void publish(kvt_l2 *l2, const kvt_key *ck, bool set_aux, uint32_t aux)
     if (h != NOHANDLE && st(&l2->idx.objs[h]) == KVT_OBJ_WRITING) {
         if (set_aux)
             l2->idx.objs[h].aux = aux;
-        l2->idx.objs[h].state = KVT_OBJ_READY;
+        obj_set_state(&l2->idx.objs[h], FROM(KVT_OBJ_WRITING), KVT_OBJ_READY);
         settled = l2->idx.objs[h].stored;
     }
     pthread_mutex_unlock(&l2->lock);

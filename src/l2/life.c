@@ -14,6 +14,20 @@ int kvt_l2_life_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
     return rc;
 }
 
+int kvt_l2_life_start_scan(kvt_l2 *l2, struct kvt_l2_park *park, pthread_t *thread, bool *started,
+                           void *(*fn)(void *), const char *what, char *err, size_t errcap)
+{
+    park->parking = true;
+    l2->recovering = true;
+    int rc = pthread_create(thread, NULL, fn, l2);
+    if (rc) {
+        snprintf(err, errcap, "cannot start %s: %s", what, kvt_strerror(-rc));
+        return -rc;
+    }
+    *started = true;
+    return 0;
+}
+
 /*
  * The close skeleton. Each step only starts once the one before it is over:
  * the scan thread may still park or push work until it is joined, parked

@@ -1,6 +1,7 @@
 /*
  * The engine life cycle every L2 adapter shares, written once: setup on top
- * of the base (kvt_l2_life_init) and the close sequence (kvt_l2_life_stop).
+ * of the base (kvt_l2_life_init), the start of the start-up scan
+ * (kvt_l2_life_start_scan) and the close sequence (kvt_l2_life_stop).
  *
  * An engine fills in the parts it has; the skeleton runs them in one fixed
  * order, the order the crash and sanitizer tests rely on:
@@ -45,6 +46,14 @@ struct kvt_l2_life {
  * words it ("adapter setup failed: ..."). 0 or the base's error. */
 int kvt_l2_life_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_l2_spec *spec,
                      enum kvt_codec codec, uint64_t cap_bytes, char *err, size_t errcap);
+
+/* Start the engine's start-up scan thread fn(l2): stores park from now on
+ * (park->parking) and the adapter reports that it is recovering until the
+ * scan ends; *started is set once the thread runs. what names the thread
+ * in the error ("the scan thread"). 0, or -errno with err "cannot start
+ * <what>: ...". */
+int kvt_l2_life_start_scan(kvt_l2 *l2, struct kvt_l2_park *park, pthread_t *thread, bool *started,
+                           void *(*fn)(void *), const char *what, char *err, size_t errcap);
 
 /* Steps 1-5 above, for an engine's close function. */
 void kvt_l2_life_stop(kvt_l2 *l2, const struct kvt_l2_life *lf);

@@ -87,7 +87,7 @@ void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0
             o->len = f->len;
             o->aux = f->aux;
             o->flags = f->flags;
-            o->state = KVT_OBJ_READY;
+            obj_set_state(o, FROM(KVT_OBJ_FREE), KVT_OBJ_READY);
             kvt_l2b_account_locked(l2, o, +1);
             if (l2->policy) {
                 struct kvt_policy_hint hint = {

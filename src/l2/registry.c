@@ -1,4 +1,12 @@
-/* --l2-adapter JSON -> spec -> adapter. One table of types. */
+/*
+ * --l2-adapter JSON -> spec -> adapter, and the table of adapter types:
+ * one line each.
+ *
+ * An adapter's folder defines its descriptor, kvt_l2_<id>_desc (adapters.h:
+ * struct kvt_l2_adapter_desc: the "type" name, its option parser, open,
+ * and the hooks for what is type-specific); ADAPTER(id) below lists it. The
+ * order is the order of "known types" in messages.
+ */
 #include "l2/adapters.h"
 #include "common/util.h"
 #include "policy/policy.h"
@@ -10,19 +18,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The adapter types, one descriptor each (defined in the adapter's folder).
- * The order is the one "known types" lists. */
-extern const struct kvt_l2_adapter_desc kvt_l2_fs_desc, kvt_l2_fs_native_desc, kvt_l2_mock_desc,
-    kvt_l2_nixl_dynamic_desc, kvt_l2_nixl_store_desc, kvt_l2_raw_block_desc, kvt_l2_dax_desc,
-    kvt_l2_resp_desc, kvt_l2_valkey_desc, kvt_l2_s3_desc, kvt_l2_mooncake_desc,
-    kvt_l2_fault_inject_desc;
+#define ADAPTERS(ADAPTER)                                                                          \
+    ADAPTER(fs)                                                                                    \
+    ADAPTER(fs_native)                                                                             \
+    ADAPTER(mock)                                                                                  \
+    ADAPTER(nixl_dynamic)                                                                          \
+    ADAPTER(nixl_store)                                                                            \
+    ADAPTER(raw_block)                                                                             \
+    ADAPTER(dax)                                                                                   \
+    ADAPTER(resp)                                                                                  \
+    ADAPTER(valkey)                                                                                \
+    ADAPTER(s3)                                                                                    \
+    ADAPTER(mooncake)                                                                              \
+    ADAPTER(fault_inject)
+
+#define DECLARE(id) extern const struct kvt_l2_adapter_desc kvt_l2_##id##_desc;
+ADAPTERS(DECLARE)
+#undef DECLARE
 
 static const struct kvt_l2_adapter_desc *const types[] = {
-    &kvt_l2_fs_desc,           &kvt_l2_fs_native_desc,  &kvt_l2_mock_desc,
-    &kvt_l2_nixl_dynamic_desc, &kvt_l2_nixl_store_desc, &kvt_l2_raw_block_desc,
-    &kvt_l2_dax_desc,          &kvt_l2_resp_desc,       &kvt_l2_valkey_desc,
-    &kvt_l2_s3_desc,           &kvt_l2_mooncake_desc,   &kvt_l2_fault_inject_desc,
+#define ENTRY(id) &kvt_l2_##id##_desc,
+    ADAPTERS(ENTRY)
+#undef ENTRY
 };
+
+const struct kvt_l2_adapter_desc *kvt_l2_adapter_at(size_t i)
+{
+    return i < KVT_ARRAY_LEN(types) ? types[i] : NULL;
+}
 
 const char *kvt_l2_types(void)
 {
@@ -93,47 +116,51 @@ static int parse_common(struct kvt_cfg *c, struct kvt_l2_spec *s)
     return c->rc;
 }
 
-/*
- * "shared_budget": true needs a tier that several servers really share,
- * a record kept there, and a cap: a shared directory ("shared": true) for
- * fs, fs_native and nixl_store_dynamic (a locked file in it), a Redis
- * server (a hash on it), or a bucket (s3, nixl_store OBJ: an object written
- * with conditional PUTs). Azure Blob keeps no record yet. persist_enabled
- * false is refused as with "shared": a server would remove, at close,
- * objects the others' budget counts.
- */
-static void check_shared_budget(struct kvt_cfg *c, const struct kvt_l2_spec *s)
+int kvt_l2_budget_needs_shared(struct kvt_cfg *c, bool shared)
 {
-    const char *t = s->type;
-    const char *backend = json_string_value(json_object_get(c->resolved, "backend"));
-    const char *nixl = !strcmp(t, "nixl_store") && backend ? backend : "";
-    bool dir = !strcmp(t, "fs") || !strcmp(t, "fs_native") || !strcmp(t, "nixl_store_dynamic");
-    bool redis = !strcmp(t, "resp") || !strcmp(t, "valkey");
-    bool bucket = !strcmp(t, "s3") || !strcmp(nixl, "OBJ");
-    if (!strcmp(nixl, "AZURE_BLOB")) {
-        kvt_cfg_unsupported(
-            c, "shared_budget",
-            "is not available for Azure Blob yet (its record would need Azure's conditional "
-            "headers, not written): share a budget through a bucket (s3), a directory (fs or "
-            "nixl_store_dynamic with \"shared\": true) or Redis (resp, valkey), or give one "
-            "server the container's cap");
-        return;
-    }
-    if (!dir && !redis && !bucket) {
-        kvt_cfg_fail(c, "shared_budget",
-                     "is for tiers several servers share: fs, fs_native and nixl_store_dynamic "
-                     "with \"shared\": true, resp, valkey, s3, nixl_store with backend OBJ "
-                     "(not %s)",
-                     t);
-        return;
-    }
-    if (dir && !json_is_true(json_object_get(c->resolved, "shared"))) {
+    if (!shared)
         kvt_cfg_fail(c, "shared_budget",
                      "needs \"shared\": true: the budget is shared by the servers that share "
                      "the directory (without it the directory has one owner, whose "
                      "max_capacity_gb is the budget already)");
+    return c->rc;
+}
+
+/* The types a budget can be shared on, for the refusal: "fs with
+ * \"shared\": true, ..., s3". */
+static const char *budget_types(void)
+{
+    static char buf[512];
+    if (!buf[0])
+        for (size_t i = 0; i < KVT_ARRAY_LEN(types); i++) {
+            if (!types[i]->shared_budget)
+                continue;
+            size_t l = strlen(buf);
+            snprintf(buf + l, sizeof(buf) - l, "%s%s%s%s", l ? ", " : "", types[i]->name,
+                     types[i]->shared_budget_needs ? " " : "",
+                     types[i]->shared_budget_needs ? types[i]->shared_budget_needs : "");
+        }
+    return buf;
+}
+
+/*
+ * "shared_budget": true needs a tier that several servers really share, a
+ * record kept there (the type's shared_budget hook says whether it keeps
+ * one with these options, and what else it needs), and a cap.
+ * persist_enabled false is refused as with "shared": a server would remove,
+ * at close, objects the others' budget counts.
+ */
+static void check_shared_budget(struct kvt_cfg *c, const struct kvt_l2_spec *s)
+{
+    int rc = s->desc->shared_budget ? s->desc->shared_budget(c, s->opts) : KVT_L2_NO_BUDGET;
+    if (rc == KVT_L2_NO_BUDGET) {
+        kvt_cfg_fail(c, "shared_budget", "is for tiers several servers share: %s (not %s)",
+                     budget_types(), s->type);
         return;
     }
+    if (rc)
+        return;
+    /* the cap, at the top or in backend_params (nixl's form) */
     const json_t *cap = json_object_get(c->resolved, "max_capacity_gb");
     if (!cap)
         cap = json_object_get(json_object_get(c->resolved, "backend_params"), "max_capacity_gb");
@@ -152,10 +179,7 @@ static void check_shared_budget(struct kvt_cfg *c, const struct kvt_l2_spec *s)
 
 int kvt_l2_spec_max_interval_ms(const struct kvt_l2_spec *s)
 {
-    if (s->shared_budget && (!strcmp(s->type, "resp") || !strcmp(s->type, "valkey") ||
-                             !strcmp(s->type, "s3") || !strcmp(s->type, "nixl_store")))
-        return KVT_RESP_BUDGET_LEASE_MS / 3;
-    return 0;
+    return s->shared_budget && s->desc ? s->desc->budget_max_interval_ms : 0;
 }
 
 int kvt_l2_spec_parse(const char *text, int index, struct kvt_l2_spec *s, char *err, size_t errcap)

@@ -22,7 +22,7 @@
 static void reap_queue_locked(kvt_l2 *l2, uint32_t h)
 {
     struct kvt_l2_obj *o = &l2->idx.objs[h];
-    o->state = (uint8_t)((o->state & (ST_TRACKED | ST_DOOMED)) | KVT_OBJ_DELETING);
+    obj_set_state(o, FROM(KVT_OBJ_READY), KVT_OBJ_DELETING);
     if (l2->nreap == l2->reap_cap) {
         l2->reap_cap = l2->reap_cap ? 2 * l2->reap_cap : 16;
         l2->reap_h = kvt_xrealloc(l2->reap_h, l2->reap_cap * sizeof(*l2->reap_h));
@@ -102,7 +102,7 @@ static uint64_t remove_marked(kvt_l2 *l2, uint32_t *hs, struct kvt_l2_obj *copie
         } else {
             /* back to READY; a doomed one stays doomed (never pinned again)
              * and is queued for the next reap */
-            o->state = (uint8_t)((o->state & (ST_TRACKED | ST_DOOMED)) | KVT_OBJ_READY);
+            obj_set_state(o, FROM(KVT_OBJ_DELETING), KVT_OBJ_READY);
             if ((o->state & ST_DOOMED) && o->pins == 0)
                 reap_queue_locked(l2, hs[i]);
             char ks[400];
@@ -146,7 +146,7 @@ uint32_t kvt_l2_delete(kvt_l2 *l2, const kvt_key *keys, uint32_t n, uint64_t *re
         if (h == NOHANDLE)
             continue;
         struct kvt_l2_obj *o = &l2->idx.objs[h];
-        o->state = (uint8_t)((o->state & ST_TRACKED) | KVT_OBJ_DELETING);
+        obj_set_state(o, FROM(KVT_OBJ_READY), KVT_OBJ_DELETING);
         hs[m] = h;
         bit[m] = i;
         copies[m++] = *o;
@@ -223,7 +223,7 @@ static bool victim_visit(uint32_t h, void *arg)
     struct victim_ctx *v = arg;
     struct kvt_l2_obj *o = &v->l2->idx.objs[h];
     if (st(o) == KVT_OBJ_READY && o->pins == 0) {
-        o->state = (uint8_t)((o->state & ST_TRACKED) | KVT_OBJ_DELETING);
+        obj_set_state(o, FROM(KVT_OBJ_READY), KVT_OBJ_DELETING);
         v->hs[v->n] = h;
         v->copies[v->n++] = *o;
         v->l2->evicting_bytes += o->stored;

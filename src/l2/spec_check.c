@@ -4,6 +4,7 @@
  * not share. See adapters.h.
  */
 #include "l2/adapters.h"
+#include "common/util.h"
 #include "kvtier/error.h"
 
 #include <errno.h>
@@ -16,41 +17,11 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
-/* The resolved object of the adapter that really stores (fault_inject
- * wraps its inner spec, whose resolved object it keeps under "inner"). */
-static const json_t *storing(const json_t *r)
-{
-    for (int depth = 0; depth < 4 && r; depth++) {
-        const char *t = json_string_value(json_object_get(r, "type"));
-        if (!t || strcmp(t, "fault_inject") != 0)
-            return r;
-        r = json_object_get(r, "inner");
-    }
-    return r;
-}
-
 const char *kvt_l2_spec_storage(const struct kvt_l2_spec *s, const char **field, bool *is_dir)
 {
-    const json_t *r = storing(s->resolved);
-    const char *t = json_string_value(json_object_get(r, "type"));
-    if (!t)
+    if (!s->desc || !s->desc->storage || !s->opts)
         return NULL;
-    *is_dir = true;
-    if (!strcmp(t, "fs") || !strcmp(t, "fs_native")) {
-        *field = "base_path";
-        return json_string_value(json_object_get(r, "base_path"));
-    }
-    if (!strcmp(t, "nixl_store_dynamic") || !strcmp(t, "nixl_store")) {
-        *field = "backend_params.file_path";
-        return json_string_value(
-            json_object_get(json_object_get(r, "backend_params"), "file_path"));
-    }
-    *is_dir = false;
-    if (!strcmp(t, "raw_block") || !strcmp(t, "dax")) {
-        *field = "device_path";
-        return json_string_value(json_object_get(r, "device_path"));
-    }
-    return NULL;
+    return s->desc->storage(s->opts, field, is_dir);
 }
 
 /* The parent directory of path (for one that does not exist yet). */
@@ -60,13 +31,7 @@ static void parent_of(const char *path, char *out, size_t cap)
     size_t n = strlen(out);
     while (n > 1 && out[n - 1] == '/')
         out[--n] = 0;
-    char *sl = strrchr(out, '/');
-    if (!sl)
-        snprintf(out, cap, ".");
-    else if (sl == out)
-        out[1] = 0;
-    else
-        *sl = 0;
+    kvt_path_cut_parent(out, cap);
 }
 
 /* The kernel's own file systems: a directory there passes access() for
@@ -107,10 +72,7 @@ static const char *kernel_fs(const char *dir)
     return NULL;
 }
 
-/* A directory that will be created must have a writable parent: the
- * adapters create one level only (a missing mount point is never papered
- * over by a new tree on the root file system). */
-static int check_new(const char *path, char *msg, size_t cap)
+int kvt_l2_check_new(const char *path, char *msg, size_t cap)
 {
     char par[PATH_MAX];
     parent_of(path, par, sizeof(par));
@@ -118,16 +80,16 @@ static int check_new(const char *path, char *msg, size_t cap)
     if (stat(par, &st) < 0) {
         snprintf(msg, cap, "%s cannot be created: its parent %s: %s", path, par,
                  kvt_strerror(-errno));
-        return -1;
+        return KVT_E_CONFIG;
     }
     if (!S_ISDIR(st.st_mode)) {
         snprintf(msg, cap, "%s cannot be created: its parent %s is not a directory", path, par);
-        return -1;
+        return KVT_E_CONFIG;
     }
     if (access(par, W_OK | X_OK) < 0) {
         snprintf(msg, cap, "%s cannot be created: its parent %s is not writable: %s", path, par,
                  kvt_strerror(-errno));
-        return -1;
+        return KVT_E_CONFIG;
     }
     const char *k = kernel_fs(par);
     if (k) {
@@ -135,79 +97,63 @@ static int check_new(const char *path, char *msg, size_t cap)
                  "%s cannot be created: its parent %s is on the kernel's %s file system, which "
                  "holds no data files; choose a directory on a disk",
                  path, par, k);
-        return -1;
+        return KVT_E_CONFIG;
     }
     return 0;
 }
 
-static int check_common(const struct kvt_l2_spec *s, const char **field, char *msg, size_t cap)
+/* The directory a spec stores into, if any. */
+static int check_dir(const struct kvt_l2_spec *s, const char **field, char *msg, size_t cap)
 {
     bool is_dir = false;
-    const json_t *r = storing(s->resolved);
-    const char *t = json_string_value(json_object_get(r, "type"));
     *field = NULL;
-    if (t && !strcmp(t, "s3"))
-        return kvt_s3_creds_check(json_is_string(json_object_get(r, "aws_access_key_id")), msg,
-                                  cap);
-    const char *backend = json_string_value(json_object_get(r, "backend"));
-    if (t && !strcmp(t, "nixl_store") && backend && !strcmp(backend, "OBJ")) {
-        const json_t *bp = json_object_get(r, "backend_params");
-        return kvt_s3_creds_check(json_is_string(json_object_get(bp, "access_key")), msg, cap);
-    }
-    if (t && !strcmp(t, "nixl_store") && backend && !strcmp(backend, "AZURE_BLOB")) {
-        const json_t *bp = json_object_get(r, "backend_params");
-        return kvt_s3_azure_creds_check(json_is_string(json_object_get(bp, "account_key")) ||
-                                            json_is_string(json_object_get(bp, "sas_token")),
-                                        msg, cap);
-    }
     const char *p = kvt_l2_spec_storage(s, field, &is_dir);
-    if (!p || !p[0])
+    if (!p || !p[0] || !is_dir)
         return 0;
     struct stat st;
     if (stat(p, &st) < 0) {
-        int e = errno;
-        if (e != ENOENT) {
-            snprintf(msg, cap, "%s: %s", p, kvt_strerror(-e));
+        if (errno != ENOENT) {
+            snprintf(msg, cap, "%s: %s", p, kvt_strerror(-errno));
             return KVT_E_CONFIG;
         }
-        if (!strcmp(t, "raw_block") &&
-            json_integer_value(json_object_get(r, "capacity_bytes")) == 0) {
-            snprintf(msg, cap,
-                     "%s does not exist (give a block device or a pre-sized file: fallocate -l "
-                     "SIZE %s, or set capacity_bytes to create one)",
-                     p, p);
-            return KVT_E_CONFIG;
-        }
-        return check_new(p, msg, cap) ? KVT_E_CONFIG : 0;
+        return kvt_l2_check_new(p, msg, cap);
     }
-    if (is_dir) {
-        if (!S_ISDIR(st.st_mode)) {
-            snprintf(msg, cap, "%s is not a directory", p);
-            return KVT_E_CONFIG;
-        }
-        if (access(p, W_OK | X_OK) < 0) {
-            snprintf(msg, cap, "%s is not writable: %s", p, kvt_strerror(-errno));
-            return KVT_E_CONFIG;
-        }
-        const char *k = kernel_fs(p);
-        if (k) {
-            snprintf(msg, cap,
-                     "%s is on the kernel's %s file system, which holds no data files; choose a "
-                     "directory on a disk",
-                     p, k);
-            return KVT_E_CONFIG;
-        }
-        return 0;
-    }
-    bool ok = !strcmp(t, "raw_block") ? S_ISBLK(st.st_mode) || S_ISREG(st.st_mode)
-                                      : S_ISCHR(st.st_mode) || S_ISREG(st.st_mode);
-    if (!ok) {
-        snprintf(msg, cap, "%s is neither a %s nor a regular file", p,
-                 !strcmp(t, "raw_block") ? "block device" : "DAX character device");
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(msg, cap, "%s is not a directory", p);
         return KVT_E_CONFIG;
     }
-    if (access(p, R_OK | W_OK) < 0) {
-        snprintf(msg, cap, "%s cannot be opened for reading and writing: %s", p,
+    if (access(p, W_OK | X_OK) < 0) {
+        snprintf(msg, cap, "%s is not writable: %s", p, kvt_strerror(-errno));
+        return KVT_E_CONFIG;
+    }
+    const char *k = kernel_fs(p);
+    if (k) {
+        snprintf(msg, cap,
+                 "%s is on the kernel's %s file system, which holds no data files; choose a "
+                 "directory on a disk",
+                 p, k);
+        return KVT_E_CONFIG;
+    }
+    return 0;
+}
+
+int kvt_l2_check_device(const char *path, unsigned dev_type, const char *dev_what, char *msg,
+                        size_t cap)
+{
+    struct stat st;
+    if (stat(path, &st) < 0) {
+        if (errno != ENOENT) {
+            snprintf(msg, cap, "%s: %s", path, kvt_strerror(-errno));
+            return KVT_E_CONFIG;
+        }
+        return kvt_l2_check_new(path, msg, cap);
+    }
+    if ((st.st_mode & S_IFMT) != dev_type && !S_ISREG(st.st_mode)) {
+        snprintf(msg, cap, "%s is neither a %s nor a regular file", path, dev_what);
+        return KVT_E_CONFIG;
+    }
+    if (access(path, R_OK | W_OK) < 0) {
+        snprintf(msg, cap, "%s cannot be opened for reading and writing: %s", path,
                  kvt_strerror(-errno));
         return KVT_E_CONFIG;
     }
@@ -216,7 +162,7 @@ static int check_common(const struct kvt_l2_spec *s, const char **field, char *m
 
 int kvt_l2_spec_check(const struct kvt_l2_spec *s, const char **field, char *msg, size_t cap)
 {
-    int rc = check_common(s, field, msg, cap);
+    int rc = check_dir(s, field, msg, cap);
     if (rc || !s->desc || !s->desc->check)
         return rc;
     *field = NULL;

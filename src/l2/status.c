@@ -64,27 +64,27 @@ void kvt_l2_stats(kvt_l2 *l2, struct kvt_l2_stats *out)
 
 #undef LOAD
 
+struct entry_visit {
+    bool (*visit)(const struct kvt_l2_entry *e, void *arg);
+    void *arg;
+};
+
+static bool entry_visit(const struct kvt_l2_obj *o, void *arg)
+{
+    const struct entry_visit *v = arg;
+    struct kvt_l2_entry e = {.key = o->key,
+                             .stored = o->stored,
+                             .len = o->len,
+                             .pins = o->pins,
+                             .ready = st(o) == KVT_OBJ_READY};
+    return v->visit(&e, v->arg);
+}
+
 bool kvt_l2_scan(kvt_l2 *l2, uint32_t *cursor,
                  bool (*visit)(const struct kvt_l2_entry *e, void *arg), void *arg)
 {
-    pthread_mutex_lock(&l2->lock);
-    uint32_t h = *cursor;
-    bool more = true;
-    for (; h < l2->idx.hwm && more; h++) {
-        const struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if (st(o) == KVT_OBJ_FREE)
-            continue;
-        struct kvt_l2_entry e = {.key = o->key,
-                                 .stored = o->stored,
-                                 .len = o->len,
-                                 .pins = o->pins,
-                                 .ready = st(o) == KVT_OBJ_READY};
-        more = visit(&e, arg);
-    }
-    bool end = h >= l2->idx.hwm;
-    pthread_mutex_unlock(&l2->lock);
-    *cursor = h;
-    return end;
+    struct entry_visit v = {visit, arg};
+    return kvt_l2_index_scan(l2, cursor, entry_visit, &v);
 }
 
 void kvt_l2_usage(kvt_l2 *l2, struct kvt_l2_usage *u)

@@ -111,17 +111,6 @@ out:
     return rc;
 }
 
-static int hexval(int ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
 /*
  * Read the master key file. Refused: missing or unreadable, not a regular
  * file, any permission bit for group or others (like ssh's private keys),
@@ -173,14 +162,7 @@ static int load_key(struct kvt_cfg *c, const char *path, uint8_t master[32])
     while (len && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' ' ||
                    buf[len - 1] == '\t'))
         len--;
-    bool hex = len == 64;
-    for (size_t i = 0; hex && i < 32; i++) {
-        int hi = hexval(buf[2 * i]), lo = hexval(buf[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            hex = false;
-        else
-            master[i] = (uint8_t)(hi << 4 | lo);
-    }
+    bool hex = len == 64 && kvt_unhex((const char *)buf, 64, master) == 0;
     if (!hex) {
         OPENSSL_cleanse(master, 32);
         rc = kvt_cfg_fail(c, "master_key_path",

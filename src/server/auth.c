@@ -87,17 +87,6 @@ struct kvt_auth_client *kvt_auth_by_uid(struct kvt_auth *cur, const char *uid)
     return NULL;
 }
 
-static int hexval(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
 /* One tenant of a list (l bytes at p) into a new string: "@none" is the
  * empty salt, %XX a byte. NULL with *why on a malformed one. */
 static char *tenant_decode(const char *p, size_t l, const char **why)
@@ -115,7 +104,7 @@ static char *tenant_decode(const char *p, size_t l, const char **why)
             o[k++] = p[i];
             continue;
         }
-        int h = i + 2 < l ? hexval(p[i + 1]) : -1, g = h >= 0 ? hexval(p[i + 2]) : -1;
+        int h = i + 2 < l ? kvt_hexval(p[i + 1]) : -1, g = h >= 0 ? kvt_hexval(p[i + 2]) : -1;
         if (g < 0 || (h == 0 && g == 0)) {
             *why = "a '%' in a tenant must start a %XX escape (not %00)";
             free(o);

@@ -435,7 +435,7 @@ static int parse_adapters(struct kvt_opt_parse *p, const char *cfg_adapter)
                 "<= %d (got %d): each eviction cycle renews this server's %d ms lease in "
                 "the shared record, and a longer interval lets the lease end while the "
                 "server runs (the others would fold its entry)\n",
-                la, max, c->eviction_interval_ms, KVT_RESP_BUDGET_LEASE_MS);
+                la, max, c->eviction_interval_ms, KVT_L2_BUDGET_LEASE_MS);
             return 2;
         }
     }

@@ -3,7 +3,7 @@
  * request opens it at once; the last error is cleared when S3 answers. */
 #include "test.h"
 
-#include "l2/s3/s3_http.c" /* its statics: breaker_ok, breaker_fail, probe_done */
+#include "l2/s3/s3_breaker.c" /* its statics: breaker_ok, breaker_fail, probe_done */
 
 static struct s3_engine *mk(void)
 {

@@ -693,15 +693,10 @@ static int dax_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts
         snprintf(err, errcap, "cannot start worker threads: %s", kvt_strerror(rc));
         goto fail_base;
     }
-    e->park.parking = true;
-    l2->recovering = true;
-    rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
-    if (rc) {
-        snprintf(err, errcap, "cannot start the scan thread: %s", kvt_strerror(-rc));
-        rc = -rc;
+    rc = kvt_l2_life_start_scan(l2, &e->park, &e->scan_thr, &e->scan_started, scan_main,
+                                "the scan thread", err, errcap);
+    if (rc)
         goto fail_base;
-    }
-    e->scan_started = true;
     kvt_info("%s: %s mapped %llu bytes: %u slots of %llu bytes", l2->name, e->path,
              (unsigned long long)e->map_bytes, e->nslots, (unsigned long long)e->slot_bytes);
     return 0;
@@ -728,6 +723,9 @@ static int dax_check(const struct kvt_l2_spec *spec, const void *opts, const cha
     (void)spec;
     const struct kvt_dax_opts *o = opts;
     *field = "device_path";
+    int rc = kvt_l2_check_device(o->device_path, S_IFCHR, "DAX character device", msg, cap);
+    if (rc)
+        return rc;
     struct stat st;
     uint64_t have = 0;
     char where[4096];
@@ -747,13 +745,7 @@ static int dax_check(const struct kvt_l2_spec *spec, const void *opts, const cha
             return 0;
         have = (uint64_t)st.st_blocks * 512;
     } else {
-        char *sl = strrchr(where, '/');
-        if (!sl)
-            snprintf(where, sizeof(where), ".");
-        else if (sl == where)
-            where[1] = 0;
-        else
-            *sl = 0;
+        kvt_path_cut_parent(where, sizeof(where));
     }
     struct statvfs sv;
     uint64_t need = o->size_bytes > have ? o->size_bytes - have : 0;
@@ -769,10 +761,19 @@ static int dax_check(const struct kvt_l2_spec *spec, const void *opts, const cha
     return 0;
 }
 
+static const char *dax_storage(const void *opts, const char **field, bool *is_dir)
+{
+    const struct kvt_dax_opts *o = opts;
+    *field = "device_path";
+    *is_dir = false;
+    return o->device_path;
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_dax_desc = {
     .name = "dax",
     .opts_size = sizeof(struct kvt_dax_opts),
     .parse = dax_parse,
     .open = dax_open,
     .check = dax_check,
+    .storage = dax_storage,
 };

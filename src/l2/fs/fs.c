@@ -438,18 +438,12 @@ static int fs_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 
 /* ------------------------------------------------------ recovery scan */
 
-/* Remove the tmp files in dfd that the tmp guard allows (l2/kit/tmpguard.h):
- * a live writer's (by (pid, start time) or its file lock) never, a dead
- * writer's yes, one without a marker after 15 minutes, undecidable never;
- * our own only when closing (nothing in flight). */
+/* Remove the tmp file nm in dfd when the tmp guard allows it
+ * (kvt_tmpguard_sweep: our own only when closing). */
 static void sweep_one(struct fs_engine *e, struct kvt_tmpguard *g, int dfd, const char *nm,
                       bool closing)
 {
-    struct stat st;
-    if (fstatat(dfd, nm, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
-        return;
-    enum kvt_tmp_verdict v = kvt_tmpguard_classify(g, dfd, nm, &st, NULL);
-    if ((v == KVT_TMP_OURS ? closing : kvt_tmp_removable(v)) && unlinkat(dfd, nm, 0) == 0)
+    if (kvt_tmpguard_sweep(g, dfd, nm, closing, NULL) == KVT_SWEEP_REMOVED)
         atomic_fetch_add(&e->tmp_removed, 1);
 }
 
@@ -610,21 +604,6 @@ static const struct kvt_l2_ops fs_ops = {
 
 /* ---------------------------------------------------------- creation */
 
-static int open_dir(const char *path, int *out, char *err, size_t errcap, const char *what)
-{
-    if (mkdir(path, 0755) < 0 && errno != EEXIST) {
-        snprintf(err, errcap, "cannot create %s %s: %s", what, path, kvt_strerror(-errno));
-        return -errno;
-    }
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errcap, "cannot open %s %s: %s", what, path, kvt_strerror(-errno));
-        return -errno;
-    }
-    *out = fd;
-    return 0;
-}
-
 struct kvt_fs_opts {
     const char *base_path;
     const char *relative_tmp_dir;
@@ -706,35 +685,14 @@ static int fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     e->pid = getpid();
     e->starttime = kvt_proc_starttime(e->pid);
     l2->engine = e;
-    rc = open_dir(e->base, &e->dirfd, err, errcap, "base_path");
+    rc = kvt_fileobj_dir_take(l2, spec, e->base, "base_path", e->shared, e->durable, &e->dirfd,
+                              &e->lockfd, err, errcap);
     if (rc)
         goto fail;
-    if (access(e->base, W_OK) < 0) {
-        snprintf(err, errcap, "base_path %s is not writable: %s", e->base, kvt_strerror(-errno));
-        rc = -errno;
-        goto fail;
-    }
-    /* one owner: before anything in the directory is read or changed */
-    rc = kvt_dirlock_take(e->dirfd, e->base, "base_path", e->shared, NULL, err, errcap);
-    if (rc == -ENOLCK) {
-        kvt_warn("%s: %s", l2->name, err);
-        err[0] = 0;
-    } else if (rc < 0) {
-        goto fail;
-    } else {
-        e->lockfd = rc;
-    }
-    rc = 0;
-    /* "shared_budget": the record in the directory, before the scan walks it */
-    if (spec->shared_budget &&
-        (rc = kvt_budget_file_attach(l2, e->dirfd, e->base, e->durable, err, errcap)))
-        goto fail;
-    if (e->shared && !spec->shared_budget)
-        kvt_budget_file_warn_outside(l2, e->dirfd, e->base);
     if (e->tmp_rel[0]) {
         char tp[PATH_MAX];
         snprintf(tp, sizeof(tp), "%s/%s", e->base, e->tmp_rel);
-        rc = open_dir(tp, &e->tmpfd, err, errcap, "relative_tmp_dir");
+        rc = kvt_fileobj_dir_open(tp, "relative_tmp_dir", &e->tmpfd, err, errcap);
         if (rc)
             goto fail;
     } else {
@@ -746,15 +704,10 @@ static int fs_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
         snprintf(err, errcap, "cannot start I/O threads: %s", kvt_strerror(rc));
         goto fail;
     }
-    e->park.parking = true;
-    l2->recovering = true;
-    rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
-    if (rc) {
-        snprintf(err, errcap, "cannot start scan thread: %s", kvt_strerror(-rc));
-        rc = -rc;
+    rc = kvt_l2_life_start_scan(l2, &e->park, &e->scan_thr, &e->scan_started, scan_main,
+                                "scan thread", err, errcap);
+    if (rc)
         goto fail;
-    }
-    e->scan_started = true;
     return 0;
 fail:
     if (e->pool)
@@ -773,11 +726,29 @@ fail:
     return rc ? rc : KVT_E_CONFIG;
 }
 
+static const char *fs_storage(const void *opts, const char **field, bool *is_dir)
+{
+    const struct kvt_fs_opts *o = opts;
+    *field = "base_path";
+    *is_dir = true;
+    return o->base_path;
+}
+
+/* the record is a locked file in the directory (l2/kit/budget_file.h) */
+static int fs_shared_budget(struct kvt_cfg *c, const void *opts)
+{
+    const struct kvt_fs_opts *o = opts;
+    return kvt_l2_budget_needs_shared(c, o->shared);
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_fs_desc = {
     .name = "fs",
     .opts_size = sizeof(struct kvt_fs_opts),
     .parse = fs_parse_plain,
     .open = fs_open,
+    .storage = fs_storage,
+    .shared_budget = fs_shared_budget,
+    .shared_budget_needs = "with \"shared\": true",
 };
 
 /* fs_native: O_DIRECT on a misaligned buffer is an error */
@@ -786,4 +757,7 @@ const struct kvt_l2_adapter_desc kvt_l2_fs_native_desc = {
     .opts_size = sizeof(struct kvt_fs_opts),
     .parse = fs_parse_native,
     .open = fs_open,
+    .storage = fs_storage,
+    .shared_budget = fs_shared_budget,
+    .shared_budget_needs = "with \"shared\": true",
 };

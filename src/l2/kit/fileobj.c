@@ -6,6 +6,9 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "kvtier/error.h"
+#include "l2/adapters.h"
+#include "l2/kit/budget_file.h"
+#include "l2/kit/dirlock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -229,19 +232,73 @@ void kvt_fileobj_set_hdr_len(kvt_l2 *l2, const kvt_key *ck, uint16_t hl, uint64_
     kvt_l2_budget_shrunk(l2, shrunk); /* a shared budget gets them back */
 }
 
+struct remove_all {
+    kvt_l2 *l2;
+    uint64_t n;
+};
+
+static bool remove_visit(const struct kvt_l2_obj *o, void *arg)
+{
+    struct remove_all *ra = arg;
+    if (ra->l2->ops->remove(ra->l2, o) == 0)
+        ra->n++;
+    return true;
+}
+
 void kvt_fileobj_remove_indexed(kvt_l2 *l2)
 {
-    uint64_t n = 0;
-    pthread_mutex_lock(&l2->lock);
-    for (uint32_t h = 0; h < l2->idx.hwm; h++) {
-        const struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if (kvt_l2_obj_state(o) == KVT_OBJ_FREE)
-            continue;
-        if (l2->ops->remove(l2, o) == 0)
-            n++;
-    }
-    pthread_mutex_unlock(&l2->lock);
+    struct remove_all ra = {l2, 0};
+    uint32_t cursor = 0;
+    kvt_l2_index_scan(l2, &cursor, remove_visit, &ra); /* one lock hold: the whole index */
+    uint64_t n = ra.n;
     kvt_info("%s: persist_enabled is false: removed %llu files", l2->name, (unsigned long long)n);
+}
+
+int kvt_fileobj_dir_open(const char *path, const char *what, int *out, char *err, size_t errcap)
+{
+    if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+        int rc = -errno;
+        snprintf(err, errcap, "cannot create %s %s: %s", what, path, kvt_strerror(rc));
+        return rc;
+    }
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        int rc = -errno;
+        snprintf(err, errcap, "cannot open %s %s: %s", what, path, kvt_strerror(rc));
+        return rc;
+    }
+    *out = fd;
+    return 0;
+}
+
+int kvt_fileobj_dir_take(kvt_l2 *l2, const struct kvt_l2_spec *spec, const char *path,
+                         const char *what, bool shared, bool durable, int *dirfd, int *lockfd,
+                         char *err, size_t errcap)
+{
+    int rc = kvt_fileobj_dir_open(path, what, dirfd, err, errcap);
+    if (rc)
+        return rc;
+    if (access(path, W_OK) < 0) {
+        rc = -errno;
+        snprintf(err, errcap, "%s %s is not writable: %s", what, path, kvt_strerror(rc));
+        return rc;
+    }
+    /* one owner: before anything in the directory is read or changed */
+    rc = kvt_dirlock_take(*dirfd, path, what, shared, NULL, err, errcap);
+    if (rc == -ENOLCK) {
+        kvt_warn("%s: %s", l2->name, err);
+        err[0] = 0;
+    } else if (rc < 0) {
+        return rc;
+    } else {
+        *lockfd = rc;
+    }
+    /* "shared_budget": the record in the directory, before the scan walks it */
+    if (spec->shared_budget)
+        return kvt_budget_file_attach(l2, *dirfd, path, durable, err, errcap);
+    if (shared)
+        kvt_budget_file_warn_outside(l2, *dirfd, path);
+    return 0;
 }
 
 /* ------------------------------------------------------------ O_DIRECT */

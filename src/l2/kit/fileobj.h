@@ -89,6 +89,20 @@ void kvt_fileobj_set_hdr_len(kvt_l2 *l2, const kvt_key *ck, uint16_t hl, uint64_
  * held), and log how many files went. */
 void kvt_fileobj_remove_indexed(kvt_l2 *l2);
 
+/* Create directory path (one level) if missing and open it into *out.
+ * what: its config key, for messages. 0 or -errno with the message. */
+int kvt_fileobj_dir_open(const char *path, const char *what, int *out, char *err, size_t errcap);
+/* A directory engine's object directory, at open: kvt_fileobj_dir_open
+ * into *dirfd, writable, its owner lock taken (l2/kit/dirlock.h: shared
+ * with other servers that set "shared", else exclusive; a file system
+ * without locks is a warning) into *lockfd, and with "shared_budget" the
+ * record in it attached (l2/kit/budget_file.h), or a warning when a
+ * shared directory has a record this server does not use. The caller's
+ * failure path closes *dirfd and *lockfd. 0 or an error with the message. */
+int kvt_fileobj_dir_take(kvt_l2 *l2, const struct kvt_l2_spec *spec, const char *path,
+                         const char *what, bool shared, bool durable, int *dirfd, int *lockfd,
+                         char *err, size_t errcap);
+
 /* O_DIRECT for one engine: what was asked, the file system's block size
  * and what the file system said. The seed's rules: a length that is not a
  * multiple of the block size, or a buffer not aligned to it, is buffered

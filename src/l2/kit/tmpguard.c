@@ -223,6 +223,22 @@ out:
     return v;
 }
 
+enum kvt_tmp_sweep kvt_tmpguard_sweep(struct kvt_tmpguard *g, int dfd, const char *name,
+                                      bool closing, uint64_t *size)
+{
+    struct stat st;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+        return KVT_SWEEP_NONE;
+    enum kvt_tmp_verdict v = kvt_tmpguard_classify(g, dfd, name, &st, NULL);
+    if (v == KVT_TMP_OURS ? closing : kvt_tmp_removable(v))
+        return unlinkat(dfd, name, 0) == 0 ? KVT_SWEEP_REMOVED : KVT_SWEEP_NONE;
+    if (v == KVT_TMP_OURS)
+        return KVT_SWEEP_NONE;
+    if (size)
+        *size = (uint64_t)st.st_size;
+    return KVT_SWEEP_KEPT;
+}
+
 int kvt_tmpguard_sweep_markers(struct kvt_tmpguard *g, uint64_t *swept, uint64_t *kept)
 {
     uint64_t s = 0, k = 0;

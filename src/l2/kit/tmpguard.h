@@ -86,6 +86,20 @@ bool kvt_tmpguard_is_tmp(const char *name);
 enum kvt_tmp_verdict kvt_tmpguard_classify(struct kvt_tmpguard *g, int dfd, const char *name,
                                            const struct stat *st, const char **why);
 
+/* What a sweep did with one tmp file (kvt_tmpguard_sweep). */
+enum kvt_tmp_sweep {
+    KVT_SWEEP_NONE = 0, /* not a regular file, ours while running, or the unlink failed */
+    KVT_SWEEP_REMOVED,  /* removed */
+    KVT_SWEEP_KEPT,     /* another writer's, kept by the rules */
+};
+/* A sweep's step for the tmp file `name` in dfd (the adapters' start-up
+ * scans and close): removed when the rules allow it (a dead writer's, one
+ * without a marker after 15 minutes, never a live or undecidable one's),
+ * our own only when closing (nothing is in flight then). *size (may be
+ * NULL) gets a kept file's size. */
+enum kvt_tmp_sweep kvt_tmpguard_sweep(struct kvt_tmpguard *g, int dfd, const char *name,
+                                      bool closing, uint64_t *size);
+
 /* Remove registry markers of writers that are gone and whose marker is
  * older than an hour. Counts go to *swept and *kept (either may be NULL).
  * Returns 0 or -errno (no registry: 0). */

@@ -563,24 +563,24 @@ static int nd_remove(kvt_l2 *l2, const struct kvt_l2_obj *o)
 
 /* ------------------------------------------------------ recovery scan */
 
-/* May the scan remove this tmp file? The tmp guard's rules (live writer by
- * (pid, start time) or file lock: never; dead writer: yes; no marker: only
- * after 15 minutes; undecidable: never). Our own tmp files only at close,
- * when nothing is in flight. Kept files are counted for status. */
-static bool tmp_removable(struct nd_engine *e, struct kvt_tmpguard *g, int dfd, const char *name,
-                          bool closing)
+/* Remove the tmp file name in dfd when the tmp guard allows it
+ * (kvt_tmpguard_sweep: our own only when closing); another writer's kept
+ * files are counted for status. */
+static void sweep_one(struct nd_engine *e, struct kvt_tmpguard *g, int dfd, const char *name,
+                      bool closing)
 {
-    struct stat st;
-    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
-        return false;
-    enum kvt_tmp_verdict v = kvt_tmpguard_classify(g, dfd, name, &st, NULL);
-    if (v == KVT_TMP_OURS ? closing : kvt_tmp_removable(v))
-        return true;
-    if (v != KVT_TMP_OURS) {
+    uint64_t size = 0;
+    switch (kvt_tmpguard_sweep(g, dfd, name, closing, &size)) {
+    case KVT_SWEEP_REMOVED:
+        atomic_fetch_add(&e->tmp_removed, 1);
+        break;
+    case KVT_SWEEP_KEPT:
         atomic_fetch_add(&e->tmp_kept, 1);
-        atomic_fetch_add(&e->tmp_kept_bytes, (uint64_t)st.st_size);
+        atomic_fetch_add(&e->tmp_kept_bytes, size);
+        break;
+    case KVT_SWEEP_NONE:
+        break;
     }
-    return false;
 }
 
 static bool is_hex2(const char *s)
@@ -609,8 +609,7 @@ static void scan_dir(kvt_l2 *l2, struct nd_engine *e, struct kvt_tmpguard *g, in
         if (nm[0] == '.')
             continue;
         if (strstr(nm, ".tmp.")) {
-            if (tmp_removable(e, g, dfd, nm, closing) && unlinkat(dfd, nm, 0) == 0)
-                atomic_fetch_add(&e->tmp_removed, 1);
+            sweep_one(e, g, dfd, nm, closing);
             continue;
         }
         if (depth < 2 && is_hex2(nm)) {
@@ -793,109 +792,6 @@ static const struct kvt_l2_ops nd_ops = {
     .close = nd_close,
 };
 
-/* ------------------------------------------------------ configuration */
-
-static const char *const backends[] = {"POSIX", "GDS",        "GDS_MT", "HF3FS",
-                                       "OBJ",   "AZURE_BLOB", NULL};
-
-/* Refuse what this build cannot serve, with what to use instead. */
-static int refuse_backend(struct kvt_cfg *c, const char *b)
-{
-    char msg[512];
-    if (strcmp(b, "GDS") == 0 || strcmp(b, "GDS_MT") == 0)
-        snprintf(msg, sizeof(msg),
-                 "\"backend\" %s needs NVIDIA GPUDirect Storage (cuFile) and a GPU, which this "
-                 "build does not have; use \"backend\": \"POSIX\" with the same backend_params "
-                 "(\"use_direct_io\": \"true\" gives direct I/O to the same NVMe)",
-                 b);
-    else /* OBJ or AZURE_BLOB in nixl_store_dynamic (nixl_store serves them) */
-        snprintf(msg, sizeof(msg),
-                 "\"backend\" %s is an object store: nixl_store_dynamic serves file backends "
-                 "only (POSIX, HF3FS); for object storage use nixl_store with this backend, or "
-                 "the s3 adapter ({\"type\": \"s3\", \"s3_endpoint\": ..., \"s3_region\": ...})",
-                 b);
-    snprintf(c->err, c->errcap, "--l2-adapter #%d (%s): %s", c->index, c->type, msg);
-    c->rc = KVT_E_UNSUPPORTED;
-    return c->rc;
-}
-
-int kvt_nixl_parse(struct kvt_cfg *c, struct kvt_nixl_opts *o, bool dynamic)
-{
-    memset(o, 0, sizeof(*o));
-    if (kvt_cfg_enum(c, "backend", true, NULL, backends, false, &o->backend))
-        return c->rc;
-    if (!dynamic && strcmp(o->backend, "OBJ") == 0)
-        return kvt_s3_parse_nixl_obj(c, &o->obj); /* NIXL's OBJ plugin is S3 */
-    if (!dynamic && strcmp(o->backend, "AZURE_BLOB") == 0)
-        return kvt_s3_parse_nixl_azure(c, &o->obj); /* the s3 engine, Azure's dialect */
-    if (strcmp(o->backend, "POSIX") != 0 && strcmp(o->backend, "HF3FS") != 0)
-        return refuse_backend(c, o->backend);
-    struct kvt_cfg bp;
-    if (kvt_cfg_sub(c, "backend_params", true, &bp)) {
-        kvt_cfg_free(&bp);
-        return c->rc;
-    }
-    kvt_cfg_str(&bp, "file_path", true, NULL, &o->file_path);
-    kvt_cfg_bool(&bp, "use_direct_io", false, &o->use_direct_io);
-    if (dynamic) {
-        double cap = 0;
-        kvt_cfg_num(&bp, "max_capacity_gb", true, 0, 0, 1e9, &cap);
-        if (!bp.rc && cap <= 0)
-            kvt_cfg_fail(&bp, "max_capacity_gb",
-                         "must be > 0: nixl_store_dynamic refuses stores beyond it (got %g)", cap);
-        o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
-        kvt_cfg_bool(&bp, "shard_dirs", false, &o->shard_dirs);
-    } else {
-        int64_t page = 4096, fsz = 0;
-        kvt_cfg_int(&bp, "page_size", false, 4096, 512, 32768, &page);
-        if (!bp.rc && (page & (page - 1)))
-            kvt_cfg_fail(&bp, "page_size", "must be a power of two (got %lld)", (long long)page);
-        o->page_size = (uint32_t)page;
-        /* 16 MiB: the seed's pool_size 64 is 1 GiB (docs/persistent-adapters.md) */
-        kvt_cfg_int(&bp, "file_size", false, 16ll << 20, 1, 1ll << 40, &fsz);
-        if (!bp.rc && fsz % page)
-            kvt_cfg_fail(&bp, "file_size", "must be a multiple of page_size %lld (got %lld)",
-                         (long long)page, (long long)fsz);
-        o->file_size = (uint64_t)fsz;
-    }
-    if (!bp.rc && o->file_path && !o->file_path[0])
-        kvt_cfg_fail(&bp, "file_path", "must not be empty");
-    if (!bp.rc)
-        kvt_cfg_finish(&bp);
-    kvt_cfg_sub_done(c, "backend_params", &bp);
-    if (c->rc)
-        return c->rc;
-    if (!dynamic) {
-        int64_t ps = 0;
-        kvt_cfg_int(c, "pool_size", true, 0, 1, 1 << 24, &ps);
-        o->pool_size = (uint32_t)ps;
-        uint64_t ppf = o->file_size / o->page_size;
-        if (!c->rc && (ppf < 2 || ppf * o->pool_size > UINT32_MAX - 1))
-            return kvt_cfg_fail(c, ppf < 2 ? "backend_params.file_size" : "pool_size",
-                                "gives a pool of %u files x %llu pages of %u bytes: each file "
-                                "needs at least 2 pages, the pool at most 2^32 pages",
-                                o->pool_size, (unsigned long long)ppf, o->page_size);
-        /* the pool's index is volatile whatever persist_enabled says, and
-         * its files are preallocated in full: --dry-run shows both */
-        json_object_set_new(c->resolved, "persist_enabled", json_false());
-        json_object_set_new(c->resolved, "preallocated_bytes",
-                            json_integer((json_int_t)(o->pool_size * o->file_size)));
-    }
-    static const char *const engines[] = {"posix", "io_uring", NULL};
-    const char *eng = "posix";
-    kvt_cfg_enum(c, "io_engine", false, "posix", engines, false, &eng);
-    o->io_engine = kvt_ioeng_kind_parse(eng);
-    int64_t qd = 64, nw = 4;
-    kvt_cfg_int(c, "iouring_queue_depth", false, 64, 1, 4096, &qd);
-    kvt_cfg_int(c, "num_workers", false, 4, 1, 1024, &nw);
-    o->queue_depth = (int)qd;
-    o->num_workers = (int)nw;
-    kvt_cfg_bool(c, "durable", false, &o->durable);
-    if (dynamic)
-        kvt_cfg_bool(c, "shared", false, &o->shared);
-    return c->rc;
-}
-
 /* ---------------------------------------------------------- creation */
 
 static int nd_parse(struct kvt_cfg *c, void *o)
@@ -928,40 +824,11 @@ static int nd_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     e->pid = getpid();
     e->starttime = kvt_proc_starttime(e->pid);
     l2->engine = e;
-    if (mkdir(e->base, 0755) < 0 && errno != EEXIST) {
-        rc = -errno;
-        snprintf(err, errcap, "cannot create file_path %s: %s", e->base, kvt_strerror(-errno));
-        goto fail;
-    }
-    e->dirfd = open(e->base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (e->dirfd < 0) {
-        rc = -errno;
-        snprintf(err, errcap, "cannot open file_path %s: %s", e->base, kvt_strerror(-errno));
-        goto fail;
-    }
-    if (access(e->base, W_OK) < 0) {
-        rc = -errno;
-        snprintf(err, errcap, "file_path %s is not writable: %s", e->base, kvt_strerror(-errno));
-        goto fail;
-    }
-    /* one owner: before the scan reads or removes anything */
-    rc = kvt_dirlock_take(e->dirfd, e->base, "file_path", o->shared, NULL, err, errcap);
-    if (rc == -ENOLCK) {
-        kvt_warn("%s: %s", l2->name, err);
-        err[0] = 0;
-    } else if (rc < 0) {
-        goto fail;
-    } else {
-        e->lockfd = rc;
-    }
-    rc = 0;
     e->shared = o->shared;
-    /* "shared_budget": the record in the directory, before the scan walks it */
-    if (spec->shared_budget &&
-        (rc = kvt_budget_file_attach(l2, e->dirfd, e->base, e->durable, err, errcap)))
+    rc = kvt_fileobj_dir_take(l2, spec, e->base, "file_path", e->shared, e->durable, &e->dirfd,
+                              &e->lockfd, err, errcap);
+    if (rc)
         goto fail;
-    if (e->shared && !spec->shared_budget)
-        kvt_budget_file_warn_outside(l2, e->dirfd, e->base);
     kvt_odirect_init(&e->od, o->use_direct_io, e->dirfd, ND_HDR_MAX, e->base);
     char nm[16];
     snprintf(nm, sizeof(nm), "nixlio%d", spec->index);
@@ -975,15 +842,10 @@ static int nd_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
         snprintf(err, errcap, "cannot start worker threads: %s", kvt_strerror(rc));
         goto fail;
     }
-    e->park.parking = true;
-    l2->recovering = true;
-    rc = pthread_create(&e->scan_thr, NULL, scan_main, l2);
-    if (rc) {
-        snprintf(err, errcap, "cannot start the scan thread: %s", kvt_strerror(-rc));
-        rc = -rc;
+    rc = kvt_l2_life_start_scan(l2, &e->park, &e->scan_thr, &e->scan_started, scan_main,
+                                "the scan thread", err, errcap);
+    if (rc)
         goto fail;
-    }
-    e->scan_started = true;
     return 0;
 fail:
     if (e->meta)
@@ -995,9 +857,19 @@ fail:
     return rc ? rc : KVT_E_CONFIG;
 }
 
+/* the record is a locked file in the directory (l2/kit/budget_file.h) */
+static int nd_shared_budget(struct kvt_cfg *c, const void *opts)
+{
+    const struct kvt_nixl_opts *o = opts;
+    return kvt_l2_budget_needs_shared(c, o->shared);
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_nixl_dynamic_desc = {
     .name = "nixl_store_dynamic",
     .opts_size = sizeof(struct kvt_nixl_opts),
     .parse = nd_parse,
     .open = nd_open,
+    .storage = kvt_nixl_storage,
+    .shared_budget = nd_shared_budget,
+    .shared_budget_needs = "with \"shared\": true",
 };

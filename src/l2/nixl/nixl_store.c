@@ -43,6 +43,7 @@
 #include "l2/life.h"
 #include "l2/kit/objfmt.h"
 #include "l2/nixl/nixl.h"
+#include "l2/s3/s3_nixl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -55,51 +56,6 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
-
-struct ns_ext {
-    uint32_t page; /* global page number */
-    uint32_t n;    /* pages */
-};
-
-struct ns_rec {
-    struct ns_ext *ext;
-    uint32_t nexts;
-    uint32_t plen;      /* payload bytes stored */
-    uint32_t next_free; /* free-list link when unused */
-};
-
-struct ns_stack {
-    uint32_t *v; /* starting pages of free extents of this length */
-    uint32_t n, cap;
-};
-
-struct ns_engine {
-    char *base;
-    int dirfd;
-    bool made_dir;              /* this start created base: removed with the pool */
-    bool locked;                /* pool file 0 is flocked: the pool files are ours */
-    uint32_t nfiles, ppf, page; /* files, pages per file, page size */
-    uint32_t pages;             /* total */
-    int *fd;                    /* buffered */
-    int *dfd;                   /* O_DIRECT, or -1 */
-    struct kvt_odirect od;
-    _Atomic bool warned_dry;
-    struct kvt_ioeng *io;
-    struct kvt_tpool *work;
-    int nworkers;
-
-    pthread_mutex_t lock; /* guards everything below */
-    struct ns_stack *cls; /* cls[len]: free extents of len pages, 1..ppf */
-    uint64_t *cls_bm;     /* non-empty classes */
-    uint32_t bump;        /* first never-used page */
-    uint32_t free_pages;
-    uint32_t free_extents;
-    struct ns_rec *recs;
-    uint32_t nrecs, cap_recs, rec_free;
-    uint64_t dry_batches, scattered;
-
-    struct kvt_l2_drain drain; /* tasks in flight */
-};
 
 /* ---------------------------------------------------- page allocator */
 
@@ -687,32 +643,13 @@ static void engine_free(struct ns_engine *e)
     free(e);
 }
 
-/*
- * Remove the pool: it holds nothing a restart could use (the index is
- * volatile), so no space stays taken once the server is gone. Files go in
- * reverse order and file 0, whose lock says the pool is ours, last, while
- * it is still locked: a server that starts meanwhile either fails on that
- * lock or creates a new file 0 after every other file of this pool is gone.
- * The directory goes too when this start created it and it is empty.
- */
-static void pool_remove(struct ns_engine *e, uint32_t nfiles)
-{
-    for (uint32_t i = nfiles; e->locked && e->dirfd >= 0 && i-- > 0;) {
-        char nm[64];
-        snprintf(nm, sizeof(nm), "nixl_pool_%u.bin", i);
-        unlinkat(e->dirfd, nm, 0);
-    }
-    if (e->made_dir)
-        rmdir(e->base);
-}
-
 static void ns_close(kvt_l2 *l2)
 {
     struct ns_engine *e = l2->engine;
     /* no engine thread and no parking: the drain, then the pool */
     kvt_l2_life_stop(l2, &(struct kvt_l2_life){.drain = &e->drain, .pools = {e->work}});
     kvt_ioeng_destroy(e->io);
-    pool_remove(e, e->nfiles);
+    kvt_nixl_pool_remove(e, e->nfiles);
     engine_free(e);
     l2->engine = NULL;
 }
@@ -723,122 +660,6 @@ static const struct kvt_l2_ops ns_ops = {
     .status = ns_status,
     .close = ns_close,
 };
-
-/* Open (create) one pool file, preallocated to its full size (one left by
- * a server that died is reused). */
-static int open_pool_file(kvt_l2 *l2, struct ns_engine *e, uint32_t i, uint64_t size, char *err,
-                          size_t errcap)
-{
-    char nm[64];
-    snprintf(nm, sizeof(nm), "nixl_pool_%u.bin", i);
-    int fd = e->fd[i] >= 0 ? e->fd[i] : openat(e->dirfd, nm, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        snprintf(err, errcap, "cannot open %s/%s: %s", e->base, nm, kvt_strerror(-errno));
-        return -errno;
-    }
-    e->fd[i] = fd;
-    if (ftruncate(fd, (off_t)size) < 0) {
-        snprintf(err, errcap, "cannot size %s/%s to %llu bytes: %s", e->base, nm,
-                 (unsigned long long)size, kvt_strerror(-errno));
-        return -errno;
-    }
-    int rc = posix_fallocate(fd, 0, (off_t)size);
-    if (rc && rc != EOPNOTSUPP && rc != EINVAL) {
-        snprintf(err, errcap, "cannot preallocate %s/%s (%llu bytes): %s", e->base, nm,
-                 (unsigned long long)size, kvt_strerror(-rc));
-        return -rc;
-    }
-    bool direct = e->od.on && !atomic_load(&e->od.refused);
-    if (direct) {
-        /* refused by the file system (EINVAL): od says so, transfers buffered */
-        int dfd = kvt_odirect_openat(l2, &e->od, e->dirfd, nm, O_RDWR, &direct);
-        if (dfd < 0) {
-            snprintf(err, errcap, "cannot open %s/%s with O_DIRECT: %s", e->base, nm,
-                     kvt_strerror(dfd));
-            return dfd;
-        }
-        if (direct)
-            e->dfd[i] = dfd;
-        else
-            close(dfd);
-    }
-    return 0;
-}
-
-/* Take the pool: file 0, locked (one pool per directory). */
-static int lock_pool(struct ns_engine *e, char *err, size_t errcap)
-{
-    int fd = openat(e->dirfd, "nixl_pool_0.bin", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        snprintf(err, errcap, "cannot open %s/nixl_pool_0.bin: %s", e->base, kvt_strerror(-errno));
-        return -errno;
-    }
-    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-        close(fd);
-        snprintf(err, errcap,
-                 "%s/nixl_pool_0.bin is in use by another process: one nixl_store pool per "
-                 "directory",
-                 e->base);
-        return -EBUSY;
-    }
-    e->fd[0] = fd;
-    e->locked = true;
-    return 0;
-}
-
-/* Bytes the pool still has to allocate in dirfd (pool files a server that
- * died left are reused: their allocated blocks count), and bytes free. */
-static void pool_space(int dirfd, uint32_t nfiles, uint64_t file_size, uint64_t *need,
-                       uint64_t *avail)
-{
-    *need = 0;
-    for (uint32_t i = 0; i < nfiles; i++) {
-        char nm[64];
-        snprintf(nm, sizeof(nm), "nixl_pool_%u.bin", i);
-        struct stat st;
-        uint64_t have = 0;
-        if (dirfd >= 0 && fstatat(dirfd, nm, &st, 0) == 0 && S_ISREG(st.st_mode))
-            have = KVT_MIN((uint64_t)st.st_blocks * 512, file_size);
-        *need += file_size - have;
-    }
-    struct statvfs sv;
-    *avail =
-        dirfd >= 0 && fstatvfs(dirfd, &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : UINT64_MAX;
-}
-
-/* The shortfall message: 0, or -ENOSPC with what to change. */
-static int space_check(const char *base, const struct kvt_nixl_opts *o, uint64_t need,
-                       uint64_t avail, char *err, size_t errcap)
-{
-    if (need <= avail)
-        return 0;
-    uint64_t total = (uint64_t)o->pool_size * o->file_size;
-    snprintf(err, errcap,
-             "the pool needs %.2f GiB under %s (pool_size %u x file_size %.2f MiB%s) but %.2f "
-             "GiB are free: lower pool_size or backend_params.file_size, or free space",
-             (double)total / KVT_GIB, base, o->pool_size, (double)o->file_size / (1 << 20),
-             need < total ? ", some of it already allocated" : "", (double)avail / KVT_GIB);
-    return -ENOSPC;
-}
-
-/* Pool files beyond pool_size, left by a larger pool: removed. */
-static void remove_stale(struct ns_engine *e)
-{
-    DIR *d = fdopendir(dup(e->dirfd));
-    if (!d)
-        return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        const char *p = de->d_name;
-        if (strncmp(p, "nixl_pool_", 10) != 0 || p[10] < '0' || p[10] > '9')
-            continue;
-        char *end;
-        unsigned long i = strtoul(p + 10, &end, 10);
-        if (strcmp(end, ".bin") == 0 && i >= e->nfiles)
-            unlinkat(e->dirfd, p, 0);
-    }
-    closedir(d);
-}
 
 static int ns_parse(struct kvt_cfg *c, void *o)
 {
@@ -901,23 +722,23 @@ static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
                  e->page, e->od.blksz);
         e->od.on = false;
     }
-    rc = lock_pool(e, err, errcap);
+    rc = kvt_nixl_pool_lock(e, err, errcap);
     if (rc)
         goto fail;
     /* the space first: a pool that cannot be allocated in full is not
      * begun (a start that fails removes what it allocated) */
     uint64_t need, avail;
-    pool_space(e->dirfd, e->nfiles, o->file_size, &need, &avail);
-    rc = space_check(e->base, o, need, avail, err, errcap);
+    kvt_nixl_pool_space(e->dirfd, e->nfiles, o->file_size, &need, &avail);
+    rc = kvt_nixl_pool_space_check(e->base, o, need, avail, err, errcap);
     if (rc)
         goto fail;
-    remove_stale(e);
+    kvt_nixl_pool_remove_stale(e);
     kvt_info("%s: preallocating %.2f GiB under %s (pool_size %u x file_size %.2f MiB; removed "
              "at stop)",
              l2->name, (double)o->pool_size * (double)o->file_size / KVT_GIB, e->base, o->pool_size,
              (double)o->file_size / (1 << 20));
     for (uint32_t i = 0; i < e->nfiles; i++) {
-        rc = open_pool_file(l2, e, i, o->file_size, err, errcap);
+        rc = kvt_nixl_pool_open_file(l2, e, i, o->file_size, err, errcap);
         if (rc)
             goto fail;
     }
@@ -938,67 +759,11 @@ static int ns_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opts,
     return 0;
 fail:
     kvt_ioeng_destroy(e->io);
-    pool_remove(e, e->nfiles); /* no partial pool stays behind */
+    kvt_nixl_pool_remove(e, e->nfiles); /* no partial pool stays behind */
     engine_free(e);
     l2->engine = NULL;
     kvt_l2_base_destroy(l2);
     return rc ? rc : KVT_E_CONFIG;
-}
-
-/*
- * --dry-run and the start's config check: the pool's lock, and the space
- * it needs in file_path (or in the parent open would create it in). The
- * object backends (OBJ, AZURE_BLOB) have nothing here.
- */
-static int ns_check(const struct kvt_l2_spec *spec, const void *opts, const char **field, char *msg,
-                    size_t cap)
-{
-    (void)spec;
-    const struct kvt_nixl_opts *o = opts;
-    if (o->obj)
-        return 0;
-    *field = "backend_params.file_path";
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s", o->file_path);
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) { /* created at open: its parent holds the pool */
-        char *sl = strrchr(dir, '/');
-        if (!sl)
-            snprintf(dir, sizeof(dir), ".");
-        else if (sl == dir)
-            dir[1] = 0;
-        else
-            *sl = 0;
-        dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    } else {
-        int fd = openat(dfd, "nixl_pool_0.bin", O_RDONLY | O_CLOEXEC);
-        bool busy = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) < 0 && errno == EWOULDBLOCK;
-        if (fd >= 0)
-            close(fd);
-        if (busy) {
-            close(dfd);
-            snprintf(msg, cap,
-                     "%s/nixl_pool_0.bin is in use by another process: one nixl_store pool per "
-                     "directory",
-                     o->file_path);
-            return KVT_E_CONFIG;
-        }
-    }
-    for (uint32_t i = 0; dfd >= 0 && i < o->pool_size; i++) {
-        char nm[64];
-        snprintf(nm, sizeof(nm), "nixl_pool_%u.bin", i);
-        struct stat st;
-        if (fstatat(dfd, nm, &st, 0) == 0 && !S_ISREG(st.st_mode)) {
-            close(dfd);
-            snprintf(msg, cap, "%s/%s is not a regular file: move it away", o->file_path, nm);
-            return KVT_E_CONFIG;
-        }
-    }
-    uint64_t need, avail;
-    pool_space(dfd, o->pool_size, o->file_size, &need, &avail);
-    if (dfd >= 0)
-        close(dfd);
-    return space_check(o->file_path, o, need, avail, msg, cap) ? KVT_E_CONFIG : 0;
 }
 
 static void ns_opts_free(void *opts)
@@ -1008,11 +773,23 @@ static void ns_opts_free(void *opts)
     o->obj = NULL;
 }
 
+/* A budget is shared through a bucket (OBJ) only: the pool's index is
+ * volatile and its files are this server's. */
+static int ns_shared_budget(struct kvt_cfg *c, const void *opts)
+{
+    const struct kvt_nixl_opts *o = opts;
+    return o->obj ? kvt_s3_nixl_obj_shared_budget(c, o->obj) : KVT_L2_NO_BUDGET;
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_nixl_store_desc = {
     .name = "nixl_store",
     .opts_size = sizeof(struct kvt_nixl_opts),
     .parse = ns_parse,
     .open = ns_open,
     .opts_free = ns_opts_free,
-    .check = ns_check,
+    .check = kvt_nixl_pool_check,
+    .storage = kvt_nixl_storage,
+    .shared_budget = ns_shared_budget,
+    .shared_budget_needs = "with backend OBJ",
+    .budget_max_interval_ms = KVT_L2_BUDGET_LEASE_MS / 3,
 };

@@ -56,8 +56,11 @@ struct kvt_raw_block_opts {
     int num_store_workers, num_lookup_workers, num_load_workers;
 };
 int kvt_raw_block_parse(struct kvt_cfg *c, void *opts);
+/* kvt_l2_adapter_desc.storage: the device or file device_path. */
+const char *kvt_raw_block_storage(const void *opts, const char **field, bool *is_dir);
 /* The host checks of --dry-run and the start (kvt_l2_adapter_desc.check):
- * device state, size and layout, content (raw_block_probe.c). */
+ * the path's kind, device state, size and layout, content
+ * (raw_block_probe.c). */
 int kvt_raw_block_check(const struct kvt_l2_spec *spec, const void *opts, const char **field,
                         char *msg, size_t cap);
 

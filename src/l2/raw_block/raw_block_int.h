@@ -1,7 +1,10 @@
 /*
- * raw_block adapter internals shared by raw_block.c (data path, recovery,
- * open/close), raw_block_journal.c (journal and checkpoints) and
- * raw_block_cfg.c (configuration). Formats: raw_block.h.
+ * raw_block adapter internals shared by raw_block.c (removal, status,
+ * open/close), raw_block_io.c (stores and loads), raw_block_start.c
+ * (opening the device, recovery), raw_block_journal.c (journal and
+ * checkpoints), raw_block_meta.c (records and checkpoint copies),
+ * raw_block_probe.c (device checks) and raw_block_cfg.c (configuration).
+ * Formats: raw_block.h.
  */
 #ifndef KVT_L2_RAW_BLOCK_INT_H
 #define KVT_L2_RAW_BLOCK_INT_H
@@ -129,8 +132,24 @@ void rb_journal_drain(struct rb_engine *e);
 void *rb_ckpt_main(void *arg);
 void rb_jblock_free(struct rb_jblock *b);
 
-/* ---- data path (raw_block.c) */
+/* ---- task path (raw_block_io.c) */
 /* Append the PUT record of an op whose slot write completed. */
 void rb_put_append_locked(struct rb_engine *e, struct rb_op *op);
+/* kvt_l2_ops.submit */
+void rb_submit(kvt_l2 *l2, kvt_l2_task *t);
+
+/* ---- start-up (raw_block_start.c); o: the parsed options */
+/* Open device_path (creating a file of capacity_bytes), refusing one in
+ * use; 0 or an error with the message in err. */
+int rb_open_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, char *err,
+                   size_t errcap);
+/* The layout: kvtier's own (recovered), empty (e->fresh: formatted), or
+ * refused. */
+int rb_plan_device(struct rb_engine *e, const struct kvt_raw_block_opts *o, char *err,
+                   size_t errcap);
+/* Write both checkpoint copies of an empty index. */
+int rb_format_fresh(struct rb_engine *e);
+/* The recovery thread (arg: the kvt_l2): checkpoint, journal, slots. */
+void *rb_recover_main(void *arg);
 
 #endif

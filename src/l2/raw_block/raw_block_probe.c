@@ -571,6 +571,14 @@ int rb_dev_size(int fd, const struct stat *st, const struct kvt_raw_block_opts *
     return 0;
 }
 
+const char *kvt_raw_block_storage(const void *opts, const char **field, bool *is_dir)
+{
+    const struct kvt_raw_block_opts *o = opts;
+    *field = "device_path";
+    *is_dir = false;
+    return o->device_path;
+}
+
 int kvt_raw_block_check(const struct kvt_l2_spec *spec, const void *opts, const char **field,
                         char *msg, size_t cap)
 {
@@ -579,17 +587,23 @@ int kvt_raw_block_check(const struct kvt_l2_spec *spec, const void *opts, const 
     const char *path = o->device_path;
     *field = "device_path";
     struct stat st;
+    if (!o->capacity_bytes && stat(path, &st) < 0 && errno == ENOENT) {
+        snprintf(msg, cap,
+                 "%s does not exist (give a block device or a pre-sized file: fallocate -l "
+                 "SIZE %s, or set capacity_bytes to create one)",
+                 path, path);
+        return KVT_E_CONFIG;
+    }
+    int rc = kvt_l2_check_device(path, S_IFBLK, "block device", msg, cap);
+    if (rc)
+        return rc;
     if (stat(path, &st) < 0) {
         if (errno != ENOENT || !o->capacity_bytes)
-            return 0; /* kvt_l2_spec_check said so already */
+            return 0; /* kvt_l2_check_device said so already */
         /* open creates it: room for it in its directory? */
         char dir[4096];
         snprintf(dir, sizeof(dir), "%s", path);
-        char *sl = strrchr(dir, '/');
-        if (!sl)
-            snprintf(dir, sizeof(dir), ".");
-        else
-            sl == dir ? (void)(dir[1] = 0) : (void)(*sl = 0);
+        kvt_path_cut_parent(dir, sizeof(dir));
         struct statvfs sv;
         if (statvfs(dir, &sv) == 0 && (uint64_t)sv.f_bavail * sv.f_frsize < o->capacity_bytes) {
             *field = "capacity_bytes";
@@ -603,7 +617,7 @@ int kvt_raw_block_check(const struct kvt_l2_spec *spec, const void *opts, const 
         }
         return 0;
     }
-    int rc = rb_in_use(path, msg, cap);
+    rc = rb_in_use(path, msg, cap);
     if (rc)
         return KVT_E_CONFIG;
     int fd = open(path, O_RDONLY | O_CLOEXEC);

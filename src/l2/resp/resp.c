@@ -115,833 +115,6 @@ struct resp_batch {
     struct resp_job jobs[];
 };
 
-struct worker {
-    uint64_t deadline; /* the current job's: request_timeout after it started */
-    struct conn cn;    /* standalone: the one connection */
-    struct conn *cur;  /* the connection a pass runs on (&cn, or one of ncn) */
-    struct wbuf wb;
-    uint8_t *hdrs; /* HDR bytes per key of the current job */
-    size_t hdrs_cap;
-    /* cluster mode: one connection per node index, opened when first used */
-    struct conn ncn[CL_MAX_NODES];
-    bool asking;   /* the pass sends ASKING before each command */
-    uint16_t *tgt; /* per key of the job: node for the next pass */
-    uint8_t *askf; /* per key: the next pass is an ASK redirect */
-};
-
-static void *worker_new(int i, void *arg)
-{
-    (void)i;
-    (void)arg;
-    struct worker *w = kvt_xcalloc(1, sizeof(*w));
-    w->cn.rbuf = kvt_xmalloc(RBUF_CAP);
-    w->cn.obuf = kvt_xmalloc(OBUF_CAP);
-    w->cur = &w->cn;
-    return w;
-}
-
-static void worker_free(void *p)
-{
-    struct worker *w = p;
-    if (!w)
-        return;
-    kvt_resp_conn_close(&w->cn);
-    free(w->cn.rbuf);
-    free(w->cn.obuf);
-    for (int i = 0; i < CL_MAX_NODES; i++) {
-        kvt_resp_conn_close(&w->ncn[i]);
-        free(w->ncn[i].rbuf);
-        free(w->ncn[i].obuf);
-    }
-    free(w->wb.p);
-    free(w->hdrs);
-    free(w);
-}
-
-static uint8_t *worker_hdrs(struct worker *w, uint32_t n)
-{
-    size_t need = (size_t)n * HDR;
-    if (need > w->hdrs_cap) {
-        free(w->hdrs);
-        w->hdrs = kvt_xmalloc(need);
-        w->hdrs_cap = need;
-    }
-    return w->hdrs;
-}
-
-/* Per-key outcome of one pipelined pass. K_REDIR: MOVED/ASK (cluster: sent
- * again to w->tgt[j]); K_DOWN: the key's node failed (cluster: the key
- * fails, the others go on); K_NOTSEL: not part of this pass; K_EXISTS: a
- * SET ... NX found the key there (shared budget: another server stored it). */
-enum {
-    K_PENDING = 0,
-    K_OK,
-    K_SKIP,
-    K_FAIL,
-    K_MISS,
-    K_CORRUPT,
-    K_REDIR,
-    K_DOWN,
-    K_NOTSEL,
-    K_EXISTS
-};
-
-/* Cluster mode: the state for an error reply to key j's command: K_REDIR
- * (w->tgt/askf say where next), K_DOWN (a transient cluster error), or 0
- * (not a cluster error: the caller's usual handling). */
-static int cl_err_state(struct resp_engine *e, struct worker *w, uint32_t j, const char *err)
-{
-    if (!e->cluster)
-        return 0;
-    int node = 0;
-    bool ask = false;
-    switch (kvt_resp_cl_error(e, err, &node, &ask)) {
-    case 1:
-        w->tgt[j] = (uint16_t)node;
-        w->askf[j] = ask;
-        return K_REDIR;
-    case 2:
-        return K_DOWN;
-    default:
-        return 0;
-    }
-}
-
-/* ASKING in front of a command when the pass follows an ASK redirect. */
-static void put_asking(struct worker *w)
-{
-    if (w->asking)
-        kvt_resp_wb_fmt(&w->wb, "*1\r\n$6\r\nASKING\r\n");
-}
-
-/* Read (and drop) ASKING's +OK. */
-static int skip_asking(struct worker *w)
-{
-    if (!w->asking)
-        return 0;
-    int ty;
-    long long num;
-    char err[128];
-    return kvt_resp_rd_reply(w->cur, &ty, &num, err, sizeof(err));
-}
-
-static void report_corrupt(kvt_l2 *l2, const kvt_key *k, const char *why)
-{
-    char ks[400];
-    atomic_fetch_add(&l2->counters.corrupt, 1);
-    kvt_warn("%s: corrupt or foreign value for %s (%s): removed, treated as a miss", l2->name,
-             kvt_key_str(k, ks, sizeof(ks)), why);
-}
-
-/* UNLINK keys on cn (a cleanup after corrupt values); errors are ignored. */
-static void unlink_keys(struct resp_engine *e, struct worker *w, const kvt_key *keys,
-                        const uint32_t *which, uint32_t n)
-{
-    if (!n)
-        return;
-    w->wb.len = 0;
-    char key[KEY_MAX];
-    for (uint32_t j = 0; j < n; j++) {
-        int kl = kvt_resp_wire_key(e, &keys[which[j]], key);
-        kvt_resp_wb_fmt(&w->wb, "*2\r\n$6\r\nUNLINK\r\n");
-        kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
-    }
-    struct iovec iov = {w->wb.p, w->wb.len};
-    if (kvt_resp_wr_all(&w->cn, &iov, 1))
-        return;
-    for (uint32_t j = 0; j < n; j++) {
-        int ty;
-        long long num;
-        char err[128];
-        if (kvt_resp_rd_reply(&w->cn, &ty, &num, err, sizeof(err)))
-            return;
-    }
-}
-
-/* Cluster mode: UNLINK keys one by one on their nodes' control connections
- * (corrupt values are rare); errors are ignored. */
-static void cl_unlink_keys(kvt_l2 *l2, struct resp_engine *e, const kvt_key *keys,
-                           const uint32_t *which, uint32_t n)
-{
-    char key[KEY_MAX];
-    pthread_mutex_lock(&e->ctl_lock);
-    for (uint32_t j = 0; j < n; j++) {
-        int kl = kvt_resp_wire_key(e, &keys[which[j]], key);
-        const char *argv[2] = {"UNLINK", key};
-        size_t lens[2] = {6, (size_t)kl};
-        redisReply *r = kvt_resp_cl_command(l2, e, key, (size_t)kl, 2, argv, lens);
-        if (r)
-            freeReplyObject(r);
-    }
-    pthread_mutex_unlock(&e->ctl_lock);
-}
-
-/* store_pass's ctx: per key, SENT_UNSURE (sent, no reply known to say it
- * did not land) and SENT_AGAIN (sent once more after that) */
-enum { SENT_UNSURE = 1, SENT_AGAIN = 2 };
-
-/*
- * STORE, one pipelined pass over keys idx[lo..hi) already reserved
- * (st[j] == K_PENDING). Writes "SET key <header+payload>" for each with one
- * writev per IOV_MAX pieces, then reads the replies. Returns 0 or a
- * transport error (then nothing is known about the pass: the caller may
- * retry it on a fresh connection). ctx: the keys' SENT_* flags (n).
- */
-static int store_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
-                      const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
-                      size_t cap)
-{
-    uint8_t *sent = ctx;
-    uint32_t live = 0;
-    for (uint32_t j = 0; j < n; j++)
-        live += st[j] == K_PENDING;
-    if (!live)
-        return 0;
-    struct iovec *iov = kvt_xmalloc((size_t)live * 4 * sizeof(*iov));
-    size_t *pre_off = kvt_xmalloc((size_t)live * sizeof(size_t));
-    w->wb.len = 0;
-    char key[KEY_MAX];
-    uint32_t k = 0;
-    for (uint32_t j = 0; j < n; j++) {
-        if (st[j] != K_PENDING)
-            continue;
-        uint32_t i = idx[j];
-        int kl = kvt_resp_wire_key(e, &t->keys[i], key);
-        pre_off[k++] = w->wb.len;
-        /* a SET ... NX resent after an earlier attempt got no reply: that
-         * one may have landed, and then answers nil to this one */
-        if (sent[j] & SENT_UNSURE)
-            sent[j] |= SENT_AGAIN;
-        sent[j] |= SENT_UNSURE;
-        put_asking(w);
-        /* with a shared budget, SET ... NX: a key another server stored is
-         * not overwritten (and not charged twice) */
-        kvt_resp_wb_fmt(&w->wb, e->nx ? "*4\r\n$3\r\nSET\r\n" : "*3\r\n$3\r\nSET\r\n");
-        kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
-        kvt_resp_wb_fmt(&w->wb, "$%llu\r\n", (unsigned long long)(HDR + t->bufs[i].len));
-    }
-    /* wb.p may have moved while growing: build the iovecs afterwards */
-    int cnt = 0;
-    k = 0;
-    for (uint32_t j = 0; j < n; j++) {
-        if (st[j] != K_PENDING)
-            continue;
-        uint32_t i = idx[j];
-        size_t end = k + 1 < live ? pre_off[k + 1] : w->wb.len;
-        iov[cnt++] = (struct iovec){w->wb.p + pre_off[k], end - pre_off[k]};
-        iov[cnt++] = (struct iovec){w->hdrs + (size_t)j * HDR, HDR};
-        if (t->bufs[i].len)
-            iov[cnt++] = (struct iovec){t->bufs[i].ptr, t->bufs[i].len};
-        if (e->nx)
-            iov[cnt++] = (struct iovec){(void *)"\r\n$2\r\nNX\r\n", 10};
-        else
-            iov[cnt++] = (struct iovec){(void *)"\r\n", 2};
-        k++;
-    }
-    int rc = kvt_resp_wr_all(w->cur, iov, cnt);
-    free(iov);
-    free(pre_off);
-    atomic_fetch_add(&e->round_trips, 1);
-    for (uint32_t j = 0; j < n && !rc; j++) {
-        if (st[j] != K_PENDING)
-            continue;
-        int ty, cs;
-        long long num;
-        char err[256];
-        if (!(rc = skip_asking(w)))
-            rc = kvt_resp_rd_reply(w->cur, &ty, &num, err, sizeof(err));
-        if (rc)
-            break;
-        if (ty == R_STATUS) {
-            st[j] = K_OK;
-        } else if (ty == R_NIL && e->nx) {
-            st[j] = K_EXISTS;
-        } else if (ty == R_ERROR && (cs = cl_err_state(e, w, j, err))) {
-            st[j] = (uint8_t)cs;
-            if (cs == K_REDIR) /* not run there: only an unanswered send is unsure */
-                sent[j] &= (uint8_t)~SENT_UNSURE;
-        } else {
-            st[j] = K_FAIL;
-            atomic_fetch_add(&e->cmd_errors, 1);
-            kvt_resp_set_err(e, "SET: %s", ty == R_ERROR ? err : "unexpected reply");
-            kvt_warn("%s: SET refused by the server: %s", l2->name,
-                     ty == R_ERROR ? err : "unexpected reply");
-        }
-    }
-    if (rc)
-        snprintf(msg, cap, "SET pipeline: %s", kvt_strerror(rc));
-    return rc;
-}
-
-/* The pass runners: one attempt, plus one retry on a fresh connection when
- * the connection was an old one that broke (a server restart breaks idle
- * connections without anyone noticing until they are used), both within
- * the job's deadline; no answer in time is not asked again. */
-typedef int (*pass_fn)(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
-                       const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
-                       size_t cap);
-
-/* msg += what a timeout means, for logs and last_error. */
-static void note_timeout(struct resp_engine *e, int rc, char *msg, size_t cap)
-{
-    size_t l = strlen(msg);
-    if (rc == -ETIMEDOUT && l < cap)
-        snprintf(msg + l, cap - l, " (no answer within request_timeout %.2f s)",
-                 (double)e->req_ns / 1e9);
-}
-
-static int run_standalone(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn,
-                          kvt_l2_task *t, const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx)
-{
-    char msg[256];
-    w->cur = &w->cn;
-    w->cn.deadline_ns = w->deadline;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (!atomic_load(&e->up))
-            return KVT_E_UNHEALTHY;
-        bool fresh = !(w->cn.c && !w->cn.c->err && w->cn.epoch == atomic_load(&e->epoch));
-        int rc = kvt_resp_conn_ensure(e, &w->cn, msg, sizeof(msg));
-        if (rc) {
-            kvt_resp_mark_down(l2, e, msg);
-            return rc;
-        }
-        bool was_used = w->cn.used && !fresh;
-        rc = fn(l2, e, w, t, idx, n, st, ctx, msg, sizeof(msg));
-        if (rc == 0) {
-            w->cn.used = true;
-            return 0;
-        }
-        kvt_resp_conn_close(&w->cn);
-        if (!kvt_resp_is_transport(rc))
-            return rc;
-        if (!was_used || rc == -ETIMEDOUT || kvt_resp_past_deadline(&w->cn)) {
-            note_timeout(e, rc, msg, sizeof(msg));
-            kvt_resp_mark_down(l2, e, msg);
-            return rc;
-        }
-        kvt_debug("%s: %s; retrying on a new connection", l2->name, msg);
-    }
-    return -EIO;
-}
-
-/*
- * Cluster mode: one pass over the keys selected in sub (K_PENDING) on the
- * connection to node, with the standalone runner's retry of a stale
- * connection, within the job's deadline. A node that fails does not take
- * the adapter down (the others serve): it is marked down, its keys fail
- * (here and, without I/O, in every later request until a probe of the
- * monitor gets an answer) and the monitor refreshes the slot map.
- */
-static int cl_pass_on(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn,
-                      kvt_l2_task *t, const uint32_t *idx, uint32_t n, uint8_t *sub, void *ctx,
-                      int node, bool ask)
-{
-    if (kvt_resp_cl_is_down(e, node))
-        return KVT_E_UNHEALTHY;
-    struct conn *cn = &w->ncn[node];
-    if (!cn->rbuf) {
-        cn->rbuf = kvt_xmalloc(RBUF_CAP);
-        cn->obuf = kvt_xmalloc(OBUF_CAP);
-    }
-    cn->node = node;
-    cn->deadline_ns = w->deadline;
-    /* a pass that starts late in the job (a redirect, a replica's fallback
-     * to its master after the replica used the time up) fails its keys
-     * when the deadline comes, but marks the node down for it only when it
-     * had half a request_timeout at least: a slow first node is not the
-     * second one's fault. Refused and broken connections always count. */
-    uint64_t now = kvt_now_ns();
-    if (now >= w->deadline)
-        return -ETIMEDOUT;
-    bool blame = w->deadline - now >= e->req_ns / 2;
-    char msg[256];
-    for (int attempt = 0; attempt < 2; attempt++) {
-        bool fresh = !(cn->c && !cn->c->err && cn->epoch == atomic_load(&e->epoch));
-        int rc = kvt_resp_conn_ensure(e, cn, msg, sizeof(msg));
-        if (rc) {
-            if (rc != -ETIMEDOUT || blame)
-                kvt_resp_cl_mark_down(l2, e, node, msg);
-            return rc;
-        }
-        bool was_used = cn->used && !fresh;
-        w->cur = cn;
-        w->asking = ask;
-        rc = fn(l2, e, w, t, idx, n, sub, ctx, msg, sizeof(msg));
-        w->asking = false;
-        if (rc == 0) {
-            cn->used = true;
-            return 0;
-        }
-        kvt_resp_conn_close(cn);
-        if (!kvt_resp_is_transport(rc)) {
-            kvt_resp_set_err(e, "%s", msg);
-            kvt_resp_cl_want_refresh(e);
-            return rc;
-        }
-        bool late = rc == -ETIMEDOUT || kvt_resp_past_deadline(cn);
-        if (!was_used || late) {
-            note_timeout(e, rc, msg, sizeof(msg));
-            if (!late || blame)
-                kvt_resp_cl_mark_down(l2, e, node, msg);
-            return rc;
-        }
-        kvt_debug("%s: %s; retrying on a new connection", l2->name, msg);
-    }
-    return -EIO;
-}
-
-/*
- * Cluster mode: run fn for the job's keys, all first sent to node (their
- * slots' owner when the batch was split). Keys answered with MOVED or ASK
- * are sent again, grouped by where they were sent, in further pipelined
- * passes (at most CL_MAX_REDIRECTS hops per key). A key whose node fails
- * ends as K_DOWN: a miss or a failed store, never a wrong byte. Returns 0:
- * the outcome is per key.
- */
-static int run_cluster(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn,
-                       kvt_l2_task *t, const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx,
-                       int node)
-{
-    uint8_t *sub = kvt_xmalloc(n), *hops = kvt_xcalloc(n, 1);
-    w->tgt = kvt_xmalloc(n * sizeof(uint16_t));
-    w->askf = kvt_xcalloc(n, 1);
-    for (uint32_t j = 0; j < n; j++)
-        w->tgt[j] = (uint16_t)node;
-    for (;;) {
-        uint32_t j0 = 0;
-        while (j0 < n && st[j0] != K_PENDING)
-            j0++;
-        if (j0 == n)
-            break;
-        uint16_t to = w->tgt[j0];
-        bool ask = w->askf[j0];
-        for (uint32_t j = 0; j < n; j++)
-            sub[j] =
-                st[j] == K_PENDING && w->tgt[j] == to && w->askf[j] == ask ? K_PENDING : K_NOTSEL;
-        int rc = cl_pass_on(l2, e, w, fn, t, idx, n, sub, ctx, to, ask);
-        for (uint32_t j = 0; j < n; j++) {
-            if (sub[j] == K_NOTSEL)
-                continue;
-            if (rc || sub[j] == K_PENDING) {
-                st[j] = K_DOWN;
-            } else if (sub[j] == K_REDIR) {
-                st[j] = ++hops[j] > CL_MAX_REDIRECTS ? K_DOWN : K_PENDING;
-            } else {
-                st[j] = sub[j];
-            }
-        }
-    }
-    free(sub);
-    free(hops);
-    free(w->tgt);
-    free(w->askf);
-    w->tgt = NULL;
-    w->askf = NULL;
-    return 0;
-}
-
-static int run_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn, kvt_l2_task *t,
-                    const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, int node)
-{
-    if (e->cluster)
-        return run_cluster(l2, e, w, fn, t, idx, n, st, ctx, node);
-    return run_standalone(l2, e, w, fn, t, idx, n, st, ctx);
-}
-
-/*
- * STORE a range of keys: reserve each (the cap is checked before a byte
- * moves), encode the headers, one pipelined pass, then publish what the
- * server acknowledged and drop the reservations of the rest.
- */
-static void do_store(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
-                     const uint32_t *idx, uint32_t n, int node)
-{
-    uint8_t *st = kvt_xcalloc(n, 1);
-    uint8_t *hdrs = worker_hdrs(w, n);
-    unsigned gen = atomic_load(&e->gen);
-    for (uint32_t j = 0; j < n; j++) {
-        uint32_t i = idx[j];
-        const kvt_buf *src = &t->bufs[i];
-        kvt_key ck;
-        kvt_l2_canon(l2, &t->keys[i], &ck);
-        int rc = 0;
-        uint32_t logical = t->meta[i].len ? t->meta[i].len : (uint32_t)src->len;
-        if (src->len > KVT_MAX_OBJECT)
-            rc = KVT_E_TOOBIG;
-        else
-            rc = kvt_l2_reserve(l2, &ck, (uint32_t)(HDR + src->len), logical, HDR,
-                                (uint8_t)(F_LEN_KNOWN | gen));
-        if (rc == -EEXIST) {
-            st[j] = K_SKIP; /* already there: nothing to send */
-            atomic_fetch_add(&l2->counters.store_skipped, 1);
-            kvt_l2_task_ok(t, i, 0);
-            continue;
-        }
-        if (rc) {
-            st[j] = K_SKIP;
-            kvt_l2_task_fail(t, i, rc);
-            atomic_fetch_add(&l2->counters.store_failed, 1);
-            continue;
-        }
-        t->meta[i].len = logical;
-        uint64_t sum = kvt_payload_hash(src->ptr, src->len);
-        kvt_objhdr_encode(hdrs + (size_t)j * HDR, HDR, &t->keys[i], &t->meta[i], t->meta[i].serde,
-                          src->len, sum);
-    }
-    uint8_t *sent = kvt_xcalloc(n, 1);
-    int rc = run_pass(l2, e, w, store_pass, t, idx, n, st, sent, node);
-    gen = atomic_load(&e->gen);
-    for (uint32_t j = 0; j < n; j++) {
-        uint32_t i = idx[j];
-        if (st[j] == K_SKIP)
-            continue;
-        kvt_key ck;
-        kvt_l2_canon(l2, &t->keys[i], &ck);
-        if (st[j] == K_OK) {
-            /* tagged with the generation current now: a reconcile scan that
-             * started meanwhile must not sweep it */
-            pthread_mutex_lock(&l2->lock);
-            struct kvt_l2_obj *o = kvt_l2_find_locked(l2, &ck);
-            if (o)
-                o->flags = (uint8_t)(F_LEN_KNOWN | gen);
-            pthread_mutex_unlock(&l2->lock);
-            kvt_l2_publish(l2, &ck);
-            atomic_fetch_add(&l2->counters.store_ok, 1);
-            kvt_l2_task_ok(t, i, HDR + t->bufs[i].len);
-        } else if (st[j] == K_EXISTS) {
-            /* another server's value: ours never went in (its bytes go back
-             * to the shared budget), theirs is adopted. Resent after an
-             * unanswered attempt, the value found may be ours, landed then:
-             * settled, not refunded (its eviction will subtract it) */
-            if (sent[j] & SENT_AGAIN)
-                kvt_l2_unreserve_unsure(l2, &ck);
-            else
-                kvt_l2_unreserve(l2, &ck);
-            kvt_l2_adopt(l2, &ck, (uint32_t)(HDR + t->bufs[i].len), t->meta[i].len, HDR,
-                         (uint8_t)(F_LEN_KNOWN | gen), false, false);
-            atomic_fetch_add(&l2->counters.store_skipped, 1);
-            kvt_l2_task_ok(t, i, 0);
-        } else if (st[j] == K_FAIL) { /* refused by the server: nothing written */
-            kvt_l2_unreserve(l2, &ck);
-            kvt_l2_task_fail(t, i, rc ? rc : KVT_E_UNHEALTHY);
-            atomic_fetch_add(&l2->counters.store_failed, 1);
-        } else { /* K_PENDING (no reply), K_DOWN (its node failed): may have landed */
-            kvt_l2_unreserve_unsure(l2, &ck);
-            kvt_l2_task_fail(t, i, rc ? rc : KVT_E_UNHEALTHY);
-            atomic_fetch_add(&l2->counters.store_failed, 1);
-        }
-    }
-    free(sent);
-    free(st);
-}
-
-/* ------------------------------------------------------------ lookup */
-
-struct lookup_ctx {
-    const uint32_t *known; /* stored size of indexed keys, 0 = unknown */
-    uint32_t *hlen;        /* bytes of the header read by GETRANGE */
-    int64_t *slen;         /* STRLEN */
-};
-
-/* LOOKUP pass: "STRLEN key" for every pending key, preceded by
- * "GETRANGE key 0 511" when the key's header is not known yet. */
-static int lookup_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
-                       const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
-                       size_t cap)
-{
-    (void)l2;
-    struct lookup_ctx *lc = ctx;
-    w->wb.len = 0;
-    char key[KEY_MAX];
-    uint32_t live = 0;
-    for (uint32_t j = 0; j < n; j++) {
-        if (st[j] != K_PENDING)
-            continue;
-        int kl = kvt_resp_wire_key(e, &t->keys[idx[j]], key);
-        if (!lc->known[j]) {
-            put_asking(w);
-            kvt_resp_wb_fmt(&w->wb, "*4\r\n$8\r\nGETRANGE\r\n");
-            kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
-            kvt_resp_wb_fmt(&w->wb, "$1\r\n0\r\n$3\r\n%u\r\n", HDR - 1);
-        }
-        put_asking(w);
-        kvt_resp_wb_fmt(&w->wb, "*2\r\n$6\r\nSTRLEN\r\n");
-        kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
-        live++;
-    }
-    if (!live)
-        return 0;
-    struct iovec iov = {w->wb.p, w->wb.len};
-    int rc = kvt_resp_wr_all(w->cur, &iov, 1);
-    atomic_fetch_add(&e->round_trips, 1);
-    for (uint32_t j = 0; j < n && !rc; j++) {
-        if (st[j] != K_PENDING)
-            continue;
-        int ty = R_NIL, cs;
-        long long num = 0;
-        char err[256];
-        lc->hlen[j] = 0;
-        if (!lc->known[j]) {
-            if (!(rc = skip_asking(w)))
-                rc = kvt_resp_rd_reply(w->cur, &ty, &num, err, sizeof(err));
-            if (!rc && ty == R_BULK) {
-                if (num > HDR)
-                    rc = -EPROTO;
-                else if (!(rc = kvt_resp_rd_bytes(w->cur, w->hdrs + (size_t)j * HDR, (size_t)num)))
-                    rc = kvt_resp_rd_crlf(w->cur);
-                lc->hlen[j] = (uint32_t)num;
-            }
-        }
-        bool bad = !rc && ty != R_BULK && ty != R_NIL;
-        if (!rc && !(rc = skip_asking(w)))
-            rc = kvt_resp_rd_reply(w->cur, &ty, &num, err, sizeof(err));
-        if (rc)
-            break;
-        if (ty == R_ERROR && (cs = cl_err_state(e, w, j, err))) {
-            st[j] = (uint8_t)cs; /* MOVED/ASK answer GETRANGE and STRLEN alike */
-            continue;
-        }
-        if (bad || ty != R_INT) { /* e.g. WRONGTYPE: the key holds no string */
-            st[j] = K_MISS;
-            atomic_fetch_add(&e->foreign, 1);
-            continue;
-        }
-        lc->slen[j] = num;
-        st[j] = K_OK;
-    }
-    if (rc)
-        snprintf(msg, cap, "lookup pipeline: %s", kvt_strerror(rc));
-    return rc;
-}
-
-/* Decode and check a value's header against the key and the value size. */
-int kvt_resp_check_header(const uint8_t *buf, uint32_t got, uint64_t vlen, const kvt_key *want,
-                          struct kvt_objhdr *h, const char **why)
-{
-    if (got < HDR) {
-        *why = "value shorter than a header";
-        return KVT_E_CORRUPT;
-    }
-    int rc = kvt_objhdr_decode(buf, got, h, why);
-    if (rc)
-        return rc;
-    if (!kvt_objhdr_matches(h, KVT_CODEC_OBJ, want)) {
-        *why = "header names another key";
-        return KVT_E_CORRUPT;
-    }
-    if (h->hdr_len != HDR || h->payload_len + HDR != vlen) {
-        *why = "value size does not match the header (truncated or extended)";
-        return KVT_E_CORRUPT;
-    }
-    return 0;
-}
-
-static void do_lookup(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
-                      const uint32_t *idx, const uint32_t *known, uint32_t n, int node)
-{
-    uint8_t *st = kvt_xcalloc(n, 1);
-    struct lookup_ctx lc = {known, kvt_xcalloc(n, sizeof(uint32_t)),
-                            kvt_xcalloc(n, sizeof(int64_t))};
-    kvt_key *gone = kvt_xcalloc(n, sizeof(kvt_key));
-    uint32_t ngone = 0;
-    worker_hdrs(w, n);
-    int rc = run_pass(l2, e, w, lookup_pass, t, idx, n, st, &lc, node);
-    for (uint32_t j = 0; j < n && !rc; j++) {
-        if (st[j] != K_OK)
-            continue;
-        uint32_t i = idx[j];
-        kvt_key ck;
-        kvt_l2_canon(l2, &t->keys[i], &ck);
-        if (known[j]) {
-            struct kvt_l2_obj o;
-            if (lc.slen[j] == 0)
-                gone[ngone++] = ck;
-            else if ((uint64_t)lc.slen[j] != known[j])
-                atomic_fetch_add(&e->foreign, 1); /* replaced by something else */
-            else if (kvt_l2_pin(l2, &ck, &o)) {
-                t->meta[i].len = o.len;
-                kvt_l2_task_ok(t, i, 0);
-            }
-            continue;
-        }
-        if (lc.slen[j] == 0)
-            continue; /* absent */
-        struct kvt_objhdr h;
-        const char *why = NULL;
-        if (kvt_resp_check_header(w->hdrs + (size_t)j * HDR, lc.hlen[j], (uint64_t)lc.slen[j],
-                                  &t->keys[i], &h, &why)) {
-            char ks[400];
-            atomic_fetch_add(&e->foreign, 1);
-            kvt_debug("%s: lookup %s: %s: a miss", l2->name,
-                      kvt_key_str(&t->keys[i], ks, sizeof(ks)), why);
-            continue;
-        }
-        if (kvt_l2_pin_found(l2, &ck, (uint32_t)lc.slen[j], (uint32_t)h.logical_len, HDR,
-                             F_LEN_KNOWN)) {
-            t->meta[i] = h.meta;
-            kvt_l2_task_ok(t, i, 0);
-        }
-    }
-    kvt_l2_drop_gone(l2, gone, ngone); /* gone from the server: no UNLINK */
-    free(gone);
-    free(lc.hlen);
-    free(lc.slen);
-    free(st);
-}
-
-/* -------------------------------------------------------------- load */
-
-struct load_ctx {
-    const char **why; /* reason of a K_CORRUPT */
-};
-
-/*
- * LOAD pass: "GET key" for every pending key. Each reply's header goes to
- * the worker's header buffer and is checked first; the payload is copied
- * into the destination only when the header names this key and the payload
- * fits the destination's capacity. Anything else is drained.
- */
-static int load_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
-                     const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg, size_t cap)
-{
-    (void)l2;
-    struct load_ctx *lc = ctx;
-    w->wb.len = 0;
-    char key[KEY_MAX];
-    uint32_t live = 0;
-    for (uint32_t j = 0; j < n; j++) {
-        if (st[j] != K_PENDING)
-            continue;
-        int kl = kvt_resp_wire_key(e, &t->keys[idx[j]], key);
-        put_asking(w);
-        kvt_resp_wb_fmt(&w->wb, "*2\r\n$3\r\nGET\r\n");
-        kvt_resp_wb_arg(&w->wb, key, (size_t)kl);
-        live++;
-    }
-    if (!live)
-        return 0;
-    struct iovec iov = {w->wb.p, w->wb.len};
-    int rc = kvt_resp_wr_all(w->cur, &iov, 1);
-    atomic_fetch_add(&e->round_trips, 1);
-    for (uint32_t j = 0; j < n && !rc; j++) {
-        if (st[j] != K_PENDING)
-            continue;
-        uint32_t i = idx[j];
-        int ty, cs;
-        long long num = 0;
-        char err[256];
-        if (!(rc = skip_asking(w)))
-            rc = kvt_resp_rd_reply(w->cur, &ty, &num, err, sizeof(err));
-        if (rc)
-            break;
-        if (ty == R_NIL) {
-            st[j] = K_MISS;
-            continue;
-        }
-        if (ty == R_ERROR && (cs = cl_err_state(e, w, j, err))) {
-            st[j] = (uint8_t)cs;
-            continue;
-        }
-        if (ty != R_BULK) {
-            st[j] = K_FAIL;
-            atomic_fetch_add(&e->foreign, 1);
-            continue;
-        }
-        uint64_t vlen = (uint64_t)num;
-        uint8_t *hb = w->hdrs + (size_t)j * HDR;
-        uint32_t hl = (uint32_t)KVT_MIN(vlen, HDR);
-        if ((rc = kvt_resp_rd_bytes(w->cur, hb, hl)))
-            break;
-        struct kvt_objhdr h;
-        const char *why = NULL;
-        if (kvt_resp_check_header(hb, hl, vlen, &t->keys[i], &h, &why)) {
-            st[j] = K_CORRUPT;
-            lc->why[j] = why;
-        } else if (h.payload_len > t->bufs[i].len) {
-            st[j] = K_FAIL; /* does not fit the destination: never an overrun */
-        }
-        if (st[j] != K_PENDING) {
-            if (!(rc = kvt_resp_rd_bytes(w->cur, NULL, vlen - hl)))
-                rc = kvt_resp_rd_crlf(w->cur);
-            continue;
-        }
-        if (!(rc = kvt_resp_rd_bytes(w->cur, t->bufs[i].ptr, h.payload_len)))
-            rc = kvt_resp_rd_crlf(w->cur);
-        if (!rc)
-            st[j] = K_OK;
-    }
-    if (rc)
-        snprintf(msg, cap, "load pipeline: %s", kvt_strerror(rc));
-    return rc;
-}
-
-static void do_load(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
-                    const uint32_t *idx, uint32_t n, int node)
-{
-    uint8_t *st = kvt_xcalloc(n, 1);
-    struct load_ctx lc = {kvt_xcalloc(n, sizeof(char *))};
-    worker_hdrs(w, n);
-    int rc = run_pass(l2, e, w, load_pass, t, idx, n, st, &lc, node);
-    int master = e->read_replicas ? kvt_resp_cl_master_of(e, node) : -1;
-    if (master >= 0) {
-        /* read from a replica: what it did not have (replication is
-         * asynchronous: a value stored a moment ago) or could not serve
-         * (down, failing over) is asked of its master */
-        atomic_fetch_add(&e->replica_loads, n);
-        uint32_t again = 0;
-        for (uint32_t j = 0; j < n; j++)
-            if (st[j] == K_MISS || st[j] == K_DOWN) {
-                st[j] = K_PENDING;
-                again++;
-            }
-        if (again) {
-            atomic_fetch_add(&e->replica_fallbacks, again);
-            /* only the K_PENDING keys are sent again */
-            rc = run_pass(l2, e, w, load_pass, t, idx, n, st, &lc, master);
-        }
-    }
-    uint32_t *bad = kvt_xcalloc(n, sizeof(uint32_t));
-    uint32_t nbad = 0;
-    for (uint32_t j = 0; j < n; j++) {
-        uint32_t i = idx[j];
-        kvt_key ck;
-        kvt_l2_canon(l2, &t->keys[i], &ck);
-        if (st[j] == K_OK) {
-            struct kvt_objhdr h;
-            const char *why = NULL;
-            kvt_objhdr_decode(w->hdrs + (size_t)j * HDR, HDR, &h, &why);
-            if (kvt_payload_hash(t->bufs[i].ptr, h.payload_len) != h.payload_xxh3) {
-                st[j] = K_CORRUPT;
-                lc.why[j] = "payload checksum mismatch";
-            } else {
-                t->meta[i] = h.meta;
-                t->bufs[i].len = h.payload_len;
-                kvt_l2_task_ok(t, i, HDR + h.payload_len);
-                continue;
-            }
-        }
-        if (st[j] == K_CORRUPT) {
-            report_corrupt(l2, &t->keys[i], lc.why[j]);
-            bad[nbad++] = i;
-            kvt_l2_forget(l2, &ck);
-        } else if (st[j] == K_MISS) {
-            kvt_l2_forget(l2, &ck); /* gone from the server (deleted elsewhere, or lost) */
-        }
-        kvt_l2_task_fail(t, i,
-                         rc                ? rc
-                         : st[j] == K_MISS ? KVT_E_NOTFOUND
-                         : st[j] == K_DOWN ? KVT_E_UNHEALTHY
-                                           : KVT_E_CORRUPT);
-    }
-    if (nbad && e->cluster)
-        cl_unlink_keys(l2, e, t->keys, bad, nbad);
-    else if (nbad && !rc && w->cn.c)
-        unlink_keys(e, w, t->keys, bad, nbad);
-    free(bad);
-    free(lc.why);
-    free(st);
-}
-
 /* ------------------------------------------------------------ submit */
 
 static void batch_job_done(struct resp_batch *b)
@@ -968,13 +141,13 @@ static void job_fn(struct kvt_job *job, void *ctx)
     w->deadline = kvt_now_ns() + e->req_ns;
     switch (n ? (int)b->t->kind : -1) {
     case KVT_L2_STORE:
-        do_store(l2, e, w, b->t, idx, n, j->node);
+        kvt_resp_do_store(l2, e, w, b->t, idx, n, j->node);
         break;
     case KVT_L2_LOOKUP:
-        do_lookup(l2, e, w, b->t, idx, b->known + j->lo, n, j->node);
+        kvt_resp_do_lookup(l2, e, w, b->t, idx, b->known + j->lo, n, j->node);
         break;
     case KVT_L2_LOAD:
-        do_load(l2, e, w, b->t, idx, n, j->node);
+        kvt_resp_do_load(l2, e, w, b->t, idx, n, j->node);
         break;
     default:
         break; /* an empty share of a split batch */
@@ -1384,13 +557,8 @@ static bool resp_healthy(kvt_l2 *l2, char *msg, size_t cap)
 static void cl_delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
 {
     uint64_t removed = 0;
-    pthread_mutex_lock(&l2->lock);
-    uint32_t hwm = l2->idx.hwm, n = 0;
-    kvt_key *keys = kvt_xmalloc((hwm ? hwm : 1) * sizeof(kvt_key));
-    for (uint32_t h = 0; h < hwm; h++)
-        if (kvt_l2_obj_state(&l2->idx.objs[h]) != KVT_OBJ_FREE)
-            keys[n++] = l2->idx.objs[h].key;
-    pthread_mutex_unlock(&l2->lock);
+    uint32_t n = 0;
+    kvt_key *keys = kvt_l2_index_keys(l2, &n);
     pthread_mutex_lock(&e->ctl_lock);
     for (uint32_t i = 0; i < n; i++) {
         char key[KEY_MAX];
@@ -1409,6 +577,22 @@ static void cl_delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
              (unsigned long long)removed);
 }
 
+struct unlink_all {
+    struct resp_engine *e;
+    uint64_t sent;
+};
+
+/* Pipeline an UNLINK of o's key on the control connection. */
+static bool unlink_visit(const struct kvt_l2_obj *o, void *arg)
+{
+    struct unlink_all *u = arg;
+    char key[KEY_MAX];
+    int kl = kvt_resp_wire_key(u->e, &o->key, key);
+    if (kl > 0 && redisAppendCommand(u->e->ctl.c, "UNLINK %b", key, (size_t)kl) == REDIS_OK)
+        u->sent++;
+    return true;
+}
+
 /* persist_enabled false: remove every indexed key from the server. */
 static void delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
 {
@@ -1422,18 +606,10 @@ static void delete_all_indexed(kvt_l2 *l2, struct resp_engine *e)
         kvt_warn("%s: persist_enabled is false but the server is unreachable: keys stay", l2->name);
         return;
     }
-    uint64_t sent = 0, removed = 0;
-    pthread_mutex_lock(&l2->lock);
-    for (uint32_t h = 0; h < l2->idx.hwm; h++) {
-        struct kvt_l2_obj *o = &l2->idx.objs[h];
-        if (kvt_l2_obj_state(o) == KVT_OBJ_FREE)
-            continue;
-        char key[KEY_MAX];
-        int kl = kvt_resp_wire_key(e, &o->key, key);
-        if (kl > 0 && redisAppendCommand(e->ctl.c, "UNLINK %b", key, (size_t)kl) == REDIS_OK)
-            sent++;
-    }
-    pthread_mutex_unlock(&l2->lock);
+    struct unlink_all u = {e, 0};
+    uint32_t cursor = 0;
+    kvt_l2_index_scan(l2, &cursor, unlink_visit, &u); /* one lock hold: the whole index */
+    uint64_t sent = u.sent, removed = 0;
     for (uint64_t i = 0; i < sent; i++) {
         redisReply *r = NULL;
         if (redisGetReply(e->ctl.c, (void **)&r) != REDIS_OK)
@@ -1595,7 +771,8 @@ static int resp_open(kvt_l2 *l2, const struct kvt_l2_spec *spec, const void *opt
     }
     kvt_resp_conn_close(&probe_conn);
 
-    rc = kvt_tpool_create(&e->pool, "resp", e->nworkers, worker_new, worker_free, e);
+    rc = kvt_tpool_create(&e->pool, "resp", e->nworkers, kvt_resp_worker_new, kvt_resp_worker_free,
+                          e);
     if (rc) {
         snprintf(err, errcap, "cannot start I/O threads: %s", kvt_strerror(rc));
         goto fail;
@@ -1621,11 +798,20 @@ fail:
     return rc;
 }
 
+/* "shared_budget": the record is a hash on the server (resp_budget.c) */
+static int resp_shared_budget(struct kvt_cfg *c, const void *opts)
+{
+    (void)c, (void)opts;
+    return 0;
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_resp_desc = {
     .name = "resp",
     .opts_size = sizeof(struct kvt_resp_opts),
     .parse = kvt_resp_parse_resp,
     .open = resp_open,
+    .shared_budget = resp_shared_budget,
+    .budget_max_interval_ms = KVT_L2_BUDGET_LEASE_MS / 3,
 };
 
 /* valkey: resp with Valkey's defaults */
@@ -1634,4 +820,6 @@ const struct kvt_l2_adapter_desc kvt_l2_valkey_desc = {
     .opts_size = sizeof(struct kvt_resp_opts),
     .parse = kvt_resp_parse_valkey,
     .open = resp_open,
+    .shared_budget = resp_shared_budget,
+    .budget_max_interval_ms = KVT_L2_BUDGET_LEASE_MS / 3,
 };

@@ -36,7 +36,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#define LEASE_MS KVT_RESP_BUDGET_LEASE_MS /* longer than the eviction interval: config.c */
+#define LEASE_MS KVT_L2_BUDGET_LEASE_MS /* longer than the eviction interval: config.c */
 
 /* ARGV[1] id, ARGV[2] lease ms, ARGV[3] cap, ARGV[4] "host pid", ARGV[5]
  * 1 when this server has seen the record before. The record is created

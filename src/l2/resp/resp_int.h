@@ -1,7 +1,11 @@
 /*
- * Private to the resp adapter (resp.c data path, resp_wire.c connections
- * and the RESP wire, resp_mon.c health, reconnects and scans, resp_cfg.c
- * configuration, resp_cluster.c Redis Cluster slots and redirects).
+ * Private to the resp adapter: resp.c (batches and jobs, submit, removal,
+ * status, open and close), resp_pass.c (workers, pipelined passes on a
+ * server or across cluster nodes), resp_store.c (SET passes), resp_load.c
+ * (lookup and GET passes), resp_wire.c (connections and the RESP wire),
+ * resp_mon.c (health, reconnects and scans), resp_cfg.c (configuration),
+ * resp_cluster.c (Redis Cluster slots and redirects), resp_budget.c (the
+ * shared budget record).
  */
 #ifndef KVT_RESP_INT_H
 #define KVT_RESP_INT_H
@@ -259,5 +263,83 @@ void *kvt_resp_monitor_main(void *arg);
 /* The nodes hook (struct kvt_l2_node): standalone the server, cluster mode
  * every master and replica of the map. */
 int kvt_resp_nodes(kvt_l2 *l2, struct kvt_l2_node *out, int max);
+
+/* ---- the data path: resp.c (batches, jobs), resp_pass.c (workers and
+ * the pass runners), resp_store.c, resp_load.c (lookups and loads) ---- */
+
+/* A worker thread's state (kvt_tpool ctx): its connections and buffers. */
+struct worker {
+    uint64_t deadline; /* the current job's: request_timeout after it started */
+    struct conn cn;    /* standalone: the one connection */
+    struct conn *cur;  /* the connection a pass runs on (&cn, or one of ncn) */
+    struct wbuf wb;
+    uint8_t *hdrs; /* HDR bytes per key of the current job */
+    size_t hdrs_cap;
+    /* cluster mode: one connection per node index, opened when first used */
+    struct conn ncn[CL_MAX_NODES];
+    bool asking;   /* the pass sends ASKING before each command */
+    uint16_t *tgt; /* per key of the job: node for the next pass */
+    uint8_t *askf; /* per key: the next pass is an ASK redirect */
+};
+
+/* Per-key outcome of one pipelined pass. K_REDIR: MOVED/ASK (cluster: sent
+ * again to w->tgt[j]); K_DOWN: the key's node failed (cluster: the key
+ * fails, the others go on); K_NOTSEL: not part of this pass; K_EXISTS: a
+ * SET ... NX found the key there (shared budget: another server stored it). */
+enum {
+    K_PENDING = 0,
+    K_OK,
+    K_SKIP,
+    K_FAIL,
+    K_MISS,
+    K_CORRUPT,
+    K_REDIR,
+    K_DOWN,
+    K_NOTSEL,
+    K_EXISTS
+};
+
+/* The pass runners: one attempt, plus one retry on a fresh connection when
+ * the connection was an old one that broke (a server restart breaks idle
+ * connections without anyone noticing until they are used), both within
+ * the job's deadline; no answer in time is not asked again. */
+typedef int (*pass_fn)(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
+                       const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx, char *msg,
+                       size_t cap);
+void *kvt_resp_worker_new(int i, void *arg);
+void kvt_resp_worker_free(void *p);
+/* HDR bytes per key of the current job (n keys), reused across jobs. */
+uint8_t *kvt_resp_worker_hdrs(struct worker *w, uint32_t n);
+/* Run fn for keys idx[0..n) of t: standalone on the worker's connection;
+ * in cluster mode on node first, then wherever redirects send keys. */
+int kvt_resp_run_pass(kvt_l2 *l2, struct resp_engine *e, struct worker *w, pass_fn fn,
+                      kvt_l2_task *t, const uint32_t *idx, uint32_t n, uint8_t *st, void *ctx,
+                      int node);
+/* Cluster mode: the state for an error reply to key j's command: K_REDIR
+ * (w->tgt/askf say where next), K_DOWN (a transient cluster error), or 0
+ * (not a cluster error: the caller's usual handling). */
+int kvt_resp_cl_err_state(struct resp_engine *e, struct worker *w, uint32_t j, const char *err);
+/* ASKING in front of a command when the pass follows an ASK redirect; and
+ * reading (dropping) its +OK. */
+void kvt_resp_put_asking(struct worker *w);
+int kvt_resp_skip_asking(struct worker *w);
+/* A corrupt or foreign value for k: counted and logged (the caller removes it). */
+void kvt_resp_report_corrupt(kvt_l2 *l2, const kvt_key *k, const char *why);
+/* UNLINK keys[which[0..n)] (a cleanup after corrupt values; errors are
+ * ignored): on the worker's connection, or in cluster mode one by one on
+ * their nodes' control connections. */
+void kvt_resp_unlink_keys(struct resp_engine *e, struct worker *w, const kvt_key *keys,
+                          const uint32_t *which, uint32_t n);
+void kvt_resp_cl_unlink_keys(kvt_l2 *l2, struct resp_engine *e, const kvt_key *keys,
+                             const uint32_t *which, uint32_t n);
+/* One job's share of a task, on a worker: STORE (resp_store.c), LOOKUP
+ * (known: the stored sizes the index knows, 0 unknown) and LOAD
+ * (resp_load.c). */
+void kvt_resp_do_store(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
+                       const uint32_t *idx, uint32_t n, int node);
+void kvt_resp_do_lookup(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
+                        const uint32_t *idx, const uint32_t *known, uint32_t n, int node);
+void kvt_resp_do_load(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_l2_task *t,
+                      const uint32_t *idx, uint32_t n, int node);
 
 #endif

@@ -525,28 +525,38 @@ static uint32_t keep_masked(struct resp_engine *e, kvt_key *keys, uint32_t n, co
     return k;
 }
 
+struct unseen {
+    unsigned gen;
+    uint32_t n;
+    kvt_key keys[512];
+};
+
+/* Collect a READY, unpinned entry the last scan did not see; false once
+ * the batch is full. */
+static bool unseen_visit(const struct kvt_l2_obj *o, void *arg)
+{
+    struct unseen *u = arg;
+    if (kvt_l2_obj_state(o) == KVT_OBJ_READY && o->pins == 0 && (o->flags & F_GEN) != u->gen)
+        u->keys[u->n++] = o->key;
+    return u->n < KVT_ARRAY_LEN(u->keys);
+}
+
 /* Drop READY, unpinned entries the last scan did not see (gen differs);
  * with mask (cluster mode), only those whose slot a node in mask owns. */
 static uint64_t sweep_unseen(kvt_l2 *l2, struct resp_engine *e, unsigned gen, const bool *mask)
 {
     uint64_t total = 0;
-    uint32_t h = 0;
+    uint32_t cursor = 0;
+    struct unseen u = {.gen = gen};
     for (;;) {
-        kvt_key keys[512];
-        uint32_t n = 0;
-        pthread_mutex_lock(&l2->lock);
-        uint32_t hwm = l2->idx.hwm;
-        for (; h < hwm && n < KVT_ARRAY_LEN(keys); h++) {
-            struct kvt_l2_obj *o = &l2->idx.objs[h];
-            if (kvt_l2_obj_state(o) == KVT_OBJ_READY && o->pins == 0 && (o->flags & F_GEN) != gen)
-                keys[n++] = o->key;
-        }
-        pthread_mutex_unlock(&l2->lock);
+        u.n = 0;
+        bool end = kvt_l2_index_scan(l2, &cursor, unseen_visit, &u);
+        uint32_t n = u.n;
         if (mask)
-            n = keep_masked(e, keys, n, mask);
+            n = keep_masked(e, u.keys, n, mask);
         if (n)
-            total += kvt_l2_drop_gone(l2, keys, n);
-        if (h >= hwm)
+            total += kvt_l2_drop_gone(l2, u.keys, n);
+        if (end)
             break;
     }
     return total;

@@ -1,7 +1,7 @@
 /*
  * nixl_store {"backend": "AZURE_BLOB"}: NIXL's Azure Blob plugin, served by
  * the s3 engine in Azure's REST dialect (e->azure: x-ms-* headers, Shared
- * Key or SAS, Put Blob as a block blob, List Blobs; s3_http.c and s3.c).
+ * Key or SAS, Put Blob as a block blob, List Blobs; s3_http.c, s3.c and s3_list.c).
  * backend_params, with NIXL's names and fallbacks (its
  * src/plugins/azure_blob/README.md):
  *   account_url     else $AZURE_STORAGE_ACCOUNT_URL: "https://<account>.blob.core.windows.net",
@@ -20,6 +20,7 @@
 #include "kvtier/error.h"
 #include "l2/adapters.h"
 #include "l2/s3/s3_int.h"
+#include "l2/s3/s3_nixl.h"
 #include "l2/s3/sigv4.h"
 
 #include <ctype.h>
@@ -141,24 +142,12 @@ int kvt_s3_parse_nixl_azure(struct kvt_cfg *c, void **opts)
         kvt_cfg_finish(&bp);
     }
     kvt_cfg_sub_done(c, "backend_params", &bp);
-    int64_t ps = 0;
-    double cap = 0;
-    kvt_cfg_int(c, "pool_size", true, 0, 1, 1 << 24, &ps);
-    kvt_cfg_num(c, "max_capacity_gb", false, 0, 0, 1e9, &cap);
-    kvt_cfg_str(c, "key_prefix", false, "", &o->key_prefix);
-    if (c->rc)
+    if (kvt_s3_nixl_common(c, o))
         return c->rc;
     if (o->key_prefix[0] == '/' || strstr(o->key_prefix, ".."))
         return kvt_cfg_fail(c, "key_prefix", "must not start with '/' or contain \"..\"");
     o->azure = true;
-    o->num_io_threads = (int)KVT_MIN(ps, 1024);
-    o->max_capacity_bytes = (uint64_t)(cap * KVT_GIB);
-    o->prefer_http2 = true;
-    o->connection_timeout = KVT_S3_CONNECT_TIMEOUT_S;
-    o->request_timeout = KVT_S3_REQUEST_TIMEOUT_S;
-    o->breaker_threshold = 3;
     o->mpu_threshold = UINT64_MAX; /* Put Blob takes up to 5000 MiB */
-    o->mpu_part = 16ull << 20;
     o->path_style = true;
     o->region = "";
     snprintf(o->bucket, sizeof(o->bucket), "%s", container);

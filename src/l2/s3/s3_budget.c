@@ -57,7 +57,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define LEASE_MS KVT_S3_BUDGET_LEASE_MS
+#define LEASE_MS KVT_L2_BUDGET_LEASE_MS
 #define MAX_TRIES 64 /* conflicts before a step gives up (the store fails: safe) */
 
 /* the entry's step word: a tag (30 bits) and the step's result */

@@ -1,7 +1,18 @@
 /*
- * Private to the s3 adapter: s3.c (the adapter: batches, listing, config)
- * and s3_http.c (one I/O thread driving libcurl's multi interface, SigV4
- * signing, the circuit breaker).
+ * Private to the s3 adapter:
+ *   s3.c           the adapter: batches of stores, lookups and loads,
+ *                  status, open and close
+ *   s3_remove.c    DELETE batches (claimed first with a shared budget)
+ *   s3_list.c      the start-up listing; XML helpers
+ *   s3_cfg.c       the s3 type's keys and nixl_store OBJ's
+ *   s3_creds.c     AWS credentials and their check
+ *   s3_azure.c     Azure Blob's dialect (nixl_store AZURE_BLOB)
+ *   s3_multipart.c multipart uploads and the stale-upload sweep
+ *   s3_budget.c    the shared budget record in the bucket
+ *   s3_http.c      one I/O thread driving libcurl's multi interface
+ *   s3_request.c   a request's handle: headers, SigV4 signing, deadline
+ *   s3_breaker.c   request outcomes and the circuit breaker
+ * s3_nixl.h is what the nixl family may use of all this.
  */
 #ifndef KVT_S3_INT_H
 #define KVT_S3_INT_H
@@ -16,6 +27,9 @@
 
 #include "l2/engine.h"
 #include "l2/kit/objfmt.h"
+
+struct kvt_cfg;
+struct kvt_l2_spec;
 
 #define S3_AZURE_VERSION "2021-08-06" /* x-ms-version of Azure Blob requests */
 #define S3_HDR KVT_OBJHDR_MIN         /* header bytes in front of every object */
@@ -249,6 +263,10 @@ struct kvt_s3_opts {
 /* s3_azure.c: the account key or SAS token for e (config, else
  * $AZURE_STORAGE_KEY / $AZURE_STORAGE_SAS_TOKEN); 0 or KVT_E_CONFIG. */
 int kvt_s3_azure_creds(const struct kvt_s3_opts *o, struct s3_engine *e, char *err, size_t cap);
+/* Can a server started now authenticate to Azure (an account key or SAS in
+ * the config or the environment)? explicit_creds: the config has them.
+ * 0, or KVT_E_CONFIG with the message open would give. */
+int kvt_s3_azure_creds_check(bool explicit_creds, char *err, size_t errcap);
 
 /* A synchronous requester for threads other than the I/O thread (the
  * budget record's steps run on store, eviction and I/O threads alike):
@@ -276,10 +294,23 @@ void kvt_s3_submit_req(struct s3_engine *e, struct s3_req *r);
 void kvt_s3_submit_reqs(struct s3_engine *e, struct s3_req *head);
 /* Reset a request for reuse; frees its body and query. */
 void kvt_s3_req_clear(struct s3_req *r);
+
+/* s3_request.c: build r's easy handle (URL, method, body, deadline, signed
+ * headers) with signing key sk; sync: for curl_easy_perform (the whole
+ * request gets request_timeout). 0 or -ENOMEM / -EINVAL. */
+int kvt_s3_req_setup(struct s3_engine *e, struct s3_req *r, struct s3_sigkey *sk, bool sync);
+
+/* s3_breaker.c */
+const char *kvt_s3_outcome_name(enum s3_outcome o);
+/* Classify a finished transfer (r's outcome, status and error fields) and
+ * feed the breaker and the error state. */
+void kvt_s3_classify(struct s3_engine *e, struct s3_req *r, CURLcode rc);
+/* The probe could not even be started: it failed (back-off doubles). */
+void kvt_s3_probe_failed(struct s3_engine *e, const char *why);
+/* Is the breaker closed (requests go to the network)? */
 bool kvt_s3_available(struct s3_engine *e);
 /* Health line: false when the breaker is open or S3 refuses us. */
 bool kvt_s3_health(struct s3_engine *e, char *msg, size_t cap);
-const char *kvt_s3_outcome_name(enum s3_outcome o);
 
 /* s3_multipart.c: send the S3_PUT r (not yet submitted) as a multipart
  * upload of e->mpu_part bytes a part. r->done runs on the I/O thread once
@@ -304,10 +335,40 @@ int kvt_s3_budget_attach(struct s3_engine *e, char *err, size_t errcap);
 /* s3.c, called on the I/O thread */
 /* The breaker just opened: fail the parked stores. */
 void kvt_s3_on_breaker_open(kvt_l2 *l2);
+/* s3.c: the path of key k's object: base + "/" + encoded "<prefix><name>";
+ * its length, or an error (< 0). */
+int kvt_s3_obj_path(const struct s3_engine *e, const kvt_key *k, char *out, size_t cap);
+
+/* s3_list.c: the start-up listing, started and retried by the I/O
+ * thread on every loop */
 void kvt_s3_io_tick(kvt_l2 *l2, uint64_t now);
+struct list_state *kvt_s3_list_new(void);
+void kvt_s3_list_free(struct list_state *ls);
 /* Copy the (unescaped) text of the first <tag>...</tag> in [a, z) to out
  * (z NULL: to the end of a); false, with out "", if absent or a is NULL.
  * a must be NUL-terminated. */
 bool kvt_s3_xml_field(const char *a, const char *z, const char *tag, char *out, size_t cap);
+
+/* s3_remove.c: kvt_l2_ops.remove and .remove_batch, and the removal of n
+ * keys (rcs[i]: 0, -ENOENT or the error; a claim first with a shared
+ * budget) */
+int kvt_s3_remove(kvt_l2 *l2, const struct kvt_l2_obj *o);
+void kvt_s3_remove_batch(kvt_l2 *l2, const struct kvt_l2_obj *objs, uint32_t n, int *rcs);
+void kvt_s3_remove_keys(struct s3_engine *e, const kvt_key *keys, uint32_t n, int *rcs);
+
+/* s3_cfg.c: kvt_l2_adapter_desc.parse of the s3 type */
+int kvt_s3_parse(struct kvt_cfg *c, void *opts);
+/* nixl_store's top-level keys for the s3 engine (pool_size: transfers in
+ * flight, max_capacity_gb, key_prefix) and the engine's settings NIXL's
+ * plugins have no key for (the s3 type's defaults), for OBJ and
+ * AZURE_BLOB alike. Returns c->rc. */
+int kvt_s3_nixl_common(struct kvt_cfg *c, struct kvt_s3_opts *o);
+/* s3_creds.c: the credentials for o (config, environment, credentials
+ * file; Azure: s3_azure.c), 0 or KVT_E_CONFIG with the message; and the
+ * type's host check (kvt_l2_adapter_desc.check): can a server started now
+ * sign requests? */
+int kvt_s3_load_creds(const struct kvt_s3_opts *o, struct s3_creds *c, char *err, size_t cap);
+int kvt_s3_check(const struct kvt_l2_spec *spec, const void *opts, const char **field, char *msg,
+                 size_t cap);
 
 #endif

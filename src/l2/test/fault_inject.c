@@ -212,6 +212,13 @@ static int fault_check(const struct kvt_l2_spec *outer, const void *opts, const 
     return in && in->desc && in->desc->check ? in->desc->check(in, in->opts, field, msg, cap) : 0;
 }
 
+/* The inner adapter's storage is the wrapper's. */
+static const char *fault_storage(const void *opts, const char **field, bool *is_dir)
+{
+    const struct kvt_fault_opts *o = opts;
+    return o->inner ? kvt_l2_spec_storage(o->inner, field, is_dir) : NULL;
+}
+
 const struct kvt_l2_adapter_desc kvt_l2_fault_inject_desc = {
     .name = "fault_inject",
     .opts_size = sizeof(struct kvt_fault_opts),
@@ -219,4 +226,5 @@ const struct kvt_l2_adapter_desc kvt_l2_fault_inject_desc = {
     .open = fault_open,
     .opts_free = fault_opts_free,
     .check = fault_check,
+    .storage = fault_storage,
 };
