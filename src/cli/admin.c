@@ -204,8 +204,9 @@ static int keys_of(struct args *a, json_t **out)
 {
     *out = NULL;
     if (!a->npos)
-        return usage_fail(a, NULL, "name the objects (NAME ..., as `kvtier list` shows them, or "
-                                   "--model M HASH ...)");
+        return usage_fail(a, NULL,
+                          "name the objects (NAME ..., as `kvtier list` shows them, or "
+                          "--model M HASH ...)");
     json_t *k = json_object(), *arr = json_array();
     for (int i = 0; i < a->npos; i++)
         json_array_append_new(arr, json_string(a->pos[i]));
@@ -231,7 +232,10 @@ static int keys_of(struct args *a, json_t **out)
         if (a->salt || a->rank || a->group) {
             json_decref(k);
             json_decref(arr);
-            return usage_fail(a, a->salt ? "--salt" : a->rank ? "--kv-rank" : "--group",
+            return usage_fail(a,
+                              a->salt   ? "--salt"
+                              : a->rank ? "--kv-rank"
+                                        : "--group",
                               "only with --model");
         }
         json_object_set_new(k, "names", arr);
@@ -460,7 +464,10 @@ static int cmd_quota(struct args *a)
         return usage_fail(a, a->pos[1], "unexpected argument (one quota name at a time)");
     const char *name = a->npos ? a->pos[0] : NULL;
     if ((a->set || a->set_gb || a->del) && !name)
-        return usage_fail(a, a->del ? "--delete" : a->set ? "--set" : "--set-gb",
+        return usage_fail(a,
+                          a->del   ? "--delete"
+                          : a->set ? "--set"
+                                   : "--set-gb",
                           "name the quota (a namespace, a model, or @SALT)");
     if ((a->set != NULL) + (a->set_gb != NULL) + a->del > 1)
         return usage_fail(a, "--set", "one of --set, --set-gb and --delete");
@@ -583,19 +590,30 @@ static int cmd_verify(struct args *a)
 
 #define KEYOPTS O_MODEL, O_SALT, O_RANK, O_GROUP
 static const struct cmd cmds[] = {
-    {"list", cmd_list, {O_MODEL, O_SALT, O_NS, O_TIER, O_PREFIX, O_LIMIT, O_ALL},
+    {"list",
+     cmd_list,
+     {O_MODEL, O_SALT, O_NS, O_TIER, O_PREFIX, O_LIMIT, O_ALL},
      "[--model M] [--salt S] [--namespace NS] [--tier T] [--prefix P] [--limit N] [--all]"},
-    {"delete", cmd_delete, {KEYOPTS, O_PREFIX},
+    {"delete",
+     cmd_delete,
+     {KEYOPTS, O_PREFIX},
      "NAME... | --model M [--salt S] [--kv-rank R] [--group G] HASH... | --prefix P"},
     {"clear", cmd_clear, {0}, "TIER   (l1, or an L2 adapter's name: fs[0])"},
-    {"quota", cmd_quota, {O_SET, O_SET_GB, O_DELETE, O_ADAPTER},
+    {"quota",
+     cmd_quota,
+     {O_SET, O_SET_GB, O_DELETE, O_ADAPTER},
      "[NAME [--set BYTES | --set-gb G | --delete]] [--adapter A]\n"
      "               NAME: a namespace, a model, or @SALT (a tenant)"},
     {"pin", cmd_pin, {KEYOPTS}, "[NAME... | --model M [--salt S] ... HASH...]   (none: list pins)"},
     {"unpin", cmd_unpin, {KEYOPTS}, "NAME... | --model M [--salt S] ... HASH..."},
-    {"warm", cmd_warm, {KEYOPTS, O_NS, O_NOWAIT},
+    {"warm",
+     cmd_warm,
+     {KEYOPTS, O_NS, O_NOWAIT},
      "--namespace NS | NAME... | --model M ... HASH...  [--no-wait]"},
-    {"verify", cmd_verify, {O_TIER, O_NS, O_NOWAIT}, "[--tier ADAPTER] [--namespace NS] [--no-wait]"},
+    {"verify",
+     cmd_verify,
+     {O_TIER, O_NS, O_NOWAIT},
+     "[--tier ADAPTER] [--namespace NS] [--no-wait]"},
 };
 
 static void cmd_usage(FILE *f, const struct cmd *c)
@@ -623,14 +641,14 @@ static int parse(const struct cmd *c, int argc, char **argv, struct args *a)
     a->cmd = c->name;
     a->http = getenv("KVTIER_ADMIN_URL");
     a->token_file = getenv("KVTIER_ADMIN_TOKEN_FILE");
-    optind = 1;
+    optind = 0; /* GNU getopt: a full reset; options may follow the words (permuted) */
     opterr = 0;
     int o, li;
-    while ((o = getopt_long(argc, argv, "+", longopts, &li)) != -1) {
+    while ((o = getopt_long(argc, argv, "", longopts, &li)) != -1) {
         if (o == '?' || o == ':') {
             const char *w = argv[optind - 1];
-            fprintf(stderr, "kvtier %s: %s: an unknown option, or one without its value\n",
-                    c->name, w);
+            fprintf(stderr, "kvtier %s: %s: an unknown option, or one without its value\n", c->name,
+                    w);
             cmd_usage(stderr, c);
             return 2;
         }
@@ -642,24 +660,60 @@ static int parse(const struct cmd *c, int argc, char **argv, struct args *a)
             return 2;
         }
         switch (o) {
-        case O_HTTP: a->http = optarg; break;
-        case O_TOKEN: a->token_file = optarg; break;
-        case O_JSON: a->json = true; break;
-        case O_MODEL: a->model = optarg; break;
-        case O_SALT: a->salt = optarg; break;
-        case O_RANK: a->rank = optarg; break;
-        case O_GROUP: a->group = optarg; break;
-        case O_NS: a->ns = optarg; break;
-        case O_TIER: a->tier = optarg; break;
-        case O_PREFIX: a->prefix = optarg; break;
-        case O_LIMIT: a->limit = optarg; break;
-        case O_ALL: a->all = true; break;
-        case O_SET: a->set = optarg; break;
-        case O_SET_GB: a->set_gb = optarg; break;
-        case O_DELETE: a->del = true; break;
-        case O_ADAPTER: a->adapter = optarg; break;
-        case O_NOWAIT: a->nowait = true; break;
-        case O_HELP: cmd_usage(stdout, c); return 1;
+        case O_HTTP:
+            a->http = optarg;
+            break;
+        case O_TOKEN:
+            a->token_file = optarg;
+            break;
+        case O_JSON:
+            a->json = true;
+            break;
+        case O_MODEL:
+            a->model = optarg;
+            break;
+        case O_SALT:
+            a->salt = optarg;
+            break;
+        case O_RANK:
+            a->rank = optarg;
+            break;
+        case O_GROUP:
+            a->group = optarg;
+            break;
+        case O_NS:
+            a->ns = optarg;
+            break;
+        case O_TIER:
+            a->tier = optarg;
+            break;
+        case O_PREFIX:
+            a->prefix = optarg;
+            break;
+        case O_LIMIT:
+            a->limit = optarg;
+            break;
+        case O_ALL:
+            a->all = true;
+            break;
+        case O_SET:
+            a->set = optarg;
+            break;
+        case O_SET_GB:
+            a->set_gb = optarg;
+            break;
+        case O_DELETE:
+            a->del = true;
+            break;
+        case O_ADAPTER:
+            a->adapter = optarg;
+            break;
+        case O_NOWAIT:
+            a->nowait = true;
+            break;
+        case O_HELP:
+            cmd_usage(stdout, c);
+            return 1;
         }
     }
     a->pos = argv + optind;

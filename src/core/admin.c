@@ -403,10 +403,11 @@ int kvt_admin_delete_prefix(struct kvt_admin *a, const char *prefix, json_t **ou
         const char *k;
         json_t *v;
         json_t *per = json_object_get(*out, "removed_l2");
-        json_object_foreach(json_object_get(part, "removed_l2"), k, v)
-            json_object_set_new(per, k, json_integer(json_integer_value(json_object_get(per, k)) +
-                                                     json_integer_value(v)));
-        json_array_extend(json_object_get(*out, "left_in_use"), json_object_get(part, "left_in_use"));
+        json_object_foreach(json_object_get(part, "removed_l2"), k, v) json_object_set_new(
+            per, k,
+            json_integer(json_integer_value(json_object_get(per, k)) + json_integer_value(v)));
+        json_array_extend(json_object_get(*out, "left_in_use"),
+                          json_object_get(part, "left_in_use"));
         json_decref(part);
     }
     json_object_set_new(*out, "matched", json_integer(n));

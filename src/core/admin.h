@@ -107,12 +107,12 @@ int kvt_admin_clear(struct kvt_admin *a, int tier, json_t **out, char *err, size
 /* ---- quotas (name: a namespace name, or "@" + a cache salt) ---- */
 
 /* adapter: an L2 index, or KVT_ADMIN_ALL (every adapter). */
-int kvt_admin_quota_get(struct kvt_admin *a, const char *name, int adapter, json_t **out,
-                        char *err, size_t cap);
+int kvt_admin_quota_get(struct kvt_admin *a, const char *name, int adapter, json_t **out, char *err,
+                        size_t cap);
 int kvt_admin_quota_set(struct kvt_admin *a, const char *name, uint64_t bytes, int adapter,
                         json_t **out, char *err, size_t cap);
-int kvt_admin_quota_del(struct kvt_admin *a, const char *name, int adapter, json_t **out,
-                        char *err, size_t cap);
+int kvt_admin_quota_del(struct kvt_admin *a, const char *name, int adapter, json_t **out, char *err,
+                        size_t cap);
 
 /* ---- pins ---- */
 

@@ -118,8 +118,8 @@ uint32_t kvt_admin_fetch_load(struct kvt_admin *a, struct admin_fetch *f)
         kvt_l2_run(a->l2s[ad], t);
         for (uint32_t j = 0; j < k; j++) {
             uint32_t i = idx[j];
-            bool ok = kvt_bm_test(t->ok, j) && t->bufs[j].len == f->len[i] &&
-                      t->meta[j].len == f->len[i];
+            bool ok =
+                kvt_bm_test(t->ok, j) && t->bufs[j].len == f->len[i] && t->meta[j].len == f->len[i];
             loaded += publish(a, f, i, ok, &t->meta[j]);
         }
         kvt_l2_task_free(t);

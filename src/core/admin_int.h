@@ -19,8 +19,8 @@
 enum { JOB_WARM = 0, JOB_VERIFY = 1 };
 enum { JOB_QUEUED = 0, JOB_RUNNING, JOB_DONE, JOB_FAILED, JOB_CANCELLED };
 
-#define ADMIN_MAX_JOBS 64      /* jobs remembered (the oldest finished ones go) */
-#define ADMIN_MAX_NAMED 32     /* corrupt objects named in a verify job's report */
+#define ADMIN_MAX_JOBS 64  /* jobs remembered (the oldest finished ones go) */
+#define ADMIN_MAX_NAMED 32 /* corrupt objects named in a verify job's report */
 
 struct admin_job {
     uint64_t id;
@@ -90,8 +90,8 @@ struct admin_fetch {
     const kvt_key *keys;
     struct kvt_l1_ref *refs; /* FK_L1 (with ref_l1), FK_LOADED: a reference each */
     uint8_t *st;
-    int8_t *src;  /* FK_L2: the adapter to load from */
-    uint32_t *len; /* FK_L1, FK_L2, FK_LOADED: payload bytes */
+    int8_t *src;                       /* FK_L2: the adapter to load from */
+    uint32_t *len;                     /* FK_L1, FK_L2, FK_LOADED: payload bytes */
     kvt_l2_task *lk[KVT_MAX_ADAPTERS]; /* lookups (their hits are pinned until done) */
     bool ref_l1;
 };

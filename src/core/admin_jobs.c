@@ -43,7 +43,9 @@ json_t *kvt_admin_job_json_locked(const struct admin_job *j)
     json_object_set_new(o, "state", json_string(states[j->state]));
     json_object_set_new(o, "namespace", j->ns ? json_string(j->ns) : json_null());
     json_object_set_new(o, "keys", json_integer(j->nkeys));
-#define N(f) json_object_set_new(o, #f, json_integer((json_int_t)atomic_load_explicit(&j->f, memory_order_relaxed)))
+#define N(f)                                                                                       \
+    json_object_set_new(                                                                           \
+        o, #f, json_integer((json_int_t)atomic_load_explicit(&j->f, memory_order_relaxed)))
     N(total);
     N(done);
     N(failed);
@@ -62,8 +64,8 @@ json_t *kvt_admin_job_json_locked(const struct admin_job *j)
     uint64_t done = atomic_load_explicit(&j->done, memory_order_relaxed);
     json_object_set_new(o, "progress",
                         json_real(j->state == JOB_DONE ? 1.0
-                                  : total            ? (double)done / (double)total
-                                                     : 0.0));
+                                  : total              ? (double)done / (double)total
+                                                       : 0.0));
     json_object_set_new(o, "asked_unix", json_real(j->asked));
     json_object_set_new(o, "started_unix", j->started ? json_real(j->started) : json_null());
     json_object_set_new(o, "finished_unix", j->finished ? json_real(j->finished) : json_null());
@@ -206,8 +208,8 @@ static void run_verify(struct kvt_admin *a, struct admin_job *j)
     uint64_t corrupt = atomic_load(&j->corrupt);
     if (corrupt)
         kvt_warn("admin: verify job %llu: %llu of %llu object(s) corrupt, %llu removed",
-                 (unsigned long long)j->id, (unsigned long long)corrupt,
-                 (unsigned long long)total, (unsigned long long)atomic_load(&j->removed));
+                 (unsigned long long)j->id, (unsigned long long)corrupt, (unsigned long long)total,
+                 (unsigned long long)atomic_load(&j->removed));
     else
         kvt_info("admin: verify job %llu: %llu object(s) read, none corrupt",
                  (unsigned long long)j->id, (unsigned long long)total);
@@ -275,8 +277,7 @@ void kvt_admin_jobs_stop(struct kvt_admin *a)
     a->njobs = 0;
 }
 
-int kvt_admin_job_add(struct kvt_admin *a, struct admin_job *j, json_t **out, char *err,
-                      size_t cap)
+int kvt_admin_job_add(struct kvt_admin *a, struct admin_job *j, json_t **out, char *err, size_t cap)
 {
     pthread_mutex_lock(&a->lock);
     if (a->njobs == ADMIN_MAX_JOBS) { /* forget the oldest finished job */
@@ -325,8 +326,8 @@ int kvt_admin_warm(struct kvt_admin *a, const kvt_key *keys, uint32_t n, const c
         memcpy(j->keys, keys, n * sizeof(kvt_key));
         j->nkeys = n;
     }
-    kvt_info("admin: warm job asked (%s%s%s, %u key(s))", ns ? "namespace " : "keys",
-             ns ? ns : "", "", n);
+    kvt_info("admin: warm job asked (%s%s%s, %u key(s))", ns ? "namespace " : "keys", ns ? ns : "",
+             "", n);
     return kvt_admin_job_add(a, j, out, err, cap);
 }
 

@@ -92,8 +92,8 @@ int kvt_l2_quota_get(kvt_l2 *l2, const char *name, struct kvt_l2_quota_info *out
     int q = quota_find_locked(l2, name);
     bool on = q >= 0 && !l2->quotas[q].off;
     if (on)
-        *out = (struct kvt_l2_quota_info){
-            l2->quotas[q].limit, l2->quotas[q].used, l2->quotas[q].rejected};
+        *out = (struct kvt_l2_quota_info){l2->quotas[q].limit, l2->quotas[q].used,
+                                          l2->quotas[q].rejected};
     pthread_mutex_unlock(&l2->lock);
     return on ? 0 : -ENOENT;
 }

@@ -43,7 +43,7 @@ struct req {
     const char *method;
     json_t *body; /* parsed body (POST/PUT), or NULL */
     char err[1024];
-    const char *field; /* the field err is about, or NULL */
+    char field[128]; /* the field err is about, or "" (a copy: the body goes first) */
 };
 
 static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *o)
@@ -95,7 +95,7 @@ static unsigned status_of(int rc)
 static int bad(struct req *q, const char *field, const char *fmt, const char *v)
 {
     snprintf(q->err, sizeof(q->err), fmt, v);
-    q->field = field;
+    snprintf(q->field, sizeof(q->field), "%s", field ? field : "");
     return -EINVAL;
 }
 
@@ -146,27 +146,29 @@ static unsigned admin_allowed(struct kvt_server *s, struct MHD_Connection *c, co
 
 /* Keys from {"model", "salt", "kv_rank", "group", "hashes": [hex]} or
  * {"names": [listed names]} under field; *n keys to free(). */
-static int read_keys(struct req *q, const json_t *v, const char *field, kvt_key **out,
-                     uint32_t *n)
+static int read_keys(struct req *q, const json_t *v, const char *field, kvt_key **out, uint32_t *n)
 {
     *out = NULL;
     *n = 0;
     if (!json_is_object(v))
-        return bad(q, field, "%s must be an object {model, salt, kv_rank, group, hashes} or "
-                             "{names}", field);
+        return bad(q, field,
+                   "%s must be an object {model, salt, kv_rank, group, hashes} or "
+                   "{names}",
+                   field);
     const json_t *names = json_object_get(v, "names"), *hashes = json_object_get(v, "hashes");
     const char *k;
     json_t *x;
     json_object_foreach((json_t *)v, k, x)
     {
-        static const char *const known[] = {"names", "model", "salt", "kv_rank", "group",
-                                            "hashes"};
+        static const char *const known[] = {"names", "model", "salt", "kv_rank", "group", "hashes"};
         bool ok = false;
         for (size_t i = 0; i < KVT_ARRAY_LEN(known); i++)
             ok |= strcmp(k, known[i]) == 0;
         if (!ok)
-            return bad(q, field, "unknown field \"%s\" (known: model, salt, kv_rank, group, "
-                                 "hashes; or names)", k);
+            return bad(q, field,
+                       "unknown field \"%s\" (known: model, salt, kv_rank, group, "
+                       "hashes; or names)",
+                       k);
     }
     if (!!names == !!hashes)
         return bad(q, field, "%s needs either \"hashes\" (with \"model\") or \"names\"", field);
@@ -198,8 +200,10 @@ static int read_keys(struct req *q, const json_t *v, const char *field, kvt_key 
             (g && (!json_is_integer(g) || json_integer_value(g) < 0 ||
                    json_integer_value(g) > UINT32_MAX))) {
             free(keys);
-            return bad(q, field, "%s: model (string), salt (string), kv_rank and group "
-                                 "(integers >= 0) are expected", field);
+            return bad(q, field,
+                       "%s: model (string), salt (string), kv_rank and group "
+                       "(integers >= 0) are expected",
+                       field);
         }
         const char *salt = s ? json_string_value(s) : "";
         if (kvt_ns_intern(json_string_value(m), strlen(json_string_value(m)), salt, strlen(salt),
@@ -217,8 +221,9 @@ static int read_keys(struct req *q, const json_t *v, const char *field, kvt_key 
                 ok = hi >= 0 && lo >= 0;
                 bin[j] = (uint8_t)(hi << 4 | lo);
             }
-            if (!ok || kvt_key_make(&keys[i], ns, bin, hl / 2, r ? (uint32_t)json_integer_value(r) : 0,
-                                    g ? (uint32_t)json_integer_value(g) : 0)) {
+            if (!ok ||
+                kvt_key_make(&keys[i], ns, bin, hl / 2, r ? (uint32_t)json_integer_value(r) : 0,
+                             g ? (uint32_t)json_integer_value(g) : 0)) {
                 free(keys);
                 return bad(q, field, "hashes: '%.100s' is not 1 to 32 bytes of hex",
                            h ? h : "(not a string)");
@@ -259,8 +264,10 @@ static int read_tier(struct req *q, const char *v, bool l2_only, int *tier)
         return 0;
     int t = kvt_admin_tier(q->s->admin, v);
     if (t == -ENOENT || (l2_only && t == KVT_ADMIN_L1))
-        return bad(q, "tier", "unknown tier '%.100s' (l1, or an L2 adapter's name as /status "
-                              "lists it)", v);
+        return bad(q, "tier",
+                   "unknown tier '%.100s' (l1, or an L2 adapter's name as /status "
+                   "lists it)",
+                   v);
     *tier = t;
     return 0;
 }
@@ -277,15 +284,17 @@ static const char *str_field(struct req *q, const char *name, int *rc)
 
 static int h_objects(struct req *q, json_t **out)
 {
-    struct kvt_admin_filter f = {.model = arg(q, "model"), .salt = arg(q, "salt"),
-                                 .ns = arg(q, "namespace"), .prefix = arg(q, "prefix")};
+    struct kvt_admin_filter f = {.model = arg(q, "model"),
+                                 .salt = arg(q, "salt"),
+                                 .ns = arg(q, "namespace"),
+                                 .prefix = arg(q, "prefix")};
     int rc = read_tier(q, arg(q, "tier"), false, &f.tier);
     if (rc)
         return rc;
     if (f.ns && !kvt_admin_ns_known(f.ns)) {
-        snprintf(q->err, sizeof(q->err), "unknown namespace '%.200s': this server has never seen it",
-                 f.ns);
-        q->field = "namespace";
+        snprintf(q->err, sizeof(q->err),
+                 "unknown namespace '%.200s': this server has never seen it", f.ns);
+        snprintf(q->field, sizeof(q->field), "namespace");
         return -ENOENT;
     }
     const char *l = arg(q, "limit");
@@ -364,7 +373,8 @@ static int h_quotas_put(struct req *q, json_t **out)
         return rc;
     if (!name)
         return bad(q, "name", "%s", "\"name\" is required (a namespace, a model, or @SALT)");
-    const json_t *mb = json_object_get(q->body, "max_bytes"), *mg = json_object_get(q->body, "max_gb");
+    const json_t *mb = json_object_get(q->body, "max_bytes"),
+                 *mg = json_object_get(q->body, "max_gb");
     if (!!mb == !!mg)
         return bad(q, "max_bytes", "%s", "give exactly one of \"max_bytes\" and \"max_gb\"");
     uint64_t bytes;
@@ -442,7 +452,7 @@ static int h_warm(struct req *q, json_t **out)
         return rc;
     rc = kvt_admin_warm(q->s->admin, k, n, ns, out, q->err, sizeof(q->err));
     if (rc == -ENOENT)
-        q->field = "namespace";
+        snprintf(q->field, sizeof(q->field), "namespace");
     free(k);
     return rc;
 }
@@ -456,7 +466,7 @@ static int h_verify(struct req *q, json_t **out)
         return rc;
     rc = kvt_admin_verify(q->s->admin, tier, ns, out, q->err, sizeof(q->err));
     if (rc == -ENOENT)
-        q->field = "namespace";
+        snprintf(q->field, sizeof(q->field), "namespace");
     return rc;
 }
 
@@ -475,7 +485,7 @@ static int h_jobs(struct req *q, json_t **out)
 struct route {
     const char *method, *path;
     int (*fn)(struct req *q, json_t **out);
-    bool body;    /* reads a JSON body */
+    bool body;     /* reads a JSON body */
     bool accepted; /* answers 202: a job was queued */
 };
 
@@ -529,8 +539,7 @@ static enum MHD_Result dispatch(struct kvt_server *s, struct MHD_Connection *c, 
         json_error_t je;
         if (b->too_big) {
             atomic_fetch_add(&s->admin_bad, 1);
-            return send_error(c, 413, "request body over 8 MiB", NULL,
-                              NULL);
+            return send_error(c, 413, "request body over 8 MiB", NULL, NULL);
         }
         q.body = b->len ? json_loadb(b->p, b->len, JSON_REJECT_DUPLICATES, &je) : NULL;
         if (!q.body || !json_is_object(q.body)) {
@@ -549,14 +558,14 @@ static enum MHD_Result dispatch(struct kvt_server *s, struct MHD_Connection *c, 
         if (rc == -EINVAL)
             atomic_fetch_add(&s->admin_bad, 1);
         kvt_info("admin: %s %s refused: %s", method, url, q.err);
-        return send_error(c, status_of(rc), q.err[0] ? q.err : kvt_strerror(rc), q.field, out);
+        return send_error(c, status_of(rc), q.err[0] ? q.err : kvt_strerror(rc),
+                          q.field[0] ? q.field : NULL, out);
     }
     return send_json(c, rt->accepted ? MHD_HTTP_ACCEPTED : MHD_HTTP_OK, out);
 }
 
 int kvt_admin_http(struct kvt_server *s, struct MHD_Connection *c, const char *url,
-                               const char *method, const char *upload, size_t *upload_size,
-                               void **con_cls)
+                   const char *method, const char *upload, size_t *upload_size, void **con_cls)
 {
     struct body *b = *con_cls;
     if (!b) { /* the headers: check the caller first, before any body is read */
