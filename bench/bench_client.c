@@ -8,8 +8,10 @@
  *   bench_client inline URL [--size B] [--conc C] [--seconds S]
  *       inline store / retrieve, one object per request, C client threads;
  *       prints requests/s and GB/s (compare with redis-benchmark SET/GET).
- *   bench_client small  URL [--conc C] [--seconds S]
+ *   bench_client small  URL [--conc C] [--seconds S] [--tcp 1]
  *       ping and one-key lookup per request, C threads; prints ops/s.
+ *       Over the same-host socket a client on this host uses, or with
+ *       --tcp 1 over ZeroMQ/TCP loopback (what bench_zmq_echo measures).
  *
  * Output lines "RESULT <name> <value>" are parsed by bench/run.sh.
  */
@@ -240,7 +242,8 @@ static int cmd_small(void)
     size = 64;
     payload = calloc(1, size);
     double p = run_workers("ping"), l = run_workers("lookup");
-    printf("small ops, %d clients, %.0f s each\n", conc, seconds);
+    printf("small ops, %d clients, %.0f s each, %s\n", conc, seconds,
+           inline_tcp ? "ZeroMQ/TCP loopback" : "the same-host socket");
     printf("  ping    %9.0f ops/s\n", p);
     printf("  lookup  %9.0f ops/s (one key; each releases the previous lookup's locks)\n", l);
     printf("RESULT ping_ops %.0f\nRESULT lookup_ops %.0f\n", p, l);
@@ -270,6 +273,8 @@ int main(int argc, char **argv)
             warmup = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--seconds"))
             seconds = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--tcp"))
+            inline_tcp = atoi(argv[i + 1]) != 0;
     }
     if (!strcmp(argv[1], "zc"))
         return cmd_zc();

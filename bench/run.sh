@@ -54,79 +54,117 @@ fs)
   echo
   ;;
 l1)
-  echo "== L1 data paths (server --no-l2, L1 0.5 GiB) vs memcpy and redis-benchmark; Python client vs an in-process copy"
-  secs=3; [ "$QUICK" = 1 ] && secs=1
+  echo "== L1 data paths (server --no-l2, L1 0.5 GiB) vs memcpy, a bare ZeroMQ echo and redis-benchmark; Python client vs an in-process copy"
+  # Every comparison alternates its rows: each round runs kvtier, the bare
+  # ZeroMQ ROUTER/DEALER echo (bench_zmq_echo: the transport's own ceiling,
+  # same sizes and concurrency, no kvtier logic), redis-benchmark, and the
+  # CURVE server, one after the other; min / median / max over the rounds,
+  # ratios of the medians.
+  secs=3; rounds=5; [ "$QUICK" = 1 ] && { secs=1; rounds=2; }
   port=$(free_port)
   $BIN server --no-l2 --l1-size-gb 0.5 --port "$port" --http-port 0 --log-level warn &
   PIDS+=($!)
   wait_port "$port"
   url=tcp://127.0.0.1:$port
-  zc=$($B/bench/bench_client zc "$url" --rounds 7)
-  echo "$zc" | grep -v '^RESULT'
-  # the Python client (store / retrieve of 64 x 4 MiB = 256 MiB a call) vs an
-  # in-process copy of the same bytes in the same process and run
-  pyr=5; [ "$QUICK" = 1 ] && pyr=2
-  py=$(KVTIER_LIB=$PWD/$B/libkvtier_client.so /usr/bin/python3 bench/bench_py_client.py "$url" --rounds $pyr)
-  echo "$py" | grep -v '^RESULT'
-  inl=$($B/bench/bench_client inline "$url" --conc 4 --seconds $secs --warmup-seconds 3)
-  echo "$inl" | grep -v '^RESULT'
-  sm=$($B/bench/bench_client small "$url" --conc 4 --seconds $secs)
-  echo "$sm" | grep -v '^RESULT'
-  # the same inline and zero-copy runs against a server with CURVE on
-  # (docs/security.md): the cost of encrypting every inline byte
+  eport=$(free_port "$port")
+  $B/bench/bench_zmq_echo serve "tcp://127.0.0.1:$eport" &
+  PIDS+=($!)
+  wait_port "$eport"
+  eurl=tcp://127.0.0.1:$eport
+  # the CURVE server (docs/security.md): the cost of encrypting every inline byte
   kd="$DIR/curve-keys"; rm -rf "$kd"; mkdir -p "$kd"
   $BIN keygen "$kd/server" >/dev/null && $BIN keygen "$kd/bench" >/dev/null
   echo "$(cat "$kd/bench.pub") rw * admin name=bench" > "$kd/clients"
-  cport=$(free_port)
+  cport=$(free_port "$port" "$eport")
   $BIN server --no-l2 --l1-size-gb 0.5 --port "$cport" --http-port 0 --log-level warn \
     --auth-key "$kd/server.key" --auth-clients "$kd/clients" &
   PIDS+=($!)
   wait_port "$cport"
-  curl_env=(env KVTIER_SERVER_KEY="$kd/server.pub" KVTIER_CLIENT_KEY="$kd/bench.key")
-  czc=$("${curl_env[@]}" $B/bench/bench_client zc "tcp://127.0.0.1:$cport" --rounds 7)
-  cinl=$("${curl_env[@]}" $B/bench/bench_client inline "tcp://127.0.0.1:$cport" --conc 4 \
-    --seconds $secs --warmup-seconds 3)
-  # small requests of a same-host client: the same-host socket, bound to the key by a ticket
-  csm=$("${curl_env[@]}" $B/bench/bench_client small "tcp://127.0.0.1:$cport" --conc 4 --seconds $secs)
-  echo "with CURVE (--auth-key):"
-  echo "$czc" | grep -v '^RESULT'
-  echo "$cinl" | grep -v '^RESULT'
-  echo "$csm" | grep -v '^RESULT'
-  # the cipher CURVE runs, alone on one thread: what one I/O thread can seal at all
-  cry=""
-  [ -x $B/bench/bench_crypto ] && cry=$($B/bench/bench_crypto) && echo "$cry" | grep -v '^RESULT'
-  rport=$(free_port)
+  curve_env=(env KVTIER_SERVER_KEY="$kd/server.pub" KVTIER_CLIENT_KEY="$kd/bench.key")
+  rport=$(free_port "$port" "$eport" "$cport")
   redis-server --port "$rport" --save "" --appendonly no --daemonize no --loglevel warning >/dev/null &
   PIDS+=($!)
   wait_port "$rport"
-  n=$((secs * 300))
-  big=$(redis-benchmark -p "$rport" -t set,get -d 4194304 -c 4 -n $n --csv 2>/dev/null)
-  rset=$(echo "$big" | awk -F, '/"SET"/ {gsub(/"/,"",$2); print $2}')
-  rget=$(echo "$big" | awk -F, '/"GET"/ {gsub(/"/,"",$2); print $2}')
-  redis-cli -p "$rport" flushall >/dev/null
-  small=$(redis-benchmark -p "$rport" -t set,get,ping_mbulk -c 4 -n $((secs * 40000)) --csv 2>/dev/null)
-  rsget=$(echo "$small" | awk -F, '/"GET"/ {gsub(/"/,"",$2); print $2}')
-  rping=$(echo "$small" | awk -F, '/"PING_MBULK"/ {gsub(/"/,"",$2); print $2}')
-  echo "redis-benchmark, same concurrency (4): SET 4 MiB $rset req/s, GET 4 MiB $rget req/s, GET small $rsget req/s, PING $rping req/s"
-  echo "ratios (kvtier / peer):"
-  echo "  zero-copy store / memcpy      $(ratio "$(echo "$zc" | result zc_store_gbps)" "$(echo "$zc" | result memcpy_gbps)")   (goal >= 0.8)"
+  # zero-copy and the Python client alternate with their memcpy inside each run
+  zc=$($B/bench/bench_client zc "$url" --rounds 7)
+  echo "$zc" | grep -v '^RESULT'
+  czc=$("${curve_env[@]}" $B/bench/bench_client zc "tcp://127.0.0.1:$cport" --rounds 7)
+  pyr=5; [ "$QUICK" = 1 ] && pyr=2
+  py=$(KVTIER_LIB=$PWD/$B/libkvtier_client.so /usr/bin/python3 bench/bench_py_client.py "$url" --rounds $pyr)
+  echo "$py" | grep -v '^RESULT'
+  # warm-up: fill both pools once, so the rounds measure the steady state
+  $B/bench/bench_client inline "$url" --conc 4 --seconds 0 --warmup-seconds 3 >/dev/null
+  "${curve_env[@]}" $B/bench/bench_client inline "tcp://127.0.0.1:$cport" --conc 4 --seconds 0 \
+    --warmup-seconds 3 >/dev/null
+  declare -A S=()   # row -> the rounds' values, space separated
+  add() { S[$1]="${S[$1]:-} $2"; }
+  rn=$((secs * 300))
+  for i in $(seq "$rounds"); do
+    inl=$($B/bench/bench_client inline "$url" --conc 4 --seconds $secs --warmup-seconds 0)
+    add kv_store "$(echo "$inl" | result inline_store_rps)"
+    add kv_retrieve "$(echo "$inl" | result inline_retrieve_rps)"
+    add echo_store "$($B/bench/bench_zmq_echo run "$eurl" store --conc 4 --seconds $secs | result echo_store_rps)"
+    add echo_retrieve "$($B/bench/bench_zmq_echo run "$eurl" retrieve --conc 4 --seconds $secs | result echo_retrieve_rps)"
+    big=$(redis-benchmark -p "$rport" -t set,get -d 4194304 -c 4 -n $rn --csv 2>/dev/null)
+    add redis_set "$(echo "$big" | awk -F, '/"SET"/ {gsub(/"/,"",$2); print $2}')"
+    add redis_get "$(echo "$big" | awk -F, '/"GET"/ {gsub(/"/,"",$2); print $2}')"
+    redis-cli -p "$rport" flushall >/dev/null
+    cinl=$("${curve_env[@]}" $B/bench/bench_client inline "tcp://127.0.0.1:$cport" --conc 4 \
+      --seconds $secs --warmup-seconds 0)
+    add curve_store "$(echo "$cinl" | result inline_store_rps)"
+    add curve_retrieve "$(echo "$cinl" | result inline_retrieve_rps)"
+    sm=$($B/bench/bench_client small "$url" --conc 4 --seconds $secs)
+    add kv_ping "$(echo "$sm" | result ping_ops)"
+    add kv_lookup "$(echo "$sm" | result lookup_ops)"
+    smt=$($B/bench/bench_client small "$url" --conc 4 --seconds $secs --tcp 1)
+    add kv_ping_tcp "$(echo "$smt" | result ping_ops)"
+    add kv_lookup_tcp "$(echo "$smt" | result lookup_ops)"
+    add echo_ping "$($B/bench/bench_zmq_echo run "$eurl" ping --conc 4 --seconds $secs | result echo_ping_rps)"
+    small=$(redis-benchmark -p "$rport" -t get,ping_mbulk -c 4 -n $((secs * 40000)) --csv 2>/dev/null)
+    add redis_get_small "$(echo "$small" | awk -F, '/"GET"/ {gsub(/"/,"",$2); print $2}')"
+    add redis_ping "$(echo "$small" | awk -F, '/"PING_MBULK"/ {gsub(/"/,"",$2); print $2}')"
+    # small requests of a same-host client with CURVE: the same-host socket, bound to the key
+    csm=$("${curve_env[@]}" $B/bench/bench_client small "tcp://127.0.0.1:$cport" --conc 4 --seconds $secs)
+    add curve_ping "$(echo "$csm" | result ping_ops)"
+    add curve_lookup "$(echo "$csm" | result lookup_ops)"
+    echo "  round $i of $rounds done" >&2
+  done
+  declare -A M=()   # row -> median
+  echo "requests/s over $rounds alternated rounds of ${secs} s (4 MiB objects for store/retrieve/SET/GET; 4 clients):"
+  printf "  %-28s %10s %10s %10s\n" row min median max
+  for row in kv_store echo_store redis_set curve_store kv_retrieve echo_retrieve redis_get curve_retrieve \
+             kv_ping kv_ping_tcp echo_ping redis_ping curve_ping kv_lookup kv_lookup_tcp redis_get_small curve_lookup; do
+    read -r mn md mx <<<"$(echo ${S[$row]} | tr ' ' '\n' | sort -g | awk '{v[NR]=$1} END {
+      m = NR % 2 ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2; printf "%.1f %.1f %.1f", v[1], m, v[NR]}')"
+    M[$row]=$md
+    printf "  %-28s %10s %10s %10s\n" "$row" "$mn" "$md" "$mx"
+  done
+  # the cipher CURVE runs, alone on one thread: what one I/O thread can seal at all
+  cry=""
+  [ -x $B/bench/bench_crypto ] && cry=$($B/bench/bench_crypto) && echo "$cry" | grep -v '^RESULT'
+  echo "ratios of the medians (kvtier / peer):"
+  echo "  zero-copy store / memcpy      $(ratio "$(echo "$zc" | result zc_store_gbps)" "$(echo "$zc" | result memcpy_gbps)")   (goal >= 0.95)"
   echo "  zero-copy retrieve / memcpy   $(ratio "$(echo "$zc" | result zc_retrieve_gbps)" "$(echo "$zc" | result memcpy_gbps)")   (goal >= 0.8)"
   echo "  python store / memcpy         $(ratio "$(echo "$py" | result py_store_gbps)" "$(echo "$py" | result py_copy_into_gbps)")   (goal >= 0.5; memcpy in the same Python process)"
   echo "  python retrieve / memcpy      $(ratio "$(echo "$py" | result py_retrieve_gbps)" "$(echo "$py" | result py_copy_into_gbps)")   (goal >= 0.5)"
   echo "  python retrieve, fresh memory / copy into new bytes  $(ratio "$(echo "$py" | result py_retrieve_new_gbps)" "$(echo "$py" | result py_copy_new_gbps)")   (keep_buffers=0)"
-  echo "  inline store / redis SET      $(ratio "$(echo "$inl" | result inline_store_rps)" "$rset")   (goal >= 1.0)"
-  echo "  inline retrieve / redis GET   $(ratio "$(echo "$inl" | result inline_retrieve_rps)" "$rget")   (goal >= 1.0)"
-  echo "  inline store, CURVE / plain   $(ratio "$(echo "$cinl" | result inline_store_rps)" "$(echo "$inl" | result inline_store_rps)")   (goal >= 0.8)"
-  echo "  inline retrieve, CURVE / plain $(ratio "$(echo "$cinl" | result inline_retrieve_rps)" "$(echo "$inl" | result inline_retrieve_rps)")   (goal >= 0.8)"
+  echo "  inline store / ZeroMQ echo    $(ratio "${M[kv_store]}" "${M[echo_store]}")   (the transport's ceiling)"
+  echo "  inline store / redis SET      $(ratio "${M[kv_store]}" "${M[redis_set]}")   (goal >= 1.0)"
+  echo "  inline retrieve / ZeroMQ echo $(ratio "${M[kv_retrieve]}" "${M[echo_retrieve]}")"
+  echo "  inline retrieve / redis GET   $(ratio "${M[kv_retrieve]}" "${M[redis_get]}")   (goal >= 1.0)"
+  echo "  inline store, CURVE / plain   $(ratio "${M[curve_store]}" "${M[kv_store]}")   (goal >= 0.8)"
+  echo "  inline retrieve, CURVE / plain $(ratio "${M[curve_retrieve]}" "${M[kv_retrieve]}")   (goal >= 0.8)"
   if [ -n "$cry" ]; then
     seal_rps=$(echo "$cry" | result seal_gbps | awk '{printf "%.1f", $1 * 1e9 / 4194304}')
-    echo "  inline store, CURVE / one thread sealing 4 MiB frames ($seal_rps /s)   $(ratio "$(echo "$cinl" | result inline_store_rps)" "$seal_rps")   (the cipher's own ceiling per I/O thread; client and server each pay it)"
+    echo "  inline store, CURVE / one thread sealing 4 MiB frames ($seal_rps /s)   $(ratio "${M[curve_store]}" "$seal_rps")   (the cipher's own ceiling per I/O thread; client and server each pay it)"
   fi
   echo "  zero-copy store, CURVE / plain $(ratio "$(echo "$czc" | result zc_store_gbps)" "$(echo "$zc" | result zc_store_gbps)")   (the same-host path: goal ~1.0)"
-  echo "  ping, CURVE / plain           $(ratio "$(echo "$csm" | result ping_ops)" "$(echo "$sm" | result ping_ops)")   (same-host socket bound to the key: goal ~1.0)"
-  echo "  lookup, CURVE / plain         $(ratio "$(echo "$csm" | result lookup_ops)" "$(echo "$sm" | result lookup_ops)")   (goal ~1.0)"
-  echo "  ping / redis PING             $(ratio "$(echo "$sm" | result ping_ops)" "$rping")   (goal >= 1.0)"
-  echo "  lookup / redis GET (small)    $(ratio "$(echo "$sm" | result lookup_ops)" "$rsget")   (goal >= 1.0)"
+  echo "  ping over TCP / ZeroMQ echo   $(ratio "${M[kv_ping_tcp]}" "${M[echo_ping]}")   (the transport's ceiling; kvtier's own client on this host uses the same-host socket: kv_ping)"
+  echo "  ping / redis PING             $(ratio "${M[kv_ping]}" "${M[redis_ping]}")   (goal >= 1.0)"
+  echo "  lookup over TCP / ZeroMQ echo $(ratio "${M[kv_lookup_tcp]}" "${M[echo_ping]}")"
+  echo "  lookup / redis GET (small)    $(ratio "${M[kv_lookup]}" "${M[redis_get_small]}")   (goal >= 1.0)"
+  echo "  ping, CURVE / plain           $(ratio "${M[curve_ping]}" "${M[kv_ping]}")   (same-host socket bound to the key: goal ~1.0)"
+  echo "  lookup, CURVE / plain         $(ratio "${M[curve_lookup]}" "${M[kv_lookup]}")   (goal ~1.0)"
   cleanup; PIDS=()
   echo
   ;;
