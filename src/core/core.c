@@ -41,6 +41,9 @@ int kvt_core_open(const struct kvt_core_opts *o, struct kvt_core **out, char *er
         if (rc)
             return rc;
         c->nl2 = i + 1;
+        if (o->events) /* what its scan adopted already is announced here */
+            kvt_l2_set_event_hook(c->l2s[i],
+                                  &(struct kvt_tier_hook){kvt_events_hook, o->events, 1 + i});
     }
     return 0;
 }
@@ -59,6 +62,8 @@ int kvt_core_start(struct kvt_core *c, char *err, size_t cap)
         snprintf(err, cap, "L1: %s", l1err);
         return rc;
     }
+    if (o->events)
+        kvt_l1_set_event_hook(c->l1, &(struct kvt_tier_hook){kvt_events_hook, o->events, 0});
     rc = kvt_store_ctrl_start(&c->sc, c->l1, c->l2s, c->nl2, o->store_policy, o->on_store_progress,
                               o->progress_arg);
     if (!rc)

@@ -27,6 +27,7 @@
 
 #include <jansson.h>
 
+#include "core/events.h"
 #include "ctrl/prefetch_ctrl.h"
 #include "ctrl/store_ctrl.h"
 #include "io/tpool.h"
@@ -52,6 +53,9 @@ struct kvt_core_opts {
      * may be answerable): it must only wake someone */
     void (*on_store_progress)(void *arg);
     void *progress_arg;
+    /* tier events (core/events.h): L1 and every adapter announce into it
+     * from open on; NULL: no events */
+    struct kvt_events *events;
 };
 
 /* ---- set-up and tear-down (the server, main thread) ---- */

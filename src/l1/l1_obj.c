@@ -107,6 +107,10 @@ void kvt_l1_obj_unlink_locked(struct kvt_l1 *l1, uint32_t h)
         kvt_policy_remove(l1->policy, h);
         o->flags &= (uint8_t)~F_TRACKED;
     }
+    if (o->flags & F_ANNOUNCED) {
+        l1->ev.fn(l1->ev.arg, l1->ev.tier, KVT_TIER_REMOVED, &o->key);
+        o->flags &= (uint8_t)~F_ANNOUNCED;
+    }
     obj_set_state(o, FROM(ST_WRITING) | FROM(ST_READY), ST_DEAD);
     if (o->refs == 0)
         obj_free_locked(l1, h);
@@ -259,6 +263,10 @@ bool kvt_l1_obj_publish_locked(struct kvt_l1 *l1, uint32_t h, uint32_t pos, uint
             .prefix_pos = pos, .prefix_len = n, .bytes = o->meta.len, .fp = kvt_key_hash(&o->key)};
         kvt_policy_insert(l1->policy, h, false, &hint);
         o->flags |= F_TRACKED;
+        if (l1->ev.fn) { /* a temporary object serves one reader: not announced */
+            l1->ev.fn(l1->ev.arg, l1->ev.tier, KVT_TIER_STORED, &o->key);
+            o->flags |= F_ANNOUNCED;
+        }
     }
     return true;
 }
@@ -465,6 +473,14 @@ int kvt_l1_delete_unleased(struct kvt_l1 *l1, const kvt_key *k)
     }
     pthread_mutex_unlock(&l1->lock);
     return rc;
+}
+
+void kvt_l1_set_event_hook(struct kvt_l1 *l1, const struct kvt_tier_hook *hook)
+{
+    pthread_mutex_lock(&l1->lock);
+    KVT_ASSERT(l1->nready == 0 && l1->nwriting == 0);
+    l1->ev = *hook;
+    pthread_mutex_unlock(&l1->lock);
 }
 
 void kvt_l1_set_pressure_hook(struct kvt_l1 *l1, void (*fn)(void *), void *arg)

@@ -52,6 +52,13 @@ static inline void obj_set_state(struct kvt_l2_obj *o, unsigned from, enum kvt_l
     o->state = to == KVT_OBJ_FREE ? (uint8_t)KVT_OBJ_FREE : (uint8_t)((o->state & ~ST_MASK) | to);
 }
 
+/* Tell the tier-event hook (if any) about entry o. call with l2->lock held */
+static inline void obj_announce_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, enum kvt_tier_ev ev)
+{
+    if (l2->ev.fn)
+        l2->ev.fn(l2->ev.arg, l2->ev.tier, ev, &o->key);
+}
+
 /* call with l2->lock held */
 uint32_t kvt_l2b_idx_insert(kvt_l2 *l2, const kvt_key *k);
 int kvt_l2b_quota_of_locked(kvt_l2 *l2, uint32_t ns);

@@ -204,6 +204,10 @@ struct kvt_l2 {
     /* a byte budget shared with other servers (l2/budget.h), attached by
      * the engine at open; NULL: the cap counts this server's index only */
     struct kvt_l2_budget *budget;
+    /* tier events (kvt_l2_set_event_hook), guarded by lock: called under it
+     * when an entry becomes READY and when a READY or DELETING entry leaves
+     * the index; fn NULL: none */
+    struct kvt_tier_hook ev;
 };
 
 struct kvt_l2_spec;

@@ -49,17 +49,32 @@ uint32_t kvt_l2b_idx_insert(kvt_l2 *l2, const kvt_key *k)
     return h;
 }
 
-static void idx_remove(struct kvt_l2_index *x, uint32_t h)
+static void idx_remove(kvt_l2 *l2, uint32_t h)
 {
+    struct kvt_l2_index *x = &l2->idx;
     /* only a live, unpinned entry leaves the index (kvt_kindex_del checks
      * that the key maps to it) */
     KVT_ASSERT(h < x->hwm && x->nobjs > 0);
     KVT_ASSERT(x->objs[h].pins == 0);
+    if (st(&x->objs[h]) != KVT_OBJ_WRITING) /* READY or DELETING: it was announced */
+        obj_announce_locked(l2, &x->objs[h], KVT_TIER_REMOVED);
     kvt_kindex_del(&x->map, h);
     obj_set_state(&x->objs[h], FROM_LIVE, KVT_OBJ_FREE);
     x->objs[h].aux = x->free_head;
     x->free_head = h;
     x->nobjs--;
+}
+
+void kvt_l2_set_event_hook(kvt_l2 *l2, const struct kvt_tier_hook *hook)
+{
+    pthread_mutex_lock(&l2->lock);
+    l2->ev = *hook;
+    for (uint32_t h = 0; h < l2->idx.hwm; h++) { /* what a scan adopted before now */
+        uint8_t s = st(&l2->idx.objs[h]);
+        if (s == KVT_OBJ_READY || s == KVT_OBJ_DELETING)
+            obj_announce_locked(l2, &l2->idx.objs[h], KVT_TIER_STORED);
+    }
+    pthread_mutex_unlock(&l2->lock);
 }
 
 bool kvt_l2_index_scan(kvt_l2 *l2, uint32_t *cursor,
@@ -214,7 +229,7 @@ void kvt_l2b_drop_locked(kvt_l2 *l2, uint32_t h)
     if (o->state & ST_TRACKED)
         kvt_policy_remove(l2->policy, h);
     kvt_l2b_account_locked(l2, o, -1);
-    idx_remove(&l2->idx, h);
+    idx_remove(l2, h);
 }
 
 /* ------------------------------------------------------------ base */
@@ -388,6 +403,8 @@ static uint32_t new_entry_locked(kvt_l2 *l2, const kvt_key *ck, uint32_t stored,
     o->flags = flags;
     obj_set_state(o, FROM(KVT_OBJ_FREE), state);
     kvt_l2b_account_locked(l2, o, +1);
+    if (state == KVT_OBJ_READY)
+        obj_announce_locked(l2, o, KVT_TIER_STORED);
     return h;
 }
 
@@ -489,6 +506,7 @@ static void publish(kvt_l2 *l2, const kvt_key *ck, bool set_aux, uint32_t aux)
         if (set_aux)
             l2->idx.objs[h].aux = aux;
         obj_set_state(&l2->idx.objs[h], FROM(KVT_OBJ_WRITING), KVT_OBJ_READY);
+        obj_announce_locked(l2, &l2->idx.objs[h], KVT_TIER_STORED);
         settled = l2->idx.objs[h].stored;
     }
     pthread_mutex_unlock(&l2->lock);

@@ -89,6 +89,7 @@ void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0
             o->flags = f->flags;
             obj_set_state(o, FROM(KVT_OBJ_FREE), KVT_OBJ_READY);
             kvt_l2b_account_locked(l2, o, +1);
+            obj_announce_locked(l2, o, KVT_TIER_STORED);
             if (l2->policy) {
                 struct kvt_policy_hint hint = {
                     .prefix_pos = 0, .bytes = f->stored, .fp = kvt_key_hash(&f->key)};

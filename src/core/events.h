@@ -1,0 +1,63 @@
+/*
+ * The tier-event queue: what the tiers announce (key/tierev.h), in the
+ * order they announced it, for the events publisher (server/events.c).
+ *
+ * The core installs kvt_events_hook on L1 (tier 0) and on every L2
+ * adapter (tier 1 + i) when the server hands it a queue
+ * (kvt_core_opts.events). A tier calls the hook with its own lock held, so
+ * a push never waits for anything but the queue's own lock, a leaf held
+ * for a copy: when the queue is full the event is dropped and counted,
+ * and the consumer learns of it through kvt_events_dropped. A store or a
+ * lookup is never slowed by whoever reads the queue.
+ *
+ * Opaque types: struct kvt_events. Non-opaque: struct kvt_event, struct
+ * kvt_events_stats.
+ *
+ * Threads: push from any thread (the tiers' threads); pop from one
+ * consumer thread.
+ */
+#ifndef KVT_CORE_EVENTS_H
+#define KVT_CORE_EVENTS_H
+
+#include <stdint.h>
+
+#include "key/key.h"
+#include "key/tierev.h"
+
+struct kvt_events;
+
+struct kvt_event {
+    kvt_key key;
+    uint8_t ev;   /* enum kvt_tier_ev */
+    uint8_t tier; /* 0: L1; 1 + i: L2 adapter i */
+};
+
+struct kvt_events_stats {
+    uint64_t pushed;  /* events queued since start */
+    uint64_t dropped; /* events lost: the queue was full */
+    uint64_t popped;  /* events taken by the consumer */
+    uint32_t depth;   /* events waiting now */
+    uint32_t cap;
+};
+
+/* A queue of cap events (at least 1). 0 or -errno. */
+int kvt_events_new(uint32_t cap, struct kvt_events **out);
+void kvt_events_free(struct kvt_events *q);
+
+/* The hook's function (struct kvt_tier_hook.fn with arg = the queue). */
+void kvt_events_hook(void *arg, int tier, enum kvt_tier_ev ev, const kvt_key *key);
+
+/* Take up to max events, oldest first; returns how many. */
+uint32_t kvt_events_pop(struct kvt_events *q, struct kvt_event *out, uint32_t max);
+/* Readable when events were queued into an empty queue (or after
+ * kvt_events_wake): the consumer reads it (kvt_events_drain_fd), then
+ * pops until the queue is empty. */
+int kvt_events_fd(const struct kvt_events *q);
+void kvt_events_drain_fd(struct kvt_events *q);
+/* Make the fd readable (a consumer asked to stop). */
+void kvt_events_wake(struct kvt_events *q);
+/* Events dropped since start (the consumer compares it between batches). */
+uint64_t kvt_events_dropped(struct kvt_events *q);
+void kvt_events_stats(struct kvt_events *q, struct kvt_events_stats *out);
+
+#endif
