@@ -81,7 +81,8 @@ int kvt_evpub_cfg_check(const struct kvt_evpub_cfg *c, bool insecure_no_auth)
         if (!eps[i][0])
             continue;
         if (!endpoint_ok(eps[i])) {
-            fprintf(stderr, "kvtier server: --%s: expected tcp://HOST:PORT or ipc://PATH, got '%s'\n",
+            fprintf(stderr,
+                    "kvtier server: --%s: expected tcp://HOST:PORT or ipc://PATH, got '%s'\n",
                     flags[i], eps[i]);
             return 2;
         }
@@ -149,10 +150,12 @@ int kvt_evpub_listen(const struct kvt_evpub_cfg *c, struct kvt_evpub **out, char
         snprintf(err, cap, "--kv-events-queue: %s", strerror(-rc));
         goto fail;
     }
-    rc = bind_socket(p->zctx, ZMQ_PUB, c->endpoint, c->hwm, &p->pub, err, cap,
-                     "kv-events-endpoint");
+    rc =
+        bind_socket(p->zctx, ZMQ_PUB, c->endpoint, c->hwm, &p->pub, err, cap, "kv-events-endpoint");
+    /* a whole buffer's replay (and its end marker) fits a peer's pipe: the
+     * ROUTER drops what is over its high-water mark */
     if (!rc && c->replay[0])
-        rc = bind_socket(p->zctx, ZMQ_ROUTER, c->replay, c->hwm, &p->replay, err, cap,
+        rc = bind_socket(p->zctx, ZMQ_ROUTER, c->replay, c->buffer + 1, &p->replay, err, cap,
                          "kv-events-replay-endpoint");
     if (rc)
         goto fail;

@@ -1,0 +1,185 @@
+"""KV events from every tier (docs/events.md), read by a subscriber built on
+the pinned vLLM's own event classes (support.kvevents): every batch must
+decode as vLLM decodes it. A real kvtier server, the real client library;
+no engine is needed for these tests."""
+
+import json
+import time
+
+import pytest
+
+from support.data import keys_for, random_payloads
+from support.kvevents import Subscriber
+from support.ports import free_port
+from support.server import Server, run_kvtier, wait_for
+from vllm.distributed.kv_events import AllBlocksCleared, BlockStored
+
+L1 = "CPU"
+FS = "STORAGE:fs[0]"
+MiB = 1 << 20
+
+
+def events_server(tmp_path, extra=(), data="data"):
+    pub, rep = free_port(), free_port()
+    s = Server(["--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
+                "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep] + list(extra),
+               tmp_path, data_dir=str(tmp_path / data))
+    s.pub = "tcp://127.0.0.1:%d" % pub
+    s.rep = "tcp://127.0.0.1:%d" % rep
+    return s
+
+
+@pytest.fixture
+def started(tmp_path):
+    made = []
+
+    def make(extra=()):
+        s = events_server(tmp_path, extra)
+        made.append(s)
+        s.start()
+        s.wait_recovered()
+        return s
+
+    yield make
+    for s in made:
+        s.kill()
+
+
+def hashes(keys):
+    return set(keys.hashes)
+
+
+def store(s, keys, size=4096):
+    with s.client() as c:
+        assert c.store(keys, random_payloads(len(keys), size)) == len(keys)
+        assert not c.flush()  # every L2 store done
+
+
+def test_store_announced_in_l1_and_l2(started):
+    """A store: AllBlocksCleared first (sequence 0), then every chunk as
+    BlockStored in L1 ("CPU") and in the fs adapter; vLLM's decoder reads
+    every batch and the sequence has no gap."""
+    s = started()
+    with Subscriber(s.pub, s.rep) as sub:
+        keys = keys_for("m", 8)
+        store(s, keys)
+        sub.replay(0)
+        sub.wait(lambda x: x.view().get(FS) == hashes(keys))
+        assert sub.view() == {L1: hashes(keys), FS: hashes(keys)}
+        seqs = sorted(sub.batches)
+        assert seqs == list(range(len(seqs)))
+        first = sub.batches[0].events
+        assert len(first) == 1 and isinstance(first[0], AllBlocksCleared)
+        for _, e in sub.events():
+            if isinstance(e, BlockStored):
+                assert e.parent_block_hash is None and e.token_ids == []
+                assert e.block_size == 256 and e.lora_id is None and e.lora_name is None
+        assert sub.batches[seqs[-1]].data_parallel_rank == 0
+        st = s.http_get("/status")
+        ev = json.loads(st[1])["kv_events"]
+        assert ev["media"] == [L1, FS] and ev["blocks_stored"] == 16 and ev["dropped"] == 0
+
+
+def test_l1_eviction_removes_from_l1_only(started):
+    """Objects evicted from L1 are BlockRemoved for "CPU" while the fs
+    adapter keeps announcing them: the subscriber's view of each tier is
+    what the tier holds."""
+    s = started(["--l1-size-gb", "0.03", "--l1-init-size-gb", "0.03"])
+    with Subscriber(s.pub, s.rep) as sub:
+        keys = keys_for("ev", 48)
+        for i in range(0, 48, 8):
+            store(s, keys[i:i + 8], size=MiB)
+        sub.replay(0)
+        sub.wait(lambda x: x.view().get(FS) == hashes(keys), what="every key in fs")
+        evicted = sub.removed(L1)
+        assert evicted and evicted < hashes(keys)
+        assert not sub.removed(FS)
+        with s.client() as c:
+            l1_objects = c.status()["l1"]["objects"]
+        assert len(sub.view()[L1]) == l1_objects
+        assert sub.view()[L1] == hashes(keys) - evicted
+
+
+def test_delete_and_purge_remove_from_every_tier(started, tmp_path):
+    """delete: BlockRemoved in L1 and fs for the deleted keys; kvtier purge
+    --all: BlockRemoved in fs for every object, and in L1 for its copies."""
+    s = started()
+    with Subscriber(s.pub, s.rep) as sub:
+        keys = keys_for("pg", 10)
+        store(s, keys)
+        with s.client() as c:
+            c.delete(keys[:2])
+        sub.replay(0)
+        sub.wait(lambda x: x.removed(FS) == hashes(keys[:2]))
+        assert sub.removed(L1) == hashes(keys[:2])
+        r = run_kvtier("purge", "--all", "--yes", "--root", str(tmp_path / "data"), "--url", s.url)
+        assert r.returncode == 0, r.stderr + r.stdout
+        sub.wait(lambda x: not x.view(), what="nothing held")
+        assert sub.removed(FS) == hashes(keys) and sub.removed(L1) == hashes(keys)
+
+
+def test_restart_announces_what_recovery_found(tmp_path):
+    """A stop sends AllBlocksCleared last; after a restart the new server
+    starts with AllBlocksCleared and announces what the fs scan recovered,
+    and only in the fs medium (L1 starts empty)."""
+    s = events_server(tmp_path)
+    s.start()
+    try:
+        keys = keys_for("rs", 6)
+        with Subscriber(s.pub, s.rep) as sub:
+            store(s, keys)
+            sub.replay(0)
+            sub.wait(lambda x: x.view().get(FS) == hashes(keys))
+            s.stop()  # SIGTERM: a clean stop
+            sub.wait(lambda x: not x.view(), what="AllBlocksCleared at stop")
+            last = sub.batches[max(sub.batches)].events
+            assert isinstance(last[-1], AllBlocksCleared)
+        s.start()
+        s.wait_recovered()
+        with Subscriber(s.pub, s.rep) as sub:
+            sub.replay(0)
+            sub.wait(lambda x: x.view().get(FS) == hashes(keys), what="recovered keys")
+            assert sub.view() == {FS: hashes(keys)}
+            assert isinstance(sub.batches[0].events[0], AllBlocksCleared)
+    finally:
+        s.kill()
+
+
+def test_replay_serves_what_the_buffer_holds(started):
+    """A subscriber that connects late gets every batch from the replay
+    socket; with a buffer of 3 batches only the last 3 come back, the first
+    above the sequence asked for."""
+    s = started(["--kv-events-buffer", "3"])
+    keys = keys_for("rp", 5)
+    for k in keys:  # one store each: batches of their own
+        store(s, k)
+    with Subscriber(s.pub, s.rep) as sub:
+        wait_for(lambda: json.loads(s.http_get("/status")[1])["kv_events"]["blocks_stored"] == 10)
+        n = json.loads(s.http_get("/status")[1])["kv_events"]["batches"]
+        assert n > 3
+        got = sub.replay(0)
+        assert got == [n - 3, n - 2, n - 1]
+        assert sub.replay(n) == []
+        assert json.loads(s.http_get("/status")[1])["kv_events"]["replay_requests"] == 2
+
+
+def test_drops_are_counted_and_leave_a_gap(started):
+    """A queue of one event and a store of 64 chunks at once: events are
+    dropped and counted in /status and /metrics, the store is unaffected,
+    and the subscriber sees a sequence number skipped. A second subscriber
+    that never reads slows nothing."""
+    s = started(["--kv-events-queue", "1", "--kv-events-hwm", "1"])
+    with Subscriber(s.pub, s.rep) as sub, Subscriber(s.pub, rcvhwm=1) as idle:
+        time.sleep(0.3)  # both subscriptions reach the server
+        keys = keys_for("dr", 64)
+        t0 = time.time()
+        store(s, keys)
+        assert time.time() - t0 < 10
+        ev = json.loads(s.http_get("/status")[1])["kv_events"]
+        assert ev["dropped"] > 0 and ev["gaps"] > 0
+        metrics = s.http_get("/metrics")[1]
+        assert "kvtier_kv_events_dropped_total %d" % ev["dropped"] in metrics
+        sub.replay(0)
+        seqs = sorted(sub.batches)
+        assert seqs[-1] + 1 > len(seqs)  # a sequence number no batch has
+        idle.sub.close(linger=0)
