@@ -6,7 +6,8 @@
 #                                  vLLM engine each: need `make venv`), lmcache-client
 #                                  (LMCache's client without vLLM, larger volumes),
 #                                  lmcache-auth (its port with authentication vs plain);
-#                                  QUICK=1: a smaller model)
+#                                  QUICK=1: a smaller model), events (KV events'
+#                                  cost on the store path: off, one reader, one idle subscriber)
 #
 # Environment: BENCH_DIR (a directory on the disk to test; default
 # /var/tmp/kvtier-bench), QUICK=1 for a short smoke run.
@@ -153,6 +154,13 @@ recovery)
   $B/bench/bench_recovery "$DIR" --objects 100000 --rounds $r
   $B/bench/bench_recovery "$DIR" --objects 100000 --rounds $r --type nixl_store_dynamic
   [ "$QUICK" = 1 ] || $B/bench/bench_recovery "$DIR" --objects 1000000 --rounds $r
+  echo
+  ;;
+events)
+  echo "== KV events on the store path: off vs on with a reading subscriber vs on with one that never reads"
+  r=9; [ "$QUICK" = 1 ] && r=3
+  KVTIER_LIB=$PWD/$B/libkvtier_client.so /usr/bin/python3 bench/bench_events.py --dir "$DIR" \
+    --bin "$BIN" --rounds $r
   echo
   ;;
 replay)

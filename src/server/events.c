@@ -28,7 +28,8 @@
 #include <time.h>
 #include <zmq.h>
 
-#define POP_MAX 1024 /* tier events taken per batch */
+#define POP_MAX 1024         /* tier events taken per batch */
+#define COALESCE_NS 1000000L /* 1 ms: how long a wake waits for the rest of its burst */
 
 struct replay_entry {
     uint64_t seq;
@@ -411,8 +412,13 @@ static void *pub_main(void *arg)
     while (!atomic_load_explicit(&p->stop, memory_order_acquire)) {
         if (zmq_poll(items, nitems, 1000) < 0 && errno != EINTR)
             break;
-        if (items[0].revents & ZMQ_POLLIN)
+        if (items[0].revents & ZMQ_POLLIN) {
             kvt_events_drain_fd(p->q);
+            /* let the burst that woke us gather (a store announces its
+             * chunks one by one): fewer wakes and batches, and the queue
+             * stays non-empty, so the tiers write the eventfd less */
+            nanosleep(&(struct timespec){0, COALESCE_NS}, NULL);
+        }
         publish_queued(p);
         if (p->replay)
             serve_replay(p);
