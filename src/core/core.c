@@ -202,9 +202,17 @@ bool kvt_core_fetch(struct kvt_core *c, const kvt_key *keys, uint32_t n, bool no
     return false;
 }
 
+void kvt_core_tag(struct kvt_core *c, const kvt_key *key, struct kvt_blocktag *tag)
+{
+    if (c->o->events)
+        kvt_events_tag(c->o->events, key, tag);
+    else
+        kvt_blocktag_put(tag);
+}
+
 uint32_t kvt_core_store(struct kvt_core *c, const kvt_key *keys, uint32_t n,
                         const struct iovec *data, const kvt_objmeta *meta, uint64_t client,
-                        int32_t *codes)
+                        struct kvt_blocktag *const *tags, int32_t *codes)
 {
     struct kvt_l1_ref *refs = kvt_xmalloc((n ? n : 1) * sizeof(*refs));
     kvt_key *kept = kvt_xmalloc((n ? n : 1) * sizeof(kvt_key));
@@ -223,6 +231,10 @@ uint32_t kvt_core_store(struct kvt_core *c, const kvt_key *keys, uint32_t n,
             continue;
         }
         memcpy(refs[k].ptr, data[i].iov_base, m.len);
+        if (tags && tags[i]) { /* before the publish below announces it */
+            kvt_blocktag_ref(tags[i]);
+            kvt_core_tag(c, &keys[i], tags[i]);
+        }
         kept[k] = keys[i];
         hs[k] = refs[k].h;
         k++;

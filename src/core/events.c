@@ -1,7 +1,9 @@
 /*
  * The tier-event queue (events.h): a ring of fixed-size records under one
  * leaf lock, and an eventfd written when a push finds the ring empty (the
- * consumer empties it on every wake, so one write per burst).
+ * consumer empties it on every wake, so one write per burst). Beside it,
+ * under the same lock, the table of engine block hashes: key -> tag and
+ * the tiers that announced the key under it.
  */
 #include "core/events.h"
 #include "common/util.h"
@@ -14,8 +16,19 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+/* A key with engine block hashes. tiers: bit t set while tier t holds the
+ * key announced under this tag; 0: an orphan (given, not yet announced). */
+struct tagent {
+    struct tagent *next;
+    kvt_key key;
+    struct kvt_blocktag *tag; /* the table's reference */
+    uint64_t tiers;
+};
+
 struct kvt_events {
     pthread_mutex_t lock; /* a leaf, taken under l1->lock or l2->lock; guards all below */
+    struct tagent **tb;   /* hash buckets (ntb, a power of two), chained */
+    uint32_t ntb, ntags, norphans;
     struct kvt_event *ring;
     uint32_t cap;
     uint64_t head, tail; /* tail - head events are queued; positions modulo cap */
@@ -45,6 +58,15 @@ void kvt_events_free(struct kvt_events *q)
 {
     if (!q)
         return;
+    for (uint32_t b = 0; b < q->ntb; b++)
+        for (struct tagent *e = q->tb[b], *n; e; e = n) {
+            n = e->next;
+            kvt_blocktag_put(e->tag);
+            free(e);
+        }
+    free(q->tb);
+    for (uint64_t i = q->head; i != q->tail; i++)
+        kvt_blocktag_put(q->ring[i % q->cap].tag);
     close(q->efd);
     pthread_mutex_destroy(&q->lock);
     free(q->ring);
@@ -58,18 +80,106 @@ static void poke(int efd)
     (void)w;
 }
 
+/* ---------------------------------------------------- the tag table */
+
+static struct tagent **tag_slot_locked(struct kvt_events *q, const kvt_key *key)
+{
+    if (!q->ntb)
+        return NULL;
+    struct tagent **pe = &q->tb[kvt_key_hash(key) & (q->ntb - 1)];
+    while (*pe && !kvt_key_eq(&(*pe)->key, key))
+        pe = &(*pe)->next;
+    return pe;
+}
+
+static void tag_grow_locked(struct kvt_events *q)
+{
+    uint32_t n = q->ntb ? q->ntb * 2 : 1024;
+    struct tagent **tb = kvt_xcalloc(n, sizeof(*tb));
+    for (uint32_t b = 0; b < q->ntb; b++)
+        for (struct tagent *e = q->tb[b], *nx; e; e = nx) {
+            nx = e->next;
+            struct tagent **h = &tb[kvt_key_hash(&e->key) & (n - 1)];
+            e->next = *h;
+            *h = e;
+        }
+    free(q->tb);
+    q->tb = tb;
+    q->ntb = n;
+}
+
+void kvt_events_tag(struct kvt_events *q, const kvt_key *key, struct kvt_blocktag *tag)
+{
+    pthread_mutex_lock(&q->lock);
+    struct tagent **pe = tag_slot_locked(q, key);
+    struct tagent *e = pe ? *pe : NULL;
+    if (e && !e->tiers) { /* an orphan: the newer write's hashes */
+        kvt_blocktag_put(e->tag);
+        e->tag = tag;
+    } else if (e || q->norphans >= KVT_EVENTS_MAX_ORPHANS) {
+        kvt_blocktag_put(tag); /* held under its tag already, or too many orphans */
+    } else {
+        if (q->ntags >= q->ntb)
+            tag_grow_locked(q);
+        e = kvt_xcalloc(1, sizeof(*e));
+        e->key = *key;
+        e->tag = tag;
+        pe = tag_slot_locked(q, key);
+        e->next = *pe;
+        *pe = e;
+        q->ntags++;
+        q->norphans++;
+    }
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* The tag an event of tier t names (a new reference, or NULL), with the
+ * table brought up to date: a store marks the tier, a removal of a tier
+ * that announced the tag unmarks it and the last one frees the entry. */
+static struct kvt_blocktag *tag_for_locked(struct kvt_events *q, int tier, enum kvt_tier_ev ev,
+                                           const kvt_key *key)
+{
+    struct tagent **pe = tag_slot_locked(q, key);
+    struct tagent *e = pe ? *pe : NULL;
+    uint64_t bit = 1ull << tier;
+    if (!e)
+        return NULL;
+    if (ev == KVT_TIER_STORED) {
+        if (!e->tiers)
+            q->norphans--;
+        e->tiers |= bit;
+    } else if (!(e->tiers & bit)) {
+        return NULL; /* announced before the tag came: named by its key */
+    }
+    struct kvt_blocktag *t = e->tag;
+    kvt_blocktag_ref(t);
+    if (ev == KVT_TIER_REMOVED && !(e->tiers &= ~bit)) {
+        *pe = e->next;
+        kvt_blocktag_put(e->tag);
+        free(e);
+        q->ntags--;
+    }
+    return t;
+}
+
+/* ------------------------------------------------------------ the queue */
+
 void kvt_events_hook(void *arg, int tier, enum kvt_tier_ev ev, const kvt_key *key)
 {
     struct kvt_events *q = arg;
     pthread_mutex_lock(&q->lock);
+    /* the table follows every tier, queued or dropped */
+    struct kvt_blocktag *tag = q->ntags ? tag_for_locked(q, tier, ev, key) : NULL;
     bool was_empty = q->tail == q->head;
     if (q->tail - q->head == q->cap) {
         q->dropped++;
         pthread_mutex_unlock(&q->lock);
+        kvt_blocktag_put(tag);
         return;
     }
     struct kvt_event *e = &q->ring[q->tail++ % q->cap];
     e->key = *key;
+    e->tag = tag;
     e->ev = (uint8_t)ev;
     e->tier = (uint8_t)tier;
     q->pushed++;
@@ -121,6 +231,8 @@ void kvt_events_stats(struct kvt_events *q, struct kvt_events_stats *out)
     out->dropped = q->dropped;
     out->popped = q->popped;
     out->depth = (uint32_t)(q->tail - q->head);
+    out->tagged = q->ntags;
+    out->orphans = q->norphans;
     out->cap = q->cap;
     pthread_mutex_unlock(&q->lock);
 }

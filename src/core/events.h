@@ -21,6 +21,7 @@
 
 #include <stdint.h>
 
+#include "key/blocktag.h"
 #include "key/key.h"
 #include "key/tierev.h"
 
@@ -28,11 +29,15 @@ struct kvt_events;
 
 struct kvt_event {
     kvt_key key;
-    uint8_t ev;   /* enum kvt_tier_ev */
-    uint8_t tier; /* 0: L1; 1 + i: L2 adapter i */
+    struct kvt_blocktag *tag; /* the key's engine block hashes (a reference the
+                               * consumer drops), or NULL: name it by key->hash */
+    uint8_t ev;               /* enum kvt_tier_ev */
+    uint8_t tier;             /* 0: L1; 1 + i: L2 adapter i */
 };
 
 struct kvt_events_stats {
+    uint32_t tagged;  /* keys whose engine block hashes are kept now */
+    uint32_t orphans; /* of them, tags no tier announced yet (capped) */
     uint64_t pushed;  /* events queued since start */
     uint64_t dropped; /* events lost: the queue was full */
     uint64_t popped;  /* events taken by the consumer */
@@ -44,10 +49,26 @@ struct kvt_events_stats {
 int kvt_events_new(uint32_t cap, struct kvt_events **out);
 void kvt_events_free(struct kvt_events *q);
 
+/*
+ * Engine block hashes (key/blocktag.h): from now on the events of key in a
+ * tier that announces it name tag's hashes instead of the key's hash, and
+ * keep doing so for that tier until it removes the key, so a subscriber
+ * hears the same hashes stored and removed. Give the tag before the key is
+ * published (the store): a tier that announced the key already keeps what
+ * it announced, and a tag given while any tier holds the key under one is
+ * ignored. The tag is kept while a tier holds the key; at most
+ * KVT_EVENTS_MAX_ORPHANS tags no tier announced yet (writes never
+ * committed) are kept, further ones are dropped. Takes the caller's
+ * reference.
+ */
+#define KVT_EVENTS_MAX_ORPHANS 65536
+void kvt_events_tag(struct kvt_events *q, const kvt_key *key, struct kvt_blocktag *tag);
+
 /* The hook's function (struct kvt_tier_hook.fn with arg = the queue). */
 void kvt_events_hook(void *arg, int tier, enum kvt_tier_ev ev, const kvt_key *key);
 
-/* Take up to max events, oldest first; returns how many. */
+/* Take up to max events, oldest first; returns how many. Each event's tag
+ * (if any) is the caller's reference: drop it with kvt_blocktag_put. */
 uint32_t kvt_events_pop(struct kvt_events *q, struct kvt_event *out, uint32_t max);
 /* Readable when events were queued into an empty queue (or after
  * kvt_events_wake): the consumer reads it (kvt_events_drain_fd), then

@@ -133,6 +133,10 @@ void kvt_l1_obj_put_locked(struct kvt_l1 *l1, uint32_t h);
 /* WRITING h (position pos of a commit of n) becomes READY under its key;
  * false: dropped, another writer published the key first. */
 bool kvt_l1_obj_publish_locked(struct kvt_l1 *l1, uint32_t h, uint32_t pos, uint32_t n, bool temp);
+/* Tell the tier-event hook that READY h is stored, unless it is temporary
+ * or was announced already. Publishers call it after their publishes, in
+ * request order. */
+void kvt_l1_obj_announce_locked(struct kvt_l1 *l1, uint32_t h);
 void kvt_l1_obj_fill_ref(struct kvt_l1 *l1, uint32_t h, struct kvt_l1_ref *r);
 /* Return quarantined pages whose time is up to the allocator. */
 void kvt_l1_quarantine_release_locked(struct kvt_l1 *l1, uint64_t now);

@@ -263,12 +263,18 @@ bool kvt_l1_obj_publish_locked(struct kvt_l1 *l1, uint32_t h, uint32_t pos, uint
             .prefix_pos = pos, .prefix_len = n, .bytes = o->meta.len, .fp = kvt_key_hash(&o->key)};
         kvt_policy_insert(l1->policy, h, false, &hint);
         o->flags |= F_TRACKED;
-        if (l1->ev.fn) { /* a temporary object serves one reader: not announced */
-            l1->ev.fn(l1->ev.arg, l1->ev.tier, KVT_TIER_STORED, &o->key);
-            o->flags |= F_ANNOUNCED;
-        }
     }
     return true;
+}
+
+void kvt_l1_obj_announce_locked(struct kvt_l1 *l1, uint32_t h)
+{
+    struct l1_obj *o = obj(l1, h);
+    /* a temporary object serves one reader: not announced */
+    if (l1->ev.fn && o->state == ST_READY && !(o->flags & (F_TEMP | F_ANNOUNCED))) {
+        l1->ev.fn(l1->ev.arg, l1->ev.tier, KVT_TIER_STORED, &o->key);
+        o->flags |= F_ANNOUNCED;
+    }
 }
 
 int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
@@ -289,6 +295,8 @@ void kvt_l1_commit(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n, unsigned f
     for (uint32_t i = n; i-- > 0;)
         if (obj(l1, hs[i])->state == ST_WRITING)
             kvt_l1_obj_publish_locked(l1, hs[i], i, n, (flags & KVT_L1_TEMP) != 0);
+    for (uint32_t i = 0; i < n; i++) /* in request order: a chain's blocks in order */
+        kvt_l1_obj_announce_locked(l1, hs[i]);
     pthread_mutex_unlock(&l1->lock);
 }
 

@@ -192,27 +192,70 @@ static void pack_str(msgpack_packer *pk, const char *s)
     msgpack_pack_str_body(pk, s, l);
 }
 
-/* One event of vLLM's tagged union: a map whose "type" names the class. */
+static void pack_hash(msgpack_packer *pk, const uint8_t *h, uint8_t hash_len)
+{
+    if (hash_len) {
+        msgpack_pack_bin(pk, hash_len);
+        msgpack_pack_bin_body(pk, h, hash_len);
+    } else { /* vLLM's integer block hashes */
+        uint64_t v = 0;
+        for (int i = 0; i < 8; i++)
+            v = v << 8 | h[i];
+        msgpack_pack_uint64(pk, v);
+    }
+}
+
+/* The block hashes event e names: its tag's, else its key's hash. */
+static uint32_t nhashes(const struct kvt_event *e)
+{
+    return e->tag ? e->tag->nblocks : 1;
+}
+
+static void pack_hashes_of(msgpack_packer *pk, const struct kvt_event *e)
+{
+    const struct kvt_blocktag *t = e->tag;
+    if (!t) {
+        msgpack_pack_bin(pk, e->key.hash_len);
+        msgpack_pack_bin_body(pk, e->key.hash, e->key.hash_len);
+        return;
+    }
+    for (uint32_t j = 0; j < t->nblocks; j++)
+        pack_hash(pk, t->hashes + j * kvt_blocktag_hsize(t), t->hash_len);
+}
+
+/* One event of vLLM's tagged union: a map whose "type" names the class. A
+ * BlockStored run is one chain (same_run): its parent is the first's. */
 static void pack_event(struct kvt_evpub *p, msgpack_packer *pk, const struct kvt_event *run,
                        uint32_t n)
 {
     bool stored = run[0].ev == KVT_TIER_STORED;
+    const struct kvt_blocktag *t0 = run[0].tag;
     msgpack_pack_map(pk, stored ? 8 : 3);
     pack_str(pk, "type");
     pack_str(pk, stored ? "BlockStored" : "BlockRemoved");
     pack_str(pk, "block_hashes");
-    msgpack_pack_array(pk, n);
-    for (uint32_t i = 0; i < n; i++) {
-        msgpack_pack_bin(pk, run[i].key.hash_len);
-        msgpack_pack_bin_body(pk, run[i].key.hash, run[i].key.hash_len);
-    }
+    uint32_t nh = 0;
+    for (uint32_t i = 0; i < n; i++)
+        nh += nhashes(&run[i]);
+    msgpack_pack_array(pk, nh);
+    for (uint32_t i = 0; i < n; i++)
+        pack_hashes_of(pk, &run[i]);
     if (stored) {
         pack_str(pk, "parent_block_hash");
-        msgpack_pack_nil(pk);
+        if (t0 && t0->has_parent)
+            pack_hash(pk, t0->parent, t0->hash_len);
+        else
+            msgpack_pack_nil(pk);
         pack_str(pk, "token_ids");
-        msgpack_pack_array(pk, 0);
+        uint32_t nt = 0;
+        for (uint32_t i = 0; i < n; i++)
+            nt += run[i].tag ? run[i].tag->ntokens : 0;
+        msgpack_pack_array(pk, nt);
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t j = 0; run[i].tag && j < run[i].tag->ntokens; j++)
+                msgpack_pack_uint32(pk, run[i].tag->tokens[j]);
         pack_str(pk, "block_size");
-        msgpack_pack_int(pk, p->block_size);
+        msgpack_pack_int(pk, t0 ? (int)t0->block_size : p->block_size);
         pack_str(pk, "lora_id");
         msgpack_pack_nil(pk);
     }
@@ -224,9 +267,22 @@ static void pack_event(struct kvt_evpub *p, msgpack_packer *pk, const struct kvt
     }
 }
 
+/* Does b continue a's event? Removals of one tier always; stores of one
+ * tier when neither has engine hashes, or when b's blocks follow a's (b's
+ * parent is a's last block, same block size and kind of hash), so that a
+ * BlockStored is one chain as vLLM's are. */
 static bool same_run(const struct kvt_event *a, const struct kvt_event *b)
 {
-    return a->ev == b->ev && a->tier == b->tier;
+    if (a->ev != b->ev || a->tier != b->tier)
+        return false;
+    if (a->ev == KVT_TIER_REMOVED || (!a->tag && !b->tag))
+        return true;
+    const struct kvt_blocktag *x = a->tag, *y = b->tag;
+    if (!x || !y || !y->has_parent || x->hash_len != y->hash_len ||
+        x->block_size != y->block_size || (x->ntokens == 0) != (y->ntokens == 0))
+        return false;
+    size_t hs = kvt_blocktag_hsize(x);
+    return memcmp(x->hashes + (x->nblocks - 1) * hs, y->parent, hs) == 0;
 }
 
 /* Encode [ts, [events], data_parallel_rank] into p->sb: n queued events
@@ -254,10 +310,11 @@ static void encode_batch(struct kvt_evpub *p, const struct kvt_event *ev, uint32
         uint64_t st = 0, rm = 0;
         for (uint32_t i = 0; i < n;) {
             uint32_t j = i + 1;
-            while (j < n && same_run(&ev[i], &ev[j]))
+            while (j < n && same_run(&ev[j - 1], &ev[j]))
                 j++;
             pack_event(p, &pk, ev + i, j - i);
-            *(ev[i].ev == KVT_TIER_STORED ? &st : &rm) += j - i;
+            for (uint32_t k = i; k < j; k++)
+                *(ev[i].ev == KVT_TIER_STORED ? &st : &rm) += nhashes(&ev[k]);
             i = j;
         }
         atomic_fetch_add_explicit(&p->stored, st, memory_order_relaxed);
@@ -323,6 +380,8 @@ static void publish_queued(struct kvt_evpub *p)
     while ((n = kvt_events_pop(p->q, p->evs, POP_MAX)) > 0) {
         encode_batch(p, p->evs, n);
         send_batch(p);
+        for (uint32_t i = 0; i < n; i++)
+            kvt_blocktag_put(p->evs[i].tag);
     }
 }
 
@@ -521,6 +580,10 @@ json_t *kvt_evpub_status(struct kvt_evpub *p)
     json_object_set_new(o, "all_cleared", json_integer((json_int_t)s.cleared));
     json_object_set_new(o, "dropped", json_integer((json_int_t)s.dropped));
     json_object_set_new(o, "gaps", json_integer((json_int_t)s.gaps));
+    struct kvt_events_stats qs;
+    kvt_events_stats(p->q, &qs);
+    json_object_set_new(o, "tagged", json_integer(qs.tagged));
+    json_object_set_new(o, "orphans", json_integer(qs.orphans));
     json_object_set_new(o, "queue_depth", json_integer(s.queue_depth));
     json_object_set_new(o, "queue_capacity", json_integer(s.queue_cap));
     json_object_set_new(o, "buffered", json_integer(s.buffered));

@@ -183,3 +183,62 @@ def test_drops_are_counted_and_leave_a_gap(started):
         seqs = sorted(sub.batches)
         assert seqs[-1] + 1 > len(seqs)  # a sequence number no batch has
         idle.sub.close(linger=0)
+
+
+def test_engine_block_hashes_name_the_chunks(started):
+    """A store with the engine's block hashes ("blocks"): every tier
+    announces the chunks by them, as one chain per store (parent, block
+    size, token ids as given), and removals name the same hashes; vLLM's
+    integer hashes stay integers."""
+    s = started()
+    keys = keys_for("eb", 3)
+    eng = [bytes([k, b]) * 16 for k in range(3) for b in range(4)]  # 4 blocks per chunk
+    parent = b"\x07" * 32
+    toks = list(range(3 * 64))
+    with Subscriber(s.pub, s.rep) as sub:
+        with s.client() as c:
+            with c.store_view(keys[:2], [4096] * 2, blocks={"size": 16, "hashes": eng[:8],
+                                                             "parent": parent,
+                                                             "tokens": toks[:128]}) as views:
+                for v in views:
+                    v[:] = b"\x01" * 4096
+            assert c.store(keys[2:], [b"x" * 100], blocks={"size": 16, "hashes": eng[8:],
+                                                          "parent": eng[7],
+                                                          "tokens": toks[128:]}) == 1
+            assert not c.flush()
+        sub.replay(0)
+        sub.wait(lambda x: x.view().get(FS) == set(eng), what="engine hashes in fs")
+        assert sub.view() == {L1: set(eng), FS: set(eng)}
+        # in store order; consecutive chains may share one event (the third
+        # chunk's parent is the second's last block)
+        stored = [e for _, e in sub.events() if isinstance(e, BlockStored) and e.medium == L1]
+        assert [h for e in stored for h in e.block_hashes] == eng
+        assert [t for e in stored for t in e.token_ids] == toks
+        assert stored[0].parent_block_hash == parent
+        assert all(e.block_size == 16 for e in stored)
+        with s.client() as c:
+            c.delete(keys)
+        sub.wait(lambda x: not x.view(), what="removals")
+        assert sub.removed(L1) == set(eng) and sub.removed(FS) == set(eng)
+        st = json.loads(s.http_get("/status")[1])["kv_events"]
+        assert st["tagged"] == 0 and st["orphans"] == 0
+        # integers (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
+        k2 = keys_for("ei", 1)
+        with s.client() as c:
+            assert c.store(k2, [b"y" * 10], blocks={"size": 32, "hashes": [1, 2**64 - 1]}) == 1
+        sub.wait(lambda x: x.view().get(L1) == {1, 2**64 - 1}, what="integer hashes")
+
+
+def test_blocks_field_refused_when_malformed(started):
+    """A malformed "blocks" is E_BADREQ and stores nothing."""
+    import kvtier
+    s = started()
+    keys = keys_for("bad", 2)
+    with s.client() as c:
+        for b in [{"size": 16, "hashes": [b"a" * 32] * 3},       # not the same count per key
+                  {"size": 16, "hashes": [b"a" * 32, b"b" * 31]},  # two lengths
+                  {"size": 16, "hashes": [b"a" * 33] * 2},         # longer than 32 bytes
+                  {"size": 0, "hashes": [b"a" * 32] * 2}]:         # no block size
+            with pytest.raises((kvtier.KvtierError, ValueError)):
+                c.store(keys, [b"x"] * 2, blocks=b)
+        assert c.lookup(keys) == 0
