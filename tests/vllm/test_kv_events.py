@@ -9,8 +9,10 @@ import time
 import pytest
 
 from support.data import keys_for, random_payloads
+from support.engine import Engine, kvtier_connector_config
 from support.kvevents import Subscriber
 from support.ports import free_port
+from support.prompts import BLOCK, CHUNK, MAX_TOKENS, prompt, tokens
 from support.server import Server, run_kvtier, wait_for
 from vllm.distributed.kv_events import AllBlocksCleared, BlockStored
 
@@ -242,3 +244,56 @@ def test_blocks_field_refused_when_malformed(started):
             with pytest.raises((kvtier.KvtierError, ValueError)):
                 c.store(keys, [b"x"] * 2, blocks=b)
         assert c.lookup(keys) == 0
+
+
+# ------------------------------------------------ with a real vLLM engine
+
+P_EVENTS = prompt("events", tokens(300, 40))  # 4 full chunks of 64 + 44: 9 full blocks of 32
+
+
+def test_engine_hashes_match_vllms_own_events(tiny_model, baseline, tmp_path):
+    """A real vLLM engine with kvtier's connector and its own KV events on:
+    kvtier announces exactly the prompt's full chunks' blocks (8 of vLLM's 9
+    full blocks: 4 chunks of 2), in L1 and in the fs adapter, under the very
+    block hashes vLLM publishes for them, as one chain with vLLM's block
+    size, parent and tokens; the output is the no-connector run's."""
+    s = events_server(tmp_path, ["--chunk-size", str(CHUNK), "--l2-prefetch-policy", "retain"])
+    s.start()
+    vport = free_port()
+    try:
+        # vLLM binds an endpoint with '*' (and connects to any other)
+        with Subscriber(s.pub, s.rep) as kv, Subscriber("tcp://127.0.0.1:%d" % vport) as vl:
+            cfg = kvtier_connector_config(s.url, retry_s=1, timeout_ms=3000)
+            ev_cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
+                      "endpoint": "tcp://*:%d" % vport, "topic": "vllm"}
+            with Engine(tiny_model, cfg, kv_events_config=ev_cfg,
+                        log=str(tmp_path / "engine.log")) as eng:
+                r = eng.generate([{"tokens": P_EVENTS}], max_tokens=MAX_TOKENS)
+                assert r["outputs"][0]["tokens"] == baseline["events"]
+                nfull = len(P_EVENTS) // CHUNK * (CHUNK // BLOCK)
+                vl.wait(lambda x: len(x.view().get("GPU", ())) >= len(P_EVENTS) // BLOCK,
+                        timeout=60, what="vLLM's own events")
+                kv.replay(0)
+                kv.wait(lambda x: len(x.view().get(FS, ())) >= nfull, timeout=60,
+                        what="kvtier's events in fs")
+            vstored = [e for _, e in vl.events() if isinstance(e, BlockStored)]
+            vhashes = [h for e in vstored for h in e.block_hashes]
+            assert len(vhashes) >= nfull
+            want = vhashes[:nfull]
+            for medium in (L1, FS):
+                ours = [e for _, e in kv.events() if isinstance(e, BlockStored) and e.medium == medium]
+                assert sorted(h for e in ours for h in e.block_hashes) == sorted(want), medium
+                # each event is a piece of vLLM's chain: its blocks in order, the
+                # block before them as parent, their tokens (fs writes finish in
+                # any order: its pieces may come in any order)
+                for e in ours:
+                    i = want.index(e.block_hashes[0])
+                    assert e.block_hashes == want[i:i + len(e.block_hashes)]
+                    assert e.parent_block_hash == (want[i - 1] if i else None)
+                    assert e.token_ids == P_EVENTS[i * BLOCK:(i + len(e.block_hashes)) * BLOCK]
+                    assert e.block_size == BLOCK
+            l1 = [e for _, e in kv.events() if isinstance(e, BlockStored) and e.medium == L1]
+            assert [h for e in l1 for h in e.block_hashes] == want  # one store: in order
+            assert set(kv.view()) == {L1, FS}
+    finally:
+        s.kill()
