@@ -6,6 +6,7 @@
  * the tiers that announced the key under it.
  */
 #include "core/events.h"
+#include "common/log.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -34,6 +35,12 @@ struct kvt_events {
     uint64_t head, tail; /* tail - head events are queued; positions modulo cap */
     uint64_t pushed, dropped, popped;
     int efd;
+    /* the L1 log (kvt_events_log_open): records logseq - nlog + 1 .. logseq */
+    struct kvt_evrec *log;
+    uint32_t logcap, nlog;
+    uint64_t logseq;
+    int log_fd; /* written when armed and L1 logs an event */
+    bool log_armed;
 };
 
 int kvt_events_new(uint32_t cap, struct kvt_events **out)
@@ -67,6 +74,9 @@ void kvt_events_free(struct kvt_events *q)
     free(q->tb);
     for (uint64_t i = q->head; i != q->tail; i++)
         kvt_blocktag_put(q->ring[i % q->cap].tag);
+    for (uint32_t i = 0; i < q->nlog; i++)
+        kvt_blocktag_put(q->log[(q->logseq - i) % q->logcap].tag);
+    free(q->log);
     close(q->efd);
     pthread_mutex_destroy(&q->lock);
     free(q->ring);
@@ -162,6 +172,57 @@ static struct kvt_blocktag *tag_for_locked(struct kvt_events *q, int tier, enum 
     return t;
 }
 
+/* ------------------------------------------------------------ the L1 log */
+
+void kvt_events_log_open(struct kvt_events *q, uint32_t cap, int wake_fd)
+{
+    pthread_mutex_lock(&q->lock);
+    KVT_ASSERT(!q->log && cap > 0);
+    q->log = kvt_xcalloc(cap, sizeof(*q->log));
+    q->logcap = cap;
+    q->log_fd = wake_fd;
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* Returns whether the reader waits to be woken. */
+static bool log_append_locked(struct kvt_events *q, enum kvt_tier_ev ev, const kvt_key *key,
+                              struct kvt_blocktag *tag)
+{
+    struct kvt_evrec *r = &q->log[++q->logseq % q->logcap];
+    if (q->nlog == q->logcap)
+        kvt_blocktag_put(r->tag); /* the oldest goes */
+    else
+        q->nlog++;
+    r->seq = q->logseq;
+    r->key = *key;
+    r->ev = (uint8_t)ev;
+    r->tag = tag;
+    if (tag)
+        kvt_blocktag_ref(tag);
+    bool wake = q->log_armed;
+    q->log_armed = false;
+    return wake;
+}
+
+uint32_t kvt_events_log_read(struct kvt_events *q, uint64_t cursor, struct kvt_evrec *out,
+                             uint32_t max, uint64_t *first, uint64_t *last)
+{
+    pthread_mutex_lock(&q->lock);
+    uint64_t lo = q->logseq - q->nlog + 1, n = 0;
+    *first = lo;
+    *last = q->logseq;
+    for (uint64_t s = KVT_MAX(cursor + 1, lo); s <= q->logseq && n < max; s++) {
+        out[n] = q->log[s % q->logcap];
+        if (out[n].tag)
+            kvt_blocktag_ref(out[n].tag);
+        n++;
+    }
+    if (!n)
+        q->log_armed = true;
+    pthread_mutex_unlock(&q->lock);
+    return (uint32_t)n;
+}
+
 /* ------------------------------------------------------------ the queue */
 
 void kvt_events_hook(void *arg, int tier, enum kvt_tier_ev ev, const kvt_key *key)
@@ -170,11 +231,14 @@ void kvt_events_hook(void *arg, int tier, enum kvt_tier_ev ev, const kvt_key *ke
     pthread_mutex_lock(&q->lock);
     /* the table follows every tier, queued or dropped */
     struct kvt_blocktag *tag = q->ntags ? tag_for_locked(q, tier, ev, key) : NULL;
+    bool wake_log = tier == 0 && q->log && log_append_locked(q, ev, key, tag);
     bool was_empty = q->tail == q->head;
     if (q->tail - q->head == q->cap) {
         q->dropped++;
         pthread_mutex_unlock(&q->lock);
         kvt_blocktag_put(tag);
+        if (wake_log)
+            poke(q->log_fd);
         return;
     }
     struct kvt_event *e = &q->ring[q->tail++ % q->cap];
@@ -186,6 +250,8 @@ void kvt_events_hook(void *arg, int tier, enum kvt_tier_ev ev, const kvt_key *ke
     pthread_mutex_unlock(&q->lock);
     if (was_empty)
         poke(q->efd);
+    if (wake_log)
+        poke(q->log_fd);
 }
 
 uint32_t kvt_events_pop(struct kvt_events *q, struct kvt_event *out, uint32_t max)

@@ -67,6 +67,27 @@ void kvt_events_tag(struct kvt_events *q, const kvt_key *key, struct kvt_blockta
 /* The hook's function (struct kvt_tier_hook.fn with arg = the queue). */
 void kvt_events_hook(void *arg, int tier, enum kvt_tier_ev ev, const kvt_key *key);
 
+/*
+ * The L1 log: L1's events (tier 0) again, numbered from 1 in the order L1
+ * announced them, the last cap kept, for readers that page through them
+ * by cursor (the LMCache front end's subscribe_kv_events). Off until
+ * opened; open it once, before the core starts. A read that finds nothing
+ * after its cursor arms wake_fd: the next L1 event writes it (once).
+ */
+struct kvt_evrec {
+    uint64_t seq;
+    kvt_key key;
+    struct kvt_blocktag *tag; /* as struct kvt_event's: a reference, or NULL */
+    uint8_t ev;               /* enum kvt_tier_ev */
+};
+void kvt_events_log_open(struct kvt_events *q, uint32_t cap, int wake_fd);
+/* Up to max records with seq > cursor, oldest first, into out (each
+ * record's tag is the caller's reference); *first and *last: the first and
+ * last sequence numbers the log holds (*last 0: nothing logged yet; *first
+ * is *last + 1 when it holds none). Returns how many. */
+uint32_t kvt_events_log_read(struct kvt_events *q, uint64_t cursor, struct kvt_evrec *out,
+                             uint32_t max, uint64_t *first, uint64_t *last);
+
 /* Take up to max events, oldest first; returns how many. Each event's tag
  * (if any) is the caller's reference: drop it with kvt_blocktag_put. */
 uint32_t kvt_events_pop(struct kvt_events *q, struct kvt_event *out, uint32_t max);

@@ -631,7 +631,8 @@ static int start(struct kvt_server *s)
         kvt_error("%s", err);
         return rc;
     }
-    if (c->http_port) { /* answers 503 "starting" until s->ready */
+    s->env.events = kvt_evpub_queue(s->evpub); /* the LMCache front end's event stream */
+    if (c->http_port) {                        /* answers 503 "starting" until s->ready */
         rc = kvt_http_start(s, err, sizeof(err));
         if (rc) {
             kvt_error("http: %s", err);

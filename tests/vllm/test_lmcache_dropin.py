@@ -158,6 +158,35 @@ def test_lmcache_client_store_lookup_retrieve(kvt, tmp_path):
     assert st["pending_transfers"] == 0
 
 
+def test_lmcache_client_kv_event_stream(kvt, tmp_path):
+    """With KV events on (docs/events.md), kvtier offers LMCache's
+    "kv_event_stream": LMCache's own client subscribes (subscribe_kv_events)
+    and decodes a first batch at once, then one "stored" record per chunk
+    it stored (medium CPU, its chunk hash, the previous chunk's hash as
+    parent, the chunk's tokens) and, after clear, a "removed" record for
+    each; sequence numbers from 1, in order."""
+    s = kvt(extra=["--kv-events-endpoint", "tcp://127.0.0.1:%d" % free_port()])
+    r = probe(s.url(), "--chunks", "3", "--events")
+    assert "error" not in r, r
+    assert r["experimental"] == ["kv_event_stream"]
+    batches = r["event_batches"]
+    assert batches and all(isinstance(b, dict) for b in batches), batches
+    assert batches[0]["enabled"] and not any(b["lost"] for b in batches)
+    assert len({b["incarnation"] for b in batches}) == 1
+    recs = [e for b in batches for e in b["events"]]
+    assert [e["seq"] for e in recs] == list(range(1, len(recs) + 1))
+    assert all(e["medium"] == "CPU" and e["model_name"] == "probe/model" for e in recs)
+    stored = [e for e in recs if e["kind"] == "stored"]
+    removed = [e for e in recs if e["kind"] == "removed"]
+    assert len(stored) == 3 and all(len(e["block_hashes"]) == 1 for e in stored)
+    hs = [e["block_hashes"][0] for e in stored]
+    assert [e["parent"] for e in stored] == [None, hs[0], hs[1]]
+    toks = r["tokens"]
+    assert [e["token_ids"] for e in stored] == [toks[i * CHUNK:(i + 1) * CHUNK] for i in range(3)]
+    assert sorted(h for e in removed for h in e["block_hashes"]) == sorted(hs)
+    assert s.lmc()["kv_event_batches"] >= len(batches)
+
+
 def test_lmcache_client_restart_hits_from_l2(kvt, tmp_path):
     data = tmp_path / "d"
     s = kvt(data)
