@@ -486,3 +486,43 @@ def test_vllm_same_run_against_lmcache_server(model, baseline, tmp_path):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def test_vllm_lmcache_path_publishes_kvtiers_l1_events(kvt, model, baseline, tmp_path):
+    """vLLM's LMCacheMPConnector with vLLM's own KV events on, against kvtier
+    with --kv-events-endpoint: LMCache's worker subscribes to kvtier's
+    stream and vLLM's publisher announces, medium CPU, exactly the chunks
+    kvtier's own PUB socket announces in L1 (LMCache's chunk hashes, as
+    vLLM converts them); the outputs are the no-connector run's."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from support.kvevents import Subscriber
+    from vllm.distributed.kv_events import BlockStored
+
+    prompts, want = baseline
+    s = kvt(extra=["--kv-events-endpoint", "tcp://127.0.0.1:%d" % free_port()])
+    pub = s.status()["kv_events"]["endpoint"]
+    vport = free_port()
+    ev = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:%d" % vport}
+    full = sum(len(p["tokens"]) // CHUNK for p in prompts)
+    with Subscriber(pub) as kv, Subscriber("tcp://127.0.0.1:%d" % vport) as vl:
+        with Engine(model, _ktc(s.lmc_port), block_size=BLOCK, max_model_len=1024, env=LMC_ENV,
+                    log=str(tmp_path / "vllm.log"), kv_events_config=ev) as eng:
+            toks, _ = _each(eng, prompts)
+            assert toks == want
+            assert s.lmc()["kv_event_streams"] == 1  # LMCache's elected worker subscribed
+            kv.wait(lambda x: len(x.view().get("CPU", ())) >= full, timeout=60,
+                    what="kvtier's L1 events")
+            ours = kv.view()["CPU"]
+
+            def conv(h):  # as vLLM publishes a hash (the engine has this environment)
+                from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
+                return maybe_convert_block_hash(BlockHash(h))
+
+            vl.wait(lambda x: {h for _, e in x.events() if isinstance(e, BlockStored)
+                               and e.medium == "CPU" for h in e.block_hashes}
+                    >= {conv(h) for h in ours}, timeout=120, what="vLLM's CPU events")
+        cpu = [e for _, e in vl.events() if isinstance(e, BlockStored) and e.medium == "CPU"]
+        got = [h for e in cpu for h in e.block_hashes]
+        assert sorted(got) == sorted(conv(h) for h in ours) and len(ours) == full
+        assert all(e.block_size == CHUNK and len(e.token_ids) == CHUNK for e in cpu)
