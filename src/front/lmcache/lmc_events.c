@@ -214,8 +214,9 @@ void lmc_h_subscribe(struct lmc_rq *q)
     const void *uid = lmc_frame(q, 1, &ul), *op = lmc_frame(q, 2, &ol);
     if (cursor < 0 || max < 1 || max > 1024 || ml > KVT_MODEL_MAX || ul > MAX_FRAME_ECHO ||
         ol > MAX_FRAME_ECHO) {
-        lmc_reply_err(q, "cursor must be >= 0, max_events in [1, 1024] and model_name at most "
-                         "%d bytes",
+        lmc_reply_err(q,
+                      "cursor must be >= 0, max_events in [1, 1024] and model_name at most "
+                      "%d bytes",
                       KVT_MODEL_MAX);
         return;
     }
