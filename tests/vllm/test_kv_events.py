@@ -13,7 +13,7 @@ from support.engine import Engine, kvtier_connector_config
 from support.kvevents import Subscriber
 from support.ports import free_port
 from support.prompts import BLOCK, CHUNK, MAX_TOKENS, prompt, tokens
-from support.server import Server, run_kvtier, wait_for
+from support.server import SANITIZER_MARKERS, Server, run_kvtier, wait_for
 from vllm.distributed.kv_events import AllBlocksCleared, BlockStored
 
 L1 = "CPU"
@@ -45,6 +45,9 @@ def started(tmp_path):
     yield make
     for s in made:
         s.kill()
+    for s in made:  # under make test-asan / test-tsan: any report fails the test
+        log = s.read_log()
+        assert not any(m in log for m in SANITIZER_MARKERS), log[-6000:]
 
 
 def hashes(keys):
