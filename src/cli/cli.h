@@ -14,6 +14,15 @@ int kvt_cmd_status(int argc, char **argv); /* status.c */
 int kvt_cmd_purge(int argc, char **argv);  /* purge.c */
 int kvt_cmd_replay(int argc, char **argv); /* replay.c */
 int kvt_cmd_keygen(int argc, char **argv); /* keygen.c */
+/* admin.c: the admin API of a running server (HTTP) */
+int kvt_cmd_list(int argc, char **argv);
+int kvt_cmd_delete(int argc, char **argv);
+int kvt_cmd_clear(int argc, char **argv);
+int kvt_cmd_quota(int argc, char **argv);
+int kvt_cmd_pin(int argc, char **argv);
+int kvt_cmd_unpin(int argc, char **argv);
+int kvt_cmd_warm(int argc, char **argv);
+int kvt_cmd_verify(int argc, char **argv);
 
 /* `kvtier server`: runs the server until SIGTERM/SIGINT (or prints the
  * resolved config with --dry-run). Defined by the server

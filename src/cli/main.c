@@ -17,6 +17,14 @@ static const struct {
      "delete a namespace, everything, or crash residue (kvtier purge --help)"},
     {"replay", kvt_cmd_replay, "replay a Mooncake trace against a server (kvtier replay --help)"},
     {"keygen", kvt_cmd_keygen, "make a CURVE key pair for authentication (kvtier keygen --help)"},
+    {"list", kvt_cmd_list, "list a server's objects (filters, pages; kvtier list --help)"},
+    {"delete", kvt_cmd_delete, "delete objects by name, key or name prefix (every tier)"},
+    {"clear", kvt_cmd_clear, "empty one tier of a server (l1, or an L2 adapter)"},
+    {"quota", kvt_cmd_quota, "read, set or remove a namespace's or tenant's quota"},
+    {"pin", kvt_cmd_pin, "keep objects from eviction in L1 and L2 (none: list pins)"},
+    {"unpin", kvt_cmd_unpin, "let pinned objects be evicted again"},
+    {"warm", kvt_cmd_warm, "load objects or a namespace from L2 into L1 (a job)"},
+    {"verify", kvt_cmd_verify, "re-read L2 objects, remove the corrupt ones (a job)"},
 };
 
 static void usage(FILE *f)

@@ -210,6 +210,22 @@ int kvt_l1_lease_take(struct kvt_l1 *l1, uint64_t id, const struct kvt_l1_owner 
 /* Expire leases whose TTL passed; returns how many. */
 uint32_t kvt_l1_expire(struct kvt_l1 *l1);
 
+/* ---- walks ---- */
+
+/* A READY object as kvt_l1_scan shows it. */
+struct kvt_l1_entry {
+    kvt_key key;
+    uint32_t len;  /* payload bytes */
+    uint32_t refs; /* references held (leases, transfers, pins) */
+    bool temp;     /* freed when its last reference goes */
+};
+/* Visit READY objects from handle *cursor on (0: the start), under the
+ * lock: visit must be short and must not call into L1. It returns false
+ * to stop; *cursor then names the next handle. Returns true when the end
+ * of the table was reached. */
+bool kvt_l1_scan(struct kvt_l1 *l1, uint32_t *cursor,
+                 bool (*visit)(const struct kvt_l1_entry *e, void *arg), void *arg);
+
 /* ---- eviction, usage, status ---- */
 
 /* Called (without the lock) when a reservation leaves usage at or above the

@@ -89,6 +89,7 @@ struct kvt_l2_spec {
     struct kvt_serde *serde; /* "serde" chain (owned reference) or NULL */
     char name_prefix[40];    /* adapter name before "[index]"; "" = the type */
     json_t *quotas;          /* "namespace_quotas" resolved {name: bytes} (owned) or NULL */
+    char *quotas_file;       /* the file they came from (absolute, owned), or NULL */
     /* "shared_budget": the cap is one budget of every server sharing the
      * tier, kept in a shared record (l2/budget.h) */
     bool shared_budget;

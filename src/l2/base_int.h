@@ -9,6 +9,8 @@
  *   recover.c what a start-up scan found, adopted in one go
  *   park.c    parked stores and draining
  *   budget.c  a byte budget shared with other servers (l2/budget.h)
+ *   admin.c   the operator's calls: run a task and wait, hold, quotas at
+ *             run time
  */
 #ifndef KVT_L2_BASE_INT_H
 #define KVT_L2_BASE_INT_H
@@ -61,11 +63,17 @@ static inline void obj_announce_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, e
 
 /* call with l2->lock held */
 uint32_t kvt_l2b_idx_insert(kvt_l2 *l2, const kvt_key *k);
+/* the namespace quota and the tenant quota of a namespace id: an index
+ * into l2->quotas, or -1 */
 int kvt_l2b_quota_of_locked(kvt_l2 *l2, uint32_t ns);
+int kvt_l2b_tquota_of_locked(kvt_l2 *l2, uint32_t ns);
 void kvt_l2b_account_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, int sign);
 void kvt_l2b_unpin_locked_obj(kvt_l2 *l2, struct kvt_l2_obj *o);
 void kvt_l2b_drop_locked(kvt_l2 *l2, uint32_t h);
 bool kvt_l2b_make_room(kvt_l2 *l2, uint32_t stored);
+
+/* admin.c: a task of kvt_l2_run finished: wake its caller */
+void kvt_l2b_wake(kvt_l2_task *t);
 
 /* the shared budget (budget.c); only with l2->budget set, never with
  * l2->lock held (a step may block on the record's I/O) */

@@ -96,13 +96,18 @@ struct kvt_l2_counters {
     _Atomic uint64_t quota_rejections, quota_evictions; /* namespace quotas */
 };
 
-/* A per-namespace quota (namespace = kvt_ns_name, the sanitized model).
- * The list is built by kvt_l2_base_init from the spec and never changes. */
+/* A quota: per namespace (name = kvt_ns_name, the sanitized model) or per
+ * tenant (name = "@" + the cache salt). The list is built by
+ * kvt_l2_base_init from the spec and grows at run time (kvt_l2_quota_set);
+ * an entry is never removed, only turned off, so that the namespace ids
+ * resolved to its index stay valid. Every field is guarded by l2->lock. */
 struct kvt_l2_quota {
     char *name;
     uint64_t limit;    /* bytes */
-    uint64_t used;     /* guarded by l2->lock: bytes of its namespaces' entries */
-    uint64_t rejected; /* guarded by l2->lock: writes refused by this quota */
+    uint64_t used;     /* bytes of its namespaces' (its tenant's) entries */
+    uint64_t rejected; /* writes refused by this quota */
+    bool tenant;       /* name is "@salt" */
+    bool off;          /* deleted at run time: counts, refuses nothing, not shown */
 };
 
 /* ---- filters: the base's one extension mechanism on the task path -----
@@ -162,9 +167,11 @@ struct kvt_l2 {
      * those whose logical length is known, entries whose length is not
      * (restored by a scan, header unread), entries with a pin */
     uint64_t logical_bytes, stored_known, logical_unknown, pinned_objs;
-    struct kvt_l2_quota *quotas; /* nquotas entries (the list is immutable) */
+    struct kvt_l2_quota *quotas; /* nquotas entries (grows; never shrinks) */
     uint32_t nquotas;
-    uint32_t *ns_quota; /* ns id -> 0 unresolved, 1 no quota, 2 + quota index */
+    /* ns id -> 0 unresolved, 1 no quota, 2 + quota index: the namespace
+     * quota (ns_quota) and the tenant quota (ns_tquota) of each id */
+    uint32_t *ns_quota, *ns_tquota;
     uint32_t ns_quota_cap;
     kvt_l2_task *done_head[3], *done_tail[3];
     struct kvt_policy *policy; /* may be NULL: no eviction */

@@ -142,28 +142,68 @@ static void ns_add_locked(kvt_l2 *l2, uint32_t ns, int64_t delta, int objs)
     l2->ns_objs[ns] = (uint32_t)((int32_t)l2->ns_objs[ns] + objs);
 }
 
-/* The quota of a namespace id, resolved by name once per id: its index,
- * or -1 when the namespace has none. */
-int kvt_l2b_quota_of_locked(kvt_l2 *l2, uint32_t ns)
+/* The quota of a namespace id of one kind (tenant: the "@salt" quota,
+ * else the namespace's), resolved by name once per id: its index, or -1
+ * when it has none. */
+static int quota_of_locked(kvt_l2 *l2, uint32_t ns, bool tenant)
 {
     if (!l2->nquotas)
         return -1;
     if (ns >= l2->ns_quota_cap) {
-        uint32_t ncap = l2->ns_quota_cap ? l2->ns_quota_cap : 64;
+        uint32_t old = l2->ns_quota_cap, ncap = old ? old : 64;
         while (ncap <= ns)
             ncap *= 2;
         l2->ns_quota = kvt_xrealloc(l2->ns_quota, ncap * sizeof(uint32_t));
-        memset(l2->ns_quota + l2->ns_quota_cap, 0, (ncap - l2->ns_quota_cap) * sizeof(uint32_t));
+        l2->ns_tquota = kvt_xrealloc(l2->ns_tquota, ncap * sizeof(uint32_t));
+        memset(l2->ns_quota + old, 0, (ncap - old) * sizeof(uint32_t));
+        memset(l2->ns_tquota + old, 0, (ncap - old) * sizeof(uint32_t));
         l2->ns_quota_cap = ncap;
     }
-    if (l2->ns_quota[ns] == 0) {
-        const char *name = kvt_ns_name(ns);
-        l2->ns_quota[ns] = 1;
-        for (uint32_t i = 0; name && i < l2->nquotas; i++)
-            if (strcmp(l2->quotas[i].name, name) == 0)
-                l2->ns_quota[ns] = 2 + i;
+    uint32_t *slot = tenant ? &l2->ns_tquota[ns] : &l2->ns_quota[ns];
+    if (*slot == 0) {
+        const char *name = tenant ? kvt_ns_salt(ns) : kvt_ns_name(ns);
+        *slot = 1;
+        for (uint32_t i = 0; name && (!tenant || name[0]) && i < l2->nquotas; i++) {
+            const struct kvt_l2_quota *q = &l2->quotas[i];
+            if (q->tenant == tenant && strcmp(q->name + tenant, name) == 0)
+                *slot = 2 + i;
+        }
     }
-    return (int)l2->ns_quota[ns] - 2;
+    return (int)*slot - 2;
+}
+
+int kvt_l2b_quota_of_locked(kvt_l2 *l2, uint32_t ns)
+{
+    return quota_of_locked(l2, ns, false);
+}
+
+int kvt_l2b_tquota_of_locked(kvt_l2 *l2, uint32_t ns)
+{
+    return quota_of_locked(l2, ns, true);
+}
+
+/* Would stored more bytes of namespace ns go over one of its quotas? The
+ * first such quota's index (its refusal counted), else -1. call with
+ * l2->lock held */
+static int quota_refuses_locked(kvt_l2 *l2, uint32_t ns, uint32_t stored)
+{
+    int qs[2] = {kvt_l2b_quota_of_locked(l2, ns), kvt_l2b_tquota_of_locked(l2, ns)};
+    for (int k = 0; k < 2; k++) {
+        struct kvt_l2_quota *q = qs[k] >= 0 ? &l2->quotas[qs[k]] : NULL;
+        if (q && !q->off && q->used + stored > q->limit) {
+            q->rejected++;
+            return qs[k];
+        }
+    }
+    return -1;
+}
+
+static void quota_add_locked(kvt_l2 *l2, int q, int64_t d)
+{
+    if (q < 0)
+        return;
+    KVT_ASSERT(d >= 0 || l2->quotas[q].used >= (uint64_t)-d);
+    l2->quotas[q].used = (uint64_t)((int64_t)l2->quotas[q].used + d);
 }
 
 /* An entry enters (sign +1: reserved, adopted) or leaves (-1) the counted
@@ -184,11 +224,8 @@ void kvt_l2b_account_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, int sign)
         l2->logical_unknown = (uint64_t)((int64_t)l2->logical_unknown + sign);
     }
     ns_add_locked(l2, o->key.ns, d, sign);
-    int q = kvt_l2b_quota_of_locked(l2, o->key.ns);
-    if (q >= 0) {
-        KVT_ASSERT(d >= 0 || l2->quotas[q].used >= (uint64_t)-d);
-        l2->quotas[q].used = (uint64_t)((int64_t)l2->quotas[q].used + d);
-    }
+    quota_add_locked(l2, kvt_l2b_quota_of_locked(l2, o->key.ns), d);
+    quota_add_locked(l2, kvt_l2b_tquota_of_locked(l2, o->key.ns), d);
 }
 
 static void pin_locked_obj(kvt_l2 *l2, struct kvt_l2_obj *o)
@@ -260,6 +297,7 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
         json_object_foreach(spec->quotas, qn, qv)
         {
             l2->quotas[i].name = kvt_xstrdup(qn);
+            l2->quotas[i].tenant = qn[0] == '@';
             l2->quotas[i++].limit = (uint64_t)json_integer_value(qv);
         }
     }
@@ -302,6 +340,7 @@ void kvt_l2_base_destroy(kvt_l2 *l2)
         free(l2->quotas[i].name);
     free(l2->quotas);
     free(l2->ns_quota);
+    free(l2->ns_tquota);
     l2->quotas = NULL;
     l2->nquotas = 0;
     kvt_policy_destroy(l2->policy);
@@ -360,7 +399,10 @@ bool kvt_l2_evict_params(kvt_l2 *l2, double *watermark, double *ratio)
 
 bool kvt_l2_has_quotas(kvt_l2 *l2)
 {
-    return l2->nquotas != 0; /* the list is immutable */
+    pthread_mutex_lock(&l2->lock);
+    bool any = l2->nquotas != 0; /* entries turned off stay: the pass skips them */
+    pthread_mutex_unlock(&l2->lock);
+    return any;
 }
 
 void kvt_l2_close(kvt_l2 *l2)
@@ -414,14 +456,11 @@ static uint32_t new_entry_locked(kvt_l2 *l2, const kvt_key *ck, uint32_t stored,
 static int reserve_entry_locked(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len,
                                 uint32_t aux, uint8_t flags)
 {
-    int q;
     if (l2->closing)
         return -ESHUTDOWN;
     if (idx_find(&l2->idx, ck) != NOHANDLE)
         return -EEXIST;
-    if ((q = kvt_l2b_quota_of_locked(l2, ck->ns)) >= 0 &&
-        l2->quotas[q].used + stored > l2->quotas[q].limit) {
-        l2->quotas[q].rejected++;
+    if (quota_refuses_locked(l2, ck->ns, stored) >= 0) {
         atomic_fetch_add(&l2->counters.rejected_writes, 1);
         atomic_fetch_add(&l2->counters.quota_rejections, 1);
         return KVT_E_LIMIT;

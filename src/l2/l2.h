@@ -96,6 +96,9 @@ typedef struct kvt_l2_task {
      * backend bytes, feeds the policy and calls on_done instead of queueing
      * the task for a controller. NULL on every controller's task. */
     void (*on_done)(struct kvt_l2 *l2, struct kvt_l2_task *t);
+    /* Set by kvt_l2_run: the finished task goes back to its waiting
+     * caller instead of a controller's done queue. NULL otherwise. */
+    struct kvt_l2_waiter *waiter;
 } kvt_l2_task;
 
 /* Allocate a task for n keys with zeroed arrays (bufs only for STORE/LOAD). */
@@ -239,6 +242,36 @@ const char *kvt_l2_breaker_name(enum kvt_l2_breaker_state b); /* NULL for NONE, 
 /* Fill up to max nodes of the adapter; returns how many it has (more than
  * max when out was too short), 0 when it reports none. Any thread. */
 int kvt_l2_nodes(kvt_l2 *l2, struct kvt_l2_node *out, int max);
+
+/* ---- operator calls (the admin API: src/core/admin.c) ----------------- */
+
+/* Run a LOOKUP or LOAD task and wait until it finished: the same path as
+ * kvt_l2_submit (filters, counters, latency), but the task comes back to
+ * the caller, never to a controller's done queue, so a controller never
+ * sees it. A LOOKUP pins its hits as any lookup does (kvt_l2_unlock).
+ * Blocks: never call it from an adapter's or a controller's thread. */
+void kvt_l2_run(kvt_l2 *l2, kvt_l2_task *t);
+/* Pin the READY entries of keys as a lookup does (eviction and delete
+ * skip them) until kvt_l2_unlock; sets bit i of held (n bits, zeroed by
+ * the caller) for each key pinned and returns how many. */
+uint32_t kvt_l2_hold(kvt_l2 *l2, const kvt_key *keys, uint32_t n, uint64_t *held);
+
+/* Quotas at run time. name: a namespace name (kvt_ns_name) or "@" + a
+ * cache salt (a tenant: every namespace stored under that salt). */
+struct kvt_l2_quota_info {
+    uint64_t limit, used, rejected;
+};
+/* 0 and *out, or -ENOENT (no quota of that name). */
+int kvt_l2_quota_get(kvt_l2 *l2, const char *name, struct kvt_l2_quota_info *out);
+/* Set (or add) a quota. Refused with -EOVERFLOW (nothing changes) when the
+ * name's bytes in this adapter, *used, are above limit; -ENOSPC when
+ * KVT_L2_MAX_QUOTAS names were given. 0 otherwise; *used is filled. */
+#define KVT_L2_MAX_QUOTAS 4096
+int kvt_l2_quota_set(kvt_l2 *l2, const char *name, uint64_t limit, uint64_t *used);
+/* Remove a quota: 0, or -ENOENT. */
+int kvt_l2_quota_del(kvt_l2 *l2, const char *name);
+/* Every quota in force: {name: {quota_bytes, used_bytes, rejected_writes}}. */
+json_t *kvt_l2_quotas(kvt_l2 *l2);
 
 /* ---- index scan: for purge -------------------------------------------- */
 

@@ -75,6 +75,8 @@ void kvt_l2_spec_free(struct kvt_l2_spec *s)
     s->serde = NULL;
     json_decref(s->quotas);
     s->quotas = NULL;
+    free(s->quotas_file);
+    s->quotas_file = NULL;
     if (s->opts && s->desc && s->desc->opts_free)
         s->desc->opts_free(s->opts);
     free(s->opts);
@@ -102,6 +104,10 @@ static int parse_common(struct kvt_cfg *c, struct kvt_l2_spec *s)
         char msg[400];
         if (kvt_quota_parse(q, &s->quotas, msg, sizeof(msg)))
             return kvt_cfg_fail(c, "namespace_quotas", "%s", msg);
+        if (json_is_string(q)) { /* where quotas set at run time are written */
+            char *abs = realpath(json_string_value(q), NULL);
+            s->quotas_file = abs ? abs : kvt_xstrdup(json_string_value(q));
+        }
         json_object_set(c->resolved, "namespace_quotas", s->quotas);
     }
     /* a budget shared with other servers (l2/budget.h): read only when

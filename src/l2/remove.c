@@ -284,8 +284,9 @@ static bool qvictim_visit(uint32_t h, void *arg)
 {
     struct qvictim_ctx *q = arg;
     kvt_l2 *l2 = q->v.l2;
-    if (kvt_l2b_quota_of_locked(l2, l2->idx.objs[h].key.ns) != q->quota)
-        return true; /* another namespace: keep walking */
+    uint32_t ns = l2->idx.objs[h].key.ns;
+    if (kvt_l2b_quota_of_locked(l2, ns) != q->quota && kvt_l2b_tquota_of_locked(l2, ns) != q->quota)
+        return true; /* another namespace (tenant): keep walking */
     return victim_visit(h, &q->v);
 }
 
@@ -297,16 +298,22 @@ static bool qvictim_visit(uint32_t h, void *arg)
  */
 uint64_t kvt_l2_evict_quotas(kvt_l2 *l2, uint32_t batch)
 {
-    if (!l2->policy || !l2->nquotas || batch == 0)
+    if (!l2->policy || batch == 0)
         return 0;
     uint64_t total = 0;
     uint32_t *hs = kvt_xcalloc(batch, sizeof(uint32_t));
     struct kvt_l2_obj *copies = kvt_xcalloc(batch, sizeof(*copies));
     double wm = l2->policy->trigger_watermark, ratio = l2->policy->eviction_ratio;
-    for (uint32_t qi = 0; qi < l2->nquotas; qi++) {
-        struct kvt_l2_quota *qt = &l2->quotas[qi];
+    /* the list may grow (and move) at run time: each look is by index,
+     * under the lock */
+    for (uint32_t qi = 0;; qi++) {
         pthread_mutex_lock(&l2->lock);
-        bool over = qt->used && (double)qt->used >= wm * (double)qt->limit;
+        if (qi >= l2->nquotas) {
+            pthread_mutex_unlock(&l2->lock);
+            break;
+        }
+        const struct kvt_l2_quota *qt = &l2->quotas[qi];
+        bool over = !qt->off && qt->used && (double)qt->used >= wm * (double)qt->limit;
         uint64_t target = (uint64_t)((double)qt->used * (1.0 - ratio));
         if (qt->used > qt->limit && target > qt->limit)
             target = qt->limit;
@@ -315,11 +322,12 @@ uint64_t kvt_l2_evict_quotas(kvt_l2 *l2, uint32_t batch)
             struct qvictim_ctx q = {.v = {.l2 = l2, .hs = hs, .copies = copies, .max = batch},
                                     .quota = (int)qi};
             pthread_mutex_lock(&l2->lock);
-            if (qt->used <= target || l2->closing) {
+            uint64_t used = l2->quotas[qi].used;
+            if (used <= target || l2->quotas[qi].off || l2->closing) {
                 pthread_mutex_unlock(&l2->lock);
                 break;
             }
-            q.v.need = qt->used - target;
+            q.v.need = used - target;
             l2->policy->ops->walk(l2->policy, qvictim_visit, &q);
             pthread_mutex_unlock(&l2->lock);
             if (q.v.n == 0)

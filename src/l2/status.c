@@ -216,6 +216,8 @@ json_t *kvt_l2_status(kvt_l2 *l2)
         quotas = json_object();
         for (uint32_t i = 0; i < l2->nquotas; i++) {
             const struct kvt_l2_quota *qt = &l2->quotas[i];
+            if (qt->off)
+                continue;
             json_t *e = json_object();
             json_object_set_new(e, "quota_bytes", json_integer((json_int_t)qt->limit));
             json_object_set_new(e, "used_bytes", json_integer((json_int_t)qt->used));

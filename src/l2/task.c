@@ -254,6 +254,11 @@ void kvt_l2_task_finish(kvt_l2 *l2, kvt_l2_task *t)
     pthread_mutex_lock(&l2->lock);
     if (!staged)
         finish_policy_locked(l2, t);
+    if (t->waiter) { /* kvt_l2_run's: back to its caller */
+        pthread_mutex_unlock(&l2->lock);
+        kvt_l2b_wake(t);
+        return;
+    }
     t->next = NULL;
     int k = t->kind;
     if (l2->done_tail[k])

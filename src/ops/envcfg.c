@@ -420,8 +420,9 @@ static int set_quotas(struct kvt_envcfg *c, const struct val *x, char *err, size
 {
     if (get_path(x->v, x->s, c->quotas, sizeof(c->quotas)))
         return verr(err, cap, x->v, x->name, "path too long: '%s'", x->s);
-    /* read and checked here, once, so an error names file:line; the
-     * adapter gets the quotas themselves, not the path */
+    /* read and checked here first, so an error names file:line; the
+     * adapter gets the path and reads it again (the admin API writes
+     * quotas set at run time there) */
     json_decref(c->quotas_bytes); /* set again (cache.env.local): the last one holds */
     c->quotas_bytes = NULL;
     char qerr[PATH_MAX + 256];
@@ -632,18 +633,10 @@ char *kvt_envcfg_adapter_json(const struct kvt_envcfg *c)
             json_object_set_new(ev, "half_life_hours", json_real(c->half_life_h));
         json_object_set_new(j, "eviction", ev);
     }
-    if (c->quotas_bytes) {
-        json_t *q = json_object();
-        const char *ns;
-        json_t *b;
-        json_object_foreach(c->quotas_bytes, ns, b)
-        {
-            json_t *e = json_object();
-            json_object_set(e, "max_bytes", b);
-            json_object_set_new(q, ns, e);
-        }
-        json_object_set_new(j, "namespace_quotas", q);
-    }
+    /* the file (an absolute path), read again by the adapter's parse: the
+     * admin API writes quotas set at run time back into it */
+    if (c->quotas_bytes)
+        json_object_set_new(j, "namespace_quotas", json_string(c->quotas));
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     return s;

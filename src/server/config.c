@@ -236,6 +236,28 @@ static int check_lmcache_auth(struct kvt_server_cfg *c)
 /* Load the key, the clients and the token the flags name, and refuse to
  * listen beyond loopback without authentication (unless --insecure-no-auth).
  * 0 or 2 (message printed, naming the flag). */
+/* A bearer token file (--http-token, --admin-token): mode 0600, one line
+ * of at least 16 characters without spaces. 0, or 2 (printed). */
+static int read_token(const char *flag, const char *file, char *tok, size_t cap)
+{
+    char err[1200];
+    if (!file[0])
+        return 0;
+    if (kvt_secret_read(file, true, tok, cap, err, sizeof(err))) {
+        fprintf(stderr, "kvtier server: --%s: %s\n", flag, err);
+        return 2;
+    }
+    if (strlen(tok) < 16 || strpbrk(tok, " \t")) {
+        kvt_secret_wipe(tok, cap);
+        fprintf(stderr,
+                "kvtier server: --%s: %s: the token must be at least 16 characters without "
+                "spaces\n",
+                flag, file);
+        return 2;
+    }
+    return 0;
+}
+
 static int check_auth(struct kvt_server_cfg *c)
 {
     char err[1200];
@@ -271,21 +293,9 @@ static int check_auth(struct kvt_server_cfg *c)
         /* the same-host socket stays: a connection there is bound to a key
          * by a ticket from a hello over CURVE (local.c, docs/security.md) */
     }
-    if (c->http_token_file[0]) {
-        if (kvt_secret_read(c->http_token_file, true, c->http_token, sizeof(c->http_token), err,
-                            sizeof(err))) {
-            fprintf(stderr, "kvtier server: --http-token: %s\n", err);
-            return 2;
-        }
-        if (strlen(c->http_token) < 16 || strpbrk(c->http_token, " \t")) {
-            kvt_secret_wipe(c->http_token, sizeof(c->http_token));
-            fprintf(stderr,
-                    "kvtier server: --http-token: %s: the token must be at least 16 "
-                    "characters without spaces\n",
-                    c->http_token_file);
-            return 2;
-        }
-    }
+    if (read_token("http-token", c->http_token_file, c->http_token, sizeof(c->http_token)) ||
+        read_token("admin-token", c->admin_token_file, c->admin_token, sizeof(c->admin_token)))
+        return 2;
     static const char hint[] = "give --insecure-no-auth to accept that (docs/security.md)";
     if (c->lmc.client[0] && !c->auth) {
         fprintf(stderr, "kvtier server: --lmcache-client: only with --auth-key and "
@@ -502,6 +512,7 @@ void kvt_server_cfg_free(struct kvt_server_cfg *c)
     c->auth = NULL;
     kvt_secret_wipe(c->auth_secret, sizeof(c->auth_secret));
     kvt_secret_wipe(c->http_token, sizeof(c->http_token));
+    kvt_secret_wipe(c->admin_token, sizeof(c->admin_token));
     for (int i = 0; i < c->nadapters; i++)
         kvt_l2_spec_free(&c->adapters[i]);
     c->nadapters = 0;
@@ -566,6 +577,8 @@ json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
     json_object_set_new(au, "clients", json_integer(c->auth ? c->auth->n : 0));
     json_object_set_new(au, "http_token_file",
                         c->http_token[0] ? json_string(c->http_token_file) : json_null());
+    json_object_set_new(au, "admin_token_file",
+                        c->admin_token[0] ? json_string(c->admin_token_file) : json_null());
     json_object_set_new(au, "insecure_no_auth", json_boolean(c->insecure_no_auth));
     json_object_set_new(o, "auth", au);
     return o;

@@ -72,6 +72,9 @@ struct kvt_server_cfg {
     struct kvt_auth *auth;        /* the authorized clients (owned); NULL = no authentication */
     char http_token_file[1024];   /* --http-token */
     char http_token[256];         /* read from it: never logged or shown; "" = none */
+    char admin_token_file[1024];  /* --admin-token: the admin API's bearer token */
+    char admin_token[256];        /* read from it: never logged or shown; "" = none */
+    int max_pinned_mb;            /* --max-pinned-mb: the admin API's pinned bytes bound */
     bool insecure_no_auth;        /* --insecure-no-auth: beyond loopback without auth */
 };
 

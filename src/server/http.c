@@ -1,7 +1,8 @@
-/* HTTP endpoints on libmicrohttpd (its own thread): /healthz /status /metrics.
+/* HTTP endpoints on libmicrohttpd (a thread per connection): /healthz
+ * /status /metrics, and the admin API under /admin (admin_http.c).
  * kvt_http_start returns 0, -errno or KVT_E_* with err filled.
  * With --http-token, /status and /metrics need the bearer token; /healthz
- * stays open (docs/security.md). */
+ * stays open; /admin has its own credential (docs/security.md). */
 #include "common/log.h"
 #include "common/secret.h"
 #include "kvtier/error.h"
@@ -63,11 +64,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
 {
-    (void)version, (void)upload, (void)upload_size, (void)con_cls;
+    (void)version;
     struct kvt_server *s = cls;
     /* acquire: pairs with the release at the end of start-up */
     if (!atomic_load_explicit(&s->ready, memory_order_acquire))
         return respond(c, MHD_HTTP_SERVICE_UNAVAILABLE, strdup("starting\n"), 9, "text/plain");
+    if (!strncmp(url, "/admin", 6) && (url[6] == '/' || !url[6]))
+        return (enum MHD_Result)kvt_admin_http(s, c, url, method, upload, upload_size, con_cls);
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return respond(c, MHD_HTTP_METHOD_NOT_ALLOWED, strdup("method not allowed\n"), 19,
                        "text/plain");
@@ -97,8 +100,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         char *body = kvt_server_metrics(s, &len);
         return respond(c, MHD_HTTP_OK, body, len, "text/plain; version=0.0.4");
     }
-    return respond(c, MHD_HTTP_NOT_FOUND, strdup("not found: try /healthz /status /metrics\n"), 41,
+    return respond(c, MHD_HTTP_NOT_FOUND,
+                   strdup("not found: try /healthz /status /metrics /admin/...\n"), 52,
                    "text/plain");
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls, (void)c, (void)toe;
+    kvt_admin_http_done(*con_cls); /* only admin requests keep anything there */
+    *con_cls = NULL;
 }
 
 int kvt_http_start(struct kvt_server *s, char *err, size_t cap)
@@ -129,9 +141,10 @@ int kvt_http_start(struct kvt_server *s, char *err, size_t cap)
     /* the logger is the first option: libmicrohttpd warns through its own
      * logger about any option that comes before it */
     s->http = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)s->cfg->http_port, NULL,
-        NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET,
-        (MHD_socket)fd, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
+        (uint16_t)s->cfg->http_port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        NULL, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_END);
     if (!s->http) { /* fd left open: whether a failed start closed it is not documented */
         snprintf(err, cap, "cannot start the http server on http://%s:%d (libmicrohttpd)",
                  s->cfg->http_host, s->cfg->http_port);

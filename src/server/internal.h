@@ -1,7 +1,8 @@
 /*
  * Server internals shared by server.c (set-up, the rpc loop, replies),
  * fronts.c (the front-end table), local.c (the same-host socket),
- * status.c (status, health, metrics) and http.c. Not a public header.
+ * status.c (status, health, metrics), http.c and admin_http.c. Not a
+ * public header.
  *
  * Threads (see docs/threads.md):
  *   rpc (main)   owns the ROUTER socket and the same-host socket, hands
@@ -23,6 +24,7 @@
 #include <msgpack.h>
 #include <zmq.h>
 
+#include "core/admin.h"
 #include "core/core.h"
 #include "front/front.h"
 #include "front/native/native.h"
@@ -78,7 +80,9 @@ struct kvt_server {
      * after each SIGHUP reload; older ones stay until exit): written by the
      * rpc thread, read by the ZAP and status threads and the front ends */
     struct kvt_auth *_Atomic auth_cur;
-    void *mon; /* PAIR socket: the ROUTER's handshake failures (rpc thread) */
+    void *mon;               /* PAIR socket: the ROUTER's handshake failures (rpc thread) */
+    struct kvt_admin *admin; /* the admin calls (core/admin.h), once the core runs */
+    _Atomic uint64_t admin_denied, admin_bad; /* admin requests refused: credential, input */
     volatile int stop;
 };
 
@@ -127,5 +131,12 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len);
 /* http.c */
 int kvt_http_start(struct kvt_server *s, char *err, size_t cap);
 void kvt_http_stop(struct kvt_server *s);
+
+/* admin_http.c: a request under /admin (libmicrohttpd's access handler
+ * arguments); kvt_admin_http_done frees what it kept in *con_cls. */
+struct MHD_Connection;
+int kvt_admin_http(struct kvt_server *s, struct MHD_Connection *c, const char *url,
+                   const char *method, const char *upload, size_t *upload_size, void **con_cls);
+void kvt_admin_http_done(void *con_cls);
 
 #endif

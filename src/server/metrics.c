@@ -340,6 +340,63 @@ static void events_metrics(struct sb *b, struct kvt_server *s)
     sbf(b, "kvtier_kv_events_replay_requests_total %llu\n", (unsigned long long)e.replay_requests);
 }
 
+/* The admin API (core/admin.h, struct kvt_admin_stats): what it changed,
+ * its pins, its jobs' work, and the requests it refused. */
+static void admin_metrics(struct sb *b, struct kvt_server *s)
+{
+    if (!s->admin)
+        return;
+    struct kvt_admin_stats a;
+    kvt_admin_stats(s->admin, &a);
+    metric(b, "kvtier_admin_operations_total", "counter",
+           "Admin API operations that changed data, by operation.");
+    const struct {
+        const char *op;
+        uint64_t v;
+    } ops[] = {{"delete", a.deletes},
+               {"clear", a.clears},
+               {"quota_set", a.quota_sets},
+               {"quota_delete", a.quota_deletes},
+               {"pin", a.pins},
+               {"unpin", a.unpins},
+               {"warm", a.warm_jobs},
+               {"verify", a.verify_jobs}};
+    for (size_t i = 0; i < KVT_ARRAY_LEN(ops); i++)
+        sbf(b, "kvtier_admin_operations_total{op=\"%s\"} %llu\n", ops[i].op,
+            (unsigned long long)ops[i].v);
+    metric(b, "kvtier_admin_removed_objects_total", "counter",
+           "Objects removed by the admin API, by operation (delete: every tier's copies).");
+    sbf(b, "kvtier_admin_removed_objects_total{op=\"delete\"} %llu\n",
+        (unsigned long long)a.deleted_objects);
+    sbf(b, "kvtier_admin_removed_objects_total{op=\"clear\"} %llu\n",
+        (unsigned long long)a.cleared_objects);
+    sbf(b, "kvtier_admin_removed_objects_total{op=\"verify\"} %llu\n",
+        (unsigned long long)a.corrupt_removed);
+    metric(b, "kvtier_admin_warmed_objects_total", "counter",
+           "Objects the warm jobs loaded from L2 into L1.");
+    sbf(b, "kvtier_admin_warmed_objects_total %llu\n", (unsigned long long)a.warmed_objects);
+    metric(b, "kvtier_admin_verified_objects_total", "counter",
+           "Objects the verify jobs read back from L2.");
+    sbf(b, "kvtier_admin_verified_objects_total %llu\n", (unsigned long long)a.verified_objects);
+    metric(b, "kvtier_admin_corrupt_objects_total", "counter",
+           "Objects the verify jobs found corrupt.");
+    sbf(b, "kvtier_admin_corrupt_objects_total %llu\n", (unsigned long long)a.corrupt_found);
+    metric(b, "kvtier_admin_pinned_objects", "gauge", "Objects pinned by the admin API.");
+    sbf(b, "kvtier_admin_pinned_objects %llu\n", (unsigned long long)a.pinned_objects);
+    metric(b, "kvtier_admin_pinned_bytes", "gauge", "Payload bytes of the pinned objects.");
+    sbf(b, "kvtier_admin_pinned_bytes %llu\n", (unsigned long long)a.pinned_bytes);
+    metric(b, "kvtier_admin_max_pinned_bytes", "gauge",
+           "The bound on pinned bytes (--max-pinned-mb).");
+    sbf(b, "kvtier_admin_max_pinned_bytes %llu\n", (unsigned long long)a.max_pinned_bytes);
+    metric(b, "kvtier_admin_refused_total", "counter",
+           "Admin API requests refused, by reason (credential: no or wrong token, or not "
+           "loopback; input: a 4xx for the request itself).");
+    sbf(b, "kvtier_admin_refused_total{reason=\"credential\"} %llu\n",
+        (unsigned long long)atomic_load(&s->admin_denied));
+    sbf(b, "kvtier_admin_refused_total{reason=\"input\"} %llu\n",
+        (unsigned long long)atomic_load(&s->admin_bad));
+}
+
 char *kvt_server_metrics(struct kvt_server *s, size_t *len)
 {
     struct sb b = {.p = kvt_xmalloc(8192), .cap = 8192};
@@ -357,6 +414,7 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
     rpc_metrics(&b, s);
     auth_metrics(&b, s);
     events_metrics(&b, s);
+    admin_metrics(&b, s);
     *len = b.len;
     return b.p;
 }

@@ -262,6 +262,8 @@ static const struct opt opts[] = {
      .choices = prefetch_policies, .arg = "default|retain", .help = "(default)"},
     {INT("l2-prefetch-max-in-flight", prefetch_max_in_flight, 1, 4096, "8"), .arg = "N",
      .help = "(8)"},
+    {INT("max-pinned-mb", max_pinned_mb, 0, 1 << 30, "256"), .arg = "N",
+     .help = "most MiB of objects the admin API may pin (256)"},
     {FN("config", set_config), .arg = "FILE",
      .help = "operator config (cache.env + cache.env.local): one\n"
              "nixl_store_dynamic adapter under KVP_CACHE_ROOT with\n"
@@ -308,6 +310,10 @@ static const struct opt opts[] = {
              "ro|rw, its tenants (cache salts) and [admin]"},
     {PATHF("http-token", http_token_file), .arg = "FILE",
      .help = "bearer token /status and /metrics require (mode 0600)"},
+    {PATHF("admin-token", admin_token_file), .arg = "FILE",
+     .help = "bearer token the admin API (/admin/...) requires\n"
+             "(mode 0600); without it the admin API answers\n"
+             "loopback only, and nobody with --auth-key"},
     {SWITCH("insecure-no-auth", OPT_TRUE, insecure_no_auth),
      .help = "allow listening beyond loopback without\n"
              "authentication (warned at start, shown in /healthz)"},

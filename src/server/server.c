@@ -455,6 +455,8 @@ static void shutdown_all(struct kvt_server *s)
     kvt_fronts_stop(s); /* their threads use the core */
     if (s->http)
         kvt_http_stop(s);
+    kvt_admin_close(s->admin); /* its job ends; its pins go before the tiers stop */
+    s->admin = NULL;
     if (s->core)
         kvt_core_stop_fetching(s->core); /* handler jobs finish; no prefetch callback after */
     kvt_fronts_free(s);                  /* after the prefetch callbacks, before L1 goes */
@@ -684,6 +686,14 @@ static int start(struct kvt_server *s)
         if (rc) /* not fatal: clients use ZeroMQ */
             kvt_warn("%s: same-host clients will use %s", err, c->bind);
         rc = 0;
+    }
+    struct kvt_admin_opts ao = {.max_pinned_bytes = (uint64_t)c->max_pinned_mb << 20};
+    for (int i = 0; i < c->nadapters; i++)
+        ao.quotas_files[i] = c->adapters[i].quotas_file;
+    rc = kvt_admin_open(s->core, &ao, &s->admin);
+    if (rc) {
+        kvt_error("cannot start the admin thread: %s", kvt_strerror(rc));
+        return rc;
     }
     rc = kvt_fronts_start(s, err, sizeof(err)); /* requests are served from now on */
     if (rc) {

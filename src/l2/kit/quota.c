@@ -25,7 +25,7 @@ static bool is_ns_name(const char *in)
 int kvt_quota_ns_name(const char *in, char *out, size_t cap)
 {
     size_t n = strlen(in);
-    if (is_ns_name(in)) {
+    if (in[0] == '@' || is_ns_name(in)) { /* a tenant's name is taken as written */
         if (n >= cap)
             return -1;
         memcpy(out, in, n + 1);
@@ -42,6 +42,13 @@ int kvt_quota_ns_name(const char *in, char *out, size_t cap)
  */
 static int quota_name_ok(const char *name, const char **why)
 {
+    if (name[0] == '@') { /* a tenant: "@" + a cache salt */
+        if (!name[1]) {
+            *why = "a tenant's quota is \"@\" and its cache salt";
+            return -1;
+        }
+        return kvt_validate_salt(name + 1, strlen(name + 1), why) ? -1 : 0;
+    }
     if (is_ns_name(name))
         return 0;
     return kvt_validate_model(name, strlen(name), why) ? -1 : 0;
@@ -156,7 +163,8 @@ int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap)
         uint64_t bytes = 0;
         const char *why = NULL;
         if (quota_name_ok(name, &why) || kvt_quota_ns_name(name, ns, sizeof(ns)) < 0) {
-            snprintf(err, errcap, "\"%.300s\" is not a namespace name (%s)", name,
+            snprintf(err, errcap, "\"%.300s\" is not a %s (%s)", name,
+                     name[0] == '@' ? "tenant (@ and a cache salt)" : "namespace name",
                      why ? why : "too long");
             goto fail;
         }

@@ -18,6 +18,10 @@
  * namespace of "a/b"); a model without '/' whose namespace name differs
  * ("a--b", "50%") is named by its namespace name ("a%2D-b", "50%25").
  *
+ * A name "@SALT" is a tenant's quota: it caps the bytes of every namespace
+ * stored under the cache salt SALT (non-empty, the key rules for salts),
+ * alone or beside a namespace's own quota (a write must fit both).
+ *
  * Leaf module (jansson + libc): the adapter registry uses it at parse time.
  */
 #ifndef KVT_OPS_QUOTA_H
@@ -34,7 +38,8 @@
 int kvt_quota_parse(const json_t *v, json_t **out, char *err, size_t errcap);
 
 /* The namespace name of a quota's name (a model or a namespace name, rules
- * above) into out; returns its length, or -1 if it does not fit. */
+ * above; a tenant's "@SALT" as it is) into out; returns its length, or -1
+ * if it does not fit. */
 int kvt_quota_ns_name(const char *in, char *out, size_t cap);
 
 #endif
