@@ -42,8 +42,13 @@ int kvt_core_open(const struct kvt_core_opts *o, struct kvt_core **out, char *er
             return rc;
         c->nl2 = i + 1;
         if (o->events) /* what its scan adopted already is announced here */
-            kvt_l2_set_event_hook(c->l2s[i],
-                                  &(struct kvt_tier_hook){kvt_events_hook, o->events, 1 + i});
+            kvt_l2_set_event_hook(c->l2s[i], &(struct kvt_tier_hook){
+                                                 .fn = kvt_events_hook,
+                                                 .arg = o->events,
+                                                 .tier = 1 + i,
+                                                 .tag_of = kvt_events_tag_of,
+                                                 .tag = kvt_events_tag_hook,
+                                             });
     }
     return 0;
 }
@@ -63,7 +68,8 @@ int kvt_core_start(struct kvt_core *c, char *err, size_t cap)
         return rc;
     }
     if (o->events)
-        kvt_l1_set_event_hook(c->l1, &(struct kvt_tier_hook){kvt_events_hook, o->events, 0});
+        kvt_l1_set_event_hook(
+            c->l1, &(struct kvt_tier_hook){.fn = kvt_events_hook, .arg = o->events, .tier = 0});
     rc = kvt_store_ctrl_start(&c->sc, c->l1, c->l2s, c->nl2, o->store_policy, o->on_store_progress,
                               o->progress_arg);
     if (!rc)

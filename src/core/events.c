@@ -118,7 +118,10 @@ static void tag_grow_locked(struct kvt_events *q)
     q->ntb = n;
 }
 
-void kvt_events_tag(struct kvt_events *q, const kvt_key *key, struct kvt_blocktag *tag)
+/* capped: a client's tag (at most KVT_EVENTS_MAX_ORPHANS unannounced);
+ * not: a tag a tier read back, announced right after */
+static void tag_give(struct kvt_events *q, const kvt_key *key, struct kvt_blocktag *tag,
+                     bool capped)
 {
     pthread_mutex_lock(&q->lock);
     struct tagent **pe = tag_slot_locked(q, key);
@@ -126,7 +129,7 @@ void kvt_events_tag(struct kvt_events *q, const kvt_key *key, struct kvt_blockta
     if (e && !e->tiers) { /* an orphan: the newer write's hashes */
         kvt_blocktag_put(e->tag);
         e->tag = tag;
-    } else if (e || q->norphans >= KVT_EVENTS_MAX_ORPHANS) {
+    } else if (e || (capped && q->norphans >= KVT_EVENTS_MAX_ORPHANS)) {
         kvt_blocktag_put(tag); /* held under its tag already, or too many orphans */
     } else {
         if (q->ntags >= q->ntb)
@@ -141,6 +144,30 @@ void kvt_events_tag(struct kvt_events *q, const kvt_key *key, struct kvt_blockta
         q->norphans++;
     }
     pthread_mutex_unlock(&q->lock);
+}
+
+void kvt_events_tag(struct kvt_events *q, const kvt_key *key, struct kvt_blocktag *tag)
+{
+    tag_give(q, key, tag, true);
+}
+
+struct kvt_blocktag *kvt_events_tag_of(void *arg, const kvt_key *key)
+{
+    struct kvt_events *q = arg;
+    pthread_mutex_lock(&q->lock);
+    struct tagent **pe = tag_slot_locked(q, key);
+    struct kvt_blocktag *t = pe && *pe ? (*pe)->tag : NULL;
+    if (t)
+        kvt_blocktag_ref(t);
+    pthread_mutex_unlock(&q->lock);
+    return t;
+}
+
+void kvt_events_tag_hook(void *arg, const kvt_key *key, struct kvt_blocktag *tag)
+{
+    /* not capped: a scan of more objects than the cap may give its tags
+     * before any is announced (kvt_l2_set_event_hook) */
+    tag_give(arg, key, tag, false);
 }
 
 /* The tag an event of tier t names (a new reference, or NULL), with the

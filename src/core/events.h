@@ -64,6 +64,15 @@ void kvt_events_free(struct kvt_events *q);
 #define KVT_EVENTS_MAX_ORPHANS 65536
 void kvt_events_tag(struct kvt_events *q, const kvt_key *key, struct kvt_blocktag *tag);
 
+/* The tag kept for key (a new reference), or NULL (struct
+ * kvt_tier_hook.tag_of: a persistent tier writes it with the object). */
+struct kvt_blocktag *kvt_events_tag_of(void *arg, const kvt_key *key);
+/* kvt_events_tag for struct kvt_tier_hook.tag (arg = the queue): a tag a
+ * persistent tier read back with the object, given before it announces it
+ * (not counted against KVT_EVENTS_MAX_ORPHANS: the tier announces it
+ * next). */
+void kvt_events_tag_hook(void *arg, const kvt_key *key, struct kvt_blocktag *tag);
+
 /* The hook's function (struct kvt_tier_hook.fn with arg = the queue). */
 void kvt_events_hook(void *arg, int tier, enum kvt_tier_ev ev, const kvt_key *key);
 

@@ -641,6 +641,10 @@ static int start(struct kvt_server *s)
             return rc;
         }
     }
+    /* with events on, the adapters' scans read the engine block hashes
+     * their objects were written with (docs/events.md) */
+    for (int i = 0; i < c->nadapters; i++)
+        c->adapters[i].keep_tags = s->evpub != NULL;
     s->core_opts = (struct kvt_core_opts){
         .adapters = c->adapters,
         .nadapters = c->nadapters,

@@ -58,7 +58,7 @@ static void test_l1_announces(void)
     struct kvt_events *q;
     TEST_ASSERT(kvt_events_new(64, &q) == 0);
     struct kvt_l1 *l1 = mk();
-    kvt_l1_set_event_hook(l1, &(struct kvt_tier_hook){kvt_events_hook, q, 0});
+    kvt_l1_set_event_hook(l1, &(struct kvt_tier_hook){.fn = kvt_events_hook, .arg = q, .tier = 0});
     uint32_t hs[3];
     kvt_objmeta m = {.len = 4096};
     for (int i = 0; i < 3; i++) {
@@ -171,6 +171,34 @@ static void test_orphans_are_capped(void)
     kvt_events_free(q);
 }
 
+/* A persistent tier's calls: tag_of hands out the kept tag (a reference),
+ * and a tag read back at start-up is kept even when the client orphans
+ * fill the cap (the tier announces it next). */
+static void test_tags_read_back(void)
+{
+    struct kvt_events *q;
+    TEST_ASSERT(kvt_events_new(4, &q) == 0);
+    for (int i = 0; i < KVT_EVENTS_MAX_ORPHANS; i++) {
+        kvt_key k = key(i);
+        kvt_events_tag(q, &k, tag(1));
+    }
+    kvt_key a = key(-1), b = key(-2);
+    kvt_events_tag(q, &a, tag(2)); /* a client's: over the cap, dropped */
+    TEST_ASSERT(kvt_events_tag_of(q, &a) == NULL);
+    kvt_events_tag_hook(q, &b, tag(3)); /* read back: kept */
+    struct kvt_blocktag *t = kvt_events_tag_of(q, &b);
+    TEST_ASSERT(t && t->hashes[0] == 3);
+    kvt_blocktag_put(t);
+    kvt_events_hook(q, 1, KVT_TIER_STORED, &b);
+    struct kvt_events_stats st;
+    kvt_events_stats(q, &st);
+    TEST_ASSERT(st.orphans == KVT_EVENTS_MAX_ORPHANS && st.tagged == KVT_EVENTS_MAX_ORPHANS + 1);
+    struct kvt_event ev;
+    TEST_ASSERT(kvt_events_pop(q, &ev, 1) == 1 && ev.tag && ev.tag->hashes[0] == 3);
+    kvt_blocktag_put(ev.tag);
+    kvt_events_free(q);
+}
+
 static void test_l1_log(void)
 {
     struct kvt_events *q;
@@ -205,6 +233,7 @@ int main(void)
     RUN(test_queue_full_counts_drops);
     RUN(test_tags_follow_each_tier);
     RUN(test_orphans_are_capped);
+    RUN(test_tags_read_back);
     RUN(test_l1_log);
     return TEST_RESULT();
 }

@@ -4,11 +4,13 @@ decode as vLLM decodes it. A real kvtier server, the real client library;
 no engine is needed for these tests."""
 
 import json
+import os
+import struct
 import time
 
 import pytest
 
-from support.data import keys_for, random_payloads
+from support.data import adapter_json, keys_for, random_payloads
 from support.engine import Engine, kvtier_connector_config
 from support.kvevents import Subscriber
 from support.ports import free_port
@@ -232,6 +234,137 @@ def test_engine_block_hashes_name_the_chunks(started):
         with s.client() as c:
             assert c.store(k2, [b"y" * 10], blocks={"size": 32, "hashes": [1, 2**64 - 1]}) == 1
         sub.wait(lambda x: x.view().get(L1) == {1, 2**64 - 1}, what="integer hashes")
+
+
+def tagged_server(tmp_path, kind):
+    """An events server on one persistent adapter of kind (fs: --data-dir)
+    and its medium."""
+    if kind == "fs":
+        return events_server(tmp_path), FS
+    if kind in ("fs_native", "fs_odirect"):
+        a = adapter_json(type="fs_native" if kind == "fs_native" else "fs",
+                         base_path=str(tmp_path / "data"), max_capacity_gb=1,
+                         use_odirect=kind == "fs_odirect")
+    elif kind == "raw_block":
+        img = tmp_path / "rb.img"
+        with open(img, "wb") as f:
+            f.truncate(48 << 20)
+        a = adapter_json(type="raw_block", device_path=str(img), slot_bytes=256 * 1024,
+                         meta_total_bytes=1 << 20, use_odirect=False)
+    else:
+        a = adapter_json(type="dax", device_path=str(tmp_path / "dax.img"),
+                         max_dax_size_gb=0.02, slot_bytes=256 * 1024)
+    pub, rep = free_port(), free_port()
+    s = Server(["--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
+                "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep,
+                "--l2-adapter", a], tmp_path)
+    s.pub, s.rep = "tcp://127.0.0.1:%d" % pub, "tcp://127.0.0.1:%d" % rep
+    return s, "STORAGE:%s[0]" % kind.replace("_odirect", "")
+
+
+def header_lengths(d):
+    """(version, hdr_len, payload bytes) of each object file under d."""
+    out = []
+    for name in os.listdir(d):
+        if name.endswith(".data"):
+            with open(os.path.join(d, name), "rb") as f:
+                h = f.read(24)
+            size = os.path.getsize(os.path.join(d, name))
+            ver, hl = struct.unpack_from("<HH", h, 8)
+            out.append((ver, hl, size - hl))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("kind", ["fs", "fs_native", "fs_odirect", "raw_block", "dax"])
+def test_restart_names_chunks_by_their_engine_hashes(tmp_path, kind):
+    """The engine's block hashes are written with each object: after a
+    restart the scan's BlockStored name the chunks by them (parent and
+    block size as stored; token ids too where the header grows to hold
+    them: fs and fs_native; raw_block's and dax's 512-byte headers keep the
+    hashes only), a chunk stored without them by its key hash, integer
+    hashes stay integers, and a removal after the restart (purge --all of
+    the fs root, delete elsewhere) names the same hashes."""
+    s, medium = tagged_server(tmp_path, kind)
+    s.start()
+    try:
+        s.wait_recovered()
+        keys = keys_for("rt", 3)
+        eng = [bytes([k, b]) * 16 for k in range(3) for b in range(4)]
+        parent = b"\x09" * 32
+        toks = list(range(1000, 1000 + 3 * 64))
+        plain = keys_for("rp", 2)
+        ints = keys_for("ri", 1)
+        with Subscriber(s.pub, s.rep) as sub:
+            with s.client() as c:
+                assert c.store(keys, [b"\x02" * 4096] * 3,
+                               blocks={"size": 16, "hashes": eng, "parent": parent,
+                                       "tokens": toks}) == 3
+                assert c.store(plain, [b"\x03" * 4096] * 2) == 2
+                assert c.store(ints, [b"\x04" * 100],
+                               blocks={"size": 32, "hashes": [5, 2**64 - 2]}) == 1
+                assert not c.flush()
+            want = set(eng) | hashes(plain) | {5, 2**64 - 2}
+            sub.replay(0)
+            sub.wait(lambda x: x.view().get(medium) == want, what="stored in " + medium)
+            if kind.startswith("fs"):
+                st = json.loads(s.http_get("/status")[1])
+                blk = st["l2"][0].get("block_size", 512) if kind == "fs_odirect" else 512
+                if kind == "fs_odirect":
+                    assert st["l2"][0]["odirect"] == "on", st["l2"][0]
+                # the tagged chunks' headers grew (tokens included), to a
+                # multiple of the O_DIRECT block under O_DIRECT; the others
+                # are version 1, as before
+                got = header_lengths(tmp_path / "data")
+                assert got == sorted([(2, 1024 if blk == 512 else blk, 4096)] * 3 +
+                                     [(2, 512, 100)] + [(1, blk, 4096)] * 2), got
+        s.stop()
+        s.start()
+        s.wait_recovered()
+        with Subscriber(s.pub, s.rep) as sub:
+            sub.replay(0)
+            sub.wait(lambda x: x.view().get(medium) == want, what="recovered by engine hashes")
+            assert sub.view() == {medium: want}
+            assert isinstance(sub.batches[0].events[0], AllBlocksCleared)
+            by_hash = {}
+            for _, e in sub.events():
+                if isinstance(e, BlockStored):
+                    assert e.medium == medium
+                    for i, h in enumerate(e.block_hashes):
+                        by_hash[h] = (e, i)
+            # each chunk's blocks: the parent before its first, its tokens
+            grows = kind.startswith("fs")
+            for k in range(3):
+                e, i = by_hash[eng[4 * k]]
+                assert e.block_size == 16
+                assert e.block_hashes[i:i + 4] == eng[4 * k:4 * k + 4]
+                if i == 0:
+                    assert e.parent_block_hash == (parent if k == 0 else eng[4 * k - 1])
+                    assert e.token_ids[:64] == (toks[64 * k:64 * k + 64] if grows else [])
+            for h in hashes(plain):
+                e, _ = by_hash[h]
+                assert e.parent_block_hash is None and e.token_ids == [] and e.block_size == 256
+            e, i = by_hash[5]
+            assert e.block_size == 32 and e.block_hashes[i:i + 2] == [5, 2**64 - 2]
+            st = json.loads(s.http_get("/status")[1])["kv_events"]
+            assert st["tagged"] == 4 and st["orphans"] == 0
+            # the bytes are what was stored (the headers with a tag read back)
+            with s.client() as c:
+                assert c.lookup(plain) == 2 and c.lookup(ints) == 1 and c.lookup(keys) == 3
+                got = c.retrieve(keys)
+                assert [bytes(g) for g in got] == [b"\x02" * 4096] * 3
+                if not kind.startswith("fs"):
+                    for ks in (keys, plain, ints):
+                        c.delete(ks)
+            if kind.startswith("fs"):
+                r = run_kvtier("purge", "--all", "--yes", "--root", str(tmp_path / "data"),
+                               "--url", s.url)
+                assert r.returncode == 0, r.stderr + r.stdout
+            sub.wait(lambda x: not x.view().get(medium), what="removed")
+            assert sub.removed(medium) == want
+    finally:
+        s.kill()
+    log = s.read_log()
+    assert not any(m in log for m in SANITIZER_MARKERS), log[-6000:]
 
 
 def test_blocks_field_refused_when_malformed(started):
