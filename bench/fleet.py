@@ -1,5 +1,5 @@
 """bench/run.sh fleet: a KV-aware router on kvtier's KV events against round
-robin, on a fleet of two vLLM engines (CPU build, kvtier's connector, a tiny
+robin, each on a fleet of two vLLM engines (CPU build, kvtier's connector, a tiny
 random-weight model built here) each beside its own kvtier server, the two
 servers sharing one L2 (one fs directory, "shared": true).
 
@@ -18,13 +18,19 @@ Workload: a Mooncake-format multi-turn trace from bench/gen_trace.py
 prompts), one trace block = --block-tokens tokens (random ids, one per
 hash id: the same id, the same tokens), a short unique tail per request,
 max_tokens 1, requests one at a time in trace order (closed loop, so TTFT
-is the request latency without queueing). Both routings replay the same
-trace on the same two engines; before each routing the kvtier servers are
-restarted on an emptied shared directory, and vLLM's own prefix cache is
-emptied before every request, so every reuse is kvtier's (what the events
-describe). After each request the bench waits (untimed) until the request's
-chunks are announced in its server's L1 and in the shared L2, as a router
-that is not behind its events would see them.
+is the request latency without queueing).
+
+Two fleets side by side, one per routing (4 engines, 4 servers, 2 shared
+directories): each request goes to both, one after the other (which one
+first alternates), before the next request, so that load from other work
+on a shared machine falls on both routings alike. Every engine is warmed up
+first on every length a request may compute (the CPU kernels pay once per
+new shape). --repeats replays the trace again on restarted servers (empty
+directories). vLLM's own prefix cache is emptied before every request, so
+every reuse is kvtier's (what the events describe). After each request the
+bench waits (untimed) until the request's chunks are announced in its
+server's L1 and in the shared L2, as a router that keeps up with its events
+sees them.
 
 Per request: the connector's hit (vLLM's external prefix-cache hit
 counter), of it what the server loaded from the shared L2 for the lookup
@@ -75,8 +81,7 @@ def parse():
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--l1-gb", type=float, default=0.25)
     ap.add_argument("--kv-cache-gb", default="1", help="VLLM_CPU_KVCACHE_SPACE of each engine")
-    ap.add_argument("--order", default="rr,routed,routed,rr,rr,routed,routed,rr",
-                    help="routings in run order (ABBA: drift on a shared machine cancels)")
+    ap.add_argument("--repeats", type=int, default=2, help="replays of the trace (fresh servers each)")
     ap.add_argument("--settle", type=float, default=10.0,
                     help="max seconds to wait for a request's chunks in the events")
     ap.add_argument("--dir", default=os.environ.get("BENCH_DIR", "/var/tmp/kvtier-bench"))
@@ -84,7 +89,7 @@ def parse():
     a = ap.parse_args()
     if a.quick:
         a.requests, a.sessions, a.layers, a.hidden, a.heads, a.max_blocks = 12, 4, 4, 256, 4, 8
-        a.order = "rr,routed"
+        a.repeats = 1
     return a
 
 
@@ -256,127 +261,144 @@ def ext_hits(metrics):
     return sum(v or 0 for k, v in metrics.items() if "external_prefix_cache_hits" in k)
 
 
-def main():
-    a = A
-    os.makedirs(a.dir, exist_ok=True)
-    work = tempfile.mkdtemp(prefix="fleet-", dir=a.dir)
-    t_start = time.time()
-    reqs = make_trace(a, work)
-    maxlen = max(len(r["tokens"]) for r in reqs)
-    chunks_of = [len(r["tokens"]) // CHUNK for r in reqs]
-    model = make_tiny_model(
-        os.path.join(a.dir, "model-%dx%d-v%d" % (a.layers, a.hidden, a.vocab)), layers=a.layers,
-        hidden=a.hidden, heads=a.heads, kv_heads=a.heads, vocab=a.vocab,
-        intermediate=int(a.hidden * 8 / 3) // 64 * 64, max_pos=maxlen + 1024)
-    chunk_bytes = CHUNK * a.layers * 2 * a.hidden * 4
-    sess_first = {}
-    for r in reqs:
-        sess_first.setdefault(r["ids"][0], 0)
-    print("fleet: 2 vLLM engines (CPU) + 2 kvtier servers (L1 %.2f GiB each) on one shared fs L2 "
-          "(%s)" % (a.l1_gb, work))
-    print("model: %d layers, hidden %d, vocab %d (random, fp32); chunk %d tokens = %.1f MiB of KV, "
-          "block %d; trace: %d requests, %d distinct first blocks, %d-%d tokens (median %d), "
-          "%d prompt chunks, %d distinct; block %d tokens a trace block"
-          % (a.layers, a.hidden, a.vocab, CHUNK, chunk_bytes / 2 ** 20, BLOCK, len(reqs),
-             len(sess_first), min(len(r["tokens"]) for r in reqs), maxlen,
-             statistics.median(len(r["tokens"]) for r in reqs), sum(chunks_of),
-             len({tuple(r["ids"][:i + 1]) for r in reqs for i in range(len(r["ids"]))
-                  if (i + 1) * a.block_tokens <= len(r["tokens"])}) * a.block_tokens // CHUNK,
-             a.block_tokens), flush=True)
+class Fleet:
+    """Two kvtier servers on one shared fs directory, an engine beside each,
+    and a routing ("routed" or "rr") with its own router state."""
 
-    # two servers, one shared directory
-    shared = os.path.join(work, "shared-l2")
-    adapter = json.dumps({"type": "fs", "base_path": shared, "shared": True})
-    servers = []
-    for i in range(2):
-        pub, rep = free_port(), free_port()
-        s = Server(["--chunk-size", str(CHUNK), "--l2-prefetch-policy", "retain",
-                    "--l1-size-gb", str(a.l1_gb), "--l1-init-size-gb", str(a.l1_gb),
-                    "--l2-adapter", adapter, "--log-level", "warn",
-                    "--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
-                    "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep,
-                    "--kv-events-topic", "kv@engine%d@fleet" % i], work)
-        s.pub, s.rep, s.topic = "tcp://127.0.0.1:%d" % pub, "tcp://127.0.0.1:%d" % rep, \
-            ("kv@engine%d@fleet" % i).encode()
-        servers.append(s)
+    def __init__(self, mode, model, maxlen, work, a, ctx):
+        self.mode, self.a, self.ctx = mode, a, ctx
+        self.shared = os.path.join(work, "shared-l2-" + mode)
+        adapter = json.dumps({"type": "fs", "base_path": self.shared, "shared": True})
+        self.servers = []
+        for i in range(2):
+            pub, rep = free_port(), free_port()
+            topic = "kv@%s-engine%d@fleet" % (mode, i)
+            s = Server(["--chunk-size", str(CHUNK), "--l2-prefetch-policy", "retain",
+                        "--l1-size-gb", str(a.l1_gb), "--l1-init-size-gb", str(a.l1_gb),
+                        "--l2-adapter", adapter, "--log-level", "warn",
+                        "--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
+                        "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep,
+                        "--kv-events-topic", topic], work)
+            s.pub, s.rep, s.topic = "tcp://127.0.0.1:%d" % pub, "tcp://127.0.0.1:%d" % rep, \
+                topic.encode()
+            self.servers.append(s)
+        self.engines = [None, None]
+        self.model, self.maxlen, self.work = model, maxlen, work
+        self.feeds = []
+        self.runs = []
 
-    def start_servers():
-        shutil.rmtree(shared, ignore_errors=True)
-        for s in servers:
+    def start_engine(self, i):
+        cfg = kvtier_connector_config(self.servers[i].url, retry_s=1, timeout_ms=30000)
+        self.engines[i] = Engine(
+            self.model, cfg, block_size=BLOCK, max_model_len=self.maxlen + 64,
+            max_num_batched_tokens=self.maxlen + 64, max_num_seqs=2,
+            log=os.path.join(self.work, "engine-%s-%d.log" % (self.mode, i)),
+            env={"VLLM_CPU_KVCACHE_SPACE": self.a.kv_cache_gb, "PYTHONHASHSEED": HASH_SEED})
+
+    def start_servers(self):
+        shutil.rmtree(self.shared, ignore_errors=True)
+        for s in self.servers:
             s.start()
-        for s in servers:
+        for s in self.servers:
             s.wait_recovered()
 
-    def stop_servers():
-        for s in servers:
+    def stop_servers(self):
+        for s in self.servers:
             s.stop()
 
-    start_servers()
-    engines = [None, None]
-    errs = []
+    def begin(self, tag):
+        """A run: the servers restarted on an empty shared directory, a
+        fresh router state, the connectors reconnected."""
+        self.feeds = [Feed(self.ctx, s.pub, s.rep, s.topic) for s in self.servers]
+        self.start_servers()
+        time.sleep(0.3)  # subscriptions reach the servers
+        reconnect(self.engines, self.a, "%s-%s" % (self.mode, tag))
+        for f in self.feeds:
+            f.poll(100)
+        self.last = [ext_hits(e.metrics()) for e in self.engines]
+        self.cur = {"sent": [0, 0], "chunks": 0, "l1": 0, "l2": 0, "computed": 0, "ttfts": [],
+                    "predicted": 0, "timeouts": 0, "key_only": 0}
 
-    def start_engine(i):
-        try:
-            cfg = kvtier_connector_config(servers[i].url, retry_s=1, timeout_ms=30000)
-            engines[i] = Engine(model, cfg, block_size=BLOCK, max_model_len=maxlen + 64,
-                                max_num_batched_tokens=maxlen + 64, max_num_seqs=2,
-                                log=os.path.join(work, "engine-%d.log" % i),
-                                env={"VLLM_CPU_KVCACHE_SPACE": a.kv_cache_gb,
-                                     "PYTHONHASHSEED": HASH_SEED})
-        except Exception as e:  # noqa: BLE001
-            errs.append(e)
-
-    t0 = time.time()
-    ths = [threading.Thread(target=start_engine, args=(i,)) for i in range(2)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join()
-    if errs:
-        for e in engines:
-            if e is not None:
-                e.close()
-        stop_servers()
-        raise errs[0]
-    print("engines up in %.0f s" % (time.time() - t0), flush=True)
-    # warm-up: each engine's first requests pay one-time costs (allocation,
-    # the connector's connection, the first load), and the CPU kernels pay
-    # again for every new shape: every length a request of the trace may
-    # compute (its tail up to a whole prompt, in chunk steps), cold and then
-    # hit from kvtier, on both engines. Untimed; the servers restart on an
-    # empty directory after it. Without it the first routing run pays for the
-    # shapes (its median TTFT 2-4x the later runs' in a first try).
-    t0 = time.time()
-    wr = random.Random(7)
-    lens = sorted({len(r["tokens"]) - CHUNK * j for r in reqs
-                   for j in range(len(r["tokens"]) // CHUNK + 1)} - {0})
-    for e in engines:
-        for n in lens:
-            warm = [wr.randrange(3, a.vocab - 1) for _ in range(n)]
-            for _ in range(2):
-                e.reset()
-                e.generate([{"tokens": warm}], max_tokens=1)
+    def step(self, n, r):
+        a, cur, feeds = self.a, self.cur, self.feeds
+        toks = r["tokens"]
+        chunks = request_chunks(toks)
+        for f in feeds:
+            f.poll(0)
+        held = [f.chunks_held(chunks, is_l1) for f in feeds]
+        pref = [h[0] for h in held]
+        if self.mode == "rr":
+            i = n % 2
+        else:
+            best = max(pref)
+            cands = [j for j in range(2) if pref[j] == best]
+            if len(cands) > 1:
+                lo = min(cur["sent"][j] for j in cands)
+                cands = [j for j in cands if cur["sent"][j] == lo]
+            i = cands[0] if len(cands) == 1 else n % 2
+        cur["sent"][i] += 1
+        e, s = self.engines[i], self.servers[i]
         e.reset()
-    print("warm-up: %d prompt lengths, cold and hit, on both engines, in %.0f s"
-          % (len(lens), time.time() - t0), flush=True)
-    stop_servers()
+        before = status(s)["prefetch"]["keys_loaded"]
+        res = e.generate([{"tokens": toks}], max_tokens=1)
+        after = status(s)["prefetch"]["keys_loaded"]
+        m = ext_hits(res["metrics"])
+        hit_tokens = m - self.last[i]
+        self.last[i] = m
+        nc = len(chunks)
+        hit = min(nc, -(-hit_tokens // CHUNK))  # the last loaded chunk may stop a token short
+        l2 = min(hit, after - before)
+        l1 = hit - l2
+        cur["predicted"] += pref[i] == l1
+        cur["key_only"] += held[i][1]
+        cur["chunks"] += nc
+        cur["l1"] += l1
+        cur["l2"] += l2
+        cur["computed"] += nc - hit
+        cur["ttfts"].append(res["seconds"])
+        print("  %-6s req %2d -> engine %d: %4d tokens, %2d chunks: L1 %2d, L2 %2d, computed %2d; "
+              "router: L1 prefix %d / %d (engine 0 / 1); TTFT %.3f s"
+              % (self.mode, n, i, len(toks), nc, l1, l2, nc - hit, pref[0], pref[1],
+                 res["seconds"]), flush=True)
+        # untimed: wait until the request's full chunks are announced in its
+        # server's L1 and in the shared L2 (some server's STORAGE)
+        deadline = time.time() + a.settle
+        while True:
+            for f in feeds:
+                f.poll(20)
+            in_l1 = feeds[i].chunks_held(chunks, is_l1)[0]
+            if in_l1 == nc and held_everywhere(feeds, chunks, is_l2):
+                break
+            if time.time() > deadline:
+                cur["timeouts"] += 1
+                print("    (settle timeout: %d of %d chunks announced in L1, in L2: %s)"
+                      % (in_l1, nc, held_everywhere(feeds, chunks, is_l2)), flush=True)
+                break
+        return res["seconds"]
 
-    results = {}
-    ctx = zmq.Context()
-    try:
-        for mode in a.order.split(","):
-            results.setdefault(mode, []).append(
-                run_routing(mode, reqs, chunks_of, servers, engines, start_servers, stop_servers,
-                            ctx, a))
-    finally:
-        for e in engines:
+    def end(self):
+        self.stop_servers()
+        for f in self.feeds:
+            f.poll(200)
+            f.close()
+        cur = self.cur
+        cur["events"] = "%d / %d / %d" % (sum(f.batches for f in self.feeds),
+                                          sum(f.gaps for f in self.feeds), cur["timeouts"])
+        self.runs.append(cur)
+        c = max(cur["chunks"], 1)
+        print("%s: L1 %.3f, L2 %.3f, computed %.3f; TTFT median %.3f s"
+              % (self.mode, cur["l1"] / c, cur["l2"] / c, cur["computed"] / c,
+                 statistics.median(cur["ttfts"])), flush=True)
+
+    def close(self):
+        for e in self.engines:
             if e is not None:
                 e.close()
-        for s in servers:
+        for s in self.servers:
             s.kill()
-        ctx.destroy(linger=0)
 
-    def pool(runs):
+    def pooled(self):
+        runs = self.runs
         if not runs:
             return None
         c = max(sum(r["chunks"] for r in runs), 1)
@@ -385,41 +407,11 @@ def main():
                 "l1_share": sum(r["l1"] for r in runs) / c, "l2_share": sum(r["l2"] for r in runs) / c,
                 "computed_share": sum(r["computed"] for r in runs) / c,
                 "ttft_median": statistics.median(t), "ttft_mean": statistics.mean(t),
-                "run_medians": " ".join("%.3f" % r["ttft_median"] for r in runs),
-                "split": ", ".join(r["split"] for r in runs),
-                "predicted": ", ".join(r["predicted"] for r in runs),
+                "run_medians": " ".join("%.3f" % statistics.median(r["ttfts"]) for r in runs),
+                "split": ", ".join("%d / %d" % tuple(r["sent"]) for r in runs),
+                "predicted": ", ".join("%d of %d" % (r["predicted"], len(r["ttfts"])) for r in runs),
                 "key_only": sum(r["key_only"] for r in runs),
                 "events": ", ".join(r["events"] for r in runs)}
-
-    R, Q = pool(results.get("routed")), pool(results.get("rr"))
-    paired = []
-    for x, y in zip(results.get("routed", []), results.get("rr", [])):
-        paired += [p / q for p, q in zip(x["ttfts"], y["ttfts"]) if q > 0]
-    print()
-    print("%-48s %16s %16s" % ("(every run of a routing pooled)", "routed", "round robin"))
-
-    def row(name, key, fmt):
-        print("%-48s %16s %16s" % (name, fmt % R[key] if R else "n/a", fmt % Q[key] if Q else "n/a"))
-    row("runs", "runs", "%d")
-    row("prompt chunks (full)", "chunks", "%d")
-    row("  from the engine's own kvtier L1", "l1_share", "%.3f")
-    row("  from the shared L2 (fs)", "l2_share", "%.3f")
-    row("  computed", "computed_share", "%.3f")
-    row("TTFT median, s", "ttft_median", "%.3f")
-    row("TTFT mean, s", "ttft_mean", "%.3f")
-    row("TTFT median of each run, s", "run_medians", "%s")
-    row("requests to engine 0 / engine 1, each run", "split", "%s")
-    row("router's L1 prefix = the L1 hit, each run", "predicted", "%s")
-    row("L1 chunks the router knew by key hash only", "key_only", "%d")
-    row("events: batches / gaps / settle timeouts", "events", "%s")
-    if paired:
-        print("%-48s %16.3f" % ("TTFT routed / rr, median of the per-request ratios", statistics.median(paired)))
-    print("(shares of every request's full %d-token chunks; TTFT: the engine's generate of 1 "
-          "token, vLLM's own prefix cache emptied before each request)" % CHUNK)
-    print("total %.0f s" % (time.time() - t_start))
-    if R and Q:
-        print("RESULT fleet l1_hit_ratio_routed=%.3f l1_hit_ratio_rr=%.3f ttft_routed_over_rr=%.3f"
-              % (R["l1_share"], Q["l1_share"], R["ttft_median"] / Q["ttft_median"]))
 
 
 def reconnect(engines, a, tag):
@@ -436,92 +428,114 @@ def reconnect(engines, a, tag):
         e.reset()
 
 
-def run_routing(mode, reqs, chunks_of, servers, engines, start_servers, stop_servers, ctx, a):
-    t0 = time.time()
-    feeds = [Feed(ctx, s.pub, s.rep, s.topic) for s in servers]
-    start_servers()
-    time.sleep(0.3)  # subscriptions reach the servers
-    reconnect(engines, a, mode)
-    for f in feeds:
-        f.poll(100)
-    sent = [0, 0]
-    tot = {"chunks": 0, "l1": 0, "l2": 0, "computed": 0}
-    ttfts, ttft_reuse, predicted, timeouts, key_only = [], [], 0, 0, 0
-    last_metrics = [ext_hits(e.metrics()) for e in engines]
-    for n, r in enumerate(reqs):
-        toks = r["tokens"]
-        chunks = request_chunks(toks)
-        for f in feeds:
-            f.poll(0)
-        held = [f.chunks_held(chunks, is_l1) for f in feeds]
-        pref = [h[0] for h in held]
-        if mode == "rr":
-            i = n % 2
-        else:
-            best = max(pref)
-            cands = [j for j in range(2) if pref[j] == best]
-            if len(cands) > 1:
-                lo = min(sent[j] for j in cands)
-                cands = [j for j in cands if sent[j] == lo]
-            i = cands[0] if len(cands) == 1 else n % 2
-        sent[i] += 1
-        e, s = engines[i], servers[i]
-        e.reset()
-        before = status(s)["prefetch"]["keys_loaded"]
-        res = e.generate([{"tokens": toks}], max_tokens=1)
-        after = status(s)["prefetch"]["keys_loaded"]
-        m = ext_hits(res["metrics"])
-        hit_tokens = m - last_metrics[i]
-        last_metrics[i] = m
-        nc = chunks_of[n]
-        hit = min(nc, -(-hit_tokens // CHUNK))  # the last loaded chunk may stop a token short
-        l2 = min(hit, after - before)
-        l1 = hit - l2
-        if pref[i] == l1:
-            predicted += 1
-        key_only += held[i][1]
-        tot["chunks"] += nc
-        tot["l1"] += l1
-        tot["l2"] += l2
-        tot["computed"] += nc - hit
-        ttfts.append(res["seconds"])
-        if hit:
-            ttft_reuse.append(res["seconds"])
-        print("  %-6s req %2d -> engine %d: %4d tokens, %2d chunks: L1 %2d, L2 %2d, computed %2d; "
-              "router: L1 prefix %d / %d (engine 0 / 1); TTFT %.3f s"
-              % (mode, n, i, len(toks), nc, l1, l2, nc - hit, pref[0], pref[1], res["seconds"]),
-              flush=True)
-        # untimed: wait until the request's full chunks are announced in its
-        # server's L1 and in the shared L2 (some server's STORAGE)
-        deadline = time.time() + a.settle
-        while True:
-            for f in feeds:
-                f.poll(20)
-            in_l1 = feeds[i].chunks_held(chunks, is_l1)[0]
-            if in_l1 == nc and held_everywhere(feeds, chunks, is_l2):
-                break
-            if time.time() > deadline:
-                timeouts += 1
-                print("    (settle timeout: %d of %d chunks announced in L1, in L2: %s)"
-                      % (in_l1, nc, held_everywhere(feeds, chunks, is_l2)), flush=True)
-                break
-    stop_servers()
-    for f in feeds:
-        f.poll(200)
-        f.close()
-    c = max(tot["chunks"], 1)
-    out = {"chunks": tot["chunks"], "l1_share": tot["l1"] / c, "l2_share": tot["l2"] / c,
-           "computed_share": tot["computed"] / c, "ttft_median": statistics.median(ttfts),
-           "ttft_mean": statistics.mean(ttfts),
-           "ttft_median_reuse": statistics.median(ttft_reuse) if ttft_reuse else float("nan"),
-           "split": "%d / %d" % tuple(sent), "key_only": key_only, "ttfts": ttfts, "n": len(reqs),
-           "l1": tot["l1"], "l2": tot["l2"], "computed": tot["computed"], "predicted": "%d of %d" % (predicted, len(reqs)),
-           "events": "%d / %d / %d" % (sum(f.batches for f in feeds), sum(f.gaps for f in feeds),
-                                       timeouts)}
-    print("%s: %d requests in %.0f s; L1 %.3f, L2 %.3f, computed %.3f; TTFT median %.3f s"
-          % (mode, len(reqs), time.time() - t0, out["l1_share"], out["l2_share"],
-             out["computed_share"], out["ttft_median"]), flush=True)
-    return out
+def main():
+    a = A
+    os.makedirs(a.dir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="fleet-", dir=a.dir)
+    t_start = time.time()
+    reqs = make_trace(a, work)
+    maxlen = max(len(r["tokens"]) for r in reqs)
+    chunks_of = [len(r["tokens"]) // CHUNK for r in reqs]
+    model = make_tiny_model(
+        os.path.join(a.dir, "model-%dx%d-v%d" % (a.layers, a.hidden, a.vocab)), layers=a.layers,
+        hidden=a.hidden, heads=a.heads, kv_heads=a.heads, vocab=a.vocab,
+        intermediate=int(a.hidden * 8 / 3) // 64 * 64, max_pos=maxlen + 1024)
+    chunk_bytes = CHUNK * a.layers * 2 * a.hidden * 4
+    print("two fleets side by side, one per routing (routed on KV events, round robin), each 2 vLLM "
+          "engines (CPU) + 2 kvtier servers (L1 %.2f GiB each) on one shared fs L2; the same "
+          "request goes to both fleets, one after the other, before the next (%s)" % (a.l1_gb, work))
+    print("model: %d layers, hidden %d, vocab %d (random, fp32); chunk %d tokens = %.1f MiB of KV, "
+          "block %d; trace: %d requests, %d system prompts used, %d-%d tokens (median %d), "
+          "%d prompt chunks, %d distinct; %d tokens a trace block; %d repeat(s)"
+          % (a.layers, a.hidden, a.vocab, CHUNK, chunk_bytes / 2 ** 20, BLOCK, len(reqs),
+             len({r["ids"][0] for r in reqs}), min(len(r["tokens"]) for r in reqs), maxlen,
+             statistics.median(len(r["tokens"]) for r in reqs), sum(chunks_of),
+             len({tuple(r["ids"][:i + 1]) for r in reqs for i in range(len(r["ids"]))
+                  if (i + 1) * a.block_tokens <= len(r["tokens"])}) * a.block_tokens // CHUNK,
+             a.block_tokens, a.repeats), flush=True)
+
+    ctx = zmq.Context()
+    fleets = {m: Fleet(m, model, maxlen, work, a, ctx) for m in ("routed", "rr")}
+    try:
+        for f in fleets.values():
+            f.start_servers()
+        t0 = time.time()
+        errs = []
+
+        def start(f, i):
+            try:
+                f.start_engine(i)
+            except Exception as e:  # noqa: BLE001
+                errs.append(e)
+        ths = [threading.Thread(target=start, args=(f, i)) for f in fleets.values() for i in range(2)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        if errs:
+            raise errs[0]
+        print("4 engines up in %.0f s" % (time.time() - t0), flush=True)
+        # warm-up: each engine's first requests pay one-time costs
+        # (allocation, the connector's connection, the first load), and the
+        # CPU kernels pay again for every new shape: every length a request
+        # of the trace may compute (its tail up to a whole prompt, in chunk
+        # steps), cold and then hit from kvtier, on every engine. Untimed;
+        # the servers restart on an empty directory after it.
+        t0 = time.time()
+        lens = sorted({len(r["tokens"]) - CHUNK * j for r in reqs
+                       for j in range(len(r["tokens"]) // CHUNK + 1)} - {0})
+        for f in fleets.values():
+            for e in f.engines:
+                wr = random.Random(7)
+                for n in lens:
+                    warm = [wr.randrange(3, a.vocab - 1) for _ in range(n)]
+                    for _ in range(2):
+                        e.reset()
+                        e.generate([{"tokens": warm}], max_tokens=1)
+                e.reset()
+            f.stop_servers()
+        print("warm-up: %d prompt lengths, cold and hit, on every engine, in %.0f s"
+              % (len(lens), time.time() - t0), flush=True)
+        paired = []
+        for rep in range(a.repeats):
+            for f in fleets.values():
+                f.begin(rep)
+            for n, r in enumerate(reqs):
+                # alternate which fleet goes first
+                order = ("routed", "rr") if (n + rep) % 2 == 0 else ("rr", "routed")
+                t = {m: fleets[m].step(n, r) for m in order}
+                paired.append(t["routed"] / t["rr"])
+            for f in fleets.values():
+                f.end()
+    finally:
+        for f in fleets.values():
+            f.close()
+        ctx.destroy(linger=0)
+
+    R, Q = fleets["routed"].pooled(), fleets["rr"].pooled()
+    print()
+    print("%-48s %16s %16s" % ("(every repeat pooled)", "routed", "round robin"))
+
+    def row(name, key, fmt):
+        print("%-48s %16s %16s" % (name, fmt % R[key] if R else "n/a", fmt % Q[key] if Q else "n/a"))
+    row("runs", "runs", "%d")
+    row("prompt chunks (full)", "chunks", "%d")
+    row("  from the engine's own kvtier L1", "l1_share", "%.3f")
+    row("  from the shared L2 (fs)", "l2_share", "%.3f")
+    row("  computed", "computed_share", "%.3f")
+    row("TTFT median, s", "ttft_median", "%.3f")
+    row("TTFT mean, s", "ttft_mean", "%.3f")
+    row("TTFT median of each repeat, s", "run_medians", "%s")
+    row("requests to engine 0 / engine 1, each repeat", "split", "%s")
+    row("router's L1 prefix = the L1 hit, each repeat", "predicted", "%s")
+    row("L1-hit chunks known by key hash only", "key_only", "%d")
+    row("events: batches / gaps / settle timeouts", "events", "%s")
+    print("%-48s %16.3f" % ("TTFT routed / rr, median of per-request ratios", statistics.median(paired)))
+    print("(shares of every request's full %d-token chunks; TTFT: the engine's generate of 1 "
+          "token, vLLM's own prefix cache emptied before each request)" % CHUNK)
+    print("total %.0f s" % (time.time() - t_start))
+    print("RESULT fleet l1_hit_ratio_routed=%.3f l1_hit_ratio_rr=%.3f ttft_routed_over_rr=%.3f"
+          % (R["l1_share"], Q["l1_share"], R["ttft_median"] / Q["ttft_median"]))
 
 
 if __name__ == "__main__":
