@@ -396,6 +396,7 @@ class Fleet:
                 e.close()
         for s in self.servers:
             s.kill()
+        shutil.rmtree(self.shared, ignore_errors=True)  # the KV; the logs stay
 
     def pooled(self):
         runs = self.runs
