@@ -282,14 +282,13 @@ def r_keys(ix, toks):
     return ix.ask(op="keys", model=MODEL, tokens=toks)["keys"]
 
 
-def test_restart_the_indexer_forgets_recovered_chunks(pods):
+def test_restart_the_indexer_relearns_recovered_chunks(pods):
     """A stop (AllBlocksCleared) clears podA in the indexer. After the
-    restart kvtier announces what the fs scan recovered by kvtier's key
-    hashes without tokens (docs/events.md: engine hashes are not written to
-    L2): the indexer cannot map them to request keys, so podA scores 0 for
-    a prefix its fs tier holds. A store of the same chunks with their engine
-    hashes is indexed in L1 only (fs keeps its key-hash names) until the fs
-    copies are gone; podB is untouched throughout."""
+    restart kvtier announces what the fs scan recovered by the engine's
+    block hashes and tokens it kept in each object's header (docs/events.md,
+    Block hashes): the indexer maps them to the request keys again, so podA
+    scores its fs tier for the prefix; a store of the same chunks adds its
+    L1; podB is untouched throughout."""
     a, b, ix = pods()
     subscribed(ix, a, 903)
     subscribed(ix, b, 904)
@@ -306,31 +305,23 @@ def test_restart_the_indexer_forgets_recovered_chunks(pods):
     subscribed(ix, a, 905)  # the indexer's subscriber dialled the new server
     with Subscriber(a.pub, a.rep) as sa:
         sa.replay(0)
-        recovered = set(x_keys.hashes)
-        sa.wait(lambda x: x.view() == {FS: recovered}, what="the recovered chunks by key hash")
+        sa.wait(lambda x: x.view() == {FS: set(x_hashes)},
+                what="the recovered chunks by their engine hashes")
+    r = expect(ix, x_toks, lambda r: r["scores"].get("podA") == pytest.approx(8 * W_FS),
+               "podA's recovered fs chunks indexed")
+    assert r["hits"]["podA"] == {"storage:fs[0]": 8}, r
+    assert r["scores"]["podB"] == pytest.approx(8 * W_CPU), r
     # (no lookup here: its prefetch would hold the chunks in L1 as a
     # temporary copy, and a store of a key held sends nothing)
-    r = ix.score(x_toks)
-    assert r["scores"] == {"podB": pytest.approx(8 * W_CPU)}, r
-    # the key hashes are no engine keys it knows: a device-tier update it
-    # drops (its last 8 bytes, as its adapter reads a bin)
-    assert ix.ask(op="engine", hashes=[h.hex() for h in x_keys.hashes])["request_keys"] == [None, None]
-    # stored again with the engine's hashes and tokens: L1, which did not
-    # hold the chunks, announces them by those hashes (indexed: podA's CPU
-    # tier); fs keeps naming its copies by key hash (not indexed)
-    store_prompt(a, "X", x_toks, x_hashes, 2)
-    r = expect(ix, x_toks, lambda r: r["scores"].get("podA") == pytest.approx(8 * W_CPU),
-               "podA's L1 copies indexed")
-    assert r["hits"]["podA"] == {"cpu": 8}
-    # once the fs copies are gone, a new store is announced with engine
-    # hashes in both tiers
-    with a.client() as c:
-        c.delete(x_keys)
-    expect(ix, x_toks, lambda r: "podA" not in r["scores"], "podA's X deleted")
     store_prompt(a, "X", x_toks, x_hashes, 2)
     r = expect(ix, x_toks, lambda r: r["hits"].get("podA") == {"cpu": 8, "storage:fs[0]": 8},
-               "podA's new store indexed in both tiers")
+               "podA's X stored again: L1 and fs")
     assert r["scores"] == {"podA": pytest.approx(8 * W_CPU), "podB": pytest.approx(8 * W_CPU)}
+    # deleted: gone from both of podA's media, podB keeps X
+    with a.client() as c:
+        c.delete(x_keys)
+    expect(ix, x_toks, lambda r: r["scores"] == {"podB": pytest.approx(8 * W_CPU)},
+           "podA's X deleted")
 
 
 def test_vllm_gpu_events_and_kvtier_tiers_of_one_pod(tmp_path, driver_bin):
