@@ -56,6 +56,8 @@ struct kvt_evpub {
     msgpack_sbuffer sb;
     /* stats: written by the thread, read by status (relaxed: statistics) */
     _Atomic uint64_t batches, stored, removed, cleared, gaps, replay_requests, replayed, next_seq;
+    _Atomic uint64_t subscriptions; /* subscribe messages the XPUB socket passed up */
+    _Atomic uint64_t held_ms;       /* how long the first batch waited for a subscriber */
     _Atomic uint32_t buffered;
 };
 
@@ -114,6 +116,7 @@ json_t *kvt_evpub_cfg_json(const struct kvt_evpub_cfg *c)
     json_object_set_new(o, "buffer", json_integer(c->buffer));
     json_object_set_new(o, "queue", json_integer(c->queue));
     json_object_set_new(o, "hwm", json_integer(c->hwm));
+    json_object_set_new(o, "wait_subscriber_ms", json_integer(c->wait_sub_ms));
     return o;
 }
 
@@ -152,7 +155,11 @@ int kvt_evpub_listen(const struct kvt_evpub_cfg *c, struct kvt_evpub **out, char
         goto fail;
     }
     rc =
-        bind_socket(p->zctx, ZMQ_PUB, c->endpoint, c->hwm, &p->pub, err, cap, "kv-events-endpoint");
+        bind_socket(p->zctx, ZMQ_XPUB, c->endpoint, c->hwm, &p->pub, err, cap, "kv-events-endpoint");
+    if (!rc) { /* every subscription passed up, not only a topic's first */
+        int verbose = 1;
+        zmq_setsockopt(p->pub, ZMQ_XPUB_VERBOSE, &verbose, sizeof(verbose));
+    }
     /* a whole buffer's replay (and its end marker) fits a peer's pipe: the
      * ROUTER drops what is over its high-water mark */
     if (!rc && c->replay[0])
@@ -456,21 +463,60 @@ static void serve_replay(struct kvt_evpub *p)
 
 /* ------------------------------------------------------------- thread */
 
+/* Read what subscribers sent the XPUB socket (a subscription is the byte 1
+ * then the topic prefix, an unsubscription 0); count the subscriptions. */
+static void drain_subscriptions(struct kvt_evpub *p)
+{
+    uint8_t buf[8];
+    int n;
+    while ((n = zmq_recv(p->pub, buf, sizeof(buf), ZMQ_DONTWAIT)) >= 0)
+        if (n > 0 && buf[0] == 1)
+            atomic_fetch_add_explicit(&p->subscriptions, 1, memory_order_relaxed);
+}
+
+/* A subscriber of the previous instance (a router) reconnects by itself,
+ * but what a PUB socket sends before a subscription reaches it is lost for
+ * it: the start's AllBlocksCleared and what recovery announces would be.
+ * So the first batch waits until a subscriber has subscribed, at most
+ * wait_sub_ms, and no longer than the queue has room for. */
+static void wait_for_subscriber(struct kvt_evpub *p)
+{
+    uint64_t t0 = kvt_now_ns(), limit = (uint64_t)p->cfg.wait_sub_ms * 1000000u;
+    zmq_pollitem_t it = {.socket = p->pub, .events = ZMQ_POLLIN};
+    while (!atomic_load_explicit(&p->stop, memory_order_acquire) &&
+           atomic_load_explicit(&p->subscriptions, memory_order_relaxed) == 0) {
+        uint64_t el = kvt_now_ns() - t0;
+        struct kvt_events_stats qs;
+        kvt_events_stats(p->q, &qs);
+        if (el >= limit || qs.depth >= qs.cap / 2)
+            break;
+        uint64_t left_ms = (limit - el) / 1000000u + 1;
+        if (zmq_poll(&it, 1, left_ms < 50 ? (long)left_ms : 50) < 0 && errno != EINTR)
+            break;
+        drain_subscriptions(p);
+    }
+    atomic_store_explicit(&p->held_ms, (kvt_now_ns() - t0) / 1000000u, memory_order_relaxed);
+}
+
 static void *pub_main(void *arg)
 {
     struct kvt_evpub *p = arg;
     pthread_setname_np(pthread_self(), "kv-events");
+    wait_for_subscriber(p);
     /* whatever an earlier instance announced is void: what the tiers hold
      * now follows (the adapters' scans announce what they found) */
     publish_cleared(p);
-    zmq_pollitem_t items[2] = {
+    zmq_pollitem_t items[3] = {
         {.socket = NULL, .fd = kvt_events_fd(p->q), .events = ZMQ_POLLIN},
+        {.socket = p->pub, .events = ZMQ_POLLIN},
         {.socket = p->replay, .events = ZMQ_POLLIN},
     };
-    int nitems = p->replay ? 2 : 1;
+    int nitems = p->replay ? 3 : 2;
     while (!atomic_load_explicit(&p->stop, memory_order_acquire)) {
         if (zmq_poll(items, nitems, 1000) < 0 && errno != EINTR)
             break;
+        if (items[1].revents & ZMQ_POLLIN)
+            drain_subscriptions(p);
         if (items[0].revents & ZMQ_POLLIN) {
             kvt_events_drain_fd(p->q);
             /* let the burst that woke us gather (a store announces its
@@ -590,5 +636,11 @@ json_t *kvt_evpub_status(struct kvt_evpub *p)
     json_object_set_new(o, "buffer_capacity", json_integer(s.buffer_cap));
     json_object_set_new(o, "replay_requests", json_integer((json_int_t)s.replay_requests));
     json_object_set_new(o, "replayed", json_integer((json_int_t)s.replayed));
+    json_object_set_new(
+        o, "subscriptions",
+        json_integer((json_int_t)atomic_load_explicit(&p->subscriptions, memory_order_relaxed)));
+    json_object_set_new(
+        o, "first_batch_held_ms",
+        json_integer((json_int_t)atomic_load_explicit(&p->held_ms, memory_order_relaxed)));
     return o;
 }

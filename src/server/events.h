@@ -36,6 +36,8 @@ struct kvt_evpub_cfg {
     int buffer;         /* --kv-events-buffer: batches kept for replay */
     int queue;          /* --kv-events-queue: tier events waiting for the thread */
     int hwm;            /* --kv-events-hwm: the PUB socket's send high-water mark */
+    int wait_sub_ms;    /* --kv-events-wait-subscriber-ms: hold the first batch until a
+                         * subscriber subscribed, at most this long */
 };
 
 struct kvt_evpub_stats {

@@ -300,6 +300,10 @@ static const struct opt opts[] = {
              "dropped and counted (262144)"},
     {INT("kv-events-hwm", events.hwm, 0, 1 << 30, "100000"), .arg = "N",
      .help = "PUB send high-water mark in messages (100000)"},
+    {INT("kv-events-wait-subscriber-ms", events.wait_sub_ms, 0, 600000, "10000"), .arg = "MS",
+     .help = "at start, hold the first batches (AllBlocksCleared,\n"
+             "what recovery found) until a subscriber has\n"
+             "subscribed, at most this long (10000; 0: never)"},
 
     {PATHF("auth-key", auth_key_file), .arg = "FILE",
      .help = "the server's CURVE secret key (kvtier keygen; mode\n"

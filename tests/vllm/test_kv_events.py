@@ -156,7 +156,8 @@ def test_replay_serves_what_the_buffer_holds(started):
     """A subscriber that connects late gets every batch from the replay
     socket; with a buffer of 3 batches only the last 3 come back, the first
     above the sequence asked for."""
-    s = started(["--kv-events-buffer", "3"])
+    # (published at once: the first batch waits for no subscriber)
+    s = started(["--kv-events-buffer", "3", "--kv-events-wait-subscriber-ms", "0"])
     keys = keys_for("rp", 5)
     for k in keys:  # one store each: batches of their own
         store(s, k)
