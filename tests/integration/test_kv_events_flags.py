@@ -40,7 +40,7 @@ def test_beyond_loopback_with_insecure_no_auth_and_dry_run(tmp_path):
     assert r.returncode == 0, r.stderr
     ev = json.loads(r.stdout[r.stdout.index("{"):])["kv_events"]
     assert ev == {"endpoint": "tcp://0.0.0.0:5557", "replay_endpoint": None, "topic": "kv@a@m",
-                  "buffer": 7, "queue": 262144, "hwm": 100000}
+                  "buffer": 7, "queue": 262144, "hwm": 100000, "wait_subscriber_ms": 10000}
 
 
 def test_address_in_use_fails_before_storage_opens(tmp_path):
