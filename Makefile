@@ -10,7 +10,8 @@ endif
 PYTEST ?= /usr/bin/python3 -m pytest
 
 .PHONY: all deps test-servers configure build run test unit integration clean format check-format bench \
-	test-asan test-tsan test-sanitize fuzz check-clang check-layers venv test-vllm install deb debroot ci-debroot
+	test-asan test-tsan test-sanitize fuzz check-clang check-layers venv test-vllm install deb debroot ci-debroot \
+	llmd-indexer
 
 all: build
 
@@ -83,11 +84,19 @@ $(VENV_STAMP): python/requirements-vllm.txt
 
 venv: deps $(VENV_STAMP)
 
+# llm-d's KV-cache indexer (the Go module pinned in tests/llmd/go.mod) behind
+# a small driver, for tests/vllm/test_llmd_indexer.py: $(BUILD)/llmd-indexer,
+# modules in $(BUILD)/gomod (downloaded once from the Go module proxy, then
+# offline). Without Go the test skips, saying so (exit 3 of the script).
+llmd-indexer:
+	@./scripts/build-llmd-indexer.sh $(BUILD) || [ $$? -eq 3 ]
+
 # vLLM (CPU build) serving from kvtier: tests/vllm, one engine start per test
 # module where possible.
-test-vllm: build venv
+test-vllm: build venv llmd-indexer
 	KVTIER_BIN=$(abspath $(BUILD))/kvtier KVTIER_LIB=$(abspath $(BUILD))/libkvtier_client.so \
-	  KVT_VENV_PYTHON=$(VENV)/bin/python $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm $(PYTEST_ARGS)
+	  KVT_VENV_PYTHON=$(VENV)/bin/python KVT_BUILD_DIR=$(abspath $(BUILD)) \
+	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm $(PYTEST_ARGS)
 
 # Under CI (CI=true) the suite also runs once more with AddressSanitizer +
 # UndefinedBehaviorSanitizer and once with ThreadSanitizer.

@@ -71,7 +71,7 @@ static void build_tree(const char *tree, const char *type, uint64_t n)
         char name[KVT_NAME_MAX + 1], path[1400];
         kvt_key_encode(nixl ? KVT_CODEC_NIXL : KVT_CODEC_FS, &k, name);
         kvt_objmeta m = {.len = 64};
-        kvt_objhdr_encode(buf, KVT_OBJHDR_MIN, &k, &m, 0, 64,
+        kvt_objhdr_encode(buf, KVT_OBJHDR_MIN, &k, &m, NULL, 0, 64,
                           kvt_payload_hash(buf + KVT_OBJHDR_MIN, 64));
         snprintf(path, sizeof(path), "%s/%s", tree, name);
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

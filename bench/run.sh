@@ -6,7 +6,10 @@
 #                                  vLLM engine each: need `make venv`), lmcache-client
 #                                  (LMCache's client without vLLM, larger volumes),
 #                                  lmcache-auth (its port with authentication vs plain);
-#                                  QUICK=1: a smaller model)
+#                                  QUICK=1: a smaller model), events (KV events'
+#                                  cost on the store path: off, one reader, one idle subscriber),
+#                                  fleet (two vLLM engines + two kvtier servers on one shared
+#                                  fs L2: a KV-event router vs round robin; needs `make venv`)
 #
 # Environment: BENCH_DIR (a directory on the disk to test; default
 # /var/tmp/kvtier-bench), QUICK=1 for a short smoke run.
@@ -191,6 +194,24 @@ recovery)
   $B/bench/bench_recovery "$DIR" --objects 100000 --rounds $r
   $B/bench/bench_recovery "$DIR" --objects 100000 --rounds $r --type nixl_store_dynamic
   [ "$QUICK" = 1 ] || $B/bench/bench_recovery "$DIR" --objects 1000000 --rounds $r
+  echo
+  ;;
+fleet)
+  # docs/events.md "Fleet bench": two engines, each with its own kvtier
+  # server, one shared fs L2; a router on both servers' KV events (vLLM's
+  # own decoder) vs round robin on the same multi-turn trace.
+  echo "== fleet: KV-event routing vs round robin, two vLLM engines (CPU) + two kvtier servers, one shared fs L2"
+  VPY=${VENV:-$B/venv}/bin/python
+  [ -x "$VPY" ] || { echo "no vLLM harness: run 'make venv' first"; exit 1; }
+  q=(); [ "$QUICK" = 1 ] && q=(--quick)
+  KVTIER_LIB=$PWD/$B/libkvtier_client.so "$VPY" bench/fleet.py --dir "$DIR" --bin "$BIN" "${q[@]}"
+  echo
+  ;;
+events)
+  echo "== KV events on the store path: off vs on with a reading subscriber vs on with one that never reads"
+  r=9; [ "$QUICK" = 1 ] && r=3
+  KVTIER_LIB=$PWD/$B/libkvtier_client.so /usr/bin/python3 bench/bench_events.py --dir "$DIR" \
+    --bin "$BIN" --rounds $r
   echo
   ;;
 replay)

@@ -100,6 +100,27 @@ int kvt_client_chunk_size(const kvt_client *c);
  * call itself fails only for request errors. */
 int kvt_store(kvt_client *c, const kvt_keys *keys, const void *const *bufs, const size_t *lens,
               const kvt_meta *meta, size_t *accepted);
+
+/* The engine's block hashes of a store's keys (docs/protocol.md, "blocks"):
+ * the server's KV events name each stored chunk by them (docs/events.md).
+ * per_key hashes for each key, in key order; the parent is the block before
+ * the first key's first block (a later key's is the one before it). */
+typedef struct kvt_blocks {
+    uint32_t block_size;     /* tokens per block */
+    uint32_t per_key;        /* blocks of each key, 1..64 */
+    uint32_t hash_len;       /* bytes of each hash, 1..32; 0: 64-bit integers (ints) */
+    const uint8_t *hashes;   /* n x per_key x hash_len bytes (hash_len > 0) */
+    const uint64_t *ints;    /* n x per_key (hash_len == 0) */
+    bool has_parent;         /* false: the first key's first block starts the prompt */
+    const uint8_t *parent;   /* hash_len bytes (hash_len > 0) */
+    uint64_t parent_int;     /* (hash_len == 0) */
+    uint32_t tokens_per_key; /* token ids of each key's blocks; 0: none sent */
+    const uint32_t *tokens;  /* n x tokens_per_key */
+} kvt_blocks;
+
+/* kvt_store with the keys' engine block hashes (NULL: as kvt_store). */
+int kvt_store_ex(kvt_client *c, const kvt_keys *keys, const void *const *bufs, const size_t *lens,
+                 const kvt_meta *meta, const kvt_blocks *blocks, size_t *accepted);
 /* Return once every store this client sent before this call reached every
  * L2 adapter (or failed there); other clients' stores are not waited for.
  * Returns 0 also when some keys did not reach an adapter (L2 full, object
@@ -164,6 +185,9 @@ typedef struct kvt_wview {
 /* Reserve n slots in the pool; write into ptrs[i], then commit. */
 int kvt_store_begin(kvt_client *c, const kvt_keys *keys, const size_t *sizes, const kvt_meta *meta,
                     kvt_wview **out);
+/* kvt_store_begin with the keys' engine block hashes (NULL: as kvt_store_begin). */
+int kvt_store_begin_ex(kvt_client *c, const kvt_keys *keys, const size_t *sizes,
+                       const kvt_meta *meta, const kvt_blocks *blocks, kvt_wview **out);
 /* Publish what was written (written: one flag per key, NULL = all). */
 int kvt_store_commit(kvt_client *c, kvt_wview *v, const bool *written, size_t *accepted);
 /* Give the slots back without publishing. */

@@ -135,6 +135,69 @@ class _CMeta(ctypes.Structure):
     ]
 
 
+class _CBlocks(ctypes.Structure):
+    _fields_ = [
+        ("block_size", ctypes.c_uint32),
+        ("per_key", ctypes.c_uint32),
+        ("hash_len", ctypes.c_uint32),
+        ("hashes", ctypes.c_void_p),
+        ("ints", ctypes.POINTER(ctypes.c_uint64)),
+        ("has_parent", ctypes.c_bool),
+        ("parent", ctypes.c_void_p),
+        ("parent_int", ctypes.c_uint64),
+        ("tokens_per_key", ctypes.c_uint32),
+        ("tokens", ctypes.POINTER(ctypes.c_uint32)),
+    ]
+
+
+def _cblocks(blocks, nkeys, keep):
+    """A kvt_blocks for the C library from blocks = {"size": tokens per
+    block, "hashes": [bytes | int, ...] (the same number per key, in key
+    order), "parent": bytes | int | None, "tokens": [int, ...] | None};
+    None: none. keep holds the buffers the struct points into."""
+    if blocks is None:
+        return None
+    hashes = list(blocks["hashes"])
+    if nkeys == 0 or not hashes or len(hashes) % nkeys:
+        raise ValueError("blocks: the same number of hashes (1..64) for each key")
+    b = _CBlocks()
+    b.block_size = int(blocks["size"])
+    b.per_key = len(hashes) // nkeys
+    parent = blocks.get("parent")
+    if all(isinstance(h, int) for h in hashes):
+        arr = (ctypes.c_uint64 * len(hashes))(*hashes)
+        keep.append(arr)
+        b.hash_len = 0
+        b.ints = arr
+        if parent is not None:
+            b.has_parent = True
+            b.parent_int = int(parent)
+    else:
+        hashes = [bytes(h) for h in hashes]
+        hl = len(hashes[0])
+        if any(len(h) != hl for h in hashes):
+            raise ValueError("blocks: hashes of one length")
+        buf = ctypes.create_string_buffer(b"".join(hashes), len(hashes) * hl)
+        keep.append(buf)
+        b.hash_len = hl
+        b.hashes = ctypes.cast(buf, ctypes.c_void_p)
+        if parent is not None:
+            pb = ctypes.create_string_buffer(bytes(parent), len(parent))
+            keep.append(pb)
+            b.has_parent = True
+            b.parent = ctypes.cast(pb, ctypes.c_void_p)
+    toks = blocks.get("tokens")
+    if toks:
+        toks = list(toks)
+        if len(toks) % nkeys:
+            raise ValueError("blocks: the same number of tokens for each key")
+        tarr = (ctypes.c_uint32 * len(toks))(*toks)
+        keep.append(tarr)
+        b.tokens_per_key = len(toks) // nkeys
+        b.tokens = tarr
+    return b
+
+
 class _CBlob(ctypes.Structure):
     _fields_ = [
         ("data", ctypes.c_void_p),
@@ -286,6 +349,7 @@ def _L():
     lib.kvt_client_local_active.argtypes = [vp]
     lib.kvt_client_local_active.restype = ctypes.c_bool
     lib.kvt_store.argtypes = [vp, P(_CKeys), P(vp), P(sz), P(_CMeta), P(sz)]
+    lib.kvt_store_ex.argtypes = [vp, P(_CKeys), P(vp), P(sz), P(_CMeta), P(_CBlocks), P(sz)]
     lib.kvt_flush.argtypes = [vp]
     lib.kvt_flush_ex.argtypes = [vp, P(_CFlushReport)]
     lib.kvt_flush_report_free.argtypes = [P(_CFlushReport)]
@@ -295,6 +359,8 @@ def _L():
     lib.kvt_retrieve.argtypes = [vp, P(_CKeys), P(P(_CBlob)), P(sz)]
     lib.kvt_blobs_free.argtypes = [P(_CBlob), sz]
     lib.kvt_store_begin.argtypes = [vp, P(_CKeys), P(sz), P(_CMeta), P(P(_CWView))]
+    lib.kvt_store_begin_ex.argtypes = [vp, P(_CKeys), P(sz), P(_CMeta), P(_CBlocks),
+                                       P(P(_CWView))]
     lib.kvt_store_commit.argtypes = [vp, P(_CWView), P(ctypes.c_bool), P(sz)]
     lib.kvt_store_abort.argtypes = [vp, P(_CWView)]
     lib.kvt_retrieve_begin.argtypes = [vp, P(_CKeys), P(P(_CRView))]
@@ -597,8 +663,14 @@ class Client:
         except Exception:
             pass
 
-    def store(self, keys, payloads, dtype=None, shape=None):
-        """Store one payload per key; returns how many keys the server holds now."""
+    def store(self, keys, payloads, dtype=None, shape=None, blocks=None):
+        """Store one payload per key; returns how many keys the server holds now.
+
+        blocks: the engine's block hashes of the keys, which the server's KV
+        events name the chunks by (docs/events.md): {"size": tokens per
+        block, "hashes": [bytes | int, ...] (as many for each key, in key
+        order), "parent": the block before the first key's first (or None),
+        "tokens": the blocks' token ids (as many for each key) or None}."""
         payloads = list(payloads)
         if len(payloads) != len(keys):
             raise ValueError("one payload per key (%d keys, %d payloads)" % (len(keys), len(payloads)))
@@ -612,10 +684,12 @@ class Client:
             acc = ctypes.c_size_t()
             ck = _ckeys(keys)
             meta = _cmeta(dtype, shape)
+            cb = _cblocks(blocks, len(keys), keep)
             # the library copies each payload once: into the pool (shared
             # memory), or onto the socket (inline)
-            self._check(_L().kvt_store(self._h, ctypes.byref(ck), ptrs, lens,
-                                       ctypes.byref(meta) if meta else None, ctypes.byref(acc)))
+            self._check(_L().kvt_store_ex(self._h, ctypes.byref(ck), ptrs, lens,
+                                          ctypes.byref(meta) if meta else None,
+                                          ctypes.byref(cb) if cb else None, ctypes.byref(acc)))
         finally:
             _release(views)
         return acc.value
@@ -743,7 +817,7 @@ class Client:
         finally:
             lib.kvt_blobs_free(out, n.value)
 
-    def store_view(self, keys, sizes, dtype=None, shape=None):
+    def store_view(self, keys, sizes, dtype=None, shape=None, blocks=None):
         """Context manager: writable memoryviews into the pool, committed on exit.
 
         with c.store_view(keys, [nbytes] * len(keys)) as views:
@@ -757,9 +831,12 @@ class Client:
         csz = (ctypes.c_size_t * max(len(sizes), 1))(*sizes)
         ck = _ckeys(keys)
         meta = _cmeta(dtype, shape)
+        keep = []
+        cb = _cblocks(blocks, len(keys), keep)  # blocks: as store's
         v = ctypes.POINTER(_CWView)()
-        self._check(_L().kvt_store_begin(self._h, ctypes.byref(ck), csz,
-                                         ctypes.byref(meta) if meta else None, ctypes.byref(v)))
+        self._check(_L().kvt_store_begin_ex(self._h, ctypes.byref(ck), csz,
+                                            ctypes.byref(meta) if meta else None,
+                                            ctypes.byref(cb) if cb else None, ctypes.byref(v)))
         return _StoreView(self, v)
 
     def retrieve_view(self, keys):

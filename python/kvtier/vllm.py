@@ -71,6 +71,11 @@ try:  # vLLM >= 0.11
 except ImportError:  # pragma: no cover
     CacheHitSource = None
 
+try:  # the block hashes vLLM's own KV events publish (bytes, or ints by its env)
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+except ImportError:  # pragma: no cover
+    maybe_convert_block_hash = None
+
 log = logging.getLogger("vllm.kvtier")  # under vLLM's logger: its handlers and level
 
 __all__ = ["KvtierConnector"]
@@ -93,6 +98,7 @@ class StoreJob:
     salt: str
     hashes: list
     blocks: list          # per chunk: blocks_per_chunk block ids
+    engine: dict = None   # vLLM's block hashes of these chunks ("blocks" of prepare_store)
 
 
 @dataclass
@@ -171,7 +177,7 @@ def _kv_rank(world_size, rank):
 
 class _ReqState:
     __slots__ = ("req_id", "salt", "tokens", "hashes", "hits", "local", "blocks",
-                 "stored", "ever_stored", "load_pending")
+                 "stored", "ever_stored", "load_pending", "block_hashes")
 
     def __init__(self, req_id, salt, tokens, hashes):
         self.req_id = req_id
@@ -184,6 +190,7 @@ class _ReqState:
         self.stored = 0           # chunks stored (or known present) so far
         self.ever_stored = False
         self.load_pending = None  # (first_token, end_token) to load
+        self.block_hashes = None  # the request's block hashes (vLLM's list, growing)
 
 
 class _Scheduler:
@@ -220,6 +227,7 @@ class _Scheduler:
             hashes = kvtier.chunk_hashes(tokens, self.cfg.chunk_size) if tokens else []
             st = _ReqState(request.request_id, getattr(request, "cache_salt", None) or "",
                            tokens, hashes)
+            st.block_hashes = getattr(request, "block_hashes", None)
             self.reqs[request.request_id] = st
         return st
 
@@ -290,7 +298,22 @@ class _Scheduler:
         st.stored = full
         st.ever_stored = True
         return StoreJob(st.req_id, st.salt, st.hashes[c0:full],
-                        [st.blocks[c * bpc:(c + 1) * bpc] for c in range(c0, full)])
+                        [st.blocks[c * bpc:(c + 1) * bpc] for c in range(c0, full)],
+                        self._engine_blocks(st, c0, full))
+
+    def _engine_blocks(self, st, c0, c1):
+        """vLLM's block hashes of chunks c0..c1, converted as vLLM's KV
+        events publish them, with the block before them and the tokens:
+        kvtier's events then name these chunks as vLLM names their blocks
+        (docs/events.md). None when vLLM has not hashed them all."""
+        bh, bpc, C = st.block_hashes, self.cfg.blocks_per_chunk, self.cfg.chunk_size
+        if maybe_convert_block_hash is None or bh is None or len(bh) < c1 * bpc:
+            return None
+        conv = maybe_convert_block_hash
+        return {"size": self.cfg.block_size,
+                "hashes": [conv(h) for h in bh[c0 * bpc:c1 * bpc]],
+                "parent": conv(bh[c0 * bpc - 1]) if c0 else None,
+                "tokens": st.tokens[c0 * C:c1 * C]}
 
     def build_connector_meta(self, so):
         meta = KvtierMetadata()
@@ -529,7 +552,8 @@ class _Worker:
                 self.stats["store_skipped_chunks"] = self.stats.get("store_skipped_chunks", 0) + len(job.hashes)
                 return
             keys = self.cfg.keys(job.hashes, job.salt)
-            sv = c.store_view(keys, [L.chunk_bytes] * len(job.hashes), dtype=L.dtype_name, shape=L.shape)
+            sv = c.store_view(keys, [L.chunk_bytes] * len(job.hashes), dtype=L.dtype_name,
+                              shape=L.shape, blocks=job.engine)
             with sv as views:
                 L.gather_many((blocks, v) for v, blocks in zip(views, job.blocks) if v is not None)
             self.stats["store_chunks"] = self.stats.get("store_chunks", 0) + len(job.hashes)

@@ -50,6 +50,54 @@ static void pack_meta(msgpack_packer *pk, const kvt_meta *m)
     }
 }
 
+/* "blocks" (docs/protocol.md): n keys' engine block hashes. */
+static void pack_blocks(msgpack_packer *pk, const kvt_blocks *b, size_t n)
+{
+    if (!b)
+        return;
+    size_t nh = n * b->per_key, nt = n * b->tokens_per_key;
+    kvt_mp_str0(pk, "blocks");
+    msgpack_pack_map(pk, 2 + (b->has_parent ? 1 : 0) + (nt ? 1 : 0));
+    kvt_mp_str0(pk, "size");
+    msgpack_pack_uint32(pk, b->block_size);
+    kvt_mp_str0(pk, "hashes");
+    msgpack_pack_array(pk, nh);
+    for (size_t i = 0; i < nh; i++) {
+        if (b->hash_len) {
+            msgpack_pack_bin(pk, b->hash_len);
+            msgpack_pack_bin_body(pk, b->hashes + i * b->hash_len, b->hash_len);
+        } else {
+            msgpack_pack_uint64(pk, b->ints[i]);
+        }
+    }
+    if (b->has_parent) {
+        kvt_mp_str0(pk, "parent");
+        if (b->hash_len) {
+            msgpack_pack_bin(pk, b->hash_len);
+            msgpack_pack_bin_body(pk, b->parent, b->hash_len);
+        } else {
+            msgpack_pack_uint64(pk, b->parent_int);
+        }
+    }
+    if (nt) {
+        kvt_mp_str0(pk, "tokens");
+        msgpack_pack_array(pk, nt);
+        for (size_t i = 0; i < nt; i++)
+            msgpack_pack_uint32(pk, b->tokens[i]);
+    }
+}
+
+static int check_blocks(kvt_client *c, const kvt_blocks *b)
+{
+    if (b && (b->per_key < 1 || b->per_key > 64 || b->hash_len > 32 || !b->block_size ||
+              (b->hash_len ? !b->hashes || (b->has_parent && !b->parent) : !b->ints) ||
+              (b->tokens_per_key && !b->tokens)))
+        return kvt_c_seterr(c, KVT_E_BADREQ,
+                            "blocks: 1..64 hashes per key of 1..32 bytes (or integers), a "
+                            "block size, and the arrays they name");
+    return 0;
+}
+
 static int check_keys(kvt_client *c, const kvt_keys *k)
 {
     if (!k || !k->model || (k->n && !k->hashes) || (k->n && (k->hash_len < 1 || k->hash_len > 32)))
@@ -87,13 +135,15 @@ static uint64_t meta_len(const msgpack_object *m)
 /* -------------------------------------------------------------- store */
 
 static int store_inline(kvt_client *c, const kvt_keys *keys, const void *const *bufs,
-                        const size_t *lens, const kvt_meta *meta, size_t *accepted)
+                        const size_t *lens, const kvt_meta *meta, const kvt_blocks *blocks,
+                        size_t *accepted)
 {
     msgpack_sbuffer sb;
     msgpack_packer pk;
-    body_init(&sb, &pk, 1 + meta_fields(meta));
+    body_init(&sb, &pk, 1 + meta_fields(meta) + (blocks ? 1 : 0));
     pack_keys(&pk, keys);
     pack_meta(&pk, meta);
+    pack_blocks(&pk, blocks, keys->n);
     struct rep r;
     int rc = kvt_c_call(c, "store", &sb, bufs, lens, keys->n, &r);
     msgpack_sbuffer_destroy(&sb);
@@ -110,15 +160,23 @@ static int store_inline(kvt_client *c, const kvt_keys *keys, const void *const *
 int kvt_store(kvt_client *c, const kvt_keys *keys, const void *const *bufs, const size_t *lens,
               const kvt_meta *meta, size_t *accepted)
 {
+    return kvt_store_ex(c, keys, bufs, lens, meta, NULL, accepted);
+}
+
+int kvt_store_ex(kvt_client *c, const kvt_keys *keys, const void *const *bufs, const size_t *lens,
+                 const kvt_meta *meta, const kvt_blocks *blocks, size_t *accepted)
+{
     int rc = check_keys(c, keys);
+    if (!rc)
+        rc = check_blocks(c, blocks);
     if (rc)
         return rc;
     if (!c->shm)
-        return store_inline(c, keys, bufs, lens, meta, accepted);
+        return store_inline(c, keys, bufs, lens, meta, blocks, accepted);
     kvt_wview *v;
-    rc = kvt_store_begin(c, keys, lens, meta, &v);
+    rc = kvt_store_begin_ex(c, keys, lens, meta, blocks, &v);
     if (rc == KVT_E_UNSUPPORTED && !c->shm) /* the restarted server is not local */
-        return store_inline(c, keys, bufs, lens, meta, accepted);
+        return store_inline(c, keys, bufs, lens, meta, blocks, accepted);
     if (rc)
         return rc;
     for (size_t i = 0; i < v->n; i++)
@@ -144,17 +202,19 @@ static void cast_abort_store(kvt_client *c, uint64_t lease)
 }
 
 static int store_begin_once(kvt_client *c, const kvt_keys *keys, const size_t *sizes,
-                            const kvt_meta *meta, kvt_wview **out, bool *stale)
+                            const kvt_meta *meta, const kvt_blocks *blocks, kvt_wview **out,
+                            bool *stale)
 {
     msgpack_sbuffer sb;
     msgpack_packer pk;
-    body_init(&sb, &pk, 2 + meta_fields(meta));
+    body_init(&sb, &pk, 2 + meta_fields(meta) + (blocks ? 1 : 0));
     pack_keys(&pk, keys);
     kvt_mp_str0(&pk, "sizes");
     msgpack_pack_array(&pk, keys->n);
     for (size_t i = 0; i < keys->n; i++)
         msgpack_pack_uint64(&pk, sizes[i]);
     pack_meta(&pk, meta);
+    pack_blocks(&pk, blocks, keys->n);
     struct rep r;
     int rc = kvt_c_call(c, "prepare_store", &sb, NULL, NULL, 0, &r);
     msgpack_sbuffer_destroy(&sb);
@@ -195,14 +255,22 @@ static int store_begin_once(kvt_client *c, const kvt_keys *keys, const size_t *s
 int kvt_store_begin(kvt_client *c, const kvt_keys *keys, const size_t *sizes, const kvt_meta *meta,
                     kvt_wview **out)
 {
+    return kvt_store_begin_ex(c, keys, sizes, meta, NULL, out);
+}
+
+int kvt_store_begin_ex(kvt_client *c, const kvt_keys *keys, const size_t *sizes,
+                       const kvt_meta *meta, const kvt_blocks *blocks, kvt_wview **out)
+{
     int rc = check_keys(c, keys);
+    if (!rc)
+        rc = check_blocks(c, blocks);
     if (rc)
         return rc;
     for (int attempt = 0; attempt < 2; attempt++) {
         if (!c->shm)
             return kvt_c_seterr(c, KVT_E_UNSUPPORTED, "the shared-memory path is not available");
         bool stale = false;
-        rc = store_begin_once(c, keys, sizes, meta, out, &stale);
+        rc = store_begin_once(c, keys, sizes, meta, blocks, out, &stale);
         if (!stale)
             return rc;
         int hr = kvt_c_shm_reattach(c); /* the server restarted: map its new pool */

@@ -41,6 +41,14 @@ int kvt_core_open(const struct kvt_core_opts *o, struct kvt_core **out, char *er
         if (rc)
             return rc;
         c->nl2 = i + 1;
+        if (o->events) /* what its scan adopted already is announced here */
+            kvt_l2_set_event_hook(c->l2s[i], &(struct kvt_tier_hook){
+                                                 .fn = kvt_events_hook,
+                                                 .arg = o->events,
+                                                 .tier = 1 + i,
+                                                 .tag_of = kvt_events_tag_of,
+                                                 .tag = kvt_events_tag_hook,
+                                             });
     }
     return 0;
 }
@@ -59,6 +67,9 @@ int kvt_core_start(struct kvt_core *c, char *err, size_t cap)
         snprintf(err, cap, "L1: %s", l1err);
         return rc;
     }
+    if (o->events)
+        kvt_l1_set_event_hook(
+            c->l1, &(struct kvt_tier_hook){.fn = kvt_events_hook, .arg = o->events, .tier = 0});
     rc = kvt_store_ctrl_start(&c->sc, c->l1, c->l2s, c->nl2, o->store_policy, o->on_store_progress,
                               o->progress_arg);
     if (!rc)
@@ -197,9 +208,17 @@ bool kvt_core_fetch(struct kvt_core *c, const kvt_key *keys, uint32_t n, bool no
     return false;
 }
 
+void kvt_core_tag(struct kvt_core *c, const kvt_key *key, struct kvt_blocktag *tag)
+{
+    if (c->o->events)
+        kvt_events_tag(c->o->events, key, tag);
+    else
+        kvt_blocktag_put(tag);
+}
+
 uint32_t kvt_core_store(struct kvt_core *c, const kvt_key *keys, uint32_t n,
                         const struct iovec *data, const kvt_objmeta *meta, uint64_t client,
-                        int32_t *codes)
+                        struct kvt_blocktag *const *tags, int32_t *codes)
 {
     struct kvt_l1_ref *refs = kvt_xmalloc((n ? n : 1) * sizeof(*refs));
     kvt_key *kept = kvt_xmalloc((n ? n : 1) * sizeof(kvt_key));
@@ -218,6 +237,10 @@ uint32_t kvt_core_store(struct kvt_core *c, const kvt_key *keys, uint32_t n,
             continue;
         }
         memcpy(refs[k].ptr, data[i].iov_base, m.len);
+        if (tags && tags[i]) { /* before the publish below announces it */
+            kvt_blocktag_ref(tags[i]);
+            kvt_core_tag(c, &keys[i], tags[i]);
+        }
         kept[k] = keys[i];
         hs[k] = refs[k].h;
         k++;

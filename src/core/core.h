@@ -27,6 +27,7 @@
 
 #include <jansson.h>
 
+#include "core/events.h"
 #include "ctrl/prefetch_ctrl.h"
 #include "ctrl/store_ctrl.h"
 #include "io/tpool.h"
@@ -52,6 +53,9 @@ struct kvt_core_opts {
      * may be answerable): it must only wake someone */
     void (*on_store_progress)(void *arg);
     void *progress_arg;
+    /* tier events (core/events.h): L1 and every adapter announce into it
+     * from open on; NULL: no events */
+    struct kvt_events *events;
 };
 
 /* ---- set-up and tear-down (the server, main thread) ---- */
@@ -117,12 +121,19 @@ bool kvt_core_fetch(struct kvt_core *c, const kvt_key *keys, uint32_t n, bool no
  * keys[i], published, and submitted to L2 for client (a nonzero tag names
  * the connection whose flush waits for it; 0: none). codes[i] (zeroed by
  * the caller) gets the refusal of an object that was not taken
- * (KVT_E_FULL, KVT_E_TOOBIG, ...). Returns how many were accepted: stored
- * now, or already there (content-addressed).
+ * (KVT_E_FULL, KVT_E_TOOBIG, ...). tags (NULL: none): object i's engine
+ * block hashes, given to the tier events (kvt_core_tag) when the object is
+ * stored now; the references stay the caller's. Returns how many were
+ * accepted: stored now, or already there (content-addressed).
  */
 uint32_t kvt_core_store(struct kvt_core *c, const kvt_key *keys, uint32_t n,
                         const struct iovec *data, const kvt_objmeta *meta, uint64_t client,
-                        int32_t *codes);
+                        struct kvt_blocktag *const *tags, int32_t *codes);
+/* The engine's block hashes of key (key/blocktag.h), for the tier events
+ * (core/events.h: kvt_events_tag): give them before the key is published
+ * (after kvt_core_reserve, before kvt_core_commit). Takes the caller's
+ * reference; without events the tag is dropped. */
+void kvt_core_tag(struct kvt_core *c, const kvt_key *key, struct kvt_blocktag *tag);
 
 /* Reserve an L1 slot for key (meta->len bytes) for a client to write into
  * (a write lease holds it): 0 and *ref, -EEXIST when the key is present,

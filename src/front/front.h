@@ -28,6 +28,7 @@
 
 struct kvt_core;
 struct kvt_auth;
+struct kvt_events;
 
 /* What the server hands every front end. The server owns it and keeps it
  * until the front ends are freed; core is NULL until the core started
@@ -45,6 +46,9 @@ struct kvt_front_env {
     struct kvt_auth *auth;
     struct kvt_auth *_Atomic *auth_cur;
     const char *auth_clients_file;
+    /* the tier-event queue (core/events.h) when the server publishes KV
+     * events, else NULL; set before the front ends start */
+    struct kvt_events *events;
 };
 
 /* The authorized-clients table in use (acquire: pairs with the rpc

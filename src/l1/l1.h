@@ -43,6 +43,7 @@
 #include <jansson.h>
 
 #include "key/key.h"
+#include "key/tierev.h"
 #include "kvtier/error.h"
 #include "key/objmeta.h"
 
@@ -230,6 +231,13 @@ bool kvt_l1_scan(struct kvt_l1 *l1, uint32_t *cursor,
 /* Called (without the lock) when a reservation leaves usage at or above the
  * watermark, so the eviction thread runs now instead of at its next tick. */
 void kvt_l1_set_pressure_hook(struct kvt_l1 *l1, void (*fn)(void *), void *arg);
+
+/* Tier events (key/tierev.h): from now on every object published for
+ * keeps (not a temporary one) is announced KVT_TIER_STORED, and each of
+ * those is announced KVT_TIER_REMOVED when it leaves the table (eviction,
+ * delete, drop, purge). The hook runs with l1->lock held. Call once, on an
+ * empty pool, before objects are stored. */
+void kvt_l1_set_event_hook(struct kvt_l1 *l1, const struct kvt_tier_hook *hook);
 
 /* Evict unreferenced READY objects in policy order until used <= target. */
 uint64_t kvt_l1_evict_to(struct kvt_l1 *l1, uint64_t target);

@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "key/kindex.h"
+#include "key/tierev.h"
 #include "l1/l1.h"
 #include "l1/palloc.h"
 
@@ -32,8 +33,9 @@ enum { ST_FREE = 0, ST_WRITING, ST_READY, ST_DEAD };
 
 /* F_UNMAPPED: a WRITING object reserved while another writer held its key
  * (the map has one handle per key): it takes the key at its publish if
- * that writer has not published yet, else it is dropped (kvt_l1_obj_publish_locked) */
-enum { F_TEMP = 1, F_TRACKED = 2, F_QUARANTINE = 4, F_UNMAPPED = 8 };
+ * that writer has not published yet, else it is dropped (kvt_l1_obj_publish_locked).
+ * F_ANNOUNCED: its publish went to the tier-event hook, so its unlink does too. */
+enum { F_TEMP = 1, F_TRACKED = 2, F_QUARANTINE = 4, F_UNMAPPED = 8, F_ANNOUNCED = 16 };
 
 struct l1_obj {
     kvt_key key;
@@ -100,6 +102,7 @@ struct kvt_l1 {
     double watermark, ratio;
     void (*pressure_fn)(void *); /* set once before use */
     void *pressure_arg;
+    struct kvt_tier_hook ev; /* tier events (ev.fn NULL: none); set once before use */
 };
 
 static inline struct l1_obj *obj(struct kvt_l1 *l1, uint32_t h)
@@ -130,6 +133,10 @@ void kvt_l1_obj_put_locked(struct kvt_l1 *l1, uint32_t h);
 /* WRITING h (position pos of a commit of n) becomes READY under its key;
  * false: dropped, another writer published the key first. */
 bool kvt_l1_obj_publish_locked(struct kvt_l1 *l1, uint32_t h, uint32_t pos, uint32_t n, bool temp);
+/* Tell the tier-event hook that READY h is stored, unless it is temporary
+ * or was announced already. Publishers call it after their publishes, in
+ * request order. */
+void kvt_l1_obj_announce_locked(struct kvt_l1 *l1, uint32_t h);
 void kvt_l1_obj_fill_ref(struct kvt_l1 *l1, uint32_t h, struct kvt_l1_ref *r);
 /* Return quarantined pages whose time is up to the allocator. */
 void kvt_l1_quarantine_release_locked(struct kvt_l1 *l1, uint64_t now);

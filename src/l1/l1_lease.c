@@ -282,6 +282,7 @@ static int lease_end_locked(struct kvt_l1 *l1, struct lease *L, const uint64_t *
         uint32_t kept = 0;
         for (uint32_t i = 0; i < L->n; i++) {
             struct l1_obj *o = obj(l1, L->hs[i]);
+            kvt_l1_obj_announce_locked(l1, L->hs[i]); /* in request order */
             if (keep && kept < keep_cap && o->state == ST_READY &&
                 (!written || kvt_bm_test(written, i))) {
                 keep[kept++] = L->hs[i]; /* the lease's reference moves to the caller */

@@ -107,6 +107,10 @@ void kvt_l1_obj_unlink_locked(struct kvt_l1 *l1, uint32_t h)
         kvt_policy_remove(l1->policy, h);
         o->flags &= (uint8_t)~F_TRACKED;
     }
+    if (o->flags & F_ANNOUNCED) {
+        l1->ev.fn(l1->ev.arg, l1->ev.tier, KVT_TIER_REMOVED, &o->key);
+        o->flags &= (uint8_t)~F_ANNOUNCED;
+    }
     obj_set_state(o, FROM(ST_WRITING) | FROM(ST_READY), ST_DEAD);
     if (o->refs == 0)
         obj_free_locked(l1, h);
@@ -263,6 +267,16 @@ bool kvt_l1_obj_publish_locked(struct kvt_l1 *l1, uint32_t h, uint32_t pos, uint
     return true;
 }
 
+void kvt_l1_obj_announce_locked(struct kvt_l1 *l1, uint32_t h)
+{
+    struct l1_obj *o = obj(l1, h);
+    /* a temporary object serves one reader: not announced */
+    if (l1->ev.fn && o->state == ST_READY && !(o->flags & (F_TEMP | F_ANNOUNCED))) {
+        l1->ev.fn(l1->ev.arg, l1->ev.tier, KVT_TIER_STORED, &o->key);
+        o->flags |= F_ANNOUNCED;
+    }
+}
+
 int kvt_l1_reserve(struct kvt_l1 *l1, const kvt_key *k, const kvt_objmeta *meta,
                    struct kvt_l1_ref *out)
 {
@@ -281,6 +295,8 @@ void kvt_l1_commit(struct kvt_l1 *l1, const uint32_t *hs, uint32_t n, unsigned f
     for (uint32_t i = n; i-- > 0;)
         if (obj(l1, hs[i])->state == ST_WRITING)
             kvt_l1_obj_publish_locked(l1, hs[i], i, n, (flags & KVT_L1_TEMP) != 0);
+    for (uint32_t i = 0; i < n; i++) /* in request order: a chain's blocks in order */
+        kvt_l1_obj_announce_locked(l1, hs[i]);
     pthread_mutex_unlock(&l1->lock);
 }
 
@@ -465,6 +481,14 @@ int kvt_l1_delete_unleased(struct kvt_l1 *l1, const kvt_key *k)
     }
     pthread_mutex_unlock(&l1->lock);
     return rc;
+}
+
+void kvt_l1_set_event_hook(struct kvt_l1 *l1, const struct kvt_tier_hook *hook)
+{
+    pthread_mutex_lock(&l1->lock);
+    KVT_ASSERT(l1->nready == 0 && l1->nwriting == 0);
+    l1->ev = *hook;
+    pthread_mutex_unlock(&l1->lock);
 }
 
 void kvt_l1_set_pressure_hook(struct kvt_l1 *l1, void (*fn)(void *), void *arg)

@@ -98,6 +98,10 @@ struct kvt_l2_spec {
     char origin[320];
     const struct kvt_l2_adapter_desc *desc; /* the type's descriptor */
     void *opts; /* desc->opts_size bytes as desc->parse filled them (owned) */
+    /* the server publishes KV events: the start-up scan reads the engine
+     * block hashes objects were written with (kvt_l2.keep_tags). Set by
+     * the caller after parse. */
+    bool keep_tags;
 };
 
 /* Parse one --l2-adapter argument. On error returns KVT_E_CONFIG (or

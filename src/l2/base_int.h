@@ -54,6 +54,21 @@ static inline void obj_set_state(struct kvt_l2_obj *o, unsigned from, enum kvt_l
     o->state = to == KVT_OBJ_FREE ? (uint8_t)KVT_OBJ_FREE : (uint8_t)((o->state & ~ST_MASK) | to);
 }
 
+/* Tell the tier-event hook (if any) about entry o. call with l2->lock held */
+static inline void obj_announce_locked(kvt_l2 *l2, const struct kvt_l2_obj *o, enum kvt_tier_ev ev)
+{
+    if (l2->ev.fn)
+        l2->ev.fn(l2->ev.arg, l2->ev.tier, ev, &o->key);
+}
+
+/* recover.c: the tags a scan gave before the event hook was set
+ * (kvt_l2_give_tag): given to the hook (call with l2->lock held, the hook
+ * set), or dropped */
+void kvt_l2b_early_tags_flush_locked(kvt_l2 *l2);
+/* kvt_l2_give_tag with l2->lock held */
+void kvt_l2b_give_tag_locked(kvt_l2 *l2, const kvt_key *ck, struct kvt_blocktag *tag);
+void kvt_l2b_early_tags_free(kvt_l2 *l2);
+
 /* call with l2->lock held */
 uint32_t kvt_l2b_idx_insert(kvt_l2 *l2, const kvt_key *k);
 /* the namespace quota and the tenant quota of a namespace id: an index

@@ -51,6 +51,8 @@ struct kvt_l2_index {
 /* ---- eviction-policy hooks (implemented in policy/) ----------------- */
 
 struct kvt_policy;
+struct kvt_blocktag;
+struct kvt_l2_early_tag; /* recover.c */
 
 struct kvt_l2_ops {
     /* Start a task. Must not block on I/O. Must end with kvt_l2_task_finish. */
@@ -211,6 +213,17 @@ struct kvt_l2 {
     /* a byte budget shared with other servers (l2/budget.h), attached by
      * the engine at open; NULL: the cap counts this server's index only */
     struct kvt_l2_budget *budget;
+    /* tier events (kvt_l2_set_event_hook), guarded by lock: called under it
+     * when an entry becomes READY and when a READY or DELETING entry leaves
+     * the index; fn NULL: none */
+    struct kvt_tier_hook ev;
+    /* engine block hashes (key/blocktag.h): keep_tags (the spec's, fixed
+     * at init): the server publishes KV events, so a scan reads the tags
+     * its objects were written with (kvt_l2_give_tag); those given before
+     * the hook was set wait in early (guarded by lock) until it is */
+    bool keep_tags;
+    struct kvt_l2_early_tag *early;
+    uint32_t nearly, early_cap;
 };
 
 struct kvt_l2_spec;
@@ -291,6 +304,12 @@ bool kvt_l2_lookup_known(kvt_l2 *l2, kvt_l2_task *t);
  * Returns true if inserted (false: already indexed). */
 bool kvt_l2_adopt(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
                   uint8_t flags, bool pin, bool at_cold_end);
+/* The same for an object whose header holds engine block hashes (tag,
+ * kvt_objhdr_tag; NULL: none): given to the tier events before the object
+ * is announced (kvt_l2_give_tag), dropped when the key is indexed already.
+ * Takes the caller's reference. */
+bool kvt_l2_adopt_tag(kvt_l2 *l2, const kvt_key *ck, struct kvt_blocktag *tag, uint32_t stored,
+                      uint32_t len, uint32_t aux, uint8_t flags, bool pin, bool at_cold_end);
 /* A hit found on a remote backend (stored bytes, logical length): pin the
  * ready indexed entry, recording its logical length and the engine's flag;
  * or, when not indexed, adopt it (header aux, counted as a secondary hit)
@@ -319,6 +338,7 @@ struct kvt_l2_found {
     int64_t mtime_ns;
     uint32_t stored, len, aux;
     uint8_t flags;
+    struct kvt_blocktag *tag; /* the tag its header holds (a reference), or NULL */
 };
 struct kvt_l2_found_vec {
     struct kvt_l2_found *v;
@@ -327,6 +347,16 @@ struct kvt_l2_found_vec {
 };
 void kvt_l2_found_push(struct kvt_l2_found_vec *fv, const kvt_key *ck, uint32_t stored,
                        uint32_t len, uint32_t aux, uint8_t flags, int64_t mtime_ns);
+/* The engine block hashes an object's header holds (kvt_objhdr_tag), read
+ * by a scan before it adopts the object: they name it in the tier events
+ * (given to the hook's tag before the object is announced). Takes the
+ * caller's reference (tag may be NULL: nothing). Without keep_tags the tag
+ * is dropped. */
+void kvt_l2_give_tag(kvt_l2 *l2, const kvt_key *ck, struct kvt_blocktag *tag);
+/* The tag kept for ck (a new reference) for a write's header, or NULL (no
+ * events, or no tag). */
+struct kvt_blocktag *kvt_l2_tag_of(kvt_l2 *l2, const kvt_key *ck);
+
 /* End a start-up scan: adopt everything found, newest first at the policy's
  * cold end (so the oldest is evicted first), with the index sized once;
  * then record the recovery figures (time since t0_ns), clear `recovering`

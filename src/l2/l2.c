@@ -13,6 +13,7 @@
 #include "io/tpool.h"
 #include "kvtier/error.h"
 #include "l2/stage.h"
+#include "key/blocktag.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -49,17 +50,33 @@ uint32_t kvt_l2b_idx_insert(kvt_l2 *l2, const kvt_key *k)
     return h;
 }
 
-static void idx_remove(struct kvt_l2_index *x, uint32_t h)
+static void idx_remove(kvt_l2 *l2, uint32_t h)
 {
+    struct kvt_l2_index *x = &l2->idx;
     /* only a live, unpinned entry leaves the index (kvt_kindex_del checks
      * that the key maps to it) */
     KVT_ASSERT(h < x->hwm && x->nobjs > 0);
     KVT_ASSERT(x->objs[h].pins == 0);
+    if (st(&x->objs[h]) != KVT_OBJ_WRITING) /* READY or DELETING: it was announced */
+        obj_announce_locked(l2, &x->objs[h], KVT_TIER_REMOVED);
     kvt_kindex_del(&x->map, h);
     obj_set_state(&x->objs[h], FROM_LIVE, KVT_OBJ_FREE);
     x->objs[h].aux = x->free_head;
     x->free_head = h;
     x->nobjs--;
+}
+
+void kvt_l2_set_event_hook(kvt_l2 *l2, const struct kvt_tier_hook *hook)
+{
+    pthread_mutex_lock(&l2->lock);
+    l2->ev = *hook;
+    kvt_l2b_early_tags_flush_locked(l2);         /* before what they name is announced */
+    for (uint32_t h = 0; h < l2->idx.hwm; h++) { /* what a scan adopted before now */
+        uint8_t s = st(&l2->idx.objs[h]);
+        if (s == KVT_OBJ_READY || s == KVT_OBJ_DELETING)
+            obj_announce_locked(l2, &l2->idx.objs[h], KVT_TIER_STORED);
+    }
+    pthread_mutex_unlock(&l2->lock);
 }
 
 bool kvt_l2_index_scan(kvt_l2 *l2, uint32_t *cursor,
@@ -251,7 +268,7 @@ void kvt_l2b_drop_locked(kvt_l2 *l2, uint32_t h)
     if (o->state & ST_TRACKED)
         kvt_policy_remove(l2->policy, h);
     kvt_l2b_account_locked(l2, o, -1);
-    idx_remove(&l2->idx, h);
+    idx_remove(l2, h);
 }
 
 /* ------------------------------------------------------------ base */
@@ -271,6 +288,7 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
     l2->codec = codec;
     l2->cap_bytes = cap_bytes;
     l2->persist_enabled = spec->persist_enabled;
+    l2->keep_tags = spec->keep_tags;
     if (spec->has_eviction) /* as kvt_l2_spec_parse read it, value parameters included */
         l2->policy = kvt_policy_build(&spec->eviction);
     if (spec->quotas && json_object_size(spec->quotas)) {
@@ -303,6 +321,7 @@ int kvt_l2_base_init(kvt_l2 *l2, const struct kvt_l2_ops *ops, const struct kvt_
 
 void kvt_l2_base_destroy(kvt_l2 *l2)
 {
+    kvt_l2b_early_tags_free(l2);
     kvt_l2b_budget_free(l2); /* this server's entry leaves the shared record */
     for (int i = 0; i < 3; i++)
         if (l2->efd[i] >= 0)
@@ -430,6 +449,8 @@ static uint32_t new_entry_locked(kvt_l2 *l2, const kvt_key *ck, uint32_t stored,
     o->flags = flags;
     obj_set_state(o, FROM(KVT_OBJ_FREE), state);
     kvt_l2b_account_locked(l2, o, +1);
+    if (state == KVT_OBJ_READY)
+        obj_announce_locked(l2, o, KVT_TIER_STORED);
     return h;
 }
 
@@ -528,6 +549,7 @@ static void publish(kvt_l2 *l2, const kvt_key *ck, bool set_aux, uint32_t aux)
         if (set_aux)
             l2->idx.objs[h].aux = aux;
         obj_set_state(&l2->idx.objs[h], FROM(KVT_OBJ_WRITING), KVT_OBJ_READY);
+        obj_announce_locked(l2, &l2->idx.objs[h], KVT_TIER_STORED);
         settled = l2->idx.objs[h].stored;
     }
     pthread_mutex_unlock(&l2->lock);
@@ -647,9 +669,19 @@ bool kvt_l2_lookup_known(kvt_l2 *l2, kvt_l2_task *t)
 bool kvt_l2_adopt(kvt_l2 *l2, const kvt_key *ck, uint32_t stored, uint32_t len, uint32_t aux,
                   uint8_t flags, bool pin, bool at_cold_end)
 {
+    return kvt_l2_adopt_tag(l2, ck, NULL, stored, len, aux, flags, pin, at_cold_end);
+}
+
+bool kvt_l2_adopt_tag(kvt_l2 *l2, const kvt_key *ck, struct kvt_blocktag *tag, uint32_t stored,
+                      uint32_t len, uint32_t aux, uint8_t flags, bool pin, bool at_cold_end)
+{
     bool inserted = false;
     pthread_mutex_lock(&l2->lock);
     uint32_t h = idx_find(&l2->idx, ck);
+    if (h != NOHANDLE)
+        kvt_blocktag_put(tag); /* indexed and announced already */
+    else if (tag)
+        kvt_l2b_give_tag_locked(l2, ck, tag); /* before the entry is announced */
     if (h == NOHANDLE) {
         h = new_entry_locked(l2, ck, stored, len, aux, flags, KVT_OBJ_READY);
         if (l2->policy) {

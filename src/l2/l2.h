@@ -65,6 +65,7 @@
 #include "key/key.h"
 #include "key/kindex.h"
 #include "key/objmeta.h"
+#include "key/tierev.h"
 
 enum kvt_l2_kind { KVT_L2_STORE = 0, KVT_L2_LOOKUP = 1, KVT_L2_LOAD = 2 };
 
@@ -168,6 +169,16 @@ bool kvt_l2_indexed(kvt_l2 *l2, const kvt_key *key);
  * nixl_store_dynamic: what purge and the offline scan walk), or "" when the
  * engine keeps no such directory. */
 void kvt_l2_root(kvt_l2 *l2, char *out, size_t cap);
+
+/* Tier events (key/tierev.h): from now on the hook hears of every entry
+ * that becomes available (a store published, an object adopted by the
+ * start-up scan or a lookup) as KVT_TIER_STORED, and of every one of
+ * those that leaves the index (delete, eviction, quota, purge, a removal
+ * after a failed verification, a drop of objects gone from the backend)
+ * as KVT_TIER_REMOVED; a write that fails is never announced. The entries
+ * indexed when it is set are announced at once (the start-up scan may
+ * have adopted some). The hook runs with l2->lock held. Set it once. */
+void kvt_l2_set_event_hook(kvt_l2 *l2, const struct kvt_tier_hook *hook);
 
 /* ---- stats: numbers kept as numbers ---------------------------------- */
 

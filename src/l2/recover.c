@@ -9,6 +9,7 @@
 #include "io/tpool.h"
 #include "kvtier/error.h"
 #include "l2/stage.h"
+#include "key/blocktag.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -27,6 +28,71 @@ void kvt_l2_found_push(struct kvt_l2_found_vec *fv, const kvt_key *ck, uint32_t 
     }
     fv->v[fv->n++] = (struct kvt_l2_found){
         .key = *ck, .mtime_ns = mtime_ns, .stored = stored, .len = len, .aux = aux, .flags = flags};
+}
+
+/* ------------------------------------------------ engine block hashes */
+
+struct kvt_l2_early_tag {
+    kvt_key key;
+    struct kvt_blocktag *tag;
+};
+
+/* call with l2->lock held */
+void kvt_l2b_give_tag_locked(kvt_l2 *l2, const kvt_key *ck, struct kvt_blocktag *tag)
+{
+    if (!tag)
+        return;
+    if (l2->ev.tag) {
+        l2->ev.tag(l2->ev.arg, ck, tag);
+        return;
+    }
+    if (!l2->keep_tags || l2->ev.fn) { /* no events, or a hook without tags */
+        kvt_blocktag_put(tag);
+        return;
+    }
+    if (l2->nearly == l2->early_cap) {
+        l2->early_cap = l2->early_cap ? 2 * l2->early_cap : 256;
+        l2->early = kvt_xrealloc(l2->early, l2->early_cap * sizeof(*l2->early));
+    }
+    l2->early[l2->nearly++] = (struct kvt_l2_early_tag){.key = *ck, .tag = tag};
+}
+
+void kvt_l2_give_tag(kvt_l2 *l2, const kvt_key *ck, struct kvt_blocktag *tag)
+{
+    pthread_mutex_lock(&l2->lock);
+    kvt_l2b_give_tag_locked(l2, ck, tag);
+    pthread_mutex_unlock(&l2->lock);
+}
+
+struct kvt_blocktag *kvt_l2_tag_of(kvt_l2 *l2, const kvt_key *ck)
+{
+    pthread_mutex_lock(&l2->lock);
+    struct kvt_tier_hook ev = l2->ev;
+    pthread_mutex_unlock(&l2->lock);
+    /* the queue outlives the adapter (the core closes adapters first) */
+    return ev.tag_of ? ev.tag_of(ev.arg, ck) : NULL;
+}
+
+void kvt_l2b_early_tags_flush_locked(kvt_l2 *l2)
+{
+    for (uint32_t i = 0; i < l2->nearly; i++) {
+        if (l2->ev.tag)
+            l2->ev.tag(l2->ev.arg, &l2->early[i].key, l2->early[i].tag);
+        else
+            kvt_blocktag_put(l2->early[i].tag);
+    }
+    free(l2->early);
+    l2->early = NULL;
+    l2->nearly = l2->early_cap = 0;
+}
+
+void kvt_l2b_early_tags_free(kvt_l2 *l2)
+{
+    for (uint32_t i = 0; i < l2->nearly; i++)
+        kvt_blocktag_put(l2->early[i].tag);
+    free(l2->early);
+    l2->early = NULL;
+    l2->nearly = l2->early_cap = 0;
 }
 
 struct mt_idx {
@@ -79,8 +145,12 @@ void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0
         pthread_mutex_lock(&l2->lock);
         for (size_t k = base; k < end; k++) {
             const struct kvt_l2_found *f = &fv->v[order[k].i];
-            if (idx_find(&l2->idx, &f->key) != NOHANDLE)
+            if (idx_find(&l2->idx, &f->key) != NOHANDLE) {
+                kvt_blocktag_put(f->tag);
                 continue; /* found by a lookup meanwhile */
+            }
+            if (f->tag) /* the hashes it was written with name it */
+                kvt_l2b_give_tag_locked(l2, &f->key, f->tag);
             uint32_t h = kvt_l2b_idx_insert(l2, &f->key);
             struct kvt_l2_obj *o = &l2->idx.objs[h];
             o->stored = f->stored;
@@ -89,6 +159,7 @@ void kvt_l2_finish_recovery(kvt_l2 *l2, struct kvt_l2_found_vec *fv, uint64_t t0
             o->flags = f->flags;
             obj_set_state(o, FROM(KVT_OBJ_FREE), KVT_OBJ_READY);
             kvt_l2b_account_locked(l2, o, +1);
+            obj_announce_locked(l2, o, KVT_TIER_STORED);
             if (l2->policy) {
                 struct kvt_policy_hint hint = {
                     .prefix_pos = 0, .bytes = f->stored, .fp = kvt_key_hash(&f->key)};

@@ -481,7 +481,7 @@ static int parse(struct kvt_opt_parse *p, int argc, char **argv, char **cfg_adap
     if (!c->bind[0])
         snprintf(c->bind, sizeof(c->bind), "tcp://%s:%d", c->host, c->port);
     if ((rc = check_ports(c)) || (rc = check_auth(c)) || (rc = check_lmcache_pool(c)) ||
-        (rc = check_l1(c)))
+        (rc = check_l1(c)) || (rc = kvt_evpub_cfg_check(&c->events, c->insecure_no_auth)))
         return rc;
     if (c->no_l2) {
         if (p->nl2) {
@@ -566,6 +566,7 @@ json_t *kvt_server_cfg_json(const struct kvt_server_cfg *c)
     json_object_set_new(lmc, "client", c->lmc.client[0] ? json_string(c->lmc.client) : json_null());
     json_object_set_new(lmc, "shm_name", json_string(c->lmc.shm_name));
     json_object_set_new(o, "lmcache", lmc);
+    json_object_set_new(o, "kv_events", kvt_evpub_cfg_json(&c->events));
     /* file names and the public key only: never a secret */
     json_t *au = json_object();
     json_object_set_new(au, "enabled", json_boolean(c->auth != NULL));

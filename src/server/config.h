@@ -15,6 +15,7 @@
 #include "l1/hostmem.h"
 #include "l2/adapters.h"
 #include "server/auth.h"
+#include "server/events.h"
 
 struct kvt_server_cfg {
     char host[128];
@@ -50,6 +51,8 @@ struct kvt_server_cfg {
 
     /* the LMCache front end's flags (src/front/lmcache/) */
     struct kvt_lmc_cfg lmc;
+    /* the KV-events publisher's flags (server/events.h) */
+    struct kvt_evpub_cfg events;
 
     uint64_t max_object_bytes;
     bool shm;   /* offer the zero-copy path */

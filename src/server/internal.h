@@ -59,6 +59,7 @@ struct kvt_server {
     struct kvt_front_env env;       /* what the front ends read */
     struct kvt_native *native;      /* kvtier's protocol (front/native) */
     void *fronts[KVT_MAX_FRONTS];   /* each front end's state, in kvt_fronts order (NULL: off) */
+    struct kvt_evpub *evpub;        /* the KV-events publisher (events.h), NULL: off */
 
     pthread_mutex_t reply_lock; /* guards rq_head/rq_tail */
     struct reply *rq_head, *rq_tail;

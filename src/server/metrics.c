@@ -309,6 +309,37 @@ static void auth_metrics(struct sb *b, struct kvt_server *s)
         (unsigned long long)atomic_load(&s->native->local_denied));
 }
 
+/* The KV-events publisher (events.h), when it is on. */
+static void events_metrics(struct sb *b, struct kvt_server *s)
+{
+    if (!s->evpub)
+        return;
+    struct kvt_evpub_stats e;
+    kvt_evpub_stats(s->evpub, &e);
+    metric(b, "kvtier_kv_events_blocks_total", "counter",
+           "Block hashes published in KV events, per event type.");
+    sbf(b, "kvtier_kv_events_blocks_total{type=\"BlockStored\"} %llu\n",
+        (unsigned long long)e.stored);
+    sbf(b, "kvtier_kv_events_blocks_total{type=\"BlockRemoved\"} %llu\n",
+        (unsigned long long)e.removed);
+    metric(b, "kvtier_kv_events_cleared_total", "counter", "AllBlocksCleared events published.");
+    sbf(b, "kvtier_kv_events_cleared_total %llu\n", (unsigned long long)e.cleared);
+    metric(b, "kvtier_kv_events_batches_total", "counter",
+           "KV event batches published (sequence numbers used).");
+    sbf(b, "kvtier_kv_events_batches_total %llu\n", (unsigned long long)e.batches);
+    metric(b, "kvtier_kv_events_dropped_total", "counter",
+           "Tier events lost because the publisher's queue was full.");
+    sbf(b, "kvtier_kv_events_dropped_total %llu\n", (unsigned long long)e.dropped);
+    metric(b, "kvtier_kv_events_gaps_total", "counter",
+           "Sequence numbers skipped to show subscribers that events were dropped.");
+    sbf(b, "kvtier_kv_events_gaps_total %llu\n", (unsigned long long)e.gaps);
+    metric(b, "kvtier_kv_events_queue_depth", "gauge", "Tier events waiting to be published.");
+    sbf(b, "kvtier_kv_events_queue_depth %u\n", e.queue_depth);
+    metric(b, "kvtier_kv_events_replay_requests_total", "counter",
+           "Replay requests served on the replay socket.");
+    sbf(b, "kvtier_kv_events_replay_requests_total %llu\n", (unsigned long long)e.replay_requests);
+}
+
 /* The admin API (core/admin.h, struct kvt_admin_stats): what it changed,
  * its pins, its jobs' work, and the requests it refused. */
 static void admin_metrics(struct sb *b, struct kvt_server *s)
@@ -382,6 +413,7 @@ char *kvt_server_metrics(struct kvt_server *s, size_t *len)
     l2_node_metrics(s, &b);
     rpc_metrics(&b, s);
     auth_metrics(&b, s);
+    events_metrics(&b, s);
     admin_metrics(&b, s);
     *len = b.len;
     return b.p;

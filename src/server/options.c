@@ -284,6 +284,27 @@ static const struct opt opts[] = {
      .help = "POSIX shm name of the L1 pool handed to workers\n"
              "(lmcache_l1_pool_kvtier_<pid>)"},
 
+    {STR("kv-events-endpoint", events.endpoint, ""), .arg = "URL",
+     .help = "publish KV events in vLLM's format on a ZeroMQ PUB\n"
+             "socket bound here (tcp://127.0.0.1:5557; off)",
+     .group = "KV events (docs/events.md)"},
+    {STR("kv-events-replay-endpoint", events.replay, ""), .arg = "URL",
+     .help = "ROUTER socket that replays buffered batches from a\n"
+             "sequence number on (off)"},
+    {STR("kv-events-topic", events.topic, ""), .arg = "TOPIC",
+     .help = "first frame of every message (\"\")"},
+    {INT("kv-events-buffer", events.buffer, 1, 10000000, "10000"), .arg = "N",
+     .help = "batches kept for replay (10000)"},
+    {INT("kv-events-queue", events.queue, 1, 1 << 26, "262144"), .arg = "N",
+     .help = "tier events waiting to be published; more are\n"
+             "dropped and counted (262144)"},
+    {INT("kv-events-hwm", events.hwm, 0, 1 << 30, "100000"), .arg = "N",
+     .help = "PUB send high-water mark in messages (100000)"},
+    {INT("kv-events-wait-subscriber-ms", events.wait_sub_ms, 0, 600000, "10000"), .arg = "MS",
+     .help = "at start, hold the first batches (AllBlocksCleared,\n"
+             "what recovery found) until a subscriber has\n"
+             "subscribed, at most this long (10000; 0: never)"},
+
     {PATHF("auth-key", auth_key_file), .arg = "FILE",
      .help = "the server's CURVE secret key (kvtier keygen; mode\n"
              "0600): TCP clients must present a listed key",

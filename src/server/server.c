@@ -468,7 +468,8 @@ static void shutdown_all(struct kvt_server *s)
     }
     if (s->core)
         kvt_core_stop(s->core);
-    kvt_local_stop(s); /* before L1 goes: queued replies hold references */
+    kvt_evpub_stop(s->evpub); /* after the last eviction: then AllBlocksCleared */
+    kvt_local_stop(s);        /* before L1 goes: queued replies hold references */
     if (s->sock) {
         int linger = 2000;
         zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof(linger));
@@ -490,6 +491,8 @@ static void shutdown_all(struct kvt_server *s)
         zmq_ctx_term(s->zctx); /* waits for zero-copy frames to be released */
     kvt_core_close(s->core);
     s->core = NULL;
+    kvt_evpub_free(s->evpub);
+    s->evpub = NULL;
     g_l1 = NULL;
     kvt_native_free(s->native);
     s->native = NULL;
@@ -623,13 +626,25 @@ static int start(struct kvt_server *s)
         kvt_error("%s", err);
         return rc;
     }
-    if (c->http_port) { /* answers 503 "starting" until s->ready */
+    /* the events queue exists before the adapters open: their start-up
+     * scans announce what they find into it */
+    rc = kvt_evpub_listen(&c->events, &s->evpub, err, sizeof(err));
+    if (rc) {
+        kvt_error("%s", err);
+        return rc;
+    }
+    s->env.events = kvt_evpub_queue(s->evpub); /* the LMCache front end's event stream */
+    if (c->http_port) {                        /* answers 503 "starting" until s->ready */
         rc = kvt_http_start(s, err, sizeof(err));
         if (rc) {
             kvt_error("http: %s", err);
             return rc;
         }
     }
+    /* with events on, the adapters' scans read the engine block hashes
+     * their objects were written with (docs/events.md) */
+    for (int i = 0; i < c->nadapters; i++)
+        c->adapters[i].keep_tags = s->evpub != NULL;
     s->core_opts = (struct kvt_core_opts){
         .adapters = c->adapters,
         .nadapters = c->nadapters,
@@ -655,6 +670,7 @@ static int start(struct kvt_server *s)
         .max_workers = c->max_workers,
         .on_store_progress = on_store_progress,
         .progress_arg = s,
+        .events = kvt_evpub_queue(s->evpub),
     };
     rc = kvt_core_open(&s->core_opts, &s->core, err, sizeof(err));
     s->env.core = s->core; /* also after a failed start: shutdown goes through it */
@@ -665,6 +681,10 @@ static int start(struct kvt_server *s)
         return rc;
     }
     g_l1 = kvt_core_l1(s->core);
+    if (s->evpub && (rc = kvt_evpub_start(s->evpub, s->core, c->chunk_size, err, sizeof(err)))) {
+        kvt_error("%s", err);
+        return rc;
+    }
     if (c->local && c->shm) {
         rc = kvt_local_start(s, err, sizeof(err));
         if (rc) /* not fatal: clients use ZeroMQ */
@@ -722,6 +742,17 @@ static void banner(struct kvt_server *s)
     if (s->local)
         kvt_info("same-host clients: unix socket %s", kvt_local_name(s));
     kvt_fronts_banner(s);
+    if (s->evpub) {
+        char media[600] = "";
+        for (int t = 0; t <= kvt_core_nl2(s->core); t++) {
+            size_t l = strlen(media);
+            snprintf(media + l, sizeof(media) - l, "%s", t ? ", " : "");
+            l = strlen(media);
+            kvt_evpub_medium(s->core, t, media + l, sizeof(media) - l);
+        }
+        kvt_info("kv events: PUB %s%s%s, topic '%s', media %s", c->events.endpoint,
+                 c->events.replay[0] ? ", replay " : "", c->events.replay, c->events.topic, media);
+    }
     /* where each adapter keeps its objects, under the name its status uses */
     static const char *const where_keys[] = {"base_path", "file_path", "device_path", "endpoint",
                                              "endpoint_url"};

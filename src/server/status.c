@@ -53,6 +53,7 @@ json_t *kvt_server_status(struct kvt_server *s)
     json_object_set_new(o, "store", kvt_store_ctrl_status(kvt_core_store_ctrl(core)));
     json_object_set_new(o, "prefetch", kvt_prefetch_ctrl_status(kvt_core_prefetch_ctrl(core)));
     kvt_fronts_status(s, o);
+    json_object_set_new(o, "kv_events", kvt_evpub_status(s->evpub));
     if (s->admin) { /* pins, counters, the jobs and their progress */
         json_t *ad = kvt_admin_status(s->admin);
         json_object_set_new(ad, "denied", json_integer((json_int_t)atomic_load(&s->admin_denied)));

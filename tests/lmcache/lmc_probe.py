@@ -27,6 +27,8 @@ def main() -> int:
     ap.add_argument("--phase", default="all", choices=["all", "store", "retrieve"])
     ap.add_argument("--salt", default="", help="the keys' cache_salt (a tenant)")
     ap.add_argument("--no-clear", action="store_true", help="skip clear (an admin's call)")
+    ap.add_argument("--events", action="store_true",
+                    help="subscribe_kv_events before storing; report the records received")
     a = ap.parse_args()
 
     import torch
@@ -75,6 +77,18 @@ def main() -> int:
             num_layers=L, hidden_dim_size=H, dtype_str="float16", use_mla=False,
             num_physical_slots=C)).result(timeout=T)
         out["shm_name"], out["pool_size"] = reg.shm_name, reg.pool_size
+        batches = []
+        if a.events:  # LMCache's client decodes every batch into its KVEventBatch
+            import threading
+            stream = c.subscribe_kv_events(inst, a.model, 0, 64)
+
+            def reader():
+                try:
+                    for b in stream:
+                        batches.append(b)
+                except Exception as e:  # noqa: BLE001
+                    batches.append(e)
+            threading.Thread(target=reader, daemon=True).start()
         out["ping_inst"] = c.ping(inst).result(timeout=T)
         from multiprocessing import shared_memory
         from multiprocessing.resource_tracker import unregister
@@ -154,6 +168,20 @@ def main() -> int:
         out["report_block_allocation"] = c.report_block_allocation(inst, a.model, []).result(timeout=T)
         if not a.no_clear:
             out["clear"] = c.clear(False).result(timeout=T)
+        if a.events:
+            time.sleep(1.0)  # the removals of clear
+            stream.close()
+            out["event_batches"] = [
+                repr(b) if isinstance(b, Exception) else
+                {"enabled": b.enabled, "lost": b.lost, "next_cursor": b.next_cursor,
+                 "incarnation": b.incarnation,
+                 "events": [{"seq": r.seq, "kind": r.kind, "medium": r.medium,
+                             "model_name": r.model_name,
+                             "block_hashes": [h.hex() for h in r.block_hashes],
+                             "parent": r.parent_block_hash.hex() if r.parent_block_hash else None,
+                             "token_ids": list(r.token_ids)} for r in b.events]}
+                for b in batches]
+            out["tokens"] = list(toks)
         out["unregister"] = c.unregister_kv_cache_engine_driven_context(inst).result(timeout=T)
         del view
         shm.close()

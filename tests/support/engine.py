@@ -38,6 +38,9 @@ _RUNNER = textwrap.dedent(r"""
         kw["served_model_name"] = spec["served_model_name"]
     if spec.get("kv_transfer_config"):
         kw["kv_transfer_config"] = spec["kv_transfer_config"]
+    if spec.get("kv_events_config"):  # vLLM's own KV events (docs/events.md's tests)
+        from vllm.config.kv_events import KVEventsConfig
+        kw["kv_events_config"] = KVEventsConfig(**spec["kv_events_config"])
     llm = LLM(**kw)
 
     def metrics():

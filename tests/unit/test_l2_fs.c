@@ -2,6 +2,8 @@
  * usage, recovery, cap. */
 #include "l2_harness.h"
 
+#include "core/events.h"
+#include "key/blocktag.h"
 #include "kvtier/error.h"
 
 #include <errno.h>
@@ -266,6 +268,194 @@ static void test_task_codes(void)
     kvt_l2_task_free(t);
 }
 
+static int key_id_of(const kvt_key *k)
+{
+    int i;
+    memcpy(&i, k->hash, sizeof(i));
+    return i;
+}
+
+static kvt_l2 *open_keeping_tags(const char *json, bool keep)
+{
+    struct kvt_l2_spec spec;
+    char err[512];
+    TEST_ASSERT(kvt_l2_spec_parse(json, 0, &spec, err, sizeof(err)) == 0);
+    spec.keep_tags = keep;
+    kvt_l2 *l2 = NULL;
+    TEST_ASSERT(kvt_l2_open(&spec, &l2, err, sizeof(err)) == 0);
+    kvt_l2_spec_free(&spec);
+    return l2;
+}
+
+static void set_hook(kvt_l2 *l2, struct kvt_events *q)
+{
+    kvt_l2_set_event_hook(l2, &(struct kvt_tier_hook){.fn = kvt_events_hook,
+                                                      .arg = q,
+                                                      .tier = 1,
+                                                      .tag_of = kvt_events_tag_of,
+                                                      .tag = kvt_events_tag_hook});
+}
+
+/* Engine block hashes written with the objects: a reopened adapter that
+ * keeps tags gives them to the events before announcing what it recovered
+ * (here the scan ends before the hook is set: they wait for it); without
+ * keep_tags the objects are named by their keys. Tagged headers are
+ * bigger and still load. */
+static void test_tags_persist(void)
+{
+    char spec[512];
+    snprintf(spec, sizeof(spec), "{\"type\":\"fs\",\"base_path\":\"%s/tags\"}", dir);
+    enum { N = 4, SZ = 1000 };
+    static char src[N][SZ], dst[N][SZ];
+    struct kvt_events *q;
+    TEST_ASSERT(kvt_events_new(64, &q) == 0);
+    kvt_l2 *l2 = open_keeping_tags(spec, true);
+    wait_recovered(l2);
+    set_hook(l2, q);
+    kvt_l2_task *t = kvt_l2_task_new(KVT_L2_STORE, N);
+    for (int i = 0; i < N; i++) {
+        t->keys[i] = hkey("unit", "", 100 + i);
+        if (i < N - 1) { /* the last key has no tag */
+            struct kvt_blocktag *tg = kvt_blocktag_new(16, 20, 32, 320);
+            memset(tg->hashes, 0xa0 + i, 20 * 32);
+            for (int k = 0; k < 320; k++)
+                tg->tokens[k] = (uint32_t)(i * 1000 + k);
+            kvt_events_tag(q, &t->keys[i], tg);
+        }
+        fill(src[i], SZ, i);
+        t->bufs[i].ptr = src[i];
+        t->bufs[i].len = SZ;
+        t->meta[i].len = SZ;
+    }
+    run_task(l2, t);
+    TEST_ASSERT(kvt_bm_count(t->ok, N) == N);
+    kvt_l2_task_free(t);
+    struct kvt_l2_usage u;
+    kvt_l2_usage(l2, &u);
+    /* 20 hashes and 320 tokens: 120 + 4 + 8 + 640 + 4 + 1280 + 8 -> 2560 */
+    TEST_ASSERT(u.objects == N && u.used_bytes == 3 * (SZ + 2560) + SZ + 512);
+    struct kvt_event ev[16];
+    uint32_t n = kvt_events_pop(q, ev, 16);
+    TEST_ASSERT(n == N);
+    for (uint32_t i = 0; i < n; i++)
+        kvt_blocktag_put(ev[i].tag);
+    close_adapter(l2);
+    kvt_events_free(q); /* a new server: the table is gone */
+
+    TEST_ASSERT(kvt_events_new(64, &q) == 0);
+    l2 = open_keeping_tags(spec, true);
+    wait_recovered(l2);
+    pthread_mutex_lock(&l2->lock);
+    TEST_ASSERT(l2->nearly == N - 1); /* read, waiting for the hook */
+    pthread_mutex_unlock(&l2->lock);
+    set_hook(l2, q);
+    n = kvt_events_pop(q, ev, 16);
+    TEST_ASSERT(n == N);
+    for (uint32_t i = 0; i < n; i++) {
+        int id = key_id_of(&ev[i].key) - 100;
+        TEST_ASSERT(ev[i].ev == KVT_TIER_STORED && id >= 0 && id < N);
+        if (id == N - 1) {
+            TEST_ASSERT(!ev[i].tag);
+        } else {
+            TEST_ASSERT(ev[i].tag && ev[i].tag->nblocks == 20 && ev[i].tag->block_size == 16);
+            TEST_ASSERT(ev[i].tag->hashes[0] == 0xa0 + id && ev[i].tag->hashes[639] == 0xa0 + id);
+            TEST_ASSERT(ev[i].tag->ntokens == 320 && ev[i].tag->tokens[319] == id * 1000u + 319);
+        }
+        kvt_blocktag_put(ev[i].tag);
+    }
+    struct kvt_events_stats st;
+    kvt_events_stats(q, &st);
+    TEST_ASSERT(st.tagged == N - 1 && st.orphans == 0);
+    /* the bytes load through the bigger headers */
+    t = kvt_l2_task_new(KVT_L2_LOOKUP, N);
+    for (int i = 0; i < N; i++)
+        t->keys[i] = hkey("unit", "", 100 + i);
+    run_task(l2, t);
+    TEST_ASSERT(kvt_bm_count(t->ok, N) == N);
+    kvt_l2_task_free(t);
+    t = kvt_l2_task_new(KVT_L2_LOAD, N);
+    for (int i = 0; i < N; i++) {
+        t->keys[i] = hkey("unit", "", 100 + i);
+        t->bufs[i].ptr = dst[i];
+        t->bufs[i].len = SZ;
+    }
+    run_task(l2, t);
+    TEST_ASSERT(kvt_bm_count(t->ok, N) == N);
+    for (int i = 0; i < N; i++)
+        TEST_ASSERT(t->bufs[i].len == SZ && memcmp(dst[i], src[i], SZ) == 0);
+    kvt_l2_unlock(l2, t->keys, N);
+    /* removals name the same hashes, and the table empties */
+    TEST_ASSERT(kvt_l2_delete(l2, t->keys, N, NULL) == N);
+    kvt_l2_task_free(t);
+    n = kvt_events_pop(q, ev, 16);
+    TEST_ASSERT(n == N);
+    for (uint32_t i = 0; i < n; i++) {
+        int id = key_id_of(&ev[i].key) - 100;
+        TEST_ASSERT(ev[i].ev == KVT_TIER_REMOVED && (id == N - 1 ? !ev[i].tag : ev[i].tag != NULL));
+        kvt_blocktag_put(ev[i].tag);
+    }
+    kvt_events_stats(q, &st);
+    TEST_ASSERT(st.tagged == 0 && st.orphans == 0);
+    close_adapter(l2);
+    kvt_events_free(q);
+}
+
+/* A tagged object whose tag bytes were flipped on disk: the scan gives no
+ * tag for it (it is named by its key), and its first lookup finds the
+ * header corrupt: a miss, the file removed, never its bytes. */
+static void test_corrupt_tag_on_disk(void)
+{
+    char spec[512], path[600], name[KVT_NAME_MAX + 1];
+    snprintf(spec, sizeof(spec), "{\"type\":\"fs\",\"base_path\":\"%s/ctag\"}", dir);
+    enum { SZ = 1000 };
+    static char src[SZ];
+    struct kvt_events *q;
+    TEST_ASSERT(kvt_events_new(64, &q) == 0);
+    kvt_l2 *l2 = open_keeping_tags(spec, true);
+    wait_recovered(l2);
+    set_hook(l2, q);
+    kvt_l2_task *t = kvt_l2_task_new(KVT_L2_STORE, 1);
+    t->keys[0] = hkey("unit", "", 7);
+    struct kvt_blocktag *tg = kvt_blocktag_new(16, 4, 32, 0);
+    memset(tg->hashes, 0x77, 4 * 32);
+    kvt_events_tag(q, &t->keys[0], tg);
+    fill(src, SZ, 7);
+    t->bufs[0].ptr = src;
+    t->bufs[0].len = SZ;
+    t->meta[0].len = SZ;
+    run_task(l2, t);
+    TEST_ASSERT(kvt_bm_count(t->ok, 1) == 1);
+    kvt_key k = t->keys[0];
+    kvt_l2_task_free(t);
+    struct kvt_event ev[4];
+    TEST_ASSERT(kvt_events_pop(q, ev, 4) == 1 && ev[0].tag);
+    kvt_blocktag_put(ev[0].tag);
+    close_adapter(l2);
+    kvt_events_free(q);
+    /* one byte of the first hash (after 120 + 4 bytes of model, 8 of tag
+     * fields) flipped */
+    TEST_ASSERT(kvt_key_encode(KVT_CODEC_FS, &k, name) >= 0);
+    snprintf(path, sizeof(path), "%s/ctag/%s", dir, name);
+    FILE *f = fopen(path, "r+b");
+    TEST_ASSERT(f && fseek(f, 120 + 4 + 8 + 5, SEEK_SET) == 0);
+    TEST_ASSERT(fputc(0x76, f) != EOF && fclose(f) == 0);
+
+    TEST_ASSERT(kvt_events_new(64, &q) == 0);
+    l2 = open_keeping_tags(spec, true);
+    wait_recovered(l2);
+    set_hook(l2, q);
+    TEST_ASSERT(kvt_events_pop(q, ev, 4) == 1 && ev[0].ev == KVT_TIER_STORED && !ev[0].tag);
+    t = kvt_l2_task_new(KVT_L2_LOOKUP, 1);
+    t->keys[0] = k;
+    run_task(l2, t);
+    TEST_ASSERT(kvt_bm_count(t->ok, 1) == 0);
+    kvt_l2_task_free(t);
+    TEST_ASSERT(access(path, F_OK) != 0);
+    TEST_ASSERT(kvt_events_pop(q, ev, 4) == 1 && ev[0].ev == KVT_TIER_REMOVED && !ev[0].tag);
+    close_adapter(l2);
+    kvt_events_free(q);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/kvt-unit-fs-%d", (int)getpid());
@@ -275,6 +465,8 @@ int main(void)
     RUN(test_cap_and_eviction);
     RUN(test_store_over_cap_evicts);
     RUN(test_concurrent_stores_over_cap);
+    RUN(test_tags_persist);
+    RUN(test_corrupt_tag_on_disk);
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     if (system(cmd)) {

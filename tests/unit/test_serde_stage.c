@@ -254,7 +254,7 @@ static void test_tamper_fails_one_key(void)
         struct kvt_objhdr h;
         const char *why;
         TEST_ASSERT(kvt_objhdr_decode(f, 512, &h, &why) == 0);
-        TEST_ASSERT(kvt_objhdr_encode(f, 512, &h.key, &h.meta, h.flags, h.payload_len,
+        TEST_ASSERT(kvt_objhdr_encode(f, 512, &h.key, &h.meta, NULL, h.flags, h.payload_len,
                                       kvt_payload_hash(f + 512, h.payload_len)) == 0);
     }
     TEST_ASSERT(pwrite(fd, f, (size_t)stt.st_size, 0) == stt.st_size);

@@ -158,6 +158,35 @@ def test_lmcache_client_store_lookup_retrieve(kvt, tmp_path):
     assert st["pending_transfers"] == 0
 
 
+def test_lmcache_client_kv_event_stream(kvt, tmp_path):
+    """With KV events on (docs/events.md), kvtier offers LMCache's
+    "kv_event_stream": LMCache's own client subscribes (subscribe_kv_events)
+    and decodes a first batch at once, then one "stored" record per chunk
+    it stored (medium CPU, its chunk hash, the previous chunk's hash as
+    parent, the chunk's tokens) and, after clear, a "removed" record for
+    each; sequence numbers from 1, in order."""
+    s = kvt(extra=["--kv-events-endpoint", "tcp://127.0.0.1:%d" % free_port()])
+    r = probe(s.url(), "--chunks", "3", "--events")
+    assert "error" not in r, r
+    assert r["experimental"] == ["kv_event_stream"]
+    batches = r["event_batches"]
+    assert batches and all(isinstance(b, dict) for b in batches), batches
+    assert batches[0]["enabled"] and not any(b["lost"] for b in batches)
+    assert len({b["incarnation"] for b in batches}) == 1
+    recs = [e for b in batches for e in b["events"]]
+    assert [e["seq"] for e in recs] == list(range(1, len(recs) + 1))
+    assert all(e["medium"] == "CPU" and e["model_name"] == "probe/model" for e in recs)
+    stored = [e for e in recs if e["kind"] == "stored"]
+    removed = [e for e in recs if e["kind"] == "removed"]
+    assert len(stored) == 3 and all(len(e["block_hashes"]) == 1 for e in stored)
+    hs = [e["block_hashes"][0] for e in stored]
+    assert [e["parent"] for e in stored] == [None, hs[0], hs[1]]
+    toks = r["tokens"]
+    assert [e["token_ids"] for e in stored] == [toks[i * CHUNK:(i + 1) * CHUNK] for i in range(3)]
+    assert sorted(h for e in removed for h in e["block_hashes"]) == sorted(hs)
+    assert s.lmc()["kv_event_batches"] >= len(batches)
+
+
 def test_lmcache_client_restart_hits_from_l2(kvt, tmp_path):
     data = tmp_path / "d"
     s = kvt(data)
@@ -457,3 +486,43 @@ def test_vllm_same_run_against_lmcache_server(model, baseline, tmp_path):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def test_vllm_lmcache_path_publishes_kvtiers_l1_events(kvt, model, baseline, tmp_path):
+    """vLLM's LMCacheMPConnector with vLLM's own KV events on, against kvtier
+    with --kv-events-endpoint: LMCache's worker subscribes to kvtier's
+    stream and vLLM's publisher announces, medium CPU, exactly the chunks
+    kvtier's own PUB socket announces in L1 (LMCache's chunk hashes, as
+    vLLM converts them); the outputs are the no-connector run's."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from support.kvevents import Subscriber
+    from vllm.distributed.kv_events import BlockStored
+
+    prompts, want = baseline
+    s = kvt(extra=["--kv-events-endpoint", "tcp://127.0.0.1:%d" % free_port()])
+    pub = s.status()["kv_events"]["endpoint"]
+    vport = free_port()
+    ev = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:%d" % vport}
+    full = sum(len(p["tokens"]) // CHUNK for p in prompts)
+    with Subscriber(pub) as kv, Subscriber("tcp://127.0.0.1:%d" % vport) as vl:
+        with Engine(model, _ktc(s.lmc_port), block_size=BLOCK, max_model_len=1024, env=LMC_ENV,
+                    log=str(tmp_path / "vllm.log"), kv_events_config=ev) as eng:
+            toks, _ = _each(eng, prompts)
+            assert toks == want
+            assert s.lmc()["kv_event_streams"] == 1  # LMCache's elected worker subscribed
+            kv.wait(lambda x: len(x.view().get("CPU", ())) >= full, timeout=60,
+                    what="kvtier's L1 events")
+            ours = kv.view()["CPU"]
+
+            def conv(h):  # as vLLM publishes a hash (the engine has this environment)
+                from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
+                return maybe_convert_block_hash(BlockHash(h))
+
+            vl.wait(lambda x: {h for _, e in x.events() if isinstance(e, BlockStored)
+                               and e.medium == "CPU" for h in e.block_hashes}
+                    >= {conv(h) for h in ours}, timeout=120, what="vLLM's CPU events")
+        cpu = [e for _, e in vl.events() if isinstance(e, BlockStored) and e.medium == "CPU"]
+        got = [h for e in cpu for h in e.block_hashes]
+        assert sorted(got) == sorted(conv(h) for h in ours) and len(ours) == full
+        assert all(e.block_size == CHUNK and len(e.token_ids) == CHUNK for e in cpu)

@@ -535,6 +535,7 @@ static void *lmc_main(void *arg)
             ssize_t r = read(m->efd, &v, sizeof(v));
             (void)r;
             lmc_drain_fetches(m, false);
+            lmc_events_service(m); /* L1 logged events (the log writes efd too) */
         }
         if (!(items[0].revents & ZMQ_POLLIN))
             continue;
@@ -718,6 +719,7 @@ static int lmc_listen(const struct kvt_front_env *env, const void *cfg, void **o
 static int lmc_start(void *fe, char *err, size_t cap)
 {
     struct kvt_lmc *m = fe;
+    lmc_events_start(m);
     int rc = pthread_create(&m->th, NULL, lmc_main, m); /* returns the error, errno untouched */
     if (rc) {
         snprintf(err, cap, "--lmcache-port: cannot start its thread");
@@ -766,6 +768,7 @@ static void lmc_free(void *fe)
 {
     struct kvt_lmc *m = fe;
     lmc_drain_fetches(m, true); /* the prefetch controller has stopped: no more arrive */
+    lmc_events_free(m);
     while (m->xfers)
         lmc_xfer_drop(m, &m->xfers);
     for (int b = 0; b < NBUCKETS; b++)
@@ -818,6 +821,8 @@ static json_t *lmc_status(void *fe)
     json_object_set_new(o, "lookup_hit_chunks", N(lookup_hits));
     json_object_set_new(o, "chunks_stored", N(chunks_stored));
     json_object_set_new(o, "chunks_retrieved", N(chunks_retrieved));
+    json_object_set_new(o, "kv_event_streams", N(nsubs_seen));
+    json_object_set_new(o, "kv_event_batches", N(event_batches));
     if (m->env->auth) { /* status runs on the rpc thread: the name, not m->who */
         json_t *au = json_object();
         json_object_set_new(au, "client", json_string(m->cfg->client));

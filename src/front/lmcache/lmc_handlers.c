@@ -108,6 +108,7 @@ static void h_unregister(struct lmc_rq *q)
             break;
         }
     drop_instance_xfers(m, inst);
+    lmc_events_drop_instance(m, inst);
     lmc_reply(q, NULL);
 }
 
@@ -456,6 +457,22 @@ static void xfer_add(struct kvt_lmc *m, struct xfer_args *a, bool write, uint64_
     atomic_fetch_add(&m->pending_xfers, 1);
 }
 
+/* Chunk c of a store as one "block" (docs/events.md): its LMCache chunk
+ * hash, the previous chunk's as parent, its tokens; LMCache's client keeps
+ * a host-tier store only with its tokens. */
+static struct kvt_blocktag *chunk_tag(struct kvt_lmc *m, const struct xfer_args *a, uint32_t c)
+{
+    uint32_t C = (uint32_t)m->env->chunk_size;
+    struct kvt_blocktag *t = kvt_blocktag_new(C, 1, 32, C);
+    memcpy(t->hashes, a->hashes + 32 * c, 32);
+    if (c > 0) {
+        t->has_parent = 1;
+        memcpy(t->parent, a->hashes + 32 * (c - 1), 32);
+    }
+    memcpy(t->tokens, a->k.tokens + (size_t)c * C, (size_t)C * sizeof(uint32_t));
+    return t;
+}
+
 static void h_prepare_store(struct lmc_rq *q)
 {
     struct kvt_lmc *m = q->m;
@@ -475,6 +492,8 @@ static void h_prepare_store(struct lmc_rq *q)
         struct kvt_l1_ref ref;
         int rc = kvt_core_reserve(m->env->core, &key, &a.c->meta, &ref);
         if (rc == 0) {
+            if (m->env->events) /* its events carry the chunk's tokens and parent */
+                kvt_core_tag(m->env->core, &key, chunk_tag(m, &a, c));
             hs[k] = ref.h;
             offs[k] = ref.off;
             idx[k++] = c - a.c0;
@@ -679,11 +698,17 @@ static void h_noop(struct lmc_rq *q)
     lmc_reply_body(q, &b);
 }
 
+/* The capabilities LMCache's client asks for: the event stream when the
+ * server keeps KV events (its worker then takes the host tier's stores and
+ * evictions from subscribe_kv_events instead of reporting its own stores). */
 static void h_experimental(struct lmc_rq *q)
 {
     struct body b;
     lmc_body_init(&b);
-    msgpack_pack_array(&b.pk, 0);
+    bool ev = lmc_events_on(q->m);
+    msgpack_pack_array(&b.pk, ev ? 1 : 0);
+    if (ev)
+        kvt_mp_str0(&b.pk, "kv_event_stream");
     lmc_reply_body(q, &b);
 }
 
@@ -747,6 +772,7 @@ static const struct lmc_proc procs[LMC_OP_COUNT] = {
     [LMC_RETRIEVE] = {.fn = h_lmc_driven},
     [LMC_REGISTER_Q_CACHE] = {.fn = h_lmc_driven},
     [LMC_STORE_Q] = {.fn = h_lmc_driven},
+    [LMC_SUBSCRIBE_KV_EVENTS] = {.fn = lmc_h_subscribe},
 };
 
 static void dispatch(struct lmc_rq *q)
@@ -776,6 +802,10 @@ void lmc_handle(struct kvt_lmc *m, zmq_msg_t *parts, uint32_t n)
     char name[80];
     size_t ol;
     const void *op = lmc_frame(&q, 2, &ol);
+    if (n >= 3 && ol == 0) { /* [uid][""][ack | cancel]: an event stream's control */
+        lmc_stream_control(m, parts, n);
+        return;
+    }
     if (n < 3 || lmc_decode_op(op, ol, &q.op, name, sizeof(name))) {
         atomic_fetch_add(&m->bad_frames, 1);
         q.op = LMC_OP_UNKNOWN;

@@ -80,6 +80,21 @@ struct lmc_xfer { /* a prepare_* waiting for its commit_* */
     uint64_t t_ns;
 };
 
+/* A subscribe_kv_events stream (lmc_events.c): one per worker instance;
+ * a batch is sent when it has credit (the first at once, then one per
+ * "ack" from the client). */
+struct lmc_sub {
+    struct lmc_sub *next;
+    int64_t instance_id;
+    zmq_msg_t ident;
+    uint8_t uid[MAX_FRAME_ECHO], op[MAX_FRAME_ECHO];
+    size_t uid_len, op_len;
+    char model[KVT_MODEL_MAX + 1];
+    uint64_t cursor;
+    uint32_t max_events;
+    bool credit, first;
+};
+
 struct kvt_lmc {
     const struct kvt_front_env *env; /* the server's facts and the core */
     const struct kvt_lmc_cfg *cfg;   /* its flags */
@@ -109,6 +124,10 @@ struct kvt_lmc {
     struct kvt_auth_client *who;
     _Atomic uint64_t denied;
     uint64_t denied_log_ns;
+    struct lmc_sub *subs; /* event streams (this thread) */
+    uint32_t nsubs;
+    uint64_t incarnation; /* this server's start (ns since the epoch): a stream's restart */
+    _Atomic uint64_t event_batches, nsubs_seen; /* batches sent; streams open (for status) */
     bool ipc_file; /* the endpoint is a socket file (created 0600, removed at stop) */
     dev_t ipc_dev; /* that file, as bound: only it is removed */
     ino_t ipc_ino;
@@ -148,6 +167,18 @@ void lmc_sess_remove(struct kvt_lmc *m, struct lmc_sess *x);
 struct lmc_xfer *lmc_xfer_find(struct kvt_lmc *m, const uint8_t id[32], bool write,
                                struct lmc_xfer ***pprev);
 struct kvt_l1_owner lmc_inst_owner(const int64_t *inst);
+
+/* lmc_events.c: subscribe_kv_events (docs/lmcache-protocol.md) */
+#define LMC_KV_EVENT_LOG 65536 /* L1 events kept for streams (LMCache's kv_event_log_size) */
+void lmc_events_start(struct kvt_lmc *m);
+bool lmc_events_on(const struct kvt_lmc *m);
+void lmc_h_subscribe(struct lmc_rq *q);
+/* [ident][uid][""][ack | cancel]: a stream's flow control */
+void lmc_stream_control(struct kvt_lmc *m, zmq_msg_t *parts, uint32_t n);
+/* Send what each stream with credit has to send (the loop, every wake). */
+void lmc_events_service(struct kvt_lmc *m);
+void lmc_events_drop_instance(struct kvt_lmc *m, int64_t inst);
+void lmc_events_free(struct kvt_lmc *m);
 void lmc_xfer_drop(struct kvt_lmc *m, struct lmc_xfer **pp);
 int lmc_key_chunks(struct lmc_rq *q, const struct lmc_key *k, bool whole, uint32_t *c0,
                    uint32_t *c1, uint8_t **hashes);

@@ -6,6 +6,7 @@
 #include "common/util.h"
 #include "front/native/native_int.h"
 #include "kvtier/error.h"
+#include "proto/blocks.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@ struct store_job {
     uint32_t n_keys;
     zmq_msg_t *frames;
     kvt_objmeta meta;
+    struct kvt_blocktag **tags; /* n_keys, or NULL: the request had no "blocks" */
 };
 
 static void do_store(struct store_job *j)
@@ -30,8 +32,8 @@ static void do_store(struct store_job *j)
     int32_t *codes = kvt_xcalloc(cnt ? cnt : 1, sizeof(int32_t));
     for (uint32_t i = 0; i < cnt; i++)
         data[i] = (struct iovec){zmq_msg_data(&j->frames[i]), zmq_msg_size(&j->frames[i])};
-    uint32_t accepted =
-        kvt_core_store(j->n->env->core, j->keys, cnt, data, &j->meta, kvt_client_tag(j->r), codes);
+    uint32_t accepted = kvt_core_store(j->n->env->core, j->keys, cnt, data, &j->meta,
+                                       kvt_client_tag(j->r), j->tags, codes);
     uint32_t nfail = 0;
     for (uint32_t i = 0; i < cnt; i++)
         nfail += codes[i] != 0;
@@ -51,6 +53,8 @@ static void do_store(struct store_job *j)
     free(codes);
     for (uint32_t i = 0; i < cnt; i++)
         zmq_msg_close(&j->frames[i]);
+    kvt_wire_blocks_free(j->tags, cnt);
+    j->tags = NULL;
 }
 
 static void store_job_fn(struct kvt_job *job, void *ctx)
@@ -72,13 +76,17 @@ void kvt_op_store(struct kvt_native *n, struct request *q)
         return;
     const char *why;
     kvt_objmeta meta;
+    struct kvt_blocktag **tags = NULL;
     int rc = kvt_wire_meta_decode(&q->body, &meta, &why);
+    if (!rc)
+        rc = kvt_wire_blocks_decode(&q->body, cnt, &tags, &why);
     if (rc) {
         kvt_reply_error(q->r, rc, "%s", why);
         free(keys);
         return;
     }
     if (q->nframes != cnt) {
+        kvt_wire_blocks_free(tags, cnt);
         kvt_reply_error(q->r, KVT_E_BADREQ, "store has %u keys but %u data frames", cnt,
                         q->nframes);
         free(keys);
@@ -91,6 +99,7 @@ void kvt_op_store(struct kvt_native *n, struct request *q)
             kvt_reply_error(q->r, KVT_E_TOOBIG,
                             "object %u is %zu bytes; the server accepts at most %llu", i, len,
                             (unsigned long long)n->env->max_object_bytes);
+            kvt_wire_blocks_free(tags, cnt);
             free(keys);
             return;
         }
@@ -102,6 +111,7 @@ void kvt_op_store(struct kvt_native *n, struct request *q)
     j->keys = keys;
     j->n_keys = cnt;
     j->meta = meta;
+    j->tags = tags;
     j->frames = kvt_xmalloc((cnt ? cnt : 1) * sizeof(zmq_msg_t));
     memcpy(j->frames, q->frames, cnt * sizeof(zmq_msg_t)); /* move ownership */
     q->nframes = 0;
@@ -234,6 +244,9 @@ void kvt_op_prepare_store(struct kvt_native *n, struct request *q)
             rc = KVT_E_TOOBIG;
         }
     }
+    struct kvt_blocktag **tags = NULL;
+    if (!rc)
+        rc = kvt_wire_blocks_decode(&q->body, cnt, &tags, &why);
     if (rc) {
         kvt_reply_error(q->r, rc, "%s", why);
         free(keys);
@@ -251,6 +264,10 @@ void kvt_op_prepare_store(struct kvt_native *n, struct request *q)
         if (rc == 0) {
             hs[k++] = ref.h;
             offs[i] = (int64_t)ref.off;
+            if (tags) { /* published at commit_store: announced with these */
+                kvt_core_tag(n->env->core, &keys[i], tags[i]);
+                tags[i] = NULL;
+            }
         } else {
             offs[i] = -1;
             codes[i] = rc == -EEXIST ? 0 : rc; /* present: nothing to write */
@@ -276,6 +293,7 @@ void kvt_op_prepare_store(struct kvt_native *n, struct request *q)
     free(offs);
     free(codes);
     free(keys);
+    kvt_wire_blocks_free(tags, cnt);
 }
 
 void kvt_op_commit_store(struct kvt_native *n, struct request *q)

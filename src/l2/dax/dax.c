@@ -43,6 +43,7 @@
 #include "l2/engine.h"
 #include "l2/life.h"
 #include "l2/kit/objfmt.h"
+#include "key/blocktag.h"
 #include "l2/kit/slot.h"
 
 #include <errno.h>
@@ -216,7 +217,11 @@ static void do_store(kvt_l2 *l2, struct dax_engine *e, kvt_l2_task *t, uint32_t 
     }
     uint8_t *d = slot_data(e, s), *h = slot_hdr(e, s);
     uint64_t sum = copy_hash(d, src->ptr, src->len);
-    kvt_objhdr_encode(h, KVT_OBJHDR_MIN, &ck, &t->meta[i], t->meta[i].serde, src->len, sum);
+    /* the engine block hashes (KV events) as far as the 512-byte object
+     * header holds them (kvt_objhdr_encode), for the scan to read */
+    struct kvt_blocktag *tag = kvt_l2_tag_of(l2, &ck);
+    kvt_objhdr_encode(h, KVT_OBJHDR_MIN, &ck, &t->meta[i], tag, t->meta[i].serde, src->len, sum);
+    kvt_blocktag_put(tag);
     struct rb_trailer tr = {.slot = s, .gen = gen, .plen = src->len, .xxh3 = sum};
     if (e->durable) {
         sync_range(e, d, src->len);
@@ -432,6 +437,8 @@ static void *scan_main(void *arg)
     uint32_t n = 0;
     uint64_t maxgen = 0;
     bool *used = kvt_xcalloc(e->nslots, sizeof(bool));
+    /* with KV events on: the engine block hashes each header holds */
+    struct kvt_blocktag **tags = l2->keep_tags ? kvt_xcalloc(e->nslots, sizeof(*tags)) : NULL;
     for (uint32_t s = 0; s < e->nslots && !atomic_load(&e->stop); s++) {
         const uint8_t *h = slot_hdr(e, s);
         struct rb_trailer tr;
@@ -450,6 +457,8 @@ static void *scan_main(void *arg)
         }
         kvt_key_canon(KVT_CODEC_OBJ, &oh.key, &keys[s]);
         lens[s] = (uint32_t)oh.logical_len;
+        if (tags)
+            tags[s] = kvt_objhdr_tag(h, &oh);
         v[n++] = (struct rb_gen_slot){tr.gen, s};
         used[s] = true;
         if (tr.gen > maxgen)
@@ -459,8 +468,9 @@ static void *scan_main(void *arg)
     uint64_t objs = 0, bytes = 0;
     for (uint32_t k = 0; k < n; k++) {
         uint32_t s = v[k].slot;
-        if (kvt_l2_adopt(l2, &keys[s], (uint32_t)KVT_MIN(e->slot_bytes, UINT32_MAX), lens[s], s, 0,
-                         false, true)) {
+        struct kvt_blocktag *tag = tags ? tags[s] : NULL; /* named by it when announced */
+        if (kvt_l2_adopt_tag(l2, &keys[s], tag, (uint32_t)KVT_MIN(e->slot_bytes, UINT32_MAX),
+                             lens[s], s, 0, false, true)) {
             objs++;
             bytes += e->slot_bytes;
         } else { /* the same key twice: the newer (adopted first) wins */
@@ -479,6 +489,7 @@ static void *scan_main(void *arg)
     free(keys);
     free(lens);
     free(used);
+    free(tags); /* each given to kvt_l2_adopt_tag */
     double secs = kvt_l2_recovery_done(l2, objs, bytes, t0);
     kvt_info("%s: recovered %llu objects from the slot headers of %s in %.3f s", l2->name,
              (unsigned long long)objs, e->path, secs);

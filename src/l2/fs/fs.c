@@ -43,6 +43,7 @@
 #include "l2/kit/budget_file.h"
 #include "l2/budget.h"
 #include "l2/kit/tmpguard.h"
+#include "key/blocktag.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -102,13 +103,20 @@ struct fs_engine {
     _Atomic uint64_t tmp_removed;
 };
 
+/* The header buffer: the largest header area fs writes (a tag grows it up
+ * to KVT_OBJHDR_MAX, an O_DIRECT block may be larger) and reads. */
+static uint32_t hdr_buf_len(const struct fs_engine *e)
+{
+    return KVT_MAX((uint32_t)KVT_OBJHDR_MAX, e->od.blksz);
+}
+
 /* Per worker: an aligned header buffer for O_DIRECT transfers. */
 static void *worker_ctx_new(int i, void *arg)
 {
     (void)i;
     struct fs_engine *e = arg;
     void *p = NULL;
-    if (posix_memalign(&p, KVT_MAX(4096u, e->od.blksz), KVT_MAX(4096u, e->od.blksz)))
+    if (posix_memalign(&p, KVT_MAX(4096u, e->od.blksz), hdr_buf_len(e)))
         return NULL;
     return p;
 }
@@ -118,9 +126,19 @@ static void worker_ctx_free(void *ctx)
     free(ctx);
 }
 
-static uint16_t hdr_len_for(struct fs_engine *e, bool direct)
+/* The header area of key's object: 512 bytes, or the O_DIRECT block size
+ * for an O_DIRECT transfer, grown to a multiple of either to hold the
+ * engine block hashes (tag, may be NULL) */
+static uint16_t hdr_len_for(struct fs_engine *e, bool direct, const kvt_key *key,
+                            const struct kvt_blocktag *tag)
 {
-    return direct ? (uint16_t)e->od.blksz : KVT_OBJHDR_MIN;
+    return kvt_objhdr_len(key, tag, direct ? e->od.blksz : KVT_OBJHDR_MIN, hdr_buf_len(e));
+}
+
+/* Is hl a header area written for O_DIRECT (a multiple of the block size)? */
+static bool hdr_direct(const struct fs_engine *e, uint16_t hl)
+{
+    return e->od.blksz && hl % e->od.blksz == 0;
 }
 
 static void batch_job_done(struct fs_batch *b)
@@ -152,18 +170,18 @@ static int misaligned_native(kvt_l2 *l2, struct fs_engine *e, const void *buf, u
 }
 
 static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const char *name,
-                        const kvt_key *key, const kvt_objmeta *meta, const kvt_buf *src,
-                        uint16_t *hdr_out)
+                        const kvt_key *key, const kvt_objmeta *meta, const struct kvt_blocktag *tag,
+                        const kvt_buf *src, uint16_t *hdr_out)
 {
     char tmp[KVT_NAME_MAX + 64];
     int rc = misaligned_native(l2, e, src->ptr, src->len);
     if (rc)
         return rc;
     bool direct = kvt_odirect_ok(l2, &e->od, src->ptr, src->len);
-    uint16_t hl = hdr_len_for(e, direct);
+    uint16_t hl = hdr_len_for(e, direct, key, tag);
     const kvt_objmeta *m = meta;
     uint64_t sum = kvt_payload_hash(src->ptr, src->len);
-    rc = kvt_objhdr_encode(hdrbuf, hl, key, m, m->serde, src->len, sum);
+    rc = kvt_objhdr_encode(hdrbuf, hl, key, m, tag, m->serde, src->len, sum);
     if (rc)
         return rc;
     /* the name marks the writer by (pid, start time): l2/kit/tmpguard.h */
@@ -177,9 +195,9 @@ static int write_object(kvt_l2 *l2, struct fs_engine *e, void *hdrbuf, const cha
     /* the lock shows the write as live to guards in other pid namespaces;
      * a file system without locks still has the name */
     kvt_tmpguard_hold(fd);
-    if (!direct && hl != KVT_OBJHDR_MIN) { /* O_DIRECT fell back at open */
-        hl = KVT_OBJHDR_MIN;
-        kvt_objhdr_encode(hdrbuf, hl, key, m, m->serde, src->len, sum);
+    if (!direct && hl != hdr_len_for(e, false, key, tag)) { /* O_DIRECT fell back at open */
+        hl = hdr_len_for(e, false, key, tag);
+        kvt_objhdr_encode(hdrbuf, hl, key, m, tag, m->serde, src->len, sum);
     }
     struct iovec iov[2] = {{hdrbuf, hl}, {src->ptr, src->len}};
     uint64_t total = hl + src->len, done = 0;
@@ -253,16 +271,21 @@ static void run_store(struct fs_job *j, void *hdrbuf)
     }
     /* the reservation uses the header size the write will most likely use;
      * it is corrected after the write if O_DIRECT fell back */
-    uint16_t hl = hdr_len_for(e, kvt_odirect_usable(&e->od, src->ptr, src->len));
+    /* the engine block hashes kept for the key (KV events) go into the
+     * header, so that a restart names the object by them */
+    struct kvt_blocktag *tag = kvt_l2_tag_of(l2, &ck);
+    uint16_t hl = hdr_len_for(e, kvt_odirect_usable(&e->od, src->ptr, src->len), &ck, tag);
     uint32_t logical = t->meta[i].len ? t->meta[i].len : (uint32_t)src->len;
     t->meta[i].len = logical;
     int rc = kvt_l2_reserve(l2, &ck, (uint32_t)(hl + src->len), logical, hl, 0);
     if (rc == -EEXIST) {
+        kvt_blocktag_put(tag);
         atomic_fetch_add(&l2->counters.store_skipped, 1);
         kvt_l2_task_ok(t, i, 0);
         return;
     }
     if (rc) {
+        kvt_blocktag_put(tag);
         kvt_l2_task_fail(t, i, rc);
         atomic_fetch_add(&l2->counters.store_failed, 1);
         return;
@@ -271,7 +294,8 @@ static void run_store(struct fs_job *j, void *hdrbuf)
     char name[KVT_NAME_MAX + 1];
     rc = kvt_key_encode(KVT_CODEC_FS, &t->keys[i], name);
     if (rc >= 0)
-        rc = write_object(l2, e, hdrbuf, name, &t->keys[i], &t->meta[i], src, &used_hl);
+        rc = write_object(l2, e, hdrbuf, name, &t->keys[i], &t->meta[i], tag, src, &used_hl);
+    kvt_blocktag_put(tag);
     if (rc == -EEXIST) {
         /* another writer published this name first: adopt its file */
         kvt_fileobj_store_adopt(l2, e->dirfd, name, t, i, &ck);
@@ -324,17 +348,16 @@ static void run_load(struct fs_job *j, void *hdrbuf)
     if (!hdrbuf || kvt_key_encode(KVT_CODEC_FS, &t->keys[i], name) < 0)
         return;
     uint16_t hl = 0;
-    int lrc =
-        kvt_fileobj_load_hdr_len(l2, e->dirfd, name, &t->keys[i], KVT_MAX(4096u, e->od.blksz), &hl);
+    int lrc = kvt_fileobj_load_hdr_len(l2, e->dirfd, name, &t->keys[i], hdr_buf_len(e), &hl);
     if (lrc) {
         kvt_l2_task_fail(t, i, lrc);
         return;
     }
-    if (hl == e->od.blksz && misaligned_native(l2, e, dst->ptr, dst->len)) {
+    if (hdr_direct(e, hl) && misaligned_native(l2, e, dst->ptr, dst->len)) {
         kvt_l2_task_fail(t, i, -EINVAL);
         return;
     }
-    bool direct = hl == e->od.blksz && kvt_odirect_ok(l2, &e->od, dst->ptr, dst->len);
+    bool direct = hdr_direct(e, hl) && kvt_odirect_ok(l2, &e->od, dst->ptr, dst->len);
     int fd = kvt_odirect_openat(l2, &e->od, e->dirfd, name, O_RDONLY, &direct);
     if (fd < 0) {
         int rc = fd;
@@ -530,6 +553,15 @@ static void *scan_main(void *arg)
         sweep_tmp(e, e->tmpfd, false);
     if (incomplete || atomic_load(&e->stop))
         kvt_l2_budget_recount_end(l2, 0, false);
+    /* with KV events on, the engine block hashes each object was written
+     * with name it in the events (a header read per object; the rest of the
+     * header is verified at its first lookup or load, as without events) */
+    for (size_t i = 0; l2->keep_tags && i < fv.n && !atomic_load(&e->stop); i++) {
+        char name[KVT_NAME_MAX + 1];
+        if (kvt_key_encode(KVT_CODEC_FS, &fv.v[i].key, name) >= 0)
+            fv.v[i].tag =
+                kvt_fileobj_read_tag(e->dirfd, name, l2->codec, &fv.v[i].key, fv.v[i].stored);
+    }
     kvt_l2_finish_recovery(l2, &fv, t0, e->base);
     if (atomic_load(&e->tmp_removed))
         kvt_info("%s: removed %llu tmp files left by dead writers", l2->name,

@@ -9,25 +9,40 @@
 #include "l2/adapters.h"
 #include "l2/kit/budget_file.h"
 #include "l2/kit/dirlock.h"
+#include "common/le.h"
+#include "key/blocktag.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <unistd.h>
 
-/* Read and verify just the header of a file; fills h and st. */
-int kvt_fileobj_read_header(int dirfd, const char *name, enum kvt_codec codec, const kvt_key *want,
-                            struct kvt_objhdr *h, struct stat *st, const char **why)
+/* Read and verify just the header of a file (its first KVT_OBJHDR_MAX
+ * bytes at most: a tag lies within them); fills h and st, and the tag when
+ * tag is not NULL (*tag NULL: none). */
+static int read_header(int dirfd, const char *name, enum kvt_codec codec, const kvt_key *want,
+                       struct kvt_objhdr *h, struct stat *st, const char **why,
+                       struct kvt_blocktag **tag)
 {
     int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
-    uint8_t buf[KVT_OBJHDR_MIN];
+    uint8_t buf[KVT_OBJHDR_MAX];
     size_t got = 0;
     int rc = fstat(fd, st) < 0 ? -errno : 0;
     if (!rc)
-        rc = kvt_pread_all(fd, buf, sizeof(buf), 0, &got);
+        rc = kvt_pread_all(fd, buf, KVT_OBJHDR_MIN, 0, &got);
+    /* a header area beyond 512 bytes (a tag, or an O_DIRECT block): the
+     * rest of it, up to the buffer */
+    size_t hl =
+        got == KVT_OBJHDR_MIN && memcmp(buf, KVT_OBJHDR_MAGIC, 8) == 0 ? kvt_get16(buf + 10) : 0;
+    if (!rc && hl > KVT_OBJHDR_MIN) {
+        size_t more = KVT_MIN(hl, sizeof(buf)) - KVT_OBJHDR_MIN, got2 = 0;
+        rc = kvt_pread_all(fd, buf + KVT_OBJHDR_MIN, more, KVT_OBJHDR_MIN, &got2);
+        got += got2;
+    }
     close(fd);
     if (rc == -EIO) {
         *why = "file shorter than a header";
@@ -46,7 +61,31 @@ int kvt_fileobj_read_header(int dirfd, const char *name, enum kvt_codec codec, c
         *why = "file size does not match the header (torn or extended file)";
         return KVT_E_CORRUPT;
     }
+    if (tag)
+        *tag = kvt_objhdr_tag(buf, h);
     return 0;
+}
+
+int kvt_fileobj_read_header(int dirfd, const char *name, enum kvt_codec codec, const kvt_key *want,
+                            struct kvt_objhdr *h, struct stat *st, const char **why)
+{
+    return read_header(dirfd, name, codec, want, h, st, why, NULL);
+}
+
+struct kvt_blocktag *kvt_fileobj_read_tag(int dirfd, const char *name, enum kvt_codec codec,
+                                          const kvt_key *want, uint64_t size)
+{
+    struct kvt_objhdr h;
+    struct stat st;
+    const char *why = NULL;
+    struct kvt_blocktag *tag = NULL;
+    /* a file changed since the scan's stat is left to the first load */
+    if (read_header(dirfd, name, codec, want, &h, &st, &why, &tag) == 0 &&
+        (uint64_t)st.st_size != size) {
+        kvt_blocktag_put(tag);
+        tag = NULL;
+    }
+    return tag;
 }
 
 void kvt_fileobj_corrupt(kvt_l2 *l2, int dirfd, const char *name, const kvt_key *k, const char *why)
@@ -90,7 +129,11 @@ void kvt_fileobj_lookup(kvt_l2 *l2, int dirfd, const char *name, kvt_l2_task *t,
     struct kvt_objhdr h;
     struct stat st;
     const char *why = NULL;
-    int rc = kvt_fileobj_read_header(dirfd, name, l2->codec, &t->keys[i], &h, &st, &why);
+    /* with KV events on, an adopted object is named by the engine block
+     * hashes its header holds */
+    struct kvt_blocktag *tag = NULL;
+    int rc = read_header(dirfd, name, l2->codec, &t->keys[i], &h, &st, &why,
+                         !pinned && l2->keep_tags ? &tag : NULL);
     if (rc) {
         if (rc == KVT_E_CORRUPT)
             kvt_fileobj_corrupt(l2, dirfd, name, &t->keys[i], why);
@@ -101,8 +144,8 @@ void kvt_fileobj_lookup(kvt_l2 *l2, int dirfd, const char *name, kvt_l2_task *t,
     if (pinned) {
         learn_header(l2, &ck, &h);
     } else {
-        kvt_l2_adopt(l2, &ck, (uint32_t)st.st_size, (uint32_t)h.logical_len, h.hdr_len, 0, true,
-                     false);
+        kvt_l2_adopt_tag(l2, &ck, tag, (uint32_t)st.st_size, (uint32_t)h.logical_len, h.hdr_len, 0,
+                         true, false);
         atomic_fetch_add(&l2->counters.secondary_hits, 1);
     }
     t->meta[i] = h.meta;

@@ -29,6 +29,13 @@
  * read), or KVT_E_CORRUPT with *why naming the failed check. */
 int kvt_fileobj_read_header(int dirfd, const char *name, enum kvt_codec codec, const kvt_key *want,
                             struct kvt_objhdr *h, struct stat *st, const char **why);
+/* The engine block hashes (a new reference) the verified header of
+ * dirfd/name holds, or NULL: none, or the header does not verify, or the
+ * file is no longer size bytes (a start-up scan, with KV events on:
+ * kvt_l2_give_tag). Reads the header only; what is wrong with the file is
+ * left to its first lookup or load. */
+struct kvt_blocktag *kvt_fileobj_read_tag(int dirfd, const char *name, enum kvt_codec codec,
+                                          const kvt_key *want, uint64_t size);
 
 /* A corrupt object: count it, warn (naming the key and why), remove the
  * file. The caller forgets the index entry where it has one. */

@@ -273,7 +273,8 @@ static bool store_prep(struct nd_op *op)
         goto fail;
     void *hdr = b->hdrs + (size_t)i * ND_HDR_MAX;
     uint64_t sum = kvt_payload_hash(src->ptr, src->len);
-    rc = kvt_objhdr_encode(hdr, op->hl, &t->keys[i], &t->meta[i], t->meta[i].serde, src->len, sum);
+    rc = kvt_objhdr_encode(hdr, op->hl, &t->keys[i], &t->meta[i], NULL, t->meta[i].serde, src->len,
+                           sum);
     if (rc)
         goto fail;
     /* the tmp name is the tmp guard's marker: it names this writer by
@@ -296,7 +297,8 @@ static bool store_prep(struct nd_op *op)
     if (direct != op->direct) { /* O_DIRECT refused at open: small header */
         op->direct = false;
         uint16_t nhl = KVT_OBJHDR_MIN;
-        kvt_objhdr_encode(hdr, nhl, &t->keys[i], &t->meta[i], t->meta[i].serde, src->len, sum);
+        kvt_objhdr_encode(hdr, nhl, &t->keys[i], &t->meta[i], NULL, t->meta[i].serde, src->len,
+                          sum);
         kvt_fileobj_set_hdr_len(l2, &ck, nhl, src->len);
         op->hl = nhl;
     }

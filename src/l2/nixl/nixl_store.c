@@ -313,7 +313,7 @@ static void store_prep_job(struct kvt_job *job, void *ctx)
     kvt_l2_task *t = nt->t;
     const kvt_buf *src = &t->bufs[ob->i];
     uint64_t sum = kvt_payload_hash(src->ptr, src->len);
-    int rc = kvt_objhdr_encode(ob->hdr, (uint16_t)e->page, &t->keys[ob->i], &t->meta[ob->i],
+    int rc = kvt_objhdr_encode(ob->hdr, (uint16_t)e->page, &t->keys[ob->i], &t->meta[ob->i], NULL,
                                t->meta[ob->i].serde, src->len, sum);
     if (rc)
         atomic_store(&ob->err, rc);

@@ -13,6 +13,7 @@
 #include "l2/engine.h"
 #include "l2/life.h"
 #include "l2/kit/objfmt.h"
+#include "key/blocktag.h"
 #include "l2/raw_block/raw_block.h"
 #include "l2/raw_block/raw_block_int.h"
 
@@ -290,8 +291,12 @@ static void store_prep(struct rb_op *op)
     op->plen = (uint32_t)src->len;
     op->xxh3 = kvt_payload_hash(src->ptr, src->len);
     op->hdr = kvt_xmemalign(e->g.block, e->g.header_bytes);
-    kvt_objhdr_encode(op->hdr, KVT_OBJHDR_MIN, &ck, &t->meta[i], t->meta[i].serde, src->len,
+    /* the engine block hashes (KV events) as far as the 512-byte object
+     * header holds them (kvt_objhdr_encode), for the recovery to read */
+    struct kvt_blocktag *tag = kvt_l2_tag_of(l2, &ck);
+    kvt_objhdr_encode(op->hdr, KVT_OBJHDR_MIN, &ck, &t->meta[i], tag, t->meta[i].serde, src->len,
                       op->xxh3);
+    kvt_blocktag_put(tag);
     struct rb_trailer tr = {.slot = op->slot,
                             .gen = op->gen,
                             .plen = src->len,

@@ -14,6 +14,7 @@
 #include "l2/engine.h"
 #include "l2/life.h"
 #include "l2/kit/objfmt.h"
+#include "key/blocktag.h"
 #include "l2/raw_block/raw_block.h"
 #include "l2/raw_block/raw_block_int.h"
 
@@ -56,6 +57,22 @@ static void verify_slots(kvt_l2 *l2, struct rb_engine *e)
     if (atomic_load(&e->verify_dropped))
         kvt_warn("%s: %llu index entries did not match their slot headers: dropped", l2->name,
                  (unsigned long long)atomic_load(&e->verify_dropped));
+}
+
+/* With KV events on: the engine block hashes slot s's header holds (a new
+ * reference), or NULL (none, or a header that does not verify as the
+ * slot's object: its load finds that out). buf: header_bytes, aligned. */
+static struct kvt_blocktag *slot_tag(struct rb_engine *e, uint32_t s, uint8_t *buf)
+{
+    const struct rb_slot *sl = &e->slots[s];
+    struct kvt_objhdr h;
+    const char *why = NULL;
+    if (kvt_pread_all(e->fd, buf, e->g.header_bytes, rb_slot_off(&e->g, s), NULL) ||
+        kvt_objhdr_decode(buf, KVT_OBJHDR_MIN, &h, &why) ||
+        !kvt_objhdr_matches(&h, KVT_CODEC_OBJ, &sl->key) || h.payload_len != sl->plen ||
+        h.payload_xxh3 != sl->xxh3)
+        return NULL;
+    return kvt_objhdr_tag(buf, &h);
 }
 
 /*
@@ -117,10 +134,15 @@ void *rb_recover_main(void *arg)
     pthread_mutex_unlock(&e->jlock);
     rb_sort_newest_first(v, nused);
     uint64_t objs = 0, bytes = 0;
+    /* with KV events on, one header read per object: the hashes name it */
+    uint8_t *hbuf =
+        l2->keep_tags && !e->fresh ? kvt_xmemalign(e->g.block, e->g.header_bytes) : NULL;
     for (uint32_t i = 0; i < nused; i++) {
         struct rb_slot *sl = &e->slots[v[i].slot];
-        if (kvt_l2_adopt(l2, &sl->key, (uint32_t)KVT_MIN(e->g.slot_bytes, UINT32_MAX), sl->len,
-                         v[i].slot, 0, false, true)) {
+        struct kvt_blocktag *tag =
+            hbuf && !atomic_load(&e->stop) ? slot_tag(e, v[i].slot, hbuf) : NULL;
+        if (kvt_l2_adopt_tag(l2, &sl->key, tag, (uint32_t)KVT_MIN(e->g.slot_bytes, UINT32_MAX),
+                             sl->len, v[i].slot, 0, false, true)) {
             objs++;
             bytes += e->g.slot_bytes;
         } else { /* two slots for one key (cannot happen): keep the newer */
@@ -131,6 +153,7 @@ void *rb_recover_main(void *arg)
         }
     }
     free(v);
+    free(hbuf);
     double secs = kvt_l2_recovery_done(l2, objs, bytes, t0);
     kvt_info("%s: recovered %llu objects (%s) from %s in %.3f s", l2->name,
              (unsigned long long)objs, e->fresh ? "fresh device" : e->recovered_from, e->path,

@@ -159,8 +159,8 @@ void kvt_resp_do_store(kvt_l2 *l2, struct resp_engine *e, struct worker *w, kvt_
         }
         t->meta[i].len = logical;
         uint64_t sum = kvt_payload_hash(src->ptr, src->len);
-        kvt_objhdr_encode(hdrs + (size_t)j * HDR, HDR, &t->keys[i], &t->meta[i], t->meta[i].serde,
-                          src->len, sum);
+        kvt_objhdr_encode(hdrs + (size_t)j * HDR, HDR, &t->keys[i], &t->meta[i], NULL,
+                          t->meta[i].serde, src->len, sum);
     }
     uint8_t *sent = kvt_xcalloc(n, 1);
     int rc = kvt_resp_run_pass(l2, e, w, store_pass, t, idx, n, st, sent, node);

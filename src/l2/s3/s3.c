@@ -213,7 +213,7 @@ static void submit_store(kvt_l2 *l2, struct s3_engine *e, kvt_l2_task *t)
         }
         t->meta[i].len = logical;
         uint8_t *hdr = b->hdrs + (size_t)i * S3_HDR;
-        kvt_objhdr_encode(hdr, S3_HDR, &t->keys[i], &t->meta[i], t->meta[i].serde, src->len,
+        kvt_objhdr_encode(hdr, S3_HDR, &t->keys[i], &t->meta[i], NULL, t->meta[i].serde, src->len,
                           kvt_payload_hash(src->ptr, src->len));
         r->op = S3_PUT;
         r->put_hdr = hdr;
