@@ -142,9 +142,10 @@ static void *work(void *arg)
 
 static int run(const char *m)
 {
-    mode = !strcmp(m, "store") ? OP_STORE : !strcmp(m, "retrieve") ? OP_RETRIEVE
-                                          : !strcmp(m, "ping")     ? OP_PING
-                                                                   : 0;
+    mode = !strcmp(m, "store")      ? OP_STORE
+           : !strcmp(m, "retrieve") ? OP_RETRIEVE
+           : !strcmp(m, "ping")     ? OP_PING
+                                    : 0;
     if (!mode) {
         fprintf(stderr, "bench_zmq_echo: unknown mode %s (store, retrieve, ping)\n", m);
         return 2;

@@ -154,8 +154,8 @@ int kvt_evpub_listen(const struct kvt_evpub_cfg *c, struct kvt_evpub **out, char
         snprintf(err, cap, "--kv-events-queue: %s", strerror(-rc));
         goto fail;
     }
-    rc =
-        bind_socket(p->zctx, ZMQ_XPUB, c->endpoint, c->hwm, &p->pub, err, cap, "kv-events-endpoint");
+    rc = bind_socket(p->zctx, ZMQ_XPUB, c->endpoint, c->hwm, &p->pub, err, cap,
+                     "kv-events-endpoint");
     if (!rc) { /* every subscription passed up, not only a topic's first */
         int verbose = 1;
         zmq_setsockopt(p->pub, ZMQ_XPUB_VERBOSE, &verbose, sizeof(verbose));

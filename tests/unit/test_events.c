@@ -142,14 +142,14 @@ static void test_tags_follow_each_tier(void)
     kvt_events_hook(q, 0, KVT_TIER_REMOVED, &b);
     kvt_events_hook(q, 1, KVT_TIER_REMOVED, &a); /* the last tier: the entry goes */
     TEST_ASSERT(kvt_events_pop(q, ev, 8) == 8);
-    TEST_ASSERT(!ev[0].tag);                                            /* b in tier 1 */
-    TEST_ASSERT(ev[1].tag && ev[1].tag->hashes[0] == 0xaa);             /* a in L1 */
-    TEST_ASSERT(ev[2].tag && ev[2].tag->hashes[0] == 0xaa);             /* a in tier 1 */
-    TEST_ASSERT(ev[3].tag && ev[3].tag->hashes[0] == 0xbb);             /* b in L1 */
-    TEST_ASSERT(ev[4].tag && ev[4].tag->hashes[0] == 0xaa);             /* a leaves L1 */
-    TEST_ASSERT(!ev[5].tag);                                            /* b leaves tier 1 */
-    TEST_ASSERT(ev[6].tag && ev[6].tag->hashes[0] == 0xbb);             /* b leaves L1 */
-    TEST_ASSERT(ev[7].tag && ev[7].tag->hashes[0] == 0xaa);             /* a leaves tier 1 */
+    TEST_ASSERT(!ev[0].tag);                                /* b in tier 1 */
+    TEST_ASSERT(ev[1].tag && ev[1].tag->hashes[0] == 0xaa); /* a in L1 */
+    TEST_ASSERT(ev[2].tag && ev[2].tag->hashes[0] == 0xaa); /* a in tier 1 */
+    TEST_ASSERT(ev[3].tag && ev[3].tag->hashes[0] == 0xbb); /* b in L1 */
+    TEST_ASSERT(ev[4].tag && ev[4].tag->hashes[0] == 0xaa); /* a leaves L1 */
+    TEST_ASSERT(!ev[5].tag);                                /* b leaves tier 1 */
+    TEST_ASSERT(ev[6].tag && ev[6].tag->hashes[0] == 0xbb); /* b leaves L1 */
+    TEST_ASSERT(ev[7].tag && ev[7].tag->hashes[0] == 0xaa); /* a leaves tier 1 */
     for (int i = 0; i < 8; i++)
         kvt_blocktag_put(ev[i].tag);
     kvt_events_stats(q, &st);
