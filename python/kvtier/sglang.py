@@ -175,6 +175,8 @@ class KvtierStorage(HiCacheStorage):
         if getattr(cfg, "dcp_size", 1) > 1:
             shard.append("dcp%d.%d.p%s" % (cfg.dcp_rank, cfg.dcp_size, cfg.logical_page_size))
         if cfg.is_mla_model:
+            # other bytes than an MHA page of the same model name and layout
+            shard.insert(0, "mla")
             self.kv_rank = kvtier.kv_rank(1, 0, 1, 0)
         else:
             if cfg.tp_size > 255 or cfg.tp_rank > 255:

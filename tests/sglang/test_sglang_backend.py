@@ -12,12 +12,18 @@ import signal
 import pytest
 import torch
 
-from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
+from sglang.srt.mem_cache.device_pool_info import (
+    KVBufferLayout,
+    KVBuffers,
+    MHABufferInfo,
+    MLABufferInfo,
+)
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
 )
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 from support.data import adapter_json
@@ -46,14 +52,27 @@ def host_pool(layout, dtype=torch.bfloat16):
                                 end_layer=LAYERS, host_token_capacity=HOST_TOKENS)
 
 
-def storage_config(url, tp_rank=0, tp_size=1, **extra):
+def mla_host_pool(layout, lora=32, rope=16):
+    """SGLang's MLA host pool on the CPU (one latent row per token and layer)."""
+    bufs = tuple(torch.zeros(64, 1, lora + rope, dtype=torch.bfloat16) for _ in range(LAYERS))
+    info = MLABufferInfo(
+        buffers=bufs, data_ptrs=torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64),
+        layer_indices=tuple(range(LAYERS)), device_layer_num=LAYERS, page_size=PAGE,
+        kv_lora_rank=lora, qk_rope_head_dim=rope, kv_cache_dim=lora + rope,
+        dtype=torch.bfloat16, device=torch.device("cpu"))
+    return MLATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+                                device_capacity_tokens=64, start_layer=0, end_layer=LAYERS,
+                                target_layer_num=LAYERS, host_token_capacity=HOST_TOKENS)
+
+
+def storage_config(url, tp_rank=0, tp_size=1, mla=False, **extra):
     cfg = {"backend_name": "kvtier", "module_path": "kvtier.sglang",
            "class_name": "KvtierStorage", "interface_v1": 1, "url": url,
            "timeout_ms": 2000, "retry_s": 0.2}
     cfg.update(extra)
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
-        attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+        attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
         is_page_first_layout=True, model_name=MODEL, extra_config=cfg)
 
 
@@ -148,6 +167,28 @@ def test_set_zero_get_identical(server, layout):
         [True] * 3 + [False] * 3
     assert b.stats.get("errors", 0) == 0
     b.close()
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+def test_mla_pages_shared_by_tp_ranks(server, layout):
+    """MLA's latent KV is the same on every TP rank: rank 0 (SGLang's
+    writer) stores, rank 1 of another engine loads; an MHA engine of the
+    same model name never sees the pages."""
+    p0, p1 = mla_host_pool(layout), mla_host_pool(layout)
+    w = backend(server.url, p0, mla=True, tp_rank=0, tp_size=2)
+    r = backend(server.url, p1, mla=True, tp_rank=1, tp_size=2)
+    idx = fill(p0, 5, seed=8)
+    want = pages(p0, idx)
+    keys = page_keys(5, "mla-" + layout)
+    assert w.batch_set_v1(keys, idx) == [True] * 5
+    idx1 = p1.alloc(5 * PAGE)
+    assert r.batch_exists(keys) == 5
+    assert r.batch_get_v1(keys, idx1) == [True] * 5
+    assert same_bytes(pages(p1, idx1), want)
+    mha = backend(server.url, host_pool(layout))
+    assert mha.batch_exists(keys) == 0
+    for x in (w, r, mha):
+        x.close()
 
 
 def test_generic_path_matches_zero_copy(server):
