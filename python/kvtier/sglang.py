@@ -50,7 +50,9 @@ Unknown keys (SGLang's own: backend_name, module_path, class_name,
 interface_v1, ...) are ignored.
 """
 
+import ctypes
 import hashlib
+import itertools
 import logging
 import threading
 import time
@@ -89,6 +91,9 @@ class _Conn:
         self.down_until = 0.0
 
     def get(self):
+        if self.o._closed:  # close() closed every thread's client
+            self.client = None
+            return None
         if self.client is not None:
             return self.client
         if time.monotonic() < self.down_until:
@@ -147,6 +152,32 @@ def _check_salt(s, what):
     return s
 
 
+def _segments(page, limit=4096):
+    """The contiguous pieces of a page view, as (offset from the view's first
+    byte, offset in the object, bytes), in the object's (C) order; None when
+    there are more than `limit` (then torch copies). The same for every page
+    of a pool: a page is a slice of the pool at a fixed stride."""
+    shape, stride, es = list(page.shape), list(page.stride()), page.element_size()
+    k, run = len(shape), 1
+    while k > 0 and (shape[k - 1] == 1 or stride[k - 1] == run):
+        run *= shape[k - 1]
+        k -= 1
+    n = 1
+    for d in shape[:k]:
+        n *= d
+    if n > limit:
+        return None
+    segs, obj = [], 0
+    for ix in itertools.product(*(range(d) for d in shape[:k])):
+        voff = sum(i * st for i, st in zip(ix, stride[:k])) * es
+        if segs and segs[-1][0] + segs[-1][2] == voff:  # adjacent: one piece
+            segs[-1] = (segs[-1][0], segs[-1][1], segs[-1][2] + run * es)
+        else:
+            segs.append((voff, obj, run * es))
+        obj += run * es
+    return segs
+
+
 class KvtierStorage(HiCacheStorage):
     """HiCacheStorage over a kvtier server (see the module docstring)."""
 
@@ -193,6 +224,7 @@ class KvtierStorage(HiCacheStorage):
         self._clients = []
         self._local = threading.local()
         self._last_warn = 0.0
+        self._closed = False
         if cfg.is_mla_model and not cfg.is_storage_writer:
             log.info("kvtier storage: MLA rank %d reads only (rank %d writes)", cfg.tp_rank,
                      cfg.dcp_rank)
@@ -229,6 +261,7 @@ class KvtierStorage(HiCacheStorage):
         # formats travel as uint8): the exact torch dtype is in the model name
         self.dtype_name = DTYPE_NAMES.get(self.dtype, "uint8")
         self.page_bytes = page.numel() * page.element_size()
+        self.segments = _segments(page)
         name = "%s#sglang.%s.%s" % (self._model_base, layout,
                                     str(self.dtype).replace("torch.", ""))
         if self._shard:
@@ -275,6 +308,23 @@ class KvtierStorage(HiCacheStorage):
             t = torch.frombuffer(mv, dtype=torch.uint8)
         return t.view(self.dtype).view(self.page_shape)
 
+    def _to_object(self, page, mv):
+        """Page (a view of the host pool) -> object bytes (a writable pool view)."""
+        if self.segments is None:
+            self._as_page(mv).copy_(page)
+            return
+        src, dst = page.data_ptr(), self._as_page(mv).data_ptr()
+        for voff, ooff, n in self.segments:
+            ctypes.memmove(dst + ooff, src + voff, n)  # releases the GIL
+
+    def _from_object(self, mv, page):
+        if self.segments is None:
+            page.copy_(self._as_page(mv))
+            return
+        src, dst = self._as_page(mv).data_ptr(), page.data_ptr()
+        for voff, ooff, n in self.segments:
+            ctypes.memmove(dst + voff, src + ooff, n)
+
     def _matches(self, mv, meta):
         return len(mv) == self.page_bytes and (
             meta is None or (meta[0] == self.dtype_name and tuple(meta[1]) == self.page_shape))
@@ -309,7 +359,7 @@ class KvtierStorage(HiCacheStorage):
             with sv as views:
                 for i, v in enumerate(views):
                     if v is not None:  # None: kvtier has this page already
-                        self._as_page(v).copy_(self._page(host_indices, first + i))
+                        self._to_object(self._page(host_indices, first + i), v)
             self._count("set_pages", n)
             return [True] * n
         except Exception as e:  # noqa: BLE001
@@ -351,7 +401,7 @@ class KvtierStorage(HiCacheStorage):
                     if not self._matches(mv, rv.metas[i]):
                         self._count("layout_mismatch", 1)
                         break
-                    self._page(host_indices, first + i).copy_(self._as_page(mv))
+                    self._from_object(mv, self._page(host_indices, first + i))
                     got += 1
             # the read lease held to the end: the copied bytes are good
         except Exception as e:  # noqa: BLE001 - whatever was copied is not trusted
@@ -452,7 +502,9 @@ class KvtierStorage(HiCacheStorage):
         return None
 
     def close(self):
+        """Closes every thread's client; later calls are misses."""
         with self._lock:
+            self._closed = True
             clients, self._clients = self._clients, []
         for c in clients:
             try:
