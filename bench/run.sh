@@ -204,7 +204,7 @@ sglang)
   echo "== SGLang HiCache L3: kvtier backend (interface_v1, fs L2) vs SGLang's HiCacheFile, one directory under $DIR"
   if [ "$QUICK" = 1 ]; then
     KVTIER_LIB=$PWD/$B/libkvtier_client.so "$SPY" -W ignore bench/bench_sglang.py --dir "$DIR" --bin "$BIN" \
-      --layers 4 --pages 16 --rounds 2
+      --layers 4 --pages 16 --rounds 2 --warmup 1
   else
     KVTIER_LIB=$PWD/$B/libkvtier_client.so "$SPY" -W ignore bench/bench_sglang.py --dir "$DIR" --bin "$BIN"
   fi
