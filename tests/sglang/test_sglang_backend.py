@@ -342,3 +342,36 @@ def test_factory_config_is_json_of_the_launch_flag(server):
     assert b.batch_set_v1(page_keys(2, "flag"), idx) == [True, True]
     assert b.batch_exists(page_keys(2, "flag")) == 2
     b.close()
+
+
+def test_controller_threads_concurrently(server):
+    """SGLang's backup, hit-query and prefetch-IO threads call one backend at
+    once: each thread gets its own kvtier client, nothing is mixed up."""
+    import threading
+    pool = host_pool("page_first")
+    b = backend(server.url, pool)
+    n, threads = 4, 3
+    work = []
+    for t in range(threads):
+        idx = fill(pool, n, seed=20 + t)
+        work.append((page_keys(n, "thread%d" % t), idx, pages(pool, idx)))
+    errors = []
+
+    def run(keys, idx, want):
+        try:
+            for _ in range(5):
+                assert b.batch_set_v1(keys, idx) == [True] * n
+                assert b.batch_exists(keys) == n
+                zero(pool, idx)
+                assert b.batch_get_v1(keys, idx) == [True] * n
+                assert same_bytes(pages(pool, idx), want)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=run, args=w) for w in work]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    assert len(b._clients) == threads and b.stats.get("errors", 0) == 0
+    b.close()
