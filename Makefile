@@ -10,7 +10,7 @@ endif
 PYTEST ?= /usr/bin/python3 -m pytest
 
 .PHONY: all deps test-servers configure build run test unit integration clean format check-format bench \
-	test-asan test-tsan test-sanitize fuzz check-clang check-layers venv test-vllm install deb debroot ci-debroot \
+	test-asan test-tsan test-sanitize fuzz check-clang check-layers venv test-vllm sglang-venv test-sglang install deb debroot ci-debroot \
 	llmd-indexer
 
 all: build
@@ -98,9 +98,34 @@ test-vllm: build venv llmd-indexer
 	  KVT_VENV_PYTHON=$(VENV)/bin/python KVT_BUILD_DIR=$(abspath $(BUILD)) \
 	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm $(PYTEST_ARGS)
 
+# The SGLang harness: a virtual environment of its own under the build tree
+# (SGLang pins another torch than vLLM's) with every package pinned in
+# python/requirements-sglang.txt: sglang and what its HiCache modules import.
+# First install: about 2.8 GB downloaded (PyPI's torch and its CUDA library
+# wheels, needed to import it even on the CPU), 6 GB on disk, 2-4 min.
+SGLANG_VENV ?= $(abspath $(BUILD))/sglang-venv
+SGLANG_VENV_STAMP = $(SGLANG_VENV)/.kvtier-requirements
+$(SGLANG_VENV_STAMP): python/requirements-sglang.txt
+	@echo "kvtier: installing the SGLang harness into $(SGLANG_VENV) (python/requirements-sglang.txt)" >&2
+	@test -x $(SGLANG_VENV)/bin/python || /usr/bin/python3 -m venv $(SGLANG_VENV)
+	@$(SGLANG_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps -r python/requirements-sglang.txt
+	@cp python/requirements-sglang.txt $@
+
+sglang-venv: deps $(SGLANG_VENV_STAMP)
+
+# kvtier.sglang with SGLang's own host pools and backend factory, on the CPU
+# (tests/sglang; under a minute). `make test` runs it when the SGLang venv
+# exists (`make sglang-venv` once) or SGLANG=1 asks for it to be built.
+test-sglang: build sglang-venv
+	KVTIER_BIN=$(abspath $(BUILD))/kvtier KVTIER_LIB=$(abspath $(BUILD))/libkvtier_client.so \
+	  $(SGLANG_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/sglang $(PYTEST_ARGS)
+
 # Under CI (CI=true) the suite also runs once more with AddressSanitizer +
 # UndefinedBehaviorSanitizer and once with ThreadSanitizer.
 test: check-layers unit integration test-vllm
+ifneq ($(or $(SGLANG),$(wildcard $(SGLANG_VENV_STAMP))),)
+test: test-sglang
+endif
 ifeq ($(CI),true)
 test: check-format check-clang test-sanitize fuzz
 endif

@@ -5,11 +5,12 @@
 #                                  (default: all of these), and vllm / lmcache (a real
 #                                  vLLM engine each: need `make venv`), lmcache-client
 #                                  (LMCache's client without vLLM, larger volumes),
-#                                  lmcache-auth (its port with authentication vs plain);
-#                                  QUICK=1: a smaller model), events (KV events'
-#                                  cost on the store path: off, one reader, one idle subscriber),
-#                                  fleet (two vLLM engines + two kvtier servers on one shared
-#                                  fs L2: a KV-event router vs round robin; needs `make venv`)
+#                                  lmcache-auth (its port with authentication vs plain),
+#                                  sglang (kvtier's SGLang backend vs HiCacheFile: needs
+#                                  `make sglang-venv`), events (KV events' cost on the store
+#                                  path: off, one reader, one idle subscriber), fleet (two vLLM
+#                                  engines + two kvtier servers on one shared fs L2: a KV-event
+#                                  router vs round robin; needs `make venv`); QUICK=1: a smaller model
 #
 # Environment: BENCH_DIR (a directory on the disk to test; default
 # /var/tmp/kvtier-bench), QUICK=1 for a short smoke run.
@@ -252,6 +253,20 @@ replay)
     done
   done
   /usr/bin/python3 bench/replay_table.py "$out"
+  echo
+  ;;
+sglang)
+  # Needs the SGLang venv (make sglang-venv). kvtier.sglang vs SGLang's HiCacheFile,
+  # SGLang's host pool on the CPU, the same directory, rounds alternating.
+  SPY=${SGLANG_VENV:-$B/sglang-venv}/bin/python
+  [ -x "$SPY" ] || { echo "no SGLang harness: run 'make sglang-venv' first"; exit 1; }
+  echo "== SGLang HiCache L3: kvtier backend (interface_v1, fs L2) vs SGLang's HiCacheFile, one directory under $DIR"
+  if [ "$QUICK" = 1 ]; then
+    KVTIER_LIB=$PWD/$B/libkvtier_client.so "$SPY" -W ignore bench/bench_sglang.py --dir "$DIR" --bin "$BIN" \
+      --layers 4 --pages 16 --rounds 2 --warmup 1
+  else
+    KVTIER_LIB=$PWD/$B/libkvtier_client.so "$SPY" -W ignore bench/bench_sglang.py --dir "$DIR" --bin "$BIN"
+  fi
   echo
   ;;
 lmcache)
