@@ -114,18 +114,14 @@ $(SGLANG_VENV_STAMP): python/requirements-sglang.txt
 sglang-venv: deps $(SGLANG_VENV_STAMP)
 
 # kvtier.sglang with SGLang's own host pools and backend factory, on the CPU
-# (tests/sglang; under a minute). `make test` runs it when the SGLang venv
-# exists (`make sglang-venv` once) or SGLANG=1 asks for it to be built.
+# (tests/sglang; under a minute, after the SGLang venv is installed).
 test-sglang: build sglang-venv
 	KVTIER_BIN=$(abspath $(BUILD))/kvtier KVTIER_LIB=$(abspath $(BUILD))/libkvtier_client.so \
 	  $(SGLANG_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/sglang $(PYTEST_ARGS)
 
 # Under CI (CI=true) the suite also runs once more with AddressSanitizer +
 # UndefinedBehaviorSanitizer and once with ThreadSanitizer.
-test: check-layers unit integration test-vllm
-ifneq ($(or $(SGLANG),$(wildcard $(SGLANG_VENV_STAMP))),)
-test: test-sglang
-endif
+test: check-layers unit integration test-vllm test-sglang
 ifeq ($(CI),true)
 test: check-format check-clang test-sanitize fuzz
 endif
