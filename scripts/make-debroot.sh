@@ -11,7 +11,7 @@
 # The root for tests/integration/test_wheel.py: minbase plus Debian's python3
 # and python3-venv (pinned below) and nothing else, so none of the libraries
 # kvtier links (libzmq, OpenSSL, libcurl, ...) is there: the wheel must bring
-# them. No .deb needed. About 2 minutes and 200 MB.
+# them. No .deb needed. 1-2 minutes and 270 MB.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 B="${BUILD:-build}"
