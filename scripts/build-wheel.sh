@@ -13,7 +13,9 @@
 # 3. auditwheel repair --plat auto: the shared libraries the binary and the
 #    library need (not glibc's, not the manylinux policy's libstdc++,
 #    libgcc_s, libz) copied into kvtier.libs/, RPATHs pointed there, tagged
-#    with the oldest manylinux policy the symbols allow.
+#    with the oldest manylinux policy the symbols allow;
+# 4. scripts/wheel-licenses.py: the bundled libraries' Debian copyright files
+#    into the wheel's .dist-info/licenses/debian.
 # The last line of stdout is the path of what was built.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -54,4 +56,6 @@ if ! auditwheel repair --plat auto -w "$W/dist" "$W"/raw/kvtier-*.whl >"$W/audit
   exit 1
 fi
 grep -E "New filename tags" "$W/auditwheel.log" >&2 || true
+# 4. the copyright files of the Debian packages auditwheel took libraries from
+"$VENV/bin/python" "$ROOT/scripts/wheel-licenses.py" "$W"/dist/kvtier-*.whl
 ls "$W"/dist/kvtier-*.whl

@@ -128,8 +128,20 @@ def test_wheel_contents_and_manylinux_tag(wheel):
     for lib in ("libzmq", "libmsgpackc", "libjansson", "libmicrohttpd", "liburing", "libssl",
                 "libcrypto", "libcurl", "libhiredis", "liblz4", "libzstd", "libblkid"):
         assert lib in libs, (lib, sorted(libs))
-    ep = zipfile.ZipFile(wheel).read("kvtier-%s.dist-info/entry_points.txt" % m.group(1)).decode()
+    di = "kvtier-%s.dist-info/" % m.group(1)
+    ep = zipfile.ZipFile(wheel).read(di + "entry_points.txt").decode()
     assert re.search(r"^kvtier = kvtier\._cli:main$", ep, re.M), ep
+    # every Debian package a bundled library came from has its copyright file
+    # in the wheel (scripts/wheel-licenses.py), and RECORD lists them
+    import json
+    sbom = json.loads(zipfile.ZipFile(wheel).read(di + "sboms/auditwheel.cdx.json"))
+    debs = {c["name"] for c in sbom["components"] if c.get("purl", "").startswith("pkg:deb/")}
+    assert {"libzmq5", "libssl3", "libcurl4"} <= debs, debs
+    record = zipfile.ZipFile(wheel).read(di + "RECORD").decode()
+    for d in debs:
+        f = di + "licenses/debian/%s.copyright" % d
+        assert f in names, f
+        assert re.search("^%s,sha256=" % re.escape(f), record, re.M), f
 
 
 def test_ldd_resolves_only_inside_the_wheel_and_glibc(venv):
