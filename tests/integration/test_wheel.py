@@ -78,7 +78,10 @@ def pyroot():
     proc = os.path.join(PYROOT, "proc")
     mounted = os.path.exists(os.path.join(proc, "self"))
     if not mounted:
-        subprocess.run(["mount", "-t", "proc", "proc", proc], check=True)
+        r = subprocess.run(["mount", "-t", "proc", "proc", proc], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip("cannot mount /proc in %s (%s): the binary's $ORIGIN RPATH needs it"
+                        % (PYROOT, r.stderr.strip()))
     yield PYROOT
     if not mounted:
         subprocess.run(["umount", "-l", proc])
