@@ -174,5 +174,7 @@ format:
 check-format: deps
 	@clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h') && echo "check-format: clean"
 
+# (test_wheel mounts /proc in its Debian root; an interrupted run may leave it)
 clean:
+	-@mountpoint -q $(BUILD)/debroot-python/proc 2>/dev/null && umount -l $(BUILD)/debroot-python/proc || true
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-clang
