@@ -11,7 +11,7 @@ PYTEST ?= /usr/bin/python3 -m pytest
 
 .PHONY: all deps test-servers configure build run test unit integration clean format check-format bench \
 	test-asan test-tsan test-sanitize fuzz check-clang check-layers venv test-vllm sglang-venv test-sglang install deb debroot ci-debroot \
-	llmd-indexer
+	llmd-indexer wheel sdist
 
 all: build
 
@@ -43,6 +43,18 @@ install: build
 # packaging/cpack.cmake).
 deb: build
 	cd $(BUILD) && cpack -G DEB >/dev/null && ls $(abspath $(BUILD))/deb/*.deb
+
+# `make wheel`: build/wheel/dist/kvtier-<v>-py3-none-manylinux_2_35_x86_64.whl,
+# the server binary, the client library, the Python client and connectors
+# with every shared library they need but glibc's (scikit-build-core over
+# this CMake tree, then auditwheel repair; pinned tools in build/wheel-venv:
+# scripts/build-wheel.sh, docs/wheel.md). `make sdist`: kvtier-<v>.tar.gz,
+# which pip builds from source with CMake where no wheel fits.
+wheel: deps
+	@BUILD=$(BUILD) JOBS=$(JOBS) ./scripts/build-wheel.sh
+
+sdist: deps
+	@BUILD=$(BUILD) ./scripts/build-wheel.sh --sdist
 
 # A fresh Debian 12 root (debootstrap) for the package test to install the
 # .deb into (scripts/make-debroot.sh; minutes, needs deb.debian.org). Without
@@ -191,5 +203,7 @@ format:
 check-format: deps
 	@clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h') && echo "check-format: clean"
 
+# (test_wheel mounts /proc in its Debian root; an interrupted run may leave it)
 clean:
+	-@mountpoint -q $(BUILD)/debroot-python/proc 2>/dev/null && umount -l $(BUILD)/debroot-python/proc || true
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-clang

@@ -7,7 +7,7 @@ PKGS=(
   libzmq3-dev libsodium-dev libmsgpack-dev libjansson-dev libssl-dev libxxhash-dev libmicrohttpd-dev
   liburing-dev libhiredis-dev libcurl4-openssl-dev liblz4-dev libzstd-dev libblkid-dev
   python3 python3-pytest python3-zmq
-  # pip install ./python (tests/integration/test_pip.py: offline, in a venv)
+  # venvs: test_pip.py (a pure-Python pip install, offline), test_wheel.py, make wheel
   python3-venv python3-pip python3-setuptools python3-wheel
   redis-server redis-tools fio
   # packaging and service tests: dpkg-shlibdeps (make deb), lintian,

@@ -1,7 +1,9 @@
-"""Description: `pip install ./python` installs the kvtier module (client,
-kvcopy, the vLLM connector, `python3 -m kvtier`), which finds the C library
-through pkg-config after `make install`, and `python3 -m kvtier status`
-reports a running server.
+"""Description: `KVTIER_PURE_PYTHON=1 pip install ./python` installs the
+kvtier module alone (client, kvcopy, the vLLM connector, `python3 -m
+kvtier`), which finds the C library through pkg-config after `make
+install`, and `python3 -m kvtier status` reports a running server. (Without
+KVTIER_PURE_PYTHON, pip builds the wheel with the server and the library:
+test_wheel.py.)
 """
 
 import os
@@ -17,9 +19,18 @@ from support.paths import BIN, ROOT
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
-    """A virtual environment with kvtier pip-installed from a copy of
-    python/ (pip builds in the source folder; the tree stays clean), offline:
-    the system's setuptools builds it."""
+    """A virtual environment with the kvtier module pip-installed from a copy
+    of python/ (pip builds in the source folder; the tree stays clean),
+    offline and pure Python (KVTIER_PURE_PYTHON=1: no C build, no bundled
+    library, as a system install with `make install` or the Debian package
+    has it; the wheel with the library is test_wheel.py's). The build
+    backend, scikit-build-core, comes from build/wheel-venv
+    (scripts/build-wheel.sh --tools, pinned in python/requirements-wheel.txt)."""
+    r = subprocess.run([os.path.join(ROOT, "scripts", "build-wheel.sh"), "--tools"],
+                       capture_output=True, text=True,
+                       env=dict(os.environ, BUILD=os.path.dirname(os.path.abspath(BIN))))
+    assert r.returncode == 0, r.stdout + r.stderr
+    tools_site = r.stdout.strip().splitlines()[-1]
     d = tmp_path_factory.mktemp("pip")
     src = d / "src"
     shutil.copytree(os.path.join(ROOT, "python"), src,
@@ -30,9 +41,14 @@ def venv(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
                     str(v)], check=True)
     py = str(v / "bin" / "python")
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    os.makedirs(site, exist_ok=True)
+    with open(os.path.join(site, "kvtier-build-tools.pth"), "w") as f:
+        f.write(tools_site + "\n")
     r = subprocess.run([py, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                         "--no-build-isolation", "--disable-pip-version-check", str(src)],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=dict(os.environ, KVTIER_PURE_PYTHON="1"))
     if r.returncode and "No module named pip" in r.stderr:
         pytest.skip("no pip for %s (Debian's python3-pip)" % sys.executable)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -88,7 +104,7 @@ def test_pyproject_version_matches_cmake():
 
 
 def test_without_the_c_library_one_line_naming_the_fix(venv, tmp_path):
-    """`pip install ./python` alone: the module is there, the C library is
+    """A pure-Python install alone: the module is there, the C library is
     not (no KVTIER_LIB, no kvtier.pc, nothing on the linker's path).
     `python3 -m kvtier status` and `library` print one line that names the
     fix and exit 1, never a traceback."""
