@@ -16,7 +16,9 @@ release:
   later release added (kvtier.vllm.HOOKS_SINCE), and each such hook does
   exist in the base from its release on;
 - every `self.X` the connector uses but does not define exists in the base,
-  and the base's __init__ takes the keywords `super().__init__` passes.
+  and the base's __init__ takes the keywords `super().__init__` passes;
+- from 0.34 on, what `kv_cache_access` returns (`KVCacheAccess.IN_PROCESS`)
+  is a member of the enum in the module of that release it imports it from.
 
 What was run per release is in docs/vllm.md ("Supported vLLM versions").
 Offline, with no cached wheel, the release's test is skipped saying so; a
@@ -90,15 +92,18 @@ def _download(dist, version):
                 % (dist, version, CACHE, out.strip().splitlines()[-1:] or r.returncode))
 
 
-def base_source(version):
-    """KVConnectorBase_V1's module of vLLM `version`, from the cache or its
-    wheel."""
+def base_source(version, path=BASE_PY):
+    """A Python file of vLLM `version` (KVConnectorBase_V1's module by
+    default), from the cache or its wheel; None if the release has no such
+    file."""
     dist = RELEASES[version]
-    extracted = os.path.join(CACHE, "src", "%s-%s" % (dist, version), BASE_PY)
+    extracted = os.path.join(CACHE, "src", "%s-%s" % (dist, version), path)
     if not os.path.exists(extracted):
         wheel = _download(dist, version)
         with zipfile.ZipFile(wheel) as z:
-            src = z.read(BASE_PY)
+            if path not in z.namelist():
+                return None
+            src = z.read(path)
         os.makedirs(os.path.dirname(extracted), exist_ok=True)
         with open(extracted + ".tmp", "wb") as f:
             f.write(src)
@@ -301,3 +306,30 @@ def test_release_table_matches_docs():
     table = doc[i:doc.index("\n## ", i + 1)]
     rows = re.findall(r"^\| *`?(\d+\.\d+(?:\.\d+)?)`? *\|", table, re.M)
     assert sorted(rows, key=_vtuple) == sorted(RELEASES, key=_vtuple), rows
+
+
+@pytest.mark.parametrize("version", sorted(RELEASES, key=_vtuple))
+def test_kv_cache_access_names_a_member_of_the_release(version):
+    """KvtierConnector.kv_cache_access returns `KVCacheAccess.X` imported
+    from a module of the release that defines X (0.34: IN_PROCESS of
+    vllm/config/kv_transfer.py); releases before the hook do not call it."""
+    cls, mine, since = _connector()
+    if _vtuple(version) < _vtuple(since["kv_cache_access"]):
+        pytest.skip("vLLM %s has no kv_cache_access hook" % version)
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "kv_cache_access")
+    imports = {a.asname or a.name: n.module for n in ast.walk(fn) if isinstance(n, ast.ImportFrom)
+               for a in n.names}
+    rets = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)]
+    assert len(rets) == 1 and isinstance(rets[0], ast.Attribute) \
+        and isinstance(rets[0].value, ast.Name), "kv_cache_access should return KVCacheAccess.X"
+    enum_name, member = rets[0].value.id, rets[0].attr
+    module = imports.get(enum_name)
+    assert module, "kv_cache_access does not import %s" % enum_name
+    path = module.replace(".", "/") + ".py"
+    src = base_source(version, path)
+    assert src is not None, "vLLM %s has no %s" % (version, path)
+    enum_cls = _class(ast.parse(src, path), enum_name)
+    members = {t.id for n in enum_cls.body if isinstance(n, ast.Assign)
+               for t in n.targets if isinstance(t, ast.Name)}
+    assert member in members, "vLLM %s's %s has no %s (it has %s)" % (
+        version, enum_name, member, sorted(members))
