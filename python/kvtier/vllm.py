@@ -80,6 +80,18 @@ log = logging.getLogger("vllm.kvtier")  # under vLLM's logger: its handlers and 
 
 __all__ = ["KvtierConnector"]
 
+# The connector-API hooks below that a later vLLM release added to
+# KVConnectorBase_V1, and the release that added each: an older release never
+# calls them. tests/integration/test_vllm_versions.py checks every method of
+# KvtierConnector against the base class of each supported release (0.32,
+# 0.33, 0.34; docs/vllm.md) and reads this table.
+HOOKS_SINCE = {
+    "supports_sleep_mode": "0.33",
+    "unregister_kv_caches": "0.33",
+    "restore_kv_caches": "0.33",
+    "kv_cache_access": "0.34",
+}
+
 
 # ----------------------------------------------------------------- metadata
 
@@ -703,6 +715,25 @@ class KvtierConnector(KVConnectorBase_V1):
     def requires_kv_delivery(self) -> bool:
         return False  # a dropped store is only a future miss
 
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config):
+        """vLLM >= 0.34: how the workers reach the device KV cache. In
+        process only: loads and stores are torch ops on the KV tensors
+        (index_select / index_copy_ on the device, one copy to or from the
+        host pool, which is what `register_pinned` registers); the device
+        KV cache is never registered with UCX/RDMA nor exported to another
+        process, so any allocation works, vLLM's extensible KV cache
+        included."""
+        from vllm.config.kv_transfer import KVCacheAccess
+        return KVCacheAccess.IN_PROCESS
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config) -> bool:
+        """vLLM >= 0.33: sleep mode remaps the KV cache; the connector holds
+        no registration of it (only the tensors, whose addresses stay), so it
+        follows the remap: `unregister_kv_caches` waits for its transfers."""
+        return True
+
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         _check_kv_groups(kv_cache_config)
@@ -758,6 +789,18 @@ class KvtierConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         if isinstance(meta, KvtierMetadata) and meta.stores and not self._cfg.disabled:
             self._worker.save(meta)
+
+    def unregister_kv_caches(self) -> None:
+        # vLLM >= 0.33, before sleep frees the KV cache's memory: no copy of
+        # the kvtier-io thread may touch it then (a store of a finished
+        # request may still be queued). Nothing is registered; idempotent.
+        if self._worker is not None:
+            self._worker.drain()
+
+    def restore_kv_caches(self) -> None:
+        # vLLM >= 0.33, after wake-up: the same tensors at the same
+        # addresses, nothing to redo
+        return
 
     def handle_preemptions(self, kv_connector_metadata):
         # preempted requests' blocks may be reused next: finish what reads them
