@@ -238,7 +238,7 @@ def test_restart_serves_from_l2(server):
     # the first call after the restart may meet the dead connection: a miss,
     # then the backend reconnects by itself after retry_s
     from support.server import wait_for
-    wait_for(lambda: b.batch_exists(keys) == n, what="hits after the restart")
+    wait_for(lambda: b.batch_exists(keys) == n, timeout=60, what="hits after the restart")
     assert b.batch_get_v1(keys, idx) == [True] * n
     assert same_bytes(pages(pool, idx), want)
     with server.client() as c:

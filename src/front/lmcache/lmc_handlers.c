@@ -19,8 +19,9 @@
 
 static const char *const REFUSE_LMC_DRIVEN =
     "kvtier serves LMCache's engine-driven transfer mode only: lmcache_driven (the server "
-    "copying through CUDA IPC handles) is not available. Start vLLM with "
-    "LMCACHE_MP_TRANSFER_MODE=engine_driven";
+    "copying through CUDA IPC handles) is not available. Start vLLM or SGLang with "
+    "LMCACHE_MP_TRANSFER_MODE=engine_driven (SGLang: or extra_config: "
+    "{lmcache.mp.mp_transfer_mode: engine_driven} in its --lmcache-config-file)";
 
 /* ------------------------------------------------------------ handlers */
 
@@ -532,7 +533,7 @@ static void h_commit_store(struct lmc_rq *q)
                       "the worker sent its KV inline (LMCache's pickle transport), which kvtier "
                       "does not take: the worker could not map the shared-memory pool "
                       "/dev/shm/%s (it must run on this host, in the same IPC namespace, as "
-                      "the same user). Run vLLM with LMCACHE_MP_TRANSFER_MODE=engine_driven on "
+                      "the same user). Run vLLM or SGLang with LMCACHE_MP_TRANSFER_MODE=engine_driven on "
                       "the server's host",
                       m->cfg->shm_name);
         xfer_end(&a);
