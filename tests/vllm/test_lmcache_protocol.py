@@ -45,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SNAPSHOT = os.path.join(ROOT, "tests", "data", "lmcache-mp-protocol.json")
 WIRE_C = os.path.join(ROOT, "src", "proto", "lmc_wire.c")
 HANDLERS_C = os.path.join(ROOT, "src", "front", "lmcache", "lmc_handlers.c")
+EVENTS_C = os.path.join(ROOT, "src", "front", "lmcache", "lmc_events.c")
 LMC_C = os.path.join(ROOT, "src", "front", "lmcache", "lmc.c")
 DOC = os.path.join(ROOT, "docs", "lmcache-protocol.md")
 REQS = os.path.join(ROOT, "python", "requirements-vllm.txt")
@@ -294,7 +295,7 @@ def test_c_tables_match_snapshot():
     # every field of what kvtier answers (the responses, the slots in their
     # `context`, the context's keys) is a key kvtier packs
     packed = set()
-    for path in (LMC_C, HANDLERS_C):
+    for path in (LMC_C, HANDLERS_C, EVENTS_C):
         packed |= set(re.findall(r'kvt_mp_str0\(\s*[&\w.]+,\s*"(\w+)"\)', _read(path)))
     answers = {sops[n]["response"] for n in served} | {"ShmSlotDescriptor"}
     for tname in sorted(answers & set(types_)):
