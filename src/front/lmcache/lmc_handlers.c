@@ -529,13 +529,14 @@ static void h_commit_store(struct lmc_rq *q)
     if (d->via.bin.size) { /* the pickle transport */
         if (x)
             lmc_xfer_drop(m, pp);
-        lmc_reply_err(q,
-                      "the worker sent its KV inline (LMCache's pickle transport), which kvtier "
-                      "does not take: the worker could not map the shared-memory pool "
-                      "/dev/shm/%s (it must run on this host, in the same IPC namespace, as "
-                      "the same user). Run vLLM or SGLang with LMCACHE_MP_TRANSFER_MODE=engine_driven on "
-                      "the server's host",
-                      m->cfg->shm_name);
+        lmc_reply_err(
+            q,
+            "the worker sent its KV inline (LMCache's pickle transport), which kvtier "
+            "does not take: the worker could not map the shared-memory pool "
+            "/dev/shm/%s (it must run on this host, in the same IPC namespace, as "
+            "the same user). Run vLLM or SGLang with LMCACHE_MP_TRANSFER_MODE=engine_driven on "
+            "the server's host",
+            m->cfg->shm_name);
         xfer_end(&a);
         return;
     }
