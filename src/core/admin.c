@@ -303,7 +303,8 @@ static json_t *delete_keys(struct kvt_admin *a, kvt_key *keys, uint32_t n)
     atomic_fetch_add(&a->nunpinned, unpinned);
     uint32_t removed_l2[KVT_MAX_ADAPTERS] = {0}, *skipped = kvt_xmalloc((n ? n : 1) * 4), nskip;
     kvt_key *orig = kvt_xmalloc((n ? n : 1) * sizeof(kvt_key));
-    memcpy(orig, keys, n * sizeof(kvt_key));
+    if (n)
+        memcpy(orig, keys, n * sizeof(kvt_key));
     uint32_t l1n = kvt_core_delete(a->core, keys, n, removed_l2, skipped, &nskip);
     json_t *o = json_object(), *per = json_object(), *left = json_array();
     uint64_t total = l1n;
@@ -616,7 +617,8 @@ json_t *kvt_admin_pins(struct kvt_admin *a)
     pthread_mutex_lock(&a->pin_lock);
     uint32_t n = a->npins;
     struct admin_pin *copy = kvt_xmalloc((n ? n : 1) * sizeof(*copy));
-    memcpy(copy, a->pins, n * sizeof(*copy));
+    if (n) /* no pins yet: a->pins may be NULL */
+        memcpy(copy, a->pins, n * sizeof(*copy));
     uint64_t bytes = a->pinned_bytes;
     pthread_mutex_unlock(&a->pin_lock);
     json_t *arr = json_array();

@@ -323,7 +323,8 @@ int kvt_admin_warm(struct kvt_admin *a, const kvt_key *keys, uint32_t n, const c
         j->ns = kvt_xstrdup(ns);
     } else {
         j->keys = kvt_xmalloc((n ? n : 1) * sizeof(kvt_key));
-        memcpy(j->keys, keys, n * sizeof(kvt_key));
+        if (n)
+            memcpy(j->keys, keys, n * sizeof(kvt_key));
         j->nkeys = n;
     }
     kvt_info("admin: warm job asked (%s%s%s, %u key(s))", ns ? "namespace " : "keys", ns ? ns : "",

@@ -219,7 +219,8 @@ static int read_keys(struct req *q, const json_t *v, const char *field, kvt_key 
             for (size_t j = 0; ok && j < hl / 2; j++) {
                 int hi = kvt_hexval(h[2 * j]), lo = kvt_hexval(h[2 * j + 1]);
                 ok = hi >= 0 && lo >= 0;
-                bin[j] = (uint8_t)(hi << 4 | lo);
+                if (ok)
+                    bin[j] = (uint8_t)(hi << 4 | lo);
             }
             if (!ok ||
                 kvt_key_make(&keys[i], ns, bin, hl / 2, r ? (uint32_t)json_integer_value(r) : 0,
