@@ -331,20 +331,29 @@ class KvtierStorage(HiCacheStorage):
 
     # ------------------------------------------------------- zero-copy (v1)
 
-    def batch_set_v1(self, keys, host_indices, extra_info=None):
+    def _batched(self, name, op, keys, host_indices, extra_info, leading_run):
+        """Checks the host indices, then runs op(keys, host_indices, first,
+        extra_info) over batches of pages_per_batch; with leading_run, stops
+        at the first page op did not do (SGLang uses the leading run only)."""
         n = len(keys)
         if n == 0:
             return []
         if host_indices is None or len(host_indices) < n * self.page_size:
-            log.error("kvtier storage: batch_set_v1 got %s host indices for %d pages",
+            log.error("kvtier storage: %s got %s host indices for %d pages", name,
                       None if host_indices is None else len(host_indices), n)
             return [False] * n
         host_indices = host_indices.cpu()
         res = []
         for s in range(0, n, self.pages_per_batch):
-            e = min(n, s + self.pages_per_batch)
-            res += self._set_batch(keys[s:e], host_indices, s, extra_info)
+            r = op(keys[s:s + self.pages_per_batch], host_indices, s, extra_info)
+            res += r
+            if leading_run and not all(r):
+                return res + [False] * (n - len(res))
         return res
+
+    def batch_set_v1(self, keys, host_indices, extra_info=None):
+        return self._batched("batch_set_v1", self._set_batch, keys, host_indices, extra_info,
+                             leading_run=False)
 
     def _set_batch(self, keys, host_indices, first, extra_info):
         n = len(keys)
@@ -368,23 +377,8 @@ class KvtierStorage(HiCacheStorage):
             return [False] * n
 
     def batch_get_v1(self, keys, host_indices, extra_info=None):
-        n = len(keys)
-        if n == 0:
-            return []
-        if host_indices is None or len(host_indices) < n * self.page_size:
-            log.error("kvtier storage: batch_get_v1 got %s host indices for %d pages",
-                      None if host_indices is None else len(host_indices), n)
-            return [False] * n
-        host_indices = host_indices.cpu()
-        res = []
-        for s in range(0, n, self.pages_per_batch):
-            e = min(n, s + self.pages_per_batch)
-            r = self._get_batch(keys[s:e], host_indices, s, extra_info)
-            res += r
-            if not all(r):  # SGLang uses the leading run only
-                res += [False] * (n - len(res))
-                break
-        return res
+        return self._batched("batch_get_v1", self._get_batch, keys, host_indices, extra_info,
+                             leading_run=True)
 
     def _get_batch(self, keys, host_indices, first, extra_info):
         n = len(keys)
