@@ -368,7 +368,10 @@ def test_corrupt_slot_is_a_miss_and_removed(make_server, tmp_path, label):
         st = c.status()["l2"][0]
         assert st["counters"]["corrupt"] == 1, st["counters"]
         # the L2 eviction thread reaps it (1 s timer)
-        st = wait_for(lambda: (lambda a: a if a["objects"] == 3 else None)(c.status()["l2"][0]),
+        # (the index entry goes first, the delete is counted when the
+        # slot's removal completes: wait for both)
+        st = wait_for(lambda: (lambda a: a if a["objects"] == 3 and a["counters"]["deleted"] == 1
+                               else None)(c.status()["l2"][0]),
                       what="the corrupt slot to be removed")
         assert st["used_bytes"] == 3 * per_obj, st
         assert st["counters"]["deleted"] == 1 and st["pinned_objects"] == 0
