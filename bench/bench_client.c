@@ -12,6 +12,14 @@
  *       ping and one-key lookup per request, C threads; prints ops/s.
  *       Over the same-host socket a client on this host uses, or with
  *       --tcp 1 over ZeroMQ/TCP loopback (what bench_zmq_echo measures).
+ *   bench_client l2     URL [--size B] [--batch N]
+ *       for each line "TAG" read on stdin: one store + flush of N objects
+ *       of fresh keys (named by TAG): kvt_store of all N in one call (the
+ *       client sends it in parts), then kvt_flush, which returns once every
+ *       L2 adapter has them; prints the seconds of each and the GB/s of
+ *       the whole, then deletes the keys (not timed). One process for all
+ *       rounds, as an engine keeps its client: its mapping of the pool is
+ *       warm after the first. bench/bench_store_l2.py runs it beside fio.
  *
  * Output lines "RESULT <name> <value>" are parsed by bench/run.sh.
  */
@@ -125,6 +133,52 @@ static int cmd_zc(void)
     printf("  zero-copy retrieve%6.2f GB/s   ratio %.2f\n", t, t / m);
     printf("RESULT memcpy_gbps %.3f\nRESULT zc_store_gbps %.3f\nRESULT zc_retrieve_gbps %.3f\n", m,
            s, t);
+    kvt_client_close(c);
+    return 0;
+}
+
+static int cmd_l2(void)
+{
+    kvt_client *c;
+    if (kvt_client_open(url, NULL, &c))
+        die("connect", NULL);
+    size_t n = (size_t)batch, total = size * n;
+    char *src = aligned_alloc(4096, total);
+    for (size_t i = 0; i < total; i += 64)
+        memcpy(src + i, &(uint64_t){i * 0x9e3779b97f4a7c15ull}, 8);
+    const void **bufs = malloc(sizeof(void *) * n);
+    size_t *lens = malloc(sizeof(size_t) * n);
+    for (size_t i = 0; i < n; i++) {
+        bufs[i] = src + i * size;
+        lens[i] = size;
+    }
+    uint8_t *h = malloc(n * 32);
+    char line[64];
+    while (fgets(line, sizeof(line), stdin)) {
+        make_hashes(h, (int)n, strtoull(line, NULL, 0));
+        kvt_keys k = {.model = "bench-l2", .hashes = h, .hash_len = 32, .n = n};
+        size_t acc;
+        double t0 = now();
+        if (kvt_store(c, &k, (const void *const *)bufs, lens, NULL, &acc) || acc != n)
+            die("store", c);
+        double t1 = now();
+        kvt_flush_report rep;
+        if (kvt_flush_ex(c, &rep))
+            die("flush", c);
+        double t2 = now();
+        if (rep.l2_failed) {
+            fprintf(stderr, "bench_client: %llu store(s) did not reach L2\n",
+                    (unsigned long long)rep.l2_failed);
+            return 1;
+        }
+        kvt_flush_report_free(&rep);
+        size_t removed;
+        if (kvt_delete(c, &k, &removed))
+            die("delete", c);
+        printf("RESULT l2_store_s %.4f\nRESULT l2_flush_s %.4f\nRESULT l2_gbps %.3f\n", t1 - t0,
+               t2 - t1, (double)total / (t2 - t0) / 1e9);
+        fflush(stdout);
+    }
     kvt_client_close(c);
     return 0;
 }
@@ -253,7 +307,7 @@ static int cmd_small(void)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: bench_client zc|inline|small URL [--size B] [--batch N] "
+        fprintf(stderr, "usage: bench_client zc|inline|small|l2 URL [--size B] [--batch N] "
                         "[--rounds R] [--conc C] [--seconds S]\n");
         return 2;
     }
@@ -282,6 +336,8 @@ int main(int argc, char **argv)
         return cmd_inline();
     if (!strcmp(argv[1], "small"))
         return cmd_small();
+    if (!strcmp(argv[1], "l2"))
+        return cmd_l2();
     fprintf(stderr, "bench_client: unknown mode %s\n", argv[1]);
     return 2;
 }

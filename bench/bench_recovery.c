@@ -11,7 +11,7 @@
  *   restored accounting (bytes, per-namespace bytes, LRU order)
  * and prints the medians and the ratio find / kvtier (>= 1: kvtier is as
  * fast as listing the files). It also prints the heap bytes the adapter holds
- * per indexed object after recovery (mallinfo2 in-use delta; goal <= 128).
+ * per indexed object after recovery (mallinfo2 in-use delta; goal <= 64).
  */
 #include "common/log.h"
 #include "common/util.h"
@@ -179,7 +179,7 @@ int main(int argc, char **argv)
     printf("  find -printf %%s   %7.3f s\n", mf);
     printf("  kvtier scan       %7.3f s   ratio find/kvtier %.2f   (%.0f objects/s)\n", mk, mf / mk,
            (double)n / mk);
-    printf("  memory per indexed object: %.1f bytes (goal <= 128)\n", bpo);
+    printf("  memory per indexed object: %.1f bytes (goal <= 64)\n", bpo);
     printf("RESULT recovery_ratio %.3f\nRESULT bytes_per_object %.1f\n", mf / mk, bpo);
     return 0;
 }

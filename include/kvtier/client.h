@@ -97,7 +97,11 @@ int kvt_client_chunk_size(const kvt_client *c);
 
 /* Store n objects. *accepted: keys now held by the server (including keys
  * it already had). Per-key failures (e.g. L1 full) lower *accepted; the
- * call itself fails only for request errors. */
+ * call itself fails only for request errors. Through the shared pool a
+ * store of more than about 32 MiB is sent as parts of about that size, one
+ * request each, so that the server's L2 writes of one part run while the
+ * next is copied; a request error in a later part returns that error with
+ * the parts before it stored and counted in *accepted. */
 int kvt_store(kvt_client *c, const kvt_keys *keys, const void *const *bufs, const size_t *lens,
               const kvt_meta *meta, size_t *accepted);
 

@@ -18,6 +18,10 @@
 /* Shared by the client's own files only: not exported by libkvtier_client. */
 #define KVT_C_INTERNAL __attribute__((visibility("hidden")))
 
+/* kvt_store through the pool sends a larger store as parts of about this
+ * many bytes (client_ops.c: their L2 writes overlap the next part's copy). */
+#define KVT_STORE_PART_BYTES (32u << 20)
+
 struct kvt_client {
     void *ctx, *sock;
     char url[512];

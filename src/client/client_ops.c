@@ -163,6 +163,48 @@ int kvt_store(kvt_client *c, const kvt_keys *keys, const void *const *bufs, cons
     return kvt_store_ex(c, keys, bufs, lens, meta, NULL, accepted);
 }
 
+/* The block hashes of keys [first, ...) of a store: its keys' hashes and
+ * tokens, and as parent the last block of the key before (or the store's
+ * parent for the first key). NULL without blocks. */
+static const kvt_blocks *part_blocks(const kvt_blocks *b, size_t first, kvt_blocks *out)
+{
+    if (!b || !first)
+        return b;
+    *out = *b;
+    size_t h = first * b->per_key;
+    if (b->hash_len) {
+        out->hashes = b->hashes + h * b->hash_len;
+        out->parent = b->hashes + (h - 1) * b->hash_len;
+    } else {
+        out->ints = b->ints + h;
+        out->parent_int = b->ints[h - 1];
+    }
+    out->has_parent = true;
+    if (b->tokens_per_key)
+        out->tokens = b->tokens + first * b->tokens_per_key;
+    return out;
+}
+
+/* Keys [first, first + n) of a store through the pool: reserve, copy in,
+ * commit. */
+static int store_part(kvt_client *c, const kvt_keys *keys, const void *const *bufs,
+                      const size_t *lens, const kvt_meta *meta, const kvt_blocks *blocks,
+                      size_t first, size_t n, size_t *accepted)
+{
+    kvt_keys k = *keys;
+    k.hashes += first * keys->hash_len;
+    k.n = n;
+    kvt_blocks pb;
+    kvt_wview *v;
+    int rc = kvt_store_begin_ex(c, &k, lens + first, meta, part_blocks(blocks, first, &pb), &v);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < v->n; i++)
+        if (v->ptrs[i])
+            memcpy(v->ptrs[i], bufs[first + i], lens[first + i]);
+    return kvt_store_commit(c, v, NULL, accepted);
+}
+
 int kvt_store_ex(kvt_client *c, const kvt_keys *keys, const void *const *bufs, const size_t *lens,
                  const kvt_meta *meta, const kvt_blocks *blocks, size_t *accepted)
 {
@@ -173,16 +215,34 @@ int kvt_store_ex(kvt_client *c, const kvt_keys *keys, const void *const *bufs, c
         return rc;
     if (!c->shm)
         return store_inline(c, keys, bufs, lens, meta, blocks, accepted);
-    kvt_wview *v;
-    rc = kvt_store_begin_ex(c, keys, lens, meta, blocks, &v);
-    if (rc == KVT_E_UNSUPPORTED && !c->shm) /* the restarted server is not local */
-        return store_inline(c, keys, bufs, lens, meta, blocks, accepted);
-    if (rc)
-        return rc;
-    for (size_t i = 0; i < v->n; i++)
-        if (v->ptrs[i])
-            memcpy(v->ptrs[i], bufs[i], lens[i]);
-    return kvt_store_commit(c, v, NULL, accepted);
+    /* A large store goes as parts of about KVT_STORE_PART_BYTES, each its
+     * own request: the server hands a part to the L2 adapters at its
+     * commit, so their writes run while the next part is copied into the
+     * pool, instead of after the whole store (docs/performance.md, store +
+     * flush). */
+    size_t done = 0, acc_all = 0;
+    while (done < keys->n) {
+        size_t n = 0, bytes = 0;
+        while (done + n < keys->n && (n == 0 || bytes + lens[done + n] <= KVT_STORE_PART_BYTES))
+            bytes += lens[done + n++];
+        size_t acc = 0;
+        rc = store_part(c, keys, bufs, lens, meta, blocks, done, n, &acc);
+        if (rc == KVT_E_UNSUPPORTED && !c->shm) { /* the restarted server is not local */
+            kvt_keys rest = *keys;
+            rest.hashes += done * keys->hash_len;
+            rest.n -= done;
+            kvt_blocks rb;
+            rc = store_inline(c, &rest, bufs + done, lens + done, meta,
+                              part_blocks(blocks, done, &rb), &acc);
+            n = rest.n;
+        }
+        if (rc)
+            break;
+        acc_all += acc;
+        done += n;
+    }
+    *accepted = acc_all;
+    return rc;
 }
 
 /* Give back a write lease's reservations without publishing anything. */

@@ -237,6 +237,52 @@ def test_engine_block_hashes_name_the_chunks(started):
         sub.wait(lambda x: x.view().get(L1) == {1, 2**64 - 1}, what="integer hashes")
 
 
+def test_store_sent_in_parts_keeps_one_chain(started):
+    """A store larger than one part (the client sends about 32 MiB per
+    request, so that L2 writes overlap the copy of the next part;
+    docs/performance.md): 20 chunks of 4 MiB go as three requests, and
+    each part's first chunk gets the block before it (the previous part's
+    last) as parent, so the chain, the tokens and every byte are those of
+    one store."""
+    s = started(["--l1-size-gb", "0.25"])
+    n, per = 20, 2
+    keys = keys_for("parts", n)
+    eng = [bytes([k, b]) * 16 for k in range(n) for b in range(per)]
+    ints = [(k << 8) | b for k in range(n) for b in range(per)]
+    parent = b"\x05" * 32
+    toks = list(range(n * 2 * 16))
+    pays = random_payloads(n, 4 * MiB)
+    with Subscriber(s.pub, s.rep) as sub:
+        with s.client() as c:
+            assert c.store(keys, pays, blocks={"size": 16, "hashes": eng, "parent": parent,
+                                               "tokens": toks}) == n
+            assert not c.flush()
+            assert c.retrieve(keys) == pays
+        sub.replay(0)
+        sub.wait(lambda x: x.view().get(FS) == set(eng), what="every chunk in fs")
+        stored = [e for _, e in sub.events() if isinstance(e, BlockStored) and e.medium == L1]
+        assert [h for e in stored for h in e.block_hashes] == eng
+        assert [t for e in stored for t in e.token_ids] == toks
+        # every event's parent is the block before its first, whatever part it came in
+        at = 0
+        for e in stored:
+            assert e.parent_block_hash == (parent if at == 0 else eng[at - 1])
+            at += len(e.block_hashes)
+        # integer hashes, no parent, no tokens: the later parts' parents are ints
+        k2 = keys_for("parts-int", n)
+        with s.client() as c:
+            assert c.store(k2, pays, blocks={"size": 16, "hashes": ints}) == n
+            assert not c.flush()
+        sub.wait(lambda x: set(ints) <= x.view().get(FS, set()), what="integer chain in fs")
+        st2 = [e for _, e in sub.events() if isinstance(e, BlockStored) and e.medium == L1
+               and e.block_hashes[0] in set(ints)]
+        at = 0
+        for e in st2:
+            assert e.parent_block_hash == (None if at == 0 else ints[at - 1])
+            at += len(e.block_hashes)
+        assert at == len(ints)
+
+
 def tagged_server(tmp_path, kind):
     """An events server on one persistent adapter of kind (fs: --data-dir)
     and its medium."""

@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Store + flush to L2 through a real server, beside fio writing the same
+bytes in the same directory with the adapter's I/O mode and queue depth.
+
+    bench/bench_store_l2.py DIR [--objects N] [--rounds R] [--configs a,b,...]
+
+For each adapter configuration a kvtier server is started (L1 1 GiB, queue
+depth 4: num_workers 4, or 2 store workers for raw_block whose other two
+load) and, in every round, three rows run one after the other (alternated,
+so every row sees the same machine): the C client (bench_client l2: one
+kvt_store of N objects of 4 MiB, then kvt_flush, which returns once the
+adapter has every object), the Python client (Client.store, Client.flush,
+in this process) and fio writing N x 4 MiB into the same directory. Every
+row writes fresh files: kvtier's keys are deleted after its rows, fio's
+files after its row (not timed). Medians over the rounds, min / max, and
+the ratios kvtier / fio and Python / C.
+
+Rows (fio beside each):
+  default          `make run`'s configuration: no --l2-adapter, the fs tier
+                   under --data-dir (buffered, 4 workers, no fsync)
+                   -> fio psync buffered, one file per object, 4 jobs
+  fs_odirect       fs with use_odirect         -> fio O_DIRECT, file per object
+  fs_native        fs_native with use_odirect  -> the same
+  fs_native_buffered  fs_native without        -> fio buffered, file per object
+  nixl_dynamic     nixl_store_dynamic, POSIX, use_direct_io, posix engine
+                   -> fio O_DIRECT, file per object
+  nixl_store       nixl_store (a pool of files), POSIX, use_direct_io
+                   -> fio O_DIRECT into one file, 4 jobs at their offsets
+  raw_block        raw_block on an image file (O_DIRECT) -> the same
+
+Output: a table, then "RESULT store_l2 <config>_over_fio=<x> <config>_py_over_c=<y>"
+lines, parsed by bench/run.sh.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BUILD = os.path.abspath(os.environ.get("BUILD", os.path.join(ROOT, "build")))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("KVTIER_LIB", os.path.join(BUILD, "libkvtier_client.so"))
+
+import kvtier  # noqa: E402
+
+OBJ = 4 << 20
+QD = 4
+
+
+def adapter(config, d, n):
+    """(--l2-adapter JSON or None, fio's write mode, the directory both write in)."""
+    l2 = os.path.join(d, "l2")
+    if config == "default":
+        return None, "files-buffered", os.path.join(d, "data")
+    if config == "fs_odirect":
+        return json.dumps({"type": "fs", "base_path": l2, "use_odirect": True,
+                           "num_workers": QD}), "files-direct", l2
+    if config == "fs_native":
+        return json.dumps({"type": "fs_native", "base_path": l2, "use_odirect": True,
+                           "num_workers": QD}), "files-direct", l2
+    if config == "fs_native_buffered":
+        return json.dumps({"type": "fs_native", "base_path": l2, "use_odirect": False,
+                           "num_workers": QD}), "files-buffered", l2
+    if config == "nixl_dynamic":
+        return json.dumps({"type": "nixl_store_dynamic", "backend": "POSIX",
+                           "backend_params": {"file_path": l2, "use_direct_io": "true",
+                                              "max_capacity_gb": 64},
+                           "io_engine": "posix", "num_workers": QD}), "files-direct", l2
+    if config == "nixl_store":
+        per = (n * OBJ // QD + 2 * OBJ) // 4096 * 4096
+        return json.dumps({"type": "nixl_store", "backend": "POSIX",
+                           "backend_params": {"file_path": l2, "use_direct_io": "true",
+                                              "file_size": per},
+                           "pool_size": QD, "io_engine": "posix", "num_workers": QD}), \
+            "one-file-direct", l2
+    if config == "raw_block":
+        os.makedirs(l2, exist_ok=True)
+        img = os.path.join(l2, "dev.img")
+        cap = (4 << 20) + (n + 2) * (OBJ + 8192)
+        with open(img, "wb") as f:
+            f.truncate(cap)  # zeros: kvtier formats a device of zeros only
+        return json.dumps({"type": "raw_block", "device_path": img, "slot_bytes": OBJ + 4096,
+                           "capacity_bytes": cap,
+                           "meta_total_bytes": 4 << 20, "io_engine": "posix",
+                           "num_store_workers": QD // 2, "num_load_workers": QD // 2}), \
+            "one-file-direct", l2
+    raise SystemExit("unknown config %s" % config)
+
+
+CONFIGS = ["default", "fs_odirect", "fs_native", "fs_native_buffered", "nixl_dynamic",
+           "nixl_store", "raw_block"]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def fio(mode, where, n):
+    """GB/s of fio writing n x 4 MiB under where/fio in the given mode."""
+    d = os.path.join(where, "fio")
+    args = ["fio", "--name=kvtb", "--rw=write", "--bs=4M", "--ioengine=psync",
+            "--numjobs=%d" % QD, "--group_reporting", "--output-format=json"]
+    if mode.startswith("files"):
+        # one new file per object, as the adapter: 4 jobs of n/4 files
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        args += ["--directory=%s" % d, "--filesize=4M", "--nrfiles=%d" % (n // QD),
+                 "--create_on_open=1", "--fallocate=none"]
+    else:
+        # one preallocated file, each job at its offset (the adapter's slots)
+        os.makedirs(d, exist_ok=True)
+        args += ["--filename=%s" % os.path.join(d, "fio.dat"), "--size=%d" % (n * OBJ // QD),
+                 "--offset_increment=%d" % (n * OBJ // QD)]
+    if mode.endswith("direct"):
+        args.append("--direct=1")
+    r = subprocess.run(args, capture_output=True, text=True, check=True)
+    j = json.loads(r.stdout[r.stdout.index("{"):])
+    gbps = j["jobs"][0]["write"]["bw_bytes"] / 1e9
+    if mode.startswith("files"):
+        shutil.rmtree(d, ignore_errors=True)
+    return gbps
+
+
+def py_row(c, n, tag, pays):
+    keys = kvtier.Keys("bench-l2-py", [(b"%d-%d" % (tag, i)).ljust(32, b"\0") for i in range(n)])
+    t0 = time.perf_counter()
+    if c.store(keys, pays) != n:
+        raise SystemExit("bench_store_l2: the Python store was not accepted whole (L1 too small?)")
+    res = c.flush()
+    t = time.perf_counter() - t0
+    if res:
+        raise SystemExit("bench_store_l2: stores did not reach L2: %s" % (res,))
+    c.delete(keys)
+    return n * OBJ / t / 1e9
+
+
+class CClient:
+    """bench_client l2: one process for every round (its pool mapping warm
+    after the first, as an engine's client); a round per line on stdin."""
+
+    def __init__(self, url, n):
+        self.p = subprocess.Popen([os.path.join(BUILD, "bench", "bench_client"), "l2", url,
+                                   "--batch", str(n), "--size", str(OBJ)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def row(self, tag):
+        self.p.stdin.write("%d\n" % tag)
+        self.p.stdin.flush()
+        while True:
+            line = self.p.stdout.readline()
+            if not line:
+                raise SystemExit("bench_client l2 failed (its message above)")
+            if line.startswith("RESULT l2_gbps"):
+                return float(line.split()[2])
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait()
+
+
+def stats(v):
+    return min(v), statistics.median(v), max(v)
+
+
+def run_config(config, base, n, rounds, pays):
+    d = os.path.join(base, config)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    js, mode, where = adapter(config, d, n)
+    os.makedirs(where, exist_ok=True)
+    port = free_port()
+    args = [os.path.join(BUILD, "kvtier"), "server", "--port", str(port), "--http-port", "0",
+            "--log-level", "warn", "--l1-size-gb", "1", "--data-dir", os.path.join(d, "data")]
+    if js:
+        args += ["--l2-adapter", js]
+    srv = subprocess.Popen(args)
+    url = "tcp://127.0.0.1:%d" % port
+    try:
+        c = None
+        for _ in range(200):
+            try:
+                c = kvtier.Client(url)
+                break
+            except kvtier.KvtierError:
+                time.sleep(0.05)
+        if c is None:
+            raise SystemExit("bench_store_l2: the server for %s did not start" % config)
+        cc = CClient(url, n)
+        rows = {"c": [], "py": [], "fio": []}
+        for r in range(-1, rounds):  # one warm-up round: pool pages mapped, files laid out
+            tag = (os.getpid() << 20) + (r + 2) * 1000
+            g = {"c": cc.row(tag), "py": py_row(c, n, tag + 1, pays),
+                 "fio": fio(mode, where, n)}
+            if r >= 0:
+                for k, v in g.items():
+                    rows[k].append(v)
+        c.close()
+        cc.close()
+    finally:
+        srv.terminate()
+        srv.wait()
+        shutil.rmtree(d, ignore_errors=True)
+    return rows, mode
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--objects", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    a = ap.parse_args()
+    n = max(QD, a.objects // QD * QD)
+    base = os.urandom(OBJ)
+    pays = [i.to_bytes(8, "little") + base[8:] for i in range(n)]
+    print("store + flush of %d x 4 MiB through a real server (L1 1 GiB, queue depth %d) vs fio "
+          "writing the same bytes in the same directory; %d alternated rounds, GB/s min / "
+          "median / max" % (n, QD, a.rounds))
+    print("  %-20s %-16s %20s %20s %20s %8s %8s" % ("config", "fio mode", "C client", "Python client",
+                                                   "fio", "C/fio", "py/C"))
+    out = []
+    for config in a.configs.split(","):
+        rows, mode = run_config(config, a.dir, n, a.rounds, pays)
+        fmt = lambda v: "%.2f / %.2f / %.2f" % stats(v)  # noqa: E731
+        mc, mp, mf = (statistics.median(rows[k]) for k in ("c", "py", "fio"))
+        print("  %-20s %-16s %20s %20s %20s %8.2f %8.2f" % (config, mode, fmt(rows["c"]),
+                                                           fmt(rows["py"]), fmt(rows["fio"]),
+                                                           mc / mf, mp / mc))
+        sys.stdout.flush()
+        out.append("%s_over_fio=%.2f %s_py_over_c=%.2f" % (config, mc / mf, config, mp / mc))
+    print("RESULT store_l2 " + " ".join(out))
+
+
+if __name__ == "__main__":
+    main()
