@@ -1,7 +1,7 @@
 /*
  * Start-up recovery and memory per indexed object.
  *
- *   bench_recovery DIR [--objects N] [--rounds R] [--type fs|nixl_store_dynamic]
+ *   bench_recovery DIR [--objects N] [--rounds R] [--type fs|nixl_store_dynamic] [--cold]
  *
  * Builds (once, kept for later runs) a tree of N valid objects under
  * DIR/recovery-<type>-<N>, then alternates, R rounds:
@@ -10,7 +10,9 @@
  *   kvtier: open the adapter on TREE and wait until its start-up scan has
  *   restored accounting (bytes, per-namespace bytes, LRU order)
  * and prints the medians and the ratio find / kvtier (>= 1: kvtier is as
- * fast as listing the files). It also prints the heap bytes the adapter holds
+ * fast as listing the files). --cold drops the kernel's caches (dentries,
+ * inodes, pages: /proc/sys/vm/drop_caches, as root) before each row, as a
+ * restart after a reboot sees the tree. It also prints the heap bytes the adapter holds
  * per indexed object after recovery (mallinfo2 in-use delta; goal <= 64).
  */
 #include "common/log.h"
@@ -143,11 +145,21 @@ static double time_kvtier(const char *tree, const char *type, uint64_t n, double
     return dt;
 }
 
+/* sync, then drop the page cache, dentries and inodes (root only) */
+static void drop_caches(void)
+{
+    sync();
+    FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
+    if (!f || fputs("3\n", f) < 0 || fclose(f) != 0)
+        die("--cold: cannot write /proc/sys/vm/drop_caches (run as root)");
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *type = "fs";
     uint64_t n = 100000;
     int rounds = 3;
+    bool cold = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--objects") && i + 1 < argc)
             n = strtoull(argv[++i], NULL, 0);
@@ -155,11 +167,13 @@ int main(int argc, char **argv)
             rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--type") && i + 1 < argc)
             type = argv[++i];
+        else if (!strcmp(argv[i], "--cold"))
+            cold = true;
         else if (argv[i][0] != '-')
             dir = argv[i];
         else
             die("usage: bench_recovery DIR [--objects N] [--rounds R] [--type "
-                "fs|nixl_store_dynamic]");
+                "fs|nixl_store_dynamic] [--cold]");
     }
     if (!dir || rounds < 1 || rounds > 32)
         die("a directory is required (and 1..32 rounds)");
@@ -169,13 +183,17 @@ int main(int argc, char **argv)
     build_tree(tree, type, n);
     double f[32], k[32], bpo = 0;
     for (int r = 0; r < rounds; r++) {
+        if (cold)
+            drop_caches();
         f[r] = time_find(tree);
+        if (cold)
+            drop_caches();
         k[r] = time_kvtier(tree, type, n, &bpo);
         fprintf(stderr, "round %d: find %.3f s, kvtier %.3f s\n", r + 1, f[r], k[r]);
     }
     double mf = bench_median(f, rounds), mk = bench_median(k, rounds);
-    printf("recovery of %llu %s objects, %d rounds (medians)\n", (unsigned long long)n, type,
-           rounds);
+    printf("recovery of %llu %s objects, %d rounds (medians%s)\n", (unsigned long long)n, type,
+           rounds, cold ? ", caches dropped before each row" : "");
     printf("  find -printf %%s   %7.3f s\n", mf);
     printf("  kvtier scan       %7.3f s   ratio find/kvtier %.2f   (%.0f objects/s)\n", mk, mf / mk,
            (double)n / mk);

@@ -5,8 +5,7 @@ bytes in the same directory with the adapter's I/O mode and queue depth.
     bench/bench_store_l2.py DIR [--objects N] [--rounds R] [--configs a,b,...]
 
 For each adapter configuration a kvtier server is started (L1 1 GiB, queue
-depth 4: num_workers 4, or 2 store workers for raw_block whose other two
-load) and, in every round, three rows run one after the other (alternated,
+depth 4: num_workers 4, raw_block 4 store workers) and, in every round, three rows run one after the other (alternated,
 so every row sees the same machine): the C client (bench_client l2: one
 kvt_store of N objects of 4 MiB, then kvt_flush, which returns once the
 adapter has every object), the Python client (Client.store, Client.flush,
@@ -89,7 +88,7 @@ def adapter(config, d, n):
         return json.dumps({"type": "raw_block", "device_path": img, "slot_bytes": OBJ + 4096,
                            "capacity_bytes": cap,
                            "meta_total_bytes": 4 << 20, "io_engine": "posix",
-                           "num_store_workers": QD // 2, "num_load_workers": QD // 2}), \
+                           "num_store_workers": QD, "num_load_workers": 2}), \
             "one-file-direct", l2
     raise SystemExit("unknown config %s" % config)
 

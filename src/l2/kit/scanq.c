@@ -3,10 +3,12 @@
 #include "l2/kit/objfmt.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <liburing.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #define BATCH 256
@@ -21,7 +23,8 @@ struct ent {
 struct kvt_l2_scanq {
     struct kvt_l2_found_vec *fv;
     struct io_uring ring;
-    bool uring;
+    bool uring; /* the ring is set up */
+    int use;    /* 0: not decided yet, 1: the ring, -1: statx in turn */
     int n;
     struct ent e[BATCH];
 };
@@ -32,6 +35,27 @@ struct kvt_l2_scanq *kvt_l2_scanq_new(struct kvt_l2_found_vec *fv)
     q->fv = fv;
     q->uring = io_uring_queue_init(BATCH, &q->ring, 0) == 0;
     return q;
+}
+
+/* A local file system, where a statx in turn beats a hand-off to an
+ * io_uring worker (scanq.h). */
+static bool local_fs(int dirfd)
+{
+    struct statfs sf;
+    if (fstatfs(dirfd, &sf) < 0)
+        return false;
+    switch ((unsigned long)sf.f_type) {
+    case EXT4_SUPER_MAGIC: /* ext2, ext3, ext4 */
+    case XFS_SUPER_MAGIC:
+    case BTRFS_SUPER_MAGIC:
+    case TMPFS_MAGIC:
+    case F2FS_SUPER_MAGIC:
+    case OVERLAYFS_SUPER_MAGIC:
+    case 0x2fc12fc1UL: /* ZFS */
+        return true;
+    default:
+        return false;
+    }
 }
 
 static void found(struct kvt_l2_scanq *q, struct ent *e)
@@ -56,7 +80,9 @@ void kvt_l2_scanq_flush(struct kvt_l2_scanq *q)
         return;
     const unsigned mask = STATX_TYPE | STATX_SIZE | STATX_MTIME;
     const int flags = AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC;
-    if (q->uring) {
+    if (!q->use)
+        q->use = q->uring && !local_fs(q->e[0].dirfd) ? 1 : -1;
+    if (q->use > 0) {
         for (int i = 0; i < q->n; i++) {
             struct io_uring_sqe *s = io_uring_get_sqe(&q->ring);
             io_uring_prep_statx(s, q->e[i].dirfd, q->e[i].name, flags, mask, &q->e[i].sx);
