@@ -27,8 +27,15 @@ Rows (fio beside each):
                    -> fio O_DIRECT into one file, 4 jobs at their offsets
   raw_block        raw_block on an image file (O_DIRECT) -> the same
 
-Output: a table, then "RESULT store_l2 <config>_over_fio=<x> <config>_py_over_c=<y>"
-lines, parsed by bench/run.sh.
+Then, per configuration (as root: it drops the kernel's caches; --no-load
+skips it), the load side: N objects stored once, then in every round the
+server is restarted with the caches dropped and one lookup of the N keys
+loads them all from L2 into L1 (it answers once they are there), beside
+fio reading as many bytes with O_DIRECT from files laid out the same way
+in the same directory (4 jobs), the caches dropped before it too.
+
+Output: tables, then "RESULT store_l2 <config>_over_fio=<x> <config>_py_over_c=<y>
+<config>_lookup_over_fio_read=<z> ..." (one line), parsed by bench/run.sh.
 """
 
 import argparse
@@ -172,7 +179,48 @@ def stats(v):
     return min(v), statistics.median(v), max(v)
 
 
-def run_config(config, base, n, rounds, pays):
+def start(args, url):
+    """Start a server and wait until it answers and every L2 adapter's
+    start-up scan is done; returns (process, client)."""
+    srv = subprocess.Popen(args)
+    for _ in range(400):
+        try:
+            c = kvtier.Client(url)
+            if all(a["recovery"]["state"] == "done" for a in c.status()["l2"]):
+                return srv, c
+            c.close()
+        except kvtier.KvtierError:
+            pass
+        time.sleep(0.05)
+    srv.kill()
+    raise SystemExit("bench_store_l2: the server did not start: %s" % " ".join(args))
+
+
+def drop_caches():
+    """sync, then drop the page cache, dentries and inodes (root)."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def fio_read(mode, where, n):
+    """GB/s of fio reading n x 4 MiB with O_DIRECT under where/fio-read
+    (laid out by its first call and kept), 4 jobs."""
+    d = os.path.join(where, "fio-read")
+    os.makedirs(d, exist_ok=True)
+    args = ["fio", "--name=kvtb", "--rw=read", "--bs=4M", "--ioengine=psync", "--direct=1",
+            "--numjobs=%d" % QD, "--group_reporting", "--output-format=json"]
+    if mode.startswith("files"):
+        args += ["--directory=%s" % d, "--filesize=4M", "--nrfiles=%d" % (n // QD)]
+    else:
+        args += ["--filename=%s" % os.path.join(d, "fio.dat"), "--size=%d" % (n * OBJ // QD),
+                 "--offset_increment=%d" % (n * OBJ // QD)]
+    r = subprocess.run(args, capture_output=True, text=True, check=True)
+    j = json.loads(r.stdout[r.stdout.index("{"):])
+    return j["jobs"][0]["read"]["bw_bytes"] / 1e9
+
+
+def run_config(config, base, n, rounds, pays, load):
     d = os.path.join(base, config)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
@@ -183,20 +231,11 @@ def run_config(config, base, n, rounds, pays):
             "--log-level", "warn", "--l1-size-gb", "1", "--data-dir", os.path.join(d, "data")]
     if js:
         args += ["--l2-adapter", js]
-    srv = subprocess.Popen(args)
     url = "tcp://127.0.0.1:%d" % port
+    srv, c = start(args, url)
+    rows = {"c": [], "py": [], "fio": [], "lookup": [], "fio_read": []}
     try:
-        c = None
-        for _ in range(200):
-            try:
-                c = kvtier.Client(url)
-                break
-            except kvtier.KvtierError:
-                time.sleep(0.05)
-        if c is None:
-            raise SystemExit("bench_store_l2: the server for %s did not start" % config)
         cc = CClient(url, n)
-        rows = {"c": [], "py": [], "fio": []}
         for r in range(-1, rounds):  # one warm-up round: pool pages mapped, files laid out
             tag = (os.getpid() << 20) + (r + 2) * 1000
             g = {"c": cc.row(tag), "py": py_row(c, n, tag + 1, pays),
@@ -204,8 +243,32 @@ def run_config(config, base, n, rounds, pays):
             if r >= 0:
                 for k, v in g.items():
                     rows[k].append(v)
-        c.close()
         cc.close()
+        if load:
+            # a lookup after a restart with the kernel's caches dropped loads
+            # every object from L2 into L1, beside fio reading as many bytes
+            # with O_DIRECT (caches dropped too), alternated
+            keys = kvtier.Keys("bench-l2-load", [(b"load-%d" % i).ljust(32, b"\0")
+                                                 for i in range(n)])
+            assert c.store(keys, pays) == n and not c.flush()
+            fio_read(mode, where, n)  # lays its files out
+            for r in range(rounds):
+                c.close()
+                srv.terminate()
+                srv.wait()
+                drop_caches()
+                srv, c = start(args, url)
+                t0 = time.perf_counter()
+                hits = c.lookup(keys)
+                t = time.perf_counter() - t0
+                c.free_locks()
+                if hits != n:
+                    raise SystemExit("bench_store_l2: %s: a lookup after the restart found %d of "
+                                     "%d" % (config, hits, n))
+                rows["lookup"].append(n * OBJ / t / 1e9)
+                drop_caches()
+                rows["fio_read"].append(fio_read(mode, where, n))
+        c.close()
     finally:
         srv.terminate()
         srv.wait()
@@ -219,25 +282,43 @@ def main():
     ap.add_argument("--objects", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--no-load", action="store_true",
+                    help="skip the lookup-after-restart rows (they drop the kernel's caches: root)")
     a = ap.parse_args()
+    load = not a.no_load and os.geteuid() == 0
     n = max(QD, a.objects // QD * QD)
     base = os.urandom(OBJ)
     pays = [i.to_bytes(8, "little") + base[8:] for i in range(n)]
     print("store + flush of %d x 4 MiB through a real server (L1 1 GiB, queue depth %d) vs fio "
           "writing the same bytes in the same directory; %d alternated rounds, GB/s min / "
           "median / max" % (n, QD, a.rounds))
+    if load:
+        print("then per configuration: a lookup after a restart with the kernel's caches dropped "
+              "(every object loaded from L2 into L1) vs fio O_DIRECT reading as many bytes there, "
+              "caches dropped, 4 jobs, alternated")
+    elif not a.no_load:
+        print("(not root: no lookup-after-restart rows, they drop the kernel's caches)")
     print("  %-20s %-16s %20s %20s %20s %8s %8s" % ("config", "fio mode", "C client", "Python client",
                                                    "fio", "C/fio", "py/C"))
-    out = []
+    out, loads = [], []
+    fmt = lambda v: "%.2f / %.2f / %.2f" % stats(v)  # noqa: E731
     for config in a.configs.split(","):
-        rows, mode = run_config(config, a.dir, n, a.rounds, pays)
-        fmt = lambda v: "%.2f / %.2f / %.2f" % stats(v)  # noqa: E731
+        rows, mode = run_config(config, a.dir, n, a.rounds, pays, load)
         mc, mp, mf = (statistics.median(rows[k]) for k in ("c", "py", "fio"))
         print("  %-20s %-16s %20s %20s %20s %8.2f %8.2f" % (config, mode, fmt(rows["c"]),
                                                            fmt(rows["py"]), fmt(rows["fio"]),
                                                            mc / mf, mp / mc))
         sys.stdout.flush()
         out.append("%s_over_fio=%.2f %s_py_over_c=%.2f" % (config, mc / mf, config, mp / mc))
+        if load:
+            ml, mr = statistics.median(rows["lookup"]), statistics.median(rows["fio_read"])
+            loads.append((config, fmt(rows["lookup"]), fmt(rows["fio_read"]), ml / mr))
+            out.append("%s_lookup_over_fio_read=%.2f" % (config, ml / mr))
+    if loads:
+        print("lookup after a restart, caches dropped (GB/s min / median / max; goal >= 1.0):")
+        print("  %-20s %20s %20s %8s" % ("config", "lookup", "fio O_DIRECT read", "ratio"))
+        for config, l, f, ratio in loads:
+            print("  %-20s %20s %20s %8.2f" % (config, l, f, ratio))
     print("RESULT store_l2 " + " ".join(out))
 
 

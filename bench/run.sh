@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # kvtier benchmarks: every comparison side by side in one run, as ratios.
 #
-#   bench/run.sh [section...]      sections: fs persist store-l2 l1 remote serde recovery replay
-#                                  (default: all of these), and vllm / lmcache (a real
+#   bench/run.sh [section...]      sections: fs persist l1 remote serde recovery replay
+#                                  (default: all of these; persist includes store-l2: store +
+#                                  flush and lookup after a restart through a real server vs
+#                                  fio, also a section of its own), and vllm / lmcache (a real
 #                                  vLLM engine each: need `make venv`), lmcache-client
 #                                  (LMCache's client without vLLM, larger volumes),
 #                                  lmcache-auth (its port with authentication vs plain),
@@ -22,7 +24,7 @@ DIR=${BENCH_DIR:-/var/tmp/kvtier-bench}
 QUICK=${QUICK:-0}
 mkdir -p "$DIR"
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(fs persist store-l2 l1 remote serde recovery replay)
+[ ${#sections[@]} -eq 0 ] && sections=(fs persist l1 remote serde recovery replay)
 
 free_port() { /usr/bin/python3 tests/support/ports.py "$@"; }  # a free port not among the arguments
 wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; return 1; }
@@ -177,9 +179,9 @@ persist)
   n=64; r=5; [ "$QUICK" = 1 ] && { n=16; r=2; }
   $B/bench/bench_persist --objects $n --rounds $r --qd 4 --dir "$DIR/persist"
   echo
-  ;;
+  ;&
 store-l2)
-  echo "== store + flush to L2 through a real server (C and Python clients) vs fio writing the same bytes in the same directory"
+  echo "== store + flush to L2 through a real server (C and Python clients) vs fio writing the same bytes in the same directory; lookup after a restart vs fio O_DIRECT read"
   n=128; r=5; [ "$QUICK" = 1 ] && { n=32; r=2; }
   BUILD=$B /usr/bin/python3 bench/bench_store_l2.py "$DIR/store-l2" --objects $n --rounds $r
   echo
