@@ -171,6 +171,11 @@ int main(int argc, char **argv)
            odirect ? "O_DIRECT" : "buffered", objects, size >> 20, qd, rounds);
     printf("  store  kvtier %6.2f GB/s   fio write %6.2f GB/s   ratio %.2f\n", mkw, mfw, mkw / mfw);
     printf("  load   kvtier %6.2f GB/s   fio read  %6.2f GB/s   ratio %.2f\n", mkr, mfr, mkr / mfr);
+    /* bench_median sorted each row: its first and last are the min and max */
+    printf("  min-max: store kvtier %.2f-%.2f, fio write %.2f-%.2f; load kvtier %.2f-%.2f, fio "
+           "read %.2f-%.2f GB/s\n",
+           kw[0], kw[rounds - 1], fw[0], fw[rounds - 1], kr[0], kr[rounds - 1], fr[0],
+           fr[rounds - 1]);
     snprintf(cmd, sizeof(cmd), "rm -rf %s %s", kdir, fdir);
     if (system(cmd)) {
     }

@@ -354,8 +354,8 @@ int main(int argc, char **argv)
     printf("bench_persist: %u objects of 4 MiB (%.0f MiB) per run, %d rounds, queue depth %d, "
            "dir %s\n",
            nobj, nobj * 4.0, rounds, qd, dir);
-    printf("%-20s %-9s %9s %9s %6s   %9s %9s %6s   %s\n", "adapter", "engine", "store", "peer",
-           "ratio", "load", "peer", "ratio", "peer");
+    printf("%-20s %-9s %12s %7s %-18s %12s %7s %-18s %s\n", "adapter", "engine", "store", "peer",
+           "ratio (min-max)", "load", "peer", "ratio (min-max)", "peer");
     for (size_t c = 0; c < KVT_ARRAY_LEN(cfgs); c++) {
         const struct cfg *cf = &cfgs[c];
         if (only && strcmp(only, cf->label))
@@ -385,9 +385,13 @@ int main(int argc, char **argv)
         }
         double ms = bench_median(as, rounds), ml = bench_median(al, rounds),
                mps = bench_median(ps, rounds), mpl = bench_median(pl, rounds);
-        printf("%-20s %-9s %7.3f GB/s %7.3f %6.2f   %7.3f GB/s %7.3f %6.2f   %s\n", cf->label,
-               cf->engine, ms, mps, bench_median(rs, rounds), ml, mpl, bench_median(rl, rounds),
-               !strcmp(cf->engine, "memcpy") ? "memcpy (mmap)" : "fio O_DIRECT");
+        double mrs = bench_median(rs, rounds), mrl = bench_median(rl, rounds);
+        /* bench_median sorted each row: the ratios' min and max follow the medians */
+        printf(
+            "%-20s %-9s %7.3f GB/s %7.3f %6.2f (%.2f-%.2f)   %7.3f GB/s %7.3f %6.2f (%.2f-%.2f)   "
+            "%s\n",
+            cf->label, cf->engine, ms, mps, mrs, rs[0], rs[rounds - 1], ml, mpl, mrl, rl[0],
+            rl[rounds - 1], !strcmp(cf->engine, "memcpy") ? "memcpy (mmap)" : "fio O_DIRECT");
         fflush(stdout);
     }
     for (uint32_t j = 0; j < nobj; j++) {

@@ -194,9 +194,10 @@ int main(int argc, char **argv)
     double mf = bench_median(f, rounds), mk = bench_median(k, rounds);
     printf("recovery of %llu %s objects, %d rounds (medians%s)\n", (unsigned long long)n, type,
            rounds, cold ? ", caches dropped before each row" : "");
-    printf("  find -printf %%s   %7.3f s\n", mf);
-    printf("  kvtier scan       %7.3f s   ratio find/kvtier %.2f   (%.0f objects/s)\n", mk, mf / mk,
-           (double)n / mk);
+    printf("  find -printf %%s   %7.3f s   (min-max %.3f-%.3f)\n", mf, f[0], f[rounds - 1]);
+    printf("  kvtier scan       %7.3f s   (min-max %.3f-%.3f)   ratio find/kvtier %.2f   (%.0f "
+           "objects/s)\n",
+           mk, k[0], k[rounds - 1], mf / mk, (double)n / mk);
     printf("  memory per indexed object: %.1f bytes (goal <= 64)\n", bpo);
     printf("RESULT recovery_ratio %.3f\nRESULT bytes_per_object %.1f\n", mf / mk, bpo);
     return 0;
