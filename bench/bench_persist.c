@@ -97,12 +97,13 @@ static void adapter_json(const struct cfg *c, const char *path, char *js, size_t
                  path, (unsigned long long)((total / qd + 2 * OBJ) / 4096 * 4096), qd, c->engine,
                  qd, qd);
     else if (!strcmp(c->type, "raw_block"))
+        /* a slot takes header_bytes (4096) + slot_bytes of the device */
         snprintf(js, cap,
                  "{\"type\": \"raw_block\", \"device_path\": \"%s/dev.img\", \"slot_bytes\": %u, "
                  "\"capacity_bytes\": %llu, \"meta_total_bytes\": 4194304, \"io_engine\": "
                  "\"%s\", \"iouring_queue_depth\": %d, \"num_store_workers\": %d, "
                  "\"num_load_workers\": %d}",
-                 path, OBJ + 4096, (unsigned long long)(4194304 + (uint64_t)nobj * (OBJ + 4096)),
+                 path, OBJ + 4096, (unsigned long long)(4194304 + (uint64_t)nobj * (OBJ + 8192)),
                  c->engine, qd, qd / 2 > 0 ? qd / 2 : 1, qd - qd / 2 > 0 ? qd - qd / 2 : 1);
     else
         snprintf(js, cap,
