@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,10 +50,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BUILD = os.path.abspath(os.environ.get("BUILD", os.path.join(ROOT, "build")))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+# the test harness (tests/support) and the kvtier module, as pytest.ini's pythonpath
+sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "python")]
 os.environ.setdefault("KVTIER_LIB", os.path.join(BUILD, "libkvtier_client.so"))
+os.environ.setdefault("KVTIER_BIN", os.path.join(BUILD, "kvtier"))
 
 import kvtier  # noqa: E402
+from support.server import Server  # noqa: E402
 
 OBJ = 4 << 20
 QD = 4
@@ -108,38 +110,34 @@ CONFIGS = ["default", "fs_odirect", "fs_native", "fs_native_buffered", "nixl_dyn
            "nixl_store", "raw_block"]
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def fio(mode, where, n):
-    """GB/s of fio writing n x 4 MiB under where/fio in the given mode."""
-    d = os.path.join(where, "fio")
-    args = ["fio", "--name=kvtb", "--rw=write", "--bs=4M", "--ioengine=psync",
+def fio(rw, mode, where, n):
+    """GB/s of fio moving n x 4 MiB under where/fio-<rw> in the adapter's
+    mode, 4 jobs. write: one new file per object (removed after) or one
+    preallocated file at the jobs' offsets; read: always O_DIRECT, from
+    files laid out by its first call and kept."""
+    d = os.path.join(where, "fio-" + rw)
+    fresh = rw == "write" and mode.startswith("files")
+    if fresh:
+        shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d, exist_ok=True)
+    args = ["fio", "--name=kvtb", "--rw=" + rw, "--bs=4M", "--ioengine=psync",
             "--numjobs=%d" % QD, "--group_reporting", "--output-format=json"]
     if mode.startswith("files"):
-        # one new file per object, as the adapter: 4 jobs of n/4 files
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(d)
-        args += ["--directory=%s" % d, "--filesize=4M", "--nrfiles=%d" % (n // QD),
-                 "--create_on_open=1", "--fallocate=none"]
+        # one file per object, as the adapter: 4 jobs of n/4 files
+        args += ["--directory=%s" % d, "--filesize=4M", "--nrfiles=%d" % (n // QD)]
+        if fresh:
+            args += ["--create_on_open=1", "--fallocate=none"]
     else:
-        # one preallocated file, each job at its offset (the adapter's slots)
-        os.makedirs(d, exist_ok=True)
+        # one file, each job at its offset (the adapter's slots)
         args += ["--filename=%s" % os.path.join(d, "fio.dat"), "--size=%d" % (n * OBJ // QD),
                  "--offset_increment=%d" % (n * OBJ // QD)]
-    if mode.endswith("direct"):
+    if rw == "read" or mode.endswith("direct"):
         args.append("--direct=1")
     r = subprocess.run(args, capture_output=True, text=True, check=True)
     j = json.loads(r.stdout[r.stdout.index("{"):])
-    gbps = j["jobs"][0]["write"]["bw_bytes"] / 1e9
-    if mode.startswith("files"):
+    if fresh:
         shutil.rmtree(d, ignore_errors=True)
-    return gbps
+    return j["jobs"][0][rw]["bw_bytes"] / 1e9
 
 
 def py_row(c, n, tag, pays):
@@ -183,45 +181,11 @@ def stats(v):
     return min(v), statistics.median(v), max(v)
 
 
-def start(args, url):
-    """Start a server and wait until it answers and every L2 adapter's
-    start-up scan is done; returns (process, client)."""
-    srv = subprocess.Popen(args)
-    for _ in range(400):
-        try:
-            c = kvtier.Client(url)
-            if all(a["recovery"]["state"] == "done" for a in c.status()["l2"]):
-                return srv, c
-            c.close()
-        except kvtier.KvtierError:
-            pass
-        time.sleep(0.05)
-    srv.kill()
-    raise SystemExit("bench_store_l2: the server did not start: %s" % " ".join(args))
-
-
 def drop_caches():
     """sync, then drop the page cache, dentries and inodes (root)."""
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
-
-
-def fio_read(mode, where, n):
-    """GB/s of fio reading n x 4 MiB with O_DIRECT under where/fio-read
-    (laid out by its first call and kept), 4 jobs."""
-    d = os.path.join(where, "fio-read")
-    os.makedirs(d, exist_ok=True)
-    args = ["fio", "--name=kvtb", "--rw=read", "--bs=4M", "--ioengine=psync", "--direct=1",
-            "--numjobs=%d" % QD, "--group_reporting", "--output-format=json"]
-    if mode.startswith("files"):
-        args += ["--directory=%s" % d, "--filesize=4M", "--nrfiles=%d" % (n // QD)]
-    else:
-        args += ["--filename=%s" % os.path.join(d, "fio.dat"), "--size=%d" % (n * OBJ // QD),
-                 "--offset_increment=%d" % (n * OBJ // QD)]
-    r = subprocess.run(args, capture_output=True, text=True, check=True)
-    j = json.loads(r.stdout[r.stdout.index("{"):])
-    return j["jobs"][0]["read"]["bw_bytes"] / 1e9
 
 
 def run_config(config, base, n, rounds, pays, load, extra=()):
@@ -230,21 +194,22 @@ def run_config(config, base, n, rounds, pays, load, extra=()):
     os.makedirs(d)
     js, mode, where = adapter(config, d, n)
     os.makedirs(where, exist_ok=True)
-    port = free_port()
-    args = [os.path.join(BUILD, "kvtier"), "server", "--port", str(port), "--http-port", "0",
-            "--log-level", "warn", "--l1-size-gb", "1", "--data-dir", os.path.join(d, "data")]
+    # L1 1 GiB; the initial size back at the server's default (the harness
+    # starts its test servers at 0.25)
+    args = ["--log-level", "warn", "--l1-size-gb", "1", "--l1-init-size-gb", "20"]
     if js:
         args += ["--l2-adapter", js]
-    args += list(extra)
-    url = "tcp://127.0.0.1:%d" % port
-    srv, c = start(args, url)
+    srv = Server(args + list(extra), d, data_dir=os.path.join(d, "data"), http=False)
+    srv.start()
+    srv.wait_recovered()
+    c = srv.client()
     rows = {"c": [], "py": [], "fio": [], "lookup": [], "fio_read": []}
     try:
-        cc = CClient(url, n)
+        cc = CClient(srv.url, n)
         for r in range(-1, rounds):  # one warm-up round: pool pages mapped, files laid out
             tag = (os.getpid() << 20) + (r + 2) * 1000
             g = {"c": cc.row(tag), "py": py_row(c, n, tag + 1, pays),
-                 "fio": fio(mode, where, n)}
+                 "fio": fio("write", mode, where, n)}
             if r >= 0:
                 for k, v in g.items():
                     rows[k].append(v)
@@ -256,13 +221,14 @@ def run_config(config, base, n, rounds, pays, load, extra=()):
             keys = kvtier.Keys("bench-l2-load", [(b"load-%d" % i).ljust(32, b"\0")
                                                  for i in range(n)])
             assert c.store(keys, pays) == n and not c.flush()
-            fio_read(mode, where, n)  # lays its files out
+            fio("read", mode, where, n)  # lays its files out
             for r in range(rounds):
                 c.close()
-                srv.terminate()
-                srv.wait()
+                srv.stop()
                 drop_caches()
-                srv, c = start(args, url)
+                srv.start()
+                srv.wait_recovered()
+                c = srv.client()
                 t0 = time.perf_counter()
                 hits = c.lookup(keys)
                 t = time.perf_counter() - t0
@@ -272,11 +238,10 @@ def run_config(config, base, n, rounds, pays, load, extra=()):
                                      "%d" % (config, hits, n))
                 rows["lookup"].append(n * OBJ / t / 1e9)
                 drop_caches()
-                rows["fio_read"].append(fio_read(mode, where, n))
+                rows["fio_read"].append(fio("read", mode, where, n))
         c.close()
     finally:
-        srv.terminate()
-        srv.wait()
+        srv.stop()
         shutil.rmtree(d, ignore_errors=True)
     return rows, mode
 

@@ -185,15 +185,22 @@ static const kvt_blocks *part_blocks(const kvt_blocks *b, size_t first, kvt_bloc
     return out;
 }
 
+/* Keys [first, first + n) of keys. */
+static kvt_keys part_keys(const kvt_keys *keys, size_t first, size_t n)
+{
+    kvt_keys k = *keys;
+    k.hashes += first * keys->hash_len;
+    k.n = n;
+    return k;
+}
+
 /* Keys [first, first + n) of a store through the pool: reserve, copy in,
  * commit. */
 static int store_part(kvt_client *c, const kvt_keys *keys, const void *const *bufs,
                       const size_t *lens, const kvt_meta *meta, const kvt_blocks *blocks,
                       size_t first, size_t n, size_t *accepted)
 {
-    kvt_keys k = *keys;
-    k.hashes += first * keys->hash_len;
-    k.n = n;
+    kvt_keys k = part_keys(keys, first, n);
     kvt_blocks pb;
     kvt_wview *v;
     int rc = kvt_store_begin_ex(c, &k, lens + first, meta, part_blocks(blocks, first, &pb), &v);
@@ -228,9 +235,7 @@ int kvt_store_ex(kvt_client *c, const kvt_keys *keys, const void *const *bufs, c
         size_t acc = 0;
         rc = store_part(c, keys, bufs, lens, meta, blocks, done, n, &acc);
         if (rc == KVT_E_UNSUPPORTED && !c->shm) { /* the restarted server is not local */
-            kvt_keys rest = *keys;
-            rest.hashes += done * keys->hash_len;
-            rest.n -= done;
+            kvt_keys rest = part_keys(keys, done, keys->n - done);
             kvt_blocks rb;
             rc = store_inline(c, &rest, bufs + done, lens + done, meta,
                               part_blocks(blocks, done, &rb), &acc);

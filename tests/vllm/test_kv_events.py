@@ -5,6 +5,7 @@ no engine is needed for these tests."""
 
 import json
 import os
+import re
 import struct
 import time
 
@@ -255,12 +256,20 @@ def test_store_sent_in_parts_keeps_one_chain(started):
     parent = b"\x05" * 32
     toks = list(range(n * 2 * 16))
     pays = random_payloads(n, 4 * MiB)
+
+    def prepares():
+        m = re.search(r'kvtier_rpc_requests_total\{op="prepare_store"\} (\d+)',
+                      s.http_get("/metrics")[1])
+        return int(m.group(1)) if m else 0
+
     with Subscriber(s.pub, s.rep) as sub:
+        before = prepares()
         with s.client() as c:
             assert c.store(keys, pays, blocks={"size": 16, "hashes": eng, "parent": parent,
                                                "tokens": toks}) == n
             assert not c.flush()
             assert c.retrieve(keys) == pays
+        assert prepares() - before == 3  # 8 + 8 + 4 chunks of 4 MiB: three parts
         sub.replay(0)
         sub.wait(lambda x: x.view().get(FS) == set(eng), what="every chunk in fs")
         stored = [e for _, e in sub.events() if isinstance(e, BlockStored) and e.medium == L1]

@@ -23,8 +23,7 @@ struct ent {
 struct kvt_l2_scanq {
     struct kvt_l2_found_vec *fv;
     struct io_uring ring;
-    bool uring; /* the ring is set up */
-    int use;    /* 0: not decided yet, 1: the ring, -1: statx in turn */
+    int use; /* 0: not decided yet (first flush), 1: the ring, set up; -1: statx in turn */
     int n;
     struct ent e[BATCH];
 };
@@ -33,7 +32,6 @@ struct kvt_l2_scanq *kvt_l2_scanq_new(struct kvt_l2_found_vec *fv)
 {
     struct kvt_l2_scanq *q = kvt_xcalloc(1, sizeof(*q));
     q->fv = fv;
-    q->uring = io_uring_queue_init(BATCH, &q->ring, 0) == 0;
     return q;
 }
 
@@ -80,8 +78,8 @@ void kvt_l2_scanq_flush(struct kvt_l2_scanq *q)
         return;
     const unsigned mask = STATX_TYPE | STATX_SIZE | STATX_MTIME;
     const int flags = AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC;
-    if (!q->use)
-        q->use = q->uring && !local_fs(q->e[0].dirfd) ? 1 : -1;
+    if (!q->use) /* the ring only where it pays, set up once */
+        q->use = !local_fs(q->e[0].dirfd) && io_uring_queue_init(BATCH, &q->ring, 0) == 0 ? 1 : -1;
     if (q->use > 0) {
         for (int i = 0; i < q->n; i++) {
             struct io_uring_sqe *s = io_uring_get_sqe(&q->ring);
@@ -125,7 +123,7 @@ void kvt_l2_scanq_free(struct kvt_l2_scanq *q)
     if (!q)
         return;
     kvt_l2_scanq_flush(q);
-    if (q->uring)
+    if (q->use > 0)
         io_uring_queue_exit(&q->ring);
     free(q);
 }
