@@ -36,10 +36,11 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 from sglang.srt.mem_cache.unified_cache.components import ComponentType
 
 from support.paths import BIN
-from support.ports import free_port
+from support.ports import free_port, own_connections
 
 LAYERS, HEADS, DIM, PAGE, CHUNK, SLOTS = 3, 2, 16, 16, 32, 256
 MODEL = "test/tiny-sglang-lmcache"
+MQ_TIMEOUT = 30.0
 
 
 class Kvtier:
@@ -100,9 +101,11 @@ def config_file(tmp_path, port, **extra):
     pointed at kvtier's LMCache port)."""
     p = tmp_path / "lmcache_mp.yaml"
     lines = ["mp_host: 127.0.0.1", "mp_port: %d" % port]
-    if extra:
-        lines.append("extra_config:")
-        lines += ["  %s: %s" % (k, json.dumps(v)) for k, v in extra.items()]
+    # a reply that never comes fails the test in 30 s, not in the client's
+    # default 300 s
+    extra = {"lmcache.mp.mq_timeout": MQ_TIMEOUT, **extra}
+    lines.append("extra_config:")
+    lines += ["  %s: %s" % (k, json.dumps(v)) for k, v in extra.items()]
     p.write_text("\n".join(lines) + "\n")
     return str(p)
 
@@ -156,6 +159,21 @@ def wait(pred, timeout=20, what="condition"):
             return v
         time.sleep(0.01)
     raise AssertionError("timed out waiting for " + what)
+
+
+def close(conn, port):
+    """Close a connector and wait until its connection is gone. LMCache's
+    client closes its monitor socket before its DEALER (MessageQueueClient.
+    close); a server that drops the connection in between makes libzmq's
+    I/O thread block for good sending the disconnect event to the closed
+    monitor, and no later connector of this process ever connects (seen in
+    CI: a 300 s timeout two tests on). A server stopping right after a close
+    would do exactly that, so the close finishes first."""
+    n = own_connections(port)
+    assert n >= 1, "no connection to port %d to wait for" % port
+    conn.close()
+    wait(lambda: True if own_connections(port) < n else None, timeout=10,
+         what="the connector's connection to close")
 
 
 def salt(conn, cache_salt=None, extra_key=None):
@@ -241,7 +259,7 @@ def test_store_lookup_retrieve_identical(tmp_path, kvt, mla):
         assert st["pending_transfers"] == 0
         assert all(v["errors"] == 0 for v in st["ops"].values()), st["ops"]
     finally:
-        conn.close()                                    # unregister_kv_cache_engine_driven_context
+        close(conn, kvt.lmc_port)                       # unregister_kv_cache_engine_driven_context
     st = kvt.lmc()
     assert st["contexts"] == 0
     assert set(st["ops"]) == {
@@ -280,7 +298,7 @@ def test_chunked_store_and_partial_local_hit(tmp_path, kvt):
         assert st["pending_transfers"] == 0
         assert all(v["errors"] == 0 for v in st["ops"].values()), st["ops"]
     finally:
-        conn.close()
+        close(conn, kvt.lmc_port)
 
 
 def test_cache_salt_and_extra_key_separate(tmp_path, kvt):
@@ -299,7 +317,7 @@ def test_cache_salt_and_extra_key_separate(tmp_path, kvt):
             assert hit == want, (s, hit)
             conn.finish_request(rid)
     finally:
-        conn.close()
+        close(conn, kvt.lmc_port)
 
 
 def test_clear_and_restart_hit_from_l2(tmp_path):
@@ -324,7 +342,7 @@ def test_clear_and_restart_hit_from_l2(tmp_path):
         assert load(conn, op, dst)
         assert_same(want, eng.kv(dst))
         conn.finish_request("req-b")
-        conn.close()
+        close(conn, s.lmc_port)
 
         s.stop()
         s.start()
@@ -338,7 +356,7 @@ def test_clear_and_restart_hit_from_l2(tmp_path):
             assert_same(want, eng2.kv(dst))
             conn.finish_request("req-c")
         finally:
-            conn.close()
+            close(conn, s.lmc_port)
     finally:
         s.stop()
 
@@ -360,7 +378,7 @@ def test_lmcache_driven_mode_refused_with_clear_message(tmp_path, kvt):
     # and the engine-driven configuration on the same server works
     conn = eng.connector(config_file(tmp_path, kvt.lmc_port,
                                      **{"lmcache.mp.mp_transfer_mode": "engine_driven"}))
-    conn.close()
+    close(conn, kvt.lmc_port)
 
 
 def test_sglang_builds_this_connector():

@@ -721,8 +721,12 @@ static void h_none(struct lmc_rq *q)
     lmc_reply(q, NULL);
 }
 
+/* the operator sees why an engine's cache construction failed */
 static void h_lmc_driven(struct lmc_rq *q)
 {
+    kvt_warn("lmcache: %s refused: the client runs lmcache_driven transfer mode; kvtier serves "
+             "engine_driven (LMCACHE_MP_TRANSFER_MODE=engine_driven)",
+             lmc_ops[q->op].name);
     lmc_reply_err(q, "%s", REFUSE_LMC_DRIVEN);
 }
 
