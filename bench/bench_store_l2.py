@@ -5,11 +5,12 @@ bytes in the same directory with the adapter's I/O mode and queue depth.
     bench/bench_store_l2.py DIR [--objects N] [--rounds R] [--configs a,b,...]
 
 For each adapter configuration a kvtier server is started (L1 1 GiB, queue
-depth 4: num_workers 4, raw_block 4 store workers) and, in every round, three rows run one after the other (alternated,
-so every row sees the same machine): the C client (bench_client l2: one
-kvt_store of N objects of 4 MiB, then kvt_flush, which returns once the
-adapter has every object), the Python client (Client.store, Client.flush,
-in this process) and fio writing N x 4 MiB into the same directory. Every
+depth 4: num_workers 4, raw_block 4 store workers) and, in every round,
+three rows run one after the other (alternated, so every row sees the same
+machine): the C client (bench_client l2: one kvt_store of N objects of
+4 MiB, then kvt_flush, which returns once the adapter has every object),
+the Python client (Client.store, Client.flush, in this process) and fio
+writing N x 4 MiB into the same directory. Every
 row writes fresh files: kvtier's keys are deleted after its rows, fio's
 files after its row (not timed). Medians over the rounds, min / max, and
 the ratios kvtier / fio and Python / C.
@@ -56,6 +57,7 @@ os.environ.setdefault("KVTIER_LIB", os.path.join(BUILD, "libkvtier_client.so"))
 os.environ.setdefault("KVTIER_BIN", os.path.join(BUILD, "kvtier"))
 
 import kvtier  # noqa: E402
+from fio_run import fio_bw  # noqa: E402
 from support.server import Server  # noqa: E402
 
 OBJ = 4 << 20
@@ -120,8 +122,7 @@ def fio(rw, mode, where, n):
     if fresh:
         shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d, exist_ok=True)
-    args = ["fio", "--name=kvtb", "--rw=" + rw, "--bs=4M", "--ioengine=psync",
-            "--numjobs=%d" % QD, "--group_reporting", "--output-format=json"]
+    args = []
     if mode.startswith("files"):
         # one file per object, as the adapter: 4 jobs of n/4 files
         args += ["--directory=%s" % d, "--filesize=4M", "--nrfiles=%d" % (n // QD)]
@@ -133,11 +134,10 @@ def fio(rw, mode, where, n):
                  "--offset_increment=%d" % (n * OBJ // QD)]
     if rw == "read" or mode.endswith("direct"):
         args.append("--direct=1")
-    r = subprocess.run(args, capture_output=True, text=True, check=True)
-    j = json.loads(r.stdout[r.stdout.index("{"):])
+    bw = fio_bw(rw, QD, args)
     if fresh:
         shutil.rmtree(d, ignore_errors=True)
-    return j["jobs"][0][rw]["bw_bytes"] / 1e9
+    return bw / 1e9
 
 
 def py_row(c, n, tag, pays):
@@ -220,7 +220,9 @@ def run_config(config, base, n, rounds, pays, load, extra=()):
             # with O_DIRECT (caches dropped too), alternated
             keys = kvtier.Keys("bench-l2-load", [(b"load-%d" % i).ljust(32, b"\0")
                                                  for i in range(n)])
-            assert c.store(keys, pays) == n and not c.flush()
+            if c.store(keys, pays) != n or c.flush():
+                raise SystemExit("bench_store_l2: %s: the load side's store did not reach L2"
+                                 % config)
             fio("read", mode, where, n)  # lays its files out
             for r in range(rounds):
                 c.close()

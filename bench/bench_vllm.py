@@ -34,6 +34,7 @@ sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "python")]
 os.environ.setdefault("KVTIER_LIB", os.path.join(ROOT, "build", "libkvtier_client.so"))
 
 import kvtier  # noqa: E402
+from fio_run import fio_bw  # noqa: E402
 from support.engine import Engine, kvtier_connector_config  # noqa: E402
 from support.model import make_tiny_model  # noqa: E402
 from support.ports import free_port  # noqa: E402
@@ -130,12 +131,7 @@ def fio_read_seconds(d, nfiles, size):
     per = max(1, nfiles // jobs)
     size = max(4096, size // 4096 * 4096)
     os.makedirs(d, exist_ok=True)
-    r = subprocess.run(["fio", "--name=kvtb", "--rw=read", "--bs=4M", "--ioengine=psync",
-                        "--numjobs=%d" % jobs, "--nrfiles=%d" % per, "--filesize=%d" % size,
-                        "--directory=%s" % d, "--group_reporting", "--output-format=json"],
-                       capture_output=True, text=True, check=True)
-    j = json.loads(r.stdout[r.stdout.index("{"):])
-    bw = j["jobs"][0]["read"]["bw_bytes"]
+    bw = fio_bw("read", jobs, ["--nrfiles=%d" % per, "--filesize=%d" % size, "--directory=%s" % d])
     return jobs * per * size / bw
 
 

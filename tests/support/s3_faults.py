@@ -11,7 +11,7 @@ import time
 
 import kvtier
 from support.data import keys_for, random_payloads
-from support.server import SLOW, l2_status, wait_for
+from support.server import SLOW, l2_status, metric, wait_for
 
 KiB = 1 << 10
 RT = 2.0        # request_timeout = connection_timeout (the defaults)
@@ -175,15 +175,6 @@ class Load:
             d = [(e - s, k) for s, e, k, ok in self.ops
                  if t0 <= s <= t1 and k in ("store", "flush", "lookup", "retrieve")]
         return max(d) if d else (0.0, None)
-
-
-def metric(server, name, **labels):
-    code, text = server.http_get("/metrics")
-    assert code == 200
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all('%s="%s"' % kv in line for kv in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 def brk(server):

@@ -198,6 +198,17 @@ class Kills:
         return True
 
 
+def metric(server, name, **labels):
+    """The value of the first sample of metric name whose labels include
+    labels, from the server's /metrics; None when there is none."""
+    code, text = server.http_get("/metrics")
+    assert code == 200
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all('%s="%s"' % kv in line for kv in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 def l2_status(server, i=0):
     """The status object of L2 adapter i of a running server."""
     with server.client() as c:

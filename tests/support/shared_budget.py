@@ -65,19 +65,37 @@ def dir_object_bytes(d):
 
 
 def file_bytes(top, counts, skip_dot_dirs=False):
-    """Sizes of the files under top whose name counts(name) accepts (a file
-    removed meanwhile counts 0)."""
-    total = 0
-    for root, dirs, files in os.walk(top):
-        if skip_dot_dirs:
-            dirs[:] = [x for x in dirs if not x.startswith(".")]
-        for f in files:
-            if counts(f):
-                try:
-                    total += os.path.getsize(os.path.join(root, f))
-                except FileNotFoundError:
-                    pass
-    return total
+    """Sizes of the files under top whose name counts(name) accepts, as one
+    instant's: a walk is not a snapshot (an object counted, then removed,
+    and another stored in a directory walked later would both count, where
+    the tier never held both), so the walk is taken only when every file it
+    counted is still there, unchanged, once it ends -- then they all existed
+    together at that moment and their sum is at most the tier's bytes then
+    -- and taken again otherwise."""
+    for _ in range(1000):
+        seen = {}
+        for root, dirs, files in os.walk(top):
+            if skip_dot_dirs:
+                dirs[:] = [x for x in dirs if not x.startswith(".")]
+            for f in files:
+                if counts(f):
+                    p = os.path.join(root, f)
+                    try:
+                        st = os.stat(p)
+                    except FileNotFoundError:
+                        continue
+                    seen[p] = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if all(same_file(p, v) for p, v in seen.items()):
+            return sum(v[1] for v in seen.values())
+    raise AssertionError("no walk of %s without a counted file changing in 1000 tries" % top)
+
+
+def same_file(path, ident):
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_ino, st.st_size, st.st_mtime_ns) == ident
 
 
 SUM_LUA = ("local s = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do "

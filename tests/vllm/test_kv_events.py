@@ -5,7 +5,6 @@ no engine is needed for these tests."""
 
 import json
 import os
-import re
 import struct
 import time
 
@@ -16,7 +15,7 @@ from support.engine import Engine, kvtier_connector_config
 from support.kvevents import Subscriber
 from support.ports import free_port
 from support.prompts import BLOCK, CHUNK, MAX_TOKENS, prompt, tokens
-from support.server import SANITIZER_MARKERS, Server, run_kvtier, wait_for
+from support.server import SANITIZER_MARKERS, Server, metric, run_kvtier, wait_for
 from vllm.distributed.kv_events import AllBlocksCleared, BlockStored
 
 L1 = "CPU"
@@ -186,8 +185,11 @@ def test_drops_are_counted_and_leave_a_gap(started):
         assert time.time() - t0 < 10
         # the gap is counted when the batch after the drops goes out: the
         # publisher thread sends the last queued event a little later
-        ev = wait_for(lambda: (lambda e: e if e["gaps"] > 0 else None)(
-            json.loads(s.http_get("/status")[1])["kv_events"]), what="the gap sent")
+        def gap_sent():
+            ev = json.loads(s.http_get("/status")[1])["kv_events"]
+            return ev if ev["gaps"] > 0 else None
+
+        ev = wait_for(gap_sent, what="the gap sent")
         assert ev["dropped"] > 0
         metrics = s.http_get("/metrics")[1]
         assert "kvtier_kv_events_dropped_total %d" % ev["dropped"] in metrics
@@ -258,9 +260,7 @@ def test_store_sent_in_parts_keeps_one_chain(started):
     pays = random_payloads(n, 4 * MiB)
 
     def prepares():
-        m = re.search(r'kvtier_rpc_requests_total\{op="prepare_store"\} (\d+)',
-                      s.http_get("/metrics")[1])
-        return int(m.group(1)) if m else 0
+        return metric(s, "kvtier_rpc_requests_total", op="prepare_store") or 0
 
     with Subscriber(s.pub, s.rep) as sub:
         before = prepares()

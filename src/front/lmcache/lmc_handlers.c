@@ -724,9 +724,7 @@ static void h_none(struct lmc_rq *q)
 /* the operator sees why an engine's cache construction failed */
 static void h_lmc_driven(struct lmc_rq *q)
 {
-    kvt_warn("lmcache: %s refused: the client runs lmcache_driven transfer mode; kvtier serves "
-             "engine_driven (LMCACHE_MP_TRANSFER_MODE=engine_driven)",
-             lmc_ops[q->op].name);
+    kvt_warn("lmcache: %s refused: %s", lmc_ops[q->op].name, REFUSE_LMC_DRIVEN);
     lmc_reply_err(q, "%s", REFUSE_LMC_DRIVEN);
 }
 
