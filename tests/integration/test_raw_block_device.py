@@ -74,9 +74,14 @@ def partition_table(path):
 
 
 def random_bytes(path):
+    """Random bytes whose first byte is non-zero (urandom gives a zero one in 1 of 256 fills,
+    and the refusal names the first non-zero byte's offset)."""
     with open(path, "wb") as f:
-        for _ in range(SIZE // MiB):
-            f.write(os.urandom(MiB))
+        for i in range(SIZE // MiB):
+            block = bytearray(os.urandom(MiB))
+            if i == 0:
+                block[0] |= 1
+            f.write(block)
 
 
 FOREIGN = {"ext4": (ext4, "ext4 file system"), "partition-table": (partition_table,
