@@ -122,16 +122,15 @@ def fio(rw, mode, where, n):
     if fresh:
         shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d, exist_ok=True)
-    args = []
     if mode.startswith("files"):
         # one file per object, as the adapter: 4 jobs of n/4 files
-        args += ["--directory=%s" % d, "--filesize=4M", "--nrfiles=%d" % (n // QD)]
+        args = ["--directory=%s" % d, "--filesize=4M", "--nrfiles=%d" % (n // QD)]
         if fresh:
             args += ["--create_on_open=1", "--fallocate=none"]
     else:
         # one file, each job at its offset (the adapter's slots)
-        args += ["--filename=%s" % os.path.join(d, "fio.dat"), "--size=%d" % (n * OBJ // QD),
-                 "--offset_increment=%d" % (n * OBJ // QD)]
+        args = ["--filename=%s" % os.path.join(d, "fio.dat"), "--size=%d" % (n * OBJ // QD),
+                "--offset_increment=%d" % (n * OBJ // QD)]
     if rw == "read" or mode.endswith("direct"):
         args.append("--direct=1")
     bw = fio_bw(rw, QD, args)

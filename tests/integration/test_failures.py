@@ -14,6 +14,7 @@ import pytest
 import kvtier
 from support.data import adapter_json, du_bytes, keys_for, random_payloads
 from support.faultio import FAULTIO, needs_faultio
+from support.paths import SANITIZER
 from support.server import Kills, SLOW, l2_status, wait_for
 
 LONG = os.environ.get("KVT_LONG") == "1"
@@ -139,7 +140,7 @@ def run_load(server, model, stop, rng, errors, kills):
 
 
 # 100 kills in the normal run, 30 in the (slower) sanitizer reruns, 300 with KVT_LONG=1
-KILLS = 300 if LONG else (30 if os.environ.get("KVTIER_SANITIZER") else 100)
+KILLS = 300 if LONG else (30 if SANITIZER else 100)
 
 
 @pytest.mark.parametrize("kills", [KILLS])

@@ -19,11 +19,10 @@ import subprocess
 
 import pytest
 
-from support.paths import BIN
+from support.paths import BIN, SANITIZER
 from support.server import run_kvtier
 
 GIB = 2**30
-SANITIZER = bool(os.environ.get("KVTIER_SANITIZER"))  # shadow memory: no RLIMIT_AS
 
 
 def meminfo(key):
@@ -53,7 +52,7 @@ def server(args, tmp_path, preexec=None, timeout=60):
                           cwd=str(tmp_path))
 
 
-@pytest.mark.skipif(SANITIZER, reason="the sanitizers' shadow memory needs an unlimited RLIMIT_AS")
+@pytest.mark.skipif(bool(SANITIZER), reason="the sanitizers' shadow memory needs an unlimited RLIMIT_AS")
 @pytest.mark.parametrize("dry", [True, False])
 def test_preallocated_pool_larger_than_the_host_is_refused(tmp_path, dry):
     """--no-l1-use-lazy with twice MemTotal: exit 2 before anything is
@@ -72,7 +71,7 @@ def test_preallocated_pool_larger_than_the_host_is_refused(tmp_path, dry):
     assert r.stdout == ""
 
 
-@pytest.mark.skipif(SANITIZER, reason="the sanitizers' shadow memory needs an unlimited RLIMIT_AS")
+@pytest.mark.skipif(bool(SANITIZER), reason="the sanitizers' shadow memory needs an unlimited RLIMIT_AS")
 @pytest.mark.parametrize("dry", [True, False])
 def test_mapping_beyond_rlimit_as_is_refused(tmp_path, dry):
     """Even a lazy pool is mapped whole: beyond RLIMIT_AS it exits 2 naming

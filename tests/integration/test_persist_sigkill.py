@@ -13,11 +13,12 @@ import pytest
 
 import kvtier
 from support.data import adapter_json
+from support.paths import SANITIZER
 from support.server import Kills
 
 MiB = 1 << 20
 # 20 kills per adapter; 10 in the (much slower) sanitizer reruns, 100 with KVT_LONG=1
-KILLS = 100 if os.environ.get("KVT_LONG") else (10 if os.environ.get("KVTIER_SANITIZER") else 20)
+KILLS = 100 if os.environ.get("KVT_LONG") else (10 if SANITIZER else 20)
 BATCH = 8
 MAX_BATCHES_PER_ROUND = 25
 

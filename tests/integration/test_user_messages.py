@@ -11,13 +11,13 @@ import select
 import subprocess
 
 from support.data import adapter_json, keys_for, random_payloads
-from support.paths import BIN, ROOT
+from support.paths import BIN, ROOT, SANITIZER
 from support.server import run_kvtier
 
 MiB = 1 << 20
 # ThreadSanitizer keeps applications' mappings in about 1.5 TiB of address
 # space (beside its shadow): a 1000 GiB L1 fits there only some of the time
-TSAN = os.environ.get("KVTIER_SANITIZER") == "thread"
+TSAN = SANITIZER == "thread"
 README_PATH = os.path.join(ROOT, "README.md")
 
 

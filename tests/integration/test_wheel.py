@@ -26,7 +26,7 @@ import zipfile
 
 import pytest
 
-from support.paths import BIN, ROOT
+from support.paths import BIN, ROOT, SANITIZER
 from support.ports import free_port
 
 BUILD = os.path.dirname(os.path.abspath(BIN))
@@ -40,7 +40,7 @@ GLIBC = ("linux-vdso.so.1", "libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.
 POLICY = ("libstdc++.so.6", "libgcc_s.so.1", "libz.so.1")
 
 pytestmark = pytest.mark.skipif(
-    bool(os.environ.get("KVTIER_SANITIZER")),
+    bool(SANITIZER),
     reason="the wheel is checked in the plain suite (it builds its own Release binary)")
 
 

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from support.paths import BIN
+from support.paths import BIN, SANITIZER
 from support.server import Server
 
 BUILD = os.path.dirname(os.path.abspath(BIN))
@@ -17,7 +17,7 @@ HAVE_INSTALL = os.path.exists(os.path.join(BUILD, "cmake_install.cmake"))
 # these tests load or link the build's own client library, which a sanitizer
 # build instruments (it cannot load into an uninstrumented process)
 needs_build_tree = pytest.mark.skipif(
-    not HAVE_INSTALL or bool(os.environ.get("KVTIER_SANITIZER")),
+    not HAVE_INSTALL or bool(SANITIZER),
     reason="KVTIER_BIN is not in a CMake build tree, or it is a sanitizer build")
 
 

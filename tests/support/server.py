@@ -9,12 +9,12 @@ import tempfile
 import time
 
 import kvtier
-from support.paths import BIN
+from support.paths import BIN, SANITIZER
 from support.ports import free_port
 
 # A sanitized server runs several times slower (TSan about 5-15x on the
 # 2-core CI machine): latency bounds of responsiveness tests scale by this.
-SLOW = 4 if os.environ.get("KVTIER_SANITIZER") else 1
+SLOW = 4 if SANITIZER else 1
 
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "WARNING: ThreadSanitizer",
                      "runtime error:")

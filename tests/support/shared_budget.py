@@ -77,25 +77,22 @@ def file_bytes(top, counts, skip_dot_dirs=False):
         for root, dirs, files in os.walk(top):
             if skip_dot_dirs:
                 dirs[:] = [x for x in dirs if not x.startswith(".")]
-            for f in files:
-                if counts(f):
-                    p = os.path.join(root, f)
-                    try:
-                        st = os.stat(p)
-                    except FileNotFoundError:
-                        continue
-                    seen[p] = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if all(same_file(p, v) for p, v in seen.items()):
+            for f in filter(counts, files):
+                p = os.path.join(root, f)
+                seen[p] = file_ident(p)
+        seen = {p: v for p, v in seen.items() if v}  # removed before its stat
+        if all(file_ident(p) == v for p, v in seen.items()):
             return sum(v[1] for v in seen.values())
     raise AssertionError("no walk of %s without a counted file changing in 1000 tries" % top)
 
 
-def same_file(path, ident):
+def file_ident(path):
+    """(inode, size, mtime) of path, None when it is gone."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return False
-    return (st.st_ino, st.st_size, st.st_mtime_ns) == ident
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 SUM_LUA = ("local s = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do "
